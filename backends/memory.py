@@ -1,0 +1,131 @@
+"""``memory://``: an in-process store, bounded by bytes, least recently used out first."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+
+from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.errors import InvalidKeyError
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(Backend):
+    """A thread-safe LRU dict of bytes, holding at most ``max_size`` bytes of values.
+
+    A value larger than ``max_size`` is not stored. It keeps hits and last
+    access per key, for listings and pruning.
+
+    URL: ``memory://?max_size=256MB``.
+    """
+
+    scheme = "memory"
+
+    def __init__(self, max_size: int | str = "256MB") -> None:
+        self.max_size = parse_size(max_size)
+        self._data: OrderedDict[str, bytes] = OrderedDict()
+        self._access: dict[str, tuple[int, float]] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBackend:
+        """Open from ``memory://?max_size=...``."""
+        parsed = BackendURL.parse(url)
+        max_size = parsed.pop("max_size", "256MB") or "256MB"
+        parsed.reject_unknown()
+        return cls(max_size=max_size)
+
+    @property
+    def size(self) -> int:
+        """Bytes of values held now."""
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @staticmethod
+    def _check(key: str) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+
+    def get(self, key: str) -> bytes | None:
+        self._check(key)
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+                hits, _ = self._access.get(key, (0, 0.0))
+                self._access[key] = (hits + 1, time.time())
+            return value
+
+    def set(self, key: str, value: bytes) -> None:
+        self._check(key)
+        value = bytes(value)
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._size -= len(old)
+            if len(value) > self.max_size:
+                self._access.pop(key, None)
+                return
+            self._data[key] = value
+            self._size += len(value)
+            self._access[key] = (0, time.time())
+            while self._size > self.max_size:
+                victim, dropped = self._data.popitem(last=False)
+                self._access.pop(victim, None)
+                self._size -= len(dropped)
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        for key, value in items.items():
+            self.set(key, value)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        found = {}
+        for key in keys:
+            value = self.get(key)
+            if value is not None:
+                found[key] = value
+        return found
+
+    def delete(self, key: str) -> bool:
+        self._check(key)
+        with self._lock:
+            old = self._data.pop(key, None)
+            self._access.pop(key, None)
+            if old is None:
+                return False
+            self._size -= len(old)
+            return True
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            return iter([k for k in self._data if k.startswith(prefix)])
+
+    def head(self, key: str, size: int) -> bytes | None:
+        with self._lock:
+            value = self._data.get(key)
+        return None if value is None else value[:size]
+
+    def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+        with self._lock:
+            items = [
+                StoredItem(k, len(v), *reversed(self._access.get(k, (0, 0.0))))
+                for k, v in self._data.items()
+                if k.startswith(prefix)
+            ]
+        return iter(items)
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self._data.clear()
+            self._access.clear()
+            self._size = 0
+
+    def __repr__(self) -> str:
+        return f"<MemoryBackend {len(self._data)} items, {self._size}/{self.max_size} bytes>"

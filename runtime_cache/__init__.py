@@ -1,0 +1,44 @@
+"""runtime-cache: one pluggable cache for GPU program binaries, tuning records and other costly blobs.
+
+Quick start::
+
+    import runtime_cache as rc
+
+    rc.set_cache_provider("dir:///var/cache/myapp")  # once, at startup
+    key = rc.make_key(module_id="resnet18@3f2a", runtime="opencl", purpose="program-binary",
+                      device={"vendor": "V", "name": "N", "driver": "1.2"})
+    binary = rc.get_cache().get_or_build(key, compile_program)
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._version import __version__
+from .api import Backend, StoredItem
+from .cache import Cache
+from .codec import Entry, Limits
+from .keys import CacheKey, make_key, module_id_from_sources
+from .provider import cache_provider, get_cache, reset_cache_provider, set_cache_provider
+from .registry import open_backend, register_backend
+from .stats import CacheStats, EntryInfo
+
+__all__ = [
+    "Backend",
+    "Cache",
+    "CacheKey",
+    "CacheStats",
+    "Entry",
+    "EntryInfo",
+    "Limits",
+    "StoredItem",
+    "__version__",
+    "cache_provider",
+    "errors",
+    "get_cache",
+    "make_key",
+    "module_id_from_sources",
+    "open_backend",
+    "register_backend",
+    "reset_cache_provider",
+    "set_cache_provider",
+]

@@ -1,0 +1,338 @@
+"""The entry and bundle formats: magic, version, checksums, optional signature, limits.
+
+Entry layout (all integers little-endian)::
+
+    offset size  field
+    0      4     magic b"RCE\\x01"
+    4      1     format version (1)
+    5      1     flags (bit 0: signed)
+    6      2     reserved, zero
+    8      4     metadata length M
+    12     8     value length V
+    20     8     xxh3-64 of the metadata
+    28     8     xxh3-64 of the value
+    36     M     metadata (a msgpack map)
+    36+M   V     value
+    ...    32    HMAC-SHA256 over everything before it (only when signed)
+
+The metadata sits before the value so that listings read only the head of a
+blob. Nothing here uses pickle: metadata is msgpack of plain types only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import xxhash
+
+from .errors import CorruptEntryError, InvalidBundleError, SignatureError
+
+__all__ = [
+    "BUNDLE_MAGIC",
+    "ENTRY_MAGIC",
+    "HEADER_SIZE",
+    "Entry",
+    "Limits",
+    "decode_bundle",
+    "decode_entry",
+    "decode_meta",
+    "encode_bundle",
+    "encode_entry",
+    "normalize_secret",
+]
+
+ENTRY_MAGIC = b"RCE\x01"
+BUNDLE_MAGIC = b"RCB\x01"
+ENTRY_VERSION = 1
+BUNDLE_VERSION = 1
+FLAG_SIGNED = 1
+_HEADER = struct.Struct("<4sBBHIQQQ")
+HEADER_SIZE = _HEADER.size
+SIG_SIZE = 32
+_BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
+_LEN = struct.Struct("<Q")
+_CHECK = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Decode limits, so a hostile blob cannot exhaust memory or the stack."""
+
+    max_value_size: int = 1 << 30  # 1 GiB
+    max_meta_size: int = 1 << 16  # 64 KiB
+    max_entries: int = 1_000_000
+    max_depth: int = 32
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A decoded entry: the value and its metadata."""
+
+    key: str
+    parts: dict[str, Any]
+    value: bytes
+    created_at: float
+    build_seconds: float
+    producer: str
+    signed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """The value's size in bytes."""
+        return len(self.value)
+
+
+def normalize_secret(secret: str | bytes | None) -> bytes | None:
+    """Return the secret as bytes, or ``None`` when signing is off."""
+    if secret is None or secret == "" or secret == b"":
+        return None
+    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+
+
+def _sign(secret: bytes, data: bytes | memoryview) -> bytes:
+    return hmac.new(secret, data, hashlib.sha256).digest()
+
+
+def _check_depth(value: Any, limit: int) -> None:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def encode_entry(
+    key: str,
+    parts: Mapping[str, Any],
+    value: bytes,
+    *,
+    created_at: float,
+    build_seconds: float = 0.0,
+    producer: str = "",
+    secret: bytes | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Encode one entry; sign it when ``secret`` is given."""
+    meta: dict[str, Any] = {
+        "k": key,
+        "p": dict(parts),
+        "c": float(created_at),
+        "b": float(build_seconds),
+        "v": producer,
+        "n": len(value),
+    }
+    if extra:
+        meta["x"] = dict(extra)
+    meta_bytes = msgpack.packb(meta, use_bin_type=True)
+    flags = FLAG_SIGNED if secret else 0
+    header = _HEADER.pack(
+        ENTRY_MAGIC,
+        ENTRY_VERSION,
+        flags,
+        0,
+        len(meta_bytes),
+        len(value),
+        xxhash.xxh3_64_intdigest(meta_bytes),
+        xxhash.xxh3_64_intdigest(value),
+    )
+    blob = b"".join((header, meta_bytes, value))
+    if secret:
+        blob += _sign(secret, blob)
+    return blob
+
+
+def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
+    if len(blob) < HEADER_SIZE:
+        raise CorruptEntryError(f"entry is {len(blob)} bytes, shorter than its header")
+    magic, version, flags, _reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
+        blob
+    )
+    if magic != ENTRY_MAGIC:
+        raise CorruptEntryError("not a runtime-cache entry (bad magic)")
+    if version != ENTRY_VERSION:
+        raise CorruptEntryError(f"unsupported entry format version {version}")
+    if flags & ~FLAG_SIGNED:
+        raise CorruptEntryError(f"unknown entry flags {flags:#x}")
+    if meta_len > limits.max_meta_size:
+        raise CorruptEntryError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
+    if value_len > limits.max_value_size:
+        raise CorruptEntryError(f"value of {value_len} bytes exceeds {limits.max_value_size}")
+    return flags, meta_len, value_len, meta_sum, value_sum
+
+
+def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
+    try:
+        meta = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=limits.max_meta_size,
+            max_str_len=limits.max_meta_size,
+            max_array_len=limits.max_meta_size,
+            max_map_len=limits.max_meta_size,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types for bad input
+        raise CorruptEntryError(f"metadata does not decode: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CorruptEntryError("metadata is not a map")
+    _check_depth(meta, limits.max_depth)
+    checks = (("k", str), ("p", dict), ("c", float), ("b", float), ("v", str), ("n", int))
+    for name, kind in checks:
+        if not isinstance(meta.get(name), kind):
+            raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
+    if "x" in meta and not isinstance(meta["x"], dict):
+        raise CorruptEntryError("metadata field 'x' is mistyped")
+    return meta
+
+
+def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int, bool]:
+    """Decode the metadata from the head of an entry blob, without the value.
+
+    Returns ``(meta, needed, signed)``; when ``head`` is too short, ``meta`` is
+    empty and ``needed`` says how many bytes to read instead.
+    """
+    flags, meta_len, value_len, meta_sum, _ = _parse_header(head, limits)
+    needed = HEADER_SIZE + meta_len
+    if len(head) < needed:
+        return {}, needed, bool(flags & FLAG_SIGNED)
+    raw = memoryview(head)[HEADER_SIZE:needed]
+    if xxhash.xxh3_64_intdigest(raw) != meta_sum:
+        raise CorruptEntryError("metadata checksum mismatch")
+    meta = _unpack_meta(raw, limits)
+    if meta["n"] != value_len:
+        raise CorruptEntryError("metadata size disagrees with header")
+    return meta, needed, bool(flags & FLAG_SIGNED)
+
+
+def decode_entry(
+    blob: bytes,
+    *,
+    secret: bytes | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Entry:
+    """Decode and verify one entry.
+
+    Raises :class:`CorruptEntryError` for any malformed blob, and
+    :class:`SignatureError` when ``secret`` is set and the signature is missing
+    or wrong.
+    """
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise CorruptEntryError(f"entry must be bytes, not {type(blob).__name__}")
+    view = memoryview(blob)
+    flags, meta_len, value_len, meta_sum, value_sum = _parse_header(view, limits)
+    signed = bool(flags & FLAG_SIGNED)
+    body_end = HEADER_SIZE + meta_len + value_len
+    expected = body_end + (SIG_SIZE if signed else 0)
+    if len(view) != expected:
+        raise CorruptEntryError(f"entry is {len(view)} bytes, expected {expected}")
+    if secret is not None:
+        if not signed:
+            raise SignatureError("entry is not signed, and a secret is set")
+        if not hmac.compare_digest(_sign(secret, view[:body_end]), bytes(view[body_end:])):
+            raise SignatureError("entry signature does not match the secret")
+    meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
+    value = view[HEADER_SIZE + meta_len : body_end]
+    if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
+        raise CorruptEntryError("metadata checksum mismatch")
+    if xxhash.xxh3_64_intdigest(value) != value_sum:
+        raise CorruptEntryError("value checksum mismatch")
+    meta = _unpack_meta(meta_raw, limits)
+    if meta["n"] != value_len:
+        raise CorruptEntryError("metadata size disagrees with header")
+    return Entry(
+        key=meta["k"],
+        parts=meta["p"],
+        value=bytes(value),
+        created_at=meta["c"],
+        build_seconds=meta["b"],
+        producer=meta["v"],
+        signed=signed,
+        extra=meta.get("x", {}),
+    )
+
+
+def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | None = None) -> bytes:
+    """Pack encoded entries into one bundle blob, with a checksum (and HMAC with a secret)."""
+    items = list(blobs)
+    flags = FLAG_SIGNED if secret else 0
+    chunks = [_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, flags, 0, len(items))]
+    for blob in items:
+        chunks.append(_LEN.pack(len(blob)))
+        chunks.append(blob)
+    body = b"".join(chunks)
+    tail = _CHECK.pack(xxhash.xxh3_64_intdigest(body))
+    if secret:
+        tail += _sign(secret, body)
+    return body + tail
+
+
+def decode_bundle(
+    data: bytes,
+    *,
+    secret: bytes | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[bytes]:
+    """Split a bundle into its entry blobs, verifying the bundle's checksum.
+
+    The entries themselves are not decoded here; the caller decodes each one
+    and may reject some while accepting the rest. Raises
+    :class:`InvalidBundleError` for a malformed bundle, and when ``secret`` is set
+    and the bundle's HMAC is missing or wrong.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidBundleError(f"bundle must be bytes, not {type(data).__name__}")
+    view = memoryview(data)
+    if len(view) < _BUNDLE_HEADER.size + _CHECK.size:
+        raise InvalidBundleError(f"bundle is {len(view)} bytes, shorter than its header")
+    magic, version, flags, _reserved, count = _BUNDLE_HEADER.unpack_from(view)
+    if magic != BUNDLE_MAGIC:
+        raise InvalidBundleError("not a runtime-cache bundle (bad magic)")
+    if version != BUNDLE_VERSION:
+        raise InvalidBundleError(f"unsupported bundle format version {version}")
+    if flags & ~FLAG_SIGNED:
+        raise InvalidBundleError(f"unknown bundle flags {flags:#x}")
+    if count > limits.max_entries:
+        raise InvalidBundleError(f"bundle claims {count} entries, over the limit {limits.max_entries}")
+    signed = bool(flags & FLAG_SIGNED)
+    body_end = len(view) - _CHECK.size - (SIG_SIZE if signed else 0)
+    if body_end < _BUNDLE_HEADER.size:
+        raise InvalidBundleError("bundle is truncated")
+    (checksum,) = _CHECK.unpack_from(view, body_end)
+    if xxhash.xxh3_64_intdigest(view[:body_end]) != checksum:
+        raise InvalidBundleError("bundle checksum mismatch (truncated or altered)")
+    if secret is not None:
+        if not signed:
+            raise InvalidBundleError("bundle is not signed, and a secret is set")
+        mac = bytes(view[body_end + _CHECK.size :])
+        if not hmac.compare_digest(_sign(secret, view[:body_end]), mac):
+            raise InvalidBundleError("bundle signature does not match the secret")
+    blobs: list[bytes] = []
+    pos = _BUNDLE_HEADER.size
+    max_blob = HEADER_SIZE + limits.max_meta_size + limits.max_value_size + SIG_SIZE
+    for index in range(count):
+        if pos + _LEN.size > body_end:
+            raise InvalidBundleError(f"bundle ends inside entry {index}")
+        (size,) = _LEN.unpack_from(view, pos)
+        pos += _LEN.size
+        if size > max_blob or pos + size > body_end:
+            raise InvalidBundleError(f"entry {index} has an impossible length {size}")
+        blobs.append(bytes(view[pos : pos + size]))
+        pos += size
+    if pos != body_end:
+        raise InvalidBundleError("bundle has trailing bytes after its entries")
+    return blobs

@@ -1,0 +1,80 @@
+"""Every exception runtime-cache raises.
+
+All of them derive from :class:`RuntimeCacheError`. Errors about bad input (a
+corrupt blob, a bad URL, a bad key) also derive from :class:`ValueError`, so code
+that already catches ``ValueError`` keeps working.
+
+Backends raise these; the front (:class:`runtime_cache.Cache`) decides the
+policy: count and carry on as a miss, or raise when ``strict=True``.
+"""
+
+from __future__ import annotations
+
+
+class RuntimeCacheError(Exception):
+    """Base class of every runtime-cache error."""
+
+
+class CorruptEntryError(RuntimeCacheError, ValueError):
+    """An entry blob failed to decode: bad magic, version, checksum, size or layout."""
+
+
+class SignatureError(CorruptEntryError):
+    """An entry or bundle lacks a valid HMAC signature while a secret is set."""
+
+
+class InvalidBundleError(RuntimeCacheError, ValueError):
+    """A bundle blob (``Cache.dumps`` output) failed to decode."""
+
+
+class InvalidKeyError(RuntimeCacheError, ValueError):
+    """A storage key that a backend refuses (for example ``..`` or a NUL byte)."""
+
+
+class InvalidURLError(RuntimeCacheError, ValueError):
+    """A backend URL that cannot be parsed, or holds an unknown option."""
+
+
+class UnknownBackendError(RuntimeCacheError, ValueError):
+    """No backend is registered under the requested name or URL scheme."""
+
+
+class BackendConflictError(RuntimeCacheError, ValueError):
+    """A backend name is already registered and ``replace=True`` was not given."""
+
+
+class MissingDependencyError(RuntimeCacheError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra."""
+
+
+class BackendError(RuntimeCacheError):
+    """A backend failed to do I/O: disk full, permission denied, server down."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend's server cannot be reached right now (or its breaker is open)."""
+
+
+class ReadOnlyBackendError(BackendError):
+    """The backend's storage is read-only; reads still work, writes are skipped."""
+
+
+class CallbackTypeError(BackendError, TypeError):
+    """A user callback of :class:`CallbackBackend` returned a value of the wrong type."""
+
+
+__all__ = [
+    "BackendConflictError",
+    "BackendError",
+    "BackendUnavailableError",
+    "CallbackTypeError",
+    "CorruptEntryError",
+    "InvalidBundleError",
+    "InvalidKeyError",
+    "InvalidURLError",
+    "MissingDependencyError",
+    "ReadOnlyBackendError",
+    "RuntimeCacheError",
+    "SignatureError",
+    "UnknownBackendError",
+]

@@ -1,0 +1,175 @@
+"""Cache keys: a stable digest of module id + runtime + purpose + device + extras.
+
+The digest is xxh3-128 over a canonical msgpack encoding of the parts and the
+key-schema version, so the same inputs give the same key in any process, on
+any machine and in any Python version. Dict order does not matter.
+
+>>> key = make_key(module_id="m@1", runtime="opencl", purpose="program-binary",
+...                device={"vendor": "V", "name": "N", "driver": "1.0"})
+>>> str(key).startswith("opencl/program-binary/")
+True
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import msgpack
+import xxhash
+
+__all__ = ["KEY_SCHEMA_VERSION", "CacheKey", "canonical_bytes", "make_key", "module_id_from_sources"]
+
+#: Bump only with a migration note: it changes every key.
+KEY_SCHEMA_VERSION = 1
+
+_NAME = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,63}$")
+_MAX_DEPTH = 32
+_RESERVED = ("module_id", "runtime", "purpose", "device")
+
+
+def _canonical(value: Any, where: str, depth: int) -> Any:
+    """Return ``value`` in a form whose msgpack encoding does not depend on dict order."""
+    if depth > _MAX_DEPTH:
+        raise TypeError(f"key part {where!r} is nested deeper than {_MAX_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+            raise TypeError(f"key part {where!r} is an integer outside 64 bits")
+        return value
+    if isinstance(value, float):
+        # One NaN, and 0.0 == -0.0 for keys: numerically equal options give one key.
+        if math.isnan(value):
+            return float("nan")
+        return value + 0.0
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        items = []
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"key part {where!r} has a non-str dict key {k!r}")
+            items.append((k, _canonical(v, f"{where}.{k}", depth + 1)))
+        items.sort(key=lambda kv: kv[0])
+        # A dict is encoded as a tagged list of pairs so it can never equal a list.
+        return ["\x00dict", [[k, v] for k, v in items]]
+    raise TypeError(
+        f"key part {where!r} has unsupported type {type(value).__name__}; "
+        "use str, int, float, bool, None, bytes, or lists and dicts of these"
+    )
+
+
+def canonical_bytes(parts: Mapping[str, Any]) -> bytes:
+    """Return the canonical msgpack encoding that a key's digest is taken over."""
+    body = _canonical(dict(parts), "parts", 0)
+    return msgpack.packb(["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """An immutable, hashable cache key.
+
+    ``str(key)`` is ``"<runtime>/<purpose>/<32 hex digits>"``; it is also the
+    storage key that backends see. Equality and hashing use that string only.
+    """
+
+    runtime: str
+    purpose: str
+    digest: str
+    _parts: Mapping[str, Any] = field(repr=False, compare=False, hash=False)
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        """A fresh copy of the parts the key was made from, for inspection."""
+        return dict(_thaw(self._parts))
+
+    @property
+    def module_id(self) -> str:
+        """The module id part."""
+        return str(self._parts["module_id"])
+
+    def __str__(self) -> str:
+        return f"{self.runtime}/{self.purpose}/{self.digest}"
+
+    @classmethod
+    def from_parts(cls, parts: Mapping[str, Any]) -> CacheKey:
+        """Rebuild a key from its parts (as kept in an entry's metadata)."""
+        missing = [name for name in _RESERVED if name not in parts]
+        if missing:
+            raise TypeError(f"key parts lack {', '.join(missing)}")
+        runtime, purpose = parts["runtime"], parts["purpose"]
+        for name, value in (("runtime", runtime), ("purpose", purpose)):
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ValueError(
+                    f"{name} must be 1-64 characters of letters, digits, '.', '_', '+' "
+                    f"or '-', not starting with '.': {value!r}"
+                )
+        if not isinstance(parts["module_id"], str) or not parts["module_id"]:
+            raise TypeError("key part 'module_id' must be a non-empty str")
+        digest = xxhash.xxh3_128_hexdigest(canonical_bytes(parts))
+        return cls(runtime, purpose, digest, _freeze(dict(parts)))
+
+
+def make_key(
+    *,
+    module_id: str,
+    runtime: str,
+    purpose: str,
+    device: Any = None,
+    **extra: Any,
+) -> CacheKey:
+    """Build a :class:`CacheKey` from its parts.
+
+    ``device`` is usually a fingerprint dict (vendor, name, driver version...);
+    any change to it (a driver update) gives a new key. ``extra`` holds
+    anything else that changes the value, such as build options.
+
+    Raises ``TypeError`` naming the part when a part has an unsupported type.
+    """
+    parts: dict[str, Any] = {
+        "module_id": module_id,
+        "runtime": runtime,
+        "purpose": purpose,
+        "device": device,
+    }
+    parts.update(extra)
+    return CacheKey.from_parts(parts)
+
+
+def module_id_from_sources(sources: str | bytes | Mapping[str, str | bytes], name: str = "") -> str:
+    """Derive a module id from a module's sources: ``"<name>@<16 hex digits>"``.
+
+    Equal sources give equal ids; any change to any source gives a new id.
+
+    >>> module_id_from_sources({"add": "kernel void add() {}"}, name="demo")[:5]
+    'demo@'
+    """
+    if isinstance(sources, (str, bytes)):
+        body: Any = sources
+    elif isinstance(sources, Mapping):
+        body = dict(sources)
+    else:
+        raise TypeError(f"sources must be str, bytes or a mapping, not {type(sources).__name__}")
+    digest = xxhash.xxh3_64_hexdigest(canonical_bytes({"sources": body}))
+    return f"{name or 'module'}@{digest}"

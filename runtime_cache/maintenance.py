@@ -1,0 +1,98 @@
+"""Maintenance over any backend: verify entries, prune by age and size (LRU first).
+
+These functions work through the :class:`~runtime_cache.api.Backend` contract
+only, so they apply to every backend; backends that keep last-access times
+(directory, memory) give true LRU order, the others fall back to creation time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .cache import Cache
+from .errors import CorruptEntryError, RuntimeCacheError
+from .keys import CacheKey
+
+__all__ = ["PruneReport", "VerifyReport", "prune", "verify"]
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found: entries checked, bad ones with reasons, and removed ones."""
+
+    checked: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    removed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when no bad entry was found."""
+        return not self.bad
+
+
+def verify(cache: Cache, *, repair: bool = False, prefix: str = "") -> VerifyReport:
+    """Check every entry's checksum, key and (with a secret) signature.
+
+    With ``repair=True``, bad entries are deleted; good ones are never touched.
+    """
+    report = VerifyReport()
+    backend = cache.backend
+    for skey in list(backend.keys(prefix)):
+        blob = backend.get(skey)
+        if blob is None:
+            continue  # vanished while we looked: nothing to verify
+        report.checked += 1
+        try:
+            entry = cache.decode(skey, blob)
+            if str(CacheKey.from_parts(entry.parts)) != skey:
+                raise CorruptEntryError("key does not match its parts")
+        except (RuntimeCacheError, TypeError, ValueError) as exc:
+            report.bad.append((skey, str(exc)))
+            if repair and backend.delete(skey):
+                report.removed += 1
+    return report
+
+
+@dataclass
+class PruneReport:
+    """What :func:`prune` did."""
+
+    removed: int = 0
+    freed: int = 0
+    remaining: int = 0
+    remaining_bytes: int = 0
+    leftovers: int = 0
+
+
+def prune(
+    cache: Cache,
+    *,
+    max_size: int | None = None,
+    older_than: float | None = None,
+    now: float | None = None,
+) -> PruneReport:
+    """Remove entries not used for ``older_than`` seconds, then the least recently
+    used ones until the total stored size is at most ``max_size`` bytes.
+    """
+    now = time.time() if now is None else now
+    report = PruneReport(leftovers=cache.backend.vacuum())
+    items = []
+    for info in cache.entries():
+        last = info.last_access if info.last_access is not None else info.created_at
+        items.append((last, info.key, info.stored_size))
+    items.sort()
+    total = sum(size for _, _, size in items)
+    keep = []
+    for last, key, size in items:
+        expired = older_than is not None and now - last > older_than
+        over = max_size is not None and total > max_size
+        if (expired or over) and cache.delete(key):
+            report.removed += 1
+            report.freed += size
+            total -= size
+        else:
+            keep.append(size)
+    report.remaining = len(keep)
+    report.remaining_bytes = sum(keep)
+    return report

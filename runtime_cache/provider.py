@@ -1,0 +1,112 @@
+"""The process-wide cache provider.
+
+Selection order: :func:`set_cache_provider` wins; then the environment variable
+``RUNTIME_CACHE`` (a URL, a comma-separated list of tiers, or ``off``); then
+the embedded default, a directory in ``platformdirs.user_cache_dir("runtime-cache")``.
+
+>>> import runtime_cache as rc
+>>> with rc.cache_provider("memory://"):
+...     rc.get_cache().enabled
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from . import environment
+from .api import Backend
+from .cache import Cache
+from .errors import RuntimeCacheError
+from .registry import open_backend
+
+__all__ = ["Provider", "cache_provider", "get_cache", "set_cache_provider"]
+
+log = logging.getLogger("runtime_cache")
+
+Provider = str | Backend | Cache | None
+
+_lock = threading.RLock()
+_current: Cache | None = None
+_explicit = False
+
+
+def _to_cache(provider: Provider) -> Cache:
+    secret = environment.read(environment.ENV_SECRET)
+    if provider is None:
+        return Cache(None)
+    if isinstance(provider, Cache):
+        return provider
+    if isinstance(provider, Backend):
+        return Cache(provider, secret=secret)
+    if isinstance(provider, str):
+        if provider.strip().lower() in ("off", "none", "0", "false", "disabled"):
+            return Cache(None)
+        return Cache(open_backend(provider), secret=secret)
+    raise TypeError(
+        f"a cache provider is a URL, a Backend, a Cache or None, not {type(provider).__name__}"
+    )
+
+
+def _default() -> Cache:
+    url = environment.read(environment.ENV_CACHE) or "dir://"
+    try:
+        return _to_cache(url)
+    except RuntimeCacheError as exc:
+        # A bad setting must not crash the app: run on without a cache, loudly.
+        log.error("runtime-cache: cannot open cache %r (%s); caching is off", url, exc)
+        return Cache(None)
+
+
+def set_cache_provider(provider: Provider) -> Cache:
+    """Set the process-wide cache: a URL, a :class:`Backend`, a :class:`Cache`, or ``None`` (off).
+
+    Call it once at startup. It wins over ``RUNTIME_CACHE`` and the default.
+    Returns the :class:`Cache` now in use.
+
+    Example::
+
+        rc.set_cache_provider("dir:///var/cache/myapp")
+    """
+    global _current, _explicit
+    cache = _to_cache(provider)
+    with _lock:
+        _current, _explicit = cache, True
+    return cache
+
+
+def reset_cache_provider() -> None:
+    """Forget any provider set, so the next :func:`get_cache` reads the environment again."""
+    global _current, _explicit
+    with _lock:
+        _current, _explicit = None, False
+
+
+def get_cache() -> Cache:
+    """Return the process-wide :class:`Cache`, opening the default on first use."""
+    global _current
+    cache = _current
+    if cache is not None:
+        return cache
+    with _lock:
+        if _current is None:
+            _current = _default()
+        return _current
+
+
+@contextmanager
+def cache_provider(provider: Provider) -> Iterator[Cache]:
+    """Temporarily use another provider within a ``with`` block (restored afterwards)."""
+    global _current, _explicit
+    cache = _to_cache(provider)
+    with _lock:
+        saved = (_current, _explicit)
+        _current, _explicit = cache, True
+    try:
+        yield cache
+    finally:
+        with _lock:
+            _current, _explicit = saved

@@ -1,0 +1,119 @@
+"""Value types the front reports: :class:`CacheStats` and :class:`EntryInfo`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["CacheStats", "EntryInfo", "Counters"]
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of one :class:`~runtime_cache.Cache` in this process.
+
+    ``corrupt`` counts entries that failed to decode (they were deleted and
+    treated as misses); ``rejected`` counts entries with a missing or wrong
+    signature while a secret is set; ``errors`` counts backend failures that
+    were absorbed as misses or skipped stores; ``seconds_saved`` sums the
+    ``build_seconds`` of every hit.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+    errors: int = 0
+    corrupt: int = 0
+    rejected: int = 0
+    builds: int = 0
+    build_seconds: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds_saved: float = 0.0
+
+    @property
+    def lookups(self) -> int:
+        """Hits plus misses."""
+        return self.hits + self.misses
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over lookups, 0.0 when nothing was looked up."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict, with ``hit_rate`` added."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+class Counters:
+    """Mutable, thread-safe counters behind :class:`CacheStats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {f.name: 0 for f in fields(CacheStats)}
+
+    def add(self, **amounts: float) -> None:
+        """Add to one or more counters atomically."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._values[name] += amount
+
+    def snapshot(self) -> CacheStats:
+        """A frozen copy of the counters."""
+        with self._lock:
+            values = dict(self._values)
+        return CacheStats(
+            **{
+                f.name: (float(values[f.name]) if f.type in ("float", float) else int(values[f.name]))
+                for f in fields(CacheStats)
+            }
+        )
+
+    def reset(self) -> None:
+        """Set every counter back to zero."""
+        with self._lock:
+            for name in self._values:
+                self._values[name] = 0
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """Metadata of one stored entry, read without loading its value.
+
+    ``hits`` and ``last_access`` come from the backend where it keeps them
+    (across processes), and are ``None`` where it cannot.
+    """
+
+    key: str
+    runtime: str
+    purpose: str
+    module_id: str
+    device: Any
+    parts: Mapping[str, Any]
+    size: int
+    stored_size: int
+    created_at: float
+    build_seconds: float
+    producer: str
+    signed: bool
+    hits: int | None = None
+    last_access: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (bytes in parts shown as hex)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    return value

@@ -1,0 +1,186 @@
+"""A conformance suite that every backend runs, built-in or third party.
+
+Subclass the mixins in a test module and provide a ``backend`` fixture::
+
+    import pytest
+    from runtime_cache.testing import BackendConformance
+
+    class TestMyBackend(BackendConformance):
+        @pytest.fixture
+        def backend(self, tmp_path):
+            b = MyBackend(tmp_path)
+            yield b
+            b.close()
+
+:class:`BackendConformance` holds the contract every backend must meet;
+:class:`CacheConformance` runs the :class:`~runtime_cache.Cache` front over the
+backend (corruption, bundles, listing). Requires pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from .api import Backend, StoredItem
+from .cache import Cache
+from .errors import InvalidKeyError, RuntimeCacheError
+from .keys import make_key
+
+__all__ = ["BackendConformance", "CacheConformance"]
+
+
+def _k(i: int | str, ns: str = "t/conformance") -> str:
+    return f"{ns}/{i:0>32}" if isinstance(i, int) else f"{ns}/{i}"
+
+
+class BackendConformance:
+    """The ``Backend`` contract: bytes in, bytes out, ``None`` for a miss."""
+
+    def test_is_backend(self, backend: Backend) -> None:
+        assert isinstance(backend, Backend)
+
+    def test_missing_is_none(self, backend: Backend) -> None:
+        assert backend.get(_k("missing")) is None
+
+    def test_roundtrip(self, backend: Backend) -> None:
+        backend.set(_k(1), b"hello")
+        assert backend.get(_k(1)) == b"hello"
+
+    def test_every_byte_value(self, backend: Backend) -> None:
+        value = bytes(range(256)) * 4
+        backend.set(_k(2), value)
+        assert backend.get(_k(2)) == value
+
+    def test_empty_value(self, backend: Backend) -> None:
+        backend.set(_k(3), b"")
+        assert backend.get(_k(3)) == b""
+
+    def test_large_value(self, backend: Backend) -> None:
+        value = os.urandom(1 << 20)
+        backend.set(_k(4), value)
+        assert backend.get(_k(4)) == value
+
+    def test_overwrite(self, backend: Backend) -> None:
+        backend.set(_k(5), b"one")
+        backend.set(_k(5), b"two")
+        assert backend.get(_k(5)) == b"two"
+
+    def test_delete(self, backend: Backend) -> None:
+        backend.set(_k(6), b"x")
+        assert backend.delete(_k(6)) is True
+        assert backend.get(_k(6)) is None
+        assert backend.delete(_k(6)) is False
+
+    def test_keys_with_prefix(self, backend: Backend) -> None:
+        backend.set(_k(7, "a/one"), b"1")
+        backend.set(_k(8, "a/two"), b"2")
+        backend.set(_k(9, "b/one"), b"3")
+        assert sorted(backend.keys("a/")) == sorted([_k(7, "a/one"), _k(8, "a/two")])
+        assert list(backend.keys("a/one/")) == [_k(7, "a/one")]
+        assert set(backend.keys()) >= {_k(7, "a/one"), _k(8, "a/two"), _k(9, "b/one")}
+
+    def test_many(self, backend: Backend) -> None:
+        items = {_k(i, "m/many"): bytes([i]) * (i + 1) for i in range(20)}
+        backend.set_many(items)
+        wanted = [*items, _k("absent", "m/many")]
+        assert backend.get_many(wanted) == items
+
+    def test_head(self, backend: Backend) -> None:
+        backend.set(_k(10), b"0123456789")
+        assert backend.head(_k(10), 4) == b"0123"
+        assert backend.head(_k("nope"), 4) is None
+
+    def test_scan_sizes(self, backend: Backend) -> None:
+        backend.set(_k(11, "s/scan"), b"abc")
+        backend.set(_k(12, "s/scan"), b"defgh")
+        items = {item.key: item for item in backend.scan("s/scan/")}
+        assert set(items) == {_k(11, "s/scan"), _k(12, "s/scan")}
+        assert all(isinstance(item, StoredItem) for item in items.values())
+        sizes = sorted(item.size for item in items.values())
+        assert sizes[0] >= 3 and sizes[1] >= 5  # stored sizes may include framing
+
+    def test_hostile_keys_rejected_or_safe(self, backend: Backend) -> None:
+        hostile = ["../../etc/passwd", "a/../../b", "a\x00b", "/abs/path", "x" * 5000, ".", ""]
+        for key in hostile:
+            try:
+                backend.set(key, b"v")
+            except InvalidKeyError:
+                continue
+            assert backend.get(key) == b"v", key
+            backend.delete(key)
+
+    def test_threads_never_tear(self, backend: Backend) -> None:
+        key = _k(13)
+        values = [bytes([i]) * 50_000 for i in range(8)]
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                for _ in range(20):
+                    backend.set(key, values[i])
+                    got = backend.get(key)
+                    assert got is None or got in values
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(values))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+
+    def test_close_twice(self, backend: Backend) -> None:
+        backend.close()
+        backend.close()
+
+
+class CacheConformance:
+    """The :class:`Cache` front over the backend: entries, corruption, bundles."""
+
+    @staticmethod
+    def _key(i: int) -> Any:
+        return make_key(module_id=f"mod{i % 3}", runtime="conf", purpose="test", device={"n": 1}, i=i)
+
+    def test_put_get_entries(self, backend: Backend) -> None:
+        cache = Cache(backend)
+        for i in range(6):
+            assert cache.put(self._key(i), b"v%d" % i, build_seconds=0.5)
+        assert cache.get(self._key(4)) == b"v4"
+        listed = {info.key: info for info in cache.entries(runtime="conf")}
+        assert set(listed) == {str(self._key(i)) for i in range(6)}
+        assert {info.module_id for info in cache.entries(module_id="mod1")} == {"mod1"}
+        assert cache.stats().seconds_saved == pytest.approx(0.5)
+
+    def test_corrupt_entry_is_a_counted_miss(self, backend: Backend) -> None:
+        cache = Cache(backend)
+        key = self._key(1)
+        cache.put(key, b"good")
+        blob = backend.get(str(key))
+        assert blob is not None
+        backend.set(str(key), blob[:-3] + b"bad")
+        assert cache.get(key) is None
+        assert cache.stats().corrupt == 1
+        assert cache.get_or_build(key, lambda: b"rebuilt") == b"rebuilt"
+        assert cache.get(key) == b"rebuilt"
+
+    def test_bundle_roundtrip(self, backend: Backend) -> None:
+        cache = Cache(backend)
+        for i in range(5):
+            cache.put(self._key(i), b"b%d" % i)
+        data = cache.dumps(runtime="conf")
+        for i in range(5):
+            cache.delete(self._key(i))
+        assert cache.loads(data) == 5
+        assert cache.get(self._key(3)) == b"b3"
+
+    def test_strict_raises_typed(self, backend: Backend) -> None:
+        cache = Cache(backend, strict=True)
+        try:
+            cache.get("conf/test/" + "0" * 32)
+        except RuntimeCacheError:
+            pass
