@@ -1,0 +1,1 @@
+"""OpenCL consumer of runtime-cache: program binaries on pyopencl."""
