@@ -47,6 +47,7 @@ log = logging.getLogger("runtime_cache")
 
 KeyLike = CacheKey | str
 _HEAD = 4096
+_WRITES = frozenset({"set", "delete"})
 
 
 class _NullBackend(Backend):
@@ -109,7 +110,7 @@ class Cache:
         self._flights: dict[str, _Flight] = {}
         self._flight_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._failing = False
+        self._failing: set[str] = set()
         self._generation = 0
         self._saved_generation = 0
 
@@ -167,9 +168,10 @@ class Cache:
     # ------------------------------------------------------------ failure policy
     def _failed(self, op: str, exc: Exception) -> None:
         self._counters.add(errors=1)
+        side = "write" if op in _WRITES else "read"
         with self._state_lock:
-            first = not self._failing
-            self._failing = True
+            first = side not in self._failing
+            self._failing.add(side)
         if first:
             log.warning(
                 "runtime-cache: %s failed on %r (%s: %s); carrying on without the cache "
@@ -184,12 +186,15 @@ class Cache:
         if self.strict:
             raise exc
 
-    def _succeeded(self) -> None:
-        if self._failing:
+    def _succeeded(self, side: str = "read") -> None:
+        # Reads and writes recover apart: a read-only store keeps failing writes
+        # while reads succeed, and must not log once per call.
+        if side in self._failing:
             with self._state_lock:
-                was, self._failing = self._failing, False
+                was = side in self._failing
+                self._failing.discard(side)
             if was:
-                log.warning("runtime-cache: backend %r works again", self._backend)
+                log.warning("runtime-cache: %ss on %r work again", side, self._backend)
 
     def _bump(self) -> None:
         with self._state_lock:
@@ -304,7 +309,7 @@ class Cache:
         except Exception as exc:
             self._failed("set", exc)
             return False
-        self._succeeded()
+        self._succeeded("write")
         self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
         self._bump()
         return True
@@ -345,7 +350,7 @@ class Cache:
         except Exception as exc:
             self._failed("delete", exc)
             return False
-        self._succeeded()
+        self._succeeded("write")
         if removed:
             self._bump()
         return removed

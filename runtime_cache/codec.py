@@ -158,15 +158,15 @@ def encode_entry(
 def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
     if len(blob) < HEADER_SIZE:
         raise CorruptEntryError(f"entry is {len(blob)} bytes, shorter than its header")
-    magic, version, flags, _reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
+    magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
         blob
     )
     if magic != ENTRY_MAGIC:
         raise CorruptEntryError("not a runtime-cache entry (bad magic)")
     if version != ENTRY_VERSION:
         raise CorruptEntryError(f"unsupported entry format version {version}")
-    if flags & ~FLAG_SIGNED:
-        raise CorruptEntryError(f"unknown entry flags {flags:#x}")
+    if flags & ~FLAG_SIGNED or reserved:
+        raise CorruptEntryError(f"unknown entry flags {flags:#x}/{reserved:#x}")
     if meta_len > limits.max_meta_size:
         raise CorruptEntryError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
     if value_len > limits.max_value_size:
@@ -299,13 +299,13 @@ def decode_bundle(
     view = memoryview(data)
     if len(view) < _BUNDLE_HEADER.size + _CHECK.size:
         raise InvalidBundleError(f"bundle is {len(view)} bytes, shorter than its header")
-    magic, version, flags, _reserved, count = _BUNDLE_HEADER.unpack_from(view)
+    magic, version, flags, reserved, count = _BUNDLE_HEADER.unpack_from(view)
     if magic != BUNDLE_MAGIC:
         raise InvalidBundleError("not a runtime-cache bundle (bad magic)")
     if version != BUNDLE_VERSION:
         raise InvalidBundleError(f"unsupported bundle format version {version}")
-    if flags & ~FLAG_SIGNED:
-        raise InvalidBundleError(f"unknown bundle flags {flags:#x}")
+    if flags & ~FLAG_SIGNED or reserved:
+        raise InvalidBundleError(f"unknown bundle flags {flags:#x}/{reserved:#x}")
     if count > limits.max_entries:
         raise InvalidBundleError(f"bundle claims {count} entries, over the limit {limits.max_entries}")
     signed = bool(flags & FLAG_SIGNED)

@@ -1,0 +1,454 @@
+"""``dir://``: entries as files in a directory tree, safe for many processes.
+
+Layout: a key ``"opencl/program-binary/3f2a..."`` lives at
+``<root>/opencl/program-binary/3f/3f2a....rce``: one folder per key component,
+then a two-character fan-out folder. Names that begin with ``.`` are ours
+(temp files, the hits journal) and never keys.
+
+Guarantees:
+
+* Writes go to a temp file in the target folder, then ``os.replace``: a reader
+  sees the old file or the new one, never a torn one. A writer killed midway
+  leaves only a temp file, which readers never see and :meth:`vacuum` removes.
+* Folders are created ``0700`` and files ``0600``. Reads open with
+  ``O_NOFOLLOW``, and ``os.replace`` replaces a planted symlink instead of
+  writing through it.
+* A vanished file is a miss. A read-only directory serves reads; writes raise
+  :class:`~runtime_cache.errors.ReadOnlyBackendError` at once, without retrying
+  the disk, and the front logs that once.
+* ``max_size`` is kept by evicting least recently used files. Last access is
+  the file's mtime, bumped on every hit (one ``futimens`` call); hits are
+  counted in memory and appended to ``<root>/.hits`` in batches.
+
+URL: ``dir:///abs/path?max_size=2GB&fsync=0&track_access=1``; plain ``dir://``
+is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
+
+__all__ = ["DirectoryBackend"]
+
+log = logging.getLogger("runtime_cache")
+
+SUFFIX = ".rce"
+_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
+_MAX_KEY = 1024
+_MAX_DEPTH = 16
+_READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_WRITE = (
+    os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+_TEMP_PREFIX = ".tmp-"
+_HITS = ".hits"
+_TEMP_MAX_AGE = 300.0
+_counter = itertools.count()
+_OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all() -> None:
+    for backend in list(_OPEN):
+        backend.flush_hits()
+
+
+def _default_root() -> str:
+    import platformdirs
+
+    return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
+
+
+class DirectoryBackend(Backend):
+    """Files in a directory tree; see the module docstring for the guarantees.
+
+    Args:
+        path: the root folder (created ``0700``); ``None`` for the default.
+        max_size: cap on stored bytes (int or ``"500MB"``), ``None`` for no cap.
+        fsync: fsync each file before it is renamed into place (durable on
+            power loss, slower).
+        track_access: bump mtime and count hits on every get (for LRU and listings).
+    """
+
+    scheme = "dir"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_size: int | str | None = "2GB",
+        fsync: bool = False,
+        track_access: bool = True,
+        hits_batch: int = 64,
+    ) -> None:
+        self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(_default_root())
+        self.max_size = None if max_size is None else parse_size(max_size)
+        self.fsync = fsync
+        self.track_access = track_access
+        self._hits_batch = max(1, hits_batch)
+        self._read_only = False
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._pending_count = 0
+        self._last_flush = time.monotonic()
+        self._known_dirs: set[str] = set()
+        self._written_since_check = 0
+        self._writes_since_check = 0
+        self._estimated_total: int | None = None
+        self._closed = False
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY or not self.root.is_dir():
+                raise self._error("open", exc) from exc
+            self._read_only = True
+        if not self.root.is_dir():
+            raise BackendError(f"cache root {self.root} is not a directory")
+        self._maybe_vacuum()
+        _OPEN.add(self)
+
+    @classmethod
+    def from_url(cls, url: str) -> DirectoryBackend:
+        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1``."""
+        parsed = BackendURL.parse(url)
+        path = parsed.netloc + parsed.path
+        max_size = parsed.pop("max_size", "2GB")
+        fsync = parsed.pop("fsync", "0") in ("1", "true", "yes")
+        track = parsed.pop("track_access", "1") not in ("0", "false", "no")
+        parsed.reject_unknown()
+        cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
+        return cls(path or None, max_size=cap, fsync=fsync, track_access=track)
+
+    # ----------------------------------------------------------------- paths
+    def _path(self, key: str) -> Path:
+        if not isinstance(key, str) or not key or len(key) > _MAX_KEY:
+            raise InvalidKeyError(f"a key must be a str of 1-{_MAX_KEY} characters")
+        parts = key.split("/")
+        if len(parts) > _MAX_DEPTH:
+            raise InvalidKeyError(f"a key may have at most {_MAX_DEPTH} components: {key[:80]!r}")
+        for part in parts:
+            if not _COMPONENT.match(part) or part.endswith(SUFFIX):
+                raise InvalidKeyError(
+                    f"key component {part[:80]!r} must be 1-128 letters, digits, '.', '_', '+' "
+                    f"or '-', not start with '.' and not end with {SUFFIX!r}"
+                )
+        last = parts[-1]
+        return self.root.joinpath(*parts[:-1], last[:2], last + SUFFIX)
+
+    def _error(self, op: str, exc: OSError) -> BackendError:
+        where = f"{op} in {self.root}"
+        if exc.errno in _READ_ONLY:
+            return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
+        if exc.errno in _FULL:
+            return BackendError(f"{where}: disk full ({exc.strerror})")
+        return BackendError(f"{where}: {exc}")
+
+    # ----------------------------------------------------------------- reads
+    def _open(self, key: str) -> int | None:
+        path = self._path(key)
+        try:
+            return os.open(path, _O_READ)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR):
+                if exc.errno == errno.ELOOP:
+                    log.warning("runtime-cache: refusing to follow a symlink at %s", path)
+                return None
+            raise self._error("read", exc) from exc
+
+    def get(self, key: str) -> bytes | None:
+        fd = self._open(key)
+        if fd is None:
+            return None
+        try:
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            if self.track_access:
+                self._touch(fd, key)
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        finally:
+            os.close(fd)
+        return b"".join(chunks)
+
+    def head(self, key: str, size: int) -> bytes | None:
+        fd = self._open(key)
+        if fd is None:
+            return None
+        try:
+            return os.read(fd, size)
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        finally:
+            os.close(fd)
+
+    def _touch(self, fd: int, key: str) -> None:
+        if not self._read_only:
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # not our file, or read-only: LRU falls back to write time
+        with self._lock:
+            self._pending[key] = self._pending.get(key, 0) + 1
+            self._pending_count += 1
+            due = self._pending_count >= self._hits_batch or (
+                time.monotonic() - self._last_flush > 5.0
+            )
+        if due:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Append the hits counted in memory to the shared journal."""
+        with self._lock:
+            pending, self._pending, self._pending_count = self._pending, {}, 0
+            self._last_flush = time.monotonic()
+        if not pending or self._read_only:
+            return
+        now = time.time()
+        data = "".join(f"{n} {now:.3f} {k}\n" for k, n in pending.items()).encode()
+        try:
+            fd = os.open(
+                self.root / _HITS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+            try:
+                os.write(fd, data)  # one O_APPEND write: lines from processes never interleave
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # hit counts are advisory; losing some never loses an entry
+
+    def _read_hits(self) -> dict[str, tuple[int, float]]:
+        counts: dict[str, tuple[int, float]] = {}
+        try:
+            with open(self.root / _HITS, "rb") as handle:
+                raw = handle.read(64 << 20)
+        except OSError:
+            raw = b""
+        for line in raw.decode("utf-8", "replace").splitlines():
+            fields = line.split(" ", 2)
+            if len(fields) != 3 or not fields[0].isdigit():
+                continue
+            try:
+                when = float(fields[1])
+            except ValueError:
+                continue
+            n, last = counts.get(fields[2], (0, 0.0))
+            counts[fields[2]] = (n + int(fields[0]), max(last, when))
+        with self._lock:
+            for key, n in self._pending.items():
+                old, last = counts.get(key, (0, 0.0))
+                counts[key] = (old + n, last)
+        return counts
+
+    # ---------------------------------------------------------------- writes
+    def set(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        if self._read_only:
+            raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
+        folder = path.parent
+        temp = folder / f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        try:
+            if str(folder) not in self._known_dirs:
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._known_dirs.add(str(folder))
+            fd = os.open(temp, _O_WRITE, 0o600)
+            try:
+                view = memoryview(value)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except OSError as exc:
+            self._known_dirs.discard(str(folder))
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            error = self._error("write", exc)
+            if isinstance(error, ReadOnlyBackendError):
+                self._read_only = True
+                log.warning("runtime-cache: %s is read-only; serving reads, skipping writes", self.root)
+            raise error from exc
+        self._account(len(value))
+
+    def delete(self, key: str) -> bool:
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.EISDIR):
+                return False
+            raise self._error("delete", exc) from exc
+        return True
+
+    # --------------------------------------------------------------- listing
+    def _walk(self, prefix: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        parts = prefix.split("/")
+        base = self.root.joinpath(*[p for p in parts[:-1] if p])
+        if any(p.startswith(".") for p in parts[:-1]):
+            return
+        lead = "/".join(p for p in parts[:-1] if p)
+        stack: list[tuple[Path, list[str]]] = [(base, [lead] if lead else [])]
+        while stack:
+            folder, names = stack.pop()
+            try:
+                with os.scandir(folder) as it:
+                    listing = list(it)
+            except OSError:
+                continue
+            for entry in listing:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((Path(entry.path), [*names, entry.name]))
+                elif entry.name.endswith(SUFFIX) and names:
+                    name = entry.name[: -len(SUFFIX)]
+                    if names[-1] != name[:2]:
+                        continue
+                    key = "/".join([*names[:-1], name])
+                    if key.startswith(prefix):
+                        yield key, entry
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        return (key for key, _ in self._walk(prefix))
+
+    def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+        hits = self._read_hits() if self.track_access else {}
+        for key, entry in self._walk(prefix):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            count, _ = hits.get(key, (0, 0.0))
+            yield StoredItem(key, st.st_size, st.st_mtime, count if self.track_access else None)
+
+    # -------------------------------------------------------------- eviction
+    def _account(self, size: int) -> None:
+        if self.max_size is None:
+            return
+        with self._lock:
+            self._written_since_check += size
+            self._writes_since_check += 1
+            estimate = (self._estimated_total or 0) + self._written_since_check
+            due = (
+                self._estimated_total is None
+                or estimate > self.max_size
+                or self._writes_since_check >= 256
+            )
+        if due:
+            self.enforce_size()
+
+    def total_size(self) -> int:
+        """The bytes stored now (a full walk)."""
+        return sum(item.size for item in self.scan())
+
+    def enforce_size(self) -> int:
+        """Evict least recently used files until under 90% of ``max_size``; return how many."""
+        if self.max_size is None:
+            return 0
+        items = []
+        for _key, entry in self._walk(""):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # evicted or replaced by another process meanwhile
+            items.append((st.st_mtime, entry.path, st.st_size))
+        items.sort()
+        total = sum(size for _, _, size in items)
+        removed = 0
+        if total > self.max_size:
+            target = int(self.max_size * 0.9)
+            for _, path, size in items:
+                if total <= target:
+                    break
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+                total -= size
+                removed += 1
+        with self._lock:
+            self._estimated_total = total
+            self._written_since_check = 0
+            self._writes_since_check = 0
+        return removed
+
+    def vacuum(self) -> int:
+        """Remove stale temp files (older than 5 minutes) and compact the hits journal."""
+        removed = 0
+        cutoff = time.time() - _TEMP_MAX_AGE
+        for folder, _dirs, files in os.walk(self.root):
+            for name in files:
+                if not name.startswith(_TEMP_PREFIX):
+                    continue
+                path = os.path.join(folder, name)
+                try:
+                    if os.stat(path, follow_symlinks=False).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except OSError:
+                    continue
+        self._compact_hits()
+        try:
+            (self.root / ".vacuumed").touch(mode=0o600)
+        except OSError:
+            pass
+        return removed
+
+    def _compact_hits(self) -> None:
+        journal = self.root / _HITS
+        try:
+            if journal.stat().st_size < (1 << 20):
+                return
+        except OSError:
+            return
+        live = set(self.keys())
+        counts = {k: v for k, v in self._read_hits().items() if k in live}
+        temp = self.root / f"{_TEMP_PREFIX}hits-{os.getpid()}"
+        data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items())
+        try:
+            temp.write_text(data)
+            os.replace(temp, journal)
+        except OSError:
+            pass  # hits are advisory
+
+    def _maybe_vacuum(self) -> None:
+        if self._read_only:
+            return
+        try:
+            age = time.time() - (self.root / ".vacuumed").stat().st_mtime
+        except OSError:
+            age = float("inf")
+        if age > 3600:
+            self.vacuum()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.flush_hits()
+
+    def __repr__(self) -> str:
+        return f"<DirectoryBackend {str(self.root)!r}>"

@@ -1,0 +1,42 @@
+"""Shared fixtures: honest skips for real drivers and servers.
+
+A test that needs OpenCL or Redis skips when it is missing, but fails when
+RUNTIME_CACHE_REQUIRE_OPENCL=1 / RUNTIME_CACHE_REQUIRE_REDIS=1 says it must be
+there (CI sets both).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import runtime_cache as rc
+
+# The driver's own kernel cache stays off in tests, so our cache is what we measure.
+os.environ.setdefault("POCL_KERNEL_CACHE", "0")
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
+
+
+def need(what: str, env: str, reason: str) -> None:
+    """Skip with ``reason``, or fail when the environment variable ``env`` is 1."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{what} is required ({env}=1) but unavailable: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every test starts with no provider set and a private default cache folder."""
+    rc.reset_cache_provider()
+    saved = {k: os.environ.get(k) for k in ("RUNTIME_CACHE", "RUNTIME_CACHE_SECRET")}
+    os.environ["RUNTIME_CACHE"] = "dir://" + str(tmp_path_factory.mktemp("default-cache"))
+    os.environ.pop("RUNTIME_CACHE_SECRET", None)
+    yield
+    rc.reset_cache_provider()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

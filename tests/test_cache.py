@@ -1,0 +1,267 @@
+"""The Cache front: hits and misses, failure policy, coalesced builds, bundles, listings."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache import codec
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.errors import BackendError, BackendUnavailableError, InvalidBundleError
+
+
+def key(i: int = 0, **extra: object) -> rc.CacheKey:
+    return rc.make_key(module_id=f"mod{i % 2}", runtime="test", purpose="unit", device={"d": 1}, i=i, **extra)
+
+
+class FlakyBackend(MemoryBackend):
+    """A real memory store whose calls fail while ``down`` is set, like a dead server."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.read_only = False
+        self.gets = 0
+        self.heads = 0
+
+    def get(self, k: str) -> bytes | None:
+        self.gets += 1
+        if self.down:
+            raise BackendUnavailableError("server down")
+        return super().get(k)
+
+    def head(self, k: str, size: int) -> bytes | None:
+        self.heads += 1
+        return super().head(k, size)
+
+    def set(self, k: str, v: bytes) -> None:
+        if self.down or self.read_only:
+            raise BackendError("cannot write")
+        super().set(k, v)
+
+
+def test_hit_miss_and_stats() -> None:
+    cache = rc.Cache(MemoryBackend())
+    assert cache.get(key()) is None
+    assert cache.put(key(), b"v", build_seconds=1.25)
+    assert cache.get(key()) == b"v"
+    assert cache.get(str(key())) == b"v"
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.stores) == (2, 1, 1)
+    assert stats.seconds_saved == pytest.approx(2.5)
+    assert stats.bytes_read == 2 * stats.bytes_written > 2
+    assert stats.hit_rate == pytest.approx(2 / 3)
+    assert key() in cache and key(9) not in cache
+
+
+def test_put_validates_types() -> None:
+    cache = rc.Cache(MemoryBackend())
+    with pytest.raises(TypeError):
+        cache.put(key(), "text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        cache.put("test/unit/" + "0" * 32, b"v")  # type: ignore[arg-type]
+
+
+def test_corrupt_entry_counted_deleted_rebuilt() -> None:
+    backend = MemoryBackend()
+    cache = rc.Cache(backend)
+    cache.put(key(), b"good")
+    backend.set(str(key()), b"garbage")
+    assert cache.get_or_build(key(), lambda: b"rebuilt") == b"rebuilt"
+    assert cache.stats().corrupt == 1 and cache.stats().builds == 1
+    assert cache.get(key()) == b"rebuilt"
+
+
+def test_entry_under_wrong_name_is_never_served() -> None:
+    backend = MemoryBackend()
+    cache = rc.Cache(backend)
+    cache.put(key(1), b"for key 1")
+    backend.set(str(key(2)), backend.get(str(key(1))) or b"")  # a swapped file
+    assert cache.get(key(2)) is None
+    assert cache.stats().corrupt == 1
+
+
+def test_backend_down_is_a_miss_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    backend = FlakyBackend()
+    cache = rc.Cache(backend)
+    cache.put(key(), b"v")
+    backend.down = True
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        for _ in range(50):
+            assert cache.get(key()) is None
+            assert cache.put(key(), b"v") is False
+        assert cache.get_or_build(key(3), lambda: b"built") == b"built"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # one for reads, one for writes: not one per call
+    assert cache.stats().errors == 102
+    backend.down = False
+    assert cache.get(key()) == b"v"
+
+
+def test_read_only_store_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    backend = FlakyBackend()
+    cache = rc.Cache(backend)
+    cache.put(key(), b"v")
+    backend.read_only = True
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        for i in range(20):
+            assert cache.get(key()) == b"v"
+            assert not cache.put(key(i + 1), b"x")
+    assert len(caplog.records) == 1
+
+
+def test_strict_raises() -> None:
+    backend = FlakyBackend()
+    backend.down = True
+    cache = rc.Cache(backend, strict=True)
+    with pytest.raises(BackendUnavailableError):
+        cache.get(key())
+    with pytest.raises(BackendError):
+        cache.put(key(), b"v")
+
+
+def test_get_or_build_coalesces_threads() -> None:
+    cache = rc.Cache(MemoryBackend())
+    calls = []
+    gate = threading.Event()
+
+    def build() -> bytes:
+        calls.append(1)
+        gate.wait(5)
+        return b"once"
+
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(cache.get_or_build(key(), build))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert calls == [1]
+    assert results == [b"once"] * 8
+
+
+def test_get_or_build_shares_failure_and_checks_type() -> None:
+    cache = rc.Cache(MemoryBackend())
+    with pytest.raises(ZeroDivisionError):
+        cache.get_or_build(key(), lambda: 1 // 0)  # type: ignore[arg-type, return-value]
+    with pytest.raises(TypeError):
+        cache.get_or_build(key(), lambda: "str")  # type: ignore[arg-type, return-value]
+    assert cache.get_or_build(key(), lambda: b"ok") == b"ok"
+
+
+def test_entries_do_not_load_values() -> None:
+    backend = FlakyBackend()
+    cache = rc.Cache(backend)
+    for i in range(6):
+        cache.put(key(i), b"x" * 10_000, build_seconds=i)
+    backend.gets = 0
+    infos = list(cache.entries(runtime="test", module_id="mod1"))
+    assert sorted(info.parts["i"] for info in infos) == [1, 3, 5]
+    assert backend.gets == 0 and backend.heads == 3 * 2
+    info = infos[0]
+    assert info.size == 10_000 and info.runtime == "test" and info.purpose == "unit"
+    assert list(cache.entries(runtime="other")) == []
+    assert len(list(cache.entries(runtime="test", purpose="unit"))) == 6
+
+
+def test_generation_and_dirty() -> None:
+    cache = rc.Cache(MemoryBackend())
+    assert not cache.dirty
+    cache.put(key(), b"v")
+    assert cache.dirty
+    data = cache.dumps()
+    assert not cache.dirty
+    cache.dumps(runtime="test")
+    cache.delete(key())
+    assert cache.dirty and cache.generation == 2
+    cache.loads(data)
+    assert cache.generation == 3
+
+
+def test_bundles_filter_and_validate() -> None:
+    source = rc.Cache(MemoryBackend())
+    for i in range(4):
+        source.put(key(i), b"v%d" % i)
+    other = rc.make_key(module_id="x", runtime="other", purpose="unit")
+    source.put(other, b"o")
+    target = rc.Cache(MemoryBackend())
+    assert target.loads(source.dumps(runtime="test", module_id="mod0")) == 2
+    assert target.get(key(2)) == b"v2" and target.get(key(1)) is None
+    assert target.loads(source.dumps()) == 5
+    with pytest.raises(InvalidBundleError):
+        target.loads(source.dumps()[:-5])
+    # An entry whose key does not match its parts is refused.
+    forged = codec.encode_entry(str(key(1)), key(2).parts, b"evil", created_at=0.0)
+    assert rc.Cache(MemoryBackend()).loads(codec.encode_bundle([forged])) == 0
+
+
+def test_loads_without_overwrite_keeps_existing() -> None:
+    cache = rc.Cache(MemoryBackend())
+    cache.put(key(), b"new")
+    old = rc.Cache(MemoryBackend())
+    old.put(key(), b"old")
+    assert cache.loads(old.dumps(), overwrite=False) == 0
+    assert cache.get(key()) == b"new"
+
+
+def test_secret_signs_and_rejects() -> None:
+    backend = MemoryBackend()
+    plain = rc.Cache(backend)
+    signed = rc.Cache(backend, secret="fleet-secret")
+    plain.put(key(1), b"unsigned")
+    assert signed.get(key(1)) is None
+    assert signed.stats().rejected == 1
+    assert plain.get(key(1)) == b"unsigned"  # rejected entries are not deleted
+    signed.put(key(2), b"signed")
+    assert signed.get(key(2)) == b"signed"
+    assert rc.Cache(backend, secret="other").get(key(2)) is None
+    bundle = signed.dumps()
+    assert rc.Cache(MemoryBackend(), secret="fleet-secret").loads(bundle) == 1  # unsigned one left out
+    with pytest.raises(InvalidBundleError):
+        rc.Cache(MemoryBackend(), secret="other").loads(bundle)
+
+
+def test_disabled_cache() -> None:
+    cache = rc.Cache(None)
+    assert not cache.enabled
+    assert cache.put(key(), b"v") is False
+    assert cache.get_or_build(key(), lambda: b"v") == b"v"
+    assert cache.get(key()) is None
+    assert list(cache.entries()) == []
+
+
+def test_maintenance_verify_and_prune() -> None:
+    from runtime_cache import maintenance
+
+    backend = MemoryBackend()
+    cache = rc.Cache(backend)
+    for i in range(5):
+        cache.put(key(i), b"x" * 100)
+    backend.set(str(key(3)), b"broken")
+    report = maintenance.verify(cache)
+    assert report.checked == 5 and [k for k, _ in report.bad] == [str(key(3))]
+    report = maintenance.verify(cache, repair=True)
+    assert report.removed == 1 and len(list(backend.keys())) == 4
+    for i in (0, 1, 2):  # key(4) stays least recently used
+        cache.get(key(i))
+    size = next(iter(backend.scan())).size
+    pruned = maintenance.prune(cache, max_size=3 * size)
+    assert pruned.removed == 1 and cache.get(key(4)) is None
+
+
+def _iter_keys(n: int) -> Iterator[rc.CacheKey]:
+    return (key(i) for i in range(n))
+
+
+def test_get_many_and_put_many() -> None:
+    cache = rc.Cache(MemoryBackend())
+    assert cache.put_many({k: b"v" for k in _iter_keys(10)})
+    found = cache.get_many([*_iter_keys(12)])
+    assert len(found) == 10 and cache.stats().misses == 2
