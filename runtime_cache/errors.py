@@ -27,6 +27,10 @@ class InvalidBundleError(RuntimeCacheError, ValueError):
     """A bundle blob (``Cache.dumps`` output) failed to decode."""
 
 
+class InvalidRecordError(RuntimeCacheError, ValueError):
+    """A tuning record that is not a small msgpack-able dict, or a bad subgraph symbol."""
+
+
 class InvalidKeyError(RuntimeCacheError, ValueError):
     """A storage key that a backend refuses (for example ``..`` or a NUL byte)."""
 
@@ -71,6 +75,7 @@ __all__ = [
     "CorruptEntryError",
     "InvalidBundleError",
     "InvalidKeyError",
+    "InvalidRecordError",
     "InvalidURLError",
     "MissingDependencyError",
     "ReadOnlyBackendError",
