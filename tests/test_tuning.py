@@ -1,0 +1,233 @@
+"""TuningCache: one record per symbol, isolation, bundles, bad input, concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.errors import InvalidBundleError, InvalidRecordError
+from runtime_cache.tuning import TuningCache
+
+GPU_A = {"vendor": "V", "name": "A", "driver": "1.0"}
+GPU_B = {"vendor": "V", "name": "B", "driver": "1.0"}
+
+
+@pytest.fixture
+def cache() -> rc.Cache:
+    return rc.Cache(MemoryBackend())
+
+
+def tuner(cache: rc.Cache, device: Any = GPU_A, module: str = "net@1") -> TuningCache:
+    return TuningCache(module, "opencl", device, cache=cache)
+
+
+def test_put_then_get_round_trips_the_record(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    assert t.get("conv1") is None
+    assert t.put("conv1", {"local_size": (8, 8), "tile": 4, "ms": 0.41})
+    assert t.get("conv1") == {"local_size": [8, 8], "tile": 4, "ms": 0.41}
+    assert t.symbols() == ["conv1"]
+
+
+def test_records_of_another_device_are_never_returned(cache: rc.Cache) -> None:
+    a, b = tuner(cache, GPU_A), tuner(cache, GPU_B)
+    a.put("conv1", {"tile": 4})
+    b.put("conv2", {"tile": 2})
+    assert b.get("conv1") is None
+    assert a.get("conv2") is None
+    assert a.symbols() == ["conv1"]
+    assert b.symbols() == ["conv2"]
+    # A new driver version is another device.
+    newer = tuner(cache, {**GPU_A, "driver": "1.1"})
+    assert newer.get("conv1") is None
+    assert newer.symbols() == []
+
+
+def test_records_of_another_module_are_never_returned(cache: rc.Cache) -> None:
+    one, two = tuner(cache, module="net@1"), tuner(cache, module="net@2")
+    one.put("conv1", {"tile": 4})
+    assert two.get("conv1") is None
+    assert two.symbols() == []
+    other_runtime = TuningCache("net@1", "clml", GPU_A, cache=cache)
+    assert other_runtime.get("conv1") is None
+
+
+def test_retune_replaces_and_never_duplicates(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    for tile in (1, 2, 4, 8):
+        t.put("conv1", {"tile": tile})
+    assert t.get("conv1") == {"tile": 8}
+    assert t.symbols() == ["conv1"]
+    assert len(list(cache.entries("opencl", "tuning", "net@1"))) == 1
+
+
+def test_dumps_loads_round_trip(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    records = {f"layer{i}": {"tile": i, "local_size": [i, 1], "ms": i / 10} for i in range(1, 6)}
+    for symbol, record in records.items():
+        t.put(symbol, record)
+    tuner(cache, GPU_B).put("layer1", {"tile": 99})
+    blob = t.dumps()
+
+    fresh = rc.Cache(MemoryBackend())
+    target = tuner(fresh)
+    assert target.loads(blob) == 5
+    assert target.records() == records
+    # Loading twice replaces; it never duplicates.
+    assert target.loads(blob) == 5
+    assert len(list(fresh.entries())) == 5
+
+
+def test_loads_accepts_only_this_module_and_device(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    t.put("conv1", {"tile": 4})
+    blob = t.dumps()
+    fresh = rc.Cache(MemoryBackend())
+    assert tuner(fresh, GPU_B).loads(blob) == 0
+    assert tuner(fresh, module="net@2").loads(blob) == 0
+    assert list(fresh.entries()) == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:-1],
+        lambda b: b[:10],
+        lambda b: b"",
+        lambda b: b"not a bundle at all",
+        lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:],
+        lambda b: b + b"\x00",
+    ],
+)
+def test_a_corrupt_blob_raises_a_typed_error(cache: rc.Cache, damage: Any) -> None:
+    t = tuner(cache)
+    t.put("conv1", {"tile": 4})
+    t.put("conv2", {"tile": 2})
+    with pytest.raises(InvalidBundleError):
+        tuner(rc.Cache(MemoryBackend())).loads(damage(t.dumps()))
+
+
+def test_loads_rejects_a_non_bytes_blob(cache: rc.Cache) -> None:
+    with pytest.raises(InvalidBundleError):
+        tuner(cache).loads("text")  # type: ignore[arg-type]
+
+
+def test_concurrent_get_or_tune_tunes_once(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    calls: list[int] = []
+    start = threading.Barrier(4)
+    release = threading.Event()
+    results: list[dict[str, Any]] = []
+
+    def tune() -> dict[str, Any]:
+        calls.append(1)
+        release.wait(5)  # hold the tune open so the other threads pile up behind it
+        return {"tile": 4, "local_size": [8, 8]}
+
+    def worker() -> None:
+        start.wait()
+        results.append(t.get_or_tune("conv1", tune))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # let the followers reach the in-flight tune (not a timed assertion)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1
+    assert results == [{"tile": 4, "local_size": [8, 8]}] * 4
+    assert cache.stats().builds == 1
+
+
+def test_get_or_tune_uses_the_stored_record(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    first = t.get_or_tune("conv1", lambda: {"tile": 4})
+    again = t.get_or_tune("conv1", lambda: pytest.fail("tuned twice"))
+    assert first == again == {"tile": 4}
+
+
+def test_a_failing_tune_stores_nothing(cache: rc.Cache) -> None:
+    t = tuner(cache)
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError, match="device lost"):
+        t.get_or_tune("conv1", broken)
+    assert t.symbols() == []
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        [1, 2, 3],
+        "tile=4",
+        {1: "int key"},
+        {"nested": {2: "int key"}},
+        {"obj": object()},
+        {"big": "x" * (70 * 1024)},
+        {"deep": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]},
+    ],
+)
+def test_a_bad_record_is_a_typed_error(cache: rc.Cache, record: Any) -> None:
+    t = tuner(cache)
+    with pytest.raises(InvalidRecordError):
+        t.put("conv1", record)
+    with pytest.raises(InvalidRecordError):
+        t.get_or_tune("conv2", lambda: record)
+    assert t.symbols() == []
+
+
+@pytest.mark.parametrize("symbol", ["", "x" * 300, None, 7])
+def test_a_bad_symbol_is_a_typed_error(cache: rc.Cache, symbol: Any) -> None:
+    with pytest.raises(InvalidRecordError):
+        tuner(cache).get(symbol)
+
+
+def test_a_bad_stored_record_is_a_miss_and_is_retuned(cache: rc.Cache) -> None:
+    t = tuner(cache)
+    cache.put(t.key("conv1"), b"\xc1 not msgpack")
+    assert t.get("conv1") is None
+    assert t.key("conv1") not in cache  # deleted
+    cache.put(t.key("conv1"), b"\x93\x01\x02\x03")  # a valid msgpack list, not a map
+    assert t.get_or_tune("conv1", lambda: {"tile": 2}) == {"tile": 2}
+    assert t.get("conv1") == {"tile": 2}
+
+
+def test_signed_cache_round_trip_and_foreign_secret() -> None:
+    signed = rc.Cache(MemoryBackend(), secret="s3cret")
+    t = tuner(signed)
+    t.put("conv1", {"tile": 4})
+    blob = t.dumps()
+    assert tuner(rc.Cache(MemoryBackend(), secret="s3cret")).loads(blob) == 1
+    # A cache with another secret accepts none of the records.
+    assert tuner(rc.Cache(MemoryBackend(), secret="other")).loads(blob) == 0
+
+
+def test_default_cache_is_the_provider(tmp_path: Any) -> None:
+    with rc.cache_provider(f"dir://{tmp_path}"):
+        t = TuningCache("net@1", "opencl", GPU_A)
+        t.put("conv1", {"tile": 4})
+        assert TuningCache("net@1", "opencl", GPU_A).get("conv1") == {"tile": 4}
+        assert t.clear() == 1
+        assert t.symbols() == []
+
+
+def test_disabled_cache_tunes_every_time() -> None:
+    t = tuner(rc.Cache(None))
+    calls: list[int] = []
+
+    def tune() -> dict[str, Any]:
+        calls.append(1)
+        return {"tile": 1}
+
+    assert t.get_or_tune("conv1", tune) == {"tile": 1}
+    assert t.get_or_tune("conv1", tune) == {"tile": 1}
+    assert len(calls) == 2
+    assert t.put("conv1", {"tile": 1}) is False
