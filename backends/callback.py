@@ -82,7 +82,9 @@ class CallbackBackend(Backend):
             return False
         result = self._call("delete", self._delete, key)
         if result is not None and not isinstance(result, bool):
-            raise CallbackTypeError(f"delete({key!r}) must return bool, not {type(result).__name__}")
+            raise CallbackTypeError(
+                f"delete({key!r}) must return bool, not {type(result).__name__}"
+            )
         return bool(result)
 
     def keys(self, prefix: str = "") -> Iterator[str]:

@@ -53,7 +53,11 @@ _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_WRITE = (
-    os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
 )
 _TEMP_PREFIX = ".tmp-"
 _HITS = ".hits"
@@ -114,10 +118,14 @@ class DirectoryBackend(Backend):
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            if exc.errno not in _READ_ONLY or not self.root.is_dir():
+            if exc.errno not in _READ_ONLY:
                 raise self._error("open", exc) from exc
             self._read_only = True
-        if not self.root.is_dir():
+        try:
+            is_dir = self.root.is_dir()
+        except OSError as exc:
+            raise self._error("open", exc) from exc
+        if not is_dir:
             raise BackendError(f"cache root {self.root} is not a directory")
         self._maybe_vacuum()
         _OPEN.add(self)
@@ -288,7 +296,9 @@ class DirectoryBackend(Backend):
             error = self._error("write", exc)
             if isinstance(error, ReadOnlyBackendError):
                 self._read_only = True
-                log.warning("runtime-cache: %s is read-only; serving reads, skipping writes", self.root)
+                log.warning(
+                    "runtime-cache: %s is read-only; serving reads, skipping writes", self.root
+                )
             raise error from exc
         self._account(len(value))
 

@@ -113,11 +113,11 @@ class MemoryBackend(Backend):
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         with self._lock:
-            items = [
-                StoredItem(k, len(v), *reversed(self._access.get(k, (0, 0.0))))
-                for k, v in self._data.items()
-                if k.startswith(prefix)
-            ]
+            items = []
+            for k, v in self._data.items():
+                if k.startswith(prefix):
+                    hits, last = self._access.get(k, (0, 0.0))
+                    items.append(StoredItem(k, len(v), last, hits))
         return iter(items)
 
     def clear(self) -> None:

@@ -1,4 +1,4 @@
-"""runtime-cache: one pluggable cache for GPU program binaries, tuning records and other costly blobs.
+"""runtime-cache: one pluggable cache for GPU program binaries, tuning records and costly blobs.
 
 Quick start::
 

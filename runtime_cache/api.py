@@ -75,6 +75,9 @@ class Backend(abc.ABC):
 
     #: The URL scheme this class is registered under, e.g. ``"dir"``.
     scheme: ClassVar[str] = ""
+    #: Whether the storage sits across a network (e.g. Redis). A tiered backend
+    #: writes to remote tiers from a background thread so callers never wait on them.
+    remote: ClassVar[bool] = False
 
     @classmethod
     def from_url(cls, url: str) -> Backend:

@@ -307,7 +307,9 @@ def decode_bundle(
     if flags & ~FLAG_SIGNED or reserved:
         raise InvalidBundleError(f"unknown bundle flags {flags:#x}/{reserved:#x}")
     if count > limits.max_entries:
-        raise InvalidBundleError(f"bundle claims {count} entries, over the limit {limits.max_entries}")
+        raise InvalidBundleError(
+            f"bundle claims {count} entries, over the limit {limits.max_entries}"
+        )
     signed = bool(flags & FLAG_SIGNED)
     body_end = len(view) - _CHECK.size - (SIG_SIZE if signed else 0)
     if body_end < _BUNDLE_HEADER.size:

@@ -22,7 +22,13 @@ from typing import Any
 import msgpack
 import xxhash
 
-__all__ = ["KEY_SCHEMA_VERSION", "CacheKey", "canonical_bytes", "make_key", "module_id_from_sources"]
+__all__ = [
+    "KEY_SCHEMA_VERSION",
+    "CacheKey",
+    "canonical_bytes",
+    "make_key",
+    "module_id_from_sources",
+]
 
 #: Bump only with a migration note: it changes every key.
 KEY_SCHEMA_VERSION = 1
@@ -67,7 +73,10 @@ def _canonical(value: Any, where: str, depth: int) -> Any:
 def canonical_bytes(parts: Mapping[str, Any]) -> bytes:
     """Return the canonical msgpack encoding that a key's digest is taken over."""
     body = _canonical(dict(parts), "parts", 0)
-    return msgpack.packb(["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True)
+    packed: bytes = msgpack.packb(
+        ["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True
+    )
+    return packed
 
 
 def _freeze(value: Any) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["CacheStats", "EntryInfo", "Counters"]
+__all__ = ["CacheStats", "Counters", "EntryInfo"]
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,11 @@ class Counters:
         """A frozen copy of the counters."""
         with self._lock:
             values = dict(self._values)
-        return CacheStats(
-            **{
-                f.name: (float(values[f.name]) if f.type in ("float", float) else int(values[f.name]))
-                for f in fields(CacheStats)
-            }
-        )
+        converted: dict[str, Any] = {
+            f.name: float(values[f.name]) if f.type in ("float", float) else int(values[f.name])
+            for f in fields(CacheStats)
+        }
+        return CacheStats(**converted)
 
     def reset(self) -> None:
         """Set every counter back to zero."""

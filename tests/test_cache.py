@@ -16,7 +16,9 @@ from runtime_cache.errors import BackendError, BackendUnavailableError, InvalidB
 
 
 def key(i: int = 0, **extra: object) -> rc.CacheKey:
-    return rc.make_key(module_id=f"mod{i % 2}", runtime="test", purpose="unit", device={"d": 1}, i=i, **extra)
+    return rc.make_key(
+        module_id=f"mod{i % 2}", runtime="test", purpose="unit", device={"d": 1}, i=i, **extra
+    )
 
 
 class FlakyBackend(MemoryBackend):
@@ -136,7 +138,10 @@ def test_get_or_build_coalesces_threads() -> None:
         return b"once"
 
     results: list[bytes] = []
-    threads = [threading.Thread(target=lambda: results.append(cache.get_or_build(key(), build))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_build(key(), build)))
+        for _ in range(8)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.2)
@@ -223,7 +228,9 @@ def test_secret_signs_and_rejects() -> None:
     assert signed.get(key(2)) == b"signed"
     assert rc.Cache(backend, secret="other").get(key(2)) is None
     bundle = signed.dumps()
-    assert rc.Cache(MemoryBackend(), secret="fleet-secret").loads(bundle) == 1  # unsigned one left out
+    assert (
+        rc.Cache(MemoryBackend(), secret="fleet-secret").loads(bundle) == 1
+    )  # unsigned one left out
     with pytest.raises(InvalidBundleError):
         rc.Cache(MemoryBackend(), secret="other").loads(bundle)
 

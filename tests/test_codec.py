@@ -14,7 +14,9 @@ from runtime_cache.errors import CorruptEntryError, InvalidBundleError, Signatur
 PARTS = {"module_id": "m", "runtime": "r", "purpose": "p", "device": {"d": 1}}
 
 
-def entry(value: bytes = b"value", secret: bytes | None = None, key: str = "r/p/" + "a" * 32) -> bytes:
+def entry(
+    value: bytes = b"value", secret: bytes | None = None, key: str = "r/p/" + "a" * 32
+) -> bytes:
     return codec.encode_entry(
         key, PARTS, value, created_at=1.5, build_seconds=2.5, producer="t", secret=secret
     )
@@ -114,7 +116,9 @@ def _mutate(blob: bytes, data: st.DataObject) -> bytes:
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.data())
 def test_mutated_entries_give_typed_errors_only(data: st.DataObject) -> None:
-    original = entry(data.draw(st.binary(max_size=300)), secret=data.draw(st.sampled_from([None, b"k"])))
+    original = entry(
+        data.draw(st.binary(max_size=300)), secret=data.draw(st.sampled_from([None, b"k"]))
+    )
     mutated = _mutate(original, data)
     try:
         got = codec.decode_entry(mutated)

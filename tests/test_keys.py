@@ -102,7 +102,12 @@ def test_key_shape_and_parts() -> None:
 
 @pytest.mark.parametrize(
     ("device", "name"),
-    [(object(), "device"), ({"a": {1, 2}}, "device.a"), ({1: "x"}, "device"), ([1, 2**70], "device[1]")],
+    [
+        (object(), "device"),
+        ({"a": {1, 2}}, "device.a"),
+        ({1: "x"}, "device"),
+        ([1, 2**70], "device[1]"),
+    ],
 )
 def test_bad_part_types_name_the_part(device: object, name: str) -> None:
     with pytest.raises(TypeError, match=name.replace("[", r"\[").replace("]", r"\]")):

@@ -1,0 +1,204 @@
+"""DirectoryBackend: layout, permissions, read-only, symlinks, LRU cap, many processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.errors import InvalidKeyError
+
+KEY = "opencl/program-binary/3f2a" + "0" * 28
+
+
+def test_layout_and_permissions(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    backend = DirectoryBackend(root)
+    backend.set(KEY, b"v")
+    path = root / "opencl" / "program-binary" / "3f" / ("3f2a" + "0" * 28 + ".rce")
+    assert path.read_bytes() == b"v"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert list(backend.keys()) == [KEY]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../x",
+        "a/../b",
+        "a//b",
+        "/abs",
+        "a/",
+        ".hidden",
+        "a/.tmp-1",
+        "nul\x00",
+        "x" * 2000,
+        "a/b.rce",
+        "a b",
+    ],
+)
+def test_hostile_keys_rejected(tmp_path: Path, bad: str) -> None:
+    backend = DirectoryBackend(tmp_path)
+    with pytest.raises(InvalidKeyError):
+        backend.set(bad, b"v")
+    with pytest.raises(InvalidKeyError):
+        backend.get(bad)
+
+
+def test_nested_keys_do_not_collide(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    keys = ["a/b", "a/b/c", "a/bc", "a/b/bb", "a/b/c/d"]
+    for k in keys:
+        backend.set(k, k.encode())
+    assert {k: backend.get(k) for k in keys} == {k: k.encode() for k in keys}
+    assert sorted(backend.keys()) == sorted(keys)
+    assert sorted(backend.keys("a/b/")) == ["a/b/bb", "a/b/c", "a/b/c/d"]
+
+
+def test_vanished_file_is_a_miss(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"v")
+    for path in tmp_path.rglob("*.rce"):
+        path.unlink()
+    assert backend.get(KEY) is None
+    assert backend.delete(KEY) is False
+
+
+def test_symlink_is_never_followed(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path / "c")
+    backend.set(KEY, b"v")
+    (path,) = (tmp_path / "c").rglob("*.rce")
+    target = tmp_path / "victim"
+    target.write_bytes(b"precious")
+    path.unlink()
+    path.symlink_to(target)
+    assert backend.get(KEY) is None  # not read through the link
+    backend.set(KEY, b"new")  # replaces the link itself
+    assert target.read_bytes() == b"precious"
+    assert not path.is_symlink() and path.read_bytes() == b"new"
+
+
+READ_ONLY_CHILD = """
+import logging, os, sys
+import runtime_cache as rc
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+os.setgid(65534); os.setuid(65534)  # nobody: the permission bits now apply
+cache = rc.Cache(rc.open_backend("dir://" + sys.argv[1]))
+key = rc.make_key(module_id="m", runtime="r", purpose="p")
+for i in range(10):
+    assert cache.get(key) == b"good"
+    assert not cache.put(rc.make_key(module_id="m", runtime="r", purpose="p", i=i), b"x")
+s = cache.stats()
+print(s.hits, s.errors)
+"""
+
+
+def test_read_only_directory_serves_reads() -> None:
+    base = Path(tempfile.mkdtemp(prefix="rc-ro-", dir="/tmp"))  # a path "nobody" can reach
+    base.chmod(0o755)
+    root = base / "ro"
+    cache = rc.Cache(DirectoryBackend(root))
+    cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"good")
+    for folder, _dirs, files in os.walk(root):
+        os.chmod(folder, 0o555)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o444)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the reader as another user")
+    out = subprocess.run(
+        [sys.executable, "-c", READ_ONLY_CHILD, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": "/tmp"},
+    )
+    shutil.rmtree(base, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["10", "10"]
+    assert out.stderr.count("WARNING") == 2, out.stderr  # the backend's note and the front's, once
+
+
+def test_lru_cap(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path, max_size=10_000)
+    now = time.time()
+    for i in range(8):
+        backend.set(f"t/p/k{i}", bytes(1000))
+    for i, path in enumerate(sorted(tmp_path.rglob("*.rce"))):
+        os.utime(path, (now - 1000 + i, now - 1000 + i))
+    backend.get("t/p/k0")  # now the most recently used
+    for i in range(8, 12):
+        backend.set(f"t/p/k{i}", bytes(1000))
+    assert backend.total_size() <= 10_000
+    left = set(backend.keys())
+    assert "t/p/k0" in left and "t/p/k1" not in left
+
+
+def test_hits_shared_across_instances(tmp_path: Path) -> None:
+    a = DirectoryBackend(tmp_path)
+    a.set(KEY, b"v")
+    for _ in range(3):
+        a.get(KEY)
+    a.close()
+    b = DirectoryBackend(tmp_path)
+    b.get(KEY)
+    (item,) = list(b.scan())
+    assert item.hits == 4 and item.last_access is not None
+
+
+def test_stale_temp_files_cleaned(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"v")
+    folder = next(tmp_path.rglob("*.rce")).parent
+    old = folder / ".tmp-123-1-1"
+    old.write_bytes(b"partial")
+    fresh = folder / ".tmp-123-1-2"
+    fresh.write_bytes(b"in flight")
+    os.utime(old, (time.time() - 3600,) * 2)
+    assert list(backend.keys()) == [KEY]  # temp files are never keys
+    assert backend.vacuum() == 1
+    assert not old.exists() and fresh.exists()
+
+
+def _worker(root: str, seed: int, ops: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    rng = random.Random(seed)
+    backend = DirectoryBackend(root, max_size=None)
+    bad = 0
+    for _ in range(ops):
+        k = f"mp/test/k{rng.randrange(20)}"
+        op = rng.random()
+        if op < 0.5:
+            value = backend.get(k)
+            # Every value written is its key repeated, then a writer tag: check it is whole.
+            if value is not None and not value.startswith(k.encode() * 100):
+                bad += 1
+        elif op < 0.9:
+            backend.set(k, k.encode() * 100 + bytes([seed]) * rng.randrange(1, 50_000))
+        else:
+            backend.delete(k)
+    queue.put(bad)
+
+
+def test_many_processes_never_tear(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_worker, args=(str(tmp_path), s, 2000, queue)) for s in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs)
+    assert [queue.get(timeout=5) for _ in procs] == [0, 0, 0, 0]
+    assert not list(tmp_path.rglob(".tmp-*"))

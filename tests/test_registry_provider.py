@@ -1,0 +1,181 @@
+"""Registry (lazy, entry points, conflicts) and the process-wide provider."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache import registry as reg
+from runtime_cache.api import Backend
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.errors import (
+    BackendConflictError,
+    InvalidURLError,
+    MissingDependencyError,
+    UnknownBackendError,
+)
+
+
+class ListBackend(MemoryBackend):
+    scheme = "listy"
+
+    @classmethod
+    def from_url(cls, url: str) -> ListBackend:
+        return cls()
+
+
+@pytest.fixture
+def fresh() -> Iterator[reg.Registry]:
+    yield reg.Registry()
+
+
+def test_builtins_come_from_entry_points(fresh: reg.Registry) -> None:
+    assert {"memory", "dir", "callback", "redis", "rediss", "redis+cluster", "tiered"} <= set(
+        fresh.names()
+    )
+    assert fresh._loaded == {}  # nothing imported until used
+    assert fresh.resolve("memory") is MemoryBackend
+    assert isinstance(fresh.open("dir://" + "/tmp/rc-reg-test"), DirectoryBackend)
+
+
+def test_register_lazy_string_and_conflicts(fresh: reg.Registry) -> None:
+    fresh.register("listy", f"{__name__}:ListBackend")
+    assert isinstance(fresh.open("listy://x"), ListBackend)
+    with pytest.raises(BackendConflictError):
+        fresh.register("listy", MemoryBackend)
+    fresh.register("listy", MemoryBackend, replace=True)
+    assert fresh.resolve("listy") is MemoryBackend
+    fresh.register("listy", MemoryBackend)  # same target again is not a conflict
+    with pytest.raises(TypeError):
+        fresh.register("bad", object)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        fresh.register("bad", "no-colon")
+
+
+def test_unknown_scheme_lists_known(fresh: reg.Registry) -> None:
+    with pytest.raises(UnknownBackendError, match="memory://"):
+        fresh.open("nosuch://x")
+    with pytest.raises(InvalidURLError):
+        fresh.open("not a url")
+
+
+def test_missing_dependency_names_extra(fresh: reg.Registry) -> None:
+    fresh.register("redis", "no_such_redis_module_xyz:Backend", replace=True)
+    with pytest.raises(MissingDependencyError, match=r"runtime-cache\[redis\]"):
+        fresh.open("redis://localhost:6379/0")
+
+
+def test_public_register_backend() -> None:
+    rc.register_backend("listy-public", ListBackend)
+    try:
+        assert isinstance(rc.open_backend("listy-public://"), ListBackend)
+    finally:
+        reg.registry.unregister("listy-public")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://?max_size=nonsense",
+        "memory://?bogus=1",
+        "dir:///tmp/x?max_size=-1",
+        "dir://?nope=1",
+    ],
+)
+def test_bad_options_are_typed(url: str) -> None:
+    with pytest.raises(InvalidURLError):
+        rc.open_backend(url)
+
+
+def test_memory_url_options() -> None:
+    backend = rc.open_backend("memory://?max_size=1KiB")
+    assert isinstance(backend, MemoryBackend) and backend.max_size == 1024
+
+
+# ------------------------------------------------------------------ provider
+def test_env_var_then_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE", "memory://")
+    assert isinstance(rc.get_cache().backend, MemoryBackend)
+    rc.reset_cache_provider()
+    monkeypatch.setenv("RUNTIME_CACHE", "off")
+    assert not rc.get_cache().enabled
+    rc.reset_cache_provider()
+    monkeypatch.delenv("RUNTIME_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = rc.get_cache().backend
+    assert isinstance(backend, DirectoryBackend)
+    assert backend.root == tmp_path / "runtime-cache"
+
+
+def test_bad_env_url_turns_caching_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE", "nosuch://x")
+    assert not rc.get_cache().enabled
+
+
+def test_set_provider_wins_and_accepts_all_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE", "off")
+    assert rc.set_cache_provider("memory://").enabled
+    assert isinstance(rc.get_cache().backend, MemoryBackend)
+    backend = MemoryBackend()
+    assert rc.set_cache_provider(backend).backend is backend
+    cache = rc.Cache(MemoryBackend())
+    assert rc.set_cache_provider(cache) is cache and rc.get_cache() is cache
+    assert not rc.set_cache_provider(None).enabled
+    with pytest.raises(TypeError):
+        rc.set_cache_provider(42)  # type: ignore[arg-type]
+
+
+def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "s")
+    assert rc.set_cache_provider("memory://").signed
+
+
+def test_context_manager_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+    outer = rc.set_cache_provider("memory://")
+    with rc.cache_provider(None) as inner:
+        assert rc.get_cache() is inner and not inner.enabled
+    assert rc.get_cache() is outer
+
+
+def test_get_cache_is_one_object_across_threads() -> None:
+    seen: list[rc.Cache] = []
+    threads = [threading.Thread(target=lambda: seen.append(rc.get_cache())) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(c) for c in seen}) == 1
+
+
+def test_backend_base_defaults() -> None:
+    class Minimal(Backend):
+        def __init__(self) -> None:
+            self.d: dict[str, bytes] = {}
+
+        def get(self, key: str) -> bytes | None:
+            return self.d.get(key)
+
+        def set(self, key: str, value: bytes) -> None:
+            self.d[key] = value
+
+        def delete(self, key: str) -> bool:
+            return self.d.pop(key, None) is not None
+
+        def keys(self, prefix: str = "") -> Iterator[str]:
+            return iter([k for k in self.d if k.startswith(prefix)])
+
+    with Minimal() as b:
+        b.set_many({"a/1": b"x", "a/2": b"yy"})
+        assert b.get_many(["a/1", "a/3"]) == {"a/1": b"x"}
+        assert b.head("a/2", 1) == b"y"
+        assert sorted((i.key, i.size) for i in b.scan("a/")) == [("a/1", 1), ("a/2", 2)]
+        assert b.vacuum() == 0
+    with pytest.raises(InvalidURLError):
+        Minimal.from_url("minimal://")
+    assert os.environ.get("RUNTIME_CACHE", "").startswith("dir://")  # the autouse isolation
