@@ -1,0 +1,356 @@
+"""``redis://``, ``rediss://`` and ``redis+cluster://``: the shared cache for a fleet.
+
+One machine compiles a program and stores it; every other machine loads it.
+Values are plain Redis strings under ``<prefix><key>``; the entry format (and
+its signature) is the front's business.
+
+URLs::
+
+    redis://[[user]:password@]host[:port][/db][?options]
+    rediss://...                       (TLS)
+    redis+cluster://host:port[?options] (Redis Cluster; one seed node, the rest is discovered)
+
+Options: ``prefix`` (default ``rc:``) or ``namespace`` (``namespace=team`` means
+prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
+(default ``200ms``), ``timeout`` (per operation, default ``500ms``),
+``max_connections`` (per pool, default 64), ``backoff`` and ``max_backoff``
+(the circuit breaker's first and longest window, default ``500ms`` and
+``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
+Unknown options are rejected.
+
+Failures become :class:`~runtime_cache.errors.BackendUnavailableError` (server
+down, timeout; these open the circuit breaker) or
+:class:`~runtime_cache.errors.BackendError` (the server answered with an error).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from runtime_cache.api import Backend, BackendURL, StoredItem, parse_duration
+from runtime_cache.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidKeyError,
+    InvalidURLError,
+    MissingDependencyError,
+    ReadOnlyBackendError,
+)
+
+from .breaker import CircuitBreaker
+
+__all__ = ["RedisBackend"]
+
+T = TypeVar("T")
+_SCHEMES = ("redis", "rediss", "redis+cluster")
+_BATCH = 500  # commands per pipeline round trip in listings
+_GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+def _import_redis() -> Any:
+    try:
+        import redis
+        import redis.backoff
+        import redis.cluster
+        import redis.retry
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the Redis backend needs redis-py, which is not installed; "
+            "install it with: pip install 'runtime-cache[redis]'"
+        ) from exc
+    return redis
+
+
+class RedisBackend(Backend):
+    """Values in Redis (standalone or cluster), pooled, with timeouts and a circuit breaker.
+
+    Args:
+        url: the server, e.g. ``"redis://cache.internal:6379/0"``; query options
+            are read by :meth:`from_url`, not here.
+        prefix: prepended to every key, so several apps can share a database.
+        ttl: seconds each stored value lives (``None``: until evicted).
+        connect_timeout: seconds to wait for a connection.
+        timeout: seconds to wait for any one reply.
+        max_connections: size limit of the connection pool (per node in a cluster).
+        backoff: the circuit breaker's first window after a failure.
+        max_backoff: the longest window the breaker grows to.
+        ssl_options: extra ``ssl_*`` arguments for redis-py (``rediss://``).
+
+    Example::
+
+        backend = RedisBackend.from_url("redis://cache.internal:6379/0?ttl=30d&namespace=ml")
+        rc.set_cache_provider(backend)
+    """
+
+    scheme = "redis"
+    remote: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        url: str = "redis://localhost:6379/0",
+        *,
+        prefix: str = "rc:",
+        ttl: float | None = None,
+        connect_timeout: float = 0.2,
+        timeout: float = 0.5,
+        max_connections: int = 64,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        ssl_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self._redis = _import_redis()
+        parsed = BackendURL.parse(url)
+        if parsed.scheme not in _SCHEMES:
+            raise InvalidURLError(
+                f"not a Redis URL: {url!r} (redis://, rediss://, redis+cluster://)"
+            )
+        self.cluster = parsed.scheme == "redis+cluster"
+        if self.cluster and parsed.path not in ("", "/", "/0"):
+            raise InvalidURLError("a Redis Cluster has only database 0")
+        if ttl is not None and ttl <= 0:
+            ttl = None
+        if connect_timeout <= 0 or timeout <= 0 or max_connections < 1:
+            raise InvalidURLError("timeouts and max_connections must be positive")
+        self.prefix = prefix
+        self.ttl = ttl
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._ssl_options = dict(ssl_options or {})
+        netloc = parsed.netloc or "localhost:6379"
+        server_scheme = "redis" if self.cluster else parsed.scheme
+        self._server_url = f"{server_scheme}://{netloc}{parsed.path}"
+        host = netloc.rpartition("@")[2]  # never log a password
+        self.name = f"{parsed.scheme}://{host}{parsed.path}"
+        self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
+        errors = self._redis.exceptions
+        self._unavailable: tuple[type[BaseException], ...] = (
+            errors.ConnectionError,
+            errors.TimeoutError,
+            errors.ClusterDownError,
+            errors.TryAgainError,
+            errors.RedisClusterException,
+            OSError,
+        )
+        self._client: Any = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisBackend:
+        """Open from ``redis://host:port/db?ttl=30d&namespace=app`` (options: see module doc)."""
+        parsed = BackendURL.parse(url)
+        prefix = parsed.pop("prefix")
+        namespace = parsed.pop("namespace")
+        if prefix is not None and namespace is not None:
+            raise InvalidURLError("give either prefix or namespace, not both")
+        if namespace is not None:
+            prefix = f"{namespace}:" if namespace else ""
+        ttl_text = parsed.pop("ttl", "") or ""
+        ttl = None if ttl_text.lower() in ("", "0", "none", "off") else parse_duration(ttl_text)
+        options: dict[str, Any] = {
+            "prefix": "rc:" if prefix is None else prefix,
+            "ttl": ttl,
+            "connect_timeout": parse_duration(parsed.pop("connect_timeout", "200ms") or "200ms"),
+            "timeout": parse_duration(parsed.pop("timeout", "500ms") or "500ms"),
+            "backoff": parse_duration(parsed.pop("backoff", "500ms") or "500ms"),
+            "max_backoff": parse_duration(parsed.pop("max_backoff", "30s") or "30s"),
+        }
+        max_connections = parsed.pop("max_connections", "64") or "64"
+        if not max_connections.isdigit():
+            raise InvalidURLError(f"max_connections must be a whole number: {max_connections!r}")
+        options["max_connections"] = int(max_connections)
+        if parsed.scheme == "rediss":
+            options["ssl_options"] = {
+                name: value
+                for name in ("ssl_ca_certs", "ssl_cert_reqs")
+                if (value := parsed.pop(name)) is not None
+            }
+        parsed.reject_unknown()
+        if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
+            raise InvalidURLError("need 0 < backoff <= max_backoff")
+        return cls(f"{parsed.scheme}://{parsed.netloc}{parsed.path}", **options)
+
+    # ------------------------------------------------------------ connection
+    def _connect(self) -> Any:
+        redis = self._redis
+        retry = redis.retry.Retry(
+            redis.backoff.NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)
+        )
+        common: dict[str, Any] = {
+            "socket_connect_timeout": self.connect_timeout,
+            "socket_timeout": self.timeout,
+            "max_connections": self.max_connections,
+            "retry": retry,
+            **self._ssl_options,
+        }
+        if self.cluster:
+            # One attempt per call: the breaker, not a retry loop, handles outages.
+            return redis.cluster.RedisCluster.from_url(
+                self._server_url,
+                retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+                **{k: v for k, v in common.items() if k != "retry"},
+            )
+        pool = redis.ConnectionPool.from_url(self._server_url, **common)
+        return redis.Redis(connection_pool=pool, retry=retry)
+
+    def _get_client(self) -> Any:
+        if self._pid != os.getpid():
+            # A forked child must not share its parent's sockets: drop (not close)
+            # the inherited pool and start afresh.
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._client = None
+                    self._pid = os.getpid()
+                    self.breaker.reset()
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._connect()
+                client = self._client
+        return client
+
+    def _run(self, op: str, call: Callable[[Any], T]) -> T:
+        self.breaker.before_call()
+        errors = self._redis.exceptions
+        try:
+            result = call(self._get_client())
+        except errors.MaxConnectionsError as exc:
+            self.breaker.success()
+            raise BackendError(f"{op} on {self.name}: connection pool exhausted ({exc})") from exc
+        except self._unavailable as exc:
+            self.breaker.failure(exc)
+            raise BackendUnavailableError(f"{op} on {self.name} failed: {exc}") from exc
+        except errors.ReadOnlyError as exc:
+            self.breaker.success()
+            raise ReadOnlyBackendError(f"{op} on {self.name}: server is read-only") from exc
+        except errors.RedisError as exc:
+            self.breaker.success()
+            raise BackendError(f"{op} on {self.name} failed: {exc}") from exc
+        except BaseException:
+            # Not the server's fault (e.g. KeyboardInterrupt): still end a probe.
+            self.breaker.success()
+            raise
+        self.breaker.success()
+        return result
+
+    def _full(self, key: str) -> str:
+        if not isinstance(key, str) or not key:
+            raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+        return self.prefix + key
+
+    def _strip(self, raw: bytes) -> str | None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # not written by us
+        return text[len(self.prefix) :] if text.startswith(self.prefix) else None
+
+    def _px(self) -> int | None:
+        return None if self.ttl is None else max(1, int(self.ttl * 1000))
+
+    # -------------------------------------------------------------- contract
+    def get(self, key: str) -> bytes | None:
+        full = self._full(key)
+        value: bytes | None = self._run("get", lambda c: c.get(full))
+        return value
+
+    def set(self, key: str, value: bytes) -> None:
+        full, data, px = self._full(key), bytes(value), self._px()
+        self._run("set", lambda c: c.set(full, data, px=px))
+
+    def delete(self, key: str) -> bool:
+        full = self._full(key)
+        return bool(self._run("delete", lambda c: c.delete(full)))
+
+    def _scan_keys(self, client: Any, prefix: str) -> list[str]:
+        match = (self.prefix + prefix).translate(_GLOB) + "*"
+        if self.cluster:
+            raw = client.scan_iter(match=match, count=1000, target_nodes=client.PRIMARIES)
+        else:
+            raw = client.scan_iter(match=match, count=1000)
+        found = (self._strip(k) for k in raw)
+        return list(dict.fromkeys(k for k in found if k is not None and k.startswith(prefix)))
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        return iter(self._run("keys", lambda c: self._scan_keys(c, prefix)))
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        fulls = [self._full(k) for k in wanted]
+
+        def fetch(client: Any) -> list[bytes | None]:
+            # One round trip in standalone mode; one per node in a cluster.
+            values = client.mget_nonatomic(fulls) if self.cluster else client.mget(fulls)
+            return list(values)
+
+        values = self._run("get_many", fetch)
+        return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        if not items:
+            return
+        pairs = [(self._full(k), bytes(v)) for k, v in items.items()]
+        px = self._px()
+
+        def store(client: Any) -> None:
+            pipe = client.pipeline(transaction=False)
+            for full, data in pairs:
+                pipe.set(full, data, px=px)
+            pipe.execute()
+
+        self._run("set_many", store)
+
+    def head(self, key: str, size: int) -> bytes | None:
+        full = self._full(key)
+
+        def read(client: Any) -> bytes | None:
+            part: bytes = client.getrange(full, 0, size - 1) if size > 0 else b""
+            # GETRANGE answers b"" for a missing key too.
+            if part == b"" and not client.exists(full):
+                return None
+            return part
+
+        return self._run("head", read)
+
+    def _sizes(self, client: Any, keys: list[str]) -> list[StoredItem]:
+        items: list[StoredItem] = []
+        for start in range(0, len(keys), _BATCH):
+            chunk = keys[start : start + _BATCH]
+            pipe = client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.strlen(self.prefix + key)
+            sizes = pipe.execute()
+            empty = [k for k, n in zip(chunk, sizes, strict=True) if not n]
+            present = {k for k in empty if client.exists(self.prefix + k)}
+            items += [
+                StoredItem(k, int(n))
+                for k, n in zip(chunk, sizes, strict=True)
+                if n or k in present
+            ]
+        return items
+
+    def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+        """List keys and sizes with SCAN and STRLEN; no value is transferred."""
+        return iter(self._run("scan", lambda c: self._sizes(c, self._scan_keys(c, prefix))))
+
+    def close(self) -> None:
+        """Disconnect the pool; a later call connects again."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None and self._pid == os.getpid():
+            try:
+                client.close()
+                if not self.cluster:
+                    client.connection_pool.disconnect()
+            except Exception:  # closing a dead connection is not worth an error
+                pass
+
+    def __repr__(self) -> str:
+        return f"<RedisBackend {self.name} prefix={self.prefix!r} {self.breaker.state}>"

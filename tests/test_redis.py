@@ -1,0 +1,176 @@
+"""RedisBackend against a real redis-server: conformance, URL options, TTL, prefixes, fork."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.errors import InvalidURLError, MissingDependencyError
+from runtime_cache.testing import BackendConformance, CacheConformance
+
+if TYPE_CHECKING:
+    from redis_servers import RedisCluster, RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+pytestmark = pytest.mark.redis
+
+
+def _open(url: str) -> rc.Backend:
+    from runtime_cache.backends.redis import RedisBackend
+
+    backend = rc.open_backend(url)
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def _drop(backend: rc.Backend) -> None:
+    for key in list(backend.keys()):
+        backend.delete(key)
+    backend.close()
+
+
+class TestStandaloneConformance(BackendConformance, CacheConformance):
+    @pytest.fixture
+    def backend(self, redis_server: RedisProcess, unique_prefix: str) -> Iterator[rc.Backend]:
+        backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+        yield backend
+        _drop(backend)
+
+
+class TestClusterConformance(BackendConformance, CacheConformance):
+    @pytest.fixture
+    def backend(self, redis_cluster: RedisCluster, unique_prefix: str) -> Iterator[rc.Backend]:
+        backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}")
+        yield backend
+        _drop(backend)
+
+
+def test_cluster_keys_span_every_node(redis_cluster: RedisCluster, unique_prefix: str) -> None:
+    import redis
+
+    backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}")
+    keys = {f"span/{i:04d}" for i in range(60)}
+    backend.set_many({k: k.encode() for k in keys})
+    holding = 0
+    for node in redis_cluster.nodes:
+        direct = redis.Redis(port=node.port)
+        holding += bool(list(direct.scan_iter(match=f"{unique_prefix}span/*", count=1000)))
+        direct.close()
+    assert holding == len(redis_cluster.nodes)  # 60 keys hash to every node's slots
+    assert set(backend.keys("span/")) == keys
+    assert backend.get_many(sorted(keys)) == {k: k.encode() for k in keys}
+    _drop(backend)
+
+
+def test_url_options(redis_server: RedisProcess) -> None:
+    from runtime_cache.backends.redis import RedisBackend
+
+    backend = _open(
+        f"{redis_server.url}?namespace=team&ttl=2h&timeout=300ms&connect_timeout=100ms"
+        "&max_connections=8&backoff=50ms&max_backoff=2s"
+    )
+    assert isinstance(backend, RedisBackend)
+    assert (backend.prefix, backend.ttl) == ("team:", 7200.0)
+    assert (backend.timeout, backend.connect_timeout, backend.max_connections) == (0.3, 0.1, 8)
+    assert (backend.breaker.backoff, backend.breaker.max_backoff) == (0.05, 2.0)
+    defaults = _open(redis_server.url)
+    assert isinstance(defaults, RedisBackend)
+    assert (defaults.prefix, defaults.ttl, defaults.timeout, defaults.connect_timeout) == (
+        "rc:",
+        None,
+        0.5,
+        0.2,
+    )
+    assert backend.remote and type(backend).remote
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["colour=red", "prefix=a&namespace=b", "ttl=soon", "timeout=-1", "max_connections=x"],
+)
+def test_bad_url_options_are_rejected(redis_server: RedisProcess, query: str) -> None:
+    with pytest.raises(InvalidURLError):
+        rc.open_backend(f"{redis_server.url}?{query}")
+
+
+def test_cluster_url_rejects_a_database() -> None:
+    pytest.importorskip("redis")
+    with pytest.raises(InvalidURLError):
+        rc.open_backend("redis+cluster://127.0.0.1:7000/3")
+
+
+def test_ttl_is_set_on_every_write(redis_server: RedisProcess, unique_prefix: str) -> None:
+    import redis
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&ttl=1h")
+    backend.set("one", b"1")
+    backend.set_many({"two": b"2", "three": b"3"})
+    direct = redis.Redis(port=redis_server.port)
+    ttls = [direct.pttl(f"{unique_prefix}{k}") for k in ("one", "two", "three")]
+    assert all(3_500_000 < t <= 3_600_000 for t in ttls), ttls
+    direct.close()
+    _drop(backend)
+
+
+def test_prefixes_isolate_apps(redis_server: RedisProcess, unique_prefix: str) -> None:
+    a = _open(f"{redis_server.url}?prefix={unique_prefix}a:")
+    b = _open(f"{redis_server.url}?prefix={unique_prefix}b:")
+    a.set("k", b"from a")
+    assert b.get("k") is None and list(b.keys()) == []
+    assert list(a.keys()) == ["k"]
+    _drop(a)
+    _drop(b)
+
+
+def test_glob_characters_in_keys_are_literal(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend.set("g/a*b", b"1")
+    backend.set("g/axb", b"2")
+    backend.set("g/[x]", b"3")
+    assert list(backend.keys("g/a*")) == ["g/a*b"]
+    assert list(backend.keys("g/[")) == ["g/[x]"]
+    _drop(backend)
+
+
+def test_usable_after_fork(redis_server: RedisProcess, unique_prefix: str) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend.set("parent", b"p")  # the pool now holds a connection
+    pid = os.fork()
+    if pid == 0:  # child: must open its own connection, not share the parent's socket
+        code = 1
+        try:
+            backend.set("child", b"c")
+            code = 0 if backend.get("parent") == b"p" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert backend.get("child") == b"c"
+    assert backend.get("parent") == b"p"
+    _drop(backend)
+
+
+def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime_cache.backends.redis import RedisBackend
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # makes `import redis` raise ImportError
+    with pytest.raises(MissingDependencyError, match=r"runtime-cache\[redis\]"):
+        RedisBackend("redis://127.0.0.1:1/0")
+
+
+def test_a_provider_url_works_end_to_end(redis_server: RedisProcess, unique_prefix: str) -> None:
+    cache = rc.set_cache_provider(f"{redis_server.url}?prefix={unique_prefix}")
+    key = rc.make_key(module_id="m", runtime="demo", purpose="e2e", device=None)
+    assert cache.get_or_build(key, lambda: b"built once") == b"built once"
+    other = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}"))
+    assert other.get(key) == b"built once"
+    assert [info.key for info in other.entries(runtime="demo")] == [str(key)]
+    _drop(other.backend)
