@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TextIO
 
 from .cache import Cache
@@ -80,6 +80,20 @@ SORTS: dict[str, tuple[Callable[[EntryInfo], Any], bool]] = {
 }
 
 
+_INFO_FIELDS = tuple(f.name for f in fields(EntryInfo))
+
+
+def _json_default(value: Any) -> Any:
+    """What ``json`` cannot encode itself: bytes as hex (as EntryInfo.as_dict does)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    return str(value)
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -91,9 +105,9 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
     keyfunc, descending = SORTS[args.sort]
     infos.sort(key=keyfunc, reverse=descending != args.reverse)
     if args.json:
-        # Compact: a listing of 10,000 entries stays fast to write and to parse.
-        json.dump([info.as_dict() for info in infos], ctx.out, default=str)
-        ctx.out.write("\n")
+        # One compact json.dumps call runs in C: 10,000 entries take milliseconds.
+        rows = [{name: getattr(info, name) for name in _INFO_FIELDS} for info in infos]
+        ctx.out.write(json.dumps(rows, default=_json_default) + "\n")
         return 0
     if not infos:
         print("no entries", file=ctx.out)

@@ -1,0 +1,457 @@
+"""The runtime-cache command on real directory caches: listings, maintenance, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.cli import build_parser, main
+
+DEVICE = {"vendor": "Acme", "name": "Acme GPU 7", "driver": "31.0.1"}
+
+
+def key(i: int, purpose: str = "program-binary", device: Any = DEVICE) -> rc.CacheKey:
+    return rc.make_key(
+        module_id=f"net@{i % 3}", runtime="opencl", purpose=purpose, device=device, kernel=f"k{i}"
+    )
+
+
+class Run:
+    """Call main() in-process and capture what it prints."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], url: str) -> None:
+        self.capsys, self.url = capsys, url
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main(["--cache", self.url, *argv])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *argv: str) -> Any:
+        code, out, err = self(*argv, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def cache(root: Path) -> Any:
+    c = rc.Cache(DirectoryBackend(root, max_size=None))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], root: Path) -> Run:
+    return Run(capsys, f"dir://{root}?max_size=none")
+
+
+def fill(cache: rc.Cache, n: int = 6) -> list[rc.CacheKey]:
+    keys = [key(i) for i in range(n)]
+    for i, k in enumerate(keys):
+        cache.put(k, bytes([i]) * (100 * (i + 1)), build_seconds=0.25 * (i + 1))
+    return keys
+
+
+def entry_file(root: Path, k: rc.CacheKey | str) -> Path:
+    digest = str(k).rsplit("/", 1)[-1]
+    (path,) = root.rglob(f"{digest}.rce")
+    return path
+
+
+def test_ls_json_lists_every_entry_with_its_parts(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache)
+    listed = run.json("ls")
+    assert sorted(e["key"] for e in listed) == sorted(map(str, keys))
+    first = next(e for e in listed if e["key"] == str(keys[2]))
+    assert first["module_id"] == "net@2"
+    assert first["device"] == DEVICE
+    assert first["parts"]["kernel"] == "k2"
+    assert first["size"] == 300 and first["stored_size"] > 300
+    assert first["build_seconds"] == pytest.approx(0.75)
+    assert first["hits"] == 0
+
+
+def test_ls_filters_and_sorts(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache)
+    tuning = key(99, purpose="tuning")
+    cache.put(tuning, b"record")
+    assert [e["key"] for e in run.json("ls", "--purpose", "tuning")] == [str(tuning)]
+    assert {e["module_id"] for e in run.json("ls", "--module", "net@1")} == {"net@1"}
+    by_size = [e["key"] for e in run.json("ls", "--sort", "size", "--purpose", "program-binary")]
+    assert by_size == [str(k) for k in reversed(keys)]
+    smallest_first = run.json("ls", "--sort", "size", "--reverse", "--purpose", "program-binary")
+    assert [e["key"] for e in smallest_first] == [str(k) for k in keys]
+    by_build = [e["key"] for e in run.json("ls", "--sort", "build", "--runtime", "opencl")]
+    assert by_build[0] == str(keys[-1]) and by_build[-1] == str(tuning)
+
+
+def test_ls_table_shows_short_keys_and_device(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache, 2)
+    code, out, _ = run("ls")
+    assert code == 0
+    assert str(keys[0]).rsplit("/", 1)[-1][:12] in out
+    assert "Acme GPU 7 / 31.0.1" in out
+    assert "2 entries" in out
+    code, out, _ = run("ls", "--full-keys")
+    assert str(keys[1]) in out
+
+
+def test_ls_empty_cache(run: Run) -> None:
+    assert run("ls")[:2] == (0, "no entries\n")
+    assert run.json("ls") == []
+
+
+def test_show_by_digest_prefix_never_prints_the_value(run: Run, cache: rc.Cache) -> None:
+    k = key(1)
+    cache.put(k, b"SECRET-BINARY" * 10, build_seconds=1.5, extra={"compiler": "clang 17"})
+    digest = str(k).rsplit("/", 1)[-1]
+    code, out, _ = run("show", digest[:8])
+    assert code == 0
+    assert str(k) in out and "clang 17" in out and "kernel" in out
+    assert "SECRET-BINARY" not in out
+    shown = run.json("show", str(k))
+    assert shown["key"] == str(k)
+    assert shown["extra"] == {"compiler": "clang 17"}
+    assert shown["parts"] == k.parts
+    assert shown["build_seconds"] == 1.5
+
+
+def test_show_raw_writes_the_checked_value(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
+    k = key(1)
+    cache.put(k, b"\x00RAWVALUE\xff")
+    target = tmp_path / "value.bin"
+    code, out, _ = run("show", str(k), "--raw", str(target))
+    assert code == 0
+    assert target.read_bytes() == b"\x00RAWVALUE\xff"
+    assert "RAWVALUE" not in out
+
+
+def test_show_missing_and_ambiguous(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache, 40)
+    assert run("show", "opencl/program-binary/" + "0" * 32)[0] == 1
+    assert run("show", "zzzz")[0] == 1
+    # 40 digests share at most 16 first hex digits: some single digit is ambiguous
+    first_digits = [str(k).rsplit("/", 1)[-1][0] for k in keys]
+    shared = next(d for d in first_digits if first_digits.count(d) > 1)
+    code, _, err = run("show", shared)
+    assert code == 2 and "matches" in err
+
+
+def test_show_corrupt_head_is_reported(run: Run, cache: rc.Cache, root: Path) -> None:
+    k = key(1)
+    cache.put(k, b"v" * 100)
+    path = entry_file(root, k)
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF  # inside the metadata
+    path.write_bytes(bytes(data))
+    code, _, err = run("show", str(k))
+    assert code == 1 and "corrupt" in err
+
+
+def test_stats_counts_hits_kept_by_the_backend(run: Run, cache: rc.Cache, root: Path) -> None:
+    keys = fill(cache, 3)
+    tuning = key(7, purpose="tuning")
+    cache.put(tuning, b"rec", build_seconds=2.0)
+    other = rc.Cache(DirectoryBackend(root, max_size=None))  # another "process"
+    for _ in range(3):
+        assert other.get(keys[0]) is not None
+    assert other.get(tuning) == b"rec"
+    other.close()  # flushes the hits journal
+    stats = run.json("stats")
+    overall = stats["overall"]
+    assert overall["entries"] == 4
+    assert overall["hits"] == 4
+    assert overall["misses"] == 4
+    assert overall["hit_rate"] == pytest.approx(4 / 8)
+    assert overall["seconds_saved"] == pytest.approx(3 * 0.25 + 2.0)
+    assert overall["bytes"] == sum(e["stored_size"] for e in run.json("ls"))
+    groups = {(g["runtime"], g["purpose"]): g for g in stats["groups"]}
+    assert groups["opencl", "tuning"]["hits"] == 1
+    assert groups["opencl", "program-binary"]["entries"] == 3
+    assert set(stats["sources"]) >= {"hits", "misses", "hit_rate", "seconds_saved"}
+    code, out, _ = run("stats")
+    assert code == 0 and "total" in out and "50.0%" in out
+
+
+def test_stats_where_the_backend_keeps_no_hits(
+    capsys: pytest.CaptureFixture[str], cache: rc.Cache, root: Path
+) -> None:
+    fill(cache, 2)
+    assert main(["--cache", f"dir://{root}?track_access=0", "stats", "--json"]) == 0
+    overall = json.loads(capsys.readouterr().out)["overall"]
+    assert overall["entries"] == 2
+    assert overall["hits"] is None and overall["hit_rate"] is None
+    assert overall["seconds_saved"] is None
+    assert main(["--cache", f"dir://{root}?track_access=0", "stats"]) == 0
+    assert "-" in capsys.readouterr().out
+
+
+def test_rm_removes_and_reports_missing(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache, 3)
+    code, out, _ = run("rm", str(keys[0]))
+    assert code == 0 and str(keys[0]) in out
+    assert cache.get(keys[0]) is None and cache.get(keys[1]) is not None
+    code, _, err = run("rm", str(keys[1]), str(keys[0]))
+    assert code == 1 and "no entry" in err
+    assert cache.get(keys[1]) is None and cache.get(keys[2]) is not None
+
+
+def test_clear_needs_yes_without_a_terminal(run: Run, cache: rc.Cache) -> None:
+    fill(cache, 3)
+    code, _, err = run("clear")
+    assert code == 2 and "--yes" in err
+    assert len(run.json("ls")) == 3
+    assert run("clear", "--yes")[0] == 0
+    assert run.json("ls") == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize(("answer", "code", "left"), [("y", 0, 0), ("n", 1, 2)])
+def test_clear_asks_on_a_terminal(
+    cache: rc.Cache, root: Path, answer: str, code: int, left: int
+) -> None:
+    import pty
+
+    fill(cache, 2)
+    leader, follower = pty.openpty()
+    os.write(leader, answer.encode() + b"\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime_cache.cli", "--cache", f"dir://{root}", "clear"],
+        stdin=follower,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    os.close(follower)
+    os.close(leader)
+    assert proc.returncode == code, proc.stderr
+    assert "Remove all 2 entries" in proc.stderr
+    assert len(list(cache.entries())) == left
+
+
+def test_prune_max_size_evicts_least_recently_used_first(
+    run: Run, cache: rc.Cache, root: Path
+) -> None:
+    keys = fill(cache, 5)
+    sizes = {e["key"]: e["stored_size"] for e in run.json("ls")}
+    # Access order, oldest first: 3, 0, 4, 1, 2 (set through the files' access stamps).
+    order = [3, 0, 4, 1, 2]
+    base = 1_700_000_000
+    for rank, i in enumerate(order):
+        os.utime(entry_file(root, keys[i]), (base + rank * 60, base + rank * 60))
+    keep = order[2:]
+    limit = sum(sizes[str(keys[i])] for i in keep)
+    report = run.json("prune", "--max-size", str(limit))
+    assert report["removed"] == 2
+    assert report["remaining_bytes"] <= limit
+    assert {e["key"] for e in run.json("ls")} == {str(keys[i]) for i in keep}
+
+
+def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
+    import time
+
+    keys = fill(cache, 3)
+    old = time.time() - 40 * 86400
+    os.utime(entry_file(root, keys[1]), (old, old))
+    code, out, _ = run("prune", "--older-than", "30d")
+    assert code == 0 and "removed 1 entries" in out
+    assert {e["key"] for e in run.json("ls")} == {str(keys[0]), str(keys[2])}
+
+
+def test_verify_finds_a_hand_corrupted_entry_and_repair_removes_only_it(
+    run: Run, cache: rc.Cache, root: Path
+) -> None:
+    keys = fill(cache, 5)
+    path = entry_file(root, keys[3])
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x55  # inside the value: only a full check sees it
+    path.write_bytes(bytes(data))
+    code, out, _ = run("verify")
+    assert code == 1 and f"BAD  {keys[3]}" in out and "--repair" in out
+    code, out, _ = run("verify", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert report["checked"] == 5
+    assert [b["key"] for b in report["bad"]] == [str(keys[3])]
+    assert path.exists()  # no repair without --repair
+    code, out, _ = run("verify", "--repair")
+    assert code == 1 and "1 removed" in out
+    assert not path.exists()
+    for i in (0, 1, 2, 4):
+        assert cache.get(keys[i]) == bytes([i]) * (100 * (i + 1))
+    assert run("verify")[0] == 0
+
+
+def test_verify_with_a_secret_rejects_unsigned_entries(run: Run, cache: rc.Cache) -> None:
+    fill(cache, 2)
+    code, out, _ = run("--secret", "s3cret", "verify", "--json")
+    assert code == 1
+    assert len(json.loads(out)["bad"]) == 2
+    assert json.loads(out)["signatures_checked"] is True
+
+
+def test_export_clear_import_round_trip(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
+    binaries = fill(cache, 4)
+    tuning = [
+        rc.make_key(module_id="net@0", runtime="opencl", purpose="tuning", device=DEVICE, sym=s)
+        for s in ("conv_1", "conv_2")
+    ]
+    for t in tuning:
+        cache.put(t, b"\x81\xa4tile\x04", build_seconds=3.0)
+    before = run.json("ls")
+    bundle = tmp_path / "app-assets" / "kernels.rcb"
+    bundle.parent.mkdir()
+    exported = run.json("export", str(bundle))
+    assert exported["entries"] == 6 and exported["signed"] is False
+    assert run("clear", "--yes")[0] == 0
+    assert run.json("ls") == []
+    imported = run.json("import", str(bundle))
+    assert imported["accepted"] == 6 and imported["corrupt"] == 0
+    after = run.json("ls")
+
+    def same(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in e.items() if k not in ("hits", "last_access")} for e in entries]
+
+    assert same(after) == same(before)
+    for k in [*binaries, *tuning]:
+        assert cache.get(k) is not None
+
+
+def test_export_filters(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
+    fill(cache, 3)
+    cache.put(key(5, purpose="tuning"), b"t")
+    assert run.json("export", str(tmp_path / "t.rcb"), "--purpose", "tuning")["entries"] == 1
+    assert run.json("export", str(tmp_path / "m.rcb"), "--module", "net@1")["entries"] == 1
+
+
+def test_bundle_from_another_device_is_accepted_but_never_matches(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    device_a = {**DEVICE, "name": "Acme GPU 7"}
+    device_b = {**DEVICE, "name": "Acme GPU 8"}
+    phone_a = rc.Cache(DirectoryBackend(tmp_path / "a"))
+    keys_a = [key(i, device=device_a) for i in range(3)]
+    for k in keys_a:
+        phone_a.put(k, b"binary for A")
+    phone_a.close()
+    bundle = tmp_path / "a.rcb"
+    assert main(["--cache", f"dir://{tmp_path / 'a'}", "export", str(bundle)]) == 0
+    capsys.readouterr()
+    assert main(["--cache", f"dir://{tmp_path / 'b'}", "import", str(bundle), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accepted"] == 3
+    phone_b = rc.Cache(DirectoryBackend(tmp_path / "b"))
+    assert all(phone_b.get(key(i, device=device_b)) is None for i in range(3))
+    assert all(phone_b.get(k) == b"binary for A" for k in keys_a)
+    phone_b.close()
+
+
+def test_signed_bundles(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
+    signer = rc.Cache(cache.backend, secret="fleet-secret")
+    signer.put(key(1), b"signed value")
+    bundle = tmp_path / "signed.rcb"
+    assert run.json("--secret", "fleet-secret", "export", str(bundle))["signed"] is True
+    assert run("clear", "--yes")[0] == 0
+    code, _, err = run("--secret", "wrong", "import", str(bundle))
+    assert code == 1 and "signature" in err
+    assert run.json("ls") == []
+    assert run.json("--secret", "fleet-secret", "import", str(bundle))["accepted"] == 1
+    assert signer.get(key(1)) == b"signed value"
+    unsigned = tmp_path / "unsigned.rcb"
+    assert run("export", str(unsigned))[0] == 0
+    code, _, err = run("--secret", "fleet-secret", "import", str(unsigned))
+    assert code == 1 and "not signed" in err
+
+
+def test_import_rejects_a_damaged_bundle(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
+    fill(cache, 2)
+    bundle = tmp_path / "b.rcb"
+    assert run("export", str(bundle))[0] == 0
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 1
+    bundle.write_bytes(bytes(data))
+    code, _, err = run("import", str(bundle))
+    assert code == 1 and "not a valid bundle" in err
+    assert run("import", str(tmp_path / "absent.rcb"))[0] == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "--sort", "bogus"],
+        ["prune"],
+        ["prune", "--max-size", "5 parsecs"],
+        ["prune", "--older-than", "soon"],
+        ["frobnicate"],
+        [],
+    ],
+)
+def test_usage_errors_exit_2(run: Run, argv: list[str]) -> None:
+    assert run(*argv)[0] == 2
+
+
+def test_bad_cache_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cache", "nosuchscheme://x", "ls"]) == 2
+    assert "no backend" in capsys.readouterr().err
+    assert main(["--cache", "dir:///tmp?bogus_option=1", "ls"]) == 2
+
+
+def test_default_cache_is_the_providers(capsys: pytest.CaptureFixture[str]) -> None:
+    # conftest points RUNTIME_CACHE at a private folder; the CLI must use it.
+    rc.get_cache().put(key(1), b"from the app")
+    assert main(["ls", "--json"]) == 0
+    assert [e["key"] for e in json.loads(capsys.readouterr().out)] == [str(key(1))]
+    os.environ["RUNTIME_CACHE"] = "off"
+    rc.reset_cache_provider()
+    assert main(["ls"]) == 2
+    assert "caching is off" in capsys.readouterr().err
+
+
+def test_global_options_go_before_or_after_the_command(run: Run, cache: rc.Cache) -> None:
+    fill(cache, 1)
+    code = main(["ls", "--json", "--cache", run.url])
+    out = run.capsys.readouterr().out
+    assert code == 0 and len(json.loads(out)) == 1
+
+
+def test_plugin_subcommand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rc_plugin_example.py").write_text(
+        "def add_parser(sub):\n"
+        "    p = sub.add_parser('hello', help='say hello')\n"
+        "    p.add_argument('--times', type=int, default=1)\n"
+        "    p.set_defaults(func=lambda args: args.times + 40)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parser = build_parser(plugins=("rc_plugin_example", "no_such_plugin_module"))
+    args = parser.parse_args(["hello", "--times", "2"])
+    assert args.func(args) == 42
+
+
+def test_installed_script_runs_in_a_subprocess(cache: rc.Cache, root: Path) -> None:
+    keys = fill(cache, 3)
+    script = shutil.which("runtime-cache")
+    assert script is not None, "the runtime-cache console script is not installed"
+    proc = subprocess.run(
+        [script, "--cache", f"dir://{root}", "ls", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(e["key"] for e in json.loads(proc.stdout)) == sorted(map(str, keys))
+    proc = subprocess.run([script, "rm", "--cache", f"dir://{root}", "nothere"], timeout=120)
+    assert proc.returncode == 1
