@@ -1,0 +1,356 @@
+"""``TieredBackend``: fast tiers over slow ones, e.g. memory over a directory over Redis.
+
+- A read goes through the tiers in order; a hit in a lower tier is copied up
+  into the faster ones (promotion).
+- A write goes to every tier. Tiers that declare ``remote = True`` (Redis) are
+  written by a background thread with a bounded queue, so the caller never waits
+  on the network; the queue is flushed on :meth:`TieredBackend.close` and at exit.
+- A failing tier is skipped and its error counted; it never hides a hit in
+  another tier. Only when every tier fails does the call raise, so the front
+  counts it.
+
+From a URL (this is the form ``RUNTIME_CACHE`` takes)::
+
+    RUNTIME_CACHE="memory://?max_size=64MB,dir:///var/cache/app,redis://cache.internal:6379/0"
+
+Tiers are separated by commas, fastest first; each is a URL of its own, so a
+tier's options may not contain a comma.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from runtime_cache.api import Backend, StoredItem
+from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
+
+from .write_behind import WriteBehind
+
+__all__ = ["TierStats", "TieredBackend"]
+
+log = logging.getLogger("runtime_cache.backends.tiered")
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """What happened in one tier: errors absorbed, promotions, background writes."""
+
+    backend: str
+    remote: bool
+    errors: int
+    promoted: int
+    queued_dropped: int
+    queued_written: int
+    queued_failed: int
+
+
+class _Tier:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.writer: WriteBehind | None = None
+        self.errors = 0
+        self.promoted = 0
+        self.failing = False
+
+
+class TieredBackend(Backend):
+    """Several backends as one, fastest first.
+
+    Args:
+        tiers: the backends, fastest first (e.g. memory, directory, Redis).
+        queue_items: per remote tier, how many distinct keys may wait to be written.
+        queue_bytes: per remote tier, how many bytes may wait to be written.
+
+    Example::
+
+        backend = TieredBackend([MemoryBackend(), DirectoryBackend(path), RedisBackend(url)])
+        backend = rc.open_backend("memory://,dir://,redis://cache.internal:6379/0")
+    """
+
+    scheme = "tiered"
+
+    def __init__(
+        self, tiers: Sequence[Backend], *, queue_items: int = 1024, queue_bytes: int = 64 << 20
+    ) -> None:
+        if not tiers or not all(isinstance(t, Backend) for t in tiers):
+            raise TypeError("TieredBackend needs a non-empty sequence of Backend objects")
+        self._tiers: list[_Tier] = []
+        for backend in tiers:
+            tier = _Tier(backend)
+            if backend.remote:
+                tier.writer = WriteBehind(
+                    backend,
+                    max_items=queue_items,
+                    max_bytes=queue_bytes,
+                    on_error=self._error_hook(tier),
+                )
+            self._tiers.append(tier)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
+        """Open ``"memory://,dir://,redis://host:6379/0"``: one tier per comma-separated URL.
+
+        ``opener`` opens each tier's URL; it defaults to
+        :func:`runtime_cache.registry.open_backend` (imported here, not at module
+        level, since backends depend only on the contract).
+        """
+        if opener is None:
+            from runtime_cache.registry import open_backend
+
+            opener = open_backend
+        if not isinstance(url, str):
+            raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
+        text = url[len("tiered://") :] if url.lower().startswith("tiered://") else url
+        parts = [p.strip() for p in text.split(",")]
+        if not parts or any(not p for p in parts):
+            raise InvalidURLError(f"empty tier in {url!r} (expected 'url,url,...')")
+        if any(p.lower().startswith("tiered://") for p in parts):
+            raise InvalidURLError(f"tiers cannot nest: {url!r}")
+        opened: list[Backend] = []
+        try:
+            for part in parts:
+                opened.append(opener(part))
+        except BaseException:
+            for backend in opened:
+                backend.close()
+            raise
+        return cls(opened)
+
+    @property
+    def tiers(self) -> list[Backend]:
+        """The backends, fastest first."""
+        return [t.backend for t in self._tiers]
+
+    def tier_stats(self) -> list[TierStats]:
+        """Per tier: absorbed errors, promotions, and background-writer counters."""
+        return [
+            TierStats(
+                repr(t.backend),
+                t.writer is not None,
+                t.errors,
+                t.promoted,
+                t.writer.dropped if t.writer else 0,
+                t.writer.written if t.writer else 0,
+                t.writer.failed if t.writer else 0,
+            )
+            for t in self._tiers
+        ]
+
+    # ------------------------------------------------------------- bookkeeping
+    def _error_hook(self, tier: _Tier) -> Callable[[BaseException], None]:
+        return lambda exc: self._failed(tier, "background write", exc)
+
+    def _failed(self, tier: _Tier, op: str, exc: BaseException) -> None:
+        with self._lock:
+            tier.errors += 1
+            first, tier.failing = not tier.failing, True
+        if first:
+            log.warning(
+                "runtime-cache: tier %r failed (%s: %s: %s); skipping it until it recovers",
+                tier.backend,
+                op,
+                type(exc).__name__,
+                exc,
+            )
+
+    def _ok(self, tier: _Tier) -> None:
+        if tier.failing:
+            with self._lock:
+                was, tier.failing = tier.failing, False
+            if was:
+                log.info("runtime-cache: tier %r works again", tier.backend)
+
+    @staticmethod
+    def _raise_if_all_failed(errors: list[Exception], tried: int) -> None:
+        if errors and len(errors) == tried:
+            raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
+
+    def _write(self, tiers: Iterable[_Tier], items: Mapping[str, bytes], op: str) -> None:
+        for key in items:
+            # Queued writes are checked here; the remote tier would reject them too late.
+            if not isinstance(key, str) or not key:
+                raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+        errors: list[Exception] = []
+        tried = 0
+        for tier in tiers:
+            tried += 1
+            if tier.writer is not None:
+                tier.writer.put(items)
+                continue
+            try:
+                if len(items) == 1:
+                    ((key, value),) = items.items()
+                    tier.backend.set(key, value)
+                else:
+                    tier.backend.set_many(items)
+            except InvalidKeyError:
+                raise
+            except Exception as exc:
+                self._failed(tier, op, exc)
+                errors.append(exc)
+            else:
+                self._ok(tier)
+        self._raise_if_all_failed(errors, tried)
+
+    def _promote(self, upto: int, items: Mapping[str, bytes]) -> None:
+        if not items or upto == 0:
+            return
+        for tier in self._tiers[:upto]:
+            tier.promoted += len(items)
+        try:
+            self._write(self._tiers[:upto], items, "promote")
+        except BackendError:
+            pass  # already counted per tier; the value was found, which is what matters
+
+    # ----------------------------------------------------------------- reading
+    def get(self, key: str) -> bytes | None:
+        errors: list[Exception] = []
+        for index, tier in enumerate(self._tiers):
+            value = tier.writer.lookup(key) if tier.writer else None
+            if value is None:
+                try:
+                    value = tier.backend.get(key)
+                except InvalidKeyError:
+                    raise
+                except Exception as exc:
+                    self._failed(tier, "get", exc)
+                    errors.append(exc)
+                    continue
+                self._ok(tier)
+            if value is not None:
+                self._promote(index, {key: value})
+                return value
+        self._raise_if_all_failed(errors, len(self._tiers))
+        return None
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, bytes] = {}
+        errors: list[Exception] = []
+        for index, tier in enumerate(self._tiers):
+            missing = [k for k in wanted if k not in found]
+            if not missing:
+                break
+            here: dict[str, bytes] = {}
+            if tier.writer is not None:
+                for key in missing:
+                    queued = tier.writer.lookup(key)
+                    if queued is not None:
+                        here[key] = queued
+                missing = [k for k in missing if k not in here]
+            try:
+                if missing:
+                    here.update(tier.backend.get_many(missing))
+            except InvalidKeyError:
+                raise  # bad input, not an outage
+            except Exception as exc:
+                self._failed(tier, "get_many", exc)
+                errors.append(exc)
+            else:
+                self._ok(tier)
+            self._promote(index, here)
+            found.update(here)
+        if not found:
+            self._raise_if_all_failed(errors, len(self._tiers))
+        return found
+
+    def head(self, key: str, size: int) -> bytes | None:
+        errors: list[Exception] = []
+        for tier in self._tiers:
+            queued = tier.writer.lookup(key) if tier.writer else None
+            if queued is not None:
+                return queued[:size]
+            try:
+                part = tier.backend.head(key, size)
+            except InvalidKeyError:
+                raise  # bad input, not an outage
+            except Exception as exc:
+                self._failed(tier, "head", exc)
+                errors.append(exc)
+                continue
+            if part is not None:
+                return part
+        self._raise_if_all_failed(errors, len(self._tiers))
+        return None
+
+    def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+        """The union of every tier's items; the fastest tier's view of a key wins."""
+        seen: dict[str, StoredItem] = {}
+        errors: list[Exception] = []
+        for tier in self._tiers:
+            if tier.writer is not None:
+                for key in tier.writer.queued_keys():
+                    value = tier.writer.lookup(key)
+                    if key.startswith(prefix) and value is not None:
+                        seen.setdefault(key, StoredItem(key, len(value)))
+            try:
+                for item in tier.backend.scan(prefix):
+                    seen.setdefault(item.key, item)
+            except InvalidKeyError:
+                raise  # bad input, not an outage
+            except Exception as exc:
+                self._failed(tier, "scan", exc)
+                errors.append(exc)
+        self._raise_if_all_failed(errors, len(self._tiers))
+        return iter(list(seen.values()))
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        return (item.key for item in self.scan(prefix))
+
+    # ----------------------------------------------------------------- writing
+    def set(self, key: str, value: bytes) -> None:
+        self._write(self._tiers, {key: bytes(value)}, "set")
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        if items:
+            self._write(self._tiers, {k: bytes(v) for k, v in items.items()}, "set_many")
+
+    def delete(self, key: str) -> bool:
+        """Delete from every tier, remote ones included, synchronously (deletes are rare)."""
+        removed = False
+        errors: list[Exception] = []
+        for tier in self._tiers:
+            try:
+                if tier.writer is not None:
+                    # Hold the writer's lock so a queued write cannot land after the delete.
+                    with tier.writer.apply_lock:
+                        removed = tier.writer.discard(key) | removed
+                        removed = tier.backend.delete(key) | removed
+                else:
+                    removed = tier.backend.delete(key) | removed
+            except InvalidKeyError:
+                raise  # bad input, not an outage
+            except Exception as exc:
+                self._failed(tier, "delete", exc)
+                errors.append(exc)
+        self._raise_if_all_failed(errors, len(self._tiers))
+        return removed
+
+    def vacuum(self) -> int:
+        total = 0
+        for tier in self._tiers:
+            try:
+                total += tier.backend.vacuum()
+            except InvalidKeyError:
+                raise  # bad input, not an outage
+            except Exception as exc:
+                self._failed(tier, "vacuum", exc)
+        return total
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued writes to remote tiers were attempted; ``False`` on timeout."""
+        return all(t.writer.flush(timeout) for t in self._tiers if t.writer is not None)
+
+    def close(self) -> None:
+        """Flush the background writers, then close every tier."""
+        for tier in self._tiers:
+            if tier.writer is not None:
+                tier.writer.close()
+            tier.backend.close()
+
+    def __repr__(self) -> str:
+        return f"<TieredBackend {' > '.join(repr(t.backend) for t in self._tiers)}>"

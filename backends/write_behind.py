@@ -1,0 +1,194 @@
+"""A background writer for a remote backend: callers queue writes and never wait on the network.
+
+Writes are coalesced by key (the latest value wins) in a bounded queue; when
+the queue is full a new key is dropped and counted, never blocked on. Until a
+queued write lands, :meth:`WriteBehind.lookup` answers for it, so a reader in
+this process sees its own writes. Every live writer is flushed at interpreter
+exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+
+from runtime_cache.api import Backend
+
+__all__ = ["WriteBehind"]
+
+log = logging.getLogger("runtime_cache.backends.tiered")
+
+_BATCH = 256
+_live: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all_at_exit() -> None:
+    for writer in list(_live):
+        writer.flush(timeout=5.0)
+
+
+class WriteBehind:
+    """Applies queued ``set`` writes to ``backend`` from a daemon thread.
+
+    Args:
+        backend: the (remote) backend to write to.
+        max_items: how many distinct keys may wait; more are dropped and counted.
+        max_bytes: how many bytes of values may wait; more are dropped and counted.
+        on_error: called with each exception a batch of writes raised.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_items: int = 1024,
+        max_bytes: int = 64 << 20,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._pending: dict[str, bytes] = {}
+        self._inflight: dict[str, bytes] = {}
+        self._pending_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+        #: Serializes a batch with a synchronous delete of the same backend.
+        self.apply_lock = threading.Lock()
+        self.dropped = 0
+        self.written = 0
+        self.failed = 0
+        _live.add(self)
+
+    def _ensure_thread(self) -> None:
+        if self._pid != os.getpid():
+            # A forked child: the parent owns (and writes) what was queued before the fork.
+            self._pending.clear()
+            self._inflight.clear()
+            self._pending_bytes = 0
+            self._thread = None
+            self._pid = os.getpid()
+            self.apply_lock = threading.Lock()
+        if self._thread is None or not self._thread.is_alive():
+            self._closed = False
+            self._thread = threading.Thread(
+                target=self._run, name="runtime-cache-write-behind", daemon=True
+            )
+            self._thread.start()
+
+    def put(self, items: Mapping[str, bytes]) -> int:
+        """Queue writes; return how many were accepted (the rest were dropped)."""
+        accepted = 0
+        with self._cond:
+            self._ensure_thread()
+            for key, value in items.items():
+                old = self._pending.pop(key, None)
+                if old is not None:
+                    self._pending_bytes -= len(old)
+                full = len(self._pending) >= self.max_items
+                if full or self._pending_bytes + len(value) > self.max_bytes:
+                    self.dropped += 1
+                    continue
+                self._pending[key] = bytes(value)
+                self._pending_bytes += len(value)
+                accepted += 1
+            self._cond.notify_all()
+        return accepted
+
+    def lookup(self, key: str) -> bytes | None:
+        """The value queued (or being written) for ``key``, if any."""
+        with self._cond:
+            value = self._pending.get(key)
+            return self._inflight.get(key) if value is None else value
+
+    def queued_keys(self) -> list[str]:
+        """Keys with a write not yet confirmed."""
+        with self._cond:
+            return list(dict.fromkeys([*self._inflight, *self._pending]))
+
+    def discard(self, key: str) -> bool:
+        """Drop a queued write of ``key``; return whether one was queued.
+
+        Call it while holding :attr:`apply_lock`, so the write cannot be in progress.
+        """
+        with self._cond:
+            old = self._pending.pop(key, None)
+            if old is not None:
+                self._pending_bytes -= len(old)
+            # The batch in flight is applied under apply_lock; a caller holding that
+            # lock may take a key out of it before it is written.
+            return old is not None or self._inflight.pop(key, None) is not None
+
+    def _take(self) -> dict[str, bytes] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            keys = list(self._pending)[:_BATCH]
+            batch = {k: self._pending.pop(k) for k in keys}
+            self._pending_bytes -= sum(map(len, batch.values()))
+            self._inflight = batch
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                with self.apply_lock:
+                    if len(batch) == 1:
+                        ((key, value),) = batch.items()
+                        self.backend.set(key, value)
+                    else:
+                        self.backend.set_many(batch)
+                self.written += len(batch)
+            except Exception as exc:  # counted and reported; the writer keeps going
+                self.failed += len(batch)
+                if self._on_error is not None:
+                    self._on_error(exc)
+            finally:
+                with self._cond:
+                    self._inflight = {}
+                    self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write was attempted; return ``False`` on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if self._pid != os.getpid() or self._thread is None:
+                return not self._pending
+            while self._pending or self._inflight:
+                if not self._thread.is_alive():
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    log.warning(
+                        "runtime-cache: %d writes to %r still queued after %.1fs",
+                        len(self._pending) + len(self._inflight),
+                        self.backend,
+                        timeout,
+                    )
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Flush, then stop the thread (a later :meth:`put` starts a new one)."""
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

@@ -1,0 +1,173 @@
+"""TieredBackend: conformance, read-through with promotion, write-behind, failing tiers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.backends.tiered import TieredBackend
+from runtime_cache.errors import BackendError, InvalidURLError
+from runtime_cache.testing import BackendConformance, CacheConformance
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+
+def _redis(url: str, prefix: str = "") -> rc.Backend:
+    sep = "&" if "?" in url else "?"
+    return rc.open_backend(f"{url}{sep}prefix={prefix}" if prefix else url)
+
+
+def _dead_redis_url() -> str:
+    from redis_servers import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0?backoff=50ms&max_backoff=200ms"
+
+
+class TestLocalTiersConformance(BackendConformance, CacheConformance):
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[rc.Backend]:
+        backend = TieredBackend([MemoryBackend(), DirectoryBackend(tmp_path / "d")])
+        yield backend
+        backend.close()
+
+
+class TestThreeTiersConformance(BackendConformance, CacheConformance):
+    @pytest.fixture
+    def backend(
+        self, tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+    ) -> Iterator[rc.Backend]:
+        url = f"memory://,dir://{tmp_path / 'd'},{redis_server.url}?prefix={unique_prefix}"
+        backend = rc.open_backend(url)
+        yield backend
+        backend.close()
+
+
+class TestRemoteOnlyConformance(BackendConformance, CacheConformance):
+    """A lone remote tier: every write is queued, yet reads see it at once."""
+
+    @pytest.fixture
+    def backend(self, redis_server: RedisProcess, unique_prefix: str) -> Iterator[rc.Backend]:
+        backend = TieredBackend([_redis(redis_server.url, unique_prefix)])
+        yield backend
+        backend.close()
+
+
+def test_url_form_and_errors(tmp_path: Path) -> None:
+    backend = rc.open_backend(f"memory://?max_size=1MB, dir://{tmp_path}")
+    assert isinstance(backend, TieredBackend)
+    assert [type(t) for t in backend.tiers] == [MemoryBackend, DirectoryBackend]
+    backend.close()
+    for bad in ("memory://,,dir://", "memory://,", "tiered://memory://,tiered://x"):
+        with pytest.raises(InvalidURLError):
+            rc.open_backend(bad)
+    with pytest.raises(InvalidURLError):
+        rc.open_backend("memory://,memory://?bogus=1")
+
+
+def test_runtime_cache_environment_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE", f"memory://,dir://{tmp_path}")
+    rc.reset_cache_provider()
+    cache = rc.get_cache()
+    assert isinstance(cache.backend, TieredBackend)
+    key = rc.make_key(module_id="m", runtime="demo", purpose="env", device=None)
+    cache.put(key, b"v")
+    assert DirectoryBackend(tmp_path).get(str(key)) is not None  # written through to disk
+
+
+def test_read_through_promotes_into_faster_tiers(tmp_path: Path) -> None:
+    fast, slow = MemoryBackend(), DirectoryBackend(tmp_path)
+    slow.set("p/one", b"from disk")
+    backend = TieredBackend([fast, slow])
+    assert fast.get("p/one") is None
+    assert backend.get("p/one") == b"from disk"
+    assert fast.get("p/one") == b"from disk"
+    slow.set_many({"p/a": b"A", "p/b": b"B"})
+    assert backend.get_many(["p/a", "p/b", "p/none"]) == {"p/a": b"A", "p/b": b"B"}
+    assert fast.get_many(["p/a", "p/b"]) == {"p/a": b"A", "p/b": b"B"}
+    assert backend.tier_stats()[0].promoted == 3
+
+
+def test_remote_writes_are_queued_and_flushed(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    remote = _redis(redis_server.url, unique_prefix)
+    backend = TieredBackend([MemoryBackend(), remote])
+    items = {f"w/{i:03d}": os.urandom(100) for i in range(200)}
+    for key, value in items.items():
+        backend.set(key, value)
+    assert backend.flush(timeout=10)
+    assert remote.get_many(list(items)) == items
+    stats = backend.tier_stats()[1]
+    assert stats.remote and stats.queued_written == 200 and stats.queued_dropped == 0
+    backend.close()
+
+
+def test_full_queue_drops_and_counts(unique_prefix: str) -> None:
+    from runtime_cache.backends.write_behind import WriteBehind
+
+    remote = rc.open_backend(_dead_redis_url())
+    writer = WriteBehind(remote, max_items=4, max_bytes=1 << 20)
+    with writer.apply_lock:  # hold the writer so the queue cannot drain
+        assert writer.put({f"q/{i}": b"x" for i in range(10)}) == 4  # the bound
+        assert writer.dropped == 6
+        # Rewriting queued keys replaces their values in place: nothing new is dropped.
+        assert writer.put({f"q/{i}": b"y" for i in range(2)}) == 2
+        assert writer.dropped == 6
+        assert writer.lookup("q/0") == b"y" and writer.lookup("q/9") is None
+    assert writer.flush(timeout=10)
+    assert writer.failed >= 1  # the dead server's errors are counted, not raised
+    writer.close()
+
+
+def test_close_flushes_queued_writes(redis_server: RedisProcess, unique_prefix: str) -> None:
+    backend = TieredBackend([MemoryBackend(), _redis(redis_server.url, unique_prefix)])
+    backend.set_many({f"c/{i}": b"v" for i in range(50)})
+    backend.close()
+    check = _redis(redis_server.url, unique_prefix)
+    assert len(check.get_many([f"c/{i}" for i in range(50)])) == 50
+
+
+def test_delete_is_not_undone_by_a_queued_write(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    remote = _redis(redis_server.url, unique_prefix)
+    backend = TieredBackend([MemoryBackend(), remote])
+    for round_ in range(20):
+        backend.set("d/key", b"%d" % round_)
+        assert backend.delete("d/key") is True
+        assert backend.get("d/key") is None
+    backend.flush(timeout=10)
+    assert remote.get("d/key") is None
+
+
+def test_dead_remote_tier_is_skipped(tmp_path: Path) -> None:
+    backend = rc.open_backend(f"memory://,dir://{tmp_path},{_dead_redis_url()}")
+    assert isinstance(backend, TieredBackend)
+    backend.set("k/a", b"A")
+    assert backend.get("k/a") == b"A"
+    assert sorted(backend.keys("k/")) == ["k/a"]
+    assert backend.get("k/missing") is None  # two tiers answered "miss"; no error
+    assert backend.flush(timeout=10)
+    assert backend.tier_stats()[2].errors >= 1
+    backend.close()
+
+
+def test_every_tier_failing_raises_for_the_front_to_count() -> None:
+    backend = TieredBackend([rc.open_backend(_dead_redis_url()) for _ in range(2)])
+    with pytest.raises(BackendError):
+        backend.get("k/x")
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="demo", purpose="dead", device=None)
+    assert cache.get(key) is None
+    assert cache.stats().errors == 1
+    backend.close()
