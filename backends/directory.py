@@ -127,6 +127,7 @@ class DirectoryBackend(Backend):
             raise self._error("open", exc) from exc
         if not is_dir:
             raise BackendError(f"cache root {self.root} is not a directory")
+        self._root = str(self.root)
         self._maybe_vacuum()
         _OPEN.add(self)
 
@@ -143,7 +144,7 @@ class DirectoryBackend(Backend):
         return cls(path or None, max_size=cap, fsync=fsync, track_access=track)
 
     # ----------------------------------------------------------------- paths
-    def _path(self, key: str) -> Path:
+    def _path(self, key: str) -> str:
         if not isinstance(key, str) or not key or len(key) > _MAX_KEY:
             raise InvalidKeyError(f"a key must be a str of 1-{_MAX_KEY} characters")
         parts = key.split("/")
@@ -156,7 +157,7 @@ class DirectoryBackend(Backend):
                     f"or '-', not start with '.' and not end with {SUFFIX!r}"
                 )
         last = parts[-1]
-        return self.root.joinpath(*parts[:-1], last[:2], last + SUFFIX)
+        return os.path.join(self._root, *parts[:-1], last[:2], last + SUFFIX)
 
     def _error(self, op: str, exc: OSError) -> BackendError:
         where = f"{op} in {self.root}"
@@ -271,12 +272,14 @@ class DirectoryBackend(Backend):
         path = self._path(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        folder = path.parent
-        temp = folder / f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        folder = os.path.dirname(path)
+        temp = os.path.join(
+            folder, f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        )
         try:
-            if str(folder) not in self._known_dirs:
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                self._known_dirs.add(str(folder))
+            if folder not in self._known_dirs:
+                self._makedirs(folder)
+                self._known_dirs.add(folder)
             fd = os.open(temp, _O_WRITE, 0o600)
             try:
                 view = memoryview(value)
@@ -288,7 +291,7 @@ class DirectoryBackend(Backend):
                 os.close(fd)
             os.replace(temp, path)
         except OSError as exc:
-            self._known_dirs.discard(str(folder))
+            self._known_dirs.discard(folder)
             try:
                 os.unlink(temp)
             except OSError:
@@ -301,6 +304,19 @@ class DirectoryBackend(Backend):
                 )
             raise error from exc
         self._account(len(value))
+
+    def _makedirs(self, folder: str) -> None:
+        # os.makedirs applies ``mode`` to the leaf only; every level we create is 0700.
+        missing = []
+        while folder != self._root and not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    raise
 
     def delete(self, key: str) -> bool:
         path = self._path(key)

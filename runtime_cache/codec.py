@@ -103,16 +103,19 @@ def _sign(secret: bytes, data: bytes | memoryview) -> bytes:
     return hmac.new(secret, data, hashlib.sha256).digest()
 
 
+def _within_depth(value: Any, left: int) -> bool:
+    if left < 0:
+        return False
+    children = value.values() if type(value) is dict else value
+    for child in children:
+        if type(child) in (dict, list) and not _within_depth(child, left - 1):
+            return False
+    return True
+
+
 def _check_depth(value: Any, limit: int) -> None:
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
+    if not _within_depth(value, limit):
+        raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
 
 
 def encode_entry(
