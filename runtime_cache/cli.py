@@ -131,7 +131,7 @@ def build_parser(plugins: Sequence[str] = PLUGINS) -> argparse.ArgumentParser:
         choices=sorted(SORTS),
         default="key",
         help="order: key (A-Z), size (largest first), age (oldest first), build (slowest "
-        "first), hits (most first), last (most recently used first); default: key",
+        "first), hits (most first), last (most recently used first)",
     )
     ls.add_argument("--reverse", action="store_true", help="reverse the order")
     ls.add_argument("--full-keys", action="store_true", help="show whole keys, not short digests")

@@ -106,14 +106,15 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
     infos.sort(key=keyfunc, reverse=descending != args.reverse)
     if args.json:
         # One compact json.dumps call runs in C: 10,000 entries take milliseconds.
-        rows = [{name: getattr(info, name) for name in _INFO_FIELDS} for info in infos]
-        ctx.out.write(json.dumps(rows, default=_json_default) + "\n")
+        found = [{name: getattr(info, name) for name in _INFO_FIELDS} for info in infos]
+        ctx.out.write(json.dumps(found, default=_json_default) + "\n")
         return 0
     if not infos:
         print("no entries", file=ctx.out)
         return 0
     headers = ["KEY", "RUNTIME", "PURPOSE", "MODULE", "DEVICE", "SIZE", "AGE", "BUILD", "HITS"]
     headers.append("USED")
+    rows: list[list[str]]
     rows = [
         [
             info.key if args.full_keys else short_key(info.key),
