@@ -1,0 +1,210 @@
+"""Outages against a real redis-server: killed, hung, restarted, never there.
+
+Callers must see misses and skipped stores, never an exception (unless strict),
+and must not pay a timeout per call while the circuit breaker is open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+pytestmark = pytest.mark.redis
+
+BREAKER_LOG = "runtime_cache.backends.breaker"
+
+
+def _key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i % 10}", runtime="fault", purpose="test", device=None, i=i)
+
+
+def _backend(url: str, prefix: str, **options: str) -> Any:
+    from runtime_cache.backends.redis import RedisBackend
+
+    query = "&".join(f"{k}={v}" for k, v in {"prefix": prefix, **options}.items())
+    backend = rc.open_backend(f"{url}?{query}")
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def _breaker_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == BREAKER_LOG and r.levelno == level]
+
+
+def test_kill_mid_run_then_restart_on_the_same_port(
+    redis_process: RedisProcess, unique_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    backend = _backend(redis_process.url, unique_prefix, backoff="100ms", max_backoff="400ms")
+    cache = rc.Cache(backend)
+    slowest_while_open = 0.0
+    for i in range(300):
+        if i == 100:
+            redis_process.kill()
+        was_open = backend.breaker.is_open
+        started = time.perf_counter()
+        if i % 2 == 0:
+            cache.put(_key(i // 2), b"value %d" % i)  # no exception may escape
+        else:
+            cache.get(_key(i // 2))
+        if was_open:
+            slowest_while_open = max(slowest_while_open, time.perf_counter() - started)
+    stats = cache.stats()
+    assert stats.hits == 50 and stats.stores == 50  # the first 100 operations worked
+    assert stats.errors == 200  # every later one was absorbed as a miss or skipped store
+    breaker = backend.breaker.stats()
+    assert breaker.opened == 1
+    # After the first failure every call either failed fast or was the single probe.
+    assert breaker.fast_failures + breaker.probes == 199
+    assert breaker.fast_failures > breaker.probes
+    assert slowest_while_open < backend.timeout  # a correctness bound; typical is ~10 us
+    assert len(_breaker_records(caplog, logging.WARNING)) == 1  # once per outage
+
+    redis_process.start()  # same port, same backend object, no new client
+    deadline = time.monotonic() + 10
+    while not cache.put(_key(999), b"after restart"):
+        assert time.monotonic() < deadline, "the backend did not recover"
+        time.sleep(0.02)
+    assert cache.get(_key(999)) == b"after restart"
+    assert backend.breaker.state == "closed"
+    assert len(_breaker_records(caplog, logging.INFO)) == 1
+    assert len(_breaker_records(caplog, logging.WARNING)) == 1
+    backend.close()
+
+
+def test_hung_server_costs_one_timeout_not_one_per_call(
+    redis_process: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _backend(
+        redis_process.url, unique_prefix, timeout="300ms", connect_timeout="100ms", backoff="150ms"
+    )
+    cache = rc.Cache(backend)
+    assert cache.put(_key(1), b"before")
+    redis_process.pause()  # accepts connections, never answers
+    try:
+        fast_max = slowest = 0.0
+        started_all = time.monotonic()
+        calls = 0
+        while time.monotonic() - started_all < 1.0:
+            before = backend.breaker.stats()
+            started = time.perf_counter()
+            assert cache.get(_key(1)) is None
+            elapsed = time.perf_counter() - started
+            after = backend.breaker.stats()
+            slowest = max(slowest, elapsed)
+            if after.fast_failures > before.fast_failures:
+                fast_max = max(fast_max, elapsed)
+            calls += 1
+            time.sleep(0.005)
+        breaker = backend.breaker.stats()
+        # Without the breaker each call would wait 0.3 s, so ~3 calls would fit in 1 s.
+        assert calls > 20 and breaker.fast_failures > 20
+        assert fast_max < backend.timeout  # refused calls never touch the network
+        # A probe may wait for a reply (timeout) after a connect (connect_timeout).
+        assert slowest < backend.timeout + backend.connect_timeout + 0.5
+    finally:
+        redis_process.resume()
+    deadline = time.monotonic() + 10
+    while cache.get(_key(1)) != b"before":
+        assert time.monotonic() < deadline, "the backend did not recover after SIGCONT"
+        time.sleep(0.02)
+    assert backend.breaker.state == "closed"
+    backend.close()
+
+
+def test_server_never_there(unique_prefix: str) -> None:
+    pytest.importorskip("redis")
+    from redis_servers import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    cache = rc.Cache(_backend(url, unique_prefix))
+    key = _key(3)
+    assert cache.get_or_build(key, lambda: b"built anyway") == b"built anyway"
+    assert cache.get_many([_key(4), _key(5)]) == {}
+    assert list(cache.entries()) == []
+    assert cache.stats().errors >= 3 and cache.stats().builds == 1
+    strict = rc.Cache(_backend(url, unique_prefix), strict=True)
+    with pytest.raises(BackendUnavailableError):
+        strict.get(key)
+    with pytest.raises(BackendUnavailableError):  # now refused by the open breaker
+        strict.put(key, b"x")
+
+
+def test_tiers_keep_serving_over_a_dead_redis(
+    tmp_path: Path, redis_process: RedisProcess, unique_prefix: str
+) -> None:
+    from runtime_cache.backends.tiered import TieredBackend
+
+    url = f"memory://,dir://{tmp_path},{redis_process.url}?prefix={unique_prefix}&backoff=100ms"
+    tiered = rc.open_backend(url)
+    assert isinstance(tiered, TieredBackend)
+    cache = rc.Cache(tiered)
+    for i in range(40):
+        cache.put(_key(i), b"v%d" % i)
+    assert tiered.flush(timeout=10)
+    redis_process.kill()
+    for i in range(40, 80):  # writes still land in memory and on disk
+        assert cache.put(_key(i), b"v%d" % i)
+    assert all(cache.get(_key(i)) == b"v%d" % i for i in range(80))
+    assert tiered.flush(timeout=10)
+    tiered.close()
+
+    # A fresh process-like start: empty memory tier, same directory, Redis still dead.
+    again = rc.Cache(rc.open_backend(url))
+    assert all(again.get(_key(i)) == b"v%d" % i for i in range(80))
+    assert again.get(_key(500)) is None  # a plain miss: two tiers answered, one was skipped
+    stats = again.stats()
+    assert (stats.hits, stats.errors) == (80, 0)
+    again.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_backoff_grows_to_the_cap_and_closes(caplog: pytest.LogCaptureFixture) -> None:
+    from runtime_cache.backends.breaker import CircuitBreaker
+
+    caplog.set_level(logging.INFO)
+    clock = _Clock()
+    breaker = CircuitBreaker("srv", backoff=1.0, max_backoff=4.0, clock=clock)
+    breaker.before_call()
+    breaker.failure(ConnectionError("down"))
+    windows = []
+    for _ in range(5):
+        with pytest.raises(BackendUnavailableError, match="circuit open"):
+            breaker.before_call()
+        start = clock.now
+        while True:  # step the clock until a probe is let through
+            clock.now += 0.25
+            try:
+                breaker.before_call()
+                break
+            except BackendUnavailableError:
+                continue
+        windows.append(clock.now - start)
+        breaker.failure(ConnectionError("still down"))
+    assert windows == [1.0, 2.0, 4.0, 4.0, 4.0]
+    clock.now += 4.0
+    breaker.before_call()
+    breaker.success()
+    assert breaker.state == "closed"
+    breaker.before_call()  # closed: no error
+    assert len(_breaker_records(caplog, logging.WARNING)) == 1
+    assert len(_breaker_records(caplog, logging.INFO)) == 1
+    assert breaker.stats().opened == 1 and breaker.stats().probes == 6
