@@ -32,13 +32,13 @@ from .codec import (
     Limits,
     decode_bundle,
     decode_entry,
-    decode_meta,
     encode_bundle,
     encode_entry,
     normalize_secret,
 )
 from .errors import CorruptEntryError, RuntimeCacheError, SignatureError
 from .keys import CacheKey
+from .listing import read_info, screen_bundle
 from .stats import CacheStats, Counters, EntryInfo
 
 __all__ = ["Cache", "KeyLike"]
@@ -46,7 +46,6 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger("runtime_cache")
 
 KeyLike = CacheKey | str
-_HEAD = 4096
 _WRITES = frozenset({"set", "delete"})
 
 
@@ -402,36 +401,6 @@ class Cache:
             flight.event.set()
 
     # --------------------------------------------------------------- inspection
-    def _info(self, skey: str, stored_size: int, hits: int | None, last: float | None) -> EntryInfo:
-        head = self._backend.head(skey, _HEAD)
-        if head is None:
-            raise KeyError(skey)
-        meta, needed, signed = decode_meta(head, self.limits)
-        if not meta:
-            head = self._backend.head(skey, needed)
-            if head is None:
-                raise KeyError(skey)
-            meta, _, signed = decode_meta(head, self.limits)
-            if not meta:
-                raise CorruptEntryError("entry head is truncated")
-        parts = meta["p"]
-        return EntryInfo(
-            key=meta["k"],
-            runtime=str(parts.get("runtime", "")),
-            purpose=str(parts.get("purpose", "")),
-            module_id=str(parts.get("module_id", "")),
-            device=parts.get("device"),
-            parts=parts,
-            size=meta["n"],
-            stored_size=stored_size,
-            created_at=meta["c"],
-            build_seconds=meta["b"],
-            producer=meta["v"],
-            signed=signed,
-            hits=hits,
-            last_access=last,
-        )
-
     def entries(
         self,
         runtime: str | None = None,
@@ -453,7 +422,7 @@ class Cache:
             return
         for item in items:
             try:
-                info = self._info(item.key, item.size, item.hits, item.last_access)
+                info = read_info(self._backend, item, self.limits)
             except (KeyError, RuntimeCacheError):
                 continue
             except Exception as exc:
@@ -511,19 +480,9 @@ class Cache:
         entries that fail their checksum, signature, or whose key does not match
         their parts, are skipped and counted as corrupt or rejected.
         """
-        accepted: dict[str, bytes] = {}
-        for blob in decode_bundle(data, secret=self._secret, limits=self.limits):
-            try:
-                entry = decode_entry(blob, secret=self._secret, limits=self.limits)
-                if str(CacheKey.from_parts(entry.parts)) != entry.key:
-                    raise CorruptEntryError("entry key does not match its parts")
-            except SignatureError:
-                self._counters.add(rejected=1)
-                continue
-            except (CorruptEntryError, TypeError, ValueError):
-                self._counters.add(corrupt=1)
-                continue
-            accepted[entry.key] = blob
+        blobs = decode_bundle(data, secret=self._secret, limits=self.limits)
+        accepted, rejected, corrupt = screen_bundle(blobs, self._secret, self.limits)
+        self._counters.add(rejected=rejected, corrupt=corrupt)
         if not overwrite and accepted:
             try:
                 present = set(self._backend.get_many(list(accepted)))
