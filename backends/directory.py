@@ -41,6 +41,8 @@ from pathlib import Path
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
 from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
 
+from .hits_journal import HitsJournal
+
 __all__ = ["DirectoryBackend"]
 
 log = logging.getLogger("runtime_cache")
@@ -104,12 +106,8 @@ class DirectoryBackend(Backend):
         self.max_size = None if max_size is None else parse_size(max_size)
         self.fsync = fsync
         self.track_access = track_access
-        self._hits_batch = max(1, hits_batch)
         self._read_only = False
         self._lock = threading.Lock()
-        self._pending: dict[str, int] = {}
-        self._pending_count = 0
-        self._last_flush = time.monotonic()
         self._known_dirs: set[str] = set()
         self._written_since_check = 0
         self._writes_since_check = 0
@@ -128,6 +126,8 @@ class DirectoryBackend(Backend):
         if not is_dir:
             raise BackendError(f"cache root {self.root} is not a directory")
         self._root = str(self.root)
+        self._journal = HitsJournal(os.path.join(self._root, _HITS), batch=hits_batch)
+        self._journal.writable = not self._read_only
         self._maybe_vacuum()
         _OPEN.add(self)
 
@@ -215,57 +215,11 @@ class DirectoryBackend(Backend):
                 os.utime(fd)
             except OSError:
                 pass  # not our file, or read-only: LRU falls back to write time
-        with self._lock:
-            self._pending[key] = self._pending.get(key, 0) + 1
-            self._pending_count += 1
-            due = self._pending_count >= self._hits_batch or (
-                time.monotonic() - self._last_flush > 5.0
-            )
-        if due:
-            self.flush_hits()
+        self._journal.record(key)
 
     def flush_hits(self) -> None:
         """Append the hits counted in memory to the shared journal."""
-        with self._lock:
-            pending, self._pending, self._pending_count = self._pending, {}, 0
-            self._last_flush = time.monotonic()
-        if not pending or self._read_only:
-            return
-        now = time.time()
-        data = "".join(f"{n} {now:.3f} {k}\n" for k, n in pending.items()).encode()
-        try:
-            fd = os.open(
-                self.root / _HITS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
-            try:
-                os.write(fd, data)  # one O_APPEND write: lines from processes never interleave
-            finally:
-                os.close(fd)
-        except OSError:
-            pass  # hit counts are advisory; losing some never loses an entry
-
-    def _read_hits(self) -> dict[str, tuple[int, float]]:
-        counts: dict[str, tuple[int, float]] = {}
-        try:
-            with open(self.root / _HITS, "rb") as handle:
-                raw = handle.read(64 << 20)
-        except OSError:
-            raw = b""
-        for line in raw.decode("utf-8", "replace").splitlines():
-            fields = line.split(" ", 2)
-            if len(fields) != 3 or not fields[0].isdigit():
-                continue
-            try:
-                when = float(fields[1])
-            except ValueError:
-                continue
-            n, last = counts.get(fields[2], (0, 0.0))
-            counts[fields[2]] = (n + int(fields[0]), max(last, when))
-        with self._lock:
-            for key, n in self._pending.items():
-                old, last = counts.get(key, (0, 0.0))
-                counts[key] = (old + n, last)
-        return counts
+        self._journal.flush()
 
     # ---------------------------------------------------------------- writes
     def set(self, key: str, value: bytes) -> None:
@@ -299,6 +253,7 @@ class DirectoryBackend(Backend):
             error = self._error("write", exc)
             if isinstance(error, ReadOnlyBackendError):
                 self._read_only = True
+                self._journal.writable = False
                 log.warning(
                     "runtime-cache: %s is read-only; serving reads, skipping writes", self.root
                 )
@@ -362,7 +317,7 @@ class DirectoryBackend(Backend):
         return (key for key, _ in self._walk(prefix))
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
-        hits = self._read_hits() if self.track_access else {}
+        hits = self._journal.read() if self.track_access else {}
         for key, entry in self._walk(prefix):
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -445,21 +400,8 @@ class DirectoryBackend(Backend):
         return removed
 
     def _compact_hits(self) -> None:
-        journal = self.root / _HITS
-        try:
-            if journal.stat().st_size < (1 << 20):
-                return
-        except OSError:
-            return
-        live = set(self.keys())
-        counts = {k: v for k, v in self._read_hits().items() if k in live}
-        temp = self.root / f"{_TEMP_PREFIX}hits-{os.getpid()}"
-        data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items())
-        try:
-            temp.write_text(data)
-            os.replace(temp, journal)
-        except OSError:
-            pass  # hits are advisory
+        temp = os.path.join(self._root, f"{_TEMP_PREFIX}hits-{os.getpid()}")
+        self._journal.compact(set(self.keys()), temp)
 
     def _maybe_vacuum(self) -> None:
         if self._read_only:
