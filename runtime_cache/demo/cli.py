@@ -1,0 +1,234 @@
+"""``runtime-cache demo``: time to first inference, cold and then warm.
+
+The demo runs the model's first inference in a fresh process twice:
+
+* **cold**: the demo's entries are removed from the cache first, and the
+  driver's own caches are off (``POCL_KERNEL_CACHE=0``, ``CUDA_CACHE_DISABLE=1``)
+  unless ``--driver-cache`` is given, so every layer is tuned on the device and
+  every program compiled from source;
+* **warm**: tuning records and program binaries both come from the cache.
+
+It prints each run's time to first inference split into setup, compile,
+tune, load and run, the speedup, and whether the outputs are identical.
+
+Interface with the ``runtime-cache`` command (``runtime_cache/cli.py``)::
+
+    add_parser(subparsers) -> argparse.ArgumentParser
+        registers "demo" on an argparse subparsers object, with
+        set_defaults(func=run_demo)
+    run_demo(args: argparse.Namespace) -> int
+        runs the demo; returns the exit code: 0 done and outputs identical,
+        1 the demo failed or the outputs differ, 2 it cannot run here (no
+        OpenCL, an unusable cache URL or backend)
+
+It also runs on its own: ``python -m runtime_cache.demo --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import environment
+from ..cache import Cache
+from ..errors import RuntimeCacheError
+from .report import compare, format_text
+
+__all__ = ["DemoError", "add_parser", "build_parser", "main", "run_demo"]
+
+CHILD_TIMEOUT_S = 900
+
+
+class DemoError(RuntimeCacheError):
+    """The demo cannot run here (exit code 2) or one of its runs failed (``code=1``)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    # SUPPRESS: a default here would overwrite the main command's global --cache.
+    parser.add_argument(
+        "--cache",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="the cache to use (default: RUNTIME_CACHE, else the user cache folder)",
+    )
+    parser.add_argument(
+        "--device", metavar="SPEC", help="an OpenCL device: an index, or part of its name"
+    )
+    parser.add_argument("--model", default="cnn", choices=("cnn", "tiny"), help="the model")
+    parser.add_argument("--tiny", action="store_true", help="the 5-layer model (same as --model tiny)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the demo's entries in the cache afterwards (see `runtime-cache ls`)",
+    )
+    parser.add_argument(
+        "--driver-cache",
+        action="store_true",
+        help="leave the driver's own kernel caches on during the cold run",
+    )
+    parser.set_defaults(func=run_demo)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``demo`` subcommand on ``subparsers``; its handler is :func:`run_demo`."""
+    text = "Time a model's first inference cold, then warm from the cache."
+    return _options(subparsers.add_parser("demo", help=text, description=text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m runtime_cache.demo``."""
+    return _options(
+        argparse.ArgumentParser(
+            prog="python -m runtime_cache.demo",
+            description="Time a model's first inference cold, then warm from the cache.",
+        )
+    )
+
+
+# ---------------------------------------------------------------------- the cache
+def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
+    """The URL the runs use, and the same with the default folder spelled out."""
+    url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
+    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else url
+    schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
+    if url.strip().lower() in ("off", "none", "0", "false", "disabled"):
+        raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
+    if schemes == {"memory"}:
+        raise DemoError(
+            f"{url!r} lives in one process only; the warm run needs a cache that outlives "
+            "it, such as dir:// or redis://"
+        )
+    return url, shown
+
+
+def _open(url: str) -> Cache:
+    from ..registry import open_backend
+
+    secret = environment.read(environment.ENV_SECRET)
+    return Cache(open_backend(url), strict=True, secret=secret)
+
+
+def _demo_entries(cache: Cache, module_id: str) -> list[Any]:
+    return list(cache.entries(runtime="opencl", module_id=module_id))
+
+
+def _remove(cache: Cache, module_id: str) -> int:
+    return sum(cache.delete(info.key) for info in _demo_entries(cache, module_id))
+
+
+# ---------------------------------------------------------------------- the runs
+def _child(label: str, model: str, device: str, env: dict[str, str], progress: bool) -> dict[str, Any]:
+    command = [sys.executable, "-m", "runtime_cache.demo.run", "--model", model, "--device", device]
+    if progress:
+        command += ["--progress", label]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=None if progress else subprocess.PIPE,
+            timeout=CHILD_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise DemoError(f"the {label} run took over {CHILD_TIMEOUT_S} s", code=1) from None
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        tail = (done.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-15:]
+        detail = ("\n" + "\n".join(tail)) if tail else " (see above)"
+        raise DemoError(f"the {label} run failed with exit code {done.returncode}{detail}", code=1)
+    try:
+        report: dict[str, Any] = json.loads(done.stdout.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DemoError(f"the {label} run printed no report", code=1) from None
+    report["wall_s"] = round(wall, 6)
+    return report
+
+
+def _child_env(url: str, driver_cache: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env[environment.ENV_CACHE] = url
+    if not driver_cache:
+        env["POCL_KERNEL_CACHE"] = "0"
+        env["CUDA_CACHE_DISABLE"] = "1"
+    return env
+
+
+def demo(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the demo and return the result (see :func:`runtime_cache.demo.report.compare`).
+
+    Raises :class:`DemoError` or another
+    :class:`~runtime_cache.errors.RuntimeCacheError` with a message for the user.
+    """
+    from .device import list_devices, select_device
+    from .model import build_model
+
+    name = "tiny" if getattr(args, "tiny", False) else getattr(args, "model", "cnn")
+    model = build_model(name)
+    device = select_device(getattr(args, "device", None))
+    index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
+    url, shown = _cache_url(args)
+    cache = _open(url)
+    try:
+        _remove(cache, model.module_id)
+        env = _child_env(url, bool(getattr(args, "driver_cache", False)))
+        progress = sys.stderr.isatty()
+        cold = _child("cold", name, str(index), env, progress)
+        warm = _child("warm", name, str(index), env, progress)
+        entries = _demo_entries(cache, model.module_id)
+        by_purpose: dict[str, int] = {}
+        for info in entries:
+            by_purpose[info.purpose] = by_purpose.get(info.purpose, 0) + 1
+        keep = bool(getattr(args, "keep", False))
+        if not keep:
+            _remove(cache, model.module_id)
+    finally:
+        cache.close()
+    return compare(
+        cold,
+        warm,
+        cache=shown,
+        driver_cache=bool(getattr(args, "driver_cache", False)),
+        entries={
+            "count": len(entries),
+            "bytes": sum(info.size for info in entries),
+            "by_purpose": by_purpose,
+        },
+        kept=keep,
+    )
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The handler of ``runtime-cache demo``: run it, print the result; the exit code."""
+    try:
+        result = demo(args)
+    except DemoError as exc:
+        print(f"runtime-cache demo: error: {exc}", file=sys.stderr)
+        return exc.code
+    except RuntimeCacheError as exc:  # no pyopencl, unknown backend, backend down, bad URL
+        print(f"runtime-cache demo: error: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_text(result))
+    return 0 if result["outputs_identical"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m runtime_cache.demo``: parse ``argv`` and run the demo."""
+    args = build_parser().parse_args(argv)
+    return run_demo(args)

@@ -1,0 +1,89 @@
+"""The demo's result: cold against warm, as a JSON-ready dict and as a text table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .phases import PHASES
+
+__all__ = ["compare", "format_text"]
+
+
+def _ratio(cold: float, warm: float) -> float | None:
+    return round(cold / warm, 2) if warm > 0 else None
+
+
+def compare(cold: dict[str, Any], warm: dict[str, Any], **context: Any) -> dict[str, Any]:
+    """Combine the two runs' reports (from :mod:`runtime_cache.demo.run`) into the result.
+
+    ``context`` adds fields such as the cache URL and what happened to the entries.
+    """
+    identical = cold["output_sha256"] == warm["output_sha256"] and cold["output"] == warm["output"]
+    return {
+        "model": cold["model"],
+        "module_id": cold["module_id"],
+        "layers": cold["layers"],
+        "device": cold["device"],
+        **context,
+        "cold": cold,
+        "warm": warm,
+        "speedup": _ratio(cold["time_to_first_inference_s"], warm["time_to_first_inference_s"]),
+        "speedup_wall": _ratio(cold["wall_s"], warm["wall_s"]),
+        "outputs_identical": identical,
+        "max_abs_error": max(cold["max_abs_error"], warm["max_abs_error"]),
+    }
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """The result as the table the demo prints."""
+    cold, warm = result["cold"], result["warm"]
+    lines = [
+        f"runtime-cache demo: first inference of {result['model']} "
+        f"({result['layers']} layers) on {result['device']}",
+        f"cache: {result.get('cache', '?')}",
+        "",
+        f"  {'':<24}{'cold':>10}{'warm':>10}",
+    ]
+    for name in PHASES:
+        lines.append(f"  {name:<24}{cold['phases'][name]:>9.2f}s{warm['phases'][name]:>9.2f}s")
+    speedup = result["speedup"]
+    lines.append(
+        f"  {'time to first inference':<24}{cold['time_to_first_inference_s']:>9.2f}s"
+        f"{warm['time_to_first_inference_s']:>9.2f}s"
+        + (f"   {speedup:.1f}x faster" if speedup else "")
+    )
+    lines.append(f"  {'process wall time':<24}{cold['wall_s']:>9.2f}s{warm['wall_s']:>9.2f}s")
+    lines.append("")
+    digest = cold["output_sha256"][:16]
+    if result["outputs_identical"]:
+        lines.append(f"outputs identical: yes (sha256 {digest}...)")
+    else:
+        lines.append(
+            f"outputs identical: NO (cold {digest}..., warm {warm['output_sha256'][:16]}...)"
+        )
+    lines.append(f"largest error against numpy: {result['max_abs_error']:.1e}")
+    lines.append(
+        f"cold: tuned {cold['tuned_layers']} layers and compiled their programs; "
+        f"warm: {warm['tuned_layers']} tuned, {warm['cache_stats']['hits']} cache hits"
+    )
+    entries = result.get("entries")
+    if entries:
+        kinds = ", ".join(f"{n} {purpose}" for purpose, n in sorted(entries["by_purpose"].items()))
+        fate = (
+            "kept (see `runtime-cache ls`)"
+            if result.get("kept")
+            else "removed (--keep keeps them)"
+        )
+        lines.append(
+            f"cache entries: {entries['count']} ({kinds}), {_size(entries['bytes'])}; {fate}"
+        )
+    return "\n".join(lines)
