@@ -1,0 +1,51 @@
+"""Pre-compiled program bundles: codec entries (key parts, checksum) packed in one blob.
+
+A bundle is the same format as :meth:`runtime_cache.Cache.dumps`, so it can
+also be merged into any cache with :meth:`~runtime_cache.Cache.loads`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from .._version import __version__
+from ..codec import Entry, decode_bundle, decode_entry, encode_bundle, encode_entry
+from ..errors import CorruptEntryError
+from ..keys import CacheKey
+
+__all__ = ["pack_programs", "unpack_programs"]
+
+
+def pack_programs(items: Iterable[tuple[CacheKey, bytes, float]]) -> bytes:
+    """Encode ``(key, binary, build_seconds)`` items as one bundle."""
+    now = time.time()
+    blobs = [
+        encode_entry(
+            str(key),
+            key.parts,
+            binary,
+            created_at=now,
+            build_seconds=seconds,
+            producer=f"runtime-cache {__version__}",
+        )
+        for key, binary, seconds in items
+    ]
+    return encode_bundle(blobs)
+
+
+def unpack_programs(data: bytes) -> list[Entry]:
+    """Decode a bundle; skip entries that fail their checksum or whose key disagrees with its parts.
+
+    Raises :class:`~runtime_cache.errors.InvalidBundleError` for a malformed bundle.
+    """
+    entries: list[Entry] = []
+    for blob in decode_bundle(data):
+        try:
+            entry = decode_entry(blob)
+            if str(CacheKey.from_parts(entry.parts)) != entry.key:
+                continue
+        except (CorruptEntryError, TypeError, ValueError):
+            continue
+        entries.append(entry)
+    return entries

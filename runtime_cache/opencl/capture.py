@@ -1,0 +1,53 @@
+"""Re-read program binaries after the first launch, and re-store those that changed.
+
+Some drivers (ARM Mali, some Adreno and Intel versions) finish compiling only
+when a kernel is created or first enqueued, and only then return the final
+code in ``CL_PROGRAM_BINARIES``. Call :func:`recapture_binaries` (or
+:meth:`OpenCLModule.recapture_binaries`) once after the first launch of every
+kernel; on drivers whose binaries do not change it stores nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xxhash
+
+from ._driver import import_pyopencl
+from .counters import counters
+from .program import _origins_lock, origins, read_binaries
+
+__all__ = ["recapture_binaries"]
+
+
+def recapture_binaries(program: Any) -> int:
+    """Re-read ``program``'s binaries; re-store those that changed; return how many did.
+
+    ``program`` must come from :func:`build_program`, :class:`OpenCLModule` or
+    a build routed through :func:`install`; for any other program it returns 0.
+
+    Example::
+
+        prg = build_program(ctx, src)
+        prg.my_kernel(queue, (n,), None, buf)   # first launch
+        queue.finish()
+        recapture_binaries(prg)                 # 0 on PoCL and NVIDIA
+    """
+    cl = import_pyopencl()
+    with _origins_lock:
+        origin = origins.get(program)
+    if origin is None or origin.plan.keys is None:
+        return 0
+    binaries = read_binaries(cl, program, origin.plan.devices)
+    changed = {
+        key: binary
+        for key, binary, old in zip(origin.plan.keys, binaries, origin.digests, strict=True)
+        if binary and xxhash.xxh3_64_intdigest(binary) != old
+    }
+    if not changed:
+        return 0
+    if origin.cache.put_many(changed, build_seconds=origin.build_seconds):
+        origin.digests = [xxhash.xxh3_64_intdigest(b) for b in binaries]
+        counters.add(recaptured=len(changed))
+        return len(changed)
+    return 0

@@ -1,0 +1,80 @@
+"""Device fingerprints: what makes an OpenCL program binary specific to one device.
+
+A binary is only ever loaded on a device whose fingerprint equals the one in
+its cache key, and a driver update changes the fingerprint (and so the key).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._driver import import_pyopencl
+
+__all__ = ["device_fingerprint"]
+
+_memo: dict[int, dict[str, Any]] = {}
+_memo_lock = threading.Lock()
+
+# Optional properties: read when the driver has them, left out when it raises.
+_OPTIONAL = (
+    ("opencl_c_version", "opencl_c_version"),
+    ("il_version", "il_version"),
+    ("compute_capability_major_nv", "nv_cc_major"),
+    ("compute_capability_minor_nv", "nv_cc_minor"),
+    ("board_name_amd", "amd_board"),
+    ("gfxip_major_amd", "amd_gfxip_major"),
+    ("gfxip_minor_amd", "amd_gfxip_minor"),
+)
+
+
+def _read(device: Any) -> dict[str, Any]:
+    platform = device.platform
+    fingerprint: dict[str, Any] = {
+        "platform_vendor": str(platform.vendor),
+        "platform_name": str(platform.name),
+        "platform_version": str(platform.version),
+        "vendor": str(device.vendor),
+        "vendor_id": int(device.vendor_id),
+        "name": str(device.name),
+        "version": str(device.version),
+        "driver_version": str(device.driver_version),
+        "type": int(device.type),
+        "address_bits": int(device.address_bits),
+        "endian_little": bool(device.endian_little),
+    }
+    for attribute, name in _OPTIONAL:
+        try:
+            value = getattr(device, attribute)
+        except Exception:  # an optional property the driver lacks raises
+            continue
+        if isinstance(value, (str, int, bool)):
+            fingerprint[name] = value
+    return fingerprint
+
+
+def device_fingerprint(device: Any) -> dict[str, Any]:
+    """Return a dict that identifies ``device``'s binary format, for cache keys.
+
+    It holds the platform's vendor, name and version; the device's vendor,
+    vendor id, name, version and driver version; its type, address bits and
+    byte order; and, where the driver reports them, the OpenCL C and IL
+    versions and vendor-specific architecture ids (NVIDIA compute capability,
+    AMD gfx ip). The result is memoized per device handle.
+
+    Example::
+
+        import pyopencl as cl
+        from runtime_cache.opencl import device_fingerprint
+        fp = device_fingerprint(cl.get_platforms()[0].get_devices()[0])
+        fp["driver_version"]
+    """
+    import_pyopencl()
+    handle = int(device.int_ptr)
+    with _memo_lock:
+        found = _memo.get(handle)
+    if found is None:
+        found = _read(device)
+        with _memo_lock:
+            _memo[handle] = found
+    return dict(found)

@@ -1,0 +1,111 @@
+"""Build options and ``#include`` handling for cache keys.
+
+An ``#include``d header changes the binary without changing the source text,
+so every header a build may read goes into the key: for each ``#include``, the
+content digest of *every* file of that name in the search path (the including
+file's folder for quoted includes, then each ``-I`` folder in order, then the
+working folder), recursively. Hashing every candidate, not only the first,
+means the key changes even if the driver searches the folders in another
+order. An include that matches no readable file (a system or driver header,
+say) makes the build uncacheable: it is built from source and counted in
+``opencl_stats().uncacheable``, never served stale.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+__all__ = ["include_digests", "include_dirs", "normalize_options"]
+
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
+_MAX_FILES = 512
+_MAX_FILE_SIZE = 16 << 20
+
+Options = str | bytes | Sequence[str | bytes] | None
+
+
+def normalize_options(options: Options) -> list[str]:
+    """Split build options into a list of tokens (a string is split like a shell would)."""
+    if options is None:
+        return []
+    if isinstance(options, bytes):
+        options = options.decode("utf-8")
+    if isinstance(options, str):
+        return shlex.split(options)
+    tokens: list[str] = []
+    for item in options:
+        text = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+        tokens.append(text)
+    return tokens
+
+
+def include_dirs(tokens: Sequence[str]) -> list[str]:
+    """Return the ``-I`` folders named in ``tokens``, in order (``-I dir`` and ``-Idir``)."""
+    found: list[str] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index].strip()
+        if token in ("-I", "/I"):
+            if index + 1 < len(tokens):
+                found.append(tokens[index + 1].strip().strip('"'))
+            index += 2
+            continue
+        if token.startswith(("-I", "/I")):
+            found.append(token[2:].strip().strip('"'))
+        index += 1
+    return found
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > _MAX_FILE_SIZE:
+            return None
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | None:
+    """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
+
+    Returns ``[]`` when the source includes nothing, and ``None`` when an
+    include resolves to no readable file (the build must not be cached).
+    """
+    data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
+    if b"include" not in data:
+        return []
+    search = [*include_dirs(tokens), "."]
+    result: list[Any] = []
+    seen: set[str] = set()
+    pending: list[tuple[bytes, str | None]] = [(data, None)]
+    while pending:
+        text, folder = pending.pop()
+        for match in _INCLUDE.finditer(text):
+            name = match.group(2).decode("utf-8", "replace").strip()
+            quoted = match.group(1) == b'"'
+            folders = ([folder] if quoted and folder else []) + search
+            hits = 0
+            for index, base in enumerate(folders):
+                path = os.path.realpath(os.path.join(base, name))
+                content = _read(path)
+                if content is None:
+                    continue
+                hits += 1
+                if path in seen:
+                    continue
+                seen.add(path)
+                if len(seen) > _MAX_FILES:
+                    return None
+                result.append([name, index, xxhash.xxh3_128_hexdigest(content)])
+                pending.append((content, os.path.dirname(path)))
+            if hits == 0:
+                return None
+    result.sort()
+    return result

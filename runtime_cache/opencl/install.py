@@ -1,0 +1,128 @@
+"""Route pyopencl's own ``Program.build()`` source builds through runtime-cache.
+
+pyopencl keeps its own binary cache only on platforms without a driver cache
+(it turns it off for PoCL and NVIDIA, trusting theirs). :func:`install` wraps
+``pyopencl.Program.build`` so that every source build, including the kernels
+pyopencl generates for arrays, elementwise operations, reductions and scans,
+is fetched from and stored in our cache on every platform. Programs created
+from binaries or IL, or already created (``_prg`` set), are passed to
+pyopencl unchanged. A failing source build is pyopencl's own build, so it
+raises pyopencl's own error with the build log. :func:`uninstall` restores
+the original method.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..cache import Cache
+from ..keys import module_id_from_sources
+from ..provider import get_cache
+from ._driver import import_pyopencl
+from .counters import counters
+from .program import fetch, plan_program, read_binaries, store_binaries
+
+__all__ = ["install", "installed", "is_installed", "uninstall"]
+
+_lock = threading.Lock()
+_original: Callable[..., Any] | None = None
+_cache: Cache | None = None
+
+
+def _cached_build(
+    original: Callable[..., Any],
+) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def build(
+        self: Any,
+        options: Any = None,
+        devices: Sequence[Any] | None = None,
+        cache_dir: Any = None,
+    ) -> Any:
+        source = getattr(self, "_source", None)
+        context = getattr(self, "_context", None)
+        if getattr(self, "_prg", True) is not None or source is None or context is None:
+            return original(self, options, devices, cache_dir)
+        cl = import_pyopencl()
+        store = _cache if _cache is not None else get_cache()
+        plan = plan_program(
+            context,
+            source,
+            options,
+            devices=devices,
+            module_id=module_id_from_sources(source, name="pyopencl"),
+        )
+        if plan.keys is None:
+            counters.add(uncacheable=1)
+        else:
+            started = time.perf_counter()
+            loaded = fetch(context, plan, store, store.get_many(plan.keys))
+            if loaded is not None:
+                self._prg = loaded._prg
+                self._build_duration_info = (
+                    "runtime-cache retrieval",
+                    True,
+                    time.perf_counter() - started,
+                )
+                return self
+        started = time.perf_counter()
+        original(self, options, devices, cache_dir=False)
+        seconds = time.perf_counter() - started
+        counters.add(source_builds=1)
+        if plan.keys is not None:
+            store_binaries(store, plan, self, read_binaries(cl, self, plan.devices), seconds)
+        return self
+
+    return build
+
+
+def install(cache: Cache | None = None) -> None:
+    """Wrap ``pyopencl.Program.build`` so source builds go through ``cache``.
+
+    ``cache=None`` uses the process-wide cache (:func:`runtime_cache.get_cache`)
+    at each build. Calling it again only changes the cache.
+    """
+    global _original, _cache
+    cl = import_pyopencl()
+    with _lock:
+        _cache = cache
+        if _original is None:
+            _original = cl.Program.build
+            cl.Program.build = _cached_build(_original)
+
+
+def uninstall() -> bool:
+    """Restore pyopencl's own ``Program.build``; return whether it was installed."""
+    global _original, _cache
+    cl = import_pyopencl()
+    with _lock:
+        if _original is None:
+            return False
+        cl.Program.build = _original
+        _original, _cache = None, None
+        return True
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _original is not None
+
+
+@contextmanager
+def installed(cache: Cache | None = None) -> Iterator[None]:
+    """Route pyopencl's source builds through the cache within a ``with`` block."""
+    was = is_installed()
+    previous = _cache
+    install(cache)
+    try:
+        yield
+    finally:
+        if was:
+            install(previous)
+        else:
+            uninstall()

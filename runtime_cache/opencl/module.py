@@ -1,0 +1,299 @@
+"""``OpenCLModule``: one cl_program per kernel, built lazily, cached, and bundled on demand."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ..cache import Cache
+from ..keys import CacheKey, module_id_from_sources
+from ..provider import get_cache
+from ._driver import import_pyopencl
+from .bundle import pack_programs, unpack_programs
+from .counters import counters
+from .includes import Options, normalize_options
+from .parallel import build_in_processes, build_in_threads
+from .program import (
+    ProgramPlan,
+    fetch,
+    load_from_binaries,
+    plan_program,
+    read_binaries,
+    remember,
+    source_build,
+    store_binaries,
+)
+
+__all__ = ["OpenCLModule"]
+
+log = logging.getLogger("runtime_cache.opencl")
+
+#: ``build_all`` uses worker processes when at least this many programs per worker need a build.
+PROCESS_THRESHOLD = 4
+
+
+class OpenCLModule:
+    """A set of OpenCL kernels, one ``cl_program`` per kernel function, built lazily.
+
+    ``sources`` maps each kernel function name to the source of its program.
+    Every program goes through the cache (``cache=``, or the process-wide
+    :func:`runtime_cache.get_cache`), so another process finds the binaries.
+
+    Example (from ``tests/test_opencl_module.py``)::
+
+        module = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+        module.build_all()
+        module.kernel("scale")(queue, (n,), None, buf, np.float32(2))
+        bundle = module.get_precompiled_programs()
+        other = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC})
+        other.set_precompiled_programs(bundle)  # == 2 on the same device
+    """
+
+    def __init__(
+        self,
+        context: Any,
+        sources: Mapping[str, str],
+        *,
+        options: Options = (),
+        module_id: str | None = None,
+        cache: Cache | None = None,
+    ) -> None:
+        import_pyopencl()
+        if not isinstance(sources, Mapping) or not sources:
+            raise TypeError("sources must be a non-empty mapping of kernel name to source")
+        for name, text in sources.items():
+            if not isinstance(name, str) or not isinstance(text, (str, bytes)):
+                raise TypeError("sources must map str kernel names to str sources")
+        self.context = context
+        self.sources: dict[str, str] = dict(sources)
+        self.options = normalize_options(options)
+        self.module_id = module_id or module_id_from_sources(self.sources)
+        self._cache = cache
+        self._programs: dict[str, Any] = {}
+        self._seconds: dict[str, float] = {}
+        self._plans: dict[str, ProgramPlan] = {}
+        self._lock = threading.RLock()
+        self._name_locks: dict[str, threading.Lock] = {}
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def cache(self) -> Cache:
+        """The cache this module stores into (the process-wide one unless ``cache=`` was given)."""
+        return self._cache if self._cache is not None else get_cache()
+
+    @property
+    def built(self) -> list[str]:
+        """Names of the programs built so far."""
+        with self._lock:
+            return sorted(self._programs)
+
+    def _plan(self, name: str) -> ProgramPlan:
+        with self._lock:
+            plan = self._plans.get(name)
+            if plan is None:
+                if name not in self.sources:
+                    raise KeyError(f"no kernel {name!r} in module {self.module_id}")
+                plan = plan_program(
+                    self.context,
+                    self.sources[name],
+                    self.options,
+                    module_id=self.module_id,
+                    program=name,
+                )
+                self._plans[name] = plan
+            return plan
+
+    def _name_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._name_locks.setdefault(name, threading.Lock())
+
+    def _adopt(self, name: str, program: Any, seconds: float) -> None:
+        with self._lock:
+            self._programs.setdefault(name, program)
+            self._seconds.setdefault(name, seconds)
+
+    def _build_from_source(self, name: str) -> None:
+        cl = import_pyopencl()
+        plan = self._plan(name)
+        program, seconds = source_build(self.context, plan)
+        if plan.keys is None:
+            counters.add(uncacheable=1)
+        else:
+            binaries = read_binaries(cl, program, plan.devices)
+            store_binaries(self.cache, plan, program, binaries, seconds)
+        self._adopt(name, program, seconds)
+
+    # ------------------------------------------------------------------ programs
+    def program(self, name: str) -> Any:
+        """Return the built ``pyopencl.Program`` of kernel ``name``, building it on first use."""
+        with self._lock:
+            found = self._programs.get(name)
+        if found is not None:
+            return found
+        with self._name_lock(name):
+            with self._lock:
+                found = self._programs.get(name)
+            if found is not None:
+                return found
+            plan = self._plan(name)
+            if plan.keys is not None:
+                loaded = fetch(self.context, plan, self.cache, self.cache.get_many(plan.keys))
+                if loaded is not None:
+                    self._adopt(name, loaded, 0.0)
+                    return loaded
+            self._build_from_source(name)
+            return self._programs[name]
+
+    def kernel(self, name: str) -> Any:
+        """Return a new ``pyopencl.Kernel`` for ``name``.
+
+        Kernels hold their arguments, so they are not thread-safe: keep one per thread.
+        """
+        cl = import_pyopencl()
+        return cl.Kernel(self.program(name), name)
+
+    def build_all(self, workers: int | None = None, *, processes: bool | None = None) -> int:
+        """Build every program not yet built; return how many were built from source.
+
+        Cached binaries are fetched in one backend call. Missing programs are
+        built concurrently on ``workers`` (default: all cores). With
+        ``processes=None`` worker processes are used when there are at least
+        ``PROCESS_THRESHOLD`` builds per worker (their start-up costs about
+        half a second), threads otherwise; ``True``/``False`` forces the choice.
+        """
+        with self._lock:
+            missing = [n for n in self.sources if n not in self._programs]
+        if not missing:
+            return 0
+        cache = self.cache
+        plans = {name: self._plan(name) for name in missing}
+        wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
+        found = cache.get_many(wanted) if wanted else {}
+        to_build: list[str] = []
+        for name, plan in plans.items():
+            program = fetch(self.context, plan, cache, found) if found else None
+            if program is None:
+                to_build.append(name)
+            else:
+                self._adopt(name, program, 0.0)
+        if not to_build:
+            return 0
+        count = workers if workers is not None else (os.cpu_count() or 1)
+        if processes is None:
+            processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
+        if count <= 1 or len(to_build) == 1:
+            for name in to_build:
+                self._build_from_source(name)
+        elif processes:
+            self._build_in_processes(to_build, count)
+        else:
+            build_in_threads(self._build_from_source, to_build, count)
+        return len(to_build)
+
+    def _build_in_processes(self, names: list[str], workers: int) -> None:
+        devices = list(self.context.devices)
+        jobs = [(n, self.sources[n], self.options) for n in names]
+        try:
+            results = build_in_processes(devices, jobs, workers)
+        except Exception as exc:  # a broken pool must not stop the build
+            log.warning("runtime-cache: worker processes failed (%s); building here", exc)
+            results = [(n, None, 0.0, "") for n in names]
+        for name, binaries, seconds, options_text in results:
+            plan = self._plan(name)
+            program = None
+            if binaries is not None and options_text == plan.options_text:
+                program = load_from_binaries(self.context, plan, binaries)
+            if program is None or binaries is None:
+                self._build_from_source(name)
+                continue
+            counters.add(source_builds=1)
+            if plan.keys is None:
+                counters.add(uncacheable=1)
+            else:
+                store_binaries(self.cache, plan, program, binaries, seconds)
+            self._adopt(name, program, seconds)
+
+    # ------------------------------------------------------------------ bundles
+    def supports_precompiled_programs(self) -> bool:
+        """Whether binaries can be read back: every device of the context has a compiler."""
+        return all(bool(d.compiler_available) for d in self.context.devices)
+
+    def get_precompiled_programs(self) -> bytes:
+        """Return a bundle of every program's binaries, tagged with device fingerprints.
+
+        Builds whatever is missing first. Programs that cannot be cached (an
+        unresolvable ``#include``) are left out and later built from source.
+        """
+        cl = import_pyopencl()
+        self.build_all()
+        items: list[tuple[CacheKey, bytes, float]] = []
+        with self._lock:
+            programs = dict(self._programs)
+            seconds = dict(self._seconds)
+        for name in sorted(programs):
+            plan = self._plan(name)
+            if plan.keys is None:
+                continue
+            binaries = read_binaries(cl, programs[name], plan.devices)
+            if not all(binaries):
+                continue
+            took = seconds.get(name, 0.0)
+            items.extend((k, b, took) for k, b in zip(plan.keys, binaries, strict=True))
+        return pack_programs(items)
+
+    def set_precompiled_programs(self, data: bytes) -> int:
+        """Load programs from a bundle; return how many programs it supplied.
+
+        Entries for another device, other options, or a module whose sources
+        differ do not match this module's keys and are ignored; those programs
+        are built from source later. Programs already built are kept. A
+        malformed blob raises :class:`~runtime_cache.errors.InvalidBundleError`
+        and leaves the module as it was. Accepted binaries are also stored in
+        the cache, so other processes find them.
+        """
+        entries = unpack_programs(data)
+        with self._lock:
+            pending = [n for n in self.sources if n not in self._programs]
+        expected: dict[str, tuple[str, int]] = {}
+        for name in pending:
+            plan = self._plan(name)
+            for index, key in enumerate(plan.keys or ()):
+                expected[str(key)] = (name, index)
+        chosen: dict[str, dict[int, tuple[bytes, float]]] = {}
+        for entry in entries:
+            slot = expected.get(entry.key)
+            if slot is not None:
+                chosen.setdefault(slot[0], {})[slot[1]] = (entry.value, entry.build_seconds)
+        accepted = 0
+        for name, by_index in chosen.items():
+            plan = self._plan(name)
+            assert plan.keys is not None
+            if len(by_index) != len(plan.keys):
+                continue
+            binaries = [by_index[i][0] for i in range(len(plan.keys))]
+            seconds = max(s for _, s in by_index.values())
+            program = load_from_binaries(self.context, plan, binaries)
+            if program is None:
+                counters.add(rejected_binaries=1)
+                log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
+                continue
+            counters.add(binary_loads=1)
+            store_binaries(self.cache, plan, program, binaries, seconds)
+            remember(program, plan, self.cache, binaries, seconds)
+            self._adopt(name, program, seconds)
+            accepted += 1
+        return accepted
+
+    def recapture_binaries(self) -> int:
+        """Re-read every built program's binaries after first launch; re-store changed ones.
+
+        See :func:`runtime_cache.opencl.recapture_binaries` for when to call it.
+        """
+        from .capture import recapture_binaries
+
+        with self._lock:
+            programs = list(self._programs.values())
+        return sum(recapture_binaries(p) for p in programs)

@@ -1,0 +1,258 @@
+"""Build one OpenCL program through the cache: binaries per device, or source as a fallback.
+
+The flow: plan the keys (one per device: module id, source digest, options
+as the driver sees them, header digests, device fingerprint), fetch all of
+them in one backend call, create the program from the binaries and build it;
+on a miss or a rejected binary, build from source and store what the driver
+returns. Cache content never raises to the caller: a binary the driver
+refuses is evicted, logged, and replaced by a fresh source build.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from ..cache import Cache
+from ..keys import CacheKey, make_key, module_id_from_sources
+from ..provider import get_cache
+from ._driver import import_pyopencl
+from .counters import counters
+from .fingerprint import device_fingerprint
+from .includes import Options, include_digests, normalize_options
+
+__all__ = [
+    "PURPOSE",
+    "RUNTIME",
+    "ProgramPlan",
+    "build_program",
+    "load_from_binaries",
+    "plan_program",
+    "source_build",
+    "store_binaries",
+]
+
+log = logging.getLogger("runtime_cache.opencl")
+
+RUNTIME = "opencl"
+PURPOSE = "program-binary"
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What identifies one program's binaries: its source, options, devices and keys.
+
+    ``keys`` holds one key per device, in the order of ``devices``; it is
+    ``None`` when the build cannot be cached (an unresolvable ``#include``).
+    """
+
+    source: str | bytes
+    options: list[str]
+    options_text: str
+    devices: list[Any]
+    keys: list[CacheKey] | None
+
+
+@dataclass
+class _Origin:
+    plan: ProgramPlan
+    cache: Cache
+    digests: list[int]
+    build_seconds: float
+
+
+# Programs we built or loaded, so their binaries can be re-read after launch.
+origins: weakref.WeakKeyDictionary[Any, _Origin] = weakref.WeakKeyDictionary()
+_origins_lock = threading.Lock()
+
+
+def original_build(cl: Any) -> Callable[..., Any]:
+    """pyopencl's own ``Program.build``, also while :func:`install` has wrapped it."""
+    build = cl.Program.build
+    return getattr(build, "__wrapped__", build)  # type: ignore[no-any-return]
+
+
+def _options_text(cl: Any, context: Any, tokens: list[str]) -> str:
+    # The exact option string the driver gets (pyopencl adds its include path,
+    # PYOPENCL_BUILD_OPTIONS and per-platform flags), so any of those changes the key.
+    process = getattr(cl.Program, "_process_build_options", None)
+    if process is None:
+        return " ".join(tokens)
+    options_bytes = process(context, tokens)[0]
+    return options_bytes.decode("utf-8", "replace") if isinstance(options_bytes, bytes) else ""
+
+
+def plan_program(
+    context: Any,
+    source: str | bytes,
+    options: Options = (),
+    *,
+    devices: Sequence[Any] | None = None,
+    module_id: str | None = None,
+    program: str | None = None,
+) -> ProgramPlan:
+    """Work out the cache keys of one program, one per device (no cache access)."""
+    cl = import_pyopencl()
+    tokens = normalize_options(options)
+    text = _options_text(cl, context, tokens)
+    devs = list(devices) if devices is not None else list(context.devices)
+    headers = include_digests(source, normalize_options(text))
+    if headers is None:
+        return ProgramPlan(source, tokens, text, devs, None)
+    data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
+    extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
+    if headers:
+        extra["includes"] = headers
+    if program is not None:
+        extra["program"] = program
+    mid = module_id or module_id_from_sources(data, name="program")
+    keys = [
+        make_key(
+            module_id=mid,
+            runtime=RUNTIME,
+            purpose=PURPOSE,
+            device=device_fingerprint(dev),
+            **extra,
+        )
+        for dev in devs
+    ]
+    return ProgramPlan(source, tokens, text, devs, keys)
+
+
+def remember(
+    program: Any, plan: ProgramPlan, cache: Cache, binaries: Sequence[bytes], build_seconds: float
+) -> None:
+    """Note where ``program``'s binaries live, for :func:`recapture_binaries`."""
+    if plan.keys is None:
+        return
+    digests = [xxhash.xxh3_64_intdigest(b) for b in binaries]
+    with _origins_lock:
+        origins[program] = _Origin(plan, cache, digests, build_seconds)
+
+
+def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
+    """Delete a program's entries that the driver refused, with one warning."""
+    assert plan.keys is not None
+    counters.add(rejected_binaries=1)
+    log.warning(
+        "runtime-cache: the driver rejected cached binaries %s (%s); evicting them and "
+        "building from source",
+        ", ".join(str(k) for k in plan.keys),
+        reason,
+    )
+    for key in plan.keys:
+        cache.delete(key)
+
+
+def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[bytes]) -> Any | None:
+    """Create and build a program from ``binaries``; ``None`` when the driver refuses them."""
+    cl = import_pyopencl()
+    if len(binaries) != len(plan.devices) or not all(binaries):
+        return None
+    try:
+        program = cl.Program(context, plan.devices, list(binaries))
+        original_build(cl)(program, plan.options, plan.devices)
+    except Exception as exc:  # any driver refusal is a miss, never the caller's error
+        log.debug("runtime-cache: binary load failed: %s", exc)
+        return None
+    return program
+
+
+def fetch(context: Any, plan: ProgramPlan, cache: Cache, found: dict[str, bytes]) -> Any | None:
+    """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones)."""
+    if plan.keys is None:
+        return None
+    binaries = [found.get(str(key)) for key in plan.keys]
+    if any(b is None for b in binaries):
+        return None
+    ready = [b for b in binaries if b is not None]
+    program = load_from_binaries(context, plan, ready)
+    if program is None:
+        evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed")
+        return None
+    counters.add(binary_loads=1)
+    remember(program, plan, cache, ready, 0.0)
+    return program
+
+
+def read_binaries(cl: Any, program: Any, devices: Sequence[Any]) -> list[bytes]:
+    """Return ``program``'s binaries in the order of ``devices``."""
+    program_devices = list(program.get_info(cl.program_info.DEVICES))
+    binaries = list(program.get_info(cl.program_info.BINARIES))
+    by_device = dict(zip((int(d.int_ptr) for d in program_devices), binaries, strict=False))
+    return [bytes(by_device.get(int(d.int_ptr), b"")) for d in devices]
+
+
+def source_build(context: Any, plan: ProgramPlan) -> tuple[Any, float]:
+    """Build from source with pyopencl's own error handling; return ``(program, seconds)``.
+
+    A build failure raises pyopencl's own error, with the build log.
+    """
+    cl = import_pyopencl()
+    started = time.perf_counter()
+    program = cl.Program(context, plan.source)
+    original_build(cl)(program, plan.options, plan.devices, cache_dir=False)
+    counters.add(source_builds=1)
+    return program, time.perf_counter() - started
+
+
+def store_binaries(
+    cache: Cache, plan: ProgramPlan, program: Any, binaries: Sequence[bytes], seconds: float
+) -> bool:
+    """Store one program's binaries (one entry per device) in one backend call."""
+    if plan.keys is None:
+        return False
+    if len(binaries) != len(plan.keys) or not all(binaries):
+        log.debug("runtime-cache: the driver returned no binary for some device; not storing")
+        return False
+    remember(program, plan, cache, binaries, seconds)
+    return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
+
+
+def build_program(
+    context: Any,
+    source: str | bytes,
+    options: Options = (),
+    *,
+    devices: Sequence[Any] | None = None,
+    module_id: str | None = None,
+    cache: Cache | None = None,
+) -> Any:
+    """Return a built ``pyopencl.Program``, from cached binaries when possible.
+
+    On a hit, the program is created from the cached binaries (one entry per
+    device) and built. On a miss, it is built from source, and the binaries
+    the driver returns are stored with the build time. A cached binary that
+    the driver rejects is evicted and rebuilt from source, with a warning;
+    cache content never raises. Build errors in the source raise pyopencl's
+    own error with the build log.
+
+    Example::
+
+        import pyopencl as cl
+        from runtime_cache.opencl import build_program
+        ctx = cl.create_some_context()
+        prg = build_program(ctx, "kernel void twice(global float *a)"
+                                 "{ a[get_global_id(0)] *= 2; }")
+        prg.twice
+    """
+    cl = import_pyopencl()
+    store = cache if cache is not None else get_cache()
+    plan = plan_program(context, source, options, devices=devices, module_id=module_id)
+    if plan.keys is None:
+        counters.add(uncacheable=1)
+    else:
+        program = fetch(context, plan, store, store.get_many(plan.keys))
+        if program is not None:
+            return program
+    program, seconds = source_build(context, plan)
+    if plan.keys is not None:
+        store_binaries(store, plan, program, read_binaries(cl, program, plan.devices), seconds)
+    return program
