@@ -1,0 +1,181 @@
+"""Signed entries: with a shared secret set, nothing unsigned or forged is ever served.
+
+The attacker here can write anything into the shared store (Redis) but does not
+know the secret. Forged entries are written straight into the store, the way a
+compromised fleet member or an open Redis would hold them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.codec import decode_entry, encode_bundle, encode_entry
+from runtime_cache.errors import InvalidBundleError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisCluster, RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+SECRET = b"fleet secret"
+GOOD = b"\x7fELF trusted binary"
+EVIL = b"\x7fELF evil binary"
+
+
+def _key(i: int = 0) -> rc.CacheKey:
+    return rc.make_key(
+        module_id="net@1", runtime="opencl", purpose="program-binary", device={"d": 1}, i=i
+    )
+
+
+def _forge(key: rc.CacheKey, value: bytes, secret: bytes | None) -> bytes:
+    return encode_entry(str(key), key.parts, value, created_at=time.time(), secret=secret)
+
+
+def _forgeries(key: rc.CacheKey) -> dict[str, bytes]:
+    """Ways to forge an entry for ``key`` without knowing SECRET."""
+    signed_elsewhere = _forge(_key(99), GOOD, SECRET)  # genuine, but for another key
+    genuine = _forge(key, GOOD, SECRET)
+    evil = _forge(key, EVIL, None)
+    swapped = genuine[: -32 - len(GOOD)] + EVIL.ljust(len(GOOD), b"\0") + genuine[-32:]
+    return {
+        "unsigned": evil,
+        "other-secret": _forge(key, EVIL, b"guessed secret"),
+        "signature-stripped": genuine[:-32],
+        "value-swapped": swapped,
+        "signature-grafted": evil + genuine[-32:],
+        "replayed-under-another-key": signed_elsewhere,
+    }
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def store(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[rc.Backend]:
+    """The shared store, and a raw writer into it that bypasses the Cache front."""
+    if request.param == "memory":
+        backend: rc.Backend = MemoryBackend()
+    else:
+        fixture = "redis_server" if request.param == "redis" else "redis_cluster"
+        server: RedisProcess | RedisCluster = request.getfixturevalue(fixture)
+        backend = rc.open_backend(f"{server.url}?prefix={unique_prefix}")
+    yield backend
+    for key in list(backend.keys()):
+        backend.delete(key)
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", list(_forgeries(_key())))
+def test_forged_entry_is_rejected_and_never_served(store: rc.Backend, kind: str) -> None:
+    key = _key()
+    store.set(str(key), _forgeries(key)[kind])  # written straight into the store
+    cache = rc.Cache(store, secret=SECRET)
+    assert cache.get(key) is None
+    stats = cache.stats()
+    # A bad signature is "rejected" (kept: it may be another fleet's entry); a blob
+    # that is malformed, or holds another key, is "corrupt" (deleted).
+    expected = "rejected" if kind in ("unsigned", "other-secret", "value-swapped") else "corrupt"
+    assert (stats.hits, stats.rejected, stats.corrupt) == (
+        0,
+        int(expected == "rejected"),
+        int(expected == "corrupt"),
+    )
+    assert cache.get_many([key]) == {}
+    assert cache.stats().hits == 0
+
+    # The consumer flow: a poisoned store cannot feed a value; the build runs.
+    built = cache.get_or_build(key, lambda: GOOD)
+    assert built == GOOD
+    assert cache.stats().builds == 1
+    blob = store.get(str(key))
+    assert blob is not None
+    assert decode_entry(blob, secret=SECRET).value == GOOD  # replaced by a signed entry
+    assert cache.get(key) == GOOD
+
+
+def test_signed_entries_are_shared_between_caches_with_the_secret(store: rc.Backend) -> None:
+    writer = rc.Cache(store, secret=SECRET)
+    writer.put(_key(1), GOOD, build_seconds=2.0)
+    reader = rc.Cache(store, secret=SECRET.decode())  # str and bytes secrets agree
+    assert reader.get(_key(1)) == GOOD
+    assert reader.stats().rejected == 0
+    assert [info.signed for info in reader.entries(runtime="opencl")] == [True]
+    assert rc.Cache(store, secret=b"another fleet").get(_key(1)) is None
+
+
+def test_unsigned_entry_is_not_deleted_by_a_signing_reader() -> None:
+    # A fleet member with another (or no) secret must not be able to erase ours, nor we theirs.
+    store = MemoryBackend()
+    rc.Cache(store).put(_key(2), b"theirs")
+    assert rc.Cache(store, secret=SECRET).get(_key(2)) is None
+    assert rc.Cache(store).get(_key(2)) == b"theirs"
+
+
+def test_bundles_cannot_smuggle_forged_entries() -> None:
+    cache = rc.Cache(MemoryBackend(), secret=SECRET)
+    forgeries = _forgeries(_key(3))
+    del forgeries["replayed-under-another-key"]  # genuine for its own key: loads keeps it
+    forged = list(forgeries.values())
+    with pytest.raises(InvalidBundleError):
+        cache.loads(encode_bundle(forged))  # an unsigned bundle
+    with pytest.raises(InvalidBundleError):
+        cache.loads(encode_bundle(forged, secret=b"guessed secret"))
+    # Even inside a bundle signed with the secret, each entry is checked on its own.
+    assert cache.loads(encode_bundle(forged, secret=SECRET)) == 0
+    assert cache.stats().rejected + cache.stats().corrupt == len(forged)
+    assert cache.get(_key(3)) is None
+
+
+def test_secret_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", SECRET.decode())
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    cache = rc.set_cache_provider(url)
+    assert cache.signed
+    raw = rc.open_backend(url)
+    raw.set(str(_key(4)), _forge(_key(4), EVIL, None))
+    assert cache.get_or_build(_key(4), lambda: GOOD) == GOOD
+    assert cache.stats().rejected == 1
+    monkeypatch.setenv("RUNTIME_CACHE", url)
+    rc.reset_cache_provider()
+    assert rc.get_cache().signed and rc.get_cache().get(_key(4)) == GOOD
+    raw.close()
+
+
+def _cl_context() -> Any:
+    from conftest import need
+
+    try:
+        import pyopencl as cl
+
+        return cl.Context([cl.get_platforms()[0].get_devices()[0]])
+    except Exception as exc:  # no driver or no device
+        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", str(exc))
+
+
+KERNEL = "__kernel void plus_one(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+
+
+def test_poisoned_store_cannot_feed_a_program_binary(store: rc.Backend) -> None:
+    """A garbage "binary" under every key of a module never reaches the OpenCL driver."""
+    ctx = _cl_context()
+    from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
+
+    honest = OpenCLModule(ctx, {"plus_one": KERNEL}, cache=rc.Cache(store, secret=SECRET))
+    honest.build_all(workers=1)
+    cached = list(store.keys("opencl/"))
+    assert cached
+    for skey in cached:  # overwrite each stored binary with an unsigned forgery
+        meta = decode_entry(store.get(skey) or b"", secret=SECRET)
+        store.set(skey, encode_entry(skey, meta.parts, EVIL, created_at=time.time()))
+    reset_opencl_stats()
+    cache = rc.Cache(store, secret=SECRET)
+    module = OpenCLModule(ctx, {"plus_one": KERNEL}, cache=cache)
+    assert module.build_all(workers=1) == 1  # rebuilt from source, not loaded
+    assert cache.stats().rejected == len(cached) and cache.stats().hits == 0
+    assert opencl_stats().binary_loads == 0 and opencl_stats().source_builds == 1
