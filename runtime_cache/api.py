@@ -45,6 +45,7 @@ __all__ = [
     "StoredItem",
     "parse_duration",
     "parse_size",
+    "redact_url",
 ]
 
 
@@ -180,14 +181,17 @@ def parse_size(text: str | int) -> int:
     1572864
     """
     if isinstance(text, int):
-        if text < 0:
-            raise InvalidURLError(f"a size cannot be negative: {text}")
+        if not 0 <= text < 2**63:
+            raise InvalidURLError(f"a size must be 0 to 2**63-1 bytes: {text}")
         return text
     match = _SIZE.match(text)
     unit = (match.group(2) or "").lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         raise InvalidURLError(f"not a size: {text!r} (try 500MB, 64KiB or 1024)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    size = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not size < 2**63:  # also catches inf from a long run of digits
+        raise InvalidURLError(f"size {text!r} is too large")
+    return int(size)
 
 
 def parse_duration(text: str | float) -> float:
@@ -197,13 +201,28 @@ def parse_duration(text: str | float) -> float:
     7200.0
     """
     if isinstance(text, (int, float)):
-        if text < 0:
-            raise InvalidURLError(f"a duration cannot be negative: {text}")
+        if not 0 <= text < 10**12:  # also refuses NaN and inf
+            raise InvalidURLError(f"a duration must be 0 to 10**12 seconds: {text}")
         return float(text)
     match = _DURATION.match(text)
     if match is None:
         raise InvalidURLError(f"not a duration: {text!r} (try 250ms, 30s, 2h or 30d)")
-    return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+    seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+    if not seconds < 10**12:  # about 31,700 years; also catches inf from a long run of digits
+        raise InvalidURLError(f"duration {text!r} is too long")
+    return seconds
+
+
+_PASSWORD = re.compile(r"^(['\"]?[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:)[^/?#@]*@")
+
+
+def redact_url(url: object) -> str:
+    """Return ``repr(url)`` with any password in it replaced by ``***``, for messages and logs.
+
+    >>> redact_url("redis://app:hunter2@cache:6379/0")
+    "'redis://app:***@cache:6379/0'"
+    """
+    return _PASSWORD.sub(r"\1***@", repr(url))
 
 
 @dataclass(frozen=True)
@@ -227,16 +246,17 @@ class BackendURL:
     def parse(cls, url: str) -> BackendURL:
         """Split ``url``; raise :class:`InvalidURLError` when it is not a URL."""
         if not isinstance(url, str) or "://" not in url:
-            raise InvalidURLError(f"not a backend URL (expected scheme://...): {url!r}")
+            raise InvalidURLError(f"not a backend URL (expected scheme://...): {redact_url(url)}")
         if "\x00" in url or len(url) > 4096:
             raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
         try:
             parts: SplitResult = urlsplit(url)
             options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+            _ = parts.port  # a non-numeric or out-of-range port fails here, not at first use
         except ValueError as exc:
-            raise InvalidURLError(f"cannot parse backend URL {url!r}: {exc}") from exc
+            raise InvalidURLError(f"cannot parse backend URL {redact_url(url)}: {exc}") from exc
         if not parts.scheme:
-            raise InvalidURLError(f"backend URL has no scheme: {url!r}")
+            raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
         return cls(parts.scheme.lower(), parts.netloc, parts.path, options, url)
 
     def pop(self, name: str, default: str | None = None) -> str | None:
@@ -247,4 +267,5 @@ class BackendURL:
         """Raise :class:`InvalidURLError` if options are left that nobody took."""
         if self.options:
             names = ", ".join(sorted(self.options))
-            raise InvalidURLError(f"unknown option(s) {names} in backend URL {self.raw!r}")
+            where = redact_url(self.raw)
+            raise InvalidURLError(f"unknown option(s) {names} in backend URL {where}")

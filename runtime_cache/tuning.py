@@ -299,9 +299,12 @@ class TuningCache:
                     continue  # another module, device, runtime or purpose
                 entry = cache.decode(claimed.key, blob)
                 record = decode_record(entry.value, self.max_record_size)
+                # Inside the try: a record can re-encode larger than it came (msgpack
+                # float32 read back as float64) and fail the size limit; skip it.
+                stored = self.put(symbol, record, tune_seconds=entry.build_seconds)
             except (CorruptEntryError, InvalidRecordError) as exc:
                 log.warning("runtime-cache: skipped a tuning record while loading: %s", exc)
                 continue
-            if self.put(symbol, record, tune_seconds=entry.build_seconds):
+            if stored:
                 accepted += 1
         return accepted
