@@ -10,9 +10,11 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TextIO
 
+from . import listing
+from .api import StoredItem
 from .cache import Cache
 from .cli_format import (
     human_age,
@@ -158,43 +160,25 @@ def resolve_key(cache: Cache, text: str) -> str:
 
 
 def read_info(cache: Cache, skey: str) -> tuple[EntryInfo, dict[str, Any]] | None:
-    """Read one entry's metadata from the head of its blob (the value is not read).
+    """Read one entry's metadata and extras from the head of its blob (never the value).
 
     Returns ``(info, extra)`` or ``None`` when the key is absent; raises
     :class:`CorruptEntryError` when the head does not decode.
     """
     backend = cache.backend
-    head = backend.head(skey, 4096)
-    if head is None:
-        return None
-    meta, needed, signed = decode_meta(head, cache.limits)
-    if not meta:
-        head = backend.head(skey, needed)
-        if head is None:
-            return None
-        meta, _, signed = decode_meta(head, cache.limits)
-        if not meta:
-            raise CorruptEntryError("entry head is truncated")
-    if meta["k"] != skey:
-        raise CorruptEntryError(f"entry stored under {skey!r} holds key {meta['k']!r}")
     stored = next((item for item in backend.scan(skey) if item.key == skey), None)
-    parts = meta["p"]
-    info = EntryInfo(
-        key=meta["k"],
-        runtime=str(parts.get("runtime", "")),
-        purpose=str(parts.get("purpose", "")),
-        module_id=str(parts.get("module_id", "")),
-        device=parts.get("device"),
-        parts=parts,
-        size=meta["n"],
-        stored_size=stored.size if stored else len(head),
-        created_at=meta["c"],
-        build_seconds=meta["b"],
-        producer=meta["v"],
-        signed=signed,
-        hits=stored.hits if stored else None,
-        last_access=stored.last_access if stored else None,
-    )
+    try:
+        info = listing.read_info(backend, stored or StoredItem(skey, 0), cache.limits)
+    except KeyError:
+        return None
+    if info.key != skey:
+        raise CorruptEntryError(f"entry stored under {skey!r} holds key {info.key!r}")
+    head = backend.head(skey, listing.HEAD_SIZE) or b""
+    meta, needed, _ = decode_meta(head, cache.limits)
+    if not meta:  # metadata larger than the first read
+        meta, _, _ = decode_meta(backend.head(skey, needed) or b"", cache.limits)
+    if stored is None:  # the backend's listing missed it: report what the head says
+        info = replace(info, stored_size=len(head))
     return info, dict(meta.get("x", {}))
 
 
