@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -168,7 +169,7 @@ def section(results: Path = RESULTS, images: Path = IMAGES, draw: bool = True) -
         has_plot = plot(name, rows, image) if draw else image.exists()
         text += ["", table(rows)]
         if has_plot:
-            relative = image.relative_to(PAGE.parent).as_posix()
+            relative = Path(os.path.relpath(image, PAGE.parent)).as_posix()
             text += ["", f"![{name}]({relative})"]
         parts.append("\n".join(text))
     return "\n\n".join(parts)

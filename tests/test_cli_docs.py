@@ -60,3 +60,44 @@ def test_global_options_are_documented(capsys: pytest.CaptureFixture[str]) -> No
         assert option in help_text and f"`{option}`" in reference
     for command in _commands():
         assert command in help_text and f"## `{command}`" in reference
+
+
+def _plot_module() -> ModuleType:
+    path = DOCS.parent / "benchmarks" / "plot.py"
+    spec = importlib.util.spec_from_file_location("bench_plot", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_plots_handle_whichever_results_exist(tmp_path: Path) -> None:
+    plot = _plot_module()
+    results, images = tmp_path / "results", tmp_path / "img"
+    results.mkdir()
+    assert "No results yet" in plot.section(results, images)
+    (results / "nested.json").write_text(
+        '{"meta": {"rounds": 3}, "results": {"1KiB": {"dir": {"get_us": 20.5, "ratio": 1.4},'
+        ' "memory": {"get_us": 0.8, "ratio": 0.05}}}}'
+    )
+    (results / "records.json").write_text(
+        '[{"case": "cold", "median_s": 2.5}, {"case": "warm", "median_s": 0.1}]'
+    )
+    (results / "text_only.json").write_text('{"note": "nothing numeric"}')
+    (results / "broken.json").write_text("{not json")
+    text = plot.section(results, images)
+    assert "| 1KiB | dir | 20.5 | 1.4 |" in text
+    assert "| cold | 2.5 |" in text and "| warm | 0.1 |" in text
+    assert "Run conditions: rounds: 3." in text
+    assert "Unreadable results file" in text
+    assert sorted(p.name for p in images.iterdir()) == ["nested.png", "records.png"]
+    assert (images / "nested.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmark_section_is_replaced_between_markers() -> None:
+    plot = _plot_module()
+    page = f"# B\n\nprose\n\n{plot.START}\nold table\n{plot.END}\n\nafter\n"
+    updated = plot.rewrite(page, "NEW")
+    assert "old table" not in updated and "NEW" in updated
+    assert updated.startswith("# B\n\nprose") and updated.endswith("after\n")
+    assert plot.rewrite(updated, "NEW") == updated
