@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TextIO, TypeVar
 
-from .cli_commands import CommandContext
+from .cli_commands import CommandContext, reads_not_counted
 from .cli_format import human_size
 from .codec import decode_bundle, encode_bundle, normalize_secret
 from .errors import CorruptEntryError, InvalidBundleError
@@ -94,7 +94,8 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     blobs: list[bytes] = []
     bad: list[str] = []
     for batch in _batches(keys):
-        stored = cache.backend.get_many(list(batch))
+        with reads_not_counted(cache.backend):
+            stored = cache.backend.get_many(list(batch))
         for skey in batch:
             blob = stored.get(skey)
             if blob is None:

@@ -9,12 +9,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TextIO
 
 from . import listing
-from .api import StoredItem
+from .api import Backend, StoredItem
 from .cache import Cache
 from .cli_format import (
     human_age,
@@ -43,6 +44,7 @@ __all__ = [
     "cmd_stats",
     "cmd_verify",
     "read_info",
+    "reads_not_counted",
     "resolve_key",
 ]
 
@@ -94,6 +96,25 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (tuple, set, frozenset)):
         return list(value)
     return str(value)
+
+
+@contextmanager
+def reads_not_counted(backend: Backend) -> Iterator[None]:
+    """Within the block, reads by maintenance (verify, export) are not counted as uses.
+
+    A backend that tracks access on ``get`` through a ``track_access`` switch
+    (the directory backend) has it turned off meanwhile, so exporting or
+    verifying a cache neither adds hits nor makes every entry "recently used"
+    for LRU pruning. Other backends are left as they are.
+    """
+    saved = getattr(backend, "track_access", None)
+    if isinstance(saved, bool):
+        backend.track_access = False  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if isinstance(saved, bool):
+            backend.track_access = saved  # type: ignore[attr-defined]
 
 
 def _clip(text: str, width: int) -> str:
@@ -394,7 +415,8 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Check every entry; exit code 1 when bad ones were found (removed with ``--repair``)."""
-    report = verify(ctx.cache, repair=args.repair)
+    with reads_not_counted(ctx.cache.backend):
+        report = verify(ctx.cache, repair=args.repair)
     if args.json:
         ctx.emit_json(
             {

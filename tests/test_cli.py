@@ -455,3 +455,26 @@ def test_installed_script_runs_in_a_subprocess(cache: rc.Cache, root: Path) -> N
     assert sorted(e["key"] for e in json.loads(proc.stdout)) == sorted(map(str, keys))
     proc = subprocess.run([script, "rm", "--cache", f"dir://{root}", "nothere"], timeout=120)
     assert proc.returncode == 1
+
+
+def test_export_and_verify_do_not_count_as_uses(
+    run: Run, cache: rc.Cache, root: Path, tmp_path: Path
+) -> None:
+    keys = fill(cache, 3)
+    reader = rc.Cache(DirectoryBackend(root, max_size=None))
+    assert reader.get(keys[0]) is not None
+    reader.close()
+    old = 1_700_000_000
+    for k in keys:
+        os.utime(entry_file(root, k), (old, old))
+    before = {e["key"]: (e["hits"], e["last_access"]) for e in run.json("ls")}
+    assert before[str(keys[0])] == (1, old)
+    assert run("export", str(tmp_path / "b.rcb"))[0] == 0
+    assert run("verify")[0] == 0
+    assert {e["key"]: (e["hits"], e["last_access"]) for e in run.json("ls")} == before
+    # A real use still counts.
+    reader = rc.Cache(DirectoryBackend(root, max_size=None))
+    assert reader.get(keys[1]) is not None
+    reader.close()
+    after = {e["key"]: e for e in run.json("ls")}
+    assert after[str(keys[1])]["hits"] == 1 and after[str(keys[1])]["last_access"] > old
