@@ -9,7 +9,8 @@ Guarantees:
 
 * Writes go to a temp file in the target folder, then ``os.replace``: a reader
   sees the old file or the new one, never a torn one. A writer killed midway
-  leaves only a temp file, which readers never see and :meth:`vacuum` removes.
+  leaves only a temp file, which readers never see and :meth:`vacuum` removes
+  (at once: a writer holds a lock on its temp file, which dies with it).
 * Folders are created ``0700`` and files ``0600``. Reads open with
   ``O_NOFOLLOW``, and ``os.replace`` replaces a planted symlink instead of
   writing through it.
@@ -42,6 +43,7 @@ from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
 from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
 
 from .hits_journal import HitsJournal
+from .temp_files import create_locked, remove_if_orphaned
 
 __all__ = ["DirectoryBackend"]
 
@@ -54,13 +56,6 @@ _MAX_DEPTH = 16
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_O_WRITE = (
-    os.O_WRONLY
-    | os.O_CREAT
-    | os.O_EXCL
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
 _TEMP_PREFIX = ".tmp-"
 _HITS = ".hits"
 _TEMP_MAX_AGE = 300.0
@@ -227,29 +222,16 @@ class DirectoryBackend(Backend):
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
         folder = os.path.dirname(path)
-        temp = os.path.join(
-            folder, f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
-        )
         try:
-            if folder not in self._known_dirs:
-                self._makedirs(folder)
-                self._known_dirs.add(folder)
-            fd = os.open(temp, _O_WRITE, 0o600)
             try:
-                view = memoryview(value)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
+                self._write(folder, path, value)
+            except FileNotFoundError:
+                # The folder was removed under us (a clear, an rm -rf), or a cleaner
+                # took our temp file in the instant before we locked it: once more.
+                self._known_dirs.discard(folder)
+                self._write(folder, path, value)
         except OSError as exc:
             self._known_dirs.discard(folder)
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
             error = self._error("write", exc)
             if isinstance(error, ReadOnlyBackendError):
                 self._read_only = True
@@ -259,6 +241,31 @@ class DirectoryBackend(Backend):
                 )
             raise error from exc
         self._account(len(value))
+
+    def _write(self, folder: str, path: str, value: bytes) -> None:
+        temp = os.path.join(
+            folder, f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        )
+        if folder not in self._known_dirs:
+            self._makedirs(folder)
+            self._known_dirs.add(folder)
+        fd = create_locked(temp)
+        try:
+            view = memoryview(value)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.fsync:
+                os.fsync(fd)
+            # Replaced while still open, so the lock tells vacuum() we are alive.
+            os.replace(temp, path)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+        finally:
+            os.close(fd)
 
     def _makedirs(self, folder: str) -> None:
         # os.makedirs applies ``mode`` to the leaf only; every level we create is 0700.
@@ -378,20 +385,17 @@ class DirectoryBackend(Backend):
         return removed
 
     def vacuum(self) -> int:
-        """Remove stale temp files (older than 5 minutes) and compact the hits journal."""
+        """Remove temp files that dead writers left, and compact the hits journal.
+
+        A temp file whose writer is gone (its lock is free) goes at once; where
+        the file system has no locks, one not written for 5 minutes goes.
+        """
         removed = 0
-        cutoff = time.time() - _TEMP_MAX_AGE
+        now = time.time()
         for folder, _dirs, files in os.walk(self.root):
             for name in files:
-                if not name.startswith(_TEMP_PREFIX):
-                    continue
-                path = os.path.join(folder, name)
-                try:
-                    if os.stat(path, follow_symlinks=False).st_mtime < cutoff:
-                        os.unlink(path)
-                        removed += 1
-                except OSError:
-                    continue
+                if name.startswith(_TEMP_PREFIX):
+                    removed += remove_if_orphaned(os.path.join(folder, name), _TEMP_MAX_AGE, now)
         self._compact_hits()
         try:
             (self.root / ".vacuumed").touch(mode=0o600)
