@@ -72,7 +72,7 @@ def select_device(spec: str | None = None) -> Any:
 
 def fingerprint(device: Any) -> dict[str, Any]:
     """The device's fingerprint for cache keys, as the OpenCL consumer computes it."""
-    from ..opencl.fingerprint import device_fingerprint  # TODO: package import when exported
+    from ..opencl import device_fingerprint
 
     return device_fingerprint(device)
 
@@ -86,6 +86,6 @@ def build(
     cache: Cache,
 ) -> Any:
     """Return a built ``pyopencl.Program`` for ``source``, from the cache when it can."""
-    from ..opencl.program import build_program  # TODO: package import when exported
+    from ..opencl import build_program
 
     return build_program(context, source, tuple(options), module_id=module_id, cache=cache)

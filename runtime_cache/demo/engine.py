@@ -35,6 +35,7 @@ class Prepared:
     """One layer ready to run: its kernel, record, and whether it was tuned in this process."""
 
     layer: Layer
+    program: Any
     kernel: Any
     record: dict[str, Any]
     tuned: bool
@@ -80,8 +81,8 @@ class Engine:
         self.prepared: list[Prepared] = []
 
     # ------------------------------------------------------------------ programs
-    def build_kernel(self, layer: Layer, tile: int) -> Any:
-        """Build ``layer``'s program for ``tile`` through the cache; return its kernel.
+    def build_kernel(self, layer: Layer, tile: int) -> tuple[Any, Any]:
+        """Build ``layer``'s program for ``tile`` through the cache; return (program, kernel).
 
         The time counts as ``load`` when the binaries came from the cache and
         as ``compile`` when the driver compiled the source.
@@ -98,7 +99,7 @@ class Engine:
             after = self.cache.stats()
             compiled = after.misses > before.misses or after.stores > before.stores
             phase.name = "compile" if compiled else "load"
-            return self._cl.Kernel(program, layer.kernel_name)
+            return program, self._cl.Kernel(program, layer.kernel_name)
 
     def _args(self, index: int) -> list[Any]:
         layer = self.model.layers[index]
@@ -126,7 +127,7 @@ class Engine:
         with self.phases.open("tune"):
             result = tune(
                 lambda tile: self.build_kernel(layer, tile),
-                lambda kernel, tile, local: self._launch(index, kernel, tile, local).wait(),
+                lambda built, tile, local: self._launch(index, built[1], tile, local).wait(),
                 candidates,
                 on_trial=trial_done,
             )
@@ -156,11 +157,11 @@ class Engine:
                         layer.symbol, lambda: self._tune(index, kernels)
                     )
             tile = int(record["tile"])
-            kernel = kernels.get(tile)
+            built = kernels.get(tile)
             tuned = bool(kernels)
-            if kernel is None:
-                kernel = self.build_kernel(layer, tile)
-            self.prepared.append(Prepared(layer, kernel, record, tuned))
+            if built is None:
+                built = self.build_kernel(layer, tile)
+            self.prepared.append(Prepared(layer, built[0], built[1], record, tuned))
             if self.progress is not None:
                 self.progress.step(f"{'tuned' if tuned else 'loaded'} {layer.symbol}")
         return self.prepared
@@ -180,3 +181,14 @@ class Engine:
             cl.enqueue_copy(self.queue, out, self._activations[-1])
             self.queue.finish()
         return out
+
+    def recapture(self) -> int:
+        """Store again the binaries the driver completed at first launch; how many changed.
+
+        PoCL compiles a work-group function for each local size at the first
+        launch and adds it to the program binary; storing the binary again
+        lets the next process skip that compile as well.
+        """
+        from ..opencl import recapture_binaries
+
+        return sum(recapture_binaries(item.program) for item in self.prepared)

@@ -50,17 +50,20 @@ __kernel void conv3x3(__global const float *restrict x,
 """
 
 _MAXPOOL2 = """
-/* 2x2 max pooling, stride 2, NCHW. Work item i: output element i. */
+/* 2x2 max pooling, stride 2, NCHW. Work item g: output elements g*TILE .. g*TILE+TILE-1. */
 __kernel void maxpool2(__global const float *restrict x, __global float *restrict y)
 {
-    const int i = get_global_id(0);
-    const int ox = i % OW;
-    const int oy = (i / OW) % OH;
-    const int bc = i / (OW * OH);
-    const int base = (bc * (2 * OH) + 2 * oy) * (2 * OW) + 2 * ox;
-    const float a = fmax(x[base], x[base + 1]);
-    const float c = fmax(x[base + 2 * OW], x[base + 2 * OW + 1]);
-    y[i] = fmax(a, c);
+    const int g = get_global_id(0);
+    for (int t = 0; t < TILE; ++t) {
+        const int i = g * TILE + t;
+        const int ox = i % OW;
+        const int oy = (i / OW) % OH;
+        const int bc = i / (OW * OH);
+        const int base = (bc * (2 * OH) + 2 * oy) * (2 * OW) + 2 * ox;
+        const float a = fmax(x[base], x[base + 1]);
+        const float c = fmax(x[base + 2 * OW], x[base + 2 * OW + 1]);
+        y[i] = fmax(a, c);
+    }
 }
 """
 

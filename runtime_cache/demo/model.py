@@ -84,14 +84,15 @@ class Layer:
         if self.kind == "dense":
             return (self.out_shape[1] // tile, batch)
         if self.kind == "maxpool2":
-            return (math.prod(self.out_shape),)
+            return (math.prod(self.out_shape) // tile,)
         return (batch,)
 
     def candidates(self, max_work_group_size: int) -> list[tuple[int, LocalSize]]:
         """Every (tile, local size) pair to try on a device."""
         found: list[tuple[int, LocalSize]] = []
         for tile in self.tiles:
-            if self.weight_shapes is not None and self.out_shape[1] % tile:
+            units = self.out_shape[1] if self.weight_shapes is not None else math.prod(self.out_shape)
+            if units % tile:
                 continue
             size = self.global_size(tile)
             for local in self.local_sizes:
@@ -118,8 +119,8 @@ class Model:
 
 
 _CONV_LOCALS: tuple[LocalSize, ...] = ((16, 1), (64, 1), (8, 4), (32, 2))
-_DENSE_LOCALS: tuple[LocalSize, ...] = ((8, 1), (16, 1), (32, 1), (64, 1))
-_POOL_LOCALS: tuple[LocalSize, ...] = ((16,), (32,), (64,), (128,))
+_DENSE_LOCALS: tuple[LocalSize, ...] = ((2, 1), (5, 1), (8, 1), (32, 1))
+_POOL_LOCALS: tuple[LocalSize, ...] = ((16,), (64,), (128,))
 
 
 def _stack(batch: int, channels: int, size: int, plan: Sequence[Any], tiles: tuple[int, ...]) -> list[Layer]:
@@ -130,10 +131,10 @@ def _stack(batch: int, channels: int, size: int, plan: Sequence[Any], tiles: tup
         kind = step[0]
         if kind == "conv":
             out: Shape = (batch, step[1], shape[2], shape[3])
-            layer = Layer(f"{index:02d}_conv3x3", "conv3x3", shape, out, tiles, _CONV_LOCALS)
+            layer = Layer(f"{index:02d}_conv3x3", "conv3x3", shape, out, tiles[:3], _CONV_LOCALS)
         elif kind == "pool":
             out = (batch, shape[1], shape[2] // 2, shape[3] // 2)
-            layer = Layer(f"{index:02d}_maxpool2", "maxpool2", shape, out, (1,), _POOL_LOCALS)
+            layer = Layer(f"{index:02d}_maxpool2", "maxpool2", shape, out, tiles[:2], _POOL_LOCALS)
         elif kind == "dense":
             flat: Shape = (batch, math.prod(shape[1:]))
             out = (batch, step[1])
@@ -168,7 +169,7 @@ MODELS: dict[str, tuple[int, int, int, tuple[Any, ...], tuple[int, ...]]] = {
             ("dense", 10, False),
             ("softmax",),
         ),
-        (1, 2, 4),
+        (1, 2, 4, 8),
     ),
     "tiny": (
         1,

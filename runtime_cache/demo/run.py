@@ -30,24 +30,6 @@ from typing import Any  # noqa: E402
 __all__ = ["first_inference", "main"]
 
 
-def _recapture(engine: Any) -> tuple[int, float]:
-    """Store binaries again where the driver added code at launch; (programs, seconds).
-
-    PoCL compiles a work-group function per local size at first launch and
-    keeps it in the program binary; storing the binary again after the first
-    inference lets the next process skip that compile too.
-    """
-    try:
-        from ..opencl import recapture_binaries  # type: ignore[attr-defined]
-    except ImportError:
-        return 0, 0.0
-    started = time.perf_counter()
-    count = 0
-    for item in engine.prepared:
-        count += int(bool(recapture_binaries(item.kernel.program)))
-    return count, time.perf_counter() - started
-
-
 def first_inference(model_name: str, device_spec: str | None, progress_label: str | None,
                     started: float = _STARTED) -> dict[str, Any]:
     """Prepare the model and run it once; return the report as a dict."""
@@ -70,7 +52,9 @@ def first_inference(model_name: str, device_spec: str | None, progress_label: st
     seconds = phases.total()
     progress.close()
     stats = cache.stats()
-    recaptured, recapture_seconds = _recapture(engine)
+    recapture_started = time.perf_counter()
+    recaptured = engine.recapture()
+    recapture_seconds = time.perf_counter() - recapture_started
     expected = reference(model, engine.input, make_weights(model))
     return {
         "model": model.name,
