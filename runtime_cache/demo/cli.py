@@ -65,7 +65,9 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--device", metavar="SPEC", help="an OpenCL device: an index, or part of its name"
     )
     parser.add_argument("--model", default="cnn", choices=("cnn", "tiny"), help="the model")
-    parser.add_argument("--tiny", action="store_true", help="the 5-layer model (same as --model tiny)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="the 5-layer model (same as --model tiny)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--keep",
@@ -129,7 +131,9 @@ def _remove(cache: Cache, module_id: str) -> int:
 
 
 # ---------------------------------------------------------------------- the runs
-def _child(label: str, model: str, device: str, env: dict[str, str], progress: bool) -> dict[str, Any]:
+def _child(
+    label: str, model: str, device: str, env: dict[str, str], progress: bool
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "runtime_cache.demo.run", "--model", model, "--device", device]
     if progress:
         command += ["--progress", label]

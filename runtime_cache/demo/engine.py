@@ -11,6 +11,7 @@ the cache too. The time of each step is charged to a phase of
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,15 @@ class Engine:
         progress: a progress line to advance per layer (optional).
     """
 
-    def __init__(self, model: Model, device: Any, *, cache: Cache, phases: Phases,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        device: Any,
+        *,
+        cache: Cache,
+        phases: Phases,
+        progress: Progress | None = None,
+    ) -> None:
         import numpy as np
         import pyopencl as cl
 
@@ -65,7 +73,9 @@ class Engine:
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context)
         self.max_work_group = int(device.max_work_group_size)
-        self.tuning = TuningCache(model.module_id, RUNTIME, devices.fingerprint(device), cache=cache)
+        self.tuning = TuningCache(
+            model.module_id, RUNTIME, devices.fingerprint(device), cache=cache
+        )
         flags = cl.mem_flags
         self.input = make_input(model)
         self._activations = [cl.Buffer(self.context, flags.READ_WRITE, self.input.nbytes)]
@@ -147,15 +157,14 @@ class Engine:
             kernels: dict[int, Any] = {}
             if self.progress is not None:
                 self.progress.show(f"load {layer.symbol}")
+            retune = functools.partial(self._tune, index, kernels)
             with self.phases.open("load"):
-                record = self.tuning.get_or_tune(layer.symbol, lambda: self._tune(index, kernels))
+                record = self.tuning.get_or_tune(layer.symbol, retune)
             if not self._valid(layer, record):
                 # A record this layer cannot use (edited, or from an older model): re-tune.
                 with self.phases.open("load"):
                     self.tuning.delete(layer.symbol)
-                    record = self.tuning.get_or_tune(
-                        layer.symbol, lambda: self._tune(index, kernels)
-                    )
+                    record = self.tuning.get_or_tune(layer.symbol, retune)
             tile = int(record["tile"])
             built = kernels.get(tile)
             tuned = bool(kernels)

@@ -91,12 +91,16 @@ class Layer:
         """Every (tile, local size) pair to try on a device."""
         found: list[tuple[int, LocalSize]] = []
         for tile in self.tiles:
-            units = self.out_shape[1] if self.weight_shapes is not None else math.prod(self.out_shape)
+            units = (
+                self.out_shape[1] if self.weight_shapes is not None else math.prod(self.out_shape)
+            )
             if units % tile:
                 continue
             size = self.global_size(tile)
             for local in self.local_sizes:
-                fits = len(local) == len(size) and all(g % n == 0 for g, n in zip(size, local))
+                fits = len(local) == len(size) and all(
+                    g % n == 0 for g, n in zip(size, local, strict=False)
+                )
                 if fits and math.prod(local) <= max_work_group_size:
                     found.append((tile, local))
         return found or [(1, tuple(1 for _ in self.global_size(1)))]
@@ -123,8 +127,13 @@ _DENSE_LOCALS: tuple[LocalSize, ...] = ((2, 1), (5, 1), (8, 1), (32, 1))
 _POOL_LOCALS: tuple[LocalSize, ...] = ((16,), (64,), (128,))
 
 
-def _stack(batch: int, channels: int, size: int, plan: Sequence[Any], tiles: tuple[int, ...]) -> list[Layer]:
-    """Lay out layers from a plan of ("conv", cout) | ("pool",) | ("dense", n, relu) | ("softmax",)."""
+def _stack(
+    batch: int, channels: int, size: int, plan: Sequence[Any], tiles: tuple[int, ...]
+) -> list[Layer]:
+    """Lay out layers from a plan of steps.
+
+    A step is ``("conv", cout)``, ``("pool",)``, ``("dense", n, relu)`` or ``("softmax",)``.
+    """
     layers: list[Layer] = []
     shape: Shape = (batch, channels, size, size)
     for index, step in enumerate(plan, 1):
@@ -231,7 +240,9 @@ def _conv3x3(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(np.maximum(out + b[None, :, None, None], 0.0))
 
 
-def reference(model: Model, x: np.ndarray, weights: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def reference(
+    model: Model, x: np.ndarray, weights: dict[str, tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
     """The model's output computed in numpy, in float64."""
     import numpy as np
 

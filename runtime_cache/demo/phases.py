@@ -83,8 +83,14 @@ class Progress:
         progress.close()
     """
 
-    def __init__(self, total: int, label: str = "", stream: TextIO | None = None,
-                 enabled: bool | None = None, width: int = 24) -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str = "",
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        width: int = 24,
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.total = max(total, 1)

@@ -79,9 +79,7 @@ def format_text(result: dict[str, Any]) -> str:
     if entries:
         kinds = ", ".join(f"{n} {purpose}" for purpose, n in sorted(entries["by_purpose"].items()))
         fate = (
-            "kept (see `runtime-cache ls`)"
-            if result.get("kept")
-            else "removed (--keep keeps them)"
+            "kept (see `runtime-cache ls`)" if result.get("kept") else "removed (--keep keeps them)"
         )
         lines.append(
             f"cache entries: {entries['count']} ({kinds}), {_size(entries['bytes'])}; {fate}"

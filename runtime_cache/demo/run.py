@@ -30,8 +30,9 @@ from typing import Any  # noqa: E402
 __all__ = ["first_inference", "main"]
 
 
-def first_inference(model_name: str, device_spec: str | None, progress_label: str | None,
-                    started: float = _STARTED) -> dict[str, Any]:
+def first_inference(
+    model_name: str, device_spec: str | None, progress_label: str | None, started: float = _STARTED
+) -> dict[str, Any]:
     """Prepare the model and run it once; return the report as a dict."""
     import numpy as np
 

@@ -35,8 +35,9 @@ DEFAULT_WARMUP = 1
 DEFAULT_REPEATS = 5
 
 
-def median_ms(run: Callable[[], None], *, warmup: int = DEFAULT_WARMUP,
-              repeats: int = DEFAULT_REPEATS) -> float:
+def median_ms(
+    run: Callable[[], None], *, warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS
+) -> float:
     """Call ``run`` ``warmup`` times untimed, then ``repeats`` times; the median in ms."""
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
