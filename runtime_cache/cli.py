@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -111,6 +112,12 @@ def build_parser(plugins: Sequence[str] = PLUGINS) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 problems found, 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"runtime-cache {__version__}")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also print the library's warnings (the command reports errors itself)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -244,12 +251,25 @@ def open_cache(url: str | None, secret: str | None) -> Cache:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``runtime-cache`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    # The cache is strict here, so failures come back as errors that the command
+    # reports; the library's own warnings ("carrying on without the cache") only
+    # confuse a one-shot command unless asked for.
+    logging.basicConfig(format="%(message)s")
+    logger = logging.getLogger("runtime_cache")
+    saved_level = logger.level
+    logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
+    try:
+        return _run(args)
+    finally:
+        logger.setLevel(saved_level)  # main() may run inside a host process (tests, notebooks)
+
+
+def _run(args: argparse.Namespace) -> int:
     args.cache = getattr(args, "cache", None)
     args.secret = getattr(args, "secret", None)
     handler = getattr(args, "handler", None)
@@ -272,8 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), 2)
     except RuntimeCacheError as exc:
         return _fail(f"{type(exc).__name__}: {exc}", 1)
-    except BrokenPipeError:  # `runtime-cache ls | head`
-        sys.stderr.close()
+    except BrokenPipeError:  # `runtime-cache ls | head`: the reader has seen enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
         return 0
     finally:
         cache.close()

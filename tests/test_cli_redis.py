@@ -1,0 +1,84 @@
+"""The runtime-cache command on a real redis-server: listings, bundles, verify, and a server
+that is down being reported (exit code 1), never shown as an empty cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.cli import main
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+
+def _run(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main(["--cache", url, *argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def _keys(n: int) -> list[rc.CacheKey]:
+    return [
+        rc.make_key(module_id="net@1", runtime="opencl", purpose=p, device={"name": "X"}, i=i)
+        for i, p in enumerate(["program-binary", "tuning"] * (n // 2))
+    ]
+
+
+def test_listing_bundles_and_verify_on_redis(
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    cache = rc.Cache(rc.open_backend(url))
+    keys = _keys(6)
+    for k in keys:
+        cache.put(k, b"value of " + str(k).encode(), build_seconds=0.5)
+    code, listed = _run(capsys, url, "ls")
+    assert code == 0 and sorted(e["key"] for e in listed) == sorted(map(str, keys))
+    code, stats = _run(capsys, url, "stats")
+    assert stats["overall"]["entries"] == 6
+    assert {g["purpose"] for g in stats["groups"]} == {"program-binary", "tuning"}
+
+    bundle = tmp_path / "fleet.rcb"
+    assert _run(capsys, url, "export", str(bundle))[1]["entries"] == 6
+    assert main(["--cache", url, "clear", "--yes"]) == 0
+    assert _run(capsys, url, "ls") == (0, [])
+    assert _run(capsys, url, "import", str(bundle))[1]["accepted"] == 6
+    code, again = _run(capsys, url, "ls")
+    assert [(e["key"], e["parts"], e["created_at"]) for e in again] == [
+        (e["key"], e["parts"], e["created_at"]) for e in listed
+    ]
+
+    blob = cache.backend.get(str(keys[2]))
+    assert blob is not None
+    cache.backend.set(str(keys[2]), blob[:-1] + bytes([blob[-1] ^ 1]))
+    code, report = _run(capsys, url, "verify", "--repair")
+    assert code == 1 and [b["key"] for b in report["bad"]] == [str(keys[2])]
+    assert report["removed"] == 1
+    assert sorted(cache.backend.keys()) == sorted(str(k) for k in keys if k != keys[2])
+    main(["--cache", url, "clear", "--yes"])
+    cache.close()
+
+
+def test_a_server_that_is_down_is_an_error_not_an_empty_cache(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from redis_servers import free_port, require_redis
+
+    require_redis("redis-server")  # the redis extra is what is under test here
+    url = f"redis://127.0.0.1:{free_port()}/0?timeout=500ms&connect_timeout=200ms"
+    code = main(["--cache", url, "ls", "--json"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert "error" in captured.err
