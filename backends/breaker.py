@@ -8,7 +8,9 @@ network. When the window ends, one call is let through as a probe. A probe that
 fails doubles the window (up to a cap); one that succeeds closes the breaker.
 
 It logs once per outage: a warning when it opens and an info line when it
-closes, never once per call.
+closes, never once per call. A failure soon after recovering (within the last
+window) is a relapse of the same outage, as when one node of a cluster is still
+down: the window keeps growing and nothing new is logged.
 
 Example::
 
@@ -85,6 +87,8 @@ class CircuitBreaker:
         self._probes = 0
         self._fast_failures = 0
         self._last_error = ""
+        self._calm_until = 0.0
+        self._announced_close = False
 
     @property
     def state(self) -> str:
@@ -137,28 +141,44 @@ class CircuitBreaker:
             if self._state == "closed":
                 return
             self._state = "closed"
-            self._delay = self.backoff
             self._probe_thread = None
-        log.info("runtime-cache: %s is reachable again; circuit closed", self.name)
+            # Until a quiet window has passed, a new failure is a relapse of this
+            # outage (e.g. one node of a cluster still down), not a new one.
+            self._calm_until = self._clock() + self._delay
+            announce, self._announced_close = not self._announced_close, True
+        if announce:
+            log.info("runtime-cache: %s is reachable again; circuit closed", self.name)
+        else:
+            log.debug("runtime-cache: %s answered again after a relapse", self.name)
 
-    def failure(self, exc: BaseException) -> None:
-        """Record a failed call: open the breaker, or lengthen the window after a failed probe."""
+    def now(self) -> float:
+        """The breaker's clock; pass a reading taken before a call to :meth:`failure`."""
+        return self._clock()
+
+    def failure(self, exc: BaseException, started: float | None = None) -> None:
+        """Record a failed call: open the breaker, or lengthen the window after a failed probe.
+
+        ``started`` is :meth:`now` when the call began; a slow call that began soon
+        after a recovery is then still seen as a relapse of the same outage.
+        """
         with self._lock:
             now = self._clock()
             self._last_error = f"{type(exc).__name__}: {exc}"
+            first = relapse = False
             if self._state == "closed":
-                self._state = "open"
-                self._delay = self.backoff
-                self._retry_at = now + self._delay
-                self._opened += 1
-                first = True
-            else:
-                if self._state == "probing":
+                relapse = min(now, now if started is None else started) < self._calm_until
+                if relapse:
                     self._delay = min(self._delay * 2, self.max_backoff)
-                self._state = "open"
-                self._probe_thread = None
-                self._retry_at = now + self._delay
-                first = False
+                else:
+                    self._delay = self.backoff
+                    self._opened += 1
+                    self._announced_close = False
+                    first = True
+            elif self._state == "probing":
+                self._delay = min(self._delay * 2, self.max_backoff)
+            self._state = "open"
+            self._probe_thread = None
+            self._retry_at = now + self._delay
         if first:
             log.warning(
                 "runtime-cache: %s is unavailable (%s); failing fast, probing again every "
@@ -168,6 +188,8 @@ class CircuitBreaker:
                 self.backoff,
                 self.max_backoff,
             )
+        elif relapse:
+            log.debug("runtime-cache: %s failed again soon after recovering", self.name)
 
     def reset(self) -> None:
         """Close the breaker and forget its history (e.g. in a forked child)."""
@@ -175,6 +197,7 @@ class CircuitBreaker:
             self._state = "closed"
             self._delay = self.backoff
             self._retry_at = 0.0
+            self._calm_until = 0.0
             self._probe_thread = None
 
     def __repr__(self) -> str:

@@ -217,13 +217,14 @@ class RedisBackend(Backend):
     def _run(self, op: str, call: Callable[[Any], T]) -> T:
         self.breaker.before_call()
         errors = self._redis.exceptions
+        started = self.breaker.now()
         try:
             result = call(self._get_client())
         except errors.MaxConnectionsError as exc:
             self.breaker.success()
             raise BackendError(f"{op} on {self.name}: connection pool exhausted ({exc})") from exc
         except self._unavailable as exc:
-            self.breaker.failure(exc)
+            self.breaker.failure(exc, started)
             raise BackendUnavailableError(f"{op} on {self.name} failed: {exc}") from exc
         except errors.ReadOnlyError as exc:
             self.breaker.success()

@@ -208,3 +208,30 @@ def test_breaker_backoff_grows_to_the_cap_and_closes(caplog: pytest.LogCaptureFi
     assert len(_breaker_records(caplog, logging.WARNING)) == 1
     assert len(_breaker_records(caplog, logging.INFO)) == 1
     assert breaker.stats().opened == 1 and breaker.stats().probes == 6
+
+
+def test_breaker_relapse_is_the_same_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A failure soon after recovering (one cluster node still down) logs nothing new."""
+    from runtime_cache.backends.breaker import CircuitBreaker
+
+    caplog.set_level(logging.INFO)
+    clock = _Clock()
+    breaker = CircuitBreaker("srv", backoff=1.0, max_backoff=8.0, clock=clock)
+    breaker.failure(ConnectionError("node down"))
+    for expected_delay in (2.0, 4.0, 8.0, 8.0):
+        clock.now += 10.0  # the window has passed: this call is the probe
+        breaker.before_call()
+        breaker.success()  # the probe reached a healthy node...
+        clock.now += 0.5
+        breaker.failure(ConnectionError("node down"))  # ...the next call hit the dead one
+        assert breaker.stats().delay == expected_delay
+    assert breaker.stats().opened == 1
+    assert len(_breaker_records(caplog, logging.WARNING)) == 1
+    assert len(_breaker_records(caplog, logging.INFO)) == 1
+    clock.now += 10.0
+    breaker.before_call()
+    breaker.success()
+    clock.now += 100.0  # quiet for longer than the window: the outage is over
+    breaker.failure(ConnectionError("down again"))
+    assert breaker.stats().opened == 2 and breaker.stats().delay == 1.0
+    assert len(_breaker_records(caplog, logging.WARNING)) == 2
