@@ -36,18 +36,9 @@ from ._version import __version__
 from .api import parse_duration, parse_size
 from .cache import Cache
 from .cli_bundle import cmd_export, cmd_import
-from .cli_commands import (
-    SORTS,
-    CommandContext,
-    UsageError,
-    cmd_clear,
-    cmd_ls,
-    cmd_prune,
-    cmd_rm,
-    cmd_show,
-    cmd_stats,
-    cmd_verify,
-)
+from .cli_commands import SORTS, cmd_clear, cmd_ls, cmd_prune, cmd_rm, cmd_show, cmd_verify
+from .cli_context import CommandContext, UsageError
+from .cli_stats import cmd_stats
 from .errors import InvalidURLError, RuntimeCacheError, UnknownBackendError
 
 __all__ = ["PLUGINS", "build_parser", "main", "open_cache"]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TextIO, TypeVar
 
-from .cli_commands import CommandContext, reads_not_counted
+from .cli_context import CommandContext, reads_not_counted
 from .cli_format import human_size
 from .codec import decode_bundle, encode_bundle, normalize_secret
 from .errors import CorruptEntryError, InvalidBundleError

@@ -1,6 +1,8 @@
-"""The listing and maintenance subcommands of ``runtime-cache``: ls, show, stats, rm, clear,
-prune and verify. Each takes the parsed arguments and a :class:`CommandContext` and returns
-an exit code (0 ok, 1 problems found); usage problems raise :class:`UsageError` (exit code 2).
+"""The listing and maintenance subcommands of ``runtime-cache``: ls, show, rm, clear, prune
+and verify. (``stats`` is in :mod:`runtime_cache.cli_stats`, bundles in
+:mod:`runtime_cache.cli_bundle`.) Each takes the parsed arguments and a
+:class:`~runtime_cache.cli_context.CommandContext` and returns an exit code (0 ok, 1
+problems found); usage problems raise ``UsageError`` (exit code 2).
 """
 
 from __future__ import annotations
@@ -8,15 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, fields, replace
+from typing import Any
 
 from . import listing
-from .api import Backend, StoredItem
+from .api import StoredItem
 from .cache import Cache
+from .cli_context import CommandContext, KeyNotFound, UsageError, reads_not_counted
 from .cli_format import (
     human_age,
     human_seconds,
@@ -33,44 +34,15 @@ from .stats import EntryInfo
 
 __all__ = [
     "SORTS",
-    "CommandContext",
-    "KeyNotFound",
-    "UsageError",
     "cmd_clear",
     "cmd_ls",
     "cmd_prune",
     "cmd_rm",
     "cmd_show",
-    "cmd_stats",
     "cmd_verify",
     "read_info",
-    "reads_not_counted",
     "resolve_key",
 ]
-
-
-class UsageError(Exception):
-    """A command line that parses but cannot be run as given (exit code 2)."""
-
-
-class KeyNotFound(LookupError):
-    """No stored key matches what the user typed."""
-
-
-@dataclass
-class CommandContext:
-    """What a subcommand works with: the cache, output streams, the secret and the clock."""
-
-    cache: Cache
-    out: TextIO = field(default_factory=lambda: sys.stdout)
-    err: TextIO = field(default_factory=lambda: sys.stderr)
-    secret: str | None = None
-    now: float = field(default_factory=time.time)
-
-    def emit_json(self, value: Any) -> None:
-        """Write ``value`` as JSON to the output stream."""
-        json.dump(value, self.out, indent=2, sort_keys=False, default=str)
-        self.out.write("\n")
 
 
 # sort name -> (sort key, largest first)
@@ -96,25 +68,6 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (tuple, set, frozenset)):
         return list(value)
     return str(value)
-
-
-@contextmanager
-def reads_not_counted(backend: Backend) -> Iterator[None]:
-    """Within the block, reads by maintenance (verify, export) are not counted as uses.
-
-    A backend that tracks access on ``get`` through a ``track_access`` switch
-    (the directory backend) has it turned off meanwhile, so exporting or
-    verifying a cache neither adds hits nor makes every entry "recently used"
-    for LRU pruning. Other backends are left as they are.
-    """
-    saved = getattr(backend, "track_access", None)
-    if isinstance(saved, bool):
-        backend.track_access = False  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        if isinstance(saved, bool):
-            backend.track_access = saved  # type: ignore[attr-defined]
 
 
 def _clip(text: str, width: int) -> str:
@@ -273,82 +226,6 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
     with open(path, "wb") as handle:
         handle.write(entry.value)
     print(f"wrote {human_size(len(entry.value))} to {path}", file=ctx.err)
-    return 0
-
-
-_SOURCES = {
-    "entries": "the backend listing",
-    "bytes": "stored sizes from the backend listing (framing included)",
-    "hits": "the backend, across processes (null where the backend does not count hits)",
-    "misses": "not stored by backends; counted as one first-build miss per stored entry",
-    "hit_rate": "hits / (hits + misses), with misses counted as above",
-    "build_seconds": "sum of the build time stored in each entry",
-    "seconds_saved": "sum over entries of hits x build time",
-}
-
-
-def _group_stats(infos: Iterable[EntryInfo]) -> dict[str, Any]:
-    entries = total = hits = 0
-    build = saved = 0.0
-    counted = False
-    for info in infos:
-        entries += 1
-        total += info.stored_size
-        build += info.build_seconds
-        if info.hits is not None:
-            counted = True
-            hits += info.hits
-            saved += info.hits * info.build_seconds
-    lookups = hits + entries
-    return {
-        "entries": entries,
-        "bytes": total,
-        "hits": hits if counted else None,
-        "misses": entries,
-        "hit_rate": (hits / lookups if lookups else 0.0) if counted else None,
-        "build_seconds": build,
-        "seconds_saved": saved if counted else None,
-    }
-
-
-def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """Totals overall and per runtime and purpose, from what the backend keeps."""
-    infos = list(ctx.cache.entries(args.runtime, args.purpose, args.module))
-    groups: dict[tuple[str, str], list[EntryInfo]] = {}
-    for info in infos:
-        groups.setdefault((info.runtime, info.purpose), []).append(info)
-    per = [
-        {"runtime": rt, "purpose": pp, **_group_stats(items)}
-        for (rt, pp), items in sorted(groups.items())
-    ]
-    overall = _group_stats(infos)
-    if args.json:
-        ctx.emit_json({"overall": overall, "groups": per, "sources": _SOURCES})
-        return 0
-
-    def row(label: tuple[str, str], s: dict[str, Any]) -> list[str]:
-        rate = s["hit_rate"]
-        return [
-            *label,
-            str(s["entries"]),
-            human_size(s["bytes"]),
-            "-" if s["hits"] is None else str(s["hits"]),
-            str(s["misses"]),
-            "-" if rate is None else f"{rate:.1%}",
-            human_seconds(s["build_seconds"]),
-            human_seconds(s["seconds_saved"]),
-        ]
-
-    headers = ["RUNTIME", "PURPOSE", "ENTRIES", "SIZE", "HITS", "MISSES", "HIT RATE", "BUILD"]
-    rows = [row((g["runtime"], g["purpose"]), g) for g in per] + [row(("total", ""), overall)]
-    print(render_table([*headers, "SAVED"], rows, right=range(2, 9)), file=ctx.out)
-    print(
-        "\nhits:   kept by the backend across processes ('-' where it keeps none)\n"
-        "misses: one first-build miss per stored entry (backends keep no misses;\n"
-        "        Cache.stats() in your app counts them per process)\n"
-        "saved:  hits x build time",
-        file=ctx.out,
-    )
     return 0
 
 
