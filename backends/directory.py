@@ -21,7 +21,10 @@ Guarantees:
   the file's mtime, bumped on every hit (one ``futimens`` call); hits are
   counted in memory and appended to ``<root>/.hits`` in batches.
 
-URL: ``dir:///abs/path?max_size=2GB&fsync=0&track_access=1``; plain ``dir://``
+* A root that another user (not root) owns, or that anyone may write, is
+  refused unless ``shared=1``: whoever can write it could plant entries.
+
+URL: ``dir:///abs/path?max_size=2GB&fsync=0&track_access=1&shared=0``; plain ``dir://``
 is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
 """
 
@@ -84,6 +87,9 @@ class DirectoryBackend(Backend):
         fsync: fsync each file before it is renamed into place (durable on
             power loss, slower).
         track_access: bump mtime and count hits on every get (for LRU and listings).
+        shared: accept a root that another user owns or that anyone may write
+            (a team's shared folder). Without it such a root is refused, since
+            whoever can write it can plant entries; share with ``Cache(secret=...)``.
     """
 
     scheme = "dir"
@@ -96,6 +102,7 @@ class DirectoryBackend(Backend):
         fsync: bool = False,
         track_access: bool = True,
         hits_batch: int = 64,
+        shared: bool = False,
     ) -> None:
         self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(_default_root())
         self.max_size = None if max_size is None else parse_size(max_size)
@@ -120,6 +127,8 @@ class DirectoryBackend(Backend):
             raise self._error("open", exc) from exc
         if not is_dir:
             raise BackendError(f"cache root {self.root} is not a directory")
+        if not shared:
+            self._check_owner()
         self._root = str(self.root)
         self._journal = HitsJournal(os.path.join(self._root, _HITS), batch=hits_batch)
         self._journal.writable = not self._read_only
@@ -134,9 +143,25 @@ class DirectoryBackend(Backend):
         max_size = parsed.pop("max_size", "2GB")
         fsync = parsed.pop("fsync", "0") in ("1", "true", "yes")
         track = parsed.pop("track_access", "1") not in ("0", "false", "no")
+        shared = parsed.pop("shared", "0") in ("1", "true", "yes")
         parsed.reject_unknown()
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
-        return cls(path or None, max_size=cap, fsync=fsync, track_access=track)
+        return cls(path or None, max_size=cap, fsync=fsync, track_access=track, shared=shared)
+
+    def _check_owner(self) -> None:
+        # A root someone else may write (say /tmp/cache, made first by another user)
+        # would let them plant entries and symlinks: refuse it unless shared=1.
+        try:
+            st = os.stat(self.root)
+        except OSError as exc:
+            raise self._error("open", exc) from exc
+        geteuid = getattr(os, "geteuid", None)
+        foreign = geteuid is not None and st.st_uid not in (geteuid(), 0)
+        if foreign or st.st_mode & 0o002:
+            raise BackendError(
+                f"cache root {self.root} is owned by another user or writable by anyone; "
+                "refusing it (add ?shared=1, or shared=True, to use it on purpose)"
+            )
 
     # ----------------------------------------------------------------- paths
     def _path(self, key: str) -> str:

@@ -242,6 +242,11 @@ class RedisBackend(Backend):
     def _full(self, key: str) -> str:
         if not isinstance(key, str) or not key:
             raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+        if not key.isascii():
+            try:
+                key.encode("utf-8")  # redis-py would raise UnicodeEncodeError (lone surrogates)
+            except UnicodeEncodeError:
+                raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
         return self.prefix + key
 
     def _strip(self, raw: bytes) -> str | None:

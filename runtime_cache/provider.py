@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import environment
-from .api import Backend
+from .api import Backend, redact_url
 from .cache import Cache
 from .errors import RuntimeCacheError
 from .registry import open_backend
@@ -57,7 +57,8 @@ def _default() -> Cache:
         return _to_cache(url)
     except RuntimeCacheError as exc:
         # A bad setting must not crash the app: run on without a cache, loudly.
-        log.error("runtime-cache: cannot open cache %r (%s); caching is off", url, exc)
+        where = redact_url(url)
+        log.error("runtime-cache: cannot open cache %s (%s); caching is off", where, exc)
         return Cache(None)
 
 
