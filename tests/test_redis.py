@@ -174,3 +174,15 @@ def test_a_provider_url_works_end_to_end(redis_server: RedisProcess, unique_pref
     assert other.get(key) == b"built once"
     assert [info.key for info in other.entries(runtime="demo")] == [str(key)]
     _drop(other.backend)
+
+
+def test_tls_options_reach_redis_py() -> None:
+    pytest.importorskip("redis")
+    from runtime_cache.backends.redis import RedisBackend
+
+    backend = rc.open_backend("rediss://:pw@cache.example:6380/1?ssl_cert_reqs=none")
+    assert isinstance(backend, RedisBackend)
+    assert backend._ssl_options == {"ssl_cert_reqs": "none"}
+    assert "pw" not in repr(backend) and "pw" not in backend.name  # never log a password
+    with pytest.raises(InvalidURLError):  # TLS options need rediss://
+        rc.open_backend("redis://cache.example:6379/0?ssl_cert_reqs=none")

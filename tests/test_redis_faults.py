@@ -235,3 +235,44 @@ def test_breaker_relapse_is_the_same_outage(caplog: pytest.LogCaptureFixture) ->
     breaker.failure(ConnectionError("down again"))
     assert breaker.stats().opened == 2 and breaker.stats().delay == 1.0
     assert len(_breaker_records(caplog, logging.WARNING)) == 2
+
+
+def test_threads_during_a_hang_wait_at_most_once_each(
+    redis_process: RedisProcess, unique_prefix: str
+) -> None:
+    import threading
+
+    backend = _backend(redis_process.url, unique_prefix, timeout="300ms", backoff="100ms")
+    cache = rc.Cache(backend)
+    assert cache.put(_key(1), b"v")
+    slow: list[float] = []
+    failures: list[BaseException] = []
+    redis_process.pause()
+
+    def work() -> None:
+        try:
+            until = time.monotonic() + 0.8
+            while time.monotonic() < until:
+                started = time.perf_counter()
+                cache.get(_key(1))
+                elapsed = time.perf_counter() - started
+                if elapsed > backend.timeout / 2:
+                    slow.append(elapsed)
+                time.sleep(0.002)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        redis_process.resume()
+    assert not failures
+    breaker = backend.breaker.stats()
+    # Calls in flight when the server hung each wait once; after that only probes wait.
+    assert len(slow) <= len(threads) + breaker.probes
+    assert breaker.fast_failures > 10 * len(slow)
+    backend.close()

@@ -171,3 +171,26 @@ def test_every_tier_failing_raises_for_the_front_to_count() -> None:
     assert cache.get(key) is None
     assert cache.stats().errors == 1
     backend.close()
+
+
+def test_writes_from_a_forked_child_are_delivered(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    remote = _redis(redis_server.url, unique_prefix)
+    backend = TieredBackend([MemoryBackend(), remote])
+    backend.set("f/parent", b"p")
+    assert backend.flush(timeout=10)
+    pid = os.fork()
+    if pid == 0:  # the child starts its own writer thread and flushes at close
+        code = 1
+        try:
+            backend.set("f/child", b"c")
+            backend.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert remote.get("f/child") == b"c"
+    assert backend.get("f/parent") == b"p"
+    backend.close()
