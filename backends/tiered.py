@@ -299,7 +299,21 @@ class TieredBackend(Backend):
         return iter(list(seen.values()))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return (item.key for item in self.scan(prefix))
+        """The union of every tier's keys (and of writes still queued)."""
+        seen: dict[str, None] = {}
+        errors: list[Exception] = []
+        for tier in self._tiers:
+            if tier.writer is not None:
+                seen.update(
+                    dict.fromkeys(k for k in tier.writer.queued_keys() if k.startswith(prefix))
+                )
+            try:
+                seen.update(dict.fromkeys(tier.backend.keys(prefix)))
+            except Exception as exc:
+                self._failed(tier, "keys", exc)
+                errors.append(exc)
+        self._raise_if_all_failed(errors, len(self._tiers))
+        return iter(list(seen))
 
     # ----------------------------------------------------------------- writing
     def set(self, key: str, value: bytes) -> None:
