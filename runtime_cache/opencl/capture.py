@@ -34,8 +34,11 @@ def recapture_binaries(program: Any) -> int:
         recapture_binaries(prg)                 # 0 on PoCL and NVIDIA
     """
     cl = import_pyopencl()
-    with _origins_lock:
-        origin = origins.get(program)
+    try:
+        with _origins_lock:
+            origin = origins.get(program)
+    except TypeError:  # not weakly referenceable, so not a program of ours
+        return 0
     if origin is None or origin.plan.keys is None:
         return 0
     binaries = read_binaries(cl, program, origin.plan.devices)

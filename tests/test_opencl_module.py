@@ -1,0 +1,150 @@
+"""OpenCLModule on real PoCL: lazy programs, build_all, bundles (good, foreign, truncated)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from opencl_support import SCALE_SRC, SHIFT_SRC, generated_sources, opencl_context, run_kernel
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.codec import decode_bundle, decode_entry, encode_bundle, encode_entry
+from runtime_cache.errors import InvalidBundleError
+from runtime_cache.keys import make_key
+from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
+
+pytestmark = pytest.mark.opencl
+
+SOURCES = {"scale": SCALE_SRC, "shift": SHIFT_SRC}
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    return opencl_context()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> rc.Cache:
+    reset_opencl_stats()
+    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
+
+
+def _check(ctx: Any, module: OpenCLModule) -> None:
+    data = np.arange(32, dtype=np.float32)
+    out = run_kernel(ctx, module.kernel("scale"), data, np.float32(2))
+    np.testing.assert_array_equal(out, data * 2)
+    out = run_kernel(ctx, module.kernel("shift"), data, np.float32(5))
+    np.testing.assert_array_equal(out, data + 5)
+
+
+def test_lazy_build_then_second_module_hits(ctx: Any, cache: rc.Cache) -> None:
+    module = OpenCLModule(ctx, SOURCES, cache=cache)
+    assert module.built == []
+    module.kernel("scale")
+    assert module.built == ["scale"]
+    assert module.build_all() == 1  # only "shift" was left
+    _check(ctx, module)
+    again = OpenCLModule(ctx, SOURCES, cache=cache)
+    assert again.build_all() == 0
+    assert opencl_stats().binary_loads == 2
+    assert opencl_stats().source_builds == 2
+    _check(ctx, again)
+    with pytest.raises(KeyError):
+        again.kernel("missing")
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_build_all_in_parallel(ctx: Any, cache: rc.Cache, processes: bool) -> None:
+    sources = generated_sources(4, salt=1 if processes else 2)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    assert module.build_all(workers=2, processes=processes) == 4
+    assert cache.stats().stores == 4
+    data = np.arange(8, dtype=np.float32)
+    for i in range(4):
+        out = run_kernel(ctx, module.kernel(f"k{i}"), data)
+        np.testing.assert_array_equal(out, data * (i + 2) + (1 if processes else 2))
+    assert OpenCLModule(ctx, sources, cache=cache).build_all() == 0
+
+
+def test_bundle_round_trip(ctx: Any, cache: rc.Cache) -> None:
+    module = OpenCLModule(ctx, SOURCES, cache=cache)
+    assert module.supports_precompiled_programs()
+    bundle = module.get_precompiled_programs()  # builds what is missing first
+    assert sorted(module.built) == ["scale", "shift"]
+    # The bundle is a Cache.dumps-style bundle: checksummed entries with key parts.
+    entries = [decode_entry(b) for b in decode_bundle(bundle)]
+    assert {e.parts["program"] for e in entries} == {"scale", "shift"}
+    assert all(e.parts["device"]["name"] == ctx.devices[0].name for e in entries)
+    empty = rc.Cache(DirectoryBackend(cache.backend.root.parent / "other"))  # type: ignore[attr-defined]
+    fresh = OpenCLModule(ctx, SOURCES, cache=empty)
+    before = opencl_stats().source_builds
+    assert fresh.set_precompiled_programs(bundle) == 2
+    _check(ctx, fresh)
+    assert opencl_stats().source_builds == before
+    # Accepted binaries went into the cache too, for the next process.
+    assert empty.stats().stores == 2
+    assert rc.Cache(None).loads(bundle) == 0  # a disabled cache stores nothing
+    assert empty.loads(bundle) == 2  # and any cache can merge the bundle
+
+
+def _reencode(bundle: bytes, change: Any) -> bytes:
+    blobs = []
+    for blob in decode_bundle(bundle):
+        entry = decode_entry(blob)
+        parts = change(entry.parts)
+        key = make_key(**parts)
+        blobs.append(encode_entry(str(key), key.parts, entry.value, created_at=time.time()))
+    return encode_bundle(blobs)
+
+
+def test_bundle_from_another_device_is_ignored(ctx: Any, cache: rc.Cache) -> None:
+    bundle = OpenCLModule(ctx, SOURCES, cache=rc.Cache(None)).get_precompiled_programs()
+    fake = _reencode(
+        bundle,
+        lambda p: {**p, "device": {**p["device"], "name": "Fake GPU", "driver_version": "0.1"}},
+    )
+    module = OpenCLModule(ctx, SOURCES, cache=cache)
+    assert module.set_precompiled_programs(fake) == 0
+    assert module.built == []
+    before = opencl_stats().source_builds
+    _check(ctx, module)  # built from source instead
+    assert opencl_stats().source_builds == before + 2
+
+
+def test_bundle_for_other_sources_is_ignored(ctx: Any, cache: rc.Cache) -> None:
+    bundle = OpenCLModule(ctx, SOURCES, cache=rc.Cache(None)).get_precompiled_programs()
+    changed = {"scale": SCALE_SRC.replace("a[i] * f", "a[i] * f * 1.0f"), "shift": SHIFT_SRC}
+    module = OpenCLModule(ctx, changed, cache=cache, module_id="same-id@1")
+    assert module.set_precompiled_programs(bundle) == 0  # module id and source digest differ
+    # Same module id, one source changed: only the unchanged program is taken.
+    renamed = _reencode(bundle, lambda p: {**p, "module_id": "same-id@1"})
+    assert module.set_precompiled_programs(renamed) == 1
+    assert module.built == ["shift"]
+    _check(ctx, module)
+
+
+def test_truncated_bundle_raises_and_module_stays_usable(ctx: Any, cache: rc.Cache) -> None:
+    bundle = OpenCLModule(ctx, SOURCES, cache=rc.Cache(None)).get_precompiled_programs()
+    module = OpenCLModule(ctx, SOURCES, cache=cache)
+    for bad in (bundle[: len(bundle) // 2], b"", b"RCB\x01garbage", bundle + b"x"):
+        with pytest.raises(InvalidBundleError):
+            module.set_precompiled_programs(bad)
+    assert module.built == []
+    _check(ctx, module)
+
+
+def test_bundle_with_rejected_binary_falls_back(ctx: Any, cache: rc.Cache) -> None:
+    bundle = OpenCLModule(ctx, SOURCES, cache=rc.Cache(None)).get_precompiled_programs()
+    blobs = []
+    for blob in decode_bundle(bundle):
+        entry = decode_entry(blob)
+        value = bytes(b ^ 0xFF for b in entry.value[:8]) + entry.value[8:]
+        blobs.append(encode_entry(entry.key, entry.parts, value, created_at=time.time()))
+    module = OpenCLModule(ctx, SOURCES, cache=cache)
+    assert module.set_precompiled_programs(encode_bundle(blobs)) == 0
+    assert opencl_stats().rejected_binaries == 2
+    _check(ctx, module)

@@ -1,0 +1,197 @@
+"""build_program on real PoCL: hit and miss, bad cache content, includes, build errors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from opencl_support import SCALE_SRC, opencl_context, run_kernel
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.opencl import (
+    build_program,
+    device_fingerprint,
+    opencl_stats,
+    recapture_binaries,
+    reset_opencl_stats,
+)
+from runtime_cache.opencl.program import plan_program
+
+pytestmark = pytest.mark.opencl
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    return opencl_context()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> rc.Cache:
+    reset_opencl_stats()
+    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
+
+
+def _binary(ctx: Any, program: Any) -> bytes:
+    import pyopencl as cl
+
+    return bytes(program.get_info(cl.program_info.BINARIES)[0])
+
+
+def test_miss_then_hit(ctx: Any, cache: rc.Cache) -> None:
+    data = np.arange(64, dtype=np.float32)
+    cold = build_program(ctx, SCALE_SRC, "-cl-fast-relaxed-math", cache=cache)
+    assert opencl_stats().source_builds == 1
+    assert cache.stats().stores == 1
+    warm = build_program(ctx, SCALE_SRC, "-cl-fast-relaxed-math", cache=cache)
+    assert opencl_stats().binary_loads == 1
+    assert opencl_stats().source_builds == 1
+    assert cache.stats().hits == 1
+    assert cache.stats().seconds_saved > 0
+    for program in (cold, warm):
+        out = run_kernel(ctx, program.scale, data, np.float32(3))
+        np.testing.assert_array_equal(out, data * 3)
+    # Other options are another binary: a miss.
+    build_program(ctx, SCALE_SRC, "-cl-mad-enable", cache=cache)
+    assert opencl_stats().source_builds == 2
+
+
+def test_key_holds_device_fingerprint_and_options(ctx: Any, cache: rc.Cache) -> None:
+    dev = ctx.devices[0]
+    fp = device_fingerprint(dev)
+    for name in ("platform_version", "name", "version", "driver_version", "address_bits"):
+        assert name in fp
+    build_program(ctx, SCALE_SRC, ["-D", "X=1"], cache=cache, module_id="demo@1")
+    (info,) = list(cache.entries(runtime="opencl", purpose="program-binary"))
+    assert info.device == fp
+    assert info.module_id == "demo@1"
+    assert "-D X=1" in info.parts["options"]
+    # A driver update (another fingerprint) gives another key, so no stale binary is served.
+    plan = plan_program(ctx, SCALE_SRC, ["-D", "X=1"], module_id="demo@1")
+    assert plan.keys is not None
+    other = rc.make_key(**{**plan.keys[0].parts, "device": {**fp, "driver_version": "99"}})
+    assert str(other) != str(plan.keys[0]) == info.key
+
+
+def test_driver_rejected_binary_is_evicted_and_rebuilt(
+    ctx: Any, cache: rc.Cache, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = plan_program(ctx, SCALE_SRC)
+    assert plan.keys is not None
+    cache.put(plan.keys[0], b"this is not a program binary")
+    with caplog.at_level(logging.WARNING, logger="runtime_cache.opencl"):
+        program = build_program(ctx, SCALE_SRC, cache=cache)
+    assert "rejected" in caplog.text
+    assert opencl_stats().rejected_binaries == 1
+    assert opencl_stats().source_builds == 1
+    data = np.ones(8, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(2)), data * 2)
+    # The good binary replaced the bad one, and is served next time.
+    assert cache.get(plan.keys[0]) == _binary(ctx, program)
+    build_program(ctx, SCALE_SRC, cache=cache)
+    assert opencl_stats().binary_loads == 1
+
+
+def test_flipped_bits_pass_the_codec_but_the_driver_rejects_them(ctx: Any, cache: rc.Cache) -> None:
+    good = build_program(ctx, SCALE_SRC, cache=cache)
+    plan = plan_program(ctx, SCALE_SRC)
+    assert plan.keys is not None
+    flipped = bytearray(_binary(ctx, good))
+    for i in range(8):  # the binary's header: PoCL checks it and refuses the binary
+        flipped[i] ^= 0xFF
+    cache.put(plan.keys[0], bytes(flipped))  # re-encoded: a valid entry with a valid checksum
+    assert cache.get(plan.keys[0]) == bytes(flipped)
+    program = build_program(ctx, SCALE_SRC, cache=cache)
+    assert opencl_stats().rejected_binaries == 1
+    data = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(5)), data * 5)
+    assert cache.get(plan.keys[0]) == _binary(ctx, program)
+
+
+def test_corrupt_entry_bytes_are_a_miss(ctx: Any, cache: rc.Cache, tmp_path: Path) -> None:
+    build_program(ctx, SCALE_SRC, cache=cache)
+    (path,) = (tmp_path / "cache").rglob("*.rce")
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x55
+    path.write_bytes(bytes(blob))
+    program = build_program(ctx, SCALE_SRC, cache=cache)
+    assert cache.stats().corrupt == 1
+    assert opencl_stats().source_builds == 2
+    data = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(2)), data * 2)
+
+
+def test_changed_header_changes_the_key(ctx: Any, cache: rc.Cache, tmp_path: Path) -> None:
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "factor.h").write_text("#define FACTOR 3.0f\n")
+    src = (
+        '#include "factor.h"\n__kernel void f(__global float *a) { a[get_global_id(0)] *= FACTOR; }'
+    )
+    options = ["-I", str(inc)]
+    data = np.ones(4, dtype=np.float32)
+    first = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, first.f, data), data * 3)
+    (inc / "factor.h").write_text("#define FACTOR 7.0f\n")
+    second = build_program(ctx, src, options, cache=cache)
+    assert opencl_stats().source_builds == 2, "an edited header must not give a stale hit"
+    np.testing.assert_array_equal(run_kernel(ctx, second.f, data), data * 7)
+    third = build_program(ctx, src, options, cache=cache)
+    assert opencl_stats().binary_loads == 1
+    np.testing.assert_array_equal(run_kernel(ctx, third.f, data), data * 7)
+
+
+def test_unresolvable_include_is_built_but_not_cached(ctx: Any, cache: rc.Cache) -> None:
+    src = '#if 0\n#include "nowhere.h"\n#endif\n' + SCALE_SRC
+    for _ in range(2):
+        program = build_program(ctx, src, cache=cache)
+    assert opencl_stats().uncacheable == 2
+    assert opencl_stats().source_builds == 2
+    assert cache.stats().stores == 0
+    data = np.ones(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(4)), data * 4)
+
+
+def test_build_error_is_pyopencls_own(ctx: Any, cache: rc.Cache) -> None:
+    import pyopencl as cl
+
+    with pytest.raises(cl.RuntimeError) as caught:
+        build_program(ctx, "__kernel void broken(__global float *a) { a[0] = nope; }", cache=cache)
+    assert "nope" in str(caught.value)  # the build log
+    assert cache.stats().stores == 0
+
+
+def test_default_cache_and_disabled_cache(ctx: Any) -> None:
+    reset_opencl_stats()
+    build_program(ctx, SCALE_SRC)
+    build_program(ctx, SCALE_SRC)
+    assert rc.get_cache().stats().hits == 1
+    assert opencl_stats().binary_loads == 1
+    off = rc.Cache(None)
+    build_program(ctx, SCALE_SRC, cache=off)
+    build_program(ctx, SCALE_SRC, cache=off)
+    assert opencl_stats().source_builds == 3
+
+
+def test_recapture_restores_changed_binaries(ctx: Any, cache: rc.Cache) -> None:
+    from runtime_cache.opencl.program import origins
+
+    program = build_program(ctx, SCALE_SRC, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    run_kernel(ctx, program.scale, data, np.float32(2))
+    # PoCL returns the same binary after a launch: nothing to re-store.
+    assert recapture_binaries(program) == 0
+    # Stand in for a driver that finishes compiling at first launch (ARM Mali): the
+    # binary recorded at build time differs from the one the driver returns now.
+    plan = plan_program(ctx, SCALE_SRC)
+    assert plan.keys is not None
+    cache.put(plan.keys[0], b"binary read before the first launch")
+    origins[program].digests = [0]
+    assert recapture_binaries(program) == 1
+    assert cache.get(plan.keys[0]) == _binary(ctx, program)
+    assert opencl_stats().recaptured == 1
+    assert recapture_binaries(program) == 0
+    assert recapture_binaries(object()) == 0
