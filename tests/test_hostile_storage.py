@@ -1,0 +1,405 @@
+"""Hostile and broken storage: read-only and full file systems, files deleted or re-permissioned
+underneath, a cache folder another user can reach, planted symlinks, and hostile keys.
+
+Read-only and full disks are real: a small tmpfs mounted for the test (``mount``
+needs root; the test skips without it). A second full-disk test injects ENOSPC
+through a wrapper around ``os.write``, so it also runs where ``mount`` is denied.
+Other users are real too: children switch to user ``nobody`` with ``os.setuid``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends import directory
+from runtime_cache.backends.callback import CallbackBackend
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
+from runtime_cache.maintenance import verify
+
+NOBODY = 65534
+
+
+def key(i: int = 0) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i}", runtime="hostile", purpose="test", device={"d": 1})
+
+
+def _mount_tmpfs(target: Path, size: str) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(target)],
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {run.stderr}")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, unmounted afterwards."""
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "1m")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _as_nobody(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a child as another user")
+    # Import first: the interpreter's own files may not be readable by nobody.
+    prelude = (
+        "import logging, os, sys\nimport runtime_cache as rc\n"
+        "from runtime_cache.backends.directory import DirectoryBackend\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": "/tmp"},
+    )
+
+
+@pytest.fixture
+def shared_base() -> Iterator[Path]:
+    """A folder under /tmp that user nobody can traverse."""
+    base = Path(tempfile.mkdtemp(prefix="rc-hostile-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ------------------------------------------------------------ read-only and full
+def test_read_only_mount_serves_reads_and_logs_once(
+    small_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = rc.Cache(DirectoryBackend(small_tmpfs))
+    for i in range(3):
+        assert cache.put(key(i), f"value {i}".encode())
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    caplog.set_level(logging.WARNING, logger="runtime_cache")
+    cache = rc.Cache(DirectoryBackend(small_tmpfs))
+    for _ in range(5):
+        assert [cache.get(key(i)) for i in range(3)] == [b"value 0", b"value 1", b"value 2"]
+        assert cache.put(key(9), b"new") is False
+    stats = cache.stats()
+    assert (stats.hits, stats.stores, stats.errors) == (15, 0, 5)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]  # backend once, front once
+    with pytest.raises(ReadOnlyBackendError):
+        DirectoryBackend(small_tmpfs).set("a/b", b"x")
+
+
+def test_full_disk_skips_stores_keeps_entries_and_recovers(
+    small_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runtime_cache")
+    cache = rc.Cache(DirectoryBackend(small_tmpfs, max_size=None))
+    stored = []
+    for i in range(30):  # 30 x 100 KB into 1 MiB
+        if cache.put(key(i), bytes([i]) * 100_000):
+            stored.append(i)
+    assert 3 <= len(stored) < 30
+    assert cache.stats().errors == 30 - len(stored)
+    assert not list(small_tmpfs.rglob(".tmp-*"))  # no partial file left behind
+    report = verify(cache)
+    assert report.ok and report.checked == len(stored)
+    assert all(cache.get(key(i)) == bytes([i]) * 100_000 for i in stored)
+    full = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(full) == 1 and "disk full" in full[0].getMessage()
+    for i in stored[:4]:
+        assert cache.delete(key(i))
+    assert cache.put(key(99), b"fits again")
+    assert cache.get(key(99)) == b"fits again"
+    assert any("work again" in r.getMessage() for r in caplog.records)
+
+
+def test_injected_enospc_leaves_the_old_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    assert cache.put(key(), b"old value")
+    real_write = os.write
+
+    def full_disk(fd: int, data: bytes | memoryview) -> int:
+        if ".tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(directory.os, "write", full_disk)
+    assert cache.put(key(), b"new value that does not fit") is False
+    monkeypatch.setattr(directory.os, "write", real_write)
+    assert cache.get(key()) == b"old value"
+    assert not list(tmp_path.rglob(".tmp-*"))
+    assert cache.stats().errors == 1
+
+
+# ------------------------------------------------------------ changes underneath
+def test_files_and_folders_deleted_while_read(tmp_path: Path) -> None:
+    values = {i: bytes([i]) * random.Random(i).randint(1, 2 << 20) for i in range(8)}
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    for i, value in values.items():
+        cache.put(key(i), value)
+    wrong: list[int] = []
+    errors: list[BaseException] = []
+    reads = 0
+
+    def reader() -> None:
+        nonlocal reads
+        try:
+            for n in range(400):
+                i = n % len(values)
+                got = cache.get(key(i))
+                reads += 1
+                if got is not None and got != values[i]:
+                    wrong.append(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def vandal() -> None:
+        rng = random.Random(3)
+        for n in range(150):
+            if n % 50 == 49:
+                shutil.rmtree(tmp_path / "hostile", ignore_errors=True)
+            else:
+                for path in list(tmp_path.rglob("*.rce"))[: rng.randint(0, 3)]:
+                    path.unlink(missing_ok=True)
+            i = rng.randrange(len(values))
+            cache.put(key(i), values[i])
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=vandal)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not wrong
+    stats = cache.stats()
+    assert stats.hits + stats.misses == reads
+    assert stats.corrupt == 0
+    assert cache.put(key(0), values[0]) and cache.get(key(0)) == values[0]
+
+
+def test_store_into_a_folder_removed_underneath_succeeds(tmp_path: Path) -> None:
+    # Found by the campaign: after an rm -rf of the cache's folders the next put
+    # failed once (the backend remembered the folder); it now recreates it.
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    assert cache.put(key(1), b"one")
+    shutil.rmtree(tmp_path / "hostile")
+    assert cache.put(key(1), b"again")
+    assert cache.get(key(1)) == b"again" and cache.stats().errors == 0
+
+
+PERMISSIONS_CHILD = """
+import logging, os, sys
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+logging.disable(logging.CRITICAL)
+root = sys.argv[1]
+k = lambda i: rc.make_key(module_id=f"m{i}", runtime="hostile", purpose="test", device=None)
+cache = rc.Cache(DirectoryBackend(root))
+for i in range(3):
+    assert cache.put(k(i), b"v%d" % i)
+path = os.path.join(root, "hostile", "test", str(k(0)).split("/")[-1][:2])
+entry = next(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".rce"))
+os.chmod(entry, 0)
+out = [cache.get(k(0)), cache.get(k(1))]
+os.chmod(entry, 0o600)
+out.append(cache.get(k(0)))
+os.chmod(os.path.join(root, "hostile", "test"), 0o500)
+out.append(cache.put(k(5), b"new"))
+out.append(cache.get(k(2)))
+print(repr(out), cache.stats().errors)
+"""
+
+
+def test_permissions_changed_underneath(shared_base: Path) -> None:
+    root = shared_base / "cache"
+    root.mkdir(mode=0o700)
+    os.chown(root, NOBODY, NOBODY)
+    out = _as_nobody(PERMISSIONS_CHILD, str(root))
+    assert out.returncode == 0, out.stderr
+    served, errors = out.stdout.rsplit(" ", 1)
+    # unreadable -> miss; others still served; readable again -> hit; write refused -> skipped
+    assert served == repr([None, b"v1", b"v0", False, b"v2"])
+    assert int(errors) == 2
+
+
+# --------------------------------------------------------------- two users
+OTHER_USER_CHILD = """
+import logging, sys
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+logging.disable(logging.CRITICAL)
+cache = rc.Cache(DirectoryBackend(sys.argv[1]))
+k = rc.make_key(module_id="m0", runtime="hostile", purpose="test", device={"d": 1})
+print(cache.get(k), cache.put(k, b"planted"), cache.stats().errors)
+"""
+
+
+def test_another_user_can_neither_read_nor_plant(shared_base: Path) -> None:
+    root = shared_base / "cache"
+    cache = rc.Cache(DirectoryBackend(root))
+    assert cache.put(key(0), b"private")
+    assert (root.stat().st_mode & 0o777) == 0o700
+    out = _as_nobody(OTHER_USER_CHILD, str(root))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "False", "2"]
+    assert cache.get(key(0)) == b"private"
+
+
+def test_a_root_someone_else_can_write_is_refused(shared_base: Path) -> None:
+    # Found in review: a /tmp/cache made first by another user was used as is, so
+    # that user could plant entries. Such a root is now refused unless shared=1.
+    theirs = shared_base / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    anyones = shared_base / "anyones"
+    anyones.mkdir()
+    anyones.chmod(0o1777)
+    for root in (theirs, anyones):
+        with pytest.raises(BackendError, match="shared=1"):
+            DirectoryBackend(root)
+        with pytest.raises(BackendError):
+            rc.open_backend(f"dir://{root}")
+        assert DirectoryBackend(root, shared=True).root == root
+        assert rc.open_backend(f"dir://{root}?shared=1") is not None
+
+
+def test_provider_falls_back_to_no_cache_on_a_refused_root(
+    shared_base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    anyones = shared_base / "anyones"
+    anyones.mkdir()
+    anyones.chmod(0o777)
+    monkeypatch.setenv("RUNTIME_CACHE", f"dir://{anyones}")
+    rc.reset_cache_provider()
+    cache = rc.get_cache()
+    assert not cache.enabled
+    assert cache.get_or_build(key(), lambda: b"built") == b"built"
+    assert any("caching is off" in r.getMessage() for r in caplog.records)
+
+
+def test_provider_log_hides_passwords(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found in review: the provider logged the whole RUNTIME_CACHE URL, password included.
+    monkeypatch.setenv("RUNTIME_CACHE", "redis://app:hunter2@127.0.0.1:1/0?bogus=1")
+    rc.reset_cache_provider()
+    assert not rc.get_cache().enabled
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "caching is off" in text and "hunter2" not in text
+
+
+def _next_temp_name(folder: Path) -> Path:
+    upcoming = int(repr(directory._counter)[len("count(") : -1])
+    return folder / f".tmp-{os.getpid()}-{threading.get_ident()}-{upcoming}"
+
+
+def test_symlink_planted_at_the_next_temp_name_is_not_written_through(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    cache = rc.Cache(DirectoryBackend(root))
+    assert cache.put(key(0), b"first")
+    folder = next(root.rglob("*.rce")).parent
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    _next_temp_name(folder).symlink_to(victim)
+    assert cache.put(key(0), b"second") is False  # O_EXCL|O_NOFOLLOW: refused, skipped
+    assert victim.read_bytes() == b"precious"
+    assert cache.get(key(0)) == b"first"
+    assert cache.put(key(0), b"third") and cache.get(key(0)) == b"third"
+
+
+def test_symlink_planted_at_an_entry_is_replaced_not_followed(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    cache = rc.Cache(DirectoryBackend(root))
+    cache.put(key(0), b"first")
+    (entry,) = root.rglob("*.rce")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    entry.unlink()
+    entry.symlink_to(victim)
+    assert cache.get(key(0)) is None
+    assert cache.put(key(0), b"second")
+    assert victim.read_bytes() == b"precious" and not entry.is_symlink()
+
+
+# ------------------------------------------------------------------ hostile keys
+HOSTILE_KEYS = [
+    "..",
+    "../escape",
+    "a/../../escape",
+    "/etc/passwd",
+    "a//b",
+    "nul\x00byte",
+    "x" * 5000,
+    "\udcff",
+    "",
+    "a/" * 40 + "b",
+]
+
+
+def _backends(tmp_path: Path) -> dict[str, rc.Backend]:
+    store: dict[str, bytes] = {}
+    return {
+        "memory": MemoryBackend(),
+        "dir": DirectoryBackend(tmp_path / "root" / "cache"),
+        "callback": CallbackBackend(store.get, store.__setitem__),
+    }
+
+
+@pytest.mark.parametrize("name", ["memory", "dir", "callback"])
+def test_hostile_keys_are_rejected_or_kept_apart(tmp_path: Path, name: str) -> None:
+    backend = _backends(tmp_path)[name]
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for bad in [*HOSTILE_KEYS, None, b"bytes", 7]:
+        try:
+            backend.set(bad, b"v")  # type: ignore[arg-type]
+        except (InvalidKeyError, TypeError):
+            with pytest.raises((InvalidKeyError, TypeError)):
+                backend.get(bad)  # type: ignore[arg-type]
+            continue
+        assert backend.get(bad) == b"v"  # type: ignore[arg-type]
+    after = sorted(p for p in tmp_path.rglob("*") if p not in before)
+    # Nothing was created outside the backend's own folder.
+    assert all(str(p).startswith(str(tmp_path / "root" / "cache")) for p in after)
+
+
+def test_hostile_keys_on_redis(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from redis_servers import require_redis, running_server
+
+    require_redis("redis-server")
+    with running_server() as server:
+        backend = rc.open_backend(server.url + "?prefix=hostile:")
+        for bad in [*HOSTILE_KEYS, None, b"bytes", 7]:
+            try:
+                backend.set(bad, b"v")  # type: ignore[arg-type]
+            except InvalidKeyError:
+                # Found by the campaign: a lone surrogate raised UnicodeEncodeError.
+                with pytest.raises(InvalidKeyError):
+                    backend.get(bad)  # type: ignore[arg-type]
+                continue
+            assert backend.get(bad) == b"v"  # type: ignore[arg-type]
+        # Binary-safe keys under our prefix: nothing else in the database was touched.
+        assert sorted(backend.keys()) == sorted(k for k in HOSTILE_KEYS if k and k != "\udcff")
+        backend.close()
