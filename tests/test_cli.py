@@ -478,3 +478,35 @@ def test_export_and_verify_do_not_count_as_uses(
     reader.close()
     after = {e["key"]: e for e in run.json("ls")}
     assert after[str(keys[1])]["hits"] == 1 and after[str(keys[1])]["last_access"] > old
+
+
+def test_progress_bar_only_on_a_terminal(
+    run: Run, cache: rc.Cache, root: Path, tmp_path: Path
+) -> None:
+    fill(cache, 3)
+    code, _, err = run("export", str(tmp_path / "quiet.rcb"))
+    assert code == 0 and "\r" not in err and "[" not in err
+    if sys.platform == "win32":
+        return
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime_cache.cli",
+            "--cache",
+            f"dir://{root}",
+            "export",
+            str(tmp_path / "tty.rcb"),
+        ],
+        stderr=follower,
+        stdout=subprocess.PIPE,
+        timeout=60,
+    )
+    os.close(follower)
+    drawn = os.read(leader, 4096).decode()
+    os.close(leader)
+    assert proc.returncode == 0
+    assert "export [" in drawn and "3/3" in drawn
