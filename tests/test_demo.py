@@ -1,0 +1,248 @@
+"""The demo on a real OpenCL driver (PoCL): the model against numpy, tuning through the
+cache, and ``runtime-cache demo`` end to end, cold then warm, on dir:// and Redis."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runtime_cache as rc
+from conftest import need
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.cli import main as cli_main
+from runtime_cache.demo.phases import PHASES, Phases, Progress
+from runtime_cache.demo.report import format_text
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+pytestmark = pytest.mark.opencl
+
+REQUIRE = "RUNTIME_CACHE_REQUIRE_OPENCL"
+
+
+def _device() -> Any:
+    from runtime_cache.demo.device import list_devices
+    from runtime_cache.errors import RuntimeCacheError
+
+    try:
+        return list_devices()[0]
+    except RuntimeCacheError as exc:
+        need("OpenCL", REQUIRE, str(exc))
+
+
+def _demo(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime_cache.demo", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env if env is not None else dict(os.environ, POCL_KERNEL_CACHE="0"),
+        check=False,
+    )
+
+
+def _check_cold_then_warm(result: dict[str, Any]) -> None:
+    cold, warm = result["cold"], result["warm"]
+    assert result["outputs_identical"] is True
+    assert cold["output_sha256"] == warm["output_sha256"]
+    assert result["max_abs_error"] <= 1e-4
+    # Cold tuned every layer and compiled from source; warm did neither.
+    assert cold["tuned_layers"] == result["layers"]
+    assert warm["tuned_layers"] == 0
+    assert warm["phases"]["compile"] == 0.0 and warm["phases"]["tune"] == 0.0
+    assert cold["cache_stats"]["hits"] == 0
+    assert warm["cache_stats"]["misses"] == 0
+    assert warm["cache_stats"]["hits"] >= 2 * result["layers"]  # a record and a program each
+    assert warm["records"] == cold["records"]
+    for run in (cold, warm):
+        assert set(run["phases"]) == set(PHASES)
+        assert sum(run["phases"].values()) == pytest.approx(
+            run["time_to_first_inference_s"], abs=1e-3
+        )
+    assert result["speedup"] == pytest.approx(
+        cold["time_to_first_inference_s"] / warm["time_to_first_inference_s"], rel=0.01
+    )
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """One ``python -m runtime_cache.demo --tiny --json --keep`` run on a fresh dir:// cache."""
+    _device()
+    url = f"dir://{tmp_path_factory.mktemp('demo-cache')}"
+    done = _demo("--tiny", "--json", "--keep", "--cache", url)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), url
+
+
+# ---------------------------------------------------------------------- end to end
+def test_tiny_demo_cold_then_warm_gives_identical_outputs(
+    kept_run: tuple[dict[str, Any], str],
+) -> None:
+    result, url = kept_run
+    _check_cold_then_warm(result)
+    assert result["cache"] == url
+    assert result["driver_cache"] is False
+
+
+def test_keep_leaves_programs_and_records_listable(kept_run: tuple[dict[str, Any], str]) -> None:
+    result, url = kept_run
+    cache = rc.Cache(rc.open_backend(url))
+    infos = list(cache.entries(module_id=result["module_id"]))
+    purposes = sorted({info.purpose for info in infos})
+    assert purposes == ["program-binary", "tuning"]
+    assert len(infos) == result["entries"]["count"]
+    tuning = [info for info in infos if info.purpose == "tuning"]
+    assert sorted(info.parts["symbol"] for info in tuning) == sorted(result["cold"]["records"])
+
+
+def test_text_report_of_a_real_run(kept_run: tuple[dict[str, Any], str]) -> None:
+    text = format_text(kept_run[0])
+    assert "time to first inference" in text
+    assert "outputs identical: yes" in text
+    for name in PHASES:
+        assert f"  {name} " in text
+    assert "kept (see `runtime-cache ls`)" in text
+
+
+def test_cli_demo_removes_its_entries_afterwards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _device()
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    url = f"dir://{tmp_path}"
+    code = cli_main(["--cache", url, "demo", "--tiny", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    _check_cold_then_warm(result)
+    assert result["kept"] is False and result["entries"]["count"] > 0
+    assert list(rc.Cache(rc.open_backend(url)).entries()) == []
+
+
+def test_demo_on_redis(redis_server: RedisProcess) -> None:
+    _device()
+    done = _demo("--tiny", "--json", "--cache", redis_server.url)
+    assert done.returncode == 0, done.stderr
+    _check_cold_then_warm(json.loads(done.stdout))
+
+
+# ---------------------------------------------------------------------- clean failures
+def test_no_opencl_device_names_the_install_command(tmp_path: Path) -> None:
+    device = _device()
+    if "Portable Computing Language" not in str(device.platform.name):
+        pytest.skip("hiding devices with POCL_DEVICES=none needs PoCL")
+    env = dict(os.environ, POCL_DEVICES="none")
+    done = _demo("--tiny", "--cache", f"dir://{tmp_path}", env=env)
+    assert done.returncode == 2
+    assert "pip install 'runtime-cache[opencl]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("memory://", "outlives"),
+        ("nosuch://x", "no backend for scheme 'nosuch'"),
+        ("off", "caching is off"),
+    ],
+)
+def test_unusable_cache_is_a_clean_error(url: str, message: str) -> None:
+    _device()
+    done = _demo("--tiny", "--cache", url)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------- in process
+def _engine(model_name: str, cache: rc.Cache) -> Any:
+    from runtime_cache.demo.engine import Engine
+    from runtime_cache.demo.model import build_model
+
+    return Engine(build_model(model_name), _device(), cache=cache, phases=Phases())
+
+
+def test_full_model_matches_numpy() -> None:
+    from runtime_cache.demo.model import make_weights, reference
+
+    cache = rc.Cache(MemoryBackend())
+    engine = _engine("cnn", cache)
+    assert len(engine.model.layers) == 12
+    # Seed each layer's record with its largest tile, so this test compiles 12 programs
+    # instead of tuning them all; the tuner itself is exercised on the tiny model.
+    for layer in engine.model.layers:
+        tile, local = layer.candidates(engine.max_work_group)[-1]
+        engine.tuning.put(layer.symbol, {"tile": tile, "local_size": list(local)})
+    engine.prepare()
+    out = engine.infer()
+    expected = reference(engine.model, engine.input, make_weights(engine.model))
+    assert out.shape == (2, 10)
+    assert abs(out - expected).max() <= 1e-4
+    assert abs(out.sum(axis=1) - 1.0).max() <= 1e-5  # softmax rows
+
+
+def test_tuned_model_warm_from_the_cache_is_bit_identical() -> None:
+    from runtime_cache.demo.model import make_weights, reference
+
+    cache = rc.Cache(MemoryBackend())
+    cold = _engine("tiny", cache)
+    cold.prepare()
+    first = cold.infer()
+    for item in cold.prepared:
+        assert item.tuned
+        candidates = item.layer.candidates(cold.max_work_group)
+        assert item.record["trials"] == len(candidates)
+        assert (item.record["tile"], tuple(item.record["local_size"])) in candidates
+    assert cold.tuning.symbols() == [layer.symbol for layer in cold.model.layers]
+
+    warm = _engine("tiny", cache)  # a new context: programs come back as binaries
+    warm.prepare()
+    assert not any(item.tuned for item in warm.prepared)
+    assert warm.phases.seconds["compile"] == 0.0
+    second = warm.infer()
+    assert first.tobytes() == second.tobytes()
+    expected = reference(warm.model, warm.input, make_weights(warm.model))
+    assert abs(second - expected).max() <= 1e-4
+
+
+def test_a_record_the_layer_cannot_use_is_retuned() -> None:
+    cache = rc.Cache(MemoryBackend())
+    engine = _engine("tiny", cache)
+    first = engine.model.layers[0]
+    engine.tuning.put(first.symbol, {"tile": 3, "local_size": [7, 7]})
+    engine.prepare()
+    assert engine.prepared[0].tuned
+    record = engine.tuning.get(first.symbol)
+    assert record is not None and record["tile"] in first.tiles
+
+
+# ---------------------------------------------------------------------- helpers
+def test_phases_charge_the_innermost_phase_once() -> None:
+    phases = Phases()
+    with phases.open("tune"):
+        with phases.open("compile") as build:
+            build.name = "load"
+        with phases.open("compile"):
+            pass
+    total = phases.total()
+    assert phases.seconds["load"] > 0.0
+    assert sum(phases.seconds.values()) == pytest.approx(total)
+    assert set(phases.as_dict()) == set(PHASES)
+
+
+def test_progress_draws_only_when_enabled() -> None:
+    shown, hidden = io.StringIO(), io.StringIO()
+    for stream, enabled in ((shown, True), (hidden, False)):
+        progress = Progress(4, "cold", stream=stream, enabled=enabled)
+        progress.step("tune 01_conv3x3")
+        progress.close()
+    assert "cold [" in shown.getvalue() and "1/4 tune 01_conv3x3" in shown.getvalue()
+    assert hidden.getvalue() == ""
