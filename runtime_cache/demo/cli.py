@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from .report import compare, format_text
 __all__ = ["DemoError", "add_parser", "build_parser", "main", "run_demo"]
 
 CHILD_TIMEOUT_S = 900
+_SECRET_PARAM = re.compile(r"\b(password|passwd|pass|secret|token)=[^&,]*", re.IGNORECASE)
 
 
 class DemoError(RuntimeCacheError):
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
-    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else url
+    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else _redact(url)
     schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
     if url.strip().lower() in ("off", "none", "0", "false", "disabled"):
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
@@ -113,6 +115,21 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
             "it, such as dir:// or redis://"
         )
     return url, shown
+
+
+def _redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for printing."""
+    parts = []
+    for part in url.split(","):
+        scheme, sep, rest = part.partition("://")
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, host = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+        elif at and scheme.lower().startswith("redis"):
+            netloc = f"***@{host}"  # redis://PASSWORD@host: a lone user field is the password
+        parts.append(f"{scheme}{sep}{netloc}{slash}{path}")
+    return _SECRET_PARAM.sub(r"\1=***", ",".join(parts))
 
 
 def _open(url: str) -> Cache:
