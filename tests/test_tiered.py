@@ -194,3 +194,21 @@ def test_writes_from_a_forked_child_are_delivered(
     assert remote.get("f/child") == b"c"
     assert backend.get("f/parent") == b"p"
     backend.close()
+
+
+def test_queued_writes_are_flushed_at_interpreter_exit(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    import subprocess
+    import sys
+
+    url = f"memory://,{redis_server.url}?prefix={unique_prefix}"
+    script = (
+        "import sys, runtime_cache as rc\n"
+        "b = rc.open_backend(sys.argv[1])\n"
+        "b.set_many({f'x/{i}': b'v' * 1000 for i in range(300)})\n"
+        "# no close(), no flush(): the atexit hook must deliver the queue\n"
+    )
+    subprocess.run([sys.executable, "-c", script, url], check=True, timeout=60)
+    remote = _redis(redis_server.url, unique_prefix)
+    assert len(remote.get_many([f"x/{i}" for i in range(300)])) == 300
