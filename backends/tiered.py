@@ -174,6 +174,11 @@ class TieredBackend(Backend):
             # Queued writes are checked here; the remote tier would reject them too late.
             if not isinstance(key, str) or not key:
                 raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+            if not key.isascii():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
         errors: list[Exception] = []
         tried = 0
         for tier in tiers:
