@@ -140,7 +140,7 @@ def _stack(
         kind = step[0]
         if kind == "conv":
             out: Shape = (batch, step[1], shape[2], shape[3])
-            layer = Layer(f"{index:02d}_conv3x3", "conv3x3", shape, out, tiles[:3], _CONV_LOCALS)
+            layer = Layer(f"{index:02d}_conv3x3", "conv3x3", shape, out, tiles, _CONV_LOCALS)
         elif kind == "pool":
             out = (batch, shape[1], shape[2] // 2, shape[3] // 2)
             layer = Layer(f"{index:02d}_maxpool2", "maxpool2", shape, out, tiles[:2], _POOL_LOCALS)
