@@ -28,7 +28,9 @@ def _redis(url: str, prefix: str = "") -> rc.Backend:
 
 
 def _dead_redis_url() -> str:
-    from redis_servers import free_port
+    from redis_servers import free_port, require_redis
+
+    require_redis()  # redis-py only: nothing listens on this port
 
     return f"redis://127.0.0.1:{free_port()}/0?backoff=50ms&max_backoff=200ms"
 
