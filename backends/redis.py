@@ -232,6 +232,9 @@ class RedisBackend(Backend):
         except errors.RedisError as exc:
             self.breaker.success()
             raise BackendError(f"{op} on {self.name} failed: {exc}") from exc
+        except Exception as exc:  # e.g. a reply redis-py cannot parse: still a typed error
+            self.breaker.success()
+            raise BackendError(f"{op} on {self.name} failed: {exc!r}") from exc
         except BaseException:
             # Not the server's fault (e.g. KeyboardInterrupt): still end a probe.
             self.breaker.success()
