@@ -45,6 +45,7 @@ from pathlib import Path
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
 from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
 
+from .eviction import Candidate, evict_lru, eviction_turn
 from .hits_journal import HitsJournal
 from .temp_files import create_locked, remove_if_orphaned
 
@@ -370,43 +371,49 @@ class DirectoryBackend(Backend):
                 self._estimated_total is None
                 or estimate > self.max_size
                 or self._writes_since_check >= 256
+                # Other processes write too: look again after 1/32 of the cap, so
+                # together they overshoot it by little.
+                or self._written_since_check >= self.max_size // 32
             )
         if due:
-            self.enforce_size()
+            self._enforce(wait=estimate > self.max_size * 1.1)
 
     def total_size(self) -> int:
         """The bytes stored now (a full walk)."""
         return sum(item.size for item in self.scan())
 
     def enforce_size(self) -> int:
-        """Evict least recently used files until under 90% of ``max_size``; return how many."""
+        """Evict least recently used files until under 90% of ``max_size``; return how many.
+
+        One process at a time evicts (see :mod:`runtime_cache.backends.eviction`);
+        when another one is at it, this returns 0 at once.
+        """
+        return self._enforce(wait=True)
+
+    def _enforce(self, wait: bool) -> int:
         if self.max_size is None:
             return 0
-        items = []
-        for _key, entry in self._walk(""):
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # evicted or replaced by another process meanwhile
-            items.append((st.st_mtime, entry.path, st.st_size))
-        items.sort()
-        total = sum(size for _, _, size in items)
-        removed = 0
-        if total > self.max_size:
-            target = int(self.max_size * 0.9)
-            for _, path, size in items:
-                if total <= target:
-                    break
+        with self._lock:
+            # Writes made while we walk stay counted for the next check.
+            seen_bytes, seen_writes = self._written_since_check, self._writes_since_check
+        with eviction_turn(os.path.join(self._root, ".evict.lock"), wait) as mine:
+            if not mine:
+                return 0  # another thread or process is evicting; we look again next write
+            items: list[Candidate] = []
+            for _key, entry in self._walk(""):
                 try:
-                    os.unlink(path)
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
-                    continue
-                total -= size
-                removed += 1
+                    continue  # evicted or replaced by another process meanwhile
+                items.append((st.st_mtime_ns, st.st_ino, entry.path, st.st_size))
+            total = sum(item[3] for item in items)
+            removed = 0
+            if total > self.max_size:
+                removed, total = evict_lru(items, total, int(self.max_size * 0.9))
         with self._lock:
             self._estimated_total = total
-            self._written_since_check = 0
-            self._writes_since_check = 0
+            self._written_since_check = max(0, self._written_since_check - seen_bytes)
+            self._writes_since_check = max(0, self._writes_since_check - seen_writes)
         return removed
 
     def vacuum(self) -> int:

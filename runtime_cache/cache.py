@@ -378,6 +378,8 @@ class Cache:
             if flight.error is not None:
                 raise flight.error
             assert flight.value is not None
+            # Served without a build of its own: a hit, so every lookup is a hit or a miss.
+            self._counters.add(hits=1)
             return flight.value
         try:
             value = self.get(key)
