@@ -246,3 +246,19 @@ def test_progress_draws_only_when_enabled() -> None:
         progress.close()
     assert "cold [" in shown.getvalue() and "1/4 tune 01_conv3x3" in shown.getvalue()
     assert hidden.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:pw@h/0", "redis://user:***@h/0"),
+        ("rediss://pw@h", "rediss://***@h"),
+        ("redis://h:6379/0?password=pw&db=1", "redis://h:6379/0?password=***&db=1"),
+        ("memory://,dir:///tmp/a", "memory://,dir:///tmp/a"),
+    ],
+)
+def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
+    from runtime_cache.demo.cli import _redact
+
+    assert _redact(url) == shown

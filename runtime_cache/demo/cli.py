@@ -199,11 +199,11 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     name = "tiny" if getattr(args, "tiny", False) else getattr(args, "model", "cnn")
     model = build_model(name)
-    device = select_device(getattr(args, "device", None))
-    index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
     url, shown = _cache_url(args)
     cache = _open(url)
     try:
+        device = select_device(getattr(args, "device", None))
+        index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
         _remove(cache, model.module_id)
         env = _child_env(url, bool(getattr(args, "driver_cache", False)))
         progress = sys.stderr.isatty()
