@@ -194,9 +194,10 @@ class Engine:
     def recapture(self) -> int:
         """Store again the binaries the driver completed at first launch; how many changed.
 
-        PoCL compiles a work-group function for each local size at the first
-        launch and adds it to the program binary; storing the binary again
-        lets the next process skip that compile as well.
+        Some drivers finish a program only at its first launch and return the
+        final code in its binary from then on; storing it again lets the next
+        process skip that step too. PoCL's binaries do not change (its
+        per-work-group-size code is not part of them), so there this is 0.
         """
         from ..opencl import recapture_binaries
 
