@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 import pytest
-from runtime_cache.backends.memory import MemoryBackend
 
 import runtime_cache as rc
+from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.errors import InvalidBundleError, InvalidRecordError
 from runtime_cache.tuning import TuningCache
 
