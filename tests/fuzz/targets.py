@@ -277,3 +277,41 @@ TARGETS: dict[str, Callable[..., Any]] = {
     "url": check_url,
     "size": check_size_and_duration,
 }
+
+
+# ------------------------------------------------------------ input generators
+_URL_SCHEMES = ["memory://", "redis://", "rediss://", "redis+cluster://", "tiered://", "x://", ""]
+_URL_CHARS = "abc:/@?=&%,.0123456789[]#\x00 \t\nMBkKiGgsmhd-_+~\u00e9\u2603"
+_URL_OPTIONS = [
+    "max_size", "ttl", "timeout", "connect_timeout", "prefix", "namespace", "backoff",
+    "max_backoff", "max_connections", "fsync", "track_access", "shared", "ssl_ca_certs",
+    "ssl_cert_reqs",
+]  # fmt: skip
+
+
+def random_url(rng: random.Random) -> str:
+    """A random backend URL: a known or unknown scheme, a fuzzed body and options, maybe tiers."""
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(_URL_CHARS) for _ in range(rng.randint(0, n)))
+
+    if rng.random() < 0.2:
+        url = dir_url(text(12).replace("/", "_").replace("?", "_"))
+    else:
+        url = rng.choice(_URL_SCHEMES) + text(30)
+    if rng.random() < 0.6:
+        options = [f"{rng.choice(_URL_OPTIONS)}={text(8)}" for _ in range(rng.randint(1, 3))]
+        url += "?" + "&".join(options)
+    if rng.random() < 0.2:
+        url += "," + rng.choice(["memory://", "redis://127.0.0.1:1/0", ""])
+    return url
+
+
+def mutated_bundle_of_mutated_entries(bundle: bytes, rng: random.Random) -> bytes:
+    """Re-pack a bundle after mutating and re-checksumming some of its entries."""
+    try:
+        blobs = codec.decode_bundle(bundle)
+    except InvalidBundleError:
+        return bundle
+    inner = [rechecksum(mutate(b, rng)) if rng.random() < 0.7 else b for b in blobs]
+    return codec.encode_bundle(inner)

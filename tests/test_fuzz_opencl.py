@@ -1,0 +1,176 @@
+"""Stale and foreign binaries, and fuzzing set_precompiled_programs, on real PoCL (short run).
+
+Covered elsewhere, not repeated here (see docs/reliability.md):
+tests/test_opencl_module.py::test_bundle_from_another_device_is_ignored (a bundle
+from another device loads nothing) and
+tests/test_opencl_program.py::test_flipped_bits_pass_the_codec_but_the_driver_rejects_them
+(a re-checksummed binary with a broken header is rejected by PoCL, rebuilt from source).
+
+What this file adds: a driver update end to end; a forged, re-checksummed binary
+stopped by the signature before it reaches the driver; bit flips deep inside a
+binary (PoCL may segfault or abort in LLVM on those, so they run in children);
+and hypothesis inputs to set_precompiled_programs. The long run is
+``python tests/fuzz/run_fuzz.py --targets opencl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fuzz.opencl_targets import SCALE_SRC, PrecompiledTarget, run_kernel
+from fuzz.targets import mutate, rechecksum, rechecksum_bundle
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opencl_support import opencl_context
+
+import runtime_cache as rc
+from runtime_cache import codec
+from runtime_cache.backends.directory import DirectoryBackend
+
+pytestmark = pytest.mark.opencl
+FUZZ = settings(
+    max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    return opencl_context()
+
+
+@pytest.fixture(scope="module")
+def target(ctx: Any) -> PrecompiledTarget:
+    return PrecompiledTarget(ctx)
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    from runtime_cache.opencl import reset_opencl_stats
+
+    reset_opencl_stats()
+    caplog.set_level(logging.ERROR)
+    yield
+
+
+def _scale_works(ctx: Any, program: Any) -> bool:
+    data = np.arange(16, dtype=np.float32)
+    return bool(np.array_equal(run_kernel(ctx, program.scale, data, np.float32(4)), data * 4))
+
+
+def test_driver_update_does_not_serve_the_old_binary(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime_cache.opencl import build_program, device_fingerprint, opencl_stats
+    from runtime_cache.opencl import fingerprint as fp_module
+
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    build_program(ctx, SCALE_SRC, cache=cache)
+    build_program(ctx, SCALE_SRC, cache=cache)
+    assert (opencl_stats().source_builds, opencl_stats().binary_loads) == (1, 1)
+    device = ctx.devices[0]
+    current = device_fingerprint(device)
+    updated = {**current, "driver_version": "the next release"}
+    monkeypatch.setitem(fp_module._memo, int(device.int_ptr), updated)
+    program = build_program(ctx, SCALE_SRC, cache=cache)
+    # The old binary sits in the cache under the old key and is not used.
+    assert (opencl_stats().source_builds, opencl_stats().binary_loads) == (2, 1)
+    assert _scale_works(ctx, program)
+    drivers = {info.device["driver_version"] for info in cache.entries(runtime="opencl")}
+    assert drivers == {updated["driver_version"], current["driver_version"]}
+    monkeypatch.undo()
+
+
+def test_forged_binary_is_stopped_by_the_signature_before_the_driver(
+    ctx: Any, tmp_path: Path
+) -> None:
+    from runtime_cache.opencl import build_program, opencl_stats
+    from runtime_cache.opencl.program import plan_program
+
+    signed = rc.Cache(DirectoryBackend(tmp_path), secret="fleet secret")
+    build_program(ctx, SCALE_SRC, cache=signed)
+    plan = plan_program(ctx, SCALE_SRC)
+    assert plan.keys is not None
+    key = plan.keys[0]
+    good = signed.get(key)
+    assert good is not None
+    # Someone without the secret writes a corrupted binary with valid checksums.
+    forger = rc.Cache(DirectoryBackend(tmp_path))
+    bad = bytearray(good)
+    for pos in random.Random(5).sample(range(64, len(bad)), 16):
+        bad[pos] ^= 0x10
+    forger.put(key, bytes(bad))
+    program = build_program(ctx, SCALE_SRC, cache=signed)
+    assert signed.stats().rejected == 1  # refused by the HMAC check, never handed to PoCL
+    assert opencl_stats().rejected_binaries == 0 and opencl_stats().source_builds == 2
+    assert _scale_works(ctx, program)
+
+
+DEEP_FLIP_CHILD = """
+import logging, random, sys
+sys.path.insert(0, sys.argv[1])
+logging.disable(logging.CRITICAL)
+import pyopencl as cl
+from runtime_cache import codec
+from fuzz.opencl_targets import PrecompiledTarget, flip_value_bits
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+target = PrecompiledTarget(ctx)
+rng = random.Random(int(sys.argv[2]))
+data = codec.encode_bundle([flip_value_bits(b, rng, 2) for b in target.blobs])
+print("taken", target.check(data), flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_deep_bit_flips_never_give_a_wrong_result(ctx: Any, seed: int) -> None:
+    # Without a secret, nothing can tell a re-checksummed binary from a real one:
+    # the driver decides. PoCL either rejects it (we rebuild from source), loads a
+    # program that still computes the right answer, or aborts inside LLVM. The
+    # child checks the results; what must never happen is a wrong answer.
+    run = subprocess.run(
+        [sys.executable, "-c", DEEP_FLIP_CHILD, str(Path(__file__).parent), str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "POCL_KERNEL_CACHE": "0"},
+    )
+    crashed_in_driver = -run.returncode in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
+    assert run.returncode == 0 or crashed_in_driver, run.stdout + run.stderr[-2000:]
+    if run.returncode == 0:
+        assert run.stdout.startswith("taken ")  # check() ran both kernels and found them right
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_random_bytes(target: PrecompiledTarget, data: bytes) -> None:
+    assert target.check(data, verify_fallback=False) == 0
+
+
+@FUZZ
+@given(st.randoms(use_true_random=False), st.sampled_from(["raw", "bundle-sum", "entry-meta"]))
+def test_mutated_bundles(target: PrecompiledTarget, rng: random.Random, how: str) -> None:
+    if how == "raw":
+        data = mutate(target.bundle, rng)
+    elif how == "bundle-sum":
+        data = rechecksum_bundle(mutate(target.bundle, rng))
+    else:
+        # Entries whose metadata bytes (not the binary, not the lengths) were altered
+        # and re-checksummed: the key parts no longer match, or still do.
+        blobs = []
+        for blob in target.blobs:
+            out = bytearray(blob)
+            meta_end = codec.HEADER_SIZE + int.from_bytes(blob[8:12], "little")
+            for _ in range(rng.randint(1, 4)):
+                out[rng.randrange(codec.HEADER_SIZE, meta_end)] = rng.randrange(256)
+            blobs.append(rechecksum(bytes(out)))
+        data = codec.encode_bundle(blobs)
+    target.check(data, verify_fallback=False)
