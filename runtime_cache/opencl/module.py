@@ -15,7 +15,7 @@ from ._driver import import_pyopencl
 from .bundle import pack_programs, unpack_programs
 from .counters import counters
 from .includes import Options, normalize_options
-from .parallel import build_in_processes, build_in_threads
+from .parallel import WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
     fetch,
@@ -196,25 +196,30 @@ class OpenCLModule:
     def _build_in_processes(self, names: list[str], workers: int) -> None:
         devices = list(self.context.devices)
         jobs = [(n, self.sources[n], self.options) for n in names]
-        try:
-            results = build_in_processes(devices, jobs, workers)
-        except Exception as exc:  # a broken pool must not stop the build
-            log.warning("runtime-cache: worker processes failed (%s); building here", exc)
-            results = [(n, None, 0.0, "") for n in names]
-        for name, binaries, seconds, options_text in results:
+
+        def accept(result: WorkerResult) -> bool:
+            name, binaries, seconds, options_text = result
             plan = self._plan(name)
-            program = None
-            if binaries is not None and options_text == plan.options_text:
-                program = load_from_binaries(self.context, plan, binaries)
-            if program is None or binaries is None:
-                self._build_from_source(name)
-                continue
+            if binaries is None or options_text != plan.options_text:
+                return False
+            program = load_from_binaries(self.context, plan, binaries)
+            if program is None:
+                return False
             counters.add(source_builds=1)
             if plan.keys is None:
                 counters.add(uncacheable=1)
             else:
                 store_binaries(self.cache, plan, program, binaries, seconds)
             self._adopt(name, program, seconds)
+            return True
+
+        try:
+            left = build_in_processes(devices, jobs, workers, accept)
+        except Exception as exc:  # a broken pool must not stop the build
+            log.warning("runtime-cache: worker processes failed (%s); building here", exc)
+            left = [n for n in names if n not in self._programs]
+        for name in left:
+            self._build_from_source(name)
 
     # ------------------------------------------------------------------ bundles
     def supports_precompiled_programs(self) -> bool:

@@ -45,7 +45,8 @@ def _worker_env() -> dict[str, str]:
 def _serve(
     fingerprints: list[dict[str, Any]],
     jobs: queue.Queue[Job],
-    results: dict[str, WorkerResult],
+    on_result: Callable[[WorkerResult], bool],
+    rejected: list[str],
     lock: threading.Lock,
 ) -> None:
     process = subprocess.Popen(
@@ -67,8 +68,10 @@ def _serve(
                 return
             write_message(process.stdin, list(job))
             _, binaries, seconds, options_text = read_message(process.stdout)
-            with lock:
-                results[job[0]] = (job[0], binaries, float(seconds), str(options_text))
+            # Loading here overlaps the parent's part (a JIT on some drivers) with the builds.
+            if not on_result((job[0], binaries, float(seconds), str(options_text))):
+                with lock:
+                    rejected.append(job[0])
     except (OSError, EOFError, ValueError, TypeError):
         return
     finally:
@@ -84,27 +87,40 @@ def _serve(
 
 
 def build_in_processes(
-    devices: Sequence[Any], jobs: Sequence[Job], workers: int
-) -> list[WorkerResult]:
-    """Build jobs in ``workers`` subprocesses; return one result per job, in order.
+    devices: Sequence[Any],
+    jobs: Sequence[Job],
+    workers: int,
+    on_result: Callable[[WorkerResult], bool],
+) -> list[str]:
+    """Build jobs in ``workers`` subprocesses, passing each result to ``on_result``.
 
-    A result with ``None`` binaries means the parent must build that one itself.
+    ``on_result`` runs on one of ``workers`` parent threads as results arrive,
+    and returns whether it took the result. Returns the names the parent must
+    build itself: those refused, and those no worker could build.
     """
     fingerprints = [device_fingerprint(d) for d in devices]
     pending: queue.Queue[Job] = queue.Queue()
     for job in jobs:
         pending.put(job)
-    results: dict[str, WorkerResult] = {}
+    rejected: list[str] = []
     lock = threading.Lock()
     threads = [
-        threading.Thread(target=_serve, args=(fingerprints, pending, results, lock), daemon=True)
+        threading.Thread(
+            target=_serve, args=(fingerprints, pending, on_result, rejected, lock), daemon=True
+        )
         for _ in range(max(1, min(workers, len(jobs))))
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return [results.get(job[0], (job[0], None, 0.0, "")) for job in jobs]
+    while True:  # jobs left when every worker failed to start
+        try:
+            rejected.append(pending.get_nowait()[0])
+        except queue.Empty:
+            break
+    order = {job[0]: i for i, job in enumerate(jobs)}
+    return sorted(rejected, key=order.__getitem__)
 
 
 def build_in_threads(build: Callable[[str], None], names: Sequence[str], workers: int) -> None:
