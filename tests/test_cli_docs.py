@@ -77,21 +77,30 @@ def test_benchmark_plots_handle_whichever_results_exist(tmp_path: Path) -> None:
     results.mkdir()
     assert "No results yet" in plot.section(results, images)
     (results / "nested.json").write_text(
-        '{"meta": {"rounds": 3}, "results": {"1KiB": {"dir": {"get_us": 20.5, "ratio": 1.4},'
-        ' "memory": {"get_us": 0.8, "ratio": 0.05}}}}'
+        '{"meta": {"rounds": 3}, "results": {'
+        '"1KiB": {"dir": {"get_us": 20.5, "ratio": 1.4}, "memory": {"get_us": 0.8, "ratio": 0.05}},'
+        '"1MiB": {"dir": {"get_us": 90.0, "ratio": 0.4}}}}'
     )
     (results / "records.json").write_text(
         '[{"case": "cold", "median_s": 2.5}, {"case": "warm", "median_s": 0.1}]'
     )
+    trials = ",".join(f'{{"trial": {i}, "lost": {i % 3}}}' for i in range(30))
+    (results / "harness.json").write_text(f'{{"benchmark": "h", "killed": 90, "rows": [{trials}]}}')
     (results / "text_only.json").write_text('{"note": "nothing numeric"}')
     (results / "broken.json").write_text("{not json")
     text = plot.section(results, images)
-    assert "| 1KiB | dir | 20.5 | 1.4 |" in text
+    assert "| 1KiB | dir | 20.5 | 1.4 |" in text and "| 1MiB | dir | 90 | 0.4 |" in text
     assert "| cold | 2.5 |" in text and "| warm | 0.1 |" in text
     assert "Run conditions: rounds: 3." in text
+    assert "| killed | 90 |" in text  # a single record is shown field by field
+    assert "30 rows, summarized" in text and "| lost | 1 | 0 | 2 |" in text
+    assert "| note | nothing numeric |" in text
     assert "Unreadable results file" in text
     assert sorted(p.name for p in images.iterdir()) == ["nested.png", "records.png"]
     assert (images / "nested.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (results / "records.json").unlink()
+    plot.section(results, images)
+    assert sorted(p.name for p in images.iterdir()) == ["nested.png"]  # no stale plots
 
 
 def test_benchmark_section_is_replaced_between_markers() -> None:
