@@ -230,13 +230,19 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
 
 
 def cmd_rm(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """Remove entries; exit code 1 when any key was not there."""
-    missing = 0
+    """Remove entries; exit code 1 when any key was not there.
+
+    Every argument is resolved before anything is removed, so an ambiguous
+    prefix (a usage error) removes nothing.
+    """
+    resolved: list[tuple[str, str]] = []
     for text in args.keys:
         try:
-            skey = resolve_key(ctx.cache, text)
+            resolved.append((text, resolve_key(ctx.cache, text)))
         except KeyNotFound:
-            skey = ""
+            resolved.append((text, ""))
+    missing = 0
+    for text, skey in resolved:
         if skey and ctx.cache.delete(skey):
             print(f"removed {skey}", file=ctx.out)
         else:

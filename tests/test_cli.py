@@ -510,3 +510,12 @@ def test_progress_bar_only_on_a_terminal(
     os.close(leader)
     assert proc.returncode == 0
     assert "export [" in drawn and "3/3" in drawn
+
+
+def test_rm_with_an_ambiguous_prefix_removes_nothing(run: Run, cache: rc.Cache) -> None:
+    keys = fill(cache, 40)
+    digits = [str(k).rsplit("/", 1)[-1][0] for k in keys]
+    shared = next(d for d in digits if digits.count(d) > 1)
+    code, _, err = run("rm", str(keys[0]), shared)
+    assert code == 2 and "matches" in err
+    assert len(run.json("ls")) == 40
