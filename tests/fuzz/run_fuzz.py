@@ -172,7 +172,9 @@ def opencl_child(seed: int, start: int, count: int) -> None:
             data = T.mutate(target.bundle, rng)
         print(f"start {index} {kind}", flush=True)
         try:
-            taken = target.check(data)
+            # A program taken from the blob is always run and checked; the fallback
+            # (building from source) on every 10th input, as it costs a compile.
+            taken = target.check(data, verify_fallback=index % 10 == 0)
             print(f"done {index} ok {taken}", flush=True)
         except T.ContractViolation as exc:
             print(f"done {index} violation {exc}", flush=True)
