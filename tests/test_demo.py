@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from redis_servers import RedisProcess
 
 pytest_plugins = ["redis_servers"]
-pytestmark = pytest.mark.opencl
+opencl = pytest.mark.opencl
 
 REQUIRE = "RUNTIME_CACHE_REQUIRE_OPENCL"
 
@@ -84,6 +84,7 @@ def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
 
 
 # ---------------------------------------------------------------------- end to end
+@opencl
 def test_tiny_demo_cold_then_warm_gives_identical_outputs(
     kept_run: tuple[dict[str, Any], str],
 ) -> None:
@@ -93,6 +94,7 @@ def test_tiny_demo_cold_then_warm_gives_identical_outputs(
     assert result["driver_cache"] is False
 
 
+@opencl
 def test_keep_leaves_programs_and_records_listable(kept_run: tuple[dict[str, Any], str]) -> None:
     result, url = kept_run
     cache = rc.Cache(rc.open_backend(url))
@@ -104,6 +106,7 @@ def test_keep_leaves_programs_and_records_listable(kept_run: tuple[dict[str, Any
     assert sorted(info.parts["symbol"] for info in tuning) == sorted(result["cold"]["records"])
 
 
+@opencl
 def test_text_report_of_a_real_run(kept_run: tuple[dict[str, Any], str]) -> None:
     text = format_text(kept_run[0])
     assert "time to first inference" in text
@@ -113,6 +116,7 @@ def test_text_report_of_a_real_run(kept_run: tuple[dict[str, Any], str]) -> None
     assert "kept (see `runtime-cache ls`)" in text
 
 
+@opencl
 def test_cli_demo_removes_its_entries_afterwards(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +131,7 @@ def test_cli_demo_removes_its_entries_afterwards(
     assert list(rc.Cache(rc.open_backend(url)).entries()) == []
 
 
+@opencl
 def test_demo_on_redis(redis_server: RedisProcess) -> None:
     _device()
     done = _demo("--tiny", "--json", "--cache", redis_server.url)
@@ -135,6 +140,7 @@ def test_demo_on_redis(redis_server: RedisProcess) -> None:
 
 
 # ---------------------------------------------------------------------- clean failures
+@opencl
 def test_no_opencl_device_names_the_install_command(tmp_path: Path) -> None:
     device = _device()
     if "Portable Computing Language" not in str(device.platform.name):
@@ -146,6 +152,7 @@ def test_no_opencl_device_names_the_install_command(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@opencl
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -170,6 +177,7 @@ def _engine(model_name: str, cache: rc.Cache) -> Any:
     return Engine(build_model(model_name), _device(), cache=cache, phases=Phases())
 
 
+@opencl
 def test_full_model_matches_numpy() -> None:
     from runtime_cache.demo.model import make_weights, reference
 
@@ -189,6 +197,7 @@ def test_full_model_matches_numpy() -> None:
     assert abs(out.sum(axis=1) - 1.0).max() <= 1e-5  # softmax rows
 
 
+@opencl
 def test_tuned_model_warm_from_the_cache_is_bit_identical() -> None:
     from runtime_cache.demo.model import make_weights, reference
 
@@ -213,6 +222,7 @@ def test_tuned_model_warm_from_the_cache_is_bit_identical() -> None:
     assert abs(second - expected).max() <= 1e-4
 
 
+@opencl
 def test_a_record_the_layer_cannot_use_is_retuned() -> None:
     cache = rc.Cache(MemoryBackend())
     engine = _engine("tiny", cache)

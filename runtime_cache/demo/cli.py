@@ -199,30 +199,35 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     name = "tiny" if getattr(args, "tiny", False) else getattr(args, "model", "cnn")
     model = build_model(name)
+    keep = bool(getattr(args, "keep", False))
+    driver_cache = bool(getattr(args, "driver_cache", False))
     url, shown = _cache_url(args)
     cache = _open(url)
+    started = False
     try:
         device = select_device(getattr(args, "device", None))
         index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
         _remove(cache, model.module_id)
-        env = _child_env(url, bool(getattr(args, "driver_cache", False)))
+        started = True
+        env = _child_env(url, driver_cache)
         progress = sys.stderr.isatty()
         cold = _child("cold", name, str(index), env, progress)
         warm = _child("warm", name, str(index), env, progress)
         entries = _demo_entries(cache, model.module_id)
-        by_purpose: dict[str, int] = {}
-        for info in entries:
-            by_purpose[info.purpose] = by_purpose.get(info.purpose, 0) + 1
-        keep = bool(getattr(args, "keep", False))
-        if not keep:
-            _remove(cache, model.module_id)
     finally:
-        cache.close()
+        try:
+            if started and not keep:
+                _remove(cache, model.module_id)  # also after a failed run
+        finally:
+            cache.close()
+    by_purpose: dict[str, int] = {}
+    for info in entries:
+        by_purpose[info.purpose] = by_purpose.get(info.purpose, 0) + 1
     return compare(
         cold,
         warm,
         cache=shown,
-        driver_cache=bool(getattr(args, "driver_cache", False)),
+        driver_cache=driver_cache,
         entries={
             "count": len(entries),
             "bytes": sum(info.size for info in entries),
