@@ -237,9 +237,8 @@ def test_a_record_the_layer_cannot_use_is_retuned() -> None:
 # ---------------------------------------------------------------------- helpers
 def test_phases_charge_the_innermost_phase_once() -> None:
     phases = Phases()
-    with phases.open("tune"):
-        with phases.open("compile") as build:
-            build.name = "load"  # a build that turned out to be a cache hit
+    with phases.open("tune"), phases.open("compile") as build:
+        build.name = "load"  # a build that turned out to be a cache hit
     total = phases.total()
     assert phases.seconds["compile"] == 0.0  # the renamed phase charged nothing to compile
     assert phases.seconds["run"] == 0.0
