@@ -197,6 +197,8 @@ def build_model(name: str = "cnn", seed: int = 0) -> Model:
     batch, channels, size, plan, tiles = MODELS[name]
     layers = tuple(_stack(batch, channels, size, plan, tiles))
     sources = {layer.symbol: layer.source for layer in layers}
+    # The input shape too: the batch is not in the sources, but launch shapes depend on it.
+    sources["input_shape"] = "x".join(map(str, (batch, channels, size, size)))
     module_id = module_id_from_sources(sources, name=f"demo-{name}")
     return Model(name, (batch, channels, size, size), layers, seed, module_id)
 
