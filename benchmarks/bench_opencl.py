@@ -1,0 +1,323 @@
+"""Benchmark the OpenCL consumer: cold, parallel, warm and raw-binary program loads.
+
+N generated, distinct kernels (``--n``, default 100), one cl_program each. Every
+measurement runs in a fresh child process (imports and context creation are
+not timed), and each is repeated (``--reps``, default 5) to take medians:
+
+(a) cold, sequential: ``OpenCLModule.program(name)`` for each kernel, empty cache
+(b) cold, ``build_all()`` in parallel (worker processes), empty cache
+(c) warm through runtime-cache: a fresh process, ``OpenCLModule(...).build_all()``
+(d) floor: raw ``pyopencl.Program(ctx, devs, [binary]).build()`` on the same binaries
+(e) pyopencl's own binary cache (``pyopencl.cache``), cold and warm; ``Program.build``
+    uses it only on platforms without a driver cache (not on PoCL or NVIDIA)
+(f) the driver's own cache (PoCL: POCL_KERNEL_CACHE=1; NVIDIA: the CUDA ComputeCache)
+    for plain source builds, cold and warm
+(g) the first launch of each kernel, after (a) and after (c), apart from the build
+
+Cold runs use fresh sources (a salt) each time, so no driver cache can help them.
+``--driver-cache on`` leaves the driver's cache on for every phase (the NVIDIA
+second run); the default turns it off. Prints a table and writes JSON to
+``benchmarks/results/opencl-<label>.json``.
+
+Usage::
+
+    python benchmarks/bench_opencl.py --n 100 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform as host_platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def kernel_sources(n: int, salt: str) -> dict[str, str]:
+    """N distinct kernels, one program each; ``salt`` makes a fresh set."""
+    sources = {}
+    for i in range(n):
+        sources[f"k{i}"] = (
+            f"// {salt}\n"
+            f"__kernel void k{i}(__global float *a, __global const float *b) {{\n"
+            f"    int g = get_global_id(0);\n"
+            f"    float x = b[g];\n"
+            f"    for (int j = 0; j < {i % 7 + 3}; ++j)\n"
+            f"        x = x * {i + 1}.5f + sin(x) * {i % 13}.25f - cos(x * {i % 5}.5f);\n"
+            f"    a[g] = x + {i}.0f;\n}}\n"
+        )
+    return sources
+
+
+# ----------------------------------------------------------------------------- child side
+def _context() -> Any:
+    import pyopencl as cl
+
+    index = int(os.environ.get("BENCH_PLATFORM", "0"))
+    device = cl.get_platforms()[index].get_devices()[0]
+    return cl.Context([device])
+
+
+def _first_launches(ctx: Any, programs: dict[str, Any]) -> list[float]:
+    import numpy as np
+    import pyopencl as cl
+
+    queue = cl.CommandQueue(ctx)
+    host = np.linspace(0, 1, 4096).astype(np.float32)
+    mf = cl.mem_flags
+    src = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
+    dst = cl.Buffer(ctx, mf.READ_WRITE, host.nbytes)
+    times = []
+    for name, program in programs.items():
+        kernel = cl.Kernel(program, name)
+        started = time.perf_counter()
+        kernel(queue, host.shape, None, dst, src)
+        queue.finish()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
+    """Run one measurement in this (fresh) process; return its numbers."""
+    import msgpack
+    import pyopencl as cl
+
+    import runtime_cache as rc
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import OpenCLModule, device_fingerprint, opencl_stats
+
+    ctx = _context()
+    sources = kernel_sources(n, salt)
+    result: dict[str, Any] = {"device": device_fingerprint(ctx.devices[0])}
+    root = Path(folder)
+    if phase in ("cold_seq", "cold_par", "warm"):
+        cache = rc.Cache(DirectoryBackend(root / "cache"))
+        started = time.perf_counter()
+        module = OpenCLModule(ctx, sources, cache=cache)
+        if phase == "cold_seq":
+            for name in sources:
+                module.program(name)
+        else:
+            module.build_all()
+        result["seconds"] = time.perf_counter() - started
+        stats = opencl_stats()
+        result["source_builds"], result["binary_loads"] = stats.source_builds, stats.binary_loads
+        programs = {name: module.program(name) for name in sources}
+        if phase != "cold_par":
+            result["first_launch"] = _first_launches(ctx, programs)
+        if phase == "cold_seq":
+            binaries = [bytes(p.get_info(cl.program_info.BINARIES)[0]) for p in programs.values()]
+            (root / "binaries.msgpack").write_bytes(msgpack.packb(binaries))
+    elif phase == "floor":
+        binaries = msgpack.unpackb((root / "binaries.msgpack").read_bytes())
+        devices = ctx.devices
+        started = time.perf_counter()
+        programs = [cl.Program(ctx, devices, [b]).build() for b in binaries]
+        result["seconds"] = time.perf_counter() - started
+        assert len(programs) == n
+    elif phase == "pyopencl_cache":
+        from pyopencl.cache import create_built_program_from_source_cached
+
+        options_bytes = cl.Program._process_build_options(ctx, None)[0]
+        started = time.perf_counter()
+        for source in sources.values():
+            create_built_program_from_source_cached(
+                ctx, source, options_bytes, cache_dir=str(root / "pyopencl-cache")
+            )
+        result["seconds"] = time.perf_counter() - started
+    elif phase == "driver_cache":
+        started = time.perf_counter()
+        for source in sources.values():
+            cl.Program(ctx, source).build()
+        result["seconds"] = time.perf_counter() - started
+    else:
+        raise SystemExit(f"unknown phase {phase}")
+    return result
+
+
+# ---------------------------------------------------------------------------- parent side
+def _driver_env(on: bool, folder: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    if on:
+        env.update(
+            POCL_KERNEL_CACHE="1",
+            POCL_CACHE_DIR=str(folder),
+            CUDA_CACHE_DISABLE="0",
+            CUDA_CACHE_PATH=str(folder),
+            CUDA_CACHE_MAXSIZE=str(4 << 30),
+        )
+    else:
+        env.update(POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    env.pop("RUNTIME_CACHE", None)
+    return env
+
+
+def _run(phase: str, n: int, salt: str, folder: Path, env: dict[str, str]) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", phase]
+    command += ["--n", str(n), "--salt", salt, "--dir", str(folder)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"phase {phase} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--n", type=int, default=100, help="kernels (programs)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions for medians")
+    parser.add_argument("--cold-reps", type=int, default=None, help="repetitions of (a), (b)")
+    parser.add_argument("--warm-reps", type=int, default=None, help="repetitions of (c), (d)")
+    parser.add_argument("--extra-reps", type=int, default=1, help="cold repetitions of (e), (f)")
+    parser.add_argument("--driver-cache", choices=("off", "on"), default="off")
+    parser.add_argument("--label", default=None, help="results/opencl-<label>.json")
+    parser.add_argument("--out", default=None, help="JSON path (overrides --label)")
+    parser.add_argument("--skip", default="", help="comma-separated phases to skip: e,f")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.n, args.salt, args.dir)))
+        return 0
+
+    reps, cold_reps = args.reps, args.cold_reps or args.reps
+    warm_reps = args.warm_reps or args.reps
+    run_id = uuid.uuid4().hex[:8]
+    top = Path(tempfile.mkdtemp(prefix="bench-opencl-"))
+    env = _driver_env(args.driver_cache == "on", top / "driver-cache")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    raw: dict[str, list[float]] = {
+        k: [] for k in ["a", "b", "c", "d", "e_cold", "e_warm", "f_cold", "f_warm"]
+    }
+    launches: dict[str, list[float]] = {"after_cold": [], "after_warm": []}
+    device: dict[str, Any] = {}
+    started = time.time()
+    load_start = os.getloadavg()
+    try:
+        warm_dirs = []
+        for r in range(cold_reps):
+            salt = f"{run_id}-{r}"
+            folder = top / f"rep{r}"
+            a = _run("cold_seq", args.n, salt, folder, env)
+            assert a["source_builds"] == args.n, a
+            raw["a"].append(a["seconds"])
+            launches["after_cold"] = a["first_launch"]
+            device = a["device"]
+            b = _run("cold_par", args.n, salt + "p", top / f"par{r}", env)
+            assert b["source_builds"] == args.n, b
+            raw["b"].append(b["seconds"])
+            warm_dirs.append((salt, folder))
+            print(f"rep {r}: (a) {a['seconds']:.2f} s  (b) {b['seconds']:.2f} s", flush=True)
+        for r in range(warm_reps):
+            salt, folder = warm_dirs[r % len(warm_dirs)]
+            # Alternate the order, so a neighbour's load does not always hit the same one.
+            for phase in ("warm", "floor") if r % 2 == 0 else ("floor", "warm"):
+                if phase == "floor":
+                    raw["d"].append(_run("floor", args.n, salt, folder, env)["seconds"])
+                    continue
+                c = _run("warm", args.n, salt, folder, env)
+                assert c["source_builds"] == 0 and c["binary_loads"] == args.n, c
+                raw["c"].append(c["seconds"])
+                launches["after_warm"] = c["first_launch"]
+            print(f"rep {r}: (c) {raw['c'][-1]:.4f} s  (d) {raw['d'][-1]:.4f} s", flush=True)
+        if "e" not in skip:
+            for r in range(args.extra_reps):
+                folder, salt = top / f"pyopencl{r}", f"{run_id}-e{r}"
+                raw["e_cold"].append(_run("pyopencl_cache", args.n, salt, folder, env)["seconds"])
+                for _ in range(reps if r == 0 else 0):
+                    warm = _run("pyopencl_cache", args.n, salt, folder, env)
+                    raw["e_warm"].append(warm["seconds"])
+        if "f" not in skip:
+            for r in range(args.extra_reps):
+                folder, salt = top / f"driver{r}", f"{run_id}-f{r}"
+                fenv = _driver_env(True, folder / "driver-cache")
+                raw["f_cold"].append(_run("driver_cache", args.n, salt, folder, fenv)["seconds"])
+                for _ in range(reps if r == 0 else 0):
+                    warm = _run("driver_cache", args.n, salt, folder, fenv)
+                    raw["f_warm"].append(warm["seconds"])
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+    med = {k: _median(v) for k, v in raw.items()}
+    ratios = {
+        "warm_over_floor": med["c"] / med["d"],
+        "cold_over_warm": med["a"] / med["c"],
+        "parallel_over_sequential": med["b"] / med["a"],
+    }
+    first = {k: {"total": sum(v), "median": _median(v)} for k, v in launches.items()}
+    is_pocl = "Portable Computing Language" in str(device.get("platform_name", ""))
+    labels = {
+        "a": "(a) cold source builds, sequential",
+        "b": "(b) cold, build_all() parallel",
+        "c": "(c) warm via runtime-cache, fresh process",
+        "d": "(d) floor: raw Program(binaries).build()",
+        "e_cold": "(e) pyopencl cache, cold",
+        "e_warm": "(e) pyopencl cache, warm",
+        "f_cold": "(f) driver cache, cold",
+        "f_warm": "(f) driver cache, warm",
+    }
+    print()
+    print(f"device: {device.get('name')} | {device.get('platform_version')}")
+    print(f"driver: {device.get('driver_version')} | n={args.n} | driver cache {args.driver_cache}")
+    print(f"{'measurement':46} {'median s':>10} {'per kernel ms':>14} {'runs':>5}")
+    for key, label in labels.items():
+        if raw[key]:
+            per = med[key] / args.n * 1000
+            print(f"{label:46} {med[key]:10.4f} {per:14.3f} {len(raw[key]):5d}")
+    for key, value in first.items():
+        label = f"(g) first launches {key.replace('_', ' ')}"
+        print(f"{label:46} {value['total']:10.4f} {value['median'] * 1000:14.3f} {1:5d}")
+    print()
+    for key, value in ratios.items():
+        print(f"{key:28} {value:8.3f}")
+    result = {
+        "benchmark": "opencl",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"machine": host_platform.machine(), "cpus": os.cpu_count()},
+        "device": device,
+        "n": args.n,
+        "reps": reps,
+        "cold_reps": cold_reps,
+        "warm_reps": warm_reps,
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg(),
+        "driver_cache": args.driver_cache,
+        "pyopencl_cache_used_by_program_build": not is_pocl
+        and "NVIDIA" not in str(device.get("platform_name", "")),
+        "seconds": raw,
+        "median_seconds": med,
+        "first_launch_seconds": first,
+        "ratios": ratios,
+        "acceptance": {
+            "warm_over_floor<=1.10": ratios["warm_over_floor"] <= 1.10,
+            "cold_over_warm>=50": ratios["cold_over_warm"] >= 50,
+            "parallel_over_sequential<=0.60": ratios["parallel_over_sequential"] <= 0.60,
+        },
+        "wall_seconds": time.time() - started,
+    }
+    label = args.label or ("pocl" if is_pocl else str(device.get("vendor", "device")).split()[0])
+    out = Path(args.out) if args.out else HERE / "results" / f"opencl-{label.lower()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
