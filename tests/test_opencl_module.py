@@ -148,3 +148,17 @@ def test_bundle_with_rejected_binary_falls_back(ctx: Any, cache: rc.Cache) -> No
     assert module.set_precompiled_programs(encode_bundle(blobs)) == 0
     assert opencl_stats().rejected_binaries == 2
     _check(ctx, module)
+
+
+def test_build_error_in_a_worker_is_raised_by_the_parent(ctx: Any, cache: rc.Cache) -> None:
+    import pyopencl as cl
+
+    sources = generated_sources(3, salt=9)
+    sources["broken"] = "__kernel void broken(__global float *a) { a[0] = not_declared; }"
+    module = OpenCLModule(ctx, sources, cache=cache)
+    with pytest.raises(cl.RuntimeError) as caught:
+        module.build_all(workers=2, processes=True)
+    assert "not_declared" in str(caught.value)  # pyopencl's own error, with the build log
+    # The good programs were taken from the workers and stored.
+    assert sorted(module.built) == ["k0", "k1", "k2"]
+    assert cache.stats().stores == 3

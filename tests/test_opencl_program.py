@@ -195,3 +195,27 @@ def test_recapture_restores_changed_binaries(ctx: Any, cache: rc.Cache) -> None:
     assert opencl_stats().recaptured == 1
     assert recapture_binaries(program) == 0
     assert recapture_binaries(object()) == 0
+
+
+def test_options_and_include_scanning(tmp_path: Path) -> None:
+    from runtime_cache.opencl.includes import include_digests, include_dirs, normalize_options
+
+    tokens = normalize_options("-D A=1 -I 'my dir' -Iother")
+    assert tokens == ["-D", "A=1", "-I", "my dir", "-Iother"]
+    assert include_dirs(tokens) == ["my dir", "other"]
+    assert normalize_options([b"-D", "B"]) == ["-D", "B"]
+    assert include_digests("__kernel void f() {}", []) == []
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (first / "h.h").write_text('#include "inner.h"\n#define X 1\n')
+    (first / "inner.h").write_text('#include "h.h"\n')  # a cycle ends
+    (second / "h.h").write_text("#define X 2\n")
+    options = ["-I", str(first), "-I", str(second)]
+    found = include_digests('#include "h.h"\n', options)
+    assert found is not None
+    assert sorted(name for name, _, _ in found) == ["h.h", "h.h", "inner.h"]
+    # The second folder's header is hashed too, though the first one shadows it.
+    (second / "h.h").write_text("#define X 3\n")
+    assert include_digests('#include "h.h"\n', options) != found
+    assert include_digests("#include <nowhere.h>\n", options) is None
