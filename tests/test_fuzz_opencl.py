@@ -130,7 +130,7 @@ print("taken", target.check(data), flush=True)
 """
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_deep_bit_flips_never_give_a_wrong_result(ctx: Any, seed: int) -> None:
     # Without a secret, nothing can tell a re-checksummed binary from a real one:
     # the driver decides. PoCL either rejects it (we rebuild from source), loads a
