@@ -217,7 +217,9 @@ class OpenCLModule:
             left = build_in_processes(devices, jobs, workers, accept)
         except Exception as exc:  # a broken pool must not stop the build
             log.warning("runtime-cache: worker processes failed (%s); building here", exc)
-            left = [n for n in names if n not in self._programs]
+            left = []
+        with self._lock:
+            left += [n for n in names if n not in self._programs and n not in left]
         for name in left:
             self._build_from_source(name)
 

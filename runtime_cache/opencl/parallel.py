@@ -49,41 +49,55 @@ def _serve(
     rejected: list[str],
     lock: threading.Lock,
 ) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "runtime_cache.opencl.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=_worker_env(),
-    )
-    assert process.stdin is not None and process.stdout is not None
+    current: Job | None = None
+    process: subprocess.Popen[bytes] | None = None
     try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runtime_cache.opencl.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=_worker_env(),
+        )
+        assert process.stdin is not None and process.stdout is not None
         write_message(process.stdin, fingerprints)
         if read_message(process.stdout) is not True:
             return
         while True:
             try:
-                job = jobs.get_nowait()
+                current = jobs.get_nowait()
             except queue.Empty:
+                current = None
                 return
-            write_message(process.stdin, list(job))
+            write_message(process.stdin, list(current))
             _, binaries, seconds, options_text = read_message(process.stdout)
+            job, current = current, None
             # Loading here overlaps the parent's part (a JIT on some drivers) with the builds.
             if not on_result((job[0], binaries, float(seconds), str(options_text))):
                 with lock:
                     rejected.append(job[0])
     except (OSError, EOFError, ValueError, TypeError):
+        # A worker that died mid-job hands that job back to the parent.
+        if current is not None:
+            with lock:
+                rejected.append(current[0])
         return
     finally:
-        try:
+        if process is not None:
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    try:
+        if process.stdin is not None:
             process.stdin.close()
-        except OSError:
-            pass
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    except OSError:
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def build_in_processes(
