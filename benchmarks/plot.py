@@ -51,6 +51,11 @@ def flatten(body: Any, path: tuple[str, ...] = ()) -> list[Row]:
         for name, value in nested.items():
             rows += flatten(value, (*path, name))
         return rows
+    if isinstance(body, list) and body and all(_numeric(item) for item in body):
+        # Repeated measurements: one row with their median and spread.
+        numbers = [float(item) for item in body]
+        spread = {"median": statistics.median(numbers), "min": min(numbers), "max": max(numbers)}
+        return [(path, {**spread, "n": len(numbers)})]
     if isinstance(body, list):
         rows = []
         for index, item in enumerate(body):

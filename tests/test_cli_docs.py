@@ -110,3 +110,12 @@ def test_benchmark_section_is_replaced_between_markers() -> None:
     assert "old table" not in updated and "NEW" in updated
     assert updated.startswith("# B\n\nprose") and updated.endswith("after\n")
     assert plot.rewrite(updated, "NEW") == updated
+
+
+def test_repeated_measurements_become_one_row_with_their_spread() -> None:
+    plot = _plot_module()
+    rows = plot.flatten({"seconds": {"cold": [3.0, 1.0, 2.0], "warm": [0.2, 0.1]}})
+    assert rows == [
+        (("seconds", "cold"), {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}),
+        (("seconds", "warm"), {"median": pytest.approx(0.15), "min": 0.1, "max": 0.2, "n": 2}),
+    ]
