@@ -519,3 +519,33 @@ def test_rm_with_an_ambiguous_prefix_removes_nothing(run: Run, cache: rc.Cache) 
     code, _, err = run("rm", str(keys[0]), shared)
     assert code == 2 and "matches" in err
     assert len(run.json("ls")) == 40
+
+
+def test_export_to_stdout_piped_into_import_from_stdin(
+    cache: rc.Cache, root: Path, tmp_path: Path
+) -> None:
+    keys = fill(cache, 4)
+    other = tmp_path / "other"
+    cli = [sys.executable, "-m", "runtime_cache.cli"]
+    exporter = subprocess.Popen(
+        [*cli, "--cache", f"dir://{root}", "export", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    importer = subprocess.run(
+        [*cli, "--cache", f"dir://{other}", "import", "-", "--json"],
+        stdin=exporter.stdout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert exporter.stdout is not None and exporter.stderr is not None
+    exporter.stdout.close()
+    assert exporter.wait(timeout=120) == 0
+    with exporter.stderr:
+        assert b"exported 4 entries" in exporter.stderr.read()
+    assert importer.returncode == 0, importer.stderr
+    assert json.loads(importer.stdout)["accepted"] == 4
+    copy = rc.Cache(DirectoryBackend(other))
+    assert all(copy.get(k) == cache.get(k) for k in keys)
+    copy.close()
