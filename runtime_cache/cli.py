@@ -136,7 +136,9 @@ def build_parser(plugins: Sequence[str] = PLUGINS) -> argparse.ArgumentParser:
     _json(ls)
 
     show = add("show", cmd_show, "Show one entry's key parts and metadata (never its value).")
-    show.add_argument("key", help="a whole key or a unique prefix of its digest, as ls shows")
+    show.add_argument(
+        "key", help="a whole key, a unique prefix of one, or of its digest as ls shows it"
+    )
     show.add_argument("--raw", metavar="FILE", help="also write the entry's value to FILE")
     _json(show)
 

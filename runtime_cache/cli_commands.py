@@ -113,18 +113,23 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def resolve_key(cache: Cache, text: str) -> str:
-    """Turn a whole key, or a unique prefix of a key's digest (as ``ls`` shows), into a key.
+    """Turn what the user typed into a stored key.
 
-    Raises :class:`KeyNotFound` when nothing matches, :class:`UsageError` when
-    the prefix is ambiguous.
+    Accepted: a whole key (``opencl/program-binary/<32 hex digits>``), a prefix
+    of a whole key (``opencl/tuning/3f2a``), or a prefix of a key's digest as
+    ``ls`` shows it (``3f2a91c0d4e5``). Raises :class:`KeyNotFound` when nothing
+    matches, :class:`UsageError` when the prefix is ambiguous.
     """
     text = text.strip()
     if not text:
         raise UsageError("an empty key")
-    if text.count("/") >= 2:
-        return text
-    needle = text.lower()
-    matches = [k for k in cache.backend.keys("") if k.rsplit("/", 1)[-1].startswith(needle)]
+    if "/" in text:
+        if text.count("/") >= 2 and len(text.rsplit("/", 1)[-1]) == 32:
+            return text  # a whole key: no listing needed
+        matches = list(cache.backend.keys(text))
+    else:
+        needle = text.lower()
+        matches = [k for k in cache.backend.keys("") if k.rsplit("/", 1)[-1].startswith(needle)]
     if not matches:
         raise KeyNotFound(text)
     if len(matches) > 1:
