@@ -32,6 +32,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -189,11 +190,14 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
     kinds: dict[str, dict[str, int]] = {}
     examples: list[str] = []
     while time.monotonic() < deadline:
+        # stderr to a file: a driver may print much (and not UTF-8) before it dies.
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed at the end of the loop
         child = subprocess.Popen(
             [sys.executable, __file__, "--opencl-child", str(seed), str(next_index), "400"],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=errors,
             text=True,
+            errors="replace",
             env=env,
         )
         assert child.stdout is not None
@@ -225,10 +229,12 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
             outcome = kinds.setdefault(current[1], {"inputs": 0, "taken": 0, "crashes": 0})
             outcome["inputs"] += 1
             outcome["crashes"] += 1
-            err = (child.stderr.read() if child.stderr else "").strip().splitlines()
+            errors.seek(0)
+            err = errors.read().decode("utf-8", "replace").strip().splitlines()
             if len(examples) < 5:
                 examples.append(f"input {current[0]} ({current[1]}): {err[-1] if err else ''}")
             next_index = current[0] + 1
+        errors.close()
     return {
         "target": "opencl",
         "inputs": inputs,
