@@ -103,10 +103,11 @@ def plan_program(
     tokens = normalize_options(options)
     text = _options_text(cl, context, tokens)
     devs = list(devices) if devices is not None else list(context.devices)
-    headers = include_digests(source, normalize_options(text))
+    data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
+    # Splitting the options costs more than the rest of the key: only when needed.
+    headers = include_digests(data, normalize_options(text)) if b"include" in data else []
     if headers is None:
         return ProgramPlan(source, tokens, text, devs, None)
-    data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
     if headers:
         extra["includes"] = headers
