@@ -29,6 +29,7 @@ from runtime_cache import codec
 
 FUZZ = settings(
     max_examples=300,
+    derandomize=True,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -39,7 +39,11 @@ from runtime_cache.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.opencl
 FUZZ = settings(
-    max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    max_examples=15,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
 )
 
 

@@ -24,7 +24,11 @@ from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.tuning import TuningCache
 
 FUZZ = settings(
-    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=300,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 BUNDLE = sample_tuning_bundle()
 

@@ -18,7 +18,11 @@ from runtime_cache.api import BackendURL, parse_duration, parse_size, redact_url
 from runtime_cache.errors import InvalidURLError
 
 FUZZ = settings(
-    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=300,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 SCHEMES = ["memory://", "redis://", "rediss://", "redis+cluster://", "tiered://", "nope://", ""]
 OPTIONS = [
