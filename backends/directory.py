@@ -17,9 +17,10 @@ Guarantees:
 * A vanished file is a miss. A read-only directory serves reads; writes raise
   :class:`~runtime_cache.errors.ReadOnlyBackendError` at once, without retrying
   the disk, and the front logs that once.
-* ``max_size`` is kept by evicting least recently used files. Last access is
-  the file's mtime, bumped on every hit (one ``futimens`` call); hits are
-  counted in memory and appended to ``<root>/.hits`` in batches.
+* ``max_size`` is kept by evicting least recently used files, one process at
+  a time (see :mod:`runtime_cache.backends.eviction`). Last access is the
+  file's mtime, bumped on every hit (one ``futimens`` call); hits are counted
+  in memory and appended to ``<root>/.hits`` in batches.
 
 * A root that another user (not root) owns, or that anyone may write, is
   refused unless ``shared=1``: whoever can write it could plant entries.
