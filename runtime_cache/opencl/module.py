@@ -20,6 +20,7 @@ from .program import (
     ProgramPlan,
     fetch,
     load_from_binaries,
+    options_text,
     plan_program,
     read_binaries,
     remember,
@@ -77,6 +78,7 @@ class OpenCLModule:
         self._plans: dict[str, ProgramPlan] = {}
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
+        self._options_text: str | None = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -96,12 +98,15 @@ class OpenCLModule:
             if plan is None:
                 if name not in self.sources:
                     raise KeyError(f"no kernel {name!r} in module {self.module_id}")
+                if self._options_text is None:
+                    self._options_text = options_text(self.context, self.options)
                 plan = plan_program(
                     self.context,
                     self.sources[name],
                     self.options,
                     module_id=self.module_id,
                     program=name,
+                    options_text=self._options_text,
                 )
                 self._plans[name] = plan
             return plan

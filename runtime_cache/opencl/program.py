@@ -34,6 +34,7 @@ __all__ = [
     "ProgramPlan",
     "build_program",
     "load_from_binaries",
+    "options_text",
     "plan_program",
     "source_build",
     "store_binaries",
@@ -89,6 +90,11 @@ def _options_text(cl: Any, context: Any, tokens: list[str]) -> str:
     return options_bytes.decode("utf-8", "replace") if isinstance(options_bytes, bytes) else ""
 
 
+def options_text(context: Any, options: Options = ()) -> str:
+    """The option string the driver receives for ``options`` in ``context``."""
+    return _options_text(import_pyopencl(), context, normalize_options(options))
+
+
 def plan_program(
     context: Any,
     source: str | bytes,
@@ -97,11 +103,16 @@ def plan_program(
     devices: Sequence[Any] | None = None,
     module_id: str | None = None,
     program: str | None = None,
+    options_text: str | None = None,
 ) -> ProgramPlan:
-    """Work out the cache keys of one program, one per device (no cache access)."""
+    """Work out the cache keys of one program, one per device (no cache access).
+
+    ``options_text`` is the driver's option string when the caller already has it
+    (a module computes it once for all its programs).
+    """
     cl = import_pyopencl()
     tokens = normalize_options(options)
-    text = _options_text(cl, context, tokens)
+    text = options_text if options_text is not None else _options_text(cl, context, tokens)
     devs = list(devices) if devices is not None else list(context.devices)
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     # Splitting the options costs more than the rest of the key: only when needed.
