@@ -16,7 +16,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import msgpack
@@ -70,27 +69,77 @@ def _canonical(value: Any, where: str, depth: int) -> Any:
     )
 
 
-def canonical_bytes(parts: Mapping[str, Any]) -> bytes:
-    """Return the canonical msgpack encoding that a key's digest is taken over."""
-    body = _canonical(dict(parts), "parts", 0)
-    packed: bytes = msgpack.packb(
-        ["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True
-    )
-    return packed
-
-
-def _freeze(value: Any) -> Any:
+def _plain(value: Any) -> Any:
+    """A deep copy of ``value`` with mappings as dicts and sequences as lists."""
     if isinstance(value, Mapping):
-        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
     return value
 
 
+def _prepare(parts: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """Return the canonical encoding of ``parts`` and a private deep copy of them."""
+    try:
+        body, copy = _walk(dict(parts), 0)
+    except (_Unsupported, TypeError):
+        # Subclasses of built-in types, or a bad part: the slow walk names the part.
+        body = _canonical(dict(parts), "parts", 0)
+        copy = _plain(parts)
+    packed: bytes = msgpack.packb(
+        ["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True
+    )
+    return packed, copy
+
+
+def canonical_bytes(parts: Mapping[str, Any]) -> bytes:
+    """Return the canonical msgpack encoding that a key's digest is taken over."""
+    return _prepare(parts)[0]
+
+
+class _Unsupported(Exception):
+    """Raised by the fast walk; the slow walk then names the offending part."""
+
+
+_SCALARS = (str, int, bool, bytes, type(None))
+
+
+def _walk(value: Any, depth: int) -> tuple[Any, Any]:
+    """One pass over the parts: ``(canonical form, private deep copy)``.
+
+    The fast path for exact built-in types; anything unusual raises
+    :class:`_Unsupported` so :func:`_canonical` can name the part.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        if kind is int and not -(2**63) <= value < 2**64:
+            raise _Unsupported
+        return value, value
+    if depth > _MAX_DEPTH:
+        raise _Unsupported
+    if kind is dict:
+        pairs = []
+        copy = {}
+        for k in sorted(value):  # raises TypeError for mixed key types: handled by the caller
+            if type(k) is not str:
+                raise _Unsupported
+            canon, copy[k] = _walk(value[k], depth + 1)
+            pairs.append([k, canon])
+        return ["\x00dict", pairs], copy
+    if kind is list or kind is tuple:
+        walked = [_walk(v, depth + 1) for v in value]
+        return [c for c, _ in walked], [v for _, v in walked]
+    if kind is float:
+        return (float("nan") if math.isnan(value) else value + 0.0), value
+    raise _Unsupported
+
+
 def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
+    if isinstance(value, list):
         return [_thaw(v) for v in value]
     return value
 
@@ -136,8 +185,8 @@ class CacheKey:
                 )
         if not isinstance(parts["module_id"], str) or not parts["module_id"]:
             raise TypeError("key part 'module_id' must be a non-empty str")
-        digest = xxhash.xxh3_128_hexdigest(canonical_bytes(parts))
-        return cls(runtime, purpose, digest, _freeze(dict(parts)))
+        packed, copy = _prepare(parts)
+        return cls(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
 
 
 def make_key(
