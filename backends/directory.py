@@ -40,7 +40,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
@@ -202,6 +202,20 @@ class DirectoryBackend(Backend):
             raise self._error("read", exc) from exc
 
     def get(self, key: str) -> bytes | None:
+        return self._read(key, self.track_access)
+
+    def peek(self, key: str) -> bytes | None:
+        return self._read(key, False)
+
+    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        found = {}
+        for key in keys:
+            value = self._read(key, False)
+            if value is not None:
+                found[key] = value
+        return found
+
+    def _read(self, key: str, count_use: bool) -> bytes | None:
         fd = self._open(key)
         if fd is None:
             return None
@@ -212,7 +226,7 @@ class DirectoryBackend(Backend):
                 if not chunk:
                     break
                 chunks.append(chunk)
-            if self.track_access:
+            if count_use:
                 self._touch(fd, key)
         except OSError as exc:
             raise self._error("read", exc) from exc

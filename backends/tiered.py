@@ -233,6 +233,16 @@ class TieredBackend(Backend):
         return None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return self._get_many(keys, peek=False)
+
+    def peek(self, key: str) -> bytes | None:
+        return self._get_many([key], peek=True).get(key)
+
+    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return self._get_many(keys, peek=True)
+
+    def _get_many(self, keys: Iterable[str], *, peek: bool) -> dict[str, bytes]:
+        """Read through the tiers; a peek counts as no use and promotes nothing."""
         wanted = list(dict.fromkeys(keys))
         found: dict[str, bytes] = {}
         errors: list[Exception] = []
@@ -249,7 +259,8 @@ class TieredBackend(Backend):
                 missing = [k for k in missing if k not in here]
             try:
                 if missing:
-                    here.update(tier.backend.get_many(missing))
+                    read = tier.backend.peek_many if peek else tier.backend.get_many
+                    here.update(read(missing))
             except InvalidKeyError:
                 raise  # bad input, not an outage
             except Exception as exc:
@@ -257,7 +268,8 @@ class TieredBackend(Backend):
                 errors.append(exc)
             else:
                 self._ok(tier)
-            self._promote(index, here)
+            if not peek:
+                self._promote(index, here)
             found.update(here)
         if not found:
             self._raise_if_all_failed(errors, len(self._tiers))

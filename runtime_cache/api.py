@@ -115,6 +115,18 @@ class Backend(abc.ABC):
         for key, value in items.items():
             self.set(key, value)
 
+    def peek(self, key: str) -> bytes | None:
+        """Like :meth:`get`, but not counted as a use (no hit, no last-access bump).
+
+        Maintenance (verify, export) reads through this, so it never disturbs
+        LRU order or hit counts. Backends that track access override it.
+        """
+        return self.get(key)
+
+    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """Like :meth:`get_many`, but not counted as a use."""
+        return self.get_many(keys)
+
     def head(self, key: str, size: int) -> bytes | None:
         """Return at most the first ``size`` bytes of a value (for reading metadata)."""
         value = self.get(key)

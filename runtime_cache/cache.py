@@ -458,7 +458,7 @@ class Cache:
             wanted = [info.key for info in self.entries(runtime, purpose, module_id)]
         blobs: list[bytes] = []
         try:
-            stored = self._backend.get_many(wanted)
+            stored = self._backend.peek_many(wanted)  # exporting is not a use
         except Exception as exc:
             self._failed("get_many", exc)
             stored = {}

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TextIO, TypeVar
 
-from .cli_context import CommandContext, reads_not_counted
+from .cli_context import CommandContext
 from .cli_format import human_size
 from .codec import decode_bundle, encode_bundle, normalize_secret
 from .errors import CorruptEntryError, InvalidBundleError
@@ -94,8 +94,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     blobs: list[bytes] = []
     bad: list[str] = []
     for batch in _batches(keys):
-        with reads_not_counted(cache.backend):
-            stored = cache.backend.get_many(list(batch))
+        stored = cache.backend.peek_many(list(batch))  # exporting is not a use
         for skey in batch:
             blob = stored.get(skey)
             if blob is None:

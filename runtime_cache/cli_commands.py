@@ -17,7 +17,7 @@ from typing import Any
 from . import listing
 from .api import StoredItem
 from .cache import Cache
-from .cli_context import CommandContext, KeyNotFound, UsageError, reads_not_counted
+from .cli_context import CommandContext, KeyNotFound, UsageError
 from .cli_format import (
     human_age,
     human_seconds,
@@ -303,8 +303,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Check every entry; exit code 1 when bad ones were found (removed with ``--repair``)."""
-    with reads_not_counted(ctx.cache.backend):
-        report = verify(ctx.cache, repair=args.repair)
+    report = verify(ctx.cache, repair=args.repair)
     if args.json:
         ctx.emit_json(
             {

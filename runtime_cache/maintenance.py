@@ -39,7 +39,7 @@ def verify(cache: Cache, *, repair: bool = False, prefix: str = "") -> VerifyRep
     report = VerifyReport()
     backend = cache.backend
     for skey in list(backend.keys(prefix)):
-        blob = backend.get(skey)
+        blob = backend.peek(skey)  # verifying is not a use: LRU order and hits stay
         if blob is None:
             continue  # vanished while we looked: nothing to verify
         report.checked += 1

@@ -134,6 +134,12 @@ class BackendConformance:
             t.join()
         assert not errors, errors
 
+    def test_peek_reads_like_get(self, backend: Backend) -> None:
+        backend.set(_k(14), b"peeked")
+        assert backend.peek(_k(14)) == b"peeked"
+        assert backend.peek(_k("absent")) is None
+        assert backend.peek_many([_k(14), _k("absent")]) == {_k(14): b"peeked"}
+
     def test_close_twice(self, backend: Backend) -> None:
         backend.close()
         backend.close()

@@ -207,3 +207,21 @@ def test_many_processes_never_tear(tmp_path: Path) -> None:
     assert all(p.exitcode == 0 for p in procs)
     assert [queue.get(timeout=5) for _ in procs] == [0, 0, 0, 0]
     assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_peek_is_not_a_use(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"v")
+    (path,) = tmp_path.rglob("*.rce")
+    os.utime(path, (1000.0, 1000.0))
+    assert backend.peek(KEY) == b"v" and backend.peek_many([KEY]) == {KEY: b"v"}
+    cache = rc.Cache(backend)
+    cache.dumps()
+    from runtime_cache.maintenance import verify
+
+    assert verify(cache).checked == 1
+    (item,) = list(backend.scan())
+    assert item.hits == 0 and item.last_access == 1000.0  # export and verify left LRU order alone
+    backend.get(KEY)
+    (item,) = list(backend.scan())
+    assert item.hits == 1 and item.last_access is not None and item.last_access > 1000.0
