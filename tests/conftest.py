@@ -8,6 +8,7 @@ there (CI sets both).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,8 @@ import runtime_cache as rc
 # The driver's own kernel cache stays off in tests, so our cache is what we measure.
 os.environ.setdefault("POCL_KERNEL_CACHE", "0")
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
+# The OpenCL crash guard keeps its files in a folder private to this test run.
+os.environ.setdefault("RUNTIME_CACHE_GUARD_DIR", tempfile.mkdtemp(prefix="rc-guard-"))
 
 
 def need(what: str, env: str, reason: str) -> None:

@@ -26,6 +26,7 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .counters import counters
 from .fingerprint import device_fingerprint
+from .guard import binary_digest, guard
 from .includes import Options, include_digests, normalize_options
 
 __all__ = [
@@ -168,9 +169,14 @@ def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[bytes
     cl = import_pyopencl()
     if len(binaries) != len(plan.devices) or not all(binaries):
         return None
+    digests = [binary_digest(b) for b in binaries]
+    if guard.blocked(digests):
+        log.debug("runtime-cache: binary blocklisted by the crash guard")
+        return None
     try:
-        program = cl.Program(context, plan.devices, list(binaries))
-        original_build(cl)(program, plan.options, plan.devices)
+        with guard.loading(digests):  # a driver crash here is remembered by the next process
+            program = cl.Program(context, plan.devices, list(binaries))
+            original_build(cl)(program, plan.options, plan.devices)
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
@@ -224,6 +230,9 @@ def store_binaries(
     if len(binaries) != len(plan.keys) or not all(binaries):
         log.debug("runtime-cache: the driver returned no binary for some device; not storing")
         return False
+    # The driver made or accepted these bytes, so they are no longer suspect (a build from
+    # source can give the same bytes as a binary blocklisted after an unrelated crash).
+    guard.unblock([binary_digest(b) for b in binaries])
     remember(program, plan, cache, binaries, seconds)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 

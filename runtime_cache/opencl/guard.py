@@ -1,0 +1,222 @@
+"""A crash guard: a binary that killed the process while loading is never loaded again.
+
+Some drivers do not reject a bad program binary: they crash inside
+``clCreateProgramWithBinary`` or ``clBuildProgram`` (PoCL aborts in LLVM on
+some re-checksummed forgeries). No fallback inside the process can catch
+that, and without a guard every restart would load the same entry and crash
+again. So, while binaries load, this process keeps their digests in its own
+file, ``<pid>.loading``, in the guard folder. The next process that finds the
+file of a process that is gone moves those digests to a blocklist; a
+blocklisted binary counts as rejected by the driver: it is evicted and the
+program is rebuilt from source.
+
+The folder is ``$RUNTIME_CACHE_GUARD_DIR``, or ``opencl-guard`` in
+``platformdirs.user_state_dir("runtime-cache")``. The guard is advisory: if the
+folder cannot be written, loading goes on unguarded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import xxhash
+
+__all__ = ["LoadGuard", "binary_digest", "guard"]
+
+log = logging.getLogger("runtime_cache.opencl")
+
+ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
+_BLOCKLIST = "blocklist"
+_MAX_BLOCKED = 10_000
+
+
+def binary_digest(binary: bytes) -> str:
+    """The digest under which a binary is guarded and blocklisted."""
+    return xxhash.xxh3_128_hexdigest(binary)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+class LoadGuard:
+    """Records the binaries being loaded; blocklists those a dead process was loading."""
+
+    def __init__(self, folder: str | None = None) -> None:
+        self._folder = folder
+        self._lock = threading.Lock()
+        self._ready = False
+        self._fd: int | None = None
+        self._blocked: set[str] = set()
+        self._loading: dict[str, int] = {}
+        self.recovered = 0
+
+    @property
+    def folder(self) -> str:
+        """Where the guard keeps its files."""
+        if self._folder is None:
+            env = os.environ.get(ENV_GUARD_DIR, "").strip()
+            if env:
+                self._folder = env
+            else:
+                import platformdirs
+
+                state = platformdirs.user_state_dir("runtime-cache", appauthor=False)
+                self._folder = os.path.join(state, "opencl-guard")
+        return self._folder
+
+    def _start(self) -> None:
+        """Once per process: adopt dead processes' in-flight digests, read the blocklist."""
+        if self._ready:
+            return
+        self._ready = True
+        folder = self.folder
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            names = os.listdir(folder)
+        except OSError as exc:
+            log.debug("runtime-cache: load guard off (%s)", exc)
+            return
+        found: list[str] = []
+        for name in names:
+            pid_text, _, suffix = name.partition(".")
+            if suffix != "loading" or not pid_text.isdigit():
+                continue
+            pid = int(pid_text)
+            if pid == os.getpid() or _alive(pid):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                with open(path, encoding="ascii", errors="replace") as handle:
+                    found.extend(line.strip() for line in handle if line.strip())
+                os.unlink(path)
+            except OSError:
+                continue
+        blocklist = os.path.join(folder, _BLOCKLIST)
+        if found:
+            self.recovered = len(found)
+            log.warning(
+                "runtime-cache: a process died while loading %d cached OpenCL binaries; "
+                "they are blocklisted and will be rebuilt from source",
+                len(found),
+            )
+            try:
+                with open(blocklist, "a", encoding="ascii") as handle:
+                    handle.write("".join(f"{d}\n" for d in found))
+            except OSError:
+                pass
+        try:
+            with open(blocklist, encoding="ascii", errors="replace") as handle:
+                lines = [line.strip() for line in handle if line.strip()]
+            self._blocked = set(lines[-_MAX_BLOCKED:])
+        except OSError:
+            self._blocked = set(found)
+        try:
+            self._fd = os.open(
+                os.path.join(folder, f"{os.getpid()}.loading"),
+                os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                0o600,
+            )
+        except OSError:
+            self._fd = None
+
+    def blocked(self, digests: Sequence[str]) -> bool:
+        """Whether any of these binaries once killed a process while loading."""
+        with self._lock:
+            self._start()
+            return any(d in self._blocked for d in digests)
+
+    def unblock(self, digests: Sequence[str]) -> None:
+        """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""
+        with self._lock:
+            self._start()
+            gone = self._blocked.intersection(digests)
+            if not gone:
+                return
+            self._blocked -= gone
+            data = "".join(f"{d}\n" for d in sorted(self._blocked))
+        path = os.path.join(self.folder, _BLOCKLIST)
+        temp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(temp, "w", encoding="ascii") as handle:
+                handle.write(data)
+            os.replace(temp, path)
+        except OSError:
+            pass
+
+    def _write(self) -> None:
+        if self._fd is None:
+            return
+        data = "".join(f"{d}\n" for d in self._loading).encode("ascii")
+        try:
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
+        except OSError:
+            pass
+
+    @contextlib.contextmanager
+    def loading(self, digests: Sequence[str]) -> Iterator[None]:
+        """Mark ``digests`` as loading for the duration of the block (survives a crash)."""
+        with self._lock:
+            self._start()
+            for d in digests:
+                self._loading[d] = self._loading.get(d, 0) + 1
+            self._write()
+        try:
+            yield
+        finally:
+            with self._lock:
+                for d in digests:
+                    left = self._loading.get(d, 1) - 1
+                    if left:
+                        self._loading[d] = left
+                    else:
+                        self._loading.pop(d, None)
+                self._write()
+
+    def close(self) -> None:
+        """Remove this process's file (at exit): nothing is loading any more."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                try:
+                    os.unlink(os.path.join(self.folder, f"{os.getpid()}.loading"))
+                except OSError:
+                    pass
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's file and state without touching them."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._lock = threading.Lock()
+        self._fd = None
+        self._ready = False
+        self._loading = {}
+
+    def reset(self) -> None:
+        """Forget state so the next use reads the folder again (after fork, or in tests)."""
+        self.close()
+        with self._lock:
+            self._ready = False
+            self._folder = None
+            self._blocked = set()
+            self._loading = {}
+
+
+guard = LoadGuard()
+atexit.register(guard.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=guard.after_fork)

@@ -1,0 +1,104 @@
+"""The crash guard: a process that dies while loading cached binaries does not doom the next one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import need
+
+N = 60
+CHILD = """
+import sys
+import pyopencl as cl
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.opencl import OpenCLModule, opencl_stats
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+n = int(sys.argv[2])
+sources = {f"k{i}": f"kernel void k{i}(global float *a) {{ a[get_global_id(0)] += {i}.0f; }}"
+           for i in range(n)}
+module = OpenCLModule(ctx, sources, cache=rc.Cache(DirectoryBackend(sys.argv[1])))
+module.build_all(processes=False)
+s = opencl_stats()
+print(s.binary_loads, s.source_builds, s.rejected_binaries, flush=True)
+"""
+
+
+def _run(cache: Path, env: dict[str, str]) -> list[int]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(cache), str(N)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_a_crash_while_loading_is_not_repeated(tmp_path: Path) -> None:
+    try:
+        import pyopencl as cl
+
+        cl.get_platforms()
+    except Exception as exc:  # no driver or no platform
+        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", str(exc))
+    guard_dir = tmp_path / "guard"
+    env = {**os.environ, "POCL_KERNEL_CACHE": "0", "RUNTIME_CACHE_GUARD_DIR": str(guard_dir)}
+    cache = tmp_path / "cache"
+    assert _run(cache, env) == [0, N, 0]  # cold: every program from source, binaries stored
+    # A process loading those binaries dies in the middle (SIGKILL, as a driver crash would).
+    victim = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(cache), str(N)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    loading = guard_dir / f"{victim.pid}.loading"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and victim.poll() is None:
+        if loading.exists() and loading.stat().st_size > 0:
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.0005)
+    victim.wait(30)
+    if victim.returncode != -signal.SIGKILL:
+        pytest.fail("the loader finished before it could be killed mid-load")
+    # The next process blocklists the binary that was loading, rebuilds it from source,
+    # and loads every other program from the cache.
+    loads, builds, rejected = _run(cache, env)
+    assert (loads, builds, rejected) == (N - 1, 1, 1)
+    assert not loading.exists()
+    # At most the one binary is blocklisted (none when the rebuild gave the same bytes).
+    assert len((guard_dir / "blocklist").read_text().split()) <= 1
+    # The rebuilt binary is stored afresh, so the run after that is all hits.
+    assert _run(cache, env) == [N, 0, 0]
+
+
+def test_dead_process_digests_are_blocklisted_until_the_driver_makes_them(tmp_path: Path) -> None:
+    from runtime_cache.opencl.guard import LoadGuard
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    dead_pid = int(done.stdout)
+    (tmp_path / f"{dead_pid}.loading").write_text("aaaa\nbbbb\n")
+    (tmp_path / f"{os.getpid()}.loading").write_text("cccc\n")  # alive: left alone
+    guard = LoadGuard(str(tmp_path))
+    assert guard.blocked(["aaaa"]) and guard.blocked(["x", "bbbb"]) and not guard.blocked(["cccc"])
+    assert guard.recovered == 2 and not (tmp_path / f"{dead_pid}.loading").exists()
+    with guard.loading(["dddd"]):
+        assert (tmp_path / f"{os.getpid()}.loading").read_text() == "dddd\n"
+    assert (tmp_path / f"{os.getpid()}.loading").read_text() == ""
+    guard.unblock(["aaaa"])
+    guard.close()
+    again = LoadGuard(str(tmp_path))
+    assert not again.blocked(["aaaa"]) and again.blocked(["bbbb"])
+    again.close()
