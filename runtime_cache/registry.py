@@ -120,7 +120,7 @@ class Registry:
             raise UnknownBackendError(f"{target!r} is not a runtime_cache Backend subclass")
         return cls
 
-    def open(self, url: str) -> Backend:
+    def open_url(self, url: str) -> Backend:
         """Open a backend from a URL; a comma-separated list opens tiers, fastest first."""
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
@@ -151,4 +151,4 @@ def open_backend(url: str) -> Backend:
 
     A comma-separated list, e.g. ``"memory://,dir://"``, opens a tiered backend.
     """
-    return registry.open(url)
+    return registry.open_url(url)

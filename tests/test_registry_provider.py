@@ -41,12 +41,12 @@ def test_builtins_come_from_entry_points(fresh: reg.Registry) -> None:
     )
     assert fresh._loaded == {}  # nothing imported until used
     assert fresh.resolve("memory") is MemoryBackend
-    assert isinstance(fresh.open("dir://" + "/tmp/rc-reg-test"), DirectoryBackend)
+    assert isinstance(fresh.open_url("dir://" + "/tmp/rc-reg-test"), DirectoryBackend)
 
 
 def test_register_lazy_string_and_conflicts(fresh: reg.Registry) -> None:
     fresh.register("listy", f"{__name__}:ListBackend")
-    assert isinstance(fresh.open("listy://x"), ListBackend)
+    assert isinstance(fresh.open_url("listy://x"), ListBackend)
     with pytest.raises(BackendConflictError):
         fresh.register("listy", MemoryBackend)
     fresh.register("listy", MemoryBackend, replace=True)
@@ -60,15 +60,15 @@ def test_register_lazy_string_and_conflicts(fresh: reg.Registry) -> None:
 
 def test_unknown_scheme_lists_known(fresh: reg.Registry) -> None:
     with pytest.raises(UnknownBackendError, match="memory://"):
-        fresh.open("nosuch://x")
+        fresh.open_url("nosuch://x")
     with pytest.raises(InvalidURLError):
-        fresh.open("not a url")
+        fresh.open_url("not a url")
 
 
 def test_missing_dependency_names_extra(fresh: reg.Registry) -> None:
     fresh.register("redis", "no_such_redis_module_xyz:Backend", replace=True)
     with pytest.raises(MissingDependencyError, match=r"runtime-cache\[redis\]"):
-        fresh.open("redis://localhost:6379/0")
+        fresh.open_url("redis://localhost:6379/0")
 
 
 def test_public_register_backend() -> None:
