@@ -167,6 +167,10 @@ class Cache:
     # ------------------------------------------------------------ failure policy
     def _failed(self, op: str, exc: Exception) -> None:
         self._counters.add(errors=1)
+        if self.strict:
+            # The caller gets the error itself; "carrying on without the cache" would be untrue.
+            log.debug("runtime-cache: %s failed on %r: %s", op, self._backend, exc)
+            raise exc
         side = "write" if op in _WRITES else "read"
         with self._state_lock:
             first = side not in self._failing
@@ -182,8 +186,6 @@ class Cache:
             )
         else:
             log.debug("runtime-cache: %s failed again: %s", op, exc)
-        if self.strict:
-            raise exc
 
     def _succeeded(self, side: str = "read") -> None:
         # Reads and writes recover apart: a read-only store keeps failing writes
