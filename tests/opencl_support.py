@@ -4,23 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
 
 from conftest import need
 
-SCALE_SRC = """
-__kernel void scale(__global float *a, const float f) {
-    int i = get_global_id(0);
-    a[i] = a[i] * f;
-}
-"""
-
-SHIFT_SRC = """
-__kernel void shift(__global float *a, const float s) {
-    int i = get_global_id(0);
-    a[i] = a[i] + s;
-}
-"""
+__all__ = ["SCALE_SRC", "SHIFT_SRC", "generated_sources", "opencl_context", "run_kernel"]
 
 
 def generated_sources(count: int, salt: int = 0) -> dict[str, str]:
@@ -49,18 +37,3 @@ def opencl_context() -> Any:
     if not devices:
         need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", "no OpenCL device found")
     return cl.Context(devices)
-
-
-def run_kernel(ctx: Any, kernel: Any, data: np.ndarray, *scalars: Any) -> np.ndarray:
-    """Run ``kernel(buf, *scalars)`` over ``data`` (float32) and return the result."""
-    import pyopencl as cl
-
-    queue = cl.CommandQueue(ctx)
-    host = np.ascontiguousarray(data, dtype=np.float32)
-    mf = cl.mem_flags
-    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host)
-    kernel(queue, host.shape, None, buf, *scalars)
-    out = np.empty_like(host)
-    cl.enqueue_copy(queue, out, buf)
-    queue.finish()
-    return out

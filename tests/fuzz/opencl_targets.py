@@ -18,6 +18,7 @@ import struct
 from typing import Any
 
 import numpy as np
+from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
 
 import runtime_cache as rc
 from runtime_cache import codec
@@ -25,18 +26,6 @@ from runtime_cache.errors import InvalidBundleError
 
 from .targets import ContractViolation, rechecksum
 
-SCALE_SRC = """
-__kernel void scale(__global float *a, const float f) {
-    int i = get_global_id(0);
-    a[i] = a[i] * f;
-}
-"""
-SHIFT_SRC = """
-__kernel void shift(__global float *a, const float s) {
-    int i = get_global_id(0);
-    a[i] = a[i] + s;
-}
-"""
 SOURCES = {"scale": SCALE_SRC, "shift": SHIFT_SRC}
 _HEADER = struct.Struct("<4sBBHIQQQ")
 
@@ -90,16 +79,3 @@ class PrecompiledTarget:
             if not np.array_equal(got, expect):
                 raise ContractViolation(f"kernel {name} computed a wrong result after loading")
         return taken
-
-
-def run_kernel(ctx: Any, kernel: Any, data: np.ndarray, scalar: np.float32) -> np.ndarray:
-    """Run ``kernel(buffer, scalar)`` over ``data`` and return the buffer."""
-    import pyopencl as cl
-
-    queue = cl.CommandQueue(ctx)
-    host = np.ascontiguousarray(data, dtype=np.float32).copy()
-    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    kernel(queue, host.shape, None, buf, scalar)
-    cl.enqueue_copy(queue, host, buf)
-    queue.finish()
-    return host
