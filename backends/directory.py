@@ -220,19 +220,23 @@ class DirectoryBackend(Backend):
         if fd is None:
             return None
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+            # One read of the size fstat gives, plus a byte to see the end. Entries are
+            # replaced, never written in place, so anything else (a short read on a
+            # network file system) is rare: then read on to the end.
+            size = os.fstat(fd).st_size
+            data = os.read(fd, size + 1)
+            if len(data) != size:
+                chunks = [data]
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
             if count_use:
                 self._touch(fd, key)
         except OSError as exc:
             raise self._error("read", exc) from exc
         finally:
             os.close(fd)
-        return b"".join(chunks)
+        return data
 
     def head(self, key: str, size: int) -> bytes | None:
         fd = self._open(key)

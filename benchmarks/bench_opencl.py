@@ -15,6 +15,10 @@ not timed), and each is repeated (``--reps``, default 5) to take medians:
 (g) the first launch of each kernel, after (a) and after (c), apart from the build
 
 Cold runs use fresh sources (a salt) each time, so no driver cache can help them.
+PoCL writes every program it creates into a scratch folder even with its cache
+off (``~/.cache/pocl/uncached``); on a slow virtual disk that I/O swamps (c) and
+(d) with noise. ``--pocl-scratch DIR`` moves it (``POCL_CACHE_DIR``) for every
+phase, e.g. to a tmpfs, which leaves mostly the driver's own work in (d).
 ``--driver-cache on`` leaves the driver's cache on for every phase (the NVIDIA
 second run); the default turns it off. Prints a table and writes JSON to
 ``benchmarks/results/opencl-<label>.json``.
@@ -188,6 +192,9 @@ def main() -> int:
     parser.add_argument("--label", default=None, help="results/opencl-<label>.json")
     parser.add_argument("--out", default=None, help="JSON path (overrides --label)")
     parser.add_argument("--skip", default="", help="comma-separated phases to skip: e,f")
+    parser.add_argument(
+        "--pocl-scratch", default=None, help="POCL_CACHE_DIR for every phase (e.g. on a tmpfs)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
     parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
@@ -201,6 +208,9 @@ def main() -> int:
     run_id = uuid.uuid4().hex[:8]
     top = Path(tempfile.mkdtemp(prefix="bench-opencl-"))
     env = _driver_env(args.driver_cache == "on", top / "driver-cache")
+    if args.pocl_scratch:
+        os.makedirs(args.pocl_scratch, exist_ok=True)
+        env["POCL_CACHE_DIR"] = args.pocl_scratch
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     raw: dict[str, list[float]] = {
         k: [] for k in ["a", "b", "c", "d", "e_cold", "e_warm", "f_cold", "f_warm"]
@@ -298,6 +308,7 @@ def main() -> int:
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
         "driver_cache": args.driver_cache,
+        "pocl_scratch": args.pocl_scratch or "default (~/.cache/pocl)",
         "pyopencl_cache_used_by_program_build": not is_pocl
         and "NVIDIA" not in str(device.get("platform_name", "")),
         "seconds": raw,

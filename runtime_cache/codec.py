@@ -42,6 +42,7 @@ __all__ = [
     "decode_bundle",
     "decode_entry",
     "decode_meta",
+    "decode_view",
     "encode_bundle",
     "encode_entry",
     "normalize_secret",
@@ -222,21 +223,20 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     return meta, needed, bool(flags & FLAG_SIGNED)
 
 
-def decode_entry(
-    blob: bytes,
+def decode_view(
+    blob: bytes | memoryview,
     *,
     secret: bytes | None = None,
     limits: Limits = DEFAULT_LIMITS,
-) -> Entry:
-    """Decode and verify one entry.
+) -> tuple[dict[str, Any], memoryview, bool]:
+    """Verify one entry and return ``(metadata, value, signed)`` without copying the value.
 
-    Raises :class:`CorruptEntryError` for any malformed blob, and
-    :class:`SignatureError` when ``secret`` is set and the signature is missing
-    or wrong.
+    ``value`` is a read-only view into ``blob``. The checks and errors are
+    those of :func:`decode_entry`.
     """
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise CorruptEntryError(f"entry must be bytes, not {type(blob).__name__}")
-    view = memoryview(blob)
+    view = memoryview(blob).toreadonly()
     flags, meta_len, value_len, meta_sum, value_sum = _parse_header(view, limits)
     signed = bool(flags & FLAG_SIGNED)
     body_end = HEADER_SIZE + meta_len + value_len
@@ -257,6 +257,22 @@ def decode_entry(
     meta = _unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
+    return meta, value, signed
+
+
+def decode_entry(
+    blob: bytes,
+    *,
+    secret: bytes | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Entry:
+    """Decode and verify one entry.
+
+    Raises :class:`CorruptEntryError` for any malformed blob, and
+    :class:`SignatureError` when ``secret`` is set and the signature is missing
+    or wrong.
+    """
+    meta, value, signed = decode_view(blob, secret=secret, limits=limits)
     return Entry(
         key=meta["k"],
         parts=meta["p"],

@@ -64,7 +64,7 @@ def test_a_crash_while_loading_is_not_repeated(tmp_path: Path) -> None:
     loading = guard_dir / f"{victim.pid}.loading"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and victim.poll() is None:
-        if loading.exists() and loading.stat().st_size > 0:
+        if loading.exists() and loading.read_bytes().strip(b"\0"):  # a digest is in it
             victim.send_signal(signal.SIGKILL)
             break
         time.sleep(0.0005)
@@ -94,9 +94,16 @@ def test_dead_process_digests_are_blocklisted_until_the_driver_makes_them(tmp_pa
     guard = LoadGuard(str(tmp_path))
     assert guard.blocked(["aaaa"]) and guard.blocked(["x", "bbbb"]) and not guard.blocked(["cccc"])
     assert guard.recovered == 2 and not (tmp_path / f"{dead_pid}.loading").exists()
+    mine = tmp_path / f"{os.getpid()}.loading"
+    # The file is mapped into memory and padded with NULs to a page.
     with guard.loading(["dddd"]):
-        assert (tmp_path / f"{os.getpid()}.loading").read_text() == "dddd\n"
-    assert (tmp_path / f"{os.getpid()}.loading").read_text() == ""
+        assert mine.read_text().rstrip("\0") == "dddd\n"
+        with guard.loading(["eeee", "ffff"]):
+            assert mine.read_text().rstrip("\0") == "dddd\neeee\nffff\n"
+    assert mine.read_text().rstrip("\0") == ""
+    many = [f"{i:032x}" for i in range(300)]  # more than a page: the map grows
+    with guard.loading(many):
+        assert mine.read_text().rstrip("\0").split() == many
     guard.unblock(["aaaa"])
     guard.close()
     again = LoadGuard(str(tmp_path))

@@ -34,12 +34,15 @@ def pack_programs(items: Iterable[tuple[CacheKey, bytes, float]]) -> bytes:
     return encode_bundle(blobs)
 
 
-def unpack_programs(data: bytes) -> list[Entry]:
-    """Decode a bundle; skip entries that fail their checksum or whose key disagrees with its parts.
+def unpack_programs(data: bytes) -> list[tuple[Entry, bytes]]:
+    """Decode a bundle into ``(entry, blob)`` pairs; skip entries that fail their checksum
+    or whose key disagrees with its parts.
 
-    Raises :class:`~runtime_cache.errors.InvalidBundleError` for a malformed bundle.
+    The blob lets a signed cache check the entry's signature with
+    :meth:`runtime_cache.Cache.decode`. Raises
+    :class:`~runtime_cache.errors.InvalidBundleError` for a malformed bundle.
     """
-    entries: list[Entry] = []
+    entries: list[tuple[Entry, bytes]] = []
     for blob in decode_bundle(data):
         try:
             entry = decode_entry(blob)
@@ -47,5 +50,5 @@ def unpack_programs(data: bytes) -> list[Entry]:
                 continue
         except (CorruptEntryError, TypeError, ValueError):
             continue
-        entries.append(entry)
+        entries.append((entry, blob))
     return entries

@@ -17,7 +17,11 @@ class OpenCLStats:
     binaries the driver refused (evicted, then rebuilt from source);
     ``uncacheable`` builds not cached because an ``#include`` could not be
     resolved to a file this process can read and hash; ``recaptured``
-    binaries re-stored by :func:`recapture_binaries` because they changed.
+    binaries re-stored by :func:`recapture_binaries` because they changed;
+    ``vetted`` programs whose binaries of unknown origin a vetting child
+    loaded cleanly, and ``vet_failures`` those it could not load (refused, or
+    the driver crashed: blocklisted, then rebuilt from source). See
+    :mod:`runtime_cache.opencl.vetting`.
     """
 
     binary_loads: int = 0
@@ -25,6 +29,8 @@ class OpenCLStats:
     rejected_binaries: int = 0
     uncacheable: int = 0
     recaptured: int = 0
+    vetted: int = 0
+    vet_failures: int = 0
 
 
 class _Counters:

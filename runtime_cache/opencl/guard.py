@@ -5,10 +5,17 @@ Some drivers do not reject a bad program binary: they crash inside
 some re-checksummed forgeries). No fallback inside the process can catch
 that, and without a guard every restart would load the same entry and crash
 again. So, while binaries load, this process keeps their digests in its own
-file, ``<pid>.loading``, in the guard folder. The next process that finds the
-file of a process that is gone moves those digests to a blocklist; a
+file, ``<pid>.loading``, in the guard folder. The file is mapped into memory
+(``MAP_SHARED``), so marking a load costs a memory write, not a system call, and
+what was written survives the process's death in the kernel's page cache. The
+next process that finds the file of a process that is gone moves those
+digests to a blocklist; a
 blocklisted binary counts as rejected by the driver: it is evicted and the
 program is rebuilt from source.
+
+The same folder keeps the list of *known* binaries (``vetted``): those the
+driver made in a process of this user, or that a vetting child loaded without
+harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly.
 
 The folder is ``$RUNTIME_CACHE_GUARD_DIR``, or ``opencl-guard`` in
 ``platformdirs.user_state_dir("runtime-cache")``. The guard is advisory: if the
@@ -20,22 +27,31 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Iterator, Sequence
 
 import xxhash
 
-__all__ = ["LoadGuard", "binary_digest", "guard"]
+__all__ = ["Binary", "LoadGuard", "binary_digest", "guard"]
 
 log = logging.getLogger("runtime_cache.opencl")
 
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
+_VETTED = "vetted"
 _MAX_BLOCKED = 10_000
+#: The known list is compacted to its newest half when it grows past this many lines.
+MAX_KNOWN = 20_000
+_PAGE = 4096
 
 
-def binary_digest(binary: bytes) -> str:
+#: A program binary as the cache hands it over: bytes, or a view into a stored entry.
+Binary = bytes | memoryview
+
+
+def binary_digest(binary: Binary) -> str:
     """The digest under which a binary is guarded and blocklisted."""
     return xxhash.xxh3_128_hexdigest(binary)
 
@@ -58,7 +74,10 @@ class LoadGuard:
         self._lock = threading.Lock()
         self._ready = False
         self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._used = 0
         self._blocked: set[str] = set()
+        self._known: set[str] = set()
         self._loading: dict[str, int] = {}
         self.recovered = 0
 
@@ -99,7 +118,8 @@ class LoadGuard:
             path = os.path.join(folder, name)
             try:
                 with open(path, encoding="ascii", errors="replace") as handle:
-                    found.extend(line.strip() for line in handle if line.strip())
+                    text = handle.read().replace("\0", "")
+                found.extend(line.strip() for line in text.splitlines() if line.strip())
                 os.unlink(path)
             except OSError:
                 continue
@@ -116,12 +136,8 @@ class LoadGuard:
                     handle.write("".join(f"{d}\n" for d in found))
             except OSError:
                 pass
-        try:
-            with open(blocklist, encoding="ascii", errors="replace") as handle:
-                lines = [line.strip() for line in handle if line.strip()]
-            self._blocked = set(lines[-_MAX_BLOCKED:])
-        except OSError:
-            self._blocked = set(found)
+        self._blocked = set(_read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
+        self._known = set(_read_lines(os.path.join(folder, _VETTED))) - self._blocked
         try:
             self._fd = os.open(
                 os.path.join(folder, f"{os.getpid()}.loading"),
@@ -130,12 +146,54 @@ class LoadGuard:
             )
         except OSError:
             self._fd = None
+            return
+        self._map_file(_PAGE)
+
+    def _map_file(self, size: int) -> None:
+        """Map (or re-map, larger) this process's file; without a map, writes use pwrite."""
+        assert self._fd is not None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        try:
+            os.ftruncate(self._fd, size)
+            self._map = mmap.mmap(self._fd, size)  # shared, read-write
+        except (OSError, ValueError, AttributeError):
+            self._map = None
 
     def blocked(self, digests: Sequence[str]) -> bool:
         """Whether any of these binaries once killed a process while loading."""
         with self._lock:
             self._start()
             return any(d in self._blocked for d in digests)
+
+    def known(self, digests: Sequence[str]) -> bool:
+        """Whether every one of these binaries is known to load here without harm."""
+        with self._lock:
+            self._start()
+            return all(d in self._known for d in digests)
+
+    def vouch(self, digests: Sequence[str]) -> None:
+        """Record binaries as known: the driver made them, or a vetting child loaded them."""
+        with self._lock:
+            self._start()
+            new = [d for d in dict.fromkeys(digests) if d not in self._known]
+            if not new:
+                return
+            self._known.update(new)
+            self._blocked.difference_update(new)
+        _append(os.path.join(self.folder, _VETTED), new, MAX_KNOWN)
+
+    def block(self, digests: Sequence[str]) -> None:
+        """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""
+        with self._lock:
+            self._start()
+            new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
+            if not new:
+                return
+            self._blocked.update(new)
+            self._known.difference_update(new)
+        _append(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
 
     def unblock(self, digests: Sequence[str]) -> None:
         """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""
@@ -159,11 +217,20 @@ class LoadGuard:
         if self._fd is None:
             return
         data = "".join(f"{d}\n" for d in self._loading).encode("ascii")
-        try:
-            os.pwrite(self._fd, data, 0)
-            os.ftruncate(self._fd, len(data))
-        except OSError:
-            pass
+        if self._map is not None and len(data) > len(self._map):
+            self._map_file(max(len(data), 2 * len(self._map)))
+        if self._map is None:
+            try:
+                os.pwrite(self._fd, data, 0)
+                os.ftruncate(self._fd, len(data))
+            except OSError:
+                pass
+            return
+        size = len(data)
+        self._map[:size] = data
+        if self._used > size:  # clear what the last write left beyond this one
+            self._map[size : self._used] = bytes(self._used - size)
+        self._used = size
 
     @contextlib.contextmanager
     def loading(self, digests: Sequence[str]) -> Iterator[None]:
@@ -188,6 +255,10 @@ class LoadGuard:
     def close(self) -> None:
         """Remove this process's file (at exit): nothing is loading any more."""
         with self._lock:
+            if self._map is not None:
+                self._map.close()
+                self._map = None
+            self._used = 0
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -198,10 +269,15 @@ class LoadGuard:
 
     def after_fork(self) -> None:
         """In a forked child: drop the parent's file and state without touching them."""
+        if self._map is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._map.close()
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._lock = threading.Lock()
+        self._map = None
+        self._used = 0
         self._fd = None
         self._ready = False
         self._loading = {}
@@ -213,7 +289,37 @@ class LoadGuard:
             self._ready = False
             self._folder = None
             self._blocked = set()
+            self._known = set()
             self._loading = {}
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return [line.strip() for line in handle if line.strip()]
+    except OSError:
+        return []
+
+
+def _append(path: str, digests: Sequence[str], limit: int) -> None:
+    """Append lines (one ``O_APPEND`` write); keep the newest half once past ``limit`` lines."""
+    data = "".join(f"{d}\n" for d in digests).encode("ascii")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size // 33 <= limit:  # a digest line is 33 bytes
+            return
+        lines = _read_lines(path)
+        temp = f"{path}.{os.getpid()}.tmp"
+        with open(temp, "w", encoding="ascii") as handle:
+            handle.write("".join(f"{d}\n" for d in lines[-(limit // 2) :]))
+        os.replace(temp, path)
+    except OSError:
+        pass  # advisory: a binary not recorded is vetted again next time
 
 
 guard = LoadGuard()

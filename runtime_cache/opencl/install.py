@@ -61,7 +61,7 @@ def _cached_build(
             counters.add(uncacheable=1)
         else:
             started = time.perf_counter()
-            loaded = fetch(context, plan, store, store.get_many(plan.keys))
+            loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
             if loaded is not None:
                 self._prg = loaded._prg
                 self._build_duration_info = (

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..cache import Cache
+from ..errors import CorruptEntryError
 from ..keys import CacheKey, module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
@@ -27,13 +28,24 @@ from .program import (
     source_build,
     store_binaries,
 )
+from .vetting import vet_unknown
 
 __all__ = ["OpenCLModule"]
+
 
 log = logging.getLogger("runtime_cache.opencl")
 
 #: ``build_all`` uses worker processes when at least this many programs per worker need a build.
 PROCESS_THRESHOLD = 4
+
+
+def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
+    """Whether ``blob`` carries a valid signature under ``cache``'s secret."""
+    try:
+        cache.decode(key, blob)
+    except CorruptEntryError:  # SignatureError included
+        return False
+    return True
 
 
 class OpenCLModule:
@@ -145,7 +157,7 @@ class OpenCLModule:
                 return found
             plan = self._plan(name)
             if plan.keys is not None:
-                loaded = fetch(self.context, plan, self.cache, self.cache.get_many(plan.keys))
+                loaded = fetch(self.context, plan, self.cache, self.cache.get_many_views(plan.keys))
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0)
                     return loaded
@@ -176,7 +188,17 @@ class OpenCLModule:
         cache = self.cache
         plans = {name: self._plan(name) for name in missing}
         wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
-        found = cache.get_many(wanted) if wanted else {}
+        found = cache.get_many_views(wanted) if wanted else {}
+        if found:  # binaries of unknown origin are tried in one child, in one batch
+            vet_unknown(
+                list(self.context.devices),
+                [
+                    ([found[str(k)] for k in p.keys], p.options, p.options_text)
+                    for p in plans.values()
+                    if p.keys is not None and all(str(k) in found for k in p.keys)
+                ],
+                trusted=cache.signed,
+            )
         to_build: list[str] = []
         for name, plan in plans.items():
             program = fetch(self.context, plan, cache, found) if found else None
@@ -267,6 +289,7 @@ class OpenCLModule:
         the cache, so other processes find them.
         """
         entries = unpack_programs(data)
+        cache = self.cache
         with self._lock:
             pending = [n for n in self.sources if n not in self._programs]
         expected: dict[str, tuple[str, int]] = {}
@@ -274,27 +297,44 @@ class OpenCLModule:
             plan = self._plan(name)
             for index, key in enumerate(plan.keys or ()):
                 expected[str(key)] = (name, index)
-        chosen: dict[str, dict[int, tuple[bytes, float]]] = {}
-        for entry in entries:
+        chosen: dict[str, dict[int, tuple[bytes, float, bool]]] = {}
+        for entry, blob in entries:
             slot = expected.get(entry.key)
             if slot is not None:
-                chosen.setdefault(slot[0], {})[slot[1]] = (entry.value, entry.build_seconds)
-        accepted = 0
+                signed = cache.signed and _verifies(cache, entry.key, blob)
+                chosen.setdefault(slot[0], {})[slot[1]] = (entry.value, entry.build_seconds, signed)
+        complete: dict[str, tuple[list[bytes], float, bool]] = {}
         for name, by_index in chosen.items():
             plan = self._plan(name)
             assert plan.keys is not None
-            if len(by_index) != len(plan.keys):
-                continue
-            binaries = [by_index[i][0] for i in range(len(plan.keys))]
-            seconds = max(s for _, s in by_index.values())
+            if len(by_index) == len(plan.keys):
+                complete[name] = (
+                    [by_index[i][0] for i in range(len(plan.keys))],
+                    max(s for _, s, _ in by_index.values()),
+                    all(signed for _, _, signed in by_index.values()),
+                )
+        # A bundle is outside data: unless our secret signed it, each program is tried in a
+        # child first, so a binary that crashes the driver never reaches this process.
+        vet_unknown(
+            list(self.context.devices),
+            [
+                (binaries, self._plan(name).options, self._plan(name).options_text)
+                for name, (binaries, _, signed) in complete.items()
+                if not signed
+            ],
+            trusted=False,
+        )
+        accepted = 0
+        for name, (binaries, seconds, _) in complete.items():
+            plan = self._plan(name)
             program = load_from_binaries(self.context, plan, binaries)
             if program is None:
                 counters.add(rejected_binaries=1)
                 log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
                 continue
             counters.add(binary_loads=1)
-            store_binaries(self.cache, plan, program, binaries, seconds)
-            remember(program, plan, self.cache, binaries, seconds)
+            store_binaries(cache, plan, program, binaries, seconds)
+            remember(program, plan, cache, binaries, seconds)
             self._adopt(name, program, seconds)
             accepted += 1
         return accepted

@@ -24,7 +24,14 @@ from typing import Any
 from .fingerprint import device_fingerprint
 from .worker import read_message, write_message
 
-__all__ = ["Job", "WorkerResult", "build_in_processes", "build_in_threads"]
+__all__ = [
+    "Job",
+    "WorkerResult",
+    "build_in_processes",
+    "build_in_threads",
+    "start_worker",
+    "stop_worker",
+]
 
 #: ``(name, source, options)``
 Job = tuple[str, str | bytes, list[str]]
@@ -52,24 +59,17 @@ def _serve(
     current: Job | None = None
     process: subprocess.Popen[bytes] | None = None
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "runtime_cache.opencl.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=_worker_env(),
-        )
-        assert process.stdin is not None and process.stdout is not None
-        write_message(process.stdin, fingerprints)
-        if read_message(process.stdout) is not True:
+        process = start_worker(fingerprints)
+        if process is None:
             return
+        assert process.stdin is not None and process.stdout is not None
         while True:
             try:
                 current = jobs.get_nowait()
             except queue.Empty:
                 current = None
                 return
-            write_message(process.stdin, list(current))
+            write_message(process.stdin, ["build", *current])
             _, binaries, seconds, options_text = read_message(process.stdout)
             job, current = current, None
             # Loading here overlaps the parent's part (a JIT on some drivers) with the builds.
@@ -84,20 +84,45 @@ def _serve(
         return
     finally:
         if process is not None:
-            _stop(process)
+            stop_worker(process)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def start_worker(fingerprints: list[dict[str, Any]]) -> subprocess.Popen[bytes] | None:
+    """Start a worker process on the devices with these fingerprints; ``None`` if it cannot."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime_cache.opencl.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=_worker_env(),
+    )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        write_message(process.stdin, fingerprints)
+        opened = read_message(process.stdout)
+    except (OSError, EOFError, ValueError):
+        opened = False
+    if opened is not True:
+        stop_worker(process)
+        return None
+    return process
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> int:
+    """Close a worker's input and reap it (killed if it does not end within 10 s).
+
+    Returns its exit status (negative: the signal that ended it).
+    """
     try:
         if process.stdin is not None:
             process.stdin.close()
     except OSError:
         pass
     try:
-        process.wait(timeout=10)
+        return process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         process.kill()
-        process.wait()
+        return process.wait()
 
 
 def build_in_processes(

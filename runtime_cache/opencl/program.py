@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +26,17 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import binary_digest, guard
+from .guard import Binary, binary_digest, guard
 from .includes import Options, include_digests, normalize_options
+from .vetting import vet_unknown
 
 __all__ = [
     "PURPOSE",
     "RUNTIME",
+    "Binary",
     "ProgramPlan",
     "build_program",
+    "create_and_build",
     "load_from_binaries",
     "options_text",
     "plan_program",
@@ -140,7 +143,7 @@ def plan_program(
 
 
 def remember(
-    program: Any, plan: ProgramPlan, cache: Cache, binaries: Sequence[bytes], build_seconds: float
+    program: Any, plan: ProgramPlan, cache: Cache, binaries: Sequence[Binary], build_seconds: float
 ) -> None:
     """Note where ``program``'s binaries live, for :func:`recapture_binaries`."""
     if plan.keys is None:
@@ -164,7 +167,31 @@ def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
         cache.delete(key)
 
 
-def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[bytes]) -> Any | None:
+def create_and_build(
+    cl: Any,
+    context: Any,
+    devices: Sequence[Any],
+    binaries: Sequence[Binary],
+    options: list[str],
+    options_text: str,
+) -> Any:
+    """``clCreateProgramWithBinary`` + ``clBuildProgram``; raises what the driver raises.
+
+    ``options_text`` is the string pyopencl's ``_process_build_options`` makes of
+    ``options``: it goes straight to ``clBuildProgram``, skipping pyopencl's Python
+    wrapper, which derives it again and fetches the build logs each time (about
+    0.1 ms a program). A pyopencl without these internals gets the public call.
+    """
+    program = cl.Program(context, list(devices), list(binaries))
+    raw = getattr(program, "_prg", None)
+    if raw is None or not hasattr(raw, "_build"):
+        original_build(cl)(program, options, list(devices))
+    else:
+        raw._build(options=options_text.encode("utf-8"), devices=list(devices))
+    return program
+
+
+def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[Binary]) -> Any | None:
     """Create and build a program from ``binaries``; ``None`` when the driver refuses them."""
     cl = import_pyopencl()
     if len(binaries) != len(plan.devices) or not all(binaries):
@@ -175,15 +202,19 @@ def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[bytes
         return None
     try:
         with guard.loading(digests):  # a driver crash here is remembered by the next process
-            program = cl.Program(context, plan.devices, list(binaries))
-            original_build(cl)(program, plan.options, plan.devices)
+            program = create_and_build(
+                cl, context, plan.devices, binaries, plan.options, plan.options_text
+            )
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
+    guard.vouch(digests)  # loaded without harm: known from now on (no I/O if it already was)
     return program
 
 
-def fetch(context: Any, plan: ProgramPlan, cache: Cache, found: dict[str, bytes]) -> Any | None:
+def fetch(
+    context: Any, plan: ProgramPlan, cache: Cache, found: Mapping[str, bytes | memoryview]
+) -> Any | None:
     """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones)."""
     if plan.keys is None:
         return None
@@ -191,6 +222,8 @@ def fetch(context: Any, plan: ProgramPlan, cache: Cache, found: dict[str, bytes]
     if any(b is None for b in binaries):
         return None
     ready = [b for b in binaries if b is not None]
+    # Binaries of unknown origin are tried in a child first (a no-op for known ones).
+    vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
     program = load_from_binaries(context, plan, ready)
     if program is None:
         evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed")
@@ -232,7 +265,9 @@ def store_binaries(
         return False
     # The driver made or accepted these bytes, so they are no longer suspect (a build from
     # source can give the same bytes as a binary blocklisted after an unrelated crash).
-    guard.unblock([binary_digest(b) for b in binaries])
+    digests = [binary_digest(b) for b in binaries]
+    guard.unblock(digests)
+    guard.vouch(digests)
     remember(program, plan, cache, binaries, seconds)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 
@@ -270,7 +305,7 @@ def build_program(
     if plan.keys is None:
         counters.add(uncacheable=1)
     else:
-        program = fetch(context, plan, store, store.get_many(plan.keys))
+        program = fetch(context, plan, store, store.get_many_views(plan.keys))
         if program is not None:
             return program
     program, seconds = source_build(context, plan)

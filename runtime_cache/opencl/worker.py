@@ -5,9 +5,14 @@ a msgpack body (plain types only):
 
 * parent -> worker, first: ``[fingerprints]``; worker -> parent: ``true``
   when it opened those devices, else ``false`` (and exits);
-* then per job: ``[name, source, options]`` -> ``[name, binaries or nil,
-  seconds, options text]``. A failed build answers ``nil`` binaries; the
-  parent then builds that program itself, so the error is pyopencl's own.
+* then per job, either a build, ``["build", name, source, options]`` ->
+  ``[name, binaries or nil, seconds, options text]`` (a failed build answers
+  ``nil`` binaries; the parent then builds that program itself, so the error
+  is pyopencl's own); or a trial load, ``["load", name, binaries, options,
+  options text]`` -> ``[name, ok]``: create the program from the binaries, build it,
+  and launch each kernel once on one work-item with zeroed arguments (see
+  :mod:`runtime_cache.opencl.vetting`). A driver
+  that crashes on a binary takes the worker down with it, not the parent.
 
 The worker ends at end of input.
 """
@@ -91,6 +96,74 @@ def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     return [name, binaries, time.perf_counter() - started, _options_text(cl, context, options)]
 
 
+#: Sizes tried for a by-value argument whose type the binary does not say.
+_SCALAR_SIZES = (4, 8, 2, 1, 16, 32, 64, 128, 256)
+
+
+def _fill_args(cl: Any, kernel: Any, buffer: Any) -> bool:
+    """Give every argument a harmless value: a zeroed buffer, local memory, or zero bytes.
+
+    Binaries carry no argument info, but the driver checks each argument's kind
+    and size, so the first value it takes fits. ``False`` when none fits (images,
+    samplers): that kernel is created but not launched.
+    """
+    import numpy as np
+
+    for index in range(kernel.num_args):
+        candidates = [buffer, cl.LocalMemory(1024)]
+        candidates += [np.zeros(size, np.uint8) for size in _SCALAR_SIZES]
+        for value in candidates:
+            try:
+                kernel.set_arg(index, value)
+                break
+            except Exception:  # the driver refused this kind or size: try the next
+                continue
+        else:
+            return False
+    return True
+
+
+def _trial(cl: Any, devices: list[Any], job: list[Any]) -> Any:
+    import numpy as np
+
+    from .program import create_and_build
+
+    _, binaries, options, options_text = job
+    context = cl.Context(devices)
+    program = create_and_build(cl, context, devices, binaries, options, options_text)
+    # Some drivers (PoCL, Mali) compile a kernel only at its first launch, and may crash
+    # there on a bad binary: launch each one once, one work-item, on zeroed arguments.
+    zeros = np.zeros(1 << 16, np.uint8)
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+    buffer = cl.Buffer(context, flags, hostbuf=zeros)
+    kernels = program.all_kernels()
+    for device in devices:
+        queue = cl.CommandQueue(context, device)
+        for kernel in kernels:
+            if _fill_args(cl, kernel, buffer):
+                cl.enqueue_nd_range_kernel(queue, kernel, (1,), None)
+        queue.finish()
+    return context, program, kernels, buffer
+
+
+#: Programs of trial loads, alive until the process ends (module globals outlive ``main``).
+_KEPT: list[Any] = []
+
+
+def _load(devices: list[Any], job: list[Any]) -> list[Any]:
+    from ._driver import import_pyopencl
+
+    cl = import_pyopencl()
+    try:
+        # Kept until this process exits, as an app keeps its programs: a driver that
+        # trips over the binary only when tearing down (PoCL can abort releasing its
+        # LLVM context) does it in this process's exit status.
+        _KEPT.append(_trial(cl, devices, job))
+    except Exception:
+        return [job[0], False]
+    return [job[0], True]
+
+
 def main() -> int:
     """Serve build jobs from stdin until it closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -109,7 +182,11 @@ def main() -> int:
             job = read_message(stdin)
         except EOFError:
             return 0
-        write_message(stdout, _build(context, devices, job))
+        kind, rest = job[0], job[1:]
+        write_message(
+            stdout,
+            _load(devices, rest) if kind == "load" else _build(context, devices, rest),
+        )
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ re-checksummed some of the time so that they reach the parsers behind the
 checksums. Each input runs under a 10 s alarm (a hang is a failure), and
 tracemalloc records the peak memory the target allocated.
 
-The ``opencl`` target runs in child processes: a driver that aborts the process
-on a corrupted binary (LLVM does) must not end the run. Each child reports each
-input before and after it; a child that dies mid-input counts a driver crash,
-and a new child goes on with the next input.
+The ``opencl`` target runs in child processes, so that a crash could not end
+the run. Each child reports each input before and after it; a child that dies
+mid-input, or at exit, counts a crash of the caller, and a new child goes on
+with the next input. Binaries that crash the driver should only ever crash the
+vetting process (:mod:`runtime_cache.opencl.vetting`); those are counted
+apart, as ``vetting_child_crashes``.
 
 Usage::
 
@@ -29,6 +31,7 @@ import os
 import platform
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +155,9 @@ def opencl_child(seed: int, start: int, count: int) -> None:
     import pyopencl as cl
     from fuzz.opencl_targets import PrecompiledTarget, flip_value_bits
 
+    from runtime_cache.opencl import opencl_stats
+    from runtime_cache.opencl.vetting import vetter
+
     logging.disable(logging.CRITICAL)
     ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
     target = PrecompiledTarget(ctx)
@@ -179,14 +185,18 @@ def opencl_child(seed: int, start: int, count: int) -> None:
             print(f"done {index} ok {taken}", flush=True)
         except T.ContractViolation as exc:
             print(f"done {index} violation {exc}", flush=True)
+        stats = opencl_stats()
+        print(f"vet {stats.vetted} {stats.vet_failures} {vetter.crashed}", flush=True)
 
 
 def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
     """Fuzz set_precompiled_programs in child processes for ``seconds``."""
-    env = {**os.environ, "POCL_KERNEL_CACHE": "0"}
+    guard_dir = tempfile.mkdtemp(prefix="fuzz-guard-")  # nothing known yet
+    env = {**os.environ, "POCL_KERNEL_CACHE": "0", "RUNTIME_CACHE_GUARD_DIR": guard_dir}
     deadline = time.monotonic() + seconds
     next_index = 0
-    inputs = violations = crashes = taken = 0
+    inputs = violations = crashes = exit_crashes = taken = 0
+    vetting = [0, 0, 0]  # vetted, vet failures, vetting child crashes
     kinds: dict[str, dict[str, int]] = {}
     examples: list[str] = []
     while time.monotonic() < deadline:
@@ -202,8 +212,13 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
         )
         assert child.stdout is not None
         current: tuple[int, str] | None = None
+        killed = False
+        last_vet = [0, 0, 0]
         for line in child.stdout:
             fields = line.split(maxsplit=3)
+            if fields[0] == "vet":
+                last_vet = [int(f) for f in fields[1:4]]
+                continue
             if fields[0] == "start":
                 current = (int(fields[1]), fields[2])
                 continue
@@ -221,8 +236,13 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
             current = None
             if time.monotonic() > deadline:
                 child.kill()
+                killed = True
                 break
         child.wait()
+        vetting = [a + b for a, b in zip(vetting, last_vet, strict=True)]
+        if current is None and not killed and child.returncode != 0:
+            exit_crashes += 1  # every input done, then the process died (at exit)
+            crashes += 1
         if current is not None:  # died inside an input: the driver crashed the process
             crashes += 1
             inputs += 1
@@ -235,6 +255,7 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
                 examples.append(f"input {current[0]} ({current[1]}): {err[-1] if err else ''}")
             next_index = current[0] + 1
         errors.close()
+    shutil.rmtree(guard_dir, ignore_errors=True)
     return {
         "target": "opencl",
         "inputs": inputs,
@@ -242,7 +263,11 @@ def run_opencl(seconds: float, seed: int) -> dict[str, Any]:
         "violations": violations,
         "hangs": 0,
         "crashes": crashes,
+        "crashes_at_exit": exit_crashes,
         "programs_taken_and_verified": taken,
+        "vetted": vetting[0],
+        "vet_failures": vetting[1],
+        "vetting_child_crashes": vetting[2],
         "by_kind": kinds,
         "examples": examples,
     }

@@ -1,0 +1,183 @@
+"""Vetting: a binary of unknown origin is loaded by a child process before this one loads it.
+
+Some drivers crash on a corrupt program binary instead of refusing it (PoCL
+aborts inside LLVM on some forged ones), and no fallback inside the process
+can catch that. The crash guard (:mod:`runtime_cache.opencl.guard`) stops such
+a crash from repeating after a restart; vetting stops the first one. Before
+this process loads a binary that is not *known*, a worker process
+(``python -m runtime_cache.opencl.worker``) on the same devices creates the
+program from it, builds it, and launches each kernel once, on one work-item
+with zeroed arguments, because some drivers (PoCL, Mali) compile a kernel only
+at its first launch and crash there on a bad binary. If the worker crashes,
+hangs or the driver refuses, the binary is blocklisted: the caller evicts it
+and builds from source. If the worker succeeds, the binary becomes known.
+
+Known binaries load directly, with no child:
+
+* those the driver made in a process of this user (a source build stored them);
+* those vetted or loaded before on this machine (the guard folder's list);
+* those from a signed cache or a signed bundle. Signing is what keeps a
+  hostile writer out: vetting is about robustness, since a binary that loads
+  cleanly can still do harm.
+
+So a child is started only for binaries that came unsigned from elsewhere:
+another machine through a shared cache, or an unsigned bundle; one child per
+batch (``build_all``, ``set_precompiled_programs``) or per lazily loaded
+program. ``RUNTIME_CACHE_OPENCL_VET=off`` loads unknown binaries
+directly (the crash guard still stops repeats), for apps that cannot start a
+Python child process; so does a process where the child cannot start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from .counters import counters
+from .fingerprint import device_fingerprint
+from .guard import Binary, binary_digest, guard
+from .parallel import start_worker, stop_worker
+from .worker import read_message, write_message
+
+__all__ = ["ENV_VET", "LOAD_TIMEOUT", "Vetter", "vet_unknown", "vetter"]
+
+log = logging.getLogger("runtime_cache.opencl")
+
+ENV_VET = "RUNTIME_CACHE_OPENCL_VET"
+#: Seconds one trial load may take before the child is killed and the binary refused.
+LOAD_TIMEOUT = 120.0
+
+#: ``(binaries, options, options text)`` of one program.
+Item = tuple[Sequence[Binary], list[str], str]
+
+
+class Vetter:
+    """Tries binaries in worker processes; each batch runs in a child that then exits.
+
+    A driver may crash loading a binary, at a kernel's first launch, or only at
+    exit (PoCL can abort releasing its LLVM context after loading a damaged
+    binary that otherwise ran). So the child keeps every program it loaded until
+    it exits, and only a clean exit confirms them. A child that dies on an item
+    condemns that item; a child that dies at exit has its batch split in halves
+    and tried again, down to single programs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unavailable = False
+        self.started = 0
+        self.crashed = 0
+
+    def vet(self, devices: Sequence[Any], items: Sequence[Item]) -> list[bool | None]:
+        """Try each program's binaries in a child: ``True`` loaded, ``False`` refused or
+        crashed, ``None`` when no child can run here."""
+        fingerprints = [device_fingerprint(d) for d in devices]
+        results: list[bool | None] = [None] * len(items)
+        groups: deque[list[int]] = deque([list(range(len(items)))])
+        with self._lock:
+            while groups:
+                group = groups.popleft()
+                outcome = self._run(fingerprints, [items[i] for i in group])
+                if outcome is None:  # no child can start here
+                    return results
+                replies, died_on, clean = outcome
+                for index, ok in zip(group, replies, strict=False):
+                    if not ok:
+                        results[index] = False
+                passed = [group[j] for j, ok in enumerate(replies) if ok]
+                if died_on is not None:
+                    self.crashed += 1
+                    results[group[died_on]] = False
+                    rest = group[died_on + 1 :]
+                    groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
+                elif clean:
+                    for index in passed:
+                        results[index] = True
+                elif len(passed) == 1:
+                    self.crashed += 1
+                    results[passed[0]] = False
+                elif passed:
+                    half = len(passed) // 2
+                    groups.extend([passed[:half], passed[half:]])
+        return results
+
+    def _run(
+        self, fingerprints: list[dict[str, Any]], items: list[Item]
+    ) -> tuple[list[bool], int | None, bool] | None:
+        """One child over ``items``: ``(replies, index it died on, clean exit)``."""
+        if self._unavailable:
+            return None
+        try:
+            process = start_worker(fingerprints)
+        except OSError as exc:
+            log.debug("runtime-cache: no vetting process (%s)", exc)
+            process = None
+        if process is None:
+            self._unavailable = True
+            log.warning(
+                "runtime-cache: cannot start a process to vet OpenCL binaries of unknown "
+                "origin; loading them here, under the crash guard only"
+            )
+            return None
+        self.started += 1
+        assert process.stdin is not None and process.stdout is not None
+        replies: list[bool] = []
+        for binaries, options, options_text in items:
+            watchdog = threading.Timer(LOAD_TIMEOUT, process.kill)
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                write_message(process.stdin, ["load", "", list(binaries), options, options_text])
+                replies.append(bool(read_message(process.stdout)[1]))
+            except (OSError, EOFError, ValueError, TypeError, IndexError):
+                # The child died on this item (a driver crash), or hung and was killed.
+                stop_worker(process)
+                return replies, len(replies), False
+            finally:
+                watchdog.cancel()
+        return replies, None, stop_worker(process) == 0
+
+
+vetter = Vetter()
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV_VET, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def vet_unknown(devices: Sequence[Any], items: Sequence[Item], *, trusted: bool) -> None:
+    """Vet the programs whose binaries are neither known nor blocklisted; record the outcome.
+
+    ``trusted`` (a signed source) skips vetting. Afterwards each program's
+    binaries are known (load them), blocklisted (the loader refuses them), or,
+    where no child could run, neither (they load under the crash guard).
+    """
+    if trusted or not items or not _enabled():
+        return
+    pending: list[tuple[list[str], Item]] = []
+    for item in items:
+        digests = [binary_digest(b) for b in item[0]]
+        if not guard.known(digests) and not guard.blocked(digests):
+            pending.append((digests, item))
+    if not pending:
+        return
+    results = vetter.vet(devices, [item for _, item in pending])
+    for (digests, _), ok in zip(pending, results, strict=True):
+        if ok is True:
+            guard.vouch(digests)
+            counters.add(vetted=1)
+        elif ok is False:
+            guard.block(digests)
+            counters.add(vet_failures=1)
+    failed = sum(1 for ok in results if ok is False)
+    if failed:
+        log.warning(
+            "runtime-cache: %d of %d OpenCL programs of unknown origin failed to load in a "
+            "vetting process (refused or crashed the driver); they will be built from source",
+            failed,
+            len(results),
+        )
