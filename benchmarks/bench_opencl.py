@@ -13,6 +13,9 @@ not timed), and each is repeated (``--reps``, default 5) to take medians:
 (f) the driver's own cache (PoCL: POCL_KERNEL_CACHE=1; NVIDIA: the CUDA ComputeCache)
     for plain source builds, cold and warm
 (g) the first launch of each kernel, after (a) and after (c), apart from the build
+(h) warm, but as on another machine: the binaries are unknown to this guard folder
+    and the cache is unsigned, so ``build_all()`` vets them in a child first
+    (see runtime_cache.opencl.vetting); the once-per-machine cost of vetting
 
 Cold runs use fresh sources (a salt) each time, so no driver cache can help them.
 PoCL writes every program it creates into a scratch folder even with its cache
@@ -117,6 +120,7 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         result["seconds"] = time.perf_counter() - started
         stats = opencl_stats()
         result["source_builds"], result["binary_loads"] = stats.source_builds, stats.binary_loads
+        result["vetted"] = stats.vetted
         programs = {name: module.program(name) for name in sources}
         if phase != "cold_par":
             result["first_launch"] = _first_launches(ctx, programs)
@@ -191,7 +195,7 @@ def main() -> int:
     parser.add_argument("--driver-cache", choices=("off", "on"), default="off")
     parser.add_argument("--label", default=None, help="results/opencl-<label>.json")
     parser.add_argument("--out", default=None, help="JSON path (overrides --label)")
-    parser.add_argument("--skip", default="", help="comma-separated phases to skip: e,f")
+    parser.add_argument("--skip", default="", help="comma-separated phases to skip: e,f,h")
     parser.add_argument(
         "--pocl-scratch", default=None, help="POCL_CACHE_DIR for every phase (e.g. on a tmpfs)"
     )
@@ -213,7 +217,7 @@ def main() -> int:
         env["POCL_CACHE_DIR"] = args.pocl_scratch
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     raw: dict[str, list[float]] = {
-        k: [] for k in ["a", "b", "c", "d", "e_cold", "e_warm", "f_cold", "f_warm"]
+        k: [] for k in ["a", "b", "c", "d", "e_cold", "e_warm", "f_cold", "f_warm", "h"]
     }
     launches: dict[str, list[float]] = {"after_cold": [], "after_warm": []}
     device: dict[str, Any] = {}
@@ -246,6 +250,13 @@ def main() -> int:
                 raw["c"].append(c["seconds"])
                 launches["after_warm"] = c["first_launch"]
             print(f"rep {r}: (c) {raw['c'][-1]:.4f} s  (d) {raw['d'][-1]:.4f} s", flush=True)
+        if "h" not in skip:
+            for r in range(args.extra_reps):
+                salt, folder = warm_dirs[r % len(warm_dirs)]
+                henv = {**env, "RUNTIME_CACHE_GUARD_DIR": str(top / f"guard-elsewhere{r}")}
+                h = _run("warm", args.n, salt, folder, henv)
+                assert h["source_builds"] == 0 and h["vetted"] == args.n, h
+                raw["h"].append(h["seconds"])
         if "e" not in skip:
             for r in range(args.extra_reps):
                 folder, salt = top / f"pyopencl{r}", f"{run_id}-e{r}"
@@ -281,6 +292,7 @@ def main() -> int:
         "e_warm": "(e) pyopencl cache, warm",
         "f_cold": "(f) driver cache, cold",
         "f_warm": "(f) driver cache, warm",
+        "h": "(h) warm, unknown here: vetted in a child",
     }
     print()
     print(f"device: {device.get('name')} | {device.get('platform_version')}")

@@ -87,14 +87,19 @@ def _serve(
             stop_worker(process)
 
 
-def start_worker(fingerprints: list[dict[str, Any]]) -> subprocess.Popen[bytes] | None:
-    """Start a worker process on the devices with these fingerprints; ``None`` if it cannot."""
+def start_worker(
+    fingerprints: list[dict[str, Any]], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes] | None:
+    """Start a worker process on the devices with these fingerprints; ``None`` if it cannot.
+
+    ``env`` adds to (or overrides) the worker's environment.
+    """
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime_cache.opencl.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env=_worker_env(),
+        env={**_worker_env(), **(env or {})},
     )
     assert process.stdin is not None and process.stdout is not None
     try:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -43,13 +45,15 @@ from .guard import Binary, binary_digest, guard
 from .parallel import start_worker, stop_worker
 from .worker import read_message, write_message
 
-__all__ = ["ENV_VET", "LOAD_TIMEOUT", "Vetter", "vet_unknown", "vetter"]
+__all__ = ["BATCH", "ENV_VET", "LOAD_TIMEOUT", "Vetter", "vet_unknown", "vetter"]
 
 log = logging.getLogger("runtime_cache.opencl")
 
 ENV_VET = "RUNTIME_CACHE_OPENCL_VET"
 #: Seconds one trial load may take before the child is killed and the binary refused.
 LOAD_TIMEOUT = 120.0
+#: Programs per child below which a batch is not spread over more children.
+BATCH = 8
 
 #: ``(binaries, options, options text)`` of one program.
 Item = tuple[Sequence[Binary], list[str], str]
@@ -69,41 +73,75 @@ class Vetter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._unavailable = False
+        self._counts = threading.Lock()
         self.started = 0
         self.crashed = 0
 
     def vet(self, devices: Sequence[Any], items: Sequence[Item]) -> list[bool | None]:
         """Try each program's binaries in a child: ``True`` loaded, ``False`` refused or
-        crashed, ``None`` when no child can run here."""
+        crashed, ``None`` when no child can run here.
+
+        Batches of :data:`BATCH` or more programs are spread over one child per core.
+        """
         fingerprints = [device_fingerprint(d) for d in devices]
         results: list[bool | None] = [None] * len(items)
-        groups: deque[list[int]] = deque([list(range(len(items)))])
-        with self._lock:
-            while groups:
-                group = groups.popleft()
+        indices = list(range(len(items)))
+        count = max(1, min(os.cpu_count() or 1, len(items) // BATCH))
+        groups: deque[list[int]] = deque(indices[i::count] for i in range(count))
+
+        def work() -> None:
+            while True:
+                try:
+                    group = groups.popleft()
+                except IndexError:
+                    return
                 outcome = self._run(fingerprints, [items[i] for i in group])
-                if outcome is None:  # no child can start here
-                    return results
-                replies, died_on, clean = outcome
-                for index, ok in zip(group, replies, strict=False):
-                    if not ok:
-                        results[index] = False
-                passed = [group[j] for j, ok in enumerate(replies) if ok]
-                if died_on is not None:
-                    self.crashed += 1
-                    results[group[died_on]] = False
-                    rest = group[died_on + 1 :]
-                    groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
-                elif clean:
-                    for index in passed:
-                        results[index] = True
-                elif len(passed) == 1:
-                    self.crashed += 1
-                    results[passed[0]] = False
-                elif passed:
-                    half = len(passed) // 2
-                    groups.extend([passed[:half], passed[half:]])
+                if outcome is None:  # no child can start here: leave the rest undecided
+                    groups.clear()
+                    return
+                self._settle(group, *outcome, results, groups)
+
+        with self._lock:
+            threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         return results
+
+    def _count(self, started: int = 0, crashed: int = 0) -> None:
+        with self._counts:
+            self.started += started
+            self.crashed += crashed
+
+    def _settle(
+        self,
+        group: list[int],
+        replies: list[bool],
+        died_on: int | None,
+        clean: bool,
+        results: list[bool | None],
+        groups: deque[list[int]],
+    ) -> None:
+        """Record what one child showed; queue what it left unconfirmed."""
+        for index, ok in zip(group, replies, strict=False):
+            if not ok:
+                results[index] = False
+        passed = [group[j] for j, ok in enumerate(replies) if ok]
+        if died_on is not None:
+            self._count(crashed=1)
+            results[group[died_on]] = False
+            rest = group[died_on + 1 :]
+            groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
+        elif clean:
+            for index in passed:
+                results[index] = True
+        elif len(passed) == 1:
+            self._count(crashed=1)
+            results[passed[0]] = False
+        elif passed:
+            half = len(passed) // 2
+            groups.extend([passed[:half], passed[half:]])
 
     def _run(
         self, fingerprints: list[dict[str, Any]], items: list[Item]
@@ -111,8 +149,20 @@ class Vetter:
         """One child over ``items``: ``(replies, index it died on, clean exit)``."""
         if self._unavailable:
             return None
+        # PoCL unpacks each program into its scratch folder under a hash stored in the
+        # binary, which a damaged copy keeps: a child sharing that folder would leave
+        # damaged files where this process then loads the good binary (LLVM aborts).
+        scratch = tempfile.mkdtemp(prefix="runtime-cache-vet-")
         try:
-            process = start_worker(fingerprints)
+            return self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _run_in(
+        self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
+    ) -> tuple[list[bool], int | None, bool] | None:
+        try:
+            process = start_worker(fingerprints, env)
         except OSError as exc:
             log.debug("runtime-cache: no vetting process (%s)", exc)
             process = None
@@ -123,7 +173,7 @@ class Vetter:
                 "origin; loading them here, under the crash guard only"
             )
             return None
-        self.started += 1
+        self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
         replies: list[bool] = []
         for binaries, options, options_text in items:

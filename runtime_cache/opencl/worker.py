@@ -96,6 +96,8 @@ def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     return [name, binaries, time.perf_counter() - started, _options_text(cl, context, options)]
 
 
+#: Global sizes of the trial launches (the buffer holds 64 items of up to 1 KiB).
+_LAUNCH_SIZES = (1, 64)
 #: Sizes tried for a by-value argument whose type the binary does not say.
 _SCALAR_SIZES = (4, 8, 2, 1, 16, 32, 64, 128, 256)
 
@@ -123,16 +125,17 @@ def _fill_args(cl: Any, kernel: Any, buffer: Any) -> bool:
     return True
 
 
-def _trial(cl: Any, devices: list[Any], job: list[Any]) -> Any:
+def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
     import numpy as np
 
     from .program import create_and_build
 
     _, binaries, options, options_text = job
-    context = cl.Context(devices)
     program = create_and_build(cl, context, devices, binaries, options, options_text)
     # Some drivers (PoCL, Mali) compile a kernel only at its first launch, and may crash
-    # there on a bad binary: launch each one once, one work-item, on zeroed arguments.
+    # there on a bad binary. PoCL compiles a work-group function per local size, with a
+    # special case for one work-item: launch each kernel on zeroed arguments twice, on one
+    # work-item and on 64 with the local size the driver picks.
     zeros = np.zeros(1 << 16, np.uint8)
     flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
     buffer = cl.Buffer(context, flags, hostbuf=zeros)
@@ -141,16 +144,17 @@ def _trial(cl: Any, devices: list[Any], job: list[Any]) -> Any:
         queue = cl.CommandQueue(context, device)
         for kernel in kernels:
             if _fill_args(cl, kernel, buffer):
-                cl.enqueue_nd_range_kernel(queue, kernel, (1,), None)
+                for size in _LAUNCH_SIZES:
+                    cl.enqueue_nd_range_kernel(queue, kernel, (size,), None)
         queue.finish()
-    return context, program, kernels, buffer
+    return program, kernels, buffer
 
 
 #: Programs of trial loads, alive until the process ends (module globals outlive ``main``).
 _KEPT: list[Any] = []
 
 
-def _load(devices: list[Any], job: list[Any]) -> list[Any]:
+def _load(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     from ._driver import import_pyopencl
 
     cl = import_pyopencl()
@@ -158,7 +162,7 @@ def _load(devices: list[Any], job: list[Any]) -> list[Any]:
         # Kept until this process exits, as an app keeps its programs: a driver that
         # trips over the binary only when tearing down (PoCL can abort releasing its
         # LLVM context) does it in this process's exit status.
-        _KEPT.append(_trial(cl, devices, job))
+        _KEPT.append(_trial(cl, context, devices, job))
     except Exception:
         return [job[0], False]
     return [job[0], True]
@@ -185,7 +189,7 @@ def main() -> int:
         kind, rest = job[0], job[1:]
         write_message(
             stdout,
-            _load(devices, rest) if kind == "load" else _build(context, devices, rest),
+            _load(context, devices, rest) if kind == "load" else _build(context, devices, rest),
         )
 
 
