@@ -286,7 +286,10 @@ class OpenCLModule:
         are built from source later. Programs already built are kept. A
         malformed blob raises :class:`~runtime_cache.errors.InvalidBundleError`
         and leaves the module as it was. Accepted binaries are also stored in
-        the cache, so other processes find them.
+        the cache, so other processes find them. Unless the cache's secret
+        signed them, binaries not known on this machine are first tried in a
+        child process (:mod:`runtime_cache.opencl.vetting`), so one that crashes
+        the driver is built from source instead of reaching this process.
         """
         entries = unpack_programs(data)
         cache = self.cache
