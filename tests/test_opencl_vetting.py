@@ -49,6 +49,25 @@ def _other_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -
     guard.reset()
 
 
+def _child(script: str, tmp_path: Path, *args: str, **env: str) -> str:
+    """Run ``script`` in a fresh process on real PoCL (no driver cache, a guard folder of its
+    own); fail unless it exits cleanly (a crash here is what vetting must prevent)."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "POCL_KERNEL_CACHE": "0",
+            "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "guard"),
+            **env,
+        },
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    return run.stdout
+
+
 def _scale_works(ctx: Any, program: Any) -> bool:
     data = np.arange(16, dtype=np.float32)
     return bool(np.array_equal(run_kernel(ctx, program.scale, data, np.float32(3)), data * 3))
@@ -171,19 +190,8 @@ def test_binaries_that_crash_the_driver_only_ever_crash_the_vetting_child(
     # (seen with these seeds), at load or at first launch. They must take down the
     # vetting child only; every program the module took must compute the right answer
     # (check() runs both kernels), the rest are built from source.
-    run = subprocess.run(
-        [sys.executable, "-c", FLIP_CHILD, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={
-            **os.environ,
-            "POCL_KERNEL_CACHE": "0",
-            "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "guard"),
-        },
-    )
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    taken, vetted, failures, crashed = map(int, run.stdout.split("result", 1)[1].split())
+    out = _child(FLIP_CHILD, tmp_path)
+    taken, vetted, failures, crashed = map(int, out.split("result", 1)[1].split())
     assert taken == vetted and taken + failures == 12
     import pyopencl as cl
 
@@ -224,19 +232,8 @@ def test_forged_stored_binaries_fall_back_to_source_without_a_crash(tmp_path: Pa
     # The stored-entry side of the same attack (no secret): each forged binary is
     # unknown here, so a child tries it; what crashes or refuses there is evicted and
     # rebuilt from source, and the caller always gets a program that computes right.
-    run = subprocess.run(
-        [sys.executable, "-c", STORED_FLIP_CHILD, str(Path(__file__).parent), str(tmp_path / "c")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={
-            **os.environ,
-            "POCL_KERNEL_CACHE": "0",
-            "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "guard"),
-        },
-    )
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    right, loads, vetted, failures, rejected = map(int, run.stdout.split("result", 1)[1].split())
+    out = _child(STORED_FLIP_CHILD, tmp_path, str(tmp_path / "c"))
+    right, loads, vetted, failures, rejected = map(int, out.split("result", 1)[1].split())
     assert right == 6 and vetted + failures == 6
     assert loads == vetted and rejected == failures
 
@@ -264,16 +261,5 @@ def test_a_damaged_copy_vetted_in_a_child_does_not_poison_the_good_binary(tmp_pa
     # fuzzer: with a shared scratch folder, the good binary loaded after a vetting child
     # had tried a damaged copy aborted in LLVM ("Invalid encoding"). Each vetting child
     # now has a scratch folder of its own.
-    run = subprocess.run(
-        [sys.executable, "-c", POISON_CHILD, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={
-            **os.environ,
-            "POCL_KERNEL_CACHE": "0",
-            "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "guard"),
-            "POCL_CACHE_DIR": str(tmp_path / "pocl"),
-        },
-    )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr[-3000:]
+    out = _child(POISON_CHILD, tmp_path, POCL_CACHE_DIR=str(tmp_path / "pocl"))
+    assert out.strip() == "ok"

@@ -201,7 +201,7 @@ class OpenCLModule:
             )
         to_build: list[str] = []
         for name, plan in plans.items():
-            program = fetch(self.context, plan, cache, found) if found else None
+            program = fetch(self.context, plan, cache, found, vet=False) if found else None
             if program is None:
                 to_build.append(name)
             else:

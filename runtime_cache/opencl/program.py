@@ -213,17 +213,25 @@ def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[Binar
 
 
 def fetch(
-    context: Any, plan: ProgramPlan, cache: Cache, found: Mapping[str, bytes | memoryview]
+    context: Any,
+    plan: ProgramPlan,
+    cache: Cache,
+    found: Mapping[str, Binary],
+    *,
+    vet: bool = True,
 ) -> Any | None:
-    """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones)."""
+    """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones).
+
+    ``vet=False`` when the caller has already vetted ``found`` as a batch.
+    """
     if plan.keys is None:
         return None
     binaries = [found.get(str(key)) for key in plan.keys]
     if any(b is None for b in binaries):
         return None
     ready = [b for b in binaries if b is not None]
-    # Binaries of unknown origin are tried in a child first (a no-op for known ones).
-    vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
+    if vet:  # binaries of unknown origin are tried in a child first (a no-op for known ones)
+        vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
     program = load_from_binaries(context, plan, ready)
     if program is None:
         evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed")
