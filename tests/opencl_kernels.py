@@ -37,3 +37,10 @@ def run_kernel(ctx: Any, kernel: Any, data: np.ndarray, *scalars: Any) -> np.nda
     cl.enqueue_copy(queue, out, buf)
     queue.finish()
     return out
+
+
+def scale_works(ctx: Any, program: Any, factor: float) -> bool:
+    """Whether ``program.scale`` multiplies 16 floats by ``factor`` exactly."""
+    data = np.arange(16, dtype=np.float32)
+    got = run_kernel(ctx, program.scale, data, np.float32(factor))
+    return bool(np.array_equal(got, data * np.float32(factor)))

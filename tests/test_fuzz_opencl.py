@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from fuzz.opencl_targets import SCALE_SRC, PrecompiledTarget, run_kernel
+from fuzz.opencl_targets import SCALE_SRC, PrecompiledTarget
 from fuzz.targets import mutate, rechecksum, rechecksum_bundle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opencl_kernels import scale_works
 from opencl_support import opencl_context
 
 import runtime_cache as rc
@@ -62,11 +62,6 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     yield
 
 
-def _scale_works(ctx: Any, program: Any) -> bool:
-    data = np.arange(16, dtype=np.float32)
-    return bool(np.array_equal(run_kernel(ctx, program.scale, data, np.float32(4)), data * 4))
-
-
 def test_driver_update_does_not_serve_the_old_binary(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,7 +79,7 @@ def test_driver_update_does_not_serve_the_old_binary(
     program = build_program(ctx, SCALE_SRC, cache=cache)
     # The old binary sits in the cache under the old key and is not used.
     assert (opencl_stats().source_builds, opencl_stats().binary_loads) == (2, 1)
-    assert _scale_works(ctx, program)
+    assert scale_works(ctx, program, 4)
     drivers = {info.device["driver_version"] for info in cache.entries(runtime="opencl")}
     assert drivers == {updated["driver_version"], current["driver_version"]}
     monkeypatch.undo()
@@ -112,7 +107,7 @@ def test_forged_binary_is_stopped_by_the_signature_before_the_driver(
     program = build_program(ctx, SCALE_SRC, cache=signed)
     assert signed.stats().rejected == 1  # refused by the HMAC check, never handed to PoCL
     assert opencl_stats().rejected_binaries == 0 and opencl_stats().source_builds == 2
-    assert _scale_works(ctx, program)
+    assert scale_works(ctx, program, 4)
 
 
 @FUZZ

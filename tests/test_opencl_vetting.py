@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_kernels import SCALE_SRC, run_kernel
+from opencl_kernels import SCALE_SRC, run_kernel, scale_works
 from opencl_support import opencl_context
 
 import runtime_cache as rc
@@ -68,11 +68,6 @@ def _child(script: str, tmp_path: Path, *args: str, **env: str) -> str:
     return run.stdout
 
 
-def _scale_works(ctx: Any, program: Any) -> bool:
-    data = np.arange(16, dtype=np.float32)
-    return bool(np.array_equal(run_kernel(ctx, program.scale, data, np.float32(3)), data * 3))
-
-
 def test_unknown_binaries_are_vetted_once_then_loaded_directly(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,7 +84,7 @@ def test_unknown_binaries_are_vetted_once_then_loaded_directly(
     _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
     program = build_program(ctx, SCALE_SRC, cache=cache)
     assert opencl_stats().vetted == 1 and vetter.started == started + 1
-    assert opencl_stats().binary_loads == 2 and _scale_works(ctx, program)
+    assert opencl_stats().binary_loads == 2 and scale_works(ctx, program, 3)
     build_program(ctx, SCALE_SRC, cache=cache)  # known now
     assert opencl_stats().vetted == 1 and opencl_stats().binary_loads == 3
     known = (tmp_path / "guard-elsewhere" / "vetted").read_text().split()
@@ -106,7 +101,7 @@ def test_a_signed_cache_is_trusted_without_a_child(
     _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
     program = build_program(ctx, SCALE_SRC, cache=signed)
     assert opencl_stats().vetted == 0 and opencl_stats().binary_loads == 1
-    assert _scale_works(ctx, program)
+    assert scale_works(ctx, program, 3)
 
 
 def test_vetting_can_be_turned_off(
@@ -138,7 +133,7 @@ def test_without_a_child_process_binaries_load_here_with_a_warning(
         program = build_program(ctx, SCALE_SRC, cache=cache)
     assert "cannot start a process to vet" in caplog.text
     assert opencl_stats().binary_loads == 1 and opencl_stats().vet_failures == 0
-    assert _scale_works(ctx, program)
+    assert scale_works(ctx, program, 3)
 
 
 def test_a_module_vets_all_its_unknown_programs_with_one_child(
