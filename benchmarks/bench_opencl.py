@@ -7,6 +7,9 @@ not timed), and each is repeated (``--reps``, default 5) to take medians:
 (a) cold, sequential: ``OpenCLModule.program(name)`` for each kernel, empty cache
 (b) cold, ``build_all()`` in parallel (worker processes), empty cache
 (c) warm through runtime-cache: a fresh process, ``OpenCLModule(...).build_all()``
+    (reads, checks and loads the cached programs on one thread per core)
+(c2) warm, one program at a time: ``OpenCLModule.program(name)`` for each kernel,
+    on one thread (not an acceptance figure; it shows the cost without overlap)
 (d) floor: raw ``pyopencl.Program(ctx, devs, [binary]).build()`` on the same binaries
 (e) pyopencl's own binary cache (``pyopencl.cache``), cold and warm; ``Program.build``
     uses it only on platforms without a driver cache (not on PoCL or NVIDIA)
@@ -108,11 +111,11 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     sources = kernel_sources(n, salt)
     result: dict[str, Any] = {"device": device_fingerprint(ctx.devices[0])}
     root = Path(folder)
-    if phase in ("cold_seq", "cold_par", "warm"):
+    if phase in ("cold_seq", "cold_par", "warm", "warm_seq"):
         cache = rc.Cache(DirectoryBackend(root / "cache"))
         started = time.perf_counter()
         module = OpenCLModule(ctx, sources, cache=cache)
-        if phase == "cold_seq":
+        if phase in ("cold_seq", "warm_seq"):
             for name in sources:
                 module.program(name)
         else:
@@ -122,7 +125,7 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         result["source_builds"], result["binary_loads"] = stats.source_builds, stats.binary_loads
         result["vetted"] = stats.vetted
         programs = {name: module.program(name) for name in sources}
-        if phase != "cold_par":
+        if phase in ("cold_seq", "warm"):
             result["first_launch"] = _first_launches(ctx, programs)
         if phase == "cold_seq":
             binaries = [bytes(p.get_info(cl.program_info.BINARIES)[0]) for p in programs.values()]
@@ -217,7 +220,7 @@ def main() -> int:
         env["POCL_CACHE_DIR"] = args.pocl_scratch
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     raw: dict[str, list[float]] = {
-        k: [] for k in ["a", "b", "c", "d", "e_cold", "e_warm", "f_cold", "f_warm", "h"]
+        k: [] for k in ["a", "b", "c", "c2", "d", "e_cold", "e_warm", "f_cold", "f_warm", "h"]
     }
     launches: dict[str, list[float]] = {"after_cold": [], "after_warm": []}
     device: dict[str, Any] = {}
@@ -240,16 +243,23 @@ def main() -> int:
             print(f"rep {r}: (a) {a['seconds']:.2f} s  (b) {b['seconds']:.2f} s", flush=True)
         for r in range(warm_reps):
             salt, folder = warm_dirs[r % len(warm_dirs)]
-            # Alternate the order, so a neighbour's load does not always hit the same one.
-            for phase in ("warm", "floor") if r % 2 == 0 else ("floor", "warm"):
+            # Rotate the order, so a neighbour's load does not always hit the same one.
+            phases = ["warm", "floor", "warm_seq"]
+            for phase in phases[r % 3 :] + phases[: r % 3]:
                 if phase == "floor":
                     raw["d"].append(_run("floor", args.n, salt, folder, env)["seconds"])
+                    continue
+                if phase == "warm_seq":
+                    c2 = _run("warm_seq", args.n, salt, folder, env)
+                    assert c2["source_builds"] == 0 and c2["binary_loads"] == args.n, c2
+                    raw["c2"].append(c2["seconds"])
                     continue
                 c = _run("warm", args.n, salt, folder, env)
                 assert c["source_builds"] == 0 and c["binary_loads"] == args.n, c
                 raw["c"].append(c["seconds"])
                 launches["after_warm"] = c["first_launch"]
-            print(f"rep {r}: (c) {raw['c'][-1]:.4f} s  (d) {raw['d'][-1]:.4f} s", flush=True)
+            line = f"(c) {raw['c'][-1]:.4f} s  (c2) {raw['c2'][-1]:.4f} s  (d) {raw['d'][-1]:.4f} s"
+            print(f"rep {r}: {line}", flush=True)
         if "h" not in skip:
             for r in range(args.extra_reps):
                 salt, folder = warm_dirs[r % len(warm_dirs)]
@@ -280,6 +290,7 @@ def main() -> int:
         "warm_over_floor": med["c"] / med["d"],
         "cold_over_warm": med["a"] / med["c"],
         "parallel_over_sequential": med["b"] / med["a"],
+        "warm_one_at_a_time_over_floor": med["c2"] / med["d"],
     }
     first = {k: {"total": sum(v), "median": _median(v)} for k, v in launches.items()}
     is_pocl = "Portable Computing Language" in str(device.get("platform_name", ""))
@@ -287,6 +298,7 @@ def main() -> int:
         "a": "(a) cold source builds, sequential",
         "b": "(b) cold, build_all() parallel",
         "c": "(c) warm via runtime-cache, fresh process",
+        "c2": "(c2) warm, program() one at a time",
         "d": "(d) floor: raw Program(binaries).build()",
         "e_cold": "(e) pyopencl cache, cold",
         "e_warm": "(e) pyopencl cache, warm",

@@ -70,6 +70,36 @@ def test_build_all_in_parallel(ctx: Any, cache: rc.Cache, processes: bool) -> No
     assert OpenCLModule(ctx, sources, cache=cache).build_all() == 0
 
 
+def test_build_all_loads_hits_in_chunks_and_rebuilds_only_the_missing_and_refused(
+    ctx: Any, cache: rc.Cache
+) -> None:
+    sources = generated_sources(12, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all(workers=1)
+    probe = OpenCLModule(ctx, sources, cache=cache)
+    keys = {name: probe._plan(name).keys[0] for name in sources}  # type: ignore[index]
+    for name in ("k2", "k7"):
+        cache.delete(keys[name])
+    flipped = bytearray(cache.get(keys["k5"]) or b"")
+    for i in range(8):  # PoCL checks the header and refuses the binary
+        flipped[i] ^= 0xFF
+    cache.put(keys["k5"], bytes(flipped))
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    # Chunks of 4 on two threads: nine hits load, the flipped one is vetted, refused
+    # and evicted, and the two missing plus the refused one are built from source.
+    assert module.build_all(workers=2) == 3
+    stats = opencl_stats()
+    assert (stats.binary_loads, stats.source_builds, stats.rejected_binaries) == (9, 3, 1)
+    assert module.built == sorted(sources)
+    data = np.arange(8, dtype=np.float32)
+    for i in range(12):
+        out = run_kernel(ctx, module.kernel(f"k{i}"), data)
+        np.testing.assert_array_equal(out, data * (i + 2) + 3)
+    reset_opencl_stats()
+    assert OpenCLModule(ctx, sources, cache=cache).build_all(workers=2) == 0
+    assert opencl_stats().binary_loads == 12
+
+
 def test_bundle_round_trip(ctx: Any, cache: rc.Cache) -> None:
     module = OpenCLModule(ctx, SOURCES, cache=cache)
     assert module.supports_precompiled_programs()

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import xxhash
-
 from ._driver import import_pyopencl
 from .counters import counters
+from .guard import binary_digest
 from .program import _origins_lock, origins, read_binaries
 
 __all__ = ["recapture_binaries"]
@@ -45,12 +44,12 @@ def recapture_binaries(program: Any) -> int:
     changed = {
         key: binary
         for key, binary, old in zip(origin.plan.keys, binaries, origin.digests, strict=True)
-        if binary and xxhash.xxh3_64_intdigest(binary) != old
+        if binary and binary_digest(binary) != old
     }
     if not changed:
         return 0
     if origin.cache.put_many(changed, build_seconds=origin.build_seconds):
-        origin.digests = [xxhash.xxh3_64_intdigest(b) for b in binaries]
+        origin.digests = [binary_digest(b) for b in binaries]
         counters.add(recaptured=len(changed))
         return len(changed)
     return 0

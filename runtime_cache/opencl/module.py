@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..cache import Cache
@@ -15,11 +15,13 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .bundle import pack_programs, unpack_programs
 from .counters import counters
+from .guard import Binary, binary_digest
 from .includes import Options, normalize_options
 from .parallel import WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
     fetch,
+    load_cached,
     load_from_binaries,
     options_text,
     plan_program,
@@ -28,7 +30,7 @@ from .program import (
     source_build,
     store_binaries,
 )
-from .vetting import vet_unknown
+from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
 
@@ -37,6 +39,8 @@ log = logging.getLogger("runtime_cache.opencl")
 
 #: ``build_all`` uses worker processes when at least this many programs per worker need a build.
 PROCESS_THRESHOLD = 4
+#: ``build_all`` loads cached programs in chunks of at least this many per thread task.
+LOAD_CHUNK = 4
 
 
 def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
@@ -175,40 +179,22 @@ class OpenCLModule:
     def build_all(self, workers: int | None = None, *, processes: bool | None = None) -> int:
         """Build every program not yet built; return how many were built from source.
 
-        Cached binaries are fetched in one backend call. Missing programs are
-        built concurrently on ``workers`` (default: all cores). With
-        ``processes=None`` worker processes are used when there are at least
-        ``PROCESS_THRESHOLD`` builds per worker (their start-up costs about
-        half a second), threads otherwise; ``True``/``False`` forces the choice.
+        Cached binaries are read, checked and loaded on ``workers`` threads
+        (default: all cores), a chunk of programs at a time, so reading the
+        entries overlaps the driver's work. Missing programs are then built
+        concurrently. With ``processes=None`` worker processes are used when
+        there are at least ``PROCESS_THRESHOLD`` builds per worker (their
+        start-up costs about half a second), threads otherwise;
+        ``True``/``False`` forces the choice.
         """
         with self._lock:
             missing = [n for n in self.sources if n not in self._programs]
         if not missing:
             return 0
-        cache = self.cache
-        plans = {name: self._plan(name) for name in missing}
-        wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
-        found = cache.get_many_views(wanted) if wanted else {}
-        if found:  # binaries of unknown origin are tried in one child, in one batch
-            vet_unknown(
-                list(self.context.devices),
-                [
-                    ([found[str(k)] for k in p.keys], p.options, p.options_text)
-                    for p in plans.values()
-                    if p.keys is not None and all(str(k) in found for k in p.keys)
-                ],
-                trusted=cache.signed,
-            )
-        to_build: list[str] = []
-        for name, plan in plans.items():
-            program = fetch(self.context, plan, cache, found, vet=False) if found else None
-            if program is None:
-                to_build.append(name)
-            else:
-                self._adopt(name, program, 0.0)
+        count = workers if workers is not None else (os.cpu_count() or 1)
+        to_build = self._load_cached(missing, count)
         if not to_build:
             return 0
-        count = workers if workers is not None else (os.cpu_count() or 1)
         if processes is None:
             processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
         if count <= 1 or len(to_build) == 1:
@@ -219,6 +205,68 @@ class OpenCLModule:
         else:
             build_in_threads(self._build_from_source, to_build, count)
         return len(to_build)
+
+    def _load_cached(self, names: list[str], workers: int) -> list[str]:
+        """Load the programs whose binaries are cached; return the names left to build.
+
+        Each thread takes a chunk of programs: it fetches their entries in one
+        backend call, checks them and hands them to the driver. Binaries of
+        unknown origin are set aside and vetted together, in one batch, at the end.
+        """
+        cache = self.cache
+        size = max(LOAD_CHUNK, -(-len(names) // (4 * max(1, workers))))
+        chunks = [names[i : i + size] for i in range(0, len(names), size)]
+        left: list[str] = []
+        unknown: list[tuple[str, ProgramPlan, Sequence[Binary]]] = []
+        lock = threading.Lock()
+
+        def load(chunk: list[str]) -> None:
+            plans = {name: self._plan(name) for name in chunk}
+            wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
+            found = cache.get_many_views(wanted) if wanted else {}
+            for name, plan in plans.items():
+                binaries = [found.get(str(k)) for k in plan.keys or ()]
+                ready: list[Binary] = [b for b in binaries if b is not None]
+                if not ready or len(ready) != len(binaries):
+                    with lock:
+                        left.append(name)
+                    continue
+                digests = [binary_digest(b) for b in ready]
+                if needs_vetting(digests, trusted=cache.signed):
+                    with lock:
+                        unknown.append((name, plan, ready))
+                    continue
+                self._load_one(name, plan, ready, digests, left, lock)
+
+        if workers > 1 and len(chunks) > 1:
+            build_in_threads(load, chunks, workers)
+        else:
+            for chunk in chunks:
+                load(chunk)
+        if unknown:
+            devices = list(self.context.devices)
+            items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
+            vet_unknown(devices, items, trusted=cache.signed)
+            for name, plan, ready in unknown:
+                self._load_one(name, plan, ready, None, left, lock)
+        order = {name: i for i, name in enumerate(names)}
+        return sorted(left, key=order.__getitem__)
+
+    def _load_one(
+        self,
+        name: str,
+        plan: ProgramPlan,
+        binaries: Sequence[Binary],
+        digests: list[str] | None,
+        left: list[str],
+        lock: threading.Lock,
+    ) -> None:
+        program = load_cached(self.context, plan, self.cache, binaries, digests)
+        if program is None:
+            with lock:
+                left.append(name)
+        else:
+            self._adopt(name, program, 0.0)
 
     def _build_in_processes(self, names: list[str], workers: int) -> None:
         devices = list(self.context.devices)

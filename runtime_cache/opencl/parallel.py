@@ -19,10 +19,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from .fingerprint import device_fingerprint
 from .worker import read_message, write_message
+
+T = TypeVar("T")
 
 __all__ = [
     "Job",
@@ -167,8 +169,8 @@ def build_in_processes(
     return sorted(rejected, key=order.__getitem__)
 
 
-def build_in_threads(build: Callable[[str], None], names: Sequence[str], workers: int) -> None:
-    """Call ``build(name)`` for every name on ``workers`` threads; re-raise the first error."""
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
-        for future in [pool.submit(build, name) for name in names]:
+def build_in_threads(build: Callable[[T], None], items: Sequence[T], workers: int) -> None:
+    """Call ``build(item)`` for every item on ``workers`` threads; re-raise the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+        for future in [pool.submit(build, item) for item in items]:
             future.result()

@@ -37,6 +37,7 @@ __all__ = [
     "ProgramPlan",
     "build_program",
     "create_and_build",
+    "load_cached",
     "load_from_binaries",
     "options_text",
     "plan_program",
@@ -69,7 +70,7 @@ class ProgramPlan:
 class _Origin:
     plan: ProgramPlan
     cache: Cache
-    digests: list[int]
+    digests: list[str]  # binary_digest of each device's binary
     build_seconds: float
 
 
@@ -143,14 +144,22 @@ def plan_program(
 
 
 def remember(
-    program: Any, plan: ProgramPlan, cache: Cache, binaries: Sequence[Binary], build_seconds: float
+    program: Any,
+    plan: ProgramPlan,
+    cache: Cache,
+    binaries: Sequence[Binary],
+    build_seconds: float,
+    digests: Sequence[str] | None = None,
 ) -> None:
-    """Note where ``program``'s binaries live, for :func:`recapture_binaries`."""
+    """Note where ``program``'s binaries live, for :func:`recapture_binaries`.
+
+    ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
+    """
     if plan.keys is None:
         return
-    digests = [xxhash.xxh3_64_intdigest(b) for b in binaries]
+    known = list(digests) if digests is not None else [binary_digest(b) for b in binaries]
     with _origins_lock:
-        origins[program] = _Origin(plan, cache, digests, build_seconds)
+        origins[program] = _Origin(plan, cache, known, build_seconds)
 
 
 def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
@@ -191,12 +200,21 @@ def create_and_build(
     return program
 
 
-def load_from_binaries(context: Any, plan: ProgramPlan, binaries: Sequence[Binary]) -> Any | None:
-    """Create and build a program from ``binaries``; ``None`` when the driver refuses them."""
+def load_from_binaries(
+    context: Any,
+    plan: ProgramPlan,
+    binaries: Sequence[Binary],
+    digests: Sequence[str] | None = None,
+) -> Any | None:
+    """Create and build a program from ``binaries``; ``None`` when the driver refuses them.
+
+    ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
+    """
     cl = import_pyopencl()
     if len(binaries) != len(plan.devices) or not all(binaries):
         return None
-    digests = [binary_digest(b) for b in binaries]
+    if digests is None:
+        digests = [binary_digest(b) for b in binaries]
     if guard.blocked(digests):
         log.debug("runtime-cache: binary blocklisted by the crash guard")
         return None
@@ -232,12 +250,28 @@ def fetch(
     ready = [b for b in binaries if b is not None]
     if vet:  # binaries of unknown origin are tried in a child first (a no-op for known ones)
         vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
-    program = load_from_binaries(context, plan, ready)
+    return load_cached(context, plan, cache, ready)
+
+
+def load_cached(
+    context: Any,
+    plan: ProgramPlan,
+    cache: Cache,
+    binaries: Sequence[Binary],
+    digests: Sequence[str] | None = None,
+) -> Any | None:
+    """Load a program from binaries fetched from ``cache``; evict them if the driver refuses.
+
+    Returns the program, or ``None`` after evicting the entries (build from source then).
+    """
+    if digests is None:
+        digests = [binary_digest(b) for b in binaries]
+    program = load_from_binaries(context, plan, binaries, digests)
     if program is None:
         evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed")
         return None
     counters.add(binary_loads=1)
-    remember(program, plan, cache, ready, 0.0)
+    remember(program, plan, cache, binaries, 0.0, digests)
     return program
 
 
@@ -276,7 +310,7 @@ def store_binaries(
     digests = [binary_digest(b) for b in binaries]
     guard.unblock(digests)
     guard.vouch(digests)
-    remember(program, plan, cache, binaries, seconds)
+    remember(program, plan, cache, binaries, seconds, digests)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 
 

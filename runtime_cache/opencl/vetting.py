@@ -45,7 +45,15 @@ from .guard import Binary, binary_digest, guard
 from .parallel import start_worker, stop_worker
 from .worker import read_message, write_message
 
-__all__ = ["BATCH", "ENV_VET", "LOAD_TIMEOUT", "Vetter", "vet_unknown", "vetter"]
+__all__ = [
+    "BATCH",
+    "ENV_VET",
+    "LOAD_TIMEOUT",
+    "Vetter",
+    "needs_vetting",
+    "vet_unknown",
+    "vetter",
+]
 
 log = logging.getLogger("runtime_cache.opencl")
 
@@ -199,6 +207,14 @@ def _enabled() -> bool:
     return os.environ.get(ENV_VET, "").strip().lower() not in ("off", "0", "no", "false")
 
 
+def needs_vetting(digests: Sequence[str], *, trusted: bool) -> bool:
+    """Whether binaries with these digests must be tried in a child before this process
+    loads them: they come from an unsigned source and are neither known nor blocklisted."""
+    if trusted or not _enabled():
+        return False
+    return not guard.known(digests) and not guard.blocked(digests)
+
+
 def vet_unknown(devices: Sequence[Any], items: Sequence[Item], *, trusted: bool) -> None:
     """Vet the programs whose binaries are neither known nor blocklisted; record the outcome.
 
@@ -211,7 +227,7 @@ def vet_unknown(devices: Sequence[Any], items: Sequence[Item], *, trusted: bool)
     pending: list[tuple[list[str], Item]] = []
     for item in items:
         digests = [binary_digest(b) for b in item[0]]
-        if not guard.known(digests) and not guard.blocked(digests):
+        if needs_vetting(digests, trusted=False):
             pending.append((digests, item))
     if not pending:
         return
