@@ -30,6 +30,7 @@ from .program import (
     source_build,
     store_binaries,
 )
+from .read_ahead import drain, read_ahead
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
@@ -39,8 +40,16 @@ log = logging.getLogger("runtime_cache.opencl")
 
 #: ``build_all`` uses worker processes when at least this many programs per worker need a build.
 PROCESS_THRESHOLD = 4
-#: ``build_all`` loads cached programs in chunks of at least this many per thread task.
+#: ``build_all`` reads cached entries ahead in chunks of at least this many programs.
 LOAD_CHUNK = 4
+
+#: Programs loaded from binaries at once, by platform name; other platforms load one at a
+#: time. PoCL's CPU device does part of a binary load outside its locks, so two loading
+#: threads gain; NVIDIA's driver serializes the loads, and two threads were slower than one.
+CONCURRENT_LOADS = {"Portable Computing Language": 2}
+
+#: ``(name, plan, binaries or None when missing, their digests, whether to vet them first)``
+_Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool]
 
 
 def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
@@ -50,6 +59,12 @@ def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
     except CorruptEntryError:  # SignatureError included
         return False
     return True
+
+
+def concurrent_loads(context: Any) -> int:
+    """How many threads load binaries at once in ``context`` (see ``CONCURRENT_LOADS``)."""
+    names = {str(device.platform.name) for device in context.devices}
+    return min(CONCURRENT_LOADS.get(name, 1) for name in names) if names else 1
 
 
 class OpenCLModule:
@@ -179,10 +194,11 @@ class OpenCLModule:
     def build_all(self, workers: int | None = None, *, processes: bool | None = None) -> int:
         """Build every program not yet built; return how many were built from source.
 
-        Cached binaries are read, checked and loaded on ``workers`` threads
-        (default: all cores), a chunk of programs at a time, so reading the
-        entries overlaps the driver's work. Missing programs are then built
-        concurrently. With ``processes=None`` worker processes are used when
+        Cached binaries are loaded first: a background thread reads and checks
+        the entries a chunk at a time while this thread (and, on drivers that
+        gain from it, one more: ``CONCURRENT_LOADS``) hands them to the driver;
+        with ``workers=1`` all of it runs on this thread. Missing programs are
+        then built concurrently. With ``processes=None`` worker processes are used when
         there are at least ``PROCESS_THRESHOLD`` builds per worker (their
         start-up costs about half a second), threads otherwise;
         ``True``/``False`` forces the choice.
@@ -209,64 +225,63 @@ class OpenCLModule:
     def _load_cached(self, names: list[str], workers: int) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build.
 
-        Each thread takes a chunk of programs: it fetches their entries in one
-        backend call, checks them and hands them to the driver. Binaries of
+        A background thread fetches the entries a chunk of programs at a time
+        (one backend call each) and checks them, while the loading threads hand
+        the previous chunks to the driver (see :mod:`.read_ahead`). Binaries of
         unknown origin are set aside and vetted together, in one batch, at the end.
         """
         cache = self.cache
-        size = max(LOAD_CHUNK, -(-len(names) // (4 * max(1, workers))))
+        size = max(LOAD_CHUNK, -(-len(names) // 8))
         chunks = [names[i : i + size] for i in range(0, len(names), size)]
         left: list[str] = []
         unknown: list[tuple[str, ProgramPlan, Sequence[Binary]]] = []
-        lock = threading.Lock()
 
-        def load(chunk: list[str]) -> None:
+        def fetch_chunk(chunk: list[str]) -> list[_Fetched]:
             plans = {name: self._plan(name) for name in chunk}
             wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
             found = cache.get_many_views(wanted) if wanted else {}
+            fetched: list[_Fetched] = []
             for name, plan in plans.items():
                 binaries = [found.get(str(k)) for k in plan.keys or ()]
                 ready: list[Binary] = [b for b in binaries if b is not None]
                 if not ready or len(ready) != len(binaries):
-                    with lock:
-                        left.append(name)
+                    fetched.append((name, plan, None, [], False))
                     continue
                 digests = [binary_digest(b) for b in ready]
-                if needs_vetting(digests, trusted=cache.signed):
-                    with lock:
-                        unknown.append((name, plan, ready))
-                    continue
-                self._load_one(name, plan, ready, digests, left, lock)
+                vet = needs_vetting(digests, trusted=cache.signed)
+                fetched.append((name, plan, ready, digests, vet))
+            return fetched
 
-        if workers > 1 and len(chunks) > 1:
-            build_in_threads(load, chunks, workers)
-        else:
-            for chunk in chunks:
-                load(chunk)
+        lock = threading.Lock()
+
+        def load(batch: list[_Fetched]) -> None:
+            for name, plan, ready, digests, vet in batch:
+                if ready is not None and not vet and self._load_one(name, plan, ready, digests):
+                    continue
+                with lock:
+                    if ready is not None and vet:
+                        unknown.append((name, plan, ready))
+                    else:
+                        left.append(name)
+
+        loaders = min(workers, concurrent_loads(self.context))
+        drain(read_ahead(chunks, fetch_chunk, background=workers > 1), load, loaders)
         if unknown:
             devices = list(self.context.devices)
             items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
             vet_unknown(devices, items, trusted=cache.signed)
-            for name, plan, ready in unknown:
-                self._load_one(name, plan, ready, None, left, lock)
+            left += [n for n, plan, ready in unknown if not self._load_one(n, plan, ready, None)]
         order = {name: i for i, name in enumerate(names)}
         return sorted(left, key=order.__getitem__)
 
     def _load_one(
-        self,
-        name: str,
-        plan: ProgramPlan,
-        binaries: Sequence[Binary],
-        digests: list[str] | None,
-        left: list[str],
-        lock: threading.Lock,
-    ) -> None:
+        self, name: str, plan: ProgramPlan, binaries: Sequence[Binary], digests: list[str] | None
+    ) -> bool:
         program = load_cached(self.context, plan, self.cache, binaries, digests)
         if program is None:
-            with lock:
-                left.append(name)
-        else:
-            self._adopt(name, program, 0.0)
+            return False
+        self._adopt(name, program, 0.0)
+        return True
 
     def _build_in_processes(self, names: list[str], workers: int) -> None:
         devices = list(self.context.devices)
