@@ -175,25 +175,25 @@ class LoadGuard:
 
     def vouch(self, digests: Sequence[str]) -> None:
         """Record binaries as known: the driver made them, or a vetting child loaded them."""
-        with self._lock:
-            self._start()
-            new = [d for d in dict.fromkeys(digests) if d not in self._known]
-            if not new:
-                return
-            self._known.update(new)
-            self._blocked.difference_update(new)
-        _append(os.path.join(self.folder, _VETTED), new, MAX_KNOWN)
+        self._record(digests, known=True)
 
     def block(self, digests: Sequence[str]) -> None:
         """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""
+        self._record(digests, known=False)
+
+    def _record(self, digests: Sequence[str], *, known: bool) -> None:
+        """Move ``digests`` onto the known list or the blocklist (and off the other one);
+        append the new ones to that list's file."""
         with self._lock:
-            self._start()
-            new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
+            self._start()  # may replace the sets: take them after it
+            into, out_of = (self._known, self._blocked) if known else (self._blocked, self._known)
+            new = [d for d in dict.fromkeys(digests) if d not in into]
             if not new:
                 return
-            self._blocked.update(new)
-            self._known.difference_update(new)
-        _append(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
+            into.update(new)
+            out_of.difference_update(new)
+        name, limit = (_VETTED, MAX_KNOWN) if known else (_BLOCKLIST, _MAX_BLOCKED)
+        _append(os.path.join(self.folder, name), new, limit)
 
     def unblock(self, digests: Sequence[str]) -> None:
         """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""

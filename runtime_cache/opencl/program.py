@@ -28,7 +28,7 @@ from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import Binary, binary_digest, guard
 from .includes import Options, include_digests, normalize_options
-from .vetting import vet_unknown
+from .vetting import needs_vetting, vet_unknown
 
 __all__ = [
     "PURPOSE",
@@ -248,9 +248,10 @@ def fetch(
     if any(b is None for b in binaries):
         return None
     ready = [b for b in binaries if b is not None]
-    if vet:  # binaries of unknown origin are tried in a child first (a no-op for known ones)
+    digests = [binary_digest(b) for b in ready]
+    if vet and needs_vetting(digests, trusted=cache.signed):  # tried in a child first
         vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
-    return load_cached(context, plan, cache, ready)
+    return load_cached(context, plan, cache, ready, digests)
 
 
 def load_cached(
