@@ -143,9 +143,9 @@ class DirectoryBackend(Backend):
         parsed = BackendURL.parse(url)
         path = parsed.netloc + parsed.path
         max_size = parsed.pop("max_size", "2GB")
-        fsync = parsed.pop("fsync", "0") in ("1", "true", "yes")
-        track = parsed.pop("track_access", "1") not in ("0", "false", "no")
-        shared = parsed.pop("shared", "0") in ("1", "true", "yes")
+        fsync = parsed.pop_bool("fsync", False)
+        track = parsed.pop_bool("track_access", True)
+        shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
         return cls(path or None, max_size=cap, fsync=fsync, track_access=track, shared=shared)

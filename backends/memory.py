@@ -7,8 +7,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 
-from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.api import Backend, StoredItem
 from runtime_cache.errors import InvalidKeyError
+from runtime_cache.units import parse_size
+from runtime_cache.urls import BackendURL
 
 __all__ = ["MemoryBackend"]
 

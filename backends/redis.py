@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from runtime_cache.api import Backend, BackendURL, StoredItem, parse_duration
+from runtime_cache.api import Backend, StoredItem
 from runtime_cache.errors import (
     BackendError,
     BackendUnavailableError,
@@ -39,6 +39,8 @@ from runtime_cache.errors import (
     MissingDependencyError,
     ReadOnlyBackendError,
 )
+from runtime_cache.units import parse_duration
+from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
 
@@ -105,7 +107,7 @@ class RedisBackend(Backend):
         parsed = BackendURL.parse(url)
         if parsed.scheme not in _SCHEMES:
             raise InvalidURLError(
-                f"not a Redis URL: {url!r} (redis://, rediss://, redis+cluster://)"
+                f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://)"
             )
         self.cluster = parsed.scheme == "redis+cluster"
         if self.cluster and parsed.path not in ("", "/", "/0"):
@@ -278,10 +280,14 @@ class RedisBackend(Backend):
 
     def _scan_keys(self, client: Any, prefix: str) -> list[str]:
         match = (self.prefix + prefix).translate(_GLOB) + "*"
+        # TYPE string: a foreign hash or list under our prefix is not an entry, and
+        # reading it (STRLEN, GETRANGE) would fail the whole listing with WRONGTYPE.
         if self.cluster:
-            raw = client.scan_iter(match=match, count=1000, target_nodes=client.PRIMARIES)
+            raw = client.scan_iter(
+                match=match, count=1000, _type="string", target_nodes=client.PRIMARIES
+            )
         else:
-            raw = client.scan_iter(match=match, count=1000)
+            raw = client.scan_iter(match=match, count=1000, _type="string")
         found = (self._strip(k) for k in raw)
         return list(dict.fromkeys(k for k in found if k is not None and k.startswith(prefix)))
 
@@ -335,7 +341,10 @@ class RedisBackend(Backend):
             pipe = client.pipeline(transaction=False)
             for key in chunk:
                 pipe.strlen(self.prefix + key)
-            sizes = pipe.execute()
+            # A key that changed type since SCAN answers WRONGTYPE: skipped, not fatal.
+            replies = pipe.execute(raise_on_error=False)
+            kept = [(k, n) for k, n in zip(chunk, replies, strict=True) if isinstance(n, int)]
+            chunk, sizes = [k for k, _ in kept], [n for _, n in kept]
             empty = [k for k, n in zip(chunk, sizes, strict=True) if not n]
             present = {k for k in empty if client.exists(self.prefix + k)}
             items += [

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from runtime_cache.api import Backend, StoredItem
 from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
+from runtime_cache.urls import redact_url
 
 from .write_behind import WriteBehind
 
@@ -107,9 +108,9 @@ class TieredBackend(Backend):
         text = url[len("tiered://") :] if url.lower().startswith("tiered://") else url
         parts = [p.strip() for p in text.split(",")]
         if not parts or any(not p for p in parts):
-            raise InvalidURLError(f"empty tier in {url!r} (expected 'url,url,...')")
+            raise InvalidURLError(f"empty tier in {redact_url(url)} (expected 'url,url,...')")
         if any(p.lower().startswith("tiered://") for p in parts):
-            raise InvalidURLError(f"tiers cannot nest: {url!r}")
+            raise InvalidURLError(f"tiers cannot nest: {redact_url(url)}")
         opened: list[Backend] = []
         try:
             for part in parts:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .errors import CorruptEntryError, InvalidBundleError, SignatureError
+from .errors import CorruptEntryError, InvalidBundleError, InvalidValueError, SignatureError
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -119,6 +120,21 @@ def _check_depth(value: Any, limit: int) -> None:
         raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
 
 
+#: Creation times must fall in [0, this): about the year 2514, far beyond any real clock.
+MAX_CREATED_AT = float(2**34)
+#: Build times must fall in [0, this] seconds (about three years).
+MAX_BUILD_SECONDS = 1e8
+
+
+def _time_problem(created_at: Any, build_seconds: Any) -> str | None:
+    """Why these times cannot be an entry's (NaN, inf, negative, absurdly large), or ``None``."""
+    if not (math.isfinite(created_at) and 0.0 <= created_at < MAX_CREATED_AT):
+        return f"created_at {created_at!r} is not a plausible Unix time"
+    if not (math.isfinite(build_seconds) and 0.0 <= build_seconds <= MAX_BUILD_SECONDS):
+        return f"build_seconds {build_seconds!r} is not 0 to {MAX_BUILD_SECONDS:g} seconds"
+    return None
+
+
 def encode_entry(
     key: str,
     parts: Mapping[str, Any],
@@ -130,7 +146,13 @@ def encode_entry(
     secret: bytes | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Encode one entry; sign it when ``secret`` is given."""
+    """Encode one entry; sign it when ``secret`` is given.
+
+    Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
+    """
+    problem = _time_problem(float(created_at), float(build_seconds))
+    if problem is not None:
+        raise InvalidValueError(problem)
     meta: dict[str, Any] = {
         "k": key,
         "p": dict(parts),
@@ -201,6 +223,10 @@ def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
             raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
     if "x" in meta and not isinstance(meta["x"], dict):
         raise CorruptEntryError("metadata field 'x' is mistyped")
+    # NaN or inf here would crash listings and poison seconds_saved sums.
+    problem = _time_problem(meta["c"], meta["b"])
+    if problem is not None:
+        raise CorruptEntryError(f"metadata field {problem}")
     return meta
 
 

@@ -39,6 +39,10 @@ class InvalidURLError(RuntimeCacheError, ValueError):
     """A backend URL that cannot be parsed, or holds an unknown option."""
 
 
+class InvalidValueError(RuntimeCacheError, ValueError):
+    """A size, duration or boolean that does not parse, such as ``--max-size 5XB``."""
+
+
 class UnknownBackendError(RuntimeCacheError, ValueError):
     """No backend is registered under the requested name or URL scheme."""
 
@@ -77,6 +81,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidRecordError",
     "InvalidURLError",
+    "InvalidValueError",
     "MissingDependencyError",
     "ReadOnlyBackendError",
     "RuntimeCacheError",

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import environment
-from .api import Backend, redact_url
+from .api import Backend
 from .cache import Cache
 from .errors import RuntimeCacheError
 from .registry import open_backend
+from .urls import redact_url
 
 __all__ = ["Provider", "cache_provider", "get_cache", "set_cache_provider"]
 

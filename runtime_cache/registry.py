@@ -16,13 +16,15 @@ import threading
 from importlib.metadata import entry_points
 from typing import cast
 
-from .api import Backend, BackendURL
+from .api import Backend
 from .errors import (
     BackendConflictError,
     InvalidURLError,
+    InvalidValueError,
     MissingDependencyError,
     UnknownBackendError,
 )
+from .urls import BackendURL, redact_url
 
 __all__ = ["ENTRY_POINT_GROUP", "Registry", "open_backend", "register_backend", "registry"]
 
@@ -125,7 +127,11 @@ class Registry:
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
         scheme = "tiered" if "," in url else BackendURL.parse(url).scheme
-        return self.resolve(scheme).from_url(url)
+        try:
+            return self.resolve(scheme).from_url(url)
+        except InvalidValueError as exc:
+            # A bad size or duration inside a URL is, for whoever wrote the URL, a URL error.
+            raise InvalidURLError(f"{exc} in backend URL {redact_url(url)}") from None
 
 
 registry = Registry()

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runtime_cache as rc
-from runtime_cache.api import BackendURL, parse_duration, parse_size, redact_url
-from runtime_cache.errors import InvalidURLError
+from runtime_cache.errors import InvalidURLError, InvalidValueError
+from runtime_cache.units import parse_duration, parse_size
+from runtime_cache.urls import BackendURL, redact_url
 
 FUZZ = settings(
     max_examples=300,
@@ -75,16 +76,16 @@ def test_any_text_as_size_or_duration(text: str) -> None:
 @pytest.mark.parametrize("text", ["9" * 400, "9" * 310 + "TB", "1" * 20 + "GiB"])
 def test_huge_sizes_are_invalid_not_overflow(text: str) -> None:
     # Found by fuzzing: int(float("9"*400)) raised OverflowError out of parse_size.
-    with pytest.raises(InvalidURLError):
+    with pytest.raises(InvalidValueError):
         parse_size(text)
-    with pytest.raises(InvalidURLError):
+    with pytest.raises(InvalidURLError):  # inside a URL, a bad value is a URL error
         rc.open_backend(f"memory://?max_size={text}")
 
 
 @pytest.mark.parametrize("text", ["9" * 400, "99999999999999w", float("inf"), float("nan")])
 def test_endless_durations_are_invalid(text: str | float) -> None:
     # Found by fuzzing: parse_duration gave inf, which later overflowed int(ttl * 1000).
-    with pytest.raises(InvalidURLError):
+    with pytest.raises(InvalidValueError):
         parse_duration(text)
 
 

@@ -27,18 +27,20 @@ import xxhash
 
 import runtime_cache as rc
 from runtime_cache import codec
-from runtime_cache.api import BackendURL, parse_duration, parse_size
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.errors import (
     CorruptEntryError,
     InvalidBundleError,
     InvalidURLError,
+    InvalidValueError,
     MissingDependencyError,
     RuntimeCacheError,
     UnknownBackendError,
 )
 from runtime_cache.maintenance import verify
 from runtime_cache.tuning import TuningCache
+from runtime_cache.units import parse_duration, parse_size
+from runtime_cache.urls import BackendURL
 
 SECRET = b"fuzz-secret"
 DEVICE = {"vendor": "FuzzCo", "name": "Fuzz GPU", "driver": "1.0"}
@@ -259,12 +261,12 @@ def check_url(url: str) -> None:
 
 
 def check_size_and_duration(text: str) -> None:
-    """:func:`parse_size` and :func:`parse_duration` give a finite number or InvalidURLError."""
+    """:func:`parse_size` and :func:`parse_duration` give a finite number or InvalidValueError."""
     for parse in (parse_size, parse_duration):
         try:
             value = parse(text)
         except Exception as exc:
-            _allowed(exc, (InvalidURLError,), parse.__name__)
+            _allowed(exc, (InvalidValueError,), parse.__name__)
             continue
         if not (value >= 0 and value < float("inf")):
             raise ContractViolation(f"{parse.__name__}({text!r}) gave {value!r}")

@@ -1,0 +1,131 @@
+"""Backend URLs: parsing them, reading their options, and hiding their passwords.
+
+:func:`redact` is the one redactor of the project: every log line, error
+message and repr that shows a URL passes it through here. It hides the
+password of every URL inside a text (each tier of ``"memory://,redis://..."``,
+a URL after a leading space or inside quotes, any scheme), a raw ``@`` inside
+the password included, and the value of ``password=``-like query options.
+
+>>> redact("memory://, redis://:s3cr@t@cache:6379/0?password=x&db=1")
+'memory://, redis://:***@cache:6379/0?password=***&db=1'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import SplitResult, parse_qsl, urlsplit
+
+from .errors import InvalidURLError, InvalidValueError
+from .units import parse_bool
+
+__all__ = ["BackendURL", "redact", "redact_url"]
+
+# scheme://userinfo@ : the userinfo runs to the last "@" before the host, so a raw
+# "@" inside a password is hidden too. Whitespace, "," (tier separator) and "/"
+# end it, as they end a host.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s,]*)@")
+_SECRET_OPTION = re.compile(
+    r"([?&;]\s*(?:password|passwd|pass|pwd|secret|token|auth|api_key|access_key)\s*=)"
+    r"[^&#\s,'\"]*",
+    re.IGNORECASE,
+)
+#: Schemes whose URL names a local folder: a host there is a mistake, not a place.
+_LOCAL_SCHEMES = frozenset({"dir"})
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    scheme, userinfo = match.group(1), match.group(2)
+    user, colon, _ = userinfo.partition(":")
+    # redis://PASSWORD@host: a lone userinfo is the password, so it goes too.
+    return f"{scheme}{user}:***@" if colon else f"{scheme}***@"
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it, and secret query options, as ``***``.
+
+    >>> redact("redis://app:hunter2@cache:6379/0")
+    'redis://app:***@cache:6379/0'
+    """
+    return _SECRET_OPTION.sub(r"\1***", _USERINFO.sub(_hide_userinfo, text))
+
+
+def redact_url(url: object) -> str:
+    """``repr(url)`` with any password in it replaced by ``***``, for messages and logs.
+
+    >>> redact_url("redis://app:hunter2@cache:6379/0")
+    "'redis://app:***@cache:6379/0'"
+    """
+    return repr(redact(url)) if isinstance(url, str) else redact(repr(url))
+
+
+@dataclass(frozen=True)
+class BackendURL:
+    """A parsed backend URL: scheme, location and query options.
+
+    Backends use it to read their options and to reject unknown ones::
+
+        url = BackendURL.parse("memory://?max_size=64MB")
+        max_size = parse_size(url.pop("max_size", "256MB"))
+        url.reject_unknown()
+    """
+
+    scheme: str
+    netloc: str
+    path: str
+    options: dict[str, str]
+    raw: str
+
+    @classmethod
+    def parse(cls, url: str) -> BackendURL:
+        """Split ``url``; raise :class:`InvalidURLError` when it is not a URL.
+
+        A ``dir://`` URL with a host (``dir://user:pw@host/path``) is refused:
+        the folder is the path after three slashes, ``dir:///path``.
+        """
+        if not isinstance(url, str) or "://" not in url:
+            raise InvalidURLError(f"not a backend URL (expected scheme://...): {redact_url(url)}")
+        if "\x00" in url or len(url) > 4096:
+            raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
+        try:
+            parts: SplitResult = urlsplit(url)
+            options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+            _ = parts.port  # a non-numeric or out-of-range port fails here, not at first use
+        except ValueError as exc:
+            raise InvalidURLError(
+                f"cannot parse backend URL {redact_url(url)}: {redact(str(exc))}"
+            ) from None
+        if not parts.scheme:
+            raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
+        scheme = parts.scheme.lower()
+        if scheme in _LOCAL_SCHEMES and parts.netloc:
+            raise InvalidURLError(
+                f"a {scheme}:// URL names a local folder and takes no host: "
+                f"{redact_url(url)} (write {scheme}:///absolute/path)"
+            )
+        return cls(scheme, parts.netloc, parts.path, options, url)
+
+    def pop(self, name: str, default: str | None = None) -> str | None:
+        """Take the option ``name`` out of the query, returning ``default`` if absent."""
+        return self.options.pop(name, default)
+
+    def pop_bool(self, name: str, default: bool) -> bool:
+        """Take a boolean option (on/off, true/false, yes/no, 1/0); anything else is an error.
+
+        >>> BackendURL.parse("dir:///x?fsync=on").pop_bool("fsync", False)
+        True
+        """
+        text = self.options.pop(name, None)
+        if text is None:
+            return default
+        try:
+            return parse_bool(text)
+        except InvalidValueError as exc:
+            raise InvalidURLError(f"option {name}: {exc} in {redact_url(self.raw)}") from None
+
+    def reject_unknown(self) -> None:
+        """Raise :class:`InvalidURLError` if options are left that nobody took."""
+        if self.options:
+            names = ", ".join(sorted(self.options))
+            where = redact_url(self.raw)
+            raise InvalidURLError(f"unknown option(s) {names} in backend URL {where}")
