@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from ._version import __version__
-from .api import Backend
+from .api import Backend, StoredItem
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
@@ -47,6 +47,12 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger("runtime_cache")
 
 KeyLike = CacheKey | str
+#: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
+OnSkip = Callable[[str, str], None]
+#: Told ``(done, total)`` as a long operation advances.
+OnProgress = Callable[[int, int], None]
+#: Entries per backend round trip in :meth:`Cache.dumps` (and per progress step).
+DUMP_BATCH = 256
 _WRITES = frozenset({"set", "delete"})
 
 
@@ -433,10 +439,14 @@ class Cache:
         runtime: str | None = None,
         purpose: str | None = None,
         module_id: str | None = None,
+        *,
+        on_skip: OnSkip | None = None,
     ) -> Iterator[EntryInfo]:
         """Iterate over entry metadata, filtered, without loading values.
 
-        Entries that vanish or fail to decode while listing are skipped; use
+        Entries that vanish while listing are left out. Entries that fail to
+        decode, or that the backend cannot read, are left out too and told to
+        ``on_skip(key, reason)`` when given. Use
         :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
         """
         prefix = ""
@@ -450,18 +460,41 @@ class Cache:
         for item in items:
             try:
                 info = read_info(self._backend, item, self.limits)
-            except (KeyError, RuntimeCacheError):
+            except KeyError:
+                continue
+            except RuntimeCacheError as exc:
+                if on_skip is not None:
+                    kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
+                    on_skip(item.key, f"{kind}: {exc}")
                 continue
             except Exception as exc:
                 self._failed("head", exc)
                 continue
             if info.key != item.key:
+                if on_skip is not None:
+                    on_skip(item.key, f"corrupt: holds key {info.key!r}")
                 continue
             if purpose is not None and info.purpose != purpose:
                 continue
             if module_id is not None and info.module_id != module_id:
                 continue
             yield info
+
+    def info(self, key: KeyLike) -> EntryInfo | None:
+        """The metadata of one entry (never its value), or ``None`` when it is absent.
+
+        Raises :class:`CorruptEntryError` when the entry's head does not decode
+        or holds another key. The signature is not checked (see :meth:`decode`).
+        """
+        skey = str(key)
+        stored = next((item for item in self._backend.scan(skey) if item.key == skey), None)
+        try:
+            info = read_info(self._backend, stored or StoredItem(skey, 0), self.limits)
+        except KeyError:
+            return None
+        if info.key != skey:
+            raise CorruptEntryError(f"entry stored under {skey!r} holds key {info.key!r}")
+        return info
 
     # ------------------------------------------------------------------ bundles
     def dumps(
@@ -470,32 +503,45 @@ class Cache:
         purpose: str | None = None,
         module_id: str | None = None,
         keys: Iterable[KeyLike] | None = None,
+        *,
+        on_progress: OnProgress | None = None,
+        on_skip: OnSkip | None = None,
     ) -> bytes:
         """Return a bundle of entries (all, or those matching the filters) as bytes.
 
         Entries keep their signatures; with a secret set, the bundle is signed
-        too. An unfiltered dump clears :attr:`dirty`.
+        too. An unfiltered dump clears :attr:`dirty`. Entries are read in
+        batches of :data:`DUMP_BATCH`, after each of which ``on_progress(done,
+        total)`` is told; corrupt or unreadable entries are left out and told
+        to ``on_skip(key, reason)``.
         """
         generation = self._generation
         if keys is not None:
             wanted = [str(k) for k in keys]
         else:
-            wanted = [info.key for info in self.entries(runtime, purpose, module_id)]
+            listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
+            wanted = [info.key for info in listed]
         blobs: list[bytes] = []
-        try:
-            stored = self._backend.peek_many(wanted)  # exporting is not a use
-        except Exception as exc:
-            self._failed("get_many", exc)
-            stored = {}
-        for skey in wanted:
-            blob = stored.get(skey)
-            if blob is None:
-                continue
+        for start in range(0, len(wanted), DUMP_BATCH):
+            batch = wanted[start : start + DUMP_BATCH]
             try:
-                self.decode(skey, blob)
-            except CorruptEntryError:
-                continue
-            blobs.append(blob)
+                stored = self._backend.peek_many(batch)  # exporting is not a use
+            except Exception as exc:
+                self._failed("get_many", exc)
+                stored = {}
+            for skey in batch:
+                blob = stored.get(skey)
+                if blob is None:
+                    continue
+                try:
+                    self.decode(skey, blob)
+                except CorruptEntryError as exc:
+                    if on_skip is not None:
+                        on_skip(skey, f"corrupt: {exc}")
+                    continue
+                blobs.append(blob)
+            if on_progress is not None:
+                on_progress(start + len(batch), len(wanted))
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation
         return encode_bundle(blobs, secret=self._secret)
@@ -512,7 +558,7 @@ class Cache:
         self._counters.add(rejected=rejected, corrupt=corrupt)
         if not overwrite and accepted:
             try:
-                present = set(self._backend.get_many(list(accepted)))
+                present = set(self._backend.peek_many(list(accepted)))  # a look, not a use
             except Exception as exc:
                 self._failed("get_many", exc)
                 present = set()

@@ -40,6 +40,7 @@ __all__ = [
     "HEADER_SIZE",
     "Entry",
     "Limits",
+    "bundle_count",
     "decode_bundle",
     "decode_entry",
     "decode_meta",
@@ -324,6 +325,13 @@ def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | None = None) -> byt
     if secret:
         tail += _sign(secret, body)
     return body + tail
+
+
+def bundle_count(data: bytes | memoryview) -> int:
+    """How many entries a bundle's header says it holds (unchecked; 0 if it has no header)."""
+    if len(data) < _BUNDLE_HEADER.size or bytes(data[:4]) != BUNDLE_MAGIC:
+        return 0
+    return int(_BUNDLE_HEADER.unpack_from(data)[4])
 
 
 def decode_bundle(

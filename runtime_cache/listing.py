@@ -47,6 +47,7 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         signed=signed,
         hits=item.hits,
         last_access=item.last_access,
+        extra=dict(meta.get("x", {})),
     )
 
 

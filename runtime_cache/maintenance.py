@@ -10,36 +10,81 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .cache import Cache
-from .errors import CorruptEntryError, RuntimeCacheError
+from .cache import Cache, OnProgress
+from .codec import decode_meta
+from .errors import (
+    BackendUnavailableError,
+    CorruptEntryError,
+    InvalidKeyError,
+    RuntimeCacheError,
+    SignatureError,
+)
 from .keys import CacheKey
+from .listing import HEAD_SIZE
 
 __all__ = ["PruneReport", "VerifyReport", "prune", "verify"]
 
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found: entries checked, bad ones with reasons, and removed ones."""
+    """What :func:`verify` found.
+
+    ``checked`` entries were read; ``bad`` ones failed with a reason
+    (``unsigned`` of them only for lack of a signature, while a secret is
+    set); ``removed`` of them were deleted. ``skipped`` names could not be
+    read at all (a name that is no key, a file the backend cannot open), with
+    the reason; they are never deleted.
+    """
 
     checked: int = 0
     bad: list[tuple[str, str]] = field(default_factory=list)
     removed: int = 0
+    unsigned: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when no bad entry was found."""
-        return not self.bad
+        """True when no bad entry was found and nothing was skipped."""
+        return not self.bad and not self.skipped
 
 
-def verify(cache: Cache, *, repair: bool = False, prefix: str = "") -> VerifyReport:
+def _unsigned(cache: Cache, blob: bytes) -> bool:
+    try:
+        return not decode_meta(blob[:HEAD_SIZE], cache.limits)[2]
+    except RuntimeCacheError:
+        return False
+
+
+def verify(
+    cache: Cache,
+    *,
+    repair: bool = False,
+    prefix: str = "",
+    on_progress: OnProgress | None = None,
+) -> VerifyReport:
     """Check every entry's checksum, key and (with a secret) signature.
 
     With ``repair=True``, bad entries are deleted; good ones are never touched.
+    A name that is no valid key, or an entry the backend cannot read, is
+    skipped and reported, and the check goes on. ``on_progress(done, total)``
+    is told after each entry.
     """
     report = VerifyReport()
     backend = cache.backend
-    for skey in list(backend.keys(prefix)):
-        blob = backend.peek(skey)  # verifying is not a use: LRU order and hits stay
+    names = list(backend.keys(prefix))
+    for done, skey in enumerate(names, 1):
+        if on_progress is not None:
+            on_progress(done, len(names))
+        try:
+            blob = backend.peek(skey)  # verifying is not a use: LRU order and hits stay
+        except InvalidKeyError as exc:
+            report.skipped.append((skey, f"not a cache key: {exc}"))
+            continue
+        except BackendUnavailableError:
+            raise  # the whole backend is down: not one bad entry
+        except RuntimeCacheError as exc:
+            report.skipped.append((skey, f"unreadable: {exc}"))
+            continue
         if blob is None:
             continue  # vanished while we looked: nothing to verify
         report.checked += 1
@@ -49,8 +94,13 @@ def verify(cache: Cache, *, repair: bool = False, prefix: str = "") -> VerifyRep
                 raise CorruptEntryError("key does not match its parts")
         except (RuntimeCacheError, TypeError, ValueError) as exc:
             report.bad.append((skey, str(exc)))
-            if repair and backend.delete(skey):
-                report.removed += 1
+            if isinstance(exc, SignatureError) and _unsigned(cache, blob):
+                report.unsigned += 1
+            if repair:
+                try:
+                    report.removed += bool(backend.delete(skey))
+                except RuntimeCacheError as failed:
+                    report.skipped.append((skey, f"not removed: {failed}"))
     return report
 
 
@@ -71,9 +121,12 @@ def prune(
     max_size: int | None = None,
     older_than: float | None = None,
     now: float | None = None,
+    on_progress: OnProgress | None = None,
 ) -> PruneReport:
     """Remove entries not used for ``older_than`` seconds, then the least recently
     used ones until the total stored size is at most ``max_size`` bytes.
+
+    ``on_progress(done, total)`` is told after each entry is weighed.
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
@@ -84,7 +137,9 @@ def prune(
     items.sort()
     total = sum(size for _, _, size in items)
     keep = []
-    for last, key, size in items:
+    for done, (last, key, size) in enumerate(items, 1):
+        if on_progress is not None:
+            on_progress(done, len(items))
         expired = older_than is not None and now - last > older_than
         over = max_size is not None and total > max_size
         if (expired or over) and cache.delete(key):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["CacheStats", "Counters", "EntryInfo"]
+__all__ = ["CacheStats", "Counters", "EntryInfo", "jsonable"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,9 @@ class EntryInfo:
     """Metadata of one stored entry, read without loading its value.
 
     ``hits`` and ``last_access`` come from the backend where it keeps them
-    (across processes), and are ``None`` where it cannot.
+    (across processes), and are ``None`` where it cannot. ``extra`` is the
+    small dict given to :meth:`~runtime_cache.Cache.put`. ``signed`` is the
+    entry's signature flag, not a verified signature.
     """
 
     key: str
@@ -102,17 +104,23 @@ class EntryInfo:
     signed: bool
     hits: int | None = None
     last_access: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (bytes in parts shown as hex)."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` with mappings as dicts, tuples as lists and bytes as hex: ready for ``json``.
+
+    >>> jsonable({"k": (b"\\x01", 2)})
+    {'k': ['01', 2]}
+    """
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).hex()
     return value

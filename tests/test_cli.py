@@ -15,6 +15,7 @@ import pytest
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.cli import build_parser, main
+from runtime_cache.cli.app import plugins
 
 DEVICE = {"vendor": "Acme", "name": "Acme GPU 7", "driver": "31.0.1"}
 
@@ -41,6 +42,12 @@ class Run:
         code, out, err = self(*argv, "--json")
         assert code == 0, err
         return json.loads(out)
+
+    def listing(self, *argv: str) -> list[Any]:
+        """The entries of ``ls --json`` (after checking that none was skipped)."""
+        found = self.json("ls", *argv)
+        assert found["skipped"] == 0, found["skipped_entries"]
+        return list(found["entries"])
 
 
 @pytest.fixture
@@ -75,7 +82,7 @@ def entry_file(root: Path, k: rc.CacheKey | str) -> Path:
 
 def test_ls_json_lists_every_entry_with_its_parts(run: Run, cache: rc.Cache) -> None:
     keys = fill(cache)
-    listed = run.json("ls")
+    listed = run.listing()
     assert sorted(e["key"] for e in listed) == sorted(map(str, keys))
     first = next(e for e in listed if e["key"] == str(keys[2]))
     assert first["module_id"] == "net@2"
@@ -90,13 +97,13 @@ def test_ls_filters_and_sorts(run: Run, cache: rc.Cache) -> None:
     keys = fill(cache)
     tuning = key(99, purpose="tuning")
     cache.put(tuning, b"record")
-    assert [e["key"] for e in run.json("ls", "--purpose", "tuning")] == [str(tuning)]
-    assert {e["module_id"] for e in run.json("ls", "--module", "net@1")} == {"net@1"}
-    by_size = [e["key"] for e in run.json("ls", "--sort", "size", "--purpose", "program-binary")]
+    assert [e["key"] for e in run.listing("--purpose", "tuning")] == [str(tuning)]
+    assert {e["module_id"] for e in run.listing("--module", "net@1")} == {"net@1"}
+    by_size = [e["key"] for e in run.listing("--sort", "size", "--purpose", "program-binary")]
     assert by_size == [str(k) for k in reversed(keys)]
-    smallest_first = run.json("ls", "--sort", "size", "--reverse", "--purpose", "program-binary")
+    smallest_first = run.listing("--sort", "size", "--reverse", "--purpose", "program-binary")
     assert [e["key"] for e in smallest_first] == [str(k) for k in keys]
-    by_build = [e["key"] for e in run.json("ls", "--sort", "build", "--runtime", "opencl")]
+    by_build = [e["key"] for e in run.listing("--sort", "build", "--runtime", "opencl")]
     assert by_build[0] == str(keys[-1]) and by_build[-1] == str(tuning)
 
 
@@ -113,7 +120,7 @@ def test_ls_table_shows_short_keys_and_device(run: Run, cache: rc.Cache) -> None
 
 def test_ls_empty_cache(run: Run) -> None:
     assert run("ls")[:2] == (0, "no entries\n")
-    assert run.json("ls") == []
+    assert run.listing() == []
 
 
 def test_show_by_digest_prefix_never_prints_the_value(run: Run, cache: rc.Cache) -> None:
@@ -180,7 +187,7 @@ def test_stats_counts_hits_kept_by_the_backend(run: Run, cache: rc.Cache, root: 
     assert overall["misses"] == 4
     assert overall["hit_rate"] == pytest.approx(4 / 8)
     assert overall["seconds_saved"] == pytest.approx(3 * 0.25 + 2.0)
-    assert overall["bytes"] == sum(e["stored_size"] for e in run.json("ls"))
+    assert overall["bytes"] == sum(e["stored_size"] for e in run.listing())
     groups = {(g["runtime"], g["purpose"]): g for g in stats["groups"]}
     assert groups["opencl", "tuning"]["hits"] == 1
     assert groups["opencl", "program-binary"]["entries"] == 3
@@ -216,9 +223,9 @@ def test_clear_needs_yes_without_a_terminal(run: Run, cache: rc.Cache) -> None:
     fill(cache, 3)
     code, _, err = run("clear")
     assert code == 2 and "--yes" in err
-    assert len(run.json("ls")) == 3
+    assert len(run.listing()) == 3
     assert run("clear", "--yes")[0] == 0
-    assert run.json("ls") == []
+    assert run.listing() == []
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
@@ -249,7 +256,7 @@ def test_prune_max_size_evicts_least_recently_used_first(
     run: Run, cache: rc.Cache, root: Path
 ) -> None:
     keys = fill(cache, 5)
-    sizes = {e["key"]: e["stored_size"] for e in run.json("ls")}
+    sizes = {e["key"]: e["stored_size"] for e in run.listing()}
     # Access order, oldest first: 3, 0, 4, 1, 2 (set through the files' access stamps).
     order = [3, 0, 4, 1, 2]
     base = 1_700_000_000
@@ -260,7 +267,7 @@ def test_prune_max_size_evicts_least_recently_used_first(
     report = run.json("prune", "--max-size", str(limit))
     assert report["removed"] == 2
     assert report["remaining_bytes"] <= limit
-    assert {e["key"] for e in run.json("ls")} == {str(keys[i]) for i in keep}
+    assert {e["key"] for e in run.listing()} == {str(keys[i]) for i in keep}
 
 
 def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
@@ -271,7 +278,7 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
     os.utime(entry_file(root, keys[1]), (old, old))
     code, out, _ = run("prune", "--older-than", "30d")
     assert code == 0 and "removed 1 entries" in out
-    assert {e["key"] for e in run.json("ls")} == {str(keys[0]), str(keys[2])}
+    assert {e["key"] for e in run.listing()} == {str(keys[0]), str(keys[2])}
 
 
 def test_verify_finds_a_hand_corrupted_entry_and_repair_removes_only_it(
@@ -314,16 +321,16 @@ def test_export_clear_import_round_trip(run: Run, cache: rc.Cache, tmp_path: Pat
     ]
     for t in tuning:
         cache.put(t, b"\x81\xa4tile\x04", build_seconds=3.0)
-    before = run.json("ls")
+    before = run.listing()
     bundle = tmp_path / "app-assets" / "kernels.rcb"
     bundle.parent.mkdir()
     exported = run.json("export", str(bundle))
     assert exported["entries"] == 6 and exported["signed"] is False
     assert run("clear", "--yes")[0] == 0
-    assert run.json("ls") == []
+    assert run.listing() == []
     imported = run.json("import", str(bundle))
     assert imported["accepted"] == 6 and imported["corrupt"] == 0
-    after = run.json("ls")
+    after = run.listing()
 
     def same(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in e.items() if k not in ("hits", "last_access")} for e in entries]
@@ -369,7 +376,7 @@ def test_signed_bundles(run: Run, cache: rc.Cache, tmp_path: Path) -> None:
     assert run("clear", "--yes")[0] == 0
     code, _, err = run("--secret", "wrong", "import", str(bundle))
     assert code == 1 and "signature" in err
-    assert run.json("ls") == []
+    assert run.listing() == []
     assert run.json("--secret", "fleet-secret", "import", str(bundle))["accepted"] == 1
     assert signer.get(key(1)) == b"signed value"
     unsigned = tmp_path / "unsigned.rcb"
@@ -415,7 +422,7 @@ def test_default_cache_is_the_providers(capsys: pytest.CaptureFixture[str]) -> N
     # conftest points RUNTIME_CACHE at a private folder; the CLI must use it.
     rc.get_cache().put(key(1), b"from the app")
     assert main(["ls", "--json"]) == 0
-    assert [e["key"] for e in json.loads(capsys.readouterr().out)] == [str(key(1))]
+    assert [e["key"] for e in json.loads(capsys.readouterr().out)["entries"]] == [str(key(1))]
     os.environ["RUNTIME_CACHE"] = "off"
     rc.reset_cache_provider()
     assert main(["ls"]) == 2
@@ -426,20 +433,42 @@ def test_global_options_go_before_or_after_the_command(run: Run, cache: rc.Cache
     fill(cache, 1)
     code = main(["ls", "--json", "--cache", run.url])
     out = run.capsys.readouterr().out
-    assert code == 0 and len(json.loads(out)) == 1
+    assert code == 0 and len(json.loads(out)["entries"]) == 1
 
 
-def test_plugin_subcommand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_subcommand_comes_through_the_entry_point_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A real distribution on sys.path, as pip would install it: one module and
+    # its entry point in the group runtime_cache.cli, with the built-ins' handler signature.
     (tmp_path / "rc_plugin_example.py").write_text(
+        "def hello(args, ctx):\n"
+        "    print('hello ' * args.times, file=ctx.out)\n"
+        "    return 40 + args.times\n"
         "def add_parser(sub):\n"
         "    p = sub.add_parser('hello', help='say hello')\n"
         "    p.add_argument('--times', type=int, default=1)\n"
-        "    p.set_defaults(func=lambda args: args.times + 40)\n"
+        "    p.set_defaults(handler=hello)\n"
+        "    return p\n"
+    )
+    info = tmp_path / "rc_plugin_example-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rc-plugin-example\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[runtime_cache.cli]\n"
+        "hello = rc_plugin_example:add_parser\n"
+        "ghost = no_such_plugin_module:add_parser\n"
+        "demo = rc_plugin_example:add_parser\n"  # the project's own name: ignored
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    parser = build_parser(plugins=("rc_plugin_example", "no_such_plugin_module"))
-    args = parser.parse_args(["hello", "--times", "2"])
-    assert args.func(args) == 42
+    assert plugins()["hello"] == "rc_plugin_example:add_parser"
+    assert plugins()["demo"] == "runtime_cache.demo.cli:add_parser"
+    assert main(["hello", "--times", "2"]) == 42
+    captured = capsys.readouterr()
+    assert "hello hello" in captured.out
+    assert "plug-in 'ghost' not loaded" in captured.err  # a broken plug-in costs only itself
+    assert main(["demo", "--help"]) == 0
+    assert "first inference" in capsys.readouterr().out
 
 
 def test_installed_script_runs_in_a_subprocess(cache: rc.Cache, root: Path) -> None:
@@ -453,7 +482,7 @@ def test_installed_script_runs_in_a_subprocess(cache: rc.Cache, root: Path) -> N
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert sorted(e["key"] for e in json.loads(proc.stdout)) == sorted(map(str, keys))
+    assert sorted(e["key"] for e in json.loads(proc.stdout)["entries"]) == sorted(map(str, keys))
     proc = subprocess.run([script, "rm", "--cache", f"dir://{root}", "nothere"], timeout=120)
     assert proc.returncode == 1
 
@@ -468,16 +497,16 @@ def test_export_and_verify_do_not_count_as_uses(
     old = 1_700_000_000
     for k in keys:
         os.utime(entry_file(root, k), (old, old))
-    before = {e["key"]: (e["hits"], e["last_access"]) for e in run.json("ls")}
+    before = {e["key"]: (e["hits"], e["last_access"]) for e in run.listing()}
     assert before[str(keys[0])] == (1, old)
     assert run("export", str(tmp_path / "b.rcb"))[0] == 0
     assert run("verify")[0] == 0
-    assert {e["key"]: (e["hits"], e["last_access"]) for e in run.json("ls")} == before
+    assert {e["key"]: (e["hits"], e["last_access"]) for e in run.listing()} == before
     # A real use still counts.
     reader = rc.Cache(DirectoryBackend(root, max_size=None))
     assert reader.get(keys[1]) is not None
     reader.close()
-    after = {e["key"]: e for e in run.json("ls")}
+    after = {e["key"]: e for e in run.listing()}
     assert after[str(keys[1])]["hits"] == 1 and after[str(keys[1])]["last_access"] > old
 
 
@@ -519,7 +548,7 @@ def test_rm_with_an_ambiguous_prefix_removes_nothing(run: Run, cache: rc.Cache) 
     shared = next(d for d in digits if digits.count(d) > 1)
     code, _, err = run("rm", str(keys[0]), shared)
     assert code == 2 and "matches" in err
-    assert len(run.json("ls")) == 40
+    assert len(run.listing()) == 40
 
 
 def test_export_to_stdout_piped_into_import_from_stdin(

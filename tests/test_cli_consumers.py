@@ -22,7 +22,7 @@ def _ls(capsys: pytest.CaptureFixture[str], url: str) -> list[dict[str, Any]]:
     assert main(["--cache", url, "ls", "--json"]) == 0
     return [
         {k: v for k, v in e.items() if k not in ("hits", "last_access")}
-        for e in json.loads(capsys.readouterr().out)
+        for e in json.loads(capsys.readouterr().out)["entries"]
     ]
 
 

@@ -66,7 +66,7 @@ def test_the_cli_works_on_the_custom_backend(
             cache.put(key, b"record %d" % i, build_seconds=0.5)
         cache.close()
     assert main(["--cache", url, "ls", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)["entries"]
     assert len(listed) == 3
     assert all(e["hits"] is None for e in listed)  # this backend keeps no hit counts
     assert main(["--cache", url, "verify"]) == 0

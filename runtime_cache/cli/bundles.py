@@ -1,67 +1,89 @@
 """``runtime-cache export`` and ``import``: bundles that ship a pre-filled cache with an app.
 
-A bundle is :func:`runtime_cache.codec.encode_bundle` output, the same format as
-:meth:`runtime_cache.Cache.dumps`. Entries keep their own checksums and
-signatures; with a secret set the bundle is signed as a whole too. Work goes in
-batches so that a progress bar can show on a terminal (and only there).
+A bundle is :meth:`runtime_cache.Cache.dumps` output. Entries keep their own
+checksums and signatures; with a secret set the bundle is signed as a whole
+too. Work goes in batches so that a progress bar can show on a terminal (and
+only there).
+
+Files are handled with care: ``export`` writes a fresh temp file beside the
+target (``mkstemp``: created exclusively, never through a planted link) and
+renames it into place; ``import`` reads only a regular file (or standard
+input), bounded in size, so a FIFO or a device is a clear error, not a hang.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from typing import TextIO, TypeVar
+import tempfile
+from collections.abc import Callable, Sequence
 
-from .cli_context import CommandContext
-from .cli_format import human_size
-from .codec import decode_bundle, encode_bundle, normalize_secret
-from .errors import CorruptEntryError, InvalidBundleError
+from ..cache import DUMP_BATCH
+from ..codec import (
+    BUNDLE_MAGIC,
+    Limits,
+    bundle_count,
+    decode_bundle,
+    encode_bundle,
+    normalize_secret,
+)
+from ..errors import InvalidBundleError
+from .context import CommandContext, Handler, Skipped
+from .fmt import Progress, clean, human_size
+from .inspect import add_json, filters
 
-__all__ = ["BATCH", "Progress", "cmd_export", "cmd_import"]
+__all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
-#: Entries per backend round trip (and per progress step).
-BATCH = 256
-
-T = TypeVar("T")
+AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParser]
 
 
-def _batches(items: Sequence[T], size: int = BATCH) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+class BundleFileError(Exception):
+    """A bundle file that cannot be written or read; the message names the user's file."""
 
 
-class Progress:
-    """A one-line progress bar on ``stream``, drawn only when ``stream`` is a terminal."""
+def max_bundle_size(limits: Limits) -> int:
+    """The largest bundle ``import`` reads: four times the largest entry value."""
+    return 4 * limits.max_value_size
 
-    def __init__(self, label: str, total: int, stream: TextIO, *, enabled: bool | None = None):
-        self.label, self.total, self.stream, self.done = label, total, stream, 0
-        if enabled is None:
-            try:
-                enabled = stream.isatty()
-            except (AttributeError, ValueError, OSError):
-                enabled = False
-        self.enabled = enabled and total > 0
-        self._drawn = 0.0
 
-    def update(self, amount: int) -> None:
-        """Advance by ``amount`` items; redraw at most ten times a second."""
-        self.done += amount
-        now = time.monotonic()
-        if self.enabled and (now - self._drawn > 0.1 or self.done >= self.total):
-            self._drawn = now
-            filled = int(30 * self.done / self.total)
-            bar = "#" * filled + "." * (30 - filled)
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
-            self.stream.flush()
+def add_parsers(add: AddCommand) -> None:
+    """Register ``export`` and ``import``."""
+    export = add(
+        "export",
+        cmd_export,
+        "Write entries to a bundle file, to ship a pre-filled cache with an app "
+        "(signed when a secret is set). Exit code 1 when entries were left out as corrupt "
+        "or unreadable.",
+        [
+            "runtime-cache export app-assets/kernels.rcb --runtime opencl",
+            'runtime-cache --secret "$APP_SECRET" export kernels.rcb --json',
+            "runtime-cache export - --module resnet18@3f2a > resnet.rcb",
+        ],
+    )
+    export.add_argument("file", metavar="FILE", help="bundle to write ('-' for stdout)")
+    filters(export)
+    add_json(export)
 
-    def close(self) -> None:
-        """End the bar's line."""
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+    imp = add(
+        "import",
+        cmd_import,
+        "Merge a bundle file into the cache; entries that fail "
+        "their checksum, key or signature are skipped.",
+        [
+            "runtime-cache import app-assets/kernels.rcb",
+            "runtime-cache import kernels.rcb --keep-existing --json",
+            "curl -s https://example.org/kernels.rcb | runtime-cache import -",
+        ],
+    )
+    imp.add_argument("file", metavar="FILE", help="bundle to read ('-' for stdin)")
+    imp.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="do not replace entries the cache already holds",
+    )
+    add_json(imp)
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -69,70 +91,101 @@ def _write_file(path: str, data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    temp = f"{path}.tmp-{os.getpid()}"
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
     try:
-        with open(temp, "wb") as handle:
+        # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted under any name is never followed.
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(handle.fileno(), 0o666 & ~mask)  # as a plain open() would have made it
             handle.write(data)
         os.replace(temp, path)  # never leave a half-written bundle under the real name
+    except OSError as exc:
+        raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
-        if os.path.exists(temp):
+        try:
             os.unlink(temp)
+        except OSError:
+            pass  # renamed into place: nothing left to remove
 
 
-def _read_file(path: str) -> bytes:
+def _read_limited(read: Callable[[int], bytes], path: str, limit: int) -> bytes:
+    head = read(len(BUNDLE_MAGIC))
+    if head != BUNDLE_MAGIC:
+        raise BundleFileError(f"{path} is not a valid bundle: bad magic")
+    chunks, size = [head], len(head)
+    while True:
+        chunk = read(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+        chunks.append(chunk)
+
+
+def _read_file(path: str, limit: int) -> bytes:
     if path == "-":
-        return sys.stdin.buffer.read()
-    with open(path, "rb") as handle:
-        return handle.read()
+        return _read_limited(sys.stdin.buffer.read, "standard input", limit)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleFileError(f"cannot read {path}: not a regular file")
+        if info.st_size > limit:
+            raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+        try:
+            return _read_limited(handle.read, path, limit)
+        except OSError as exc:
+            raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
     cache = ctx.cache
-    keys = [info.key for info in cache.entries(args.runtime, args.purpose, args.module)]
-    progress = Progress("export", len(keys), ctx.err, enabled=None if not args.json else False)
-    blobs: list[bytes] = []
-    bad: list[str] = []
-    for batch in _batches(keys):
-        stored = cache.backend.peek_many(list(batch))  # exporting is not a use
-        for skey in batch:
-            blob = stored.get(skey)
-            if blob is None:
-                continue  # removed while we exported
-            try:
-                cache.decode(skey, blob)
-            except CorruptEntryError:
-                bad.append(skey)
-                continue
-            blobs.append(blob)
-        progress.update(len(batch))
-    progress.close()
-    secret = normalize_secret(ctx.secret)
-    data = encode_bundle(blobs, secret=secret)
+    skipped = Skipped()
+    progress = Progress(0, "export", ctx.err, enabled=not args.json and ctx.is_terminal())
+    try:
+        data = cache.dumps(
+            args.runtime, args.purpose, args.module, on_progress=progress.at, on_skip=skipped
+        )
+    finally:
+        progress.close()
     try:
         _write_file(args.file, data)
-    except OSError as exc:
-        print(f"runtime-cache: cannot write {args.file}: {exc}", file=ctx.err)
+    except BundleFileError as exc:
+        print(f"runtime-cache: {clean(exc)}", file=ctx.err)
         return 1
+    signed = cache.signed
+    count = bundle_count(data)
     report = {
         "file": args.file,
-        "entries": len(blobs),
+        "entries": count,
         "bytes": len(data),
-        "signed": secret is not None,
-        "left_out": bad,
+        "signed": signed,
+        "left_out": [key for key, _ in skipped.items],
+        "skipped": len(skipped),
     }
     if args.json:
         ctx.emit_json(report)
     else:
-        signed = "signed" if secret is not None else "unsigned"
         where = ctx.err if args.file == "-" else ctx.out
         print(
-            f"exported {len(blobs)} entries ({human_size(len(data))}, {signed}) to {args.file}",
+            f"exported {count} entries ({human_size(len(data))}, "
+            f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}",
             file=where,
         )
-        if bad:
-            print(f"left out {len(bad)} bad entries; see `runtime-cache verify`", file=where)
-    return 1 if bad else 0
+        skipped.report(ctx)
+    return 1 if skipped else 0
 
 
 def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
@@ -140,24 +193,25 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     cache = ctx.cache
     secret = normalize_secret(ctx.secret)
     try:
-        data = _read_file(args.file)
+        data = _read_file(args.file, max_bundle_size(cache.limits))
         blobs = decode_bundle(data, secret=secret, limits=cache.limits)
-    except OSError as exc:
-        print(f"runtime-cache: cannot read {args.file}: {exc}", file=ctx.err)
+    except BundleFileError as exc:
+        print(f"runtime-cache: {clean(exc)}", file=ctx.err)
         return 1
     except InvalidBundleError as exc:
-        print(f"runtime-cache: {args.file} is not a valid bundle: {exc}", file=ctx.err)
+        print(f"runtime-cache: {clean(args.file)} is not a valid bundle: {exc}", file=ctx.err)
         return 1
     before = cache.stats()
-    progress = Progress("import", len(blobs), ctx.err, enabled=None if not args.json else False)
+    progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = 0
-    for batch in _batches(blobs):
+    for start in range(0, len(blobs), DUMP_BATCH):
+        batch = blobs[start : start + DUMP_BATCH]
         # Re-framed per batch so each step is one backend round trip; the whole
         # bundle's checksum and signature were checked above.
         accepted += cache.loads(
             encode_bundle(batch, secret=secret), overwrite=not args.keep_existing
         )
-        progress.update(len(batch))
+        progress.step(advance=len(batch))
     progress.close()
     after = cache.stats()
     rejected = after.rejected - before.rejected
@@ -173,7 +227,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     if args.json:
         ctx.emit_json(report)
     else:
-        print(f"imported {accepted} of {len(blobs)} entries from {args.file}", file=ctx.out)
+        print(f"imported {accepted} of {len(blobs)} entries from {clean(args.file)}", file=ctx.out)
         if rejected or corrupt:
             print(
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",

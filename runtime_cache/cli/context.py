@@ -1,16 +1,29 @@
-"""What every ``runtime-cache`` subcommand shares: its context, its errors, quiet reads."""
+"""What every ``runtime-cache`` subcommand shares: its context, its errors, its handler type."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .cache import Cache
+from .. import environment
+from ..cache import Cache
+from .fmt import clean
 
-__all__ = ["CommandContext", "KeyNotFound", "UsageError"]
+__all__ = [
+    "CommandContext",
+    "Handler",
+    "KeyNotFound",
+    "Skipped",
+    "UsageError",
+    "open_cache",
+    "resolve_key",
+    "resolve_secret",
+]
 
 
 class UsageError(Exception):
@@ -21,17 +34,133 @@ class KeyNotFound(LookupError):
     """No stored key matches what the user typed."""
 
 
+def resolve_secret(secret: str | None) -> str | None:
+    """The ``--secret`` value, else ``RUNTIME_CACHE_SECRET``, else ``None``."""
+    return secret if secret is not None else environment.read(environment.ENV_SECRET)
+
+
+def open_cache(url: str | None, secret: str | None) -> Cache:
+    """Open the cache a command works on: ``url``, else the process-wide provider's backend.
+
+    The returned cache is strict, so a failing backend is reported instead of
+    looking empty.
+    """
+    from ..provider import get_cache
+    from ..registry import open_backend
+
+    secret = resolve_secret(secret)
+    if url:
+        return Cache(open_backend(url), strict=True, secret=secret)
+    provider = get_cache()
+    if not provider.enabled:
+        raise UsageError(
+            "caching is off (RUNTIME_CACHE=off, or the default cache could not be opened); "
+            "pass --cache URL"
+        )
+    return Cache(provider.backend, strict=True, secret=secret)
+
+
 @dataclass
 class CommandContext:
-    """What a subcommand works with: the cache, output streams, the secret and the clock."""
+    """What a subcommand works with: the cache (opened on first use), streams, secret, clock.
 
-    cache: Cache
+    ``url`` is the ``--cache`` option (``None``: the process-wide provider's
+    cache). A command that never touches :attr:`cache` never opens it, so a
+    plug-in such as the demo can open caches of its own.
+    """
+
+    url: str | None = None
+    secret: str | None = None
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
-    secret: str | None = None
     now: float = field(default_factory=time.time)
+    opened: Cache | None = None
+
+    @property
+    def cache(self) -> Cache:
+        """The strict :class:`Cache` of ``url``, opened on first use."""
+        if self.opened is None:
+            self.opened = open_cache(self.url, self.secret)
+        return self.opened
+
+    def close(self) -> None:
+        """Close the cache if it was opened."""
+        if self.opened is not None:
+            self.opened.close()
 
     def emit_json(self, value: Any) -> None:
         """Write ``value`` as JSON to the output stream."""
         json.dump(value, self.out, indent=2, sort_keys=False, default=str)
         self.out.write("\n")
+
+    def is_terminal(self) -> bool:
+        """Whether the error stream (where progress bars go) is a terminal."""
+        try:
+            return self.err.isatty()
+        except (AttributeError, ValueError, OSError):
+            return False
+
+
+#: The one signature of every subcommand's handler, built-in or plug-in: it returns
+#: the exit code (0 ok, 1 problems found), and raises :class:`UsageError` for exit code 2.
+Handler = Callable[[argparse.Namespace, CommandContext], int]
+
+
+def resolve_key(cache: Cache, text: str) -> str:
+    """Turn what the user typed into a stored key.
+
+    Accepted: a whole key (``opencl/program-binary/<32 hex digits>``), a prefix
+    of a whole key (``opencl/tuning/3f2a``), or a prefix of a key's digest as
+    ``ls`` shows it (``3f2a91c0d4e5``). Raises :class:`KeyNotFound` when nothing
+    matches, :class:`UsageError` when the prefix is ambiguous.
+    """
+    text = text.strip()
+    if not text:
+        raise UsageError("an empty key")
+    if "/" in text:
+        if text.count("/") >= 2 and len(text.rsplit("/", 1)[-1]) == 32:
+            return text  # a whole key: no listing needed
+        matches = list(cache.backend.keys(text))
+    else:
+        needle = text.lower()
+        matches = [k for k in cache.backend.keys("") if k.rsplit("/", 1)[-1].startswith(needle)]
+    if not matches:
+        raise KeyNotFound(text)
+    if len(matches) > 1:
+        shown = ", ".join(sorted(matches)[:5])
+        raise UsageError(f"{text!r} matches {len(matches)} keys ({shown}...); type more digits")
+    return matches[0]
+
+
+class Skipped:
+    """Collects what a listing left out, as ``(key, reason)``: pass it as ``on_skip``."""
+
+    #: Skipped entries named one by one; the rest are only counted.
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def __call__(self, key: str, reason: str) -> None:
+        self.items.append((key, reason))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def as_json(self) -> list[dict[str, str]]:
+        """The skipped entries as ``[{"key": ..., "reason": ...}]``."""
+        return [{"key": key, "reason": reason} for key, reason in self.items]
+
+    def report(self, ctx: CommandContext, what: str = "entries") -> None:
+        """Say on the error stream how many were skipped, and name the first few."""
+        if not self.items:
+            return
+        print(
+            f"runtime-cache: skipped {len(self.items)} {what} as corrupt or unreadable "
+            "(see `runtime-cache verify`)",
+            file=ctx.err,
+        )
+        for key, reason in self.items[: self.SHOWN]:
+            print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
+        if len(self.items) > self.SHOWN:
+            print(f"  ... and {len(self.items) - self.SHOWN} more", file=ctx.err)

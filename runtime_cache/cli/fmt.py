@@ -1,6 +1,9 @@
-"""Text formatting for the ``runtime-cache`` command: sizes, ages, devices and tables.
+"""Text formatting for the ``runtime-cache`` command: sizes, ages, devices, tables, and the
+one progress bar (the demo draws it too).
 
-Pure functions of their arguments, so listings stay fast and testable.
+Everything that reaches the terminal from a cache entry goes through
+:func:`clean` first, so an entry cannot smuggle escape sequences onto the
+operator's screen.
 
 >>> human_size(1536)
 '1.5 KiB'
@@ -11,10 +14,14 @@ Pure functions of their arguments, so listings stay fast and testable.
 from __future__ import annotations
 
 import datetime as _dt
+import sys
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
+    "Progress",
+    "clean",
     "human_age",
     "human_seconds",
     "human_size",
@@ -25,6 +32,20 @@ __all__ = [
 ]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def clean(text: object) -> str:
+    """``str(text)`` with control and format characters escaped (``\\x1b``, ``\\u202e``).
+
+    >>> clean("gpu\x1b[2J")
+    'gpu\\x1b[2J'
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def human_size(size: int | float | None) -> str:
@@ -89,14 +110,18 @@ def short_device(device: Any, width: int = 32) -> str:
         text = " / ".join(bits) if bits else ",".join(f"{k}={v}" for k, v in device.items())
     else:
         text = str(device)
-    text = " ".join(text.split())
+    text = clean(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def render_table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()
 ) -> str:
-    """Render rows as a plain aligned table; columns whose index is in ``right`` align right."""
+    """Render rows as a plain aligned table; columns whose index is in ``right`` align right.
+
+    Every cell goes through :func:`clean`.
+    """
+    rows = [[clean(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -111,3 +136,67 @@ def render_table(
         return "  ".join(out).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+class Progress:
+    """A one-line progress bar on a terminal, redrawn in place at most ten times a second.
+
+    Silent when ``stream`` (default: standard error) is not a terminal, or when
+    ``enabled=False``. Example::
+
+        progress = Progress(total=12, label="verify")
+        progress.step("01_conv3x3")
+        progress.close()
+    """
+
+    def __init__(
+        self,
+        total: int,
+        label: str = "",
+        stream: TextIO | None = None,
+        *,
+        enabled: bool | None = None,
+        width: int = 24,
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            try:
+                enabled = self.stream.isatty()
+            except (AttributeError, ValueError, OSError):
+                enabled = False
+        self.enabled = bool(enabled)
+        self.total = max(total, 1)
+        self.label = label
+        self.width = width
+        self.done = 0
+        self._drawn = 0.0
+        self._shown = False
+
+    def step(self, what: str = "", advance: int = 1) -> None:
+        """Advance by ``advance`` and show ``what`` is being done now."""
+        self.done = min(self.done + advance, self.total)
+        self.show(what)
+
+    def at(self, done: int, total: int) -> None:
+        """Show ``done`` of ``total``: fits hooks told both, such as ``on_progress``."""
+        self.total = max(total, 1)
+        self.done = min(done, self.total)
+        self.show()
+
+    def show(self, what: str = "") -> None:
+        """Redraw the line without advancing (skipped if drawn under 0.1 s ago)."""
+        now = time.monotonic()
+        if not self.enabled or (now - self._drawn < 0.1 and self.done < self.total):
+            return
+        self._drawn, self._shown = now, True
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = f"\r{self.label} [{bar}] {self.done}/{self.total} {clean(what)}"
+        self.stream.write(line[:100].ljust(80))
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Clear the line, if anything was drawn."""
+        if self._shown:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()

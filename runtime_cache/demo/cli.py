@@ -11,11 +11,13 @@ The demo runs the model's first inference in a fresh process twice:
 It prints each run's time to first inference split into setup, compile,
 tune, load and run, the speedup, and whether the outputs are identical.
 
-Interface with the ``runtime-cache`` command (``runtime_cache/cli.py``)::
+Interface with the ``runtime-cache`` command: the entry point ``demo`` in the
+group ``runtime_cache.cli`` names :func:`add_parser`::
 
     add_parser(subparsers) -> argparse.ArgumentParser
         registers "demo" on an argparse subparsers object, with
-        set_defaults(func=run_demo)
+        set_defaults(handler=command), the handler signature of every
+        runtime-cache command: command(args, ctx) -> int
     run_demo(args: argparse.Namespace) -> int
         runs the demo; returns the exit code: 0 done and outputs identical,
         1 the demo failed or the outputs differ, 2 it cannot run here (no
@@ -29,22 +31,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import environment
 from ..cache import Cache
 from ..errors import RuntimeCacheError
+from ..urls import redact
 from .report import compare, format_text
 
-__all__ = ["DemoError", "add_parser", "build_parser", "main", "run_demo"]
+if TYPE_CHECKING:
+    from ..cli.context import CommandContext
+
+__all__ = ["DemoError", "add_parser", "build_parser", "command", "main", "run_demo"]
 
 CHILD_TIMEOUT_S = 900
-_SECRET_PARAM = re.compile(r"\b(password|passwd|pass|secret|token)=[^&,]*", re.IGNORECASE)
 
 
 class DemoError(RuntimeCacheError):
@@ -81,14 +85,29 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="leave the driver's own kernel caches on during the cold run",
     )
-    parser.set_defaults(func=run_demo)
     return parser
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``demo`` subcommand on ``subparsers``; its handler is :func:`run_demo`."""
+    """Register the ``demo`` subcommand on ``subparsers``; its handler is :func:`command`."""
     text = "Time a model's first inference cold, then warm from the cache."
-    return _options(subparsers.add_parser("demo", help=text, description=text))
+    parser = _options(
+        subparsers.add_parser(
+            "demo",
+            help=text,
+            description=text,
+            epilog="examples:\n  runtime-cache demo\n  runtime-cache demo --tiny --json\n"
+            "  runtime-cache --cache redis://cache-host:6379/0 demo --device 1",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    parser.set_defaults(handler=command)
+    return parser
+
+
+def command(args: argparse.Namespace, ctx: CommandContext) -> int:
+    """The ``runtime-cache demo`` handler: :func:`run_demo` (it opens caches of its own)."""
+    return run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,31 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
-    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else _redact(url)
+    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redact(url)
     schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
     if url.strip().lower() in ("off", "none", "0", "false", "disabled"):
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
     if schemes == {"memory"}:
         raise DemoError(
-            f"{url!r} lives in one process only; the warm run needs a cache that outlives "
+            f"{shown!r} lives in one process only; the warm run needs a cache that outlives "
             "it, such as dir:// or redis://"
         )
     return url, shown
-
-
-def _redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for printing."""
-    parts = []
-    for part in url.split(","):
-        scheme, sep, rest = part.partition("://")
-        netloc, slash, path = rest.partition("/")
-        userinfo, at, host = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-        elif at and scheme.lower().startswith("redis"):
-            netloc = f"***@{host}"  # redis://PASSWORD@host: a lone user field is the password
-        parts.append(f"{scheme}{sep}{netloc}{slash}{path}")
-    return _SECRET_PARAM.sub(r"\1=***", ",".join(parts))
 
 
 def _open(url: str) -> Cache:
@@ -242,10 +246,10 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         result = demo(args)
     except DemoError as exc:
-        print(f"runtime-cache demo: error: {exc}", file=sys.stderr)
+        print(f"runtime-cache demo: error: {redact(str(exc))}", file=sys.stderr)
         return exc.code
     except RuntimeCacheError as exc:  # no pyopencl, unknown backend, backend down, bad URL
-        print(f"runtime-cache demo: error: {exc}", file=sys.stderr)
+        print(f"runtime-cache demo: error: {redact(str(exc))}", file=sys.stderr)
         return 2
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""Where the time to first inference goes, and a progress line for a terminal.
+"""Where the time to first inference goes (and, from the CLI, the progress line).
 
 :class:`Phases` charges wall time to the innermost open phase, so nested
 phases never count twice: a compile inside tuning counts as compile, the
@@ -7,11 +7,11 @@ rest of tuning as tune, and the phases add up to the total.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+
+from ..cli.fmt import Progress  # the one progress bar, shared with the CLI
 
 __all__ = ["PHASES", "Phases", "Progress"]
 
@@ -71,50 +71,3 @@ class Phases:
         """Seconds per phase, rounded to microseconds."""
         self._charge()
         return {name: round(value, 6) for name, value in self.seconds.items()}
-
-
-class Progress:
-    """A one-line progress bar on a terminal, redrawn in place; silent elsewhere.
-
-    Example::
-
-        progress = Progress(total=12, label="cold")
-        progress.step("tune 01_conv3x3")
-        progress.close()
-    """
-
-    def __init__(
-        self,
-        total: int,
-        label: str = "",
-        stream: TextIO | None = None,
-        enabled: bool | None = None,
-        width: int = 24,
-    ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total = max(total, 1)
-        self.label = label
-        self.width = width
-        self.done = 0
-
-    def step(self, what: str = "", advance: int = 1) -> None:
-        """Advance by ``advance`` and show ``what`` is being done now."""
-        self.done = min(self.done + advance, self.total)
-        self.show(what)
-
-    def show(self, what: str = "") -> None:
-        """Redraw the line without advancing."""
-        if not self.enabled:
-            return
-        filled = self.width * self.done // self.total
-        bar = "#" * filled + "-" * (self.width - filled)
-        line = f"\r{self.label} [{bar}] {self.done}/{self.total} {what}"
-        self.stream.write(line[:100].ljust(80))
-        self.stream.flush()
-
-    def close(self) -> None:
-        """Clear the line."""
-        if self.enabled:
-            self.stream.write("\r" + " " * 100 + "\r")
-            self.stream.flush()

@@ -1,0 +1,218 @@
+"""The ``runtime-cache`` command: the parser, plug-ins, and :func:`main`.
+
+Usage::
+
+    runtime-cache ls --runtime opencl --sort size
+    runtime-cache --cache redis://cache-host:6379/0 stats --json
+    runtime-cache prune --max-size 500MB --older-than 30d
+    runtime-cache export app-assets/kernels.rcb --runtime opencl
+
+``--cache URL`` picks the cache; without it the command uses the process-wide
+provider (:func:`runtime_cache.get_cache`), that is ``RUNTIME_CACHE`` or the
+embedded default folder. ``--secret`` (or ``RUNTIME_CACHE_SECRET``) signs what
+is written and makes ``show``, ``verify`` and ``import`` check signatures.
+
+Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a
+failing backend, an aborted ``clear``), 2 usage errors.
+
+Plug-in subcommands come through the entry-point group ``runtime_cache.cli``:
+each entry point names a function ``add_parser(subparsers)`` that adds one
+subparser and sets ``set_defaults(handler=handler)``, where ``handler(args,
+ctx)`` has the same signature as the built-in commands (see
+:data:`~runtime_cache.cli.context.Handler`). The demo is registered that way::
+
+    [project.entry-points."runtime_cache.cli"]
+    demo = "runtime_cache.demo.cli:add_parser"
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from .._version import __version__
+from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError, UnknownBackendError
+from ..urls import redact
+from . import bundles, inspect, maintain
+from .context import CommandContext, Handler, UsageError, open_cache, resolve_secret
+from .fmt import clean
+
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "PLUGIN_GROUP",
+    "build_parser",
+    "main",
+    "open_cache",
+    "plugins",
+    "resolve_secret",
+]
+
+#: The entry-point group that CLI plug-ins register under.
+PLUGIN_GROUP = "runtime_cache.cli"
+#: This project's own plug-ins, found even where the package is not installed
+#: (a source checkout); another distribution cannot take these names.
+BUILTIN_PLUGINS: Mapping[str, str] = {"demo": "runtime_cache.demo.cli:add_parser"}
+
+_USAGE_ERRORS = (UsageError, InvalidURLError, InvalidValueError, UnknownBackendError)
+
+
+def plugins() -> dict[str, str]:
+    """Plug-in command names to ``"module:function"`` targets, read without importing them."""
+    found = dict(BUILTIN_PLUGINS)
+    for point in entry_points(group=PLUGIN_GROUP):
+        found.setdefault(point.name, point.value)
+    return found
+
+
+def _global_options() -> argparse.ArgumentParser:
+    """--cache and --secret, accepted before or after the subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="backend URL of the cache, e.g. dir:///var/cache/app or redis://host:6379/0 "
+        "(default: RUNTIME_CACHE, else the embedded default folder)",
+    )
+    common.add_argument(
+        "--secret",
+        default=argparse.SUPPRESS,
+        help="shared secret: sign what is written, check signatures on show, verify and "
+        "import (default: RUNTIME_CACHE_SECRET)",
+    )
+    return common
+
+
+def examples(*lines: str) -> str:
+    """A ``--help`` epilog listing example command lines."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Build the argument parser of ``runtime-cache`` (also used to write docs/cli.md).
+
+    ``plugin_targets`` maps plug-in names to ``"module:function"`` (default:
+    :func:`plugins`).
+    """
+    common = _global_options()
+    parser = argparse.ArgumentParser(
+        prog="runtime-cache",
+        description="Inspect and maintain a runtime-cache: list, show, prune, verify, "
+        "export and import entries.",
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit codes: 0 ok, 1 problems found, 2 usage error.\n\n"
+        + examples(
+            "runtime-cache ls --sort size",
+            "runtime-cache --cache redis://cache-host:6379/0 stats",
+            "runtime-cache verify --repair",
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"runtime-cache {__version__}")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also print the library's warnings (the command reports errors itself)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def add(
+        name: str, handler: Handler, help_text: str, example_lines: Sequence[str]
+    ) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text,
+            epilog=examples(*example_lines),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        cmd.set_defaults(handler=handler, needs_cache=True)
+        return cmd
+
+    for module in (inspect, maintain, bundles):
+        module.add_parsers(add)
+    targets = plugins() if plugin_targets is None else plugin_targets
+    for name, target in targets.items():
+        if name not in sub.choices:
+            _add_plugin(sub, name, target)
+    return parser
+
+
+def _add_plugin(sub: Any, name: str, target: str) -> None:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        # A plug-in whose own dependencies are missing: the other commands still work.
+        print(f"runtime-cache: plug-in {name!r} not loaded: {exc}", file=sys.stderr)
+        return
+    add_parser = getattr(module, attr or "add_parser", None)
+    if callable(add_parser):
+        add_parser(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``runtime-cache`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    # The cache is strict here, so failures come back as errors that the command
+    # reports; the library's own warnings ("carrying on without the cache") only
+    # confuse a one-shot command unless asked for.
+    logging.basicConfig(format="%(message)s")
+    logger = logging.getLogger("runtime_cache")
+    saved_level = logger.level
+    logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
+    try:
+        return _run(args)
+    finally:
+        logger.setLevel(saved_level)  # main() may run inside a host process (tests, notebooks)
+
+
+def _run(args: argparse.Namespace) -> int:
+    args.cache = getattr(args, "cache", None)
+    args.secret = getattr(args, "secret", None)
+    handler: Handler = args.handler
+    ctx = CommandContext(url=args.cache, secret=resolve_secret(args.secret))
+    try:
+        if getattr(args, "needs_cache", False):
+            try:
+                ctx.cache  # noqa: B018 - opened here so that open errors read as such
+            except _USAGE_ERRORS as exc:
+                return _fail(str(exc), 2)
+            except RuntimeCacheError as exc:
+                return _fail(f"cannot open the cache: {exc}", 1)
+        return int(handler(args, ctx))
+    except _USAGE_ERRORS as exc:
+        return _fail(str(exc), 2)
+    except RuntimeCacheError as exc:
+        return _fail(f"{type(exc).__name__}: {exc}", 1)
+    except BrokenPipeError:  # `runtime-cache ls | head`: the reader has seen enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
+        return 0
+    except OSError as exc:  # a file the user named: no traceback, its name and the reason
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}", 1)
+    finally:
+        ctx.close()
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"runtime-cache: error: {clean(redact(message))}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
