@@ -117,6 +117,8 @@ class DirectoryBackend(Backend):
         self._writes_since_check = 0
         self._estimated_total: int | None = None
         self._closed = False
+        if self.root.exists() and not self.root.is_dir():
+            raise BackendError(f"cache root {self.root} is not a directory")
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:

@@ -67,6 +67,13 @@ def _table(actions: list[argparse.Action]) -> list[str]:
     return lines
 
 
+def _examples(epilog: str | None) -> list[str]:
+    """The ``examples:`` block of an epilog as a shell code block."""
+    text = (epilog or "").partition("examples:\n")[2]
+    found = [line.strip() for line in text.splitlines() if line.strip()]
+    return ["", "Examples:", "", "```sh", *found, "```"] if found else []
+
+
 def _subcommands(
     parser: argparse.ArgumentParser,
 ) -> tuple[dict[str, argparse.ArgumentParser], dict[str, str]]:
@@ -84,7 +91,9 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
     lines = [HEADER.rstrip("\n"), "", "## Global options", ""]
     own = [a for a in parser._actions if _shown(a)]
     lines += _table(own)
-    lines += ["", parser.epilog or "", "", "## Commands", ""]
+    lines += ["", (parser.epilog or "").partition("\n\nexamples:")[0]]
+    lines += _examples(parser.epilog)
+    lines += ["", "## Commands", ""]
     commands, helps = _subcommands(parser)
     lines += ["| command | what it does |", "|---|---|"]
     lines += [f"| [`{name}`](#{name}) | {_cell(helps.get(name, ''))} |" for name in commands]
@@ -96,6 +105,7 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
         lines += ["", f"## `{name}`", "", _cell(sub.description or helps.get(name, "")), ""]
         lines += ["```text", usage, "```", ""]
         lines += _table(local) if local else ["No options besides the global ones."]
+        lines += _examples(sub.epilog)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
-from runtime_cache.cli import build_parser, main
+from runtime_cache.cli import main
 from runtime_cache.cli.app import plugins
 
 DEVICE = {"vendor": "Acme", "name": "Acme GPU 7", "driver": "31.0.1"}

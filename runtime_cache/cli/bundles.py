@@ -14,6 +14,7 @@ input), bounded in size, so a FIFO or a device is a clear error, not a hang.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
@@ -175,7 +176,9 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         "left_out": [key for key, _ in skipped.items],
         "skipped": len(skipped),
     }
-    if args.json:
+    if args.json and args.file == "-":
+        print(json.dumps(report, indent=2), file=ctx.err)  # stdout holds the bundle
+    elif args.json:
         ctx.emit_json(report)
     else:
         where = ctx.err if args.file == "-" else ctx.out

@@ -1,0 +1,391 @@
+"""Honest operator output: hostile metadata, unparseable names, odd files and flags.
+
+Every case runs the real ``runtime-cache`` (``main(argv)`` in-process, or the
+console entry in a subprocess where a hang or a crash is the risk) on real
+caches, and checks the exit code and that no traceback is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from forged_entries import forge
+
+import runtime_cache as rc
+from runtime_cache.backends.callback import CallbackBackend
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.cli import main
+from runtime_cache.codec import decode_entry, decode_meta, encode_entry
+from runtime_cache.errors import (
+    BackendError,
+    CorruptEntryError,
+    InvalidURLError,
+    InvalidValueError,
+)
+from runtime_cache.units import parse_size
+
+pytest_plugins = ["redis_servers"]
+
+ESC = "\x1b"
+HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\u202emod"
+
+
+def key(i: int, module: str = "net@1", device: Any = None) -> rc.CacheKey:
+    device = device or {"vendor": "Acme", "name": "Acme GPU", "driver": "1.0"}
+    return rc.make_key(
+        module_id=module, runtime="opencl", purpose="program-binary", device=device, kernel=i
+    )
+
+
+class Run:
+    """``main(argv)`` in-process with the output captured."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], url: str) -> None:
+        self.capsys, self.url = capsys, url
+
+    def __call__(self, *argv: str, secret: str | None = None) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        extra = ["--secret", secret] if secret is not None else []
+        code = main(["--cache", self.url, *extra, *argv])
+        out, err = self.capsys.readouterr()
+        assert "Traceback" not in out + err
+        return code, out, err
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def backend(root: Path) -> Any:
+    b = DirectoryBackend(root, max_size=None)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], root: Path) -> Run:
+    return Run(capsys, f"dir://{root}?max_size=none")
+
+
+def cli(*argv: str, stdin: Any = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """The command in a fresh process (where a hang or an uncaught error would show)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_cache", *argv],
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
+
+
+# ---------------------------------------------------------------------- decoder
+BAD_TIMES = [math.nan, math.inf, -math.inf, 1e18, -1.0]
+
+
+@pytest.mark.parametrize("value", BAD_TIMES)
+@pytest.mark.parametrize("field", ["created_at", "build_seconds"])
+def test_decoder_refuses_non_finite_and_out_of_range_times(field: str, value: float) -> None:
+    blob = forge(key(1), **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(CorruptEntryError, match=field):
+        decode_entry(blob)
+    with pytest.raises(CorruptEntryError):
+        decode_meta(blob)
+    with pytest.raises(InvalidValueError):
+        encode_entry(str(key(1)), key(1).parts, b"v", **{"created_at": 1.7e9, field: value})
+
+
+def test_a_nan_entry_is_a_counted_miss_and_is_removed(backend: DirectoryBackend) -> None:
+    cache = rc.Cache(backend)
+    backend.set(str(key(1)), forge(key(1), build_seconds=math.nan))
+    assert cache.get(key(1)) is None
+    stats = cache.stats()
+    assert (stats.corrupt, stats.seconds_saved) == (1, 0.0)
+    assert backend.get(str(key(1))) is None
+
+
+# ------------------------------------------------------------------ the listings
+def test_ls_stats_export_report_what_they_skip_and_escape_what_they_print(
+    run: Run, backend: DirectoryBackend, tmp_path: Path
+) -> None:
+    cache = rc.Cache(backend)
+    good = [key(i) for i in range(3)]
+    for k in good:
+        cache.put(k, b"good")
+    backend.set(str(key(10)), forge(key(10), created_at=math.nan))
+    escaped = key(11, module=HOSTILE, device={"name": "gpu\x1b[31m", "driver": "\x1b[0m"})
+    backend.set(str(escaped), forge(escaped, producer="\x1b]52;c;ZXZpbA==\x07"))
+
+    code, out, err = run("ls")
+    assert code == 1
+    assert ESC not in out + err and "\u202e" not in out
+    for k in [*good, escaped]:
+        assert str(k).rsplit("/", 1)[-1][:12] in out
+    assert "skipped 1 entries as corrupt or unreadable" in err
+    assert str(key(10)) in err and "created_at" in err
+
+    code, out, err = run("ls", "--json")
+    listing = json.loads(out)
+    assert code == 1 and listing["skipped"] == 1 and len(listing["entries"]) == 4
+    assert listing["skipped_entries"][0]["key"] == str(key(10))
+
+    code, out, err = run("stats")
+    assert code == 1 and "skipped 1 entries" in err and ESC not in out + err
+    code, out, _ = run("stats", "--json")
+    assert code == 1 and json.loads(out)["overall"]["skipped"] == 1
+    assert json.loads(out)["overall"]["entries"] == 4
+
+    bundle = tmp_path / "out.rcb"
+    code, out, err = run("export", str(bundle), "--json")
+    report = json.loads(out)
+    assert code == 1 and report["skipped"] == 1 and report["entries"] == 4
+    assert report["left_out"] == [str(key(10))]
+
+    code, out, err = run("show", str(escaped))
+    assert code == 0 and ESC not in out + err and "\u202e" not in out
+    assert "\\x1b" in out  # shown, escaped, not swallowed
+    code, out, err = run("show", str(key(10)))
+    assert code == 1 and "corrupt" in err
+
+
+def test_show_checks_the_signature_when_a_secret_is_given(
+    run: Run, backend: DirectoryBackend
+) -> None:
+    signed = rc.Cache(backend, secret="s3")
+    signed.put(key(1), b"real")
+    backend.set(str(key(2)), forge(key(2), signature=b"\x00" * 32))  # flag set, junk HMAC
+
+    code, out, _ = run("show", str(key(2)))
+    assert code == 0 and "signature flag" in out and "not checked" in out
+    code, out, err = run("show", str(key(2)), secret="s3")
+    assert code == 1 and "BAD" in out
+    assert "signed" not in out.replace("signature", "")
+    code, out, _ = run("show", str(key(2)), "--json", secret="s3")
+    assert code == 1 and json.loads(out)["signature_valid"] is False
+    code, out, _ = run("show", str(key(1)), secret="s3")
+    assert code == 0 and "valid (checked with the secret)" in out
+    code, out, _ = run("show", str(key(1)), secret="wrong")
+    assert code == 1 and "BAD" in out
+
+
+# ------------------------------------------------------- verify, clear, oddities
+def test_verify_and_clear_skip_names_they_cannot_parse(
+    run: Run, backend: DirectoryBackend, root: Path
+) -> None:
+    cache = rc.Cache(backend)
+    keys = [key(i) for i in range(3)]
+    for k in keys:
+        cache.put(k, b"v")
+    bad = key(9)
+    backend.set(str(bad), forge(bad)[:-1] + b"X")  # value checksum fails
+    shard = next(root.rglob("*.rce")).parent.parent / "82"
+    shard.mkdir(exist_ok=True)
+    (shard / "82 copy.rce").write_bytes(b"a Finder copy")
+    stray = "opencl/program-binary/82 copy"
+
+    code, out, err = run("verify")
+    assert code == 1 and "checked 4 entries" in out and f"BAD  {bad}" in out
+    assert "82 copy" in err and "not a cache key" in err
+
+    code, out, _ = run("verify", "--repair", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["removed"] == 1 and report["checked"] == 4
+    assert [s["key"] for s in report["skipped"]] == [stray]
+    assert (shard / "82 copy.rce").exists()  # never deleted: it is no entry of ours
+
+    code, out, err = run("clear", "--yes", "--json")
+    cleared = json.loads(out)
+    assert code == 1 and cleared["removed"] == 3 and len(cleared["skipped"]) == 1
+    assert list(backend.keys()) == [stray]
+
+
+def test_one_unreadable_entry_does_not_abort_verify(capsys: pytest.CaptureFixture[str]) -> None:
+    store: dict[str, bytes] = {}
+    broken = str(key(2))
+
+    def get(k: str) -> bytes | None:
+        if k == broken:
+            raise BackendError(f"read {k}: permission denied")
+        return store.get(k)
+
+    backend = CallbackBackend(
+        get,
+        store.__setitem__,
+        delete=lambda k: store.pop(k, None) is not None,
+        keys=lambda: list(store),
+    )
+    cache = rc.Cache(backend)
+    for i in range(4):
+        store[str(key(i))] = encode_entry(str(key(i)), key(i).parts, b"v", created_at=1.7e9)
+    from runtime_cache.maintenance import verify
+
+    report = verify(cache)
+    assert report.checked == 3 and report.bad == []
+    assert report.skipped == [(broken, f"unreadable: read {broken}: permission denied")]
+    assert not report.ok
+
+
+def test_verify_with_a_secret_on_an_unsigned_cache_does_not_advise_repair(
+    run: Run, backend: DirectoryBackend
+) -> None:
+    cache = rc.Cache(backend)
+    for i in range(3):
+        cache.put(key(i), b"unsigned")
+    code, out, _ = run("verify", secret="fleet-secret")
+    assert code == 1
+    assert "--repair" not in out.replace("--repair would delete", "")
+    assert "the cache is unsigned" in out
+    code, out, _ = run("verify", "--json", secret="fleet-secret")
+    assert json.loads(out)["unsigned"] == 3
+    assert len(list(backend.keys())) == 3
+
+
+def test_show_raw_into_a_missing_folder_is_an_error_not_a_traceback(
+    run: Run, backend: DirectoryBackend
+) -> None:
+    rc.Cache(backend).put(key(1), b"value")
+    code, _, err = run("show", str(key(1)), "--raw", "/no/such/dir/x.bin")
+    assert code == 1 and "cannot write /no/such/dir/x.bin" in err
+
+
+def test_import_keep_existing_counts_no_hits(
+    run: Run, backend: DirectoryBackend, tmp_path: Path
+) -> None:
+    cache = rc.Cache(backend)
+    keys = [key(i) for i in range(3)]
+    for k in keys:
+        cache.put(k, b"v")
+    bundle = tmp_path / "b.rcb"
+    assert run("export", str(bundle))[0] == 0
+    hits_before = {e["key"]: e["hits"] for e in json.loads(run("ls", "--json")[1])["entries"]}
+    code, out, _ = run("import", str(bundle), "--keep-existing", "--json")
+    assert code == 0 and json.loads(out)["kept_existing"] == 3
+    hits_after = {e["key"]: e["hits"] for e in json.loads(run("ls", "--json")[1])["entries"]}
+    assert hits_after == hits_before
+
+
+def test_import_refuses_fifos_and_devices_without_hanging(root: Path, tmp_path: Path) -> None:
+    url = f"dir://{root}"
+    fifo = tmp_path / "bundle.fifo"
+    os.mkfifo(fifo)
+    done = cli("--cache", url, "import", str(fifo), timeout=20)
+    assert done.returncode == 1 and "not a regular file" in done.stderr
+    done = cli("--cache", url, "import", "/dev/zero", timeout=20)
+    assert done.returncode == 1 and "not a regular file" in done.stderr
+    with open("/dev/zero", "rb") as zeros:
+        done = cli("--cache", url, "import", "-", stdin=zeros, timeout=20)
+    assert done.returncode == 1 and "not a valid bundle" in done.stderr
+    assert "MemoryError" not in done.stderr
+
+
+def test_bad_cache_urls_name_the_problem(tmp_path: Path) -> None:
+    done = cli("--cache", "dir:///etc/passwd", "ls")
+    assert done.returncode == 1 and "not a directory" in done.stderr
+    done = cli("--cache", "dir://user:hunter2@host/srv/cache", "ls")
+    assert done.returncode == 2 and "takes no host" in done.stderr
+    assert "hunter2" not in done.stderr
+    done = cli("--cache", f"dir://{tmp_path}/c?fsync=maybe", "ls")
+    assert done.returncode == 2 and "not a boolean" in done.stderr
+    done = cli("prune", "--max-size", "5XB")
+    assert done.returncode == 2 and "not a size" in done.stderr
+    with pytest.raises(InvalidValueError) as raised:  # a value error, no longer a URL error
+        parse_size("5XB")
+    assert not isinstance(raised.value, InvalidURLError)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("on", True), ("1", True), ("YES", True), ("true", True), ("off", False), ("0", False)],
+)
+def test_url_booleans_are_strict(tmp_path: Path, text: str, expected: bool) -> None:
+    backend = rc.open_backend(f"dir://{tmp_path}/c?fsync={text}")
+    assert isinstance(backend, DirectoryBackend) and backend.fsync is expected
+    backend.close()
+
+
+def test_export_errors_name_the_users_file_and_never_follow_a_planted_link(
+    run: Run, backend: DirectoryBackend, tmp_path: Path
+) -> None:
+    rc.Cache(backend).put(key(1), b"v")
+    code, _, err = run("export", str(tmp_path / "missing" / "b.rcb"))
+    assert code == 1 and f"cannot write {tmp_path / 'missing' / 'b.rcb'}" in err
+    assert ".tmp" not in err
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for pid in range(os.getpid() - 5, os.getpid() + 50):  # the old, guessable temp names
+        (drop / f"b.rcb.tmp-{pid}").symlink_to(victim)
+    code, _, _ = run("export", str(drop / "b.rcb"))
+    assert code == 0 and victim.read_text() == "keep me"
+    assert (drop / "b.rcb").read_bytes()[:4] == b"RCB\x01"
+
+
+def test_rm_and_clear_speak_json(run: Run, backend: DirectoryBackend) -> None:
+    cache = rc.Cache(backend)
+    for i in range(3):
+        cache.put(key(i), b"v")
+    code, out, _ = run("rm", str(key(0)), "nosuchkey", "--json")
+    assert code == 1 and json.loads(out) == {"removed": [str(key(0))], "missing": ["nosuchkey"]}
+    code, out, _ = run("clear", "--yes", "--json")
+    assert code == 0 and json.loads(out) == {"removed": 2, "skipped": []}
+
+
+def test_python_dash_m_runtime_cache_and_every_help_has_examples() -> None:
+    done = cli("--help")
+    assert done.returncode == 0 and "examples:" in done.stdout
+    for command in ("ls", "show", "stats", "rm", "clear", "prune", "verify", "export", "import"):
+        done = cli(command, "--help")
+        tail = done.stdout.rsplit("examples:", 1)
+        assert done.returncode == 0 and len(tail) == 2, command
+        shown = [line for line in tail[1].splitlines() if line.strip()]
+        assert 2 <= len(shown) <= 3 and all("runtime-cache" in line for line in shown)
+
+
+# ------------------------------------------------------------------ with Redis
+def test_ls_on_nan_escape_and_foreign_redis_key_exits_1_and_says_what_it_skipped(
+    redis_server: Any, unique_prefix: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The acceptance case: one NaN entry, one escape-laden entry, one foreign key."""
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.open_backend(url)
+    cache = rc.Cache(backend, secret="test-secret")
+    good = [key(i) for i in range(3)]
+    for k in good:
+        cache.put(k, b"good")
+    backend.set(str(key(10)), forge(key(10), build_seconds=math.nan))
+    escaped = key(11, module=HOSTILE)
+    backend.set(str(escaped), forge(escaped))
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset(f"{unique_prefix}opencl/program-binary/foreign", mapping={"a": "b"})
+
+    run = Run(capsys, url)
+    code, out, err = run("ls")
+    assert code == 1 and ESC not in out + err
+    for k in [*good, escaped]:
+        assert str(k).rsplit("/", 1)[-1][:12] in out
+    assert "skipped 1 entries as corrupt or unreadable" in err and str(key(10)) in err
+    assert "5 entries" not in out and "4 entries" in out
+
+    for argv in (["stats"], ["verify"], ["prune", "--older-than", "3650d"]):
+        code, out, err = run(*argv)
+        assert code in (0, 1) and "WRONGTYPE" not in out + err, argv
+    code, out, err = run("export", str(tmp_path / "fleet.rcb"), "--json")
+    assert code == 1 and json.loads(out)["skipped"] == 1 and json.loads(out)["entries"] == 4
+    assert client.type(f"{unique_prefix}opencl/program-binary/foreign") == b"hash"
+    client.delete(f"{unique_prefix}opencl/program-binary/foreign")
+    client.close()
+    run("clear", "--yes")
+    cache.close()
