@@ -167,7 +167,7 @@ def test_show_checks_the_signature_when_a_secret_is_given(
 
     code, out, _ = run("show", str(key(2)))
     assert code == 0 and "signature flag" in out and "not checked" in out
-    code, out, err = run("show", str(key(2)), secret="s3")
+    code, out, _ = run("show", str(key(2)), secret="s3")
     assert code == 1 and "BAD" in out
     assert "signed" not in out.replace("signature", "")
     code, out, _ = run("show", str(key(2)), "--json", secret="s3")
