@@ -1,0 +1,143 @@
+"""The Redis password never shows: not in logs, exceptions, reprs or CLI output.
+
+Each URL form is run, against a real ``redis-server`` that requires the
+password, through everything that can show a URL: opening the backend (its
+repr, or the error), storing and reading through a :class:`Cache` (its log
+lines), the process-wide provider as a non-first tier (its log line), and the
+``runtime-cache`` command with ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.cli import main
+from runtime_cache.urls import redact, redact_url
+
+pytest_plugins = ["redis_servers"]
+
+#: Distinct halves, so a password cut at its raw "@" is caught too.
+PW = "Hunter2xQ"
+PW_AT = "Hunter2x@Zq9"
+SECRETS = ("Hunter2x", "Zq9")
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[Any]:
+    """A private server whose password is ``PW``; a second user's password is ``PW_AT``."""
+    import redis
+    from redis_servers import require_redis, running_server
+
+    require_redis("redis-server")
+    with running_server() as server:
+        client = redis.Redis(port=server.port)
+        client.acl_setuser(
+            "app", enabled=True, passwords=[f"+{PW_AT}"], commands=["+@all"], keys=["*"]
+        )
+        client.config_set("requirepass", PW)
+        client.close()
+        yield server
+
+
+def _forms(port: int) -> dict[str, str]:
+    host = f"127.0.0.1:{port}"
+    return {
+        # the five forms that leaked
+        "non-first tier": f"memory://,redis://:{PW}@{host}/0",
+        "leading space": f" redis://:{PW}@{host}/0",
+        "query password": f"redis://{host}/0?password={PW}",
+        "raw @ in password": f"redis://app:{PW_AT}@{host}/0",
+        "alias scheme": f"valkey://:{PW}@{host}/0",  # Redis's class, under another name
+        "unknown scheme": f"unix://:{PW}@/tmp/no-such.sock",
+        # plain forms
+        "plain": f"redis://:{PW}@{host}/0",
+        "tls": f"rediss://:{PW}@{host}/0?connect_timeout=300ms&timeout=300ms",
+        "cluster": f"redis+cluster://:{PW}@{host}?connect_timeout=300ms&timeout=300ms",
+        "server down": f"redis://:{PW}@127.0.0.1:1/0?connect_timeout=200ms",
+        "wrong password": f"redis://:wrong{PW}@{host}/0",
+        "bad option": f"redis://:{PW}@{host}/0?bogus=1",
+    }
+
+
+def _exercise(url: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Everything a URL can show up in; returns the texts that were shown."""
+    shown: list[str] = [redact(url), redact_url(url)]
+    try:
+        backend = rc.open_backend(url)
+    except Exception as exc:
+        shown += [str(exc), repr(exc)]
+    else:
+        shown.append(repr(backend))
+        cache = rc.Cache(backend, secret="test-secret")
+        key = rc.make_key(module_id="m", runtime="t", purpose="redaction", device=None)
+        cache.put(key, b"v")
+        cache.get(key)
+        shown += [repr(cache), str(list(cache.entries()))]
+        cache.close()
+    monkeypatch.setenv("RUNTIME_CACHE", url if "," in url else f"memory://,{url}")
+    rc.reset_cache_provider()
+    provider = rc.get_cache()
+    shown.append(repr(provider))
+    key = rc.make_key(module_id="m", runtime="t", purpose="provider", device=None)
+    provider.put(key, b"v")
+    provider.get(key)
+    rc.reset_cache_provider()
+    return shown
+
+
+def test_the_password_never_appears(
+    locked_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from runtime_cache.backends.redis import RedisBackend
+
+    rc.register_backend("valkey", RedisBackend, replace=True)
+    caplog.set_level(logging.DEBUG)
+    seen: dict[str, str] = {}
+    for name, url in _forms(locked_server.port).items():
+        caplog.clear()
+        shown = _exercise(url, monkeypatch)
+        capsys.readouterr()
+        codes = [
+            main(["--verbose", "--cache", url, "ls"]),
+            main(["--verbose", "--cache", url, "stats", "--json"]),
+            main(["--verbose", "--cache", f"memory://,{url}", "verify"]),
+        ]
+        out, err = capsys.readouterr()
+        text = "\n".join([*shown, caplog.text, out, err])
+        seen[name] = text
+        for secret in SECRETS:
+            assert secret not in text, (name, text)
+        assert "Traceback" not in out + err, name
+        assert all(code in (0, 1, 2) for code in codes), (name, codes)
+    # The test saw real outcomes, not only errors: the right password works,
+    # and the wrong one, the down server and the bad option are reported.
+    assert "checked 2 entries" in seen["plain"]  # the put through the Cache and the provider
+    assert "***" in seen["wrong password"] and "error" in seen["wrong password"]
+    assert "unknown option(s) bogus" in seen["bad option"]
+    assert "not a Redis URL: 'valkey://:***@" in seen["alias scheme"]
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:p@ss@h/0", "redis://user:***@h/0"),
+        ("rediss://pw@h", "rediss://***@h"),
+        ("redis://h/0?password=pw&db=1", "redis://h/0?password=***&db=1"),
+        ("memory://, redis://:pw@h/0", "memory://, redis://:***@h/0"),
+        (" redis+cluster://:pw@h", " redis+cluster://:***@h"),
+        ("dir:///srv/a:b@c", "dir:///srv/a:b@c"),
+        ("cannot open 'unix://:pw@/tmp/s' (down)", "cannot open 'unix://:***@/tmp/s' (down)"),
+    ],
+)
+def test_one_redactor_for_every_form(text: str, shown: str) -> None:
+    assert redact(text) == shown
+    assert redact_url(text) == repr(shown)
