@@ -389,3 +389,40 @@ def test_ls_on_nan_escape_and_foreign_redis_key_exits_1_and_says_what_it_skipped
     client.close()
     run("clear", "--yes")
     cache.close()
+
+
+def test_verify_and_prune_draw_a_progress_bar_on_a_terminal_only(
+    backend: DirectoryBackend, root: Path
+) -> None:
+    import pty
+
+    cache = rc.Cache(backend)
+    for i in range(5):
+        cache.put(key(i), b"v")
+    for argv in (["verify"], ["prune", "--older-than", "3650d"]):
+        leader, follower = pty.openpty()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "runtime_cache", "--cache", f"dir://{root}", *argv],
+                stdout=subprocess.PIPE,
+                stderr=follower,
+                text=True,
+                timeout=30,
+            )
+            os.close(follower)
+            drawn = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 4096)
+                except OSError:  # EIO: the other end is closed and drained
+                    break
+                if not chunk:
+                    break
+                drawn += chunk
+        finally:
+            os.close(leader)
+        assert done.returncode == 0
+        assert f"{argv[0]} [".encode() in drawn and b"5/5" in drawn, drawn
+        assert "[" not in done.stdout  # the bar goes to the terminal, not into the output
+        plain = cli("--cache", f"dir://{root}", *argv)
+        assert "5/5" not in plain.stderr  # not a terminal: no bar
