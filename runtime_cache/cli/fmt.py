@@ -35,7 +35,7 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def clean(text: object) -> str:
-    """``str(text)`` with control and format characters escaped (``\\x1b``, ``\\u202e``).
+    r"""``str(text)`` with control and format characters escaped (``\x1b``, ``\u202e``).
 
     >>> clean("gpu\x1b[2J")
     'gpu\\x1b[2J'
