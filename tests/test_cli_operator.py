@@ -47,11 +47,14 @@ def key(i: int, module: str = "net@1", device: Any = None) -> rc.CacheKey:
 class Run:
     """``main(argv)`` in-process with the output captured."""
 
-    def __init__(self, capsys: pytest.CaptureFixture[str], url: str) -> None:
-        self.capsys, self.url = capsys, url
+    def __init__(
+        self, capsys: pytest.CaptureFixture[str], url: str, secret: str | None = None
+    ) -> None:
+        self.capsys, self.url, self.secret = capsys, url, secret
 
     def __call__(self, *argv: str, secret: str | None = None) -> tuple[int, str, str]:
         self.capsys.readouterr()
+        secret = secret if secret is not None else self.secret
         extra = ["--secret", secret] if secret is not None else []
         code = main(["--cache", self.url, *extra, *argv])
         out, err = self.capsys.readouterr()
@@ -371,7 +374,7 @@ def test_ls_on_nan_escape_and_foreign_redis_key_exits_1_and_says_what_it_skipped
     client = redis.Redis.from_url(redis_server.url)
     client.hset(f"{unique_prefix}opencl/program-binary/foreign", mapping={"a": "b"})
 
-    run = Run(capsys, url)
+    run = Run(capsys, url, secret="test-secret")  # a shared cache is opened with its secret
     code, out, err = run("ls")
     assert code == 1 and ESC not in out + err
     for k in [*good, escaped]:
@@ -383,7 +386,10 @@ def test_ls_on_nan_escape_and_foreign_redis_key_exits_1_and_says_what_it_skipped
         code, out, err = run(*argv)
         assert code in (0, 1) and "WRONGTYPE" not in out + err, argv
     code, out, err = run("export", str(tmp_path / "fleet.rcb"), "--json")
-    assert code == 1 and json.loads(out)["skipped"] == 1 and json.loads(out)["entries"] == 4
+    exported = json.loads(out)
+    # With the secret, the forged (unsigned) escape-laden entry is left out of a bundle too.
+    assert code == 1 and exported["entries"] == 3
+    assert sorted(exported["left_out"]) == sorted([str(key(10)), str(escaped)])
     assert client.type(f"{unique_prefix}opencl/program-binary/foreign") == b"hash"
     client.delete(f"{unique_prefix}opencl/program-binary/foreign")
     client.close()

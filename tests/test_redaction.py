@@ -80,6 +80,7 @@ def _exercise(url: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         shown += [repr(cache), str(list(cache.entries()))]
         cache.close()
     monkeypatch.setenv("RUNTIME_CACHE", url if "," in url else f"memory://,{url}")
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "test-secret")
     rc.reset_cache_provider()
     provider = rc.get_cache()
     shown.append(repr(provider))
@@ -105,10 +106,11 @@ def test_the_password_never_appears(
         caplog.clear()
         shown = _exercise(url, monkeypatch)
         capsys.readouterr()
+        secret = ["--secret", "test-secret"]  # shared caches are opened with a secret
         codes = [
-            main(["--verbose", "--cache", url, "ls"]),
-            main(["--verbose", "--cache", url, "stats", "--json"]),
-            main(["--verbose", "--cache", f"memory://,{url}", "verify"]),
+            main(["--verbose", "--cache", url, *secret, "ls"]),
+            main(["--verbose", "--cache", url, *secret, "stats", "--json"]),
+            main(["--verbose", "--cache", f"memory://,{url}", *secret, "verify"]),
         ]
         out, err = capsys.readouterr()
         text = "\n".join([*shown, caplog.text, out, err])
@@ -119,7 +121,7 @@ def test_the_password_never_appears(
         assert all(code in (0, 1, 2) for code in codes), (name, codes)
     # The test saw real outcomes, not only errors: the right password works,
     # and the wrong one, the down server and the bad option are reported.
-    assert "checked 2 entries" in seen["plain"]  # the put through the Cache and the provider
+    assert "checked 2 entries" in seen["plain"] and "0 bad" in seen["plain"]  # 2 puts, signed
     assert "***" in seen["wrong password"] and "error" in seen["wrong password"]
     assert "unknown option(s) bogus" in seen["bad option"]
     assert "not a Redis URL: 'valkey://:***@" in seen["alias scheme"]
