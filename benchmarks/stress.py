@@ -87,7 +87,7 @@ def _thread(cache: rc.Cache, tag: str, seed: int, deadline: float, out: dict[str
     try:
         _mix(cache, tag, seed, deadline, out)
     except Exception:  # an exception reaching the caller is a failure: count it
-        logging.getLogger("stress").exception("thread %s failed", tag)
+        logging.getLogger(__name__).exception("thread %s failed", tag)
         out["thread_errors"] += 1
 
 

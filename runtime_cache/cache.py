@@ -44,7 +44,7 @@ from .stats import CacheStats, Counters, EntryInfo
 
 __all__ = ["Cache", "KeyLike"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 KeyLike = CacheKey | str
 _WRITES = frozenset({"set", "delete"})

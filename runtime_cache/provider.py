@@ -25,7 +25,7 @@ from .registry import open_backend
 
 __all__ = ["Provider", "cache_provider", "get_cache", "set_cache_provider"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 Provider = str | Backend | Cache | None
 

@@ -36,7 +36,7 @@ from .vetting import needs_vetting, vet_unknown
 __all__ = ["OpenCLModule"]
 
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 #: ``build_all`` uses worker processes when at least this many programs per worker need a build.
 PROCESS_THRESHOLD = 4
