@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import random
 import shutil
 import struct
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+from _common import machine_info
 
 import runtime_cache as rc
 
@@ -245,9 +244,7 @@ def run(
     total = {name: sum(r[name] for r in results) for name in counted}
     return {
         "benchmark": f"stress-{backend}",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        **machine_info(),
         "backend": backend,
         "processes": processes,
         "threads": threads,
