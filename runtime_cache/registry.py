@@ -41,9 +41,15 @@ _INSTALL_HINTS = {"redis": _REDIS_HINT, "rediss": _REDIS_HINT, "redis+cluster": 
 
 
 def _distribution(ep: EntryPoint) -> str:
-    """The normalized name of the distribution that declares ``ep`` ("?" if unknown)."""
-    dist = getattr(ep, "dist", None)
-    name = dist.metadata["Name"] if dist is not None else None
+    """The normalized name of the distribution that declares ``ep`` ("?" if unknown).
+
+    Read only when two entry points disagree: it parses the distribution's metadata.
+    """
+    try:
+        dist = getattr(ep, "dist", None)
+        name = dist.metadata["Name"] if dist is not None else None
+    except Exception:  # unreadable metadata must not stop discovery
+        name = None
     return re.sub(r"[-_.]+", "-", name).lower() if name else "?"
 
 
@@ -64,30 +70,30 @@ class Registry:
         with self._lock:
             if self._discovered:
                 return
-            found: dict[str, tuple[str, str]] = {}  # name -> (target, distribution)
+            found: dict[str, EntryPoint] = {}
             for ep in entry_points(group=cast(str, self._group)):
-                name, dist = ep.name.lower(), _distribution(ep)
+                name = ep.name.lower()
                 held = found.get(name)
                 if held is None:
-                    found[name] = (ep.value, dist)
-                elif held[0] != ep.value:
+                    found[name] = ep
+                elif held.value != ep.value:
                     # The project's own distribution keeps its built-in names;
                     # otherwise the first one found keeps the name.
-                    kept, dropped = held, (ep.value, dist)
-                    if dist == OWN_DISTRIBUTION and held[1] != OWN_DISTRIBUTION:
-                        kept, dropped = dropped, kept
+                    kept, dropped = held, ep
+                    if _distribution(ep) == OWN_DISTRIBUTION != _distribution(held):
+                        kept, dropped = ep, held
                     found[name] = kept
                     log.warning(
                         "backend scheme %r is declared twice: %s by %s (used) and %s by %s "
                         "(ignored)",
                         name,
-                        kept[0],
-                        kept[1],
-                        dropped[0],
-                        dropped[1],
+                        kept.value,
+                        _distribution(kept),
+                        dropped.value,
+                        _distribution(dropped),
                     )
-            for name, (target, _) in found.items():
-                self._targets.setdefault(name, target)
+            for name, ep in found.items():
+                self._targets.setdefault(name, ep.value)
             self._discovered = True
 
     def register(
