@@ -193,29 +193,19 @@ def crash(run: Run) -> str:
     return grid(["measure", "value"], rows)
 
 
+#: Fuzz-target fields and their column heads.
+FUZZ_COLUMNS = {
+    "target": "target",
+    "inputs": "inputs (count)",
+    "seconds": "duration (s)",
+    "violations": "violations (count)",
+    "hangs": "hangs (count)",
+    "crashes": "crashes (count)",
+    "slowest_input_ms": "slowest input (ms)",
+}
+
+
 def fuzz(runs: Sequence[Run]) -> str:
     """Inputs tried and failures found per fuzz target."""
-    head = [
-        "target",
-        "inputs (count)",
-        "duration (s)",
-        "violations (count)",
-        "hangs (count)",
-        "crashes (count)",
-        "slowest input (ms)",
-    ]
-    rows = []
-    for run in runs:
-        for target in run.get("targets", []):
-            rows.append(
-                [
-                    target["target"],
-                    target["inputs"],
-                    target["seconds"],
-                    target["violations"],
-                    target["hangs"],
-                    target["crashes"],
-                    target.get("slowest_input_ms"),
-                ]
-            )
-    return grid(head, rows)
+    rows = [[t.get(k) for k in FUZZ_COLUMNS] for run in runs for t in run.get("targets", [])]
+    return grid(list(FUZZ_COLUMNS.values()), rows)

@@ -46,15 +46,11 @@ def test_importing_the_package_imports_no_backend() -> None:
     assert _imported_after("import runtime_cache") == {"modules": []}
 
 
-@pytest.mark.parametrize("name", BACKENDS)
-def test_each_export_imports_only_its_module(name: str) -> None:
-    module = {
-        "CallbackBackend": "callback",
-        "DirectoryBackend": "directory",
-        "MemoryBackend": "memory",
-        "RedisBackend": "redis",
-        "TieredBackend": "tiered",
-    }[name]
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [(name, name.removesuffix("Backend").lower()) for name in BACKENDS],
+)
+def test_each_export_imports_only_its_module(name: str, module: str) -> None:
     loaded = set(_imported_after(f"from runtime_cache.backends import {name}")["modules"])
     assert module in loaded
     assert not (loaded & MODULES) - {module}, loaded  # no other backend came along
