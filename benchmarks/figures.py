@@ -111,7 +111,8 @@ def demo(runs: Sequence[Run], target: Path, inputs: str) -> None:
 
 def opencl_caption(runs: Sequence[Run]) -> str:
     parts = [f"{labels.opencl_driver(r)}: {r['n']} kernels, host {labels.machine(r)}" for r in runs]
-    return "benchmarks/bench_opencl.py, medians of repeated fresh processes. " + "; ".join(parts)
+    lead = "benchmarks/bench_opencl.py, medians of repeated fresh processes. "
+    return lead + "; ".join(parts) + "."
 
 
 def opencl(runs: Sequence[Run], target: Path, inputs: str) -> None:

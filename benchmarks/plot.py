@@ -135,8 +135,13 @@ def figure_inputs(members: Sequence[Run]) -> str:
 
 
 def _image(name: str, title: str, caption: str) -> str:
-    return f"![{title}](img/{name})\n\n*{caption}*"
+    """The figure, with ``title`` as its alt text and the caption under it."""
+    return f"![{title}](img/{name})\n\n*{title}. {caption}*"
 
+
+FIGURE_1 = "Figure 1: time to first inference, cold vs warm, by phase"
+FIGURE_2 = "Figure 2: time per OpenCL program, cold, parallel cold, warm and floor"
+FIGURE_3 = "Figure 3: backend get and put against diskcache"
 
 INTRO = """# Benchmarks
 
@@ -172,7 +177,7 @@ def page(runs: Sequence[Run]) -> str:
             "",
         ]
         caption = plan["demo-first-inference.png"][1]
-        out += [_image("demo-first-inference.png", "Figure 1", caption), ""]
+        out += [_image("demo-first-inference.png", FIGURE_1, caption), ""]
         out += [tables.demo(demo), ""]
     opencl = sorted(_pick(runs, "opencl"), key=_opencl_order)
     if opencl:
@@ -182,7 +187,7 @@ def page(runs: Sequence[Run]) -> str:
             "processes. The floor (d) is the driver loading the same binaries with nothing",
             "around it; warm (c) is runtime-cache doing the same from its store, checks included.",
             "",
-            _image("opencl-per-kernel.png", "Figure 2", plan["opencl-per-kernel.png"][1]),
+            _image("opencl-per-kernel.png", FIGURE_2, plan["opencl-per-kernel.png"][1]),
             "",
             tables.opencl(opencl),
             "",
@@ -194,7 +199,7 @@ def page(runs: Sequence[Run]) -> str:
         caption = plan["backends-vs-diskcache.png"][1]
         out += ["## Backends against diskcache", ""]
         out += ["From `bench_backends.json`: one process, values of three sizes.", ""]
-        out += [_image("backends-vs-diskcache.png", "Figure 3", caption), ""]
+        out += [_image("backends-vs-diskcache.png", FIGURE_3, caption), ""]
         out += [tables.backends(backends[0]), ""]
     stress = [r for r in runs if str(r["_file"]).startswith("stress-")]
     sections: list[tuple[str, list[Run], Callable[..., str], bool]] = [
