@@ -41,6 +41,15 @@ def test_two_runs_on_one_platform_are_refused(tmp_path: Path) -> None:
     assert len(plot.load(tmp_path)) == 2
 
 
+def test_an_unreadable_file_is_an_error_and_no_results_give_a_bare_page(tmp_path: Path) -> None:
+    assert plot.load(tmp_path) == []
+    assert plot.page([]).startswith("# Benchmarks") and "## " not in plot.page([])
+    assert plot.figure_plan([]) == []
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(plot.ResultsError, match=r"broken\.json"):
+        plot.load(tmp_path)
+
+
 def test_history_is_not_read_and_every_file_is_covered() -> None:
     runs = plot.load()
     assert all("/" not in str(r["_file"]) for r in runs)
