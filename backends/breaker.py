@@ -36,7 +36,7 @@ from runtime_cache.errors import BackendUnavailableError
 
 __all__ = ["BreakerStats", "CircuitBreaker"]
 
-log = logging.getLogger("runtime_cache.backends.breaker")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

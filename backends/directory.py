@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.environment import default_directory
 from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
 
 from .eviction import Candidate, evict_lru, eviction_turn
@@ -52,7 +53,7 @@ from .temp_files import create_locked, remove_if_orphaned
 
 __all__ = ["DirectoryBackend"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 SUFFIX = ".rce"
 _COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
@@ -72,12 +73,6 @@ _OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
 def _flush_all() -> None:
     for backend in list(_OPEN):
         backend.flush_hits()
-
-
-def _default_root() -> str:
-    import platformdirs
-
-    return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
 
 
 class DirectoryBackend(Backend):
@@ -106,7 +101,7 @@ class DirectoryBackend(Backend):
         hits_batch: int = 64,
         shared: bool = False,
     ) -> None:
-        self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(_default_root())
+        self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(default_directory())
         self.max_size = None if max_size is None else parse_size(max_size)
         self.fsync = fsync
         self.track_access = track_access

@@ -32,7 +32,7 @@ from .write_behind import WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
 
-log = logging.getLogger("runtime_cache.backends.tiered")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from runtime_cache.api import Backend
 
 __all__ = ["WriteBehind"]
 
-log = logging.getLogger("runtime_cache.backends.tiered")
+log = logging.getLogger(__name__)
 
 _BATCH = 256
 _live: weakref.WeakSet[WriteBehind] = weakref.WeakSet()

@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _common import RESULTS, machine_info, median
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -45,7 +45,7 @@ def measure(put: Op, get: Get, keys: list[str], value: bytes) -> tuple[float, fl
     """Median seconds per put and per get over ``keys``."""
     puts = [_time_each(lambda k=k: put(k, value)) for k in keys]
     gets = [_time_each(lambda k=k: get(k)) for k in keys]
-    return statistics.median(puts), statistics.median(gets)
+    return median(puts), median(gets)
 
 
 def subjects(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
@@ -77,7 +77,7 @@ def subjects(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", default="benchmarks/results/bench_backends.json")
+    parser.add_argument("--json", default=str(RESULTS / "bench_backends.json"))
     args = parser.parse_args()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for size_name, size in SIZES.items():
@@ -91,8 +91,8 @@ def main() -> int:
                     close()
         results[size_name] = {
             name: {
-                "put_us": statistics.median(p for p, _ in pairs) * 1e6,
-                "get_us": statistics.median(g for _, g in pairs) * 1e6,
+                "put_us": median(p for p, _ in pairs) * 1e6,
+                "get_us": median(g for _, g in pairs) * 1e6,
             }
             for name, pairs in runs.items()
         }
@@ -105,12 +105,7 @@ def main() -> int:
                 f"{size_name:<7} {name:<26} {row['put_us']:>10.1f} {row['get_us']:>10.1f} "
                 f"{row['get_ratio_vs_diskcache']:>16.2f}"
             )
-    meta = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-        "python": sys.version.split()[0],
-        "rounds": args.rounds,
-    }
+    meta = {**machine_info(), "rounds": args.rounds}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -20,10 +20,8 @@ import argparse
 import io
 import json
 import os
-import platform
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,8 @@ from collections.abc import Callable
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
+
+from _common import machine_info, median
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -66,7 +66,7 @@ def median_seconds(fn: Callable[[], Any], rounds: int) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median(times)
 
 
 def command(script: str, url: str, *argv: str) -> Callable[[], None]:
@@ -87,7 +87,7 @@ def median_child_cpu(fn: Callable[[], Any], rounds: int) -> float:
         fn()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         spent.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return statistics.median(spent)
+    return median(spent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         cache.close()
     meta = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-        "python": platform.python_version(),
+        **machine_info(),
         "entries": args.entries,
         "rounds": args.rounds,
     }

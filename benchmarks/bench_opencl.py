@@ -40,9 +40,7 @@ import argparse
 import datetime
 import json
 import os
-import platform as host_platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
+
+from _common import machine_info, median  # noqa: E402
 
 
 def kernel_sources(n: int, salt: str) -> dict[str, str]:
@@ -184,10 +185,6 @@ def _run(phase: str, n: int, salt: str, folder: Path, env: dict[str, str]) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--n", type=int, default=100, help="kernels (programs)")
@@ -285,14 +282,14 @@ def main() -> int:
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
-    med = {k: _median(v) for k, v in raw.items()}
+    med = {k: median(v) for k, v in raw.items()}
     ratios = {
         "warm_over_floor": med["c"] / med["d"],
         "cold_over_warm": med["a"] / med["c"],
         "parallel_over_sequential": med["b"] / med["a"],
         "warm_one_at_a_time_over_floor": med["c2"] / med["d"],
     }
-    first = {k: {"total": sum(v), "median": _median(v)} for k, v in launches.items()}
+    first = {k: {"total": sum(v), "median": median(v)} for k, v in launches.items()}
     is_pocl = "Portable Computing Language" in str(device.get("platform_name", ""))
     labels = {
         "a": "(a) cold source builds, sequential",
@@ -323,7 +320,7 @@ def main() -> int:
     result = {
         "benchmark": "opencl",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {"machine": host_platform.machine(), "cpus": os.cpu_count()},
+        "host": machine_info(),
         "device": device,
         "n": args.n,
         "reps": reps,

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from _common import machine_info, median
 from redis_servers import running_server
 
 import runtime_cache as rc
@@ -94,7 +93,7 @@ def batching(backend: RedisBackend, size: int) -> dict[str, float]:
         for key in keys:
             backend.get(key)
         single.append(time.perf_counter() - start)
-    m, s = statistics.median(many), statistics.median(single)
+    m, s = median(many), median(single)
     return {"get_many_100_us": m * 1e6, "single_gets_100_us": s * 1e6, "speedup": s / m}
 
 
@@ -150,13 +149,10 @@ def main() -> int:
         f"p99 {out['open_get_p99_us']:.1f} us"
     )
     meta = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-        "python": platform.python_version(),
+        **machine_info(),  # its load average: other work on the box adds noise
         "redis_server": version.stdout.split()[2] if version.stdout else "unknown",
         "redis_py": redis.__version__,
         "transport": "loopback TCP",
-        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the box adds noise
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")

@@ -33,7 +33,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import random
 import shutil
 import signal
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+from _common import machine_info
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -224,9 +224,7 @@ def run(trials: int, writers: int, seed: int) -> dict[str, Any]:
     }
     return {
         "benchmark": "crash_harness",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        **machine_info(),
         "trials": trials,
         "writers_per_trial": writers,
         "seed": seed,

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import random
 import shutil
 import struct
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+from _common import machine_info
 
 import runtime_cache as rc
 
@@ -87,7 +86,7 @@ def _thread(cache: rc.Cache, tag: str, seed: int, deadline: float, out: dict[str
     try:
         _mix(cache, tag, seed, deadline, out)
     except Exception:  # an exception reaching the caller is a failure: count it
-        logging.getLogger("stress").exception("thread %s failed", tag)
+        logging.getLogger(__name__).exception("thread %s failed", tag)
         out["thread_errors"] += 1
 
 
@@ -245,9 +244,7 @@ def run(
     total = {name: sum(r[name] for r in results) for name in counted}
     return {
         "benchmark": f"stress-{backend}",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        **machine_info(),
         "backend": backend,
         "processes": processes,
         "threads": threads,

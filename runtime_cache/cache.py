@@ -44,7 +44,7 @@ from .stats import CacheStats, Counters, EntryInfo
 
 __all__ = ["Cache", "KeyLike"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 KeyLike = CacheKey | str
 #: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.

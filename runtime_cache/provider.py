@@ -26,7 +26,7 @@ from .urls import redact_url
 
 __all__ = ["Provider", "cache_provider", "get_cache", "set_cache_provider"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 Provider = str | Backend | Cache | None
 

@@ -12,8 +12,10 @@ without importing them; a backend's module is imported on first use.
 from __future__ import annotations
 
 import importlib
+import logging
+import re
 import threading
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import cast
 
 from .api import Backend
@@ -30,8 +32,27 @@ __all__ = ["ENTRY_POINT_GROUP", "Registry", "open_backend", "register_backend", 
 
 ENTRY_POINT_GROUP = "runtime_cache.backends"
 
-# Extras to name when a built-in backend's optional dependency is missing.
-_EXTRA_HINTS = {"redis": "redis", "rediss": "redis", "redis+cluster": "redis"}
+log = logging.getLogger(__name__)
+
+#: The distribution that declares the built-in backends; it wins their names.
+OWN_DISTRIBUTION = "runtime-cache"
+
+# What to install when a built-in backend's optional dependency is missing.
+_REDIS_HINT = "pip install 'runtime-cache[redis]'"
+_INSTALL_HINTS = {"redis": _REDIS_HINT, "rediss": _REDIS_HINT, "redis+cluster": _REDIS_HINT}
+
+
+def _distribution(ep: EntryPoint) -> str:
+    """The normalized name of the distribution that declares ``ep`` ("?" if unknown).
+
+    Read only when two entry points disagree: it parses the distribution's metadata.
+    """
+    try:
+        dist = getattr(ep, "dist", None)
+        name = dist.metadata["Name"] if dist is not None else None
+    except Exception:  # unreadable metadata must not stop discovery
+        name = None
+    return re.sub(r"[-_.]+", "-", name).lower() if name else "?"
 
 
 class Registry:
@@ -40,6 +61,7 @@ class Registry:
     def __init__(self, group: str | None = ENTRY_POINT_GROUP) -> None:
         self._group = group
         self._targets: dict[str, str | type[Backend]] = {}
+        self._hints: dict[str, str] = dict(_INSTALL_HINTS)
         self._loaded: dict[str, type[Backend]] = {}
         self._discovered = group is None
         self._lock = threading.RLock()
@@ -50,12 +72,47 @@ class Registry:
         with self._lock:
             if self._discovered:
                 return
+            found: dict[str, EntryPoint] = {}
             for ep in entry_points(group=cast(str, self._group)):
-                self._targets.setdefault(ep.name.lower(), ep.value)
+                name = ep.name.lower()
+                held = found.get(name)
+                if held is None:
+                    found[name] = ep
+                elif held.value != ep.value:
+                    # The project's own distribution keeps its built-in names;
+                    # otherwise the first one found keeps the name.
+                    kept, dropped = held, ep
+                    if _distribution(ep) == OWN_DISTRIBUTION != _distribution(held):
+                        kept, dropped = ep, held
+                    found[name] = kept
+                    log.warning(
+                        "backend scheme %r is declared twice: %s by %s (used) and %s by %s "
+                        "(ignored)",
+                        name,
+                        kept.value,
+                        _distribution(kept),
+                        dropped.value,
+                        _distribution(dropped),
+                    )
+            for name, ep in found.items():
+                self._targets.setdefault(name, ep.value)
             self._discovered = True
 
-    def register(self, name: str, target: str | type[Backend], *, replace: bool = False) -> None:
-        """Register ``target`` (a class or ``"pkg.mod:Class"``) under ``name``."""
+    def register(
+        self,
+        name: str,
+        target: str | type[Backend],
+        *,
+        replace: bool = False,
+        hint: str | None = None,
+    ) -> None:
+        """Register ``target`` (a class or ``"pkg.mod:Class"``) under ``name``.
+
+        ``hint`` says what to install when ``target``'s module cannot be
+        imported, e.g. ``"pip install 'mypkg[s3]'"``; the ImportError shows it.
+        """
+        if hint is not None and (not isinstance(hint, str) or not hint.strip()):
+            raise ValueError(f"hint must be a non-empty str, not {hint!r}")
         if not isinstance(name, str) or not name or "://" in name:
             raise ValueError(f"a backend name must be a non-empty scheme, not {name!r}")
         if isinstance(target, str):
@@ -74,6 +131,8 @@ class Registry:
                 )
             self._targets[key] = target
             self._loaded.pop(key, None)
+            if hint is not None:
+                self._hints[key] = hint.strip()
 
     def unregister(self, name: str) -> None:
         """Forget the backend registered under ``name`` (no error if absent)."""
@@ -112,8 +171,8 @@ class Registry:
         except MissingDependencyError:
             raise
         except ImportError as exc:
-            extra = _EXTRA_HINTS.get(name)
-            hint = f"; install it with: pip install 'runtime-cache[{extra}]'" if extra else ""
+            hint = self._hints.get(name)
+            hint = f"; install it with: {hint}" if hint else ""
             raise MissingDependencyError(
                 f"backend {name!r} needs {exc.name or module_name}, which is not installed{hint}"
             ) from exc
@@ -137,19 +196,28 @@ class Registry:
 registry = Registry()
 
 
-def register_backend(name: str, target: str | type[Backend], *, replace: bool = False) -> None:
+def register_backend(
+    name: str,
+    target: str | type[Backend],
+    *,
+    replace: bool = False,
+    hint: str | None = None,
+) -> None:
     """Register a backend class under a URL scheme.
 
     ``target`` is a :class:`~runtime_cache.api.Backend` subclass or a lazy
     ``"package.module:Class"`` string. A name that is already taken raises
     :class:`~runtime_cache.errors.BackendConflictError` unless ``replace=True``.
+    ``hint`` says what to install when the target's module (or a module it
+    needs) is missing; :class:`~runtime_cache.errors.MissingDependencyError`
+    shows it.
 
     Example::
 
-        rc.register_backend("s3", "mypkg.s3:S3Backend")
+        rc.register_backend("s3", "mypkg.s3:S3Backend", hint="pip install 'mypkg[s3]'")
         backend = rc.open_backend("s3://bucket/prefix")
     """
-    registry.register(name, target, replace=replace)
+    registry.register(name, target, replace=replace, hint=hint)
 
 
 def open_backend(url: str) -> Backend:

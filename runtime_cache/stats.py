@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 __all__ = ["CacheStats", "Counters", "EntryInfo", "jsonable"]
 
@@ -50,12 +50,33 @@ class CacheStats:
         return out
 
 
-class Counters:
-    """Mutable, thread-safe counters behind :class:`CacheStats`."""
+#: A frozen dataclass of counters, e.g. :class:`CacheStats`.
+S = TypeVar("S")
 
-    def __init__(self) -> None:
+
+class Counters(Generic[S]):
+    """Mutable, thread-safe counters behind a frozen dataclass of them.
+
+    ``Counters()`` counts the fields of :class:`CacheStats`; ``Counters(Kind)``
+    those of another frozen dataclass (the OpenCL consumer's ``OpenCLStats``).
+    A field annotated ``float`` stays a float in the snapshot; others are ints.
+
+    >>> counters = Counters()
+    >>> counters.add(hits=2, build_seconds=0.5)
+    >>> counters.snapshot().hits
+    2
+    """
+
+    @overload
+    def __init__(self: Counters[CacheStats]) -> None: ...
+
+    @overload
+    def __init__(self, kind: type[S]) -> None: ...
+
+    def __init__(self, kind: Any = CacheStats) -> None:
+        self._kind = kind
         self._lock = threading.Lock()
-        self._values: dict[str, float] = {f.name: 0 for f in fields(CacheStats)}
+        self._values: dict[str, float] = {f.name: 0 for f in fields(kind)}
 
     def add(self, **amounts: float) -> None:
         """Add to one or more counters atomically."""
@@ -63,15 +84,16 @@ class Counters:
             for name, amount in amounts.items():
                 self._values[name] += amount
 
-    def snapshot(self) -> CacheStats:
+    def snapshot(self) -> S:
         """A frozen copy of the counters."""
         with self._lock:
             values = dict(self._values)
         converted: dict[str, Any] = {
             f.name: float(values[f.name]) if f.type in ("float", float) else int(values[f.name])
-            for f in fields(CacheStats)
+            for f in fields(self._kind)
         }
-        return CacheStats(**converted)
+        snapshot: S = self._kind(**converted)
+        return snapshot
 
     def reset(self) -> None:
         """Set every counter back to zero."""

@@ -41,7 +41,7 @@ from .provider import get_cache
 
 __all__ = ["DEFAULT_MAX_RECORD_SIZE", "Record", "TuningCache"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 #: The largest encoded record accepted, in bytes. Tuning records are small.
 DEFAULT_MAX_RECORD_SIZE = 64 * 1024

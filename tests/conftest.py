@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import runtime_cache as rc
 
@@ -20,6 +21,23 @@ os.environ.setdefault("POCL_KERNEL_CACHE", "0")
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 # The OpenCL crash guard keeps its files in a folder private to this test run.
 os.environ.setdefault("RUNTIME_CACHE_GUARD_DIR", tempfile.mkdtemp(prefix="rc-guard-"))
+
+
+# One hypothesis profile for every property test: the same examples on every run (a CI failure
+# reproduces), no deadline (a shared CI box stalls), no example database left behind.
+# HYPOTHESIS_PROFILE=explore draws fresh examples, 5x as many.
+settings.register_profile(
+    "runtime-cache",
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore", settings.get_profile("runtime-cache"), max_examples=1500, derandomize=False
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "runtime-cache"))
 
 
 def need(what: str, env: str, reason: str) -> None:

@@ -22,18 +22,10 @@ from fuzz.targets import (
     sample_bundle,
     sample_entry,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime_cache import codec
-
-FUZZ = settings(
-    max_examples=300,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 ENTRIES = [sample_entry(), sample_entry(b"\x00" * 700, 2), sample_entry(b"s", 1, SECRET)]
 BUNDLES = [sample_bundle(), sample_bundle(2, SECRET), sample_bundle(0)]
@@ -44,19 +36,16 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="runtime_cache")
 
 
-@FUZZ
 @given(st.binary(max_size=512))
 def test_random_bytes_as_entry(blob: bytes) -> None:
     check_entry(blob)
 
 
-@FUZZ
 @given(st.binary(max_size=64))
 def test_random_bytes_behind_a_valid_header(tail: bytes) -> None:
     check_entry(sample_entry()[: codec.HEADER_SIZE] + tail)
 
 
-@FUZZ
 @given(st.sampled_from(ENTRIES), st.randoms(use_true_random=False), st.booleans())
 def test_mutated_entries(blob: bytes, rng: random.Random, fix_sums: bool) -> None:
     original = codec.decode_entry(blob).value
@@ -69,21 +58,18 @@ def test_mutated_entries(blob: bytes, rng: random.Random, fix_sums: bool) -> Non
         check_entry(mutated, original)
 
 
-@FUZZ
 @given(st.binary(max_size=512))
 def test_random_bytes_as_bundle(data: bytes) -> None:
     check_bundle(data)
     check_bundle(data, SECRET)
 
 
-@FUZZ
 @given(st.sampled_from(BUNDLES), st.randoms(use_true_random=False), st.booleans())
 def test_mutated_bundles(data: bytes, rng: random.Random, fix_sum: bool) -> None:
     mutated = mutate(data, rng)
     check_bundle(rechecksum_bundle(mutated) if fix_sum else mutated)
 
 
-@FUZZ
 @given(st.lists(st.sampled_from(ENTRIES), max_size=4), st.randoms(use_true_random=False))
 def test_bundles_of_mutated_entries(blobs: list[bytes], rng: random.Random) -> None:
     # Each entry is mutated and re-checksummed, then packed into a well-formed bundle,

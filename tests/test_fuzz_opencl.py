@@ -34,13 +34,8 @@ from runtime_cache import codec
 from runtime_cache.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.opencl
-FUZZ = settings(
-    max_examples=15,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=list(HealthCheck),
-)
+# The conftest profile, with fewer examples: each one loads programs on a real driver.
+FUZZ = settings(max_examples=15, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from fuzz.targets import (
     rechecksum_bundle,
     sample_tuning_bundle,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import runtime_cache as rc
@@ -23,13 +23,6 @@ from runtime_cache import codec
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.tuning import TuningCache
 
-FUZZ = settings(
-    max_examples=300,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 BUNDLE = sample_tuning_bundle()
 
 
@@ -42,20 +35,17 @@ def _tuning() -> TuningCache:
     return TuningCache("fuzz-model@1", "opencl", DEVICE, cache=rc.Cache(MemoryBackend()))
 
 
-@FUZZ
 @given(st.binary(max_size=512))
 def test_random_bytes(data: bytes) -> None:
     check_tuning(data)
 
 
-@FUZZ
 @given(st.randoms(use_true_random=False), st.booleans())
 def test_mutated_bundle(rng: random.Random, fix_sum: bool) -> None:
     mutated = mutate(BUNDLE, rng)
     check_tuning(rechecksum_bundle(mutated) if fix_sum else mutated)
 
 
-@FUZZ
 @given(st.randoms(use_true_random=False))
 def test_mutated_records_inside_a_valid_bundle(rng: random.Random) -> None:
     blobs = codec.decode_bundle(BUNDLE)
@@ -63,7 +53,6 @@ def test_mutated_records_inside_a_valid_bundle(rng: random.Random) -> None:
     check_tuning(codec.encode_bundle(inner))
 
 
-@FUZZ
 @given(st.binary(max_size=300))
 def test_any_record_bytes_under_the_right_key(raw: bytes) -> None:
     # A well-formed entry under this module's key whose value is arbitrary bytes:

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 from fuzz.targets import check_size_and_duration, check_url, dir_url
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import runtime_cache as rc
@@ -18,13 +18,6 @@ from runtime_cache.errors import InvalidURLError, InvalidValueError
 from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
-FUZZ = settings(
-    max_examples=300,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 SCHEMES = ["memory://", "redis://", "rediss://", "redis+cluster://", "tiered://", "nope://", ""]
 OPTIONS = [
     "max_size", "ttl", "timeout", "connect_timeout", "prefix", "namespace", "backoff",
@@ -54,19 +47,16 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="runtime_cache")
 
 
-@FUZZ
 @given(urls())
 def test_structured_urls(url: str) -> None:
     check_url(url)
 
 
-@FUZZ
 @given(st.text(max_size=200))
 def test_any_text_as_url(text: str) -> None:
     check_url(text)
 
 
-@FUZZ
 @given(st.text(max_size=40))
 def test_any_text_as_size_or_duration(text: str) -> None:
     check_size_and_duration(text)

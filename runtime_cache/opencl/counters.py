@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from ..stats import Counters
 
 __all__ = ["OpenCLStats", "opencl_stats", "reset_opencl_stats"]
 
@@ -33,27 +34,7 @@ class OpenCLStats:
     vet_failures: int = 0
 
 
-class _Counters:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = {f.name: 0 for f in fields(OpenCLStats)}
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                self._values[name] += delta
-
-    def snapshot(self) -> OpenCLStats:
-        with self._lock:
-            return OpenCLStats(**self._values)
-
-    def reset(self) -> None:
-        with self._lock:
-            for name in self._values:
-                self._values[name] = 0
-
-
-counters = _Counters()
+counters = Counters(OpenCLStats)
 
 
 def opencl_stats() -> OpenCLStats:

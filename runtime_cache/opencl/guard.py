@@ -36,7 +36,7 @@ import xxhash
 
 __all__ = ["Binary", "LoadGuard", "binary_digest", "guard"]
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..cache import Cache
@@ -30,13 +30,14 @@ from .program import (
     source_build,
     store_binaries,
 )
+from .progress import BuildProgress, ProgressCallback
 from .read_ahead import drain, read_ahead
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
 
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 #: ``build_all`` uses worker processes when at least this many programs per worker need a build.
 PROCESS_THRESHOLD = 4
@@ -110,6 +111,7 @@ class OpenCLModule:
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
         self._options_text: str | None = None
+        self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
 
     # ------------------------------------------------------------------ basics
     @property
@@ -150,6 +152,9 @@ class OpenCLModule:
         with self._lock:
             self._programs.setdefault(name, program)
             self._seconds.setdefault(name, seconds)
+            watchers = list(self._watchers)
+        for watch in watchers:
+            watch(name)
 
     def _build_from_source(self, name: str) -> None:
         cl = import_pyopencl()
@@ -191,7 +196,13 @@ class OpenCLModule:
         cl = import_pyopencl()
         return cl.Kernel(self.program(name), name)
 
-    def build_all(self, workers: int | None = None, *, processes: bool | None = None) -> int:
+    def build_all(
+        self,
+        workers: int | None = None,
+        *,
+        processes: bool | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> int:
         """Build every program not yet built; return how many were built from source.
 
         Cached binaries are loaded first: a background thread reads and checks
@@ -202,11 +213,32 @@ class OpenCLModule:
         there are at least ``PROCESS_THRESHOLD`` builds per worker (their
         start-up costs about half a second), threads otherwise;
         ``True``/``False`` forces the choice.
+
+        ``on_progress(done, total)`` is called each time one of the ``total``
+        programs this call makes ready is loaded or built (from the loading
+        and building threads, one call at a time); the last call is always
+        ``(total, total)``. See :class:`~runtime_cache.opencl.progress.BuildProgress`.
         """
         with self._lock:
             missing = [n for n in self.sources if n not in self._programs]
         if not missing:
             return 0
+        if on_progress is None:
+            return self._build_missing(missing, workers, processes)
+        progress = BuildProgress(on_progress, missing)
+        with self._lock:
+            self._watchers.append(progress.landed)
+        try:
+            built = self._build_missing(missing, workers, processes)
+        finally:
+            with self._lock:
+                self._watchers.remove(progress.landed)
+        progress.finish()
+        return built
+
+    def _build_missing(
+        self, missing: list[str], workers: int | None, processes: bool | None
+    ) -> int:
         count = workers if workers is not None else (os.cpu_count() or 1)
         to_build = self._load_cached(missing, count)
         if not to_build:

@@ -45,7 +45,7 @@ __all__ = [
     "store_binaries",
 ]
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 RUNTIME = "opencl"
 PURPOSE = "program-binary"

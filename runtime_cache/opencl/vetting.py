@@ -55,7 +55,7 @@ __all__ = [
     "vetter",
 ]
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 ENV_VET = "RUNTIME_CACHE_OPENCL_VET"
 #: Seconds one trial load may take before the child is killed and the binary refused.

@@ -1,0 +1,53 @@
+"""What every benchmark script records beside its figures: the machine, the date, medians.
+
+The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path`` and
+they import it as ``_common``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+#: Where the scripts write their JSON; ``plot.py`` reads it from here.
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """The run's conditions: date, machine, CPU, Python, and the load when it started.
+
+    ``machine`` keeps the short form older results use (``"x86_64, 2 cores, Linux"``).
+    """
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_1m": None if load is None else round(load, 2),
+    }
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of ``values``; NaN when there are none (a phase that was skipped)."""
+    numbers = list(values)
+    return statistics.median(numbers) if numbers else math.nan
