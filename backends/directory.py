@@ -1,70 +1,81 @@
-"""``dir://``: entries as files in a directory tree, safe for many processes.
+"""``dir://``: entries as files in a directory tree, safe for many processes and users.
 
-Layout: a key ``"opencl/program-binary/3f2a..."`` lives at
-``<root>/opencl/program-binary/3f/3f2a....rce``: one folder per key component,
-then a two-character fan-out folder. Names that begin with ``.`` are ours
-(temp files, the hits journal) and never keys.
+Layout: see :mod:`runtime_cache.backends.dir_tree`. Guarantees:
 
-Guarantees:
+* The root is opened once and held as a directory descriptor; every file and
+  folder under it is opened relative to it, never through a link (see
+  :mod:`runtime_cache.backends.dir_fs`). A link or a renamed folder cannot
+  redirect a read or a write out of the cache, and a root given through a link
+  keeps the folder it named at open.
+* Writes go to a new temp file (random name, ``O_EXCL | O_NOFOLLOW``) in the
+  root, then ``os.replace`` into place: a reader sees the old file or the new
+  one, never a torn one. A killed writer leaves only a temp file, which
+  :meth:`vacuum` removes at once (its lock died with it).
+* Reads open ``O_NOFOLLOW | O_NONBLOCK`` and read only a regular file of at
+  most ``max_entry_size`` bytes. Anything else at an entry's name (a link, a
+  FIFO, a folder, a huge or sparse file) is junk: a miss, counted in
+  :attr:`DirectoryBackend.junk`, logged with its name, and removed where this
+  process may remove it, so the key can be stored again.
+* A vanished file is a miss. A file this process may not read raises a
+  :class:`~runtime_cache.errors.BackendError` that names it; only a failed write
+  makes the backend read-only (serve reads, skip writes at once).
+* ``max_size`` counts disk (allocated blocks) and ``max_files`` the file count;
+  eviction is least recently used first, one process at a time, and never waits
+  without a deadline (see :mod:`runtime_cache.backends.eviction`).
+* A root that another user (not root) owns, or that its group or anyone may
+  write, is refused unless ``shared=1``. With ``shared=1`` folders are made
+  setgid and group-writable and files group-readable and writable (the umask
+  still applies to others); files owned by users outside the root's group are
+  left out of the cap.
 
-* Writes go to a temp file in the target folder, then ``os.replace``: a reader
-  sees the old file or the new one, never a torn one. A writer killed midway
-  leaves only a temp file, which readers never see and :meth:`vacuum` removes
-  (at once: a writer holds a lock on its temp file, which dies with it).
-* Folders are created ``0700`` and files ``0600``. Reads open with
-  ``O_NOFOLLOW``, and ``os.replace`` replaces a planted symlink instead of
-  writing through it.
-* A vanished file is a miss. A read-only directory serves reads; writes raise
-  :class:`~runtime_cache.errors.ReadOnlyBackendError` at once, without retrying
-  the disk, and the front logs that once.
-* ``max_size`` is kept by evicting least recently used files, one process at
-  a time (see :mod:`runtime_cache.backends.eviction`). Last access is the
-  file's mtime, bumped on every hit (one ``futimens`` call); hits are counted
-  in memory and appended to ``<root>/.hits`` in batches.
-
-* A root that another user (not root) owns, or that anyone may write, is
-  refused unless ``shared=1``: whoever can write it could plant entries.
-
-URL: ``dir:///abs/path?max_size=2GB&fsync=0&track_access=1&shared=0``; plain ``dir://``
-is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
+URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
+plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
-import itertools
 import logging
 import os
-import re
-import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
-from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
+from runtime_cache.errors import BackendError, InvalidURLError, ReadOnlyBackendError
 
-from .eviction import Candidate, evict_lru, eviction_turn
+from .dir_fs import (
+    NOFOLLOW,
+    Junk,
+    make_folders,
+    open_beneath,
+    open_folder,
+    read_regular,
+    read_umask,
+    set_aside,
+)
+from .dir_tree import rel_path, walk
+from .dir_upkeep import Upkeep, owner_check
 from .hits_journal import HitsJournal
-from .temp_files import create_locked, remove_if_orphaned
+from .temp_files import create_locked_temp
 
 __all__ = ["DirectoryBackend"]
 
 log = logging.getLogger("runtime_cache")
 
-SUFFIX = ".rce"
-_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
-_MAX_KEY = 1024
-_MAX_DEPTH = 16
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
 _FULL = {errno.ENOSPC, errno.EDQUOT}
-_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
+_LINKED = {errno.ELOOP, errno.EXDEV}
+_RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
 _TEMP_PREFIX = ".tmp-"
-_HITS = ".hits"
-_TEMP_MAX_AGE = 300.0
-_counter = itertools.count()
+# O_PATH where there is one: a root we may not list still opens, and each call
+# then fails (and is counted) on its own, as with any other unreadable folder.
+_ROOT = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+#: The largest file read as an entry: the codec's default limits (1 GiB value,
+#: 64 KiB metadata) plus room for the header and signature.
+MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
 _OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
 
 
@@ -72,6 +83,14 @@ _OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
 def _flush_all() -> None:
     for backend in list(_OPEN):
         backend.flush_hits()
+
+
+def _after_fork() -> None:
+    for backend in list(_OPEN):
+        backend._reopen_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _default_root() -> str:
@@ -85,121 +104,186 @@ class DirectoryBackend(Backend):
 
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
-        max_size: cap on stored bytes (int or ``"500MB"``), ``None`` for no cap.
+        max_size: cap on the disk the entries take (int or ``"500MB"``), ``None`` for no cap.
+        max_files: cap on the number of entry files; by default ``max_size / 4 KiB``
+            (at least 1024).
         fsync: fsync each file before it is renamed into place (durable on
             power loss, slower).
         track_access: bump mtime and count hits on every get (for LRU and listings).
-        shared: accept a root that another user owns or that anyone may write
-            (a team's shared folder). Without it such a root is refused, since
-            whoever can write it can plant entries; share with ``Cache(secret=...)``.
+        shared: accept a root that another user owns or that its group or anyone
+            may write (a team's shared folder), and keep what this process makes
+            group-writable. Share with ``Cache(secret=...)``.
+        max_entry_size: the largest file read as an entry; larger ones are junk.
     """
 
     scheme = "dir"
+    #: Seconds an eviction lock may go untouched before it is taken for a stopped evictor's.
+    lock_stale_after = 30.0
+    #: Seconds a writer far over the cap waits for another process's eviction.
+    lock_wait = 1.0
 
     def __init__(
         self,
         path: str | os.PathLike[str] | None = None,
         *,
         max_size: int | str | None = "2GB",
+        max_files: int | None = None,
         fsync: bool = False,
         track_access: bool = True,
         hits_batch: int = 64,
         shared: bool = False,
+        max_entry_size: int = MAX_ENTRY_SIZE,
     ) -> None:
         self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(_default_root())
         self.max_size = None if max_size is None else parse_size(max_size)
+        if max_files is None and self.max_size is not None:
+            max_files = max(1024, self.max_size // 4096)
+        self.max_files = max_files
         self.fsync = fsync
         self.track_access = track_access
+        self.shared = shared
+        self.max_entry_size = max_entry_size
+        #: Junk found at entry names (links, FIFOs, folders, oversized files).
+        self.junk = 0
         self._read_only = False
-        self._lock = threading.Lock()
-        self._known_dirs: set[str] = set()
-        self._written_since_check = 0
-        self._writes_since_check = 0
-        self._estimated_total: int | None = None
         self._closed = False
+        self._rels: dict[str, str] = {}
+        if shared:
+            mask = read_umask()
+            self.file_mode, self.dir_mode = 0o666, 0o2777
+            self.file_chmod: int | None = ((0o666 & ~mask) | 0o660) & ~0o002
+            self.dir_chmod: int | None = ((0o777 & ~mask) | 0o2770) & ~0o002
+        else:
+            self.file_mode, self.dir_mode = 0o600, 0o700
+            self.file_chmod = self.dir_chmod = None
+        self._fd = self._open_root()
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            if exc.errno not in _READ_ONLY:
-                raise self._error("open", exc) from exc
-            self._read_only = True
-        try:
-            is_dir = self.root.is_dir()
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-        if not is_dir:
-            raise BackendError(f"cache root {self.root} is not a directory")
-        if not shared:
-            self._check_owner()
-        self._root = str(self.root)
-        self._journal = HitsJournal(os.path.join(self._root, _HITS), batch=hits_batch)
+            members = owner_check(self._fd, self.root, shared)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._journal = HitsJournal(
+            self._fd, ".hits", batch=hits_batch, mode=self.file_mode, chmod=self.file_chmod
+        )
         self._journal.writable = not self._read_only
-        self._maybe_vacuum()
+        self._upkeep = Upkeep(self, members)
+        self._upkeep.maybe_vacuum()
         _OPEN.add(self)
 
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
-        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1``."""
+        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``."""
         parsed = BackendURL.parse(url)
-        path = parsed.netloc + parsed.path
+        if parsed.netloc:
+            raise InvalidURLError(
+                f"dir:// takes a local folder, not a host ({parsed.netloc.rpartition('@')[2]!r}); "
+                "write dir:///abs/path"
+            )
         max_size = parsed.pop("max_size", "2GB")
+        max_files = parsed.pop("max_files", "")
         fsync = parsed.pop("fsync", "0") in ("1", "true", "yes")
         track = parsed.pop("track_access", "1") not in ("0", "false", "no")
         shared = parsed.pop("shared", "0") in ("1", "true", "yes")
         parsed.reject_unknown()
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
-        return cls(path or None, max_size=cap, fsync=fsync, track_access=track, shared=shared)
+        files = parse_size(max_files) if max_files else None
+        return cls(
+            parsed.path or None,
+            max_size=cap,
+            max_files=files,
+            fsync=fsync,
+            track_access=track,
+            shared=shared,
+        )
 
-    def _check_owner(self) -> None:
-        # A root someone else may write (say /tmp/cache, made first by another user)
-        # would let them plant entries and symlinks: refuse it unless shared=1.
+    def _open_root(self) -> int:
+        flags = _ROOT
         try:
-            st = os.stat(self.root)
+            return os.open(self.root, flags)
+        except FileNotFoundError:
+            pass
+        except NotADirectoryError:
+            raise BackendError(f"cache root {self.root} is not a directory") from None
         except OSError as exc:
             raise self._error("open", exc) from exc
-        geteuid = getattr(os, "geteuid", None)
-        foreign = geteuid is not None and st.st_uid not in (geteuid(), 0)
-        if foreign or st.st_mode & 0o002:
-            raise BackendError(
-                f"cache root {self.root} is owned by another user or writable by anyone; "
-                "refusing it (add ?shared=1, or shared=True, to use it on purpose)"
-            )
+        try:
+            os.makedirs(self.root, mode=self.dir_mode, exist_ok=True)
+            if self.dir_chmod is not None:
+                os.chmod(self.root, self.dir_chmod)
+        except FileExistsError:
+            raise BackendError(f"cache root {self.root} is not a directory") from None
+        except OSError as exc:
+            raise self._error("open", exc) from exc
+        try:
+            return os.open(self.root, flags)
+        except NotADirectoryError:
+            raise BackendError(f"cache root {self.root} is not a directory") from None
+        except OSError as exc:
+            raise self._error("open", exc) from exc
+
+    def _reopen_after_fork(self) -> None:
+        # A forked child gets fresh locks (another thread may have held ours at the
+        # fork) and its own root descriptor; the parent's unflushed hits stay the parent's.
+        self._journal.forget_pending()
+        self._upkeep.after_fork()
+        try:
+            fd = os.open(".", _ROOT, dir_fd=self._fd)
+        except OSError:
+            return
+        old, self._fd = self._fd, fd
+        self._journal.dir_fd = fd
+        os.close(old)
+
+    @property
+    def read_only(self) -> bool:
+        """Whether a failed write found the storage read-only (reads are still served)."""
+        return self._read_only
+
+    @property
+    def root_fd(self) -> int:
+        """The descriptor of the root folder that everything is opened under."""
+        return self._fd
 
     # ----------------------------------------------------------------- paths
-    def _path(self, key: str) -> str:
-        if not isinstance(key, str) or not key or len(key) > _MAX_KEY:
-            raise InvalidKeyError(f"a key must be a str of 1-{_MAX_KEY} characters")
-        parts = key.split("/")
-        if len(parts) > _MAX_DEPTH:
-            raise InvalidKeyError(f"a key may have at most {_MAX_DEPTH} components: {key[:80]!r}")
-        for part in parts:
-            if not _COMPONENT.match(part) or part.endswith(SUFFIX):
-                raise InvalidKeyError(
-                    f"key component {part[:80]!r} must be 1-128 letters, digits, '.', '_', '+' "
-                    f"or '-', not start with '.' and not end with {SUFFIX!r}"
-                )
-        last = parts[-1]
-        return os.path.join(self._root, *parts[:-1], last[:2], last + SUFFIX)
+    def _rel(self, key: str) -> str:
+        rel = self._rels.get(key)
+        if rel is None:
+            rel = rel_path(key)
+            if len(self._rels) >= 4096:
+                self._rels.clear()
+            self._rels[key] = rel
+        return rel
 
-    def _error(self, op: str, exc: OSError) -> BackendError:
-        where = f"{op} in {self.root}"
-        if exc.errno in _READ_ONLY:
+    def _error(self, op: str, exc: OSError, name: str = "") -> BackendError:
+        where = f"{op} of {self.root / name}" if name else f"{op} in {self.root}"
+        if op in ("write", "open") and exc.errno in _READ_ONLY:
             return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
         if exc.errno in _FULL:
             return BackendError(f"{where}: disk full ({exc.strerror})")
-        return BackendError(f"{where}: {exc}")
+        return BackendError(f"{where}: {exc.strerror or exc}")
+
+    def found_junk(self, rel: str, what: str) -> None:
+        """Count and log junk at the entry name ``rel``, and remove it where we may."""
+        self.junk += 1
+        removed = self._upkeep.clear(rel)
+        log.warning(
+            "runtime-cache: %s is %s, not a cache entry; %s",
+            self.root / rel,
+            what,
+            "removed it" if removed else "left it (not ours to remove)",
+        )
 
     # ----------------------------------------------------------------- reads
-    def _open(self, key: str) -> int | None:
-        path = self._path(key)
+    def _open(self, rel: str) -> int | None:
         try:
-            return os.open(path, _O_READ)
+            return open_beneath(self._fd, rel, _O_READ)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR):
-                if exc.errno == errno.ELOOP:
-                    log.warning("runtime-cache: refusing to follow a symlink at %s", path)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
-            raise self._error("read", exc) from exc
+            if exc.errno in _LINKED:
+                self.found_junk(rel, "a symbolic link (or under one)")
+                return None
+            raise self._error("read", exc, rel) from exc
 
     def get(self, key: str) -> bytes | None:
         return self._read(key, self.track_access)
@@ -216,36 +300,42 @@ class DirectoryBackend(Backend):
         return found
 
     def _read(self, key: str, count_use: bool) -> bytes | None:
-        fd = self._open(key)
+        rel = self._rel(key)
+        fd = self._open(rel)
         if fd is None:
             return None
         try:
-            # One read of the size fstat gives, plus a byte to see the end. Entries are
-            # replaced, never written in place, so anything else (a short read on a
-            # network file system) is rare: then read on to the end.
-            size = os.fstat(fd).st_size
-            data = os.read(fd, size + 1)
-            if len(data) != size:
-                chunks = [data]
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                data = b"".join(chunks)
+            data = read_regular(fd, self.max_entry_size)
             if count_use:
                 self._touch(fd, key)
-        except OSError as exc:
-            raise self._error("read", exc) from exc
-        finally:
+        except Junk as exc:
             os.close(fd)
+            fd = -1
+            self.found_junk(rel, str(exc))
+            return None
+        except OSError as exc:
+            raise self._error("read", exc, rel) from exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
         return data
 
     def head(self, key: str, size: int) -> bytes | None:
-        fd = self._open(key)
+        rel = self._rel(key)
+        fd = self._open(rel)
         if fd is None:
             return None
         try:
+            read_regular(fd, -1)  # checks the kind first; every file is over -1 bytes
+        except Junk as exc:
+            if "limit" not in str(exc):
+                os.close(fd)
+                self.found_junk(rel, str(exc))
+                return None
+        try:
             return os.read(fd, size)
         except OSError as exc:
-            raise self._error("read", exc) from exc
+            raise self._error("read", exc, rel) from exc
         finally:
             os.close(fd)
 
@@ -263,177 +353,121 @@ class DirectoryBackend(Backend):
 
     # ---------------------------------------------------------------- writes
     def set(self, key: str, value: bytes) -> None:
-        path = self._path(key)
+        rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        folder = os.path.dirname(path)
+        folder, _, name = rel.rpartition("/")
         try:
             try:
-                self._write(folder, path, value)
-            except FileNotFoundError:
-                # The folder was removed under us (a clear, an rm -rf), or a cleaner
-                # took our temp file in the instant before we locked it: once more.
-                self._known_dirs.discard(folder)
-                self._write(folder, path, value)
+                self._write(folder, name, value)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError) as exc:
+                if exc.errno not in _RETRY:
+                    raise
+                # The folder was removed under us (a clear, an rm -rf), a cleaner took
+                # our temp file, or junk holds the name (a folder, a link): once more.
+                if exc.errno != errno.ENOENT:
+                    self.found_junk(rel, "a folder or a link")
+                self._write(folder, name, value)
         except OSError as exc:
-            self._known_dirs.discard(folder)
-            error = self._error("write", exc)
-            if isinstance(error, ReadOnlyBackendError):
+            error = self._error("write", exc, rel)
+            if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
                 self._read_only = True
                 self._journal.writable = False
                 log.warning(
                     "runtime-cache: %s is read-only; serving reads, skipping writes", self.root
                 )
             raise error from exc
-        self._account(len(value))
+        self._upkeep.account(len(value))
 
-    def _write(self, folder: str, path: str, value: bytes) -> None:
-        temp = os.path.join(
-            folder, f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
-        )
-        if folder not in self._known_dirs:
-            self._makedirs(folder)
-            self._known_dirs.add(folder)
-        fd = create_locked(temp)
+    def _root_read_only(self, exc: OSError) -> bool:
+        # A folder another member made without group write fails this key alone;
+        # only a root we cannot write into makes the whole backend read-only.
+        return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self._fd)
+
+    def _write(self, folder: str, name: str, value: bytes) -> None:
+        dfd = make_folders(self._fd, folder, self.dir_mode, self.dir_chmod)
         try:
-            view = memoryview(value)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-            # Replaced while still open, so the lock tells vacuum() we are alive.
-            os.replace(temp, path)
-        except BaseException:
+            fd, temp = create_locked_temp(self._fd, _TEMP_PREFIX, self.file_mode, self.file_chmod)
             try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
+                view = memoryview(value)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.fsync:
+                    os.fsync(fd)
+                # Replaced while still open, so the lock tells vacuum() we are alive.
+                os.replace(temp, name, src_dir_fd=self._fd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(temp, dir_fd=self._fd)
+                except OSError:
+                    pass
+                raise
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
-
-    def _makedirs(self, folder: str) -> None:
-        # os.makedirs applies ``mode`` to the leaf only; every level we create is 0700.
-        missing = []
-        while folder != self._root and not os.path.isdir(folder):
-            missing.append(folder)
-            folder = os.path.dirname(folder)
-        for path in reversed(missing):
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                if not os.path.isdir(path):
-                    raise
+            os.close(dfd)
 
     def delete(self, key: str) -> bool:
-        path = self._path(key)
+        folder, _, name = self._rel(key).rpartition("/")
         try:
-            os.unlink(path)
+            dfd = open_folder(self._fd, folder)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, *_LINKED):
+                return False
+            raise self._error("delete", exc, folder) from exc
+        try:
+            os.unlink(name, dir_fd=dfd)
         except FileNotFoundError:
             return False
         except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.EISDIR):
-                return False
-            raise self._error("delete", exc) from exc
+            if exc.errno in (errno.EISDIR, errno.EPERM) and set_aside(dfd, name, ".junk-"):
+                return True
+            raise self._error("delete", exc, f"{folder}/{name}") from exc
+        finally:
+            os.close(dfd)
         return True
 
-    # --------------------------------------------------------------- listing
-    def _walk(self, prefix: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        parts = prefix.split("/")
-        base = self.root.joinpath(*[p for p in parts[:-1] if p])
-        if any(p.startswith(".") for p in parts[:-1]):
-            return
-        lead = "/".join(p for p in parts[:-1] if p)
-        stack: list[tuple[Path, list[str]]] = [(base, [lead] if lead else [])]
-        while stack:
-            folder, names = stack.pop()
-            try:
-                with os.scandir(folder) as it:
-                    listing = list(it)
-            except OSError:
-                continue
-            for entry in listing:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((Path(entry.path), [*names, entry.name]))
-                elif entry.name.endswith(SUFFIX) and names:
-                    name = entry.name[: -len(SUFFIX)]
-                    if names[-1] != name[:2]:
-                        continue
-                    key = "/".join([*names[:-1], name])
-                    if key.startswith(prefix):
-                        yield key, entry
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Delete ``key`` only if its file holds exactly ``expected``; return whether it did.
 
+        The file is renamed aside to a fresh name in its folder, looked at again
+        (same inode, same bytes), then removed. Were it replaced in between, the
+        newer file is put back, unless yet another write is already in place.
+        """
+        return self._upkeep.delete_if(self._rel(key), bytes(expected))
+
+    # --------------------------------------------------------------- listing
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return (key for key, _ in self._walk(prefix))
+        return (found.key for found in walk(self._fd, prefix) if found.regular)
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         hits = self._journal.read() if self.track_access else {}
-        for key, entry in self._walk(prefix):
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
+        for found in walk(self._fd, prefix):
+            if not found.regular:
                 continue
-            count, _ = hits.get(key, (0, 0.0))
-            yield StoredItem(key, st.st_size, st.st_mtime, count if self.track_access else None)
-
-    # -------------------------------------------------------------- eviction
-    def _account(self, size: int) -> None:
-        if self.max_size is None:
-            return
-        with self._lock:
-            self._written_since_check += size
-            self._writes_since_check += 1
-            estimate = (self._estimated_total or 0) + self._written_since_check
-            due = (
-                self._estimated_total is None
-                or estimate > self.max_size
-                or self._writes_since_check >= 256
-                # Other processes write too: look again after 1/32 of the cap, so
-                # together they overshoot it by little.
-                or self._written_since_check >= self.max_size // 32
+            count, _ = hits.get(found.key, (0, 0.0))
+            st = found.stat
+            yield StoredItem(
+                found.key, st.st_size, st.st_mtime, count if self.track_access else None
             )
-        if due:
-            self._enforce(wait=estimate > self.max_size * 1.1)
 
+    # ------------------------------------------------------------ upkeep
     def total_size(self) -> int:
-        """The bytes stored now (a full walk)."""
-        return sum(item.size for item in self.scan())
+        """The disk the entries take now (a full walk)."""
+        return self._upkeep.usage()[0]
 
     def enforce_size(self) -> int:
-        """Evict least recently used files until under 90% of ``max_size``; return how many.
+        """Evict least recently used files until under 90% of the caps; return how many.
 
-        One process at a time evicts (see :mod:`runtime_cache.backends.eviction`);
-        when another one is at it, this returns 0 at once.
+        One process at a time evicts; when another one is at it, this waits up to
+        :attr:`lock_wait` seconds, then returns 0.
         """
-        return self._enforce(wait=True)
+        return self._upkeep.enforce(wait=self.lock_wait)
 
-    def _enforce(self, wait: bool) -> int:
-        if self.max_size is None:
-            return 0
-        with self._lock:
-            # Writes made while we walk stay counted for the next check.
-            seen_bytes, seen_writes = self._written_since_check, self._writes_since_check
-        with eviction_turn(os.path.join(self._root, ".evict.lock"), wait) as mine:
-            if not mine:
-                return 0  # another thread or process is evicting; we look again next write
-            items: list[Candidate] = []
-            for _key, entry in self._walk(""):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # evicted or replaced by another process meanwhile
-                items.append((st.st_mtime_ns, st.st_ino, entry.path, st.st_size))
-            total = sum(item[3] for item in items)
-            removed = 0
-            if total > self.max_size:
-                removed, total = evict_lru(items, total, int(self.max_size * 0.9))
-        with self._lock:
-            self._estimated_total = total
-            self._written_since_check = max(0, self._written_since_check - seen_bytes)
-            self._writes_since_check = max(0, self._writes_since_check - seen_writes)
-        return removed
+    @property
+    def eviction_skipped(self) -> int:
+        """How many times eviction was skipped because another process held the lock."""
+        return self._upkeep.locks.skipped
 
     def vacuum(self) -> int:
         """Remove temp files that dead writers left, and compact the hits journal.
@@ -441,32 +475,11 @@ class DirectoryBackend(Backend):
         A temp file whose writer is gone (its lock is free) goes at once; where
         the file system has no locks, one not written for 5 minutes goes.
         """
-        removed = 0
-        now = time.time()
-        for folder, _dirs, files in os.walk(self.root):
-            for name in files:
-                if name.startswith(_TEMP_PREFIX):
-                    removed += remove_if_orphaned(os.path.join(folder, name), _TEMP_MAX_AGE, now)
-        self._compact_hits()
-        try:
-            (self.root / ".vacuumed").touch(mode=0o600)
-        except OSError:
-            pass
-        return removed
+        return self._upkeep.vacuum()
 
-    def _compact_hits(self) -> None:
-        temp = os.path.join(self._root, f"{_TEMP_PREFIX}hits-{os.getpid()}")
-        self._journal.compact(set(self.keys()), temp)
-
-    def _maybe_vacuum(self) -> None:
-        if self._read_only:
-            return
-        try:
-            age = time.time() - (self.root / ".vacuumed").stat().st_mtime
-        except OSError:
-            age = float("inf")
-        if age > 3600:
-            self.vacuum()
+    def compact_hits(self) -> None:
+        """Rewrite the hits journal as one line per live key once it passes 1 MiB."""
+        self._journal.compact(set(self.keys()), f"{_TEMP_PREFIX}hits-")
 
     def close(self) -> None:
         if not self._closed:
@@ -475,3 +488,11 @@ class DirectoryBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<DirectoryBackend {str(self.root)!r}>"
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
