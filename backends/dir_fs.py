@@ -34,7 +34,9 @@ __all__ = [
     "open_beneath",
     "open_folder",
     "read_regular",
+    "read_to_end",
     "read_umask",
+    "regular_size",
     "set_aside",
 ]
 
@@ -188,19 +190,19 @@ def create_new(dir_fd: int, prefix: str, mode: int, chmod: int | None = None) ->
     raise FileExistsError(errno.EEXIST, "no free temp name", prefix)  # pragma: no cover
 
 
-def read_regular(fd: int, limit: int) -> bytes:
-    """Read the whole file open at ``fd`` if it is a regular file of at most ``limit`` bytes.
-
-    Raises :class:`Junk` before reading anything otherwise (a FIFO, a device, a
-    folder, a huge or sparse file).
-    """
+def regular_size(fd: int, limit: int) -> int:
+    """The size of the open file ``fd``; :class:`Junk` unless regular and at most ``limit``."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise Junk(f"not a regular file (mode {st.st_mode:#o})")
-    size = st.st_size
-    if size > limit:
-        raise Junk(f"{size} bytes, over the {limit}-byte limit")
-    # One read of the size fstat gives, plus a byte to see the end. Entries are
+    if st.st_size > limit:
+        raise Junk(f"{st.st_size} bytes, over the {limit}-byte limit")
+    return st.st_size
+
+
+def read_to_end(fd: int, size: int, limit: int) -> bytes:
+    """Read the file open at ``fd``, expected to hold ``size`` bytes, never past ``limit``."""
+    # One read of the size fstat gave, plus a byte to see the end. Entries are
     # replaced, never written in place, so a short read (a network file system)
     # is rare: then read on, still within the limit.
     data = os.read(fd, size + 1)
@@ -214,6 +216,15 @@ def read_regular(fd: int, limit: int) -> bytes:
                 raise Junk(f"grew past the {limit}-byte limit while read")
         data = b"".join(chunks)
     return data
+
+
+def read_regular(fd: int, limit: int) -> bytes:
+    """Read the whole file at ``fd`` if it is a regular file of at most ``limit`` bytes.
+
+    Raises :class:`Junk` before reading anything otherwise (a FIFO, a device, a
+    folder, a huge or sparse file).
+    """
+    return read_to_end(fd, regular_size(fd, limit), limit)
 
 
 def set_aside(dir_fd: int, name: str, prefix: str) -> bool:

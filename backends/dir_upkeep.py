@@ -1,4 +1,4 @@
-"""Upkeep of a directory cache: the disk cap, leftovers, junk, and compare-and-delete.
+"""Upkeep of a directory cache: the disk cap, leftovers, and junk.
 
 * :meth:`Upkeep.account` keeps a running estimate of the disk written and walks
   the tree when the cap may be passed (or every 256 writes), then evicts under
@@ -6,22 +6,17 @@
   removes junk at entry names and, in a shared cache, leaves files of users
   outside the root's group out of the count.
 * :meth:`Upkeep.vacuum` removes dead writers' temp files and names set aside.
-* :meth:`Upkeep.delete_if` deletes an entry only while it holds given bytes.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime_cache.errors import BackendError
-
-from .dir_fs import NOFOLLOW, Junk, open_folder, read_regular, set_aside
+from .dir_fs import NOFOLLOW, open_folder, set_aside
 from .dir_tree import walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
 from .temp_files import remove_if_orphaned
@@ -29,7 +24,7 @@ from .temp_files import remove_if_orphaned
 if TYPE_CHECKING:
     from .directory import DirectoryBackend
 
-__all__ = ["Upkeep", "owner_check"]
+__all__ = ["Upkeep"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 _TEMP_MAX_AGE = 300.0
@@ -38,37 +33,8 @@ _MARKER = ".vacuumed"
 _LOCK = ".evict.lock"
 
 
-def owner_check(root_fd: int, root: Path, shared: bool) -> set[int] | None:
-    """Refuse a root others may write unless ``shared``; return the group's uids when shared.
-
-    A root that another user (not root) owns, or that its group or anyone may
-    write, would let them plant entries and links.
-    """
-    st = os.fstat(root_fd)
-    if not shared:
-        foreign = st.st_uid not in (os.geteuid(), 0)
-        if foreign or st.st_mode & 0o022:
-            raise BackendError(
-                f"cache root {root} is owned by another user or writable by its group or "
-                "anyone; refusing it (add ?shared=1, or shared=True, to use it on purpose)"
-            )
-        return None
-    import grp
-    import pwd
-
-    members = {os.geteuid()}
-    try:
-        names = set(grp.getgrgid(st.st_gid).gr_mem)
-    except KeyError:
-        names = set()
-    for user in pwd.getpwall():
-        if user.pw_gid == st.st_gid or user.pw_name in names:
-            members.add(user.pw_uid)
-    return members
-
-
 class Upkeep:
-    """The cap, vacuum, junk removal and compare-and-delete of one :class:`DirectoryBackend`."""
+    """The cap, vacuum and junk removal of one :class:`DirectoryBackend`."""
 
     def __init__(self, backend: DirectoryBackend, members: set[int] | None) -> None:
         self.backend = backend
@@ -139,7 +105,7 @@ class Upkeep:
             _LOCK,
             wait=wait,
             stale_after=backend.lock_stale_after,
-            mode=backend.file_mode,
+            mode=backend.modes.file,
             stats=self.locks,
         ) as beat:
             if beat is None:
@@ -258,7 +224,7 @@ class Upkeep:
     def _touch_marker(self) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
         try:
-            fd = os.open(_MARKER, flags, self.backend.file_mode, dir_fd=self.backend.root_fd)
+            fd = os.open(_MARKER, flags, self.backend.modes.file, dir_fd=self.backend.root_fd)
         except OSError:
             return  # read-only, or something planted there: vacuum again next open
         try:
@@ -280,49 +246,3 @@ class Upkeep:
             age = float("inf")
         if age > 3600:
             self.vacuum()
-
-    # ----------------------------------------------------- compare-and-delete
-    def delete_if(self, rel: str, expected: bytes) -> bool:
-        """Delete the entry file ``rel`` if it holds ``expected`` (see the backend's method)."""
-        folder, _, name = rel.rpartition("/")
-        try:
-            dfd = open_folder(self.backend.root_fd, folder)
-        except OSError:
-            return False
-        try:
-            first = self._read_at(dfd, name)
-            if first is None or first[1] != expected:
-                return False
-            aside = f".del-{os.urandom(8).hex()}"
-            try:
-                os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    return False
-                raise BackendError(f"delete of {self.backend.root / rel}: {exc.strerror}") from exc
-            moved = self._read_at(dfd, aside)
-            if moved is not None and moved[0] == first[0] and moved[1] == expected:
-                os.unlink(aside, dir_fd=dfd)
-                return True
-            # Replaced between the look and the rename: put the newer file back,
-            # unless a newer write still is already in place.
-            try:
-                os.link(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                pass
-            os.unlink(aside, dir_fd=dfd)
-            return False
-        finally:
-            os.close(dfd)
-
-    def _read_at(self, dfd: int, name: str) -> tuple[int, bytes] | None:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dfd)
-        except OSError:
-            return None
-        try:
-            return os.fstat(fd).st_ino, read_regular(fd, self.backend.max_entry_size)
-        except (Junk, OSError):
-            return None
-        finally:
-            os.close(fd)

@@ -1,32 +1,16 @@
 """``dir://``: entries as files in a directory tree, safe for many processes and users.
 
-Layout: see :mod:`runtime_cache.backends.dir_tree`. Guarantees:
-
-* The root is opened once and held as a directory descriptor; every file and
-  folder under it is opened relative to it, never through a link (see
-  :mod:`runtime_cache.backends.dir_fs`). A link or a renamed folder cannot
-  redirect a read or a write out of the cache, and a root given through a link
-  keeps the folder it named at open.
-* Writes go to a new temp file (random name, ``O_EXCL | O_NOFOLLOW``) in the
-  root, then ``os.replace`` into place: a reader sees the old file or the new
-  one, never a torn one. A killed writer leaves only a temp file, which
-  :meth:`vacuum` removes at once (its lock died with it).
-* Reads open ``O_NOFOLLOW | O_NONBLOCK`` and read only a regular file of at
-  most ``max_entry_size`` bytes. Anything else at an entry's name (a link, a
-  FIFO, a folder, a huge or sparse file) is junk: a miss, counted in
-  :attr:`DirectoryBackend.junk`, logged with its name, and removed where this
-  process may remove it, so the key can be stored again.
-* A vanished file is a miss. A file this process may not read raises a
-  :class:`~runtime_cache.errors.BackendError` that names it; only a failed write
-  makes the backend read-only (serve reads, skip writes at once).
-* ``max_size`` counts disk (allocated blocks) and ``max_files`` the file count;
-  eviction is least recently used first, one process at a time, and never waits
-  without a deadline (see :mod:`runtime_cache.backends.eviction`).
-* A root that another user (not root) owns, or that its group or anyone may
-  write, is refused unless ``shared=1``. With ``shared=1`` folders are made
-  setgid and group-writable and files group-readable and writable (the umask
-  still applies to others); files owned by users outside the root's group are
-  left out of the cap.
+Layout: see :mod:`runtime_cache.backends.dir_tree`. The root is held as a
+directory descriptor and every file under it is opened relative to it, never
+through a link (:mod:`runtime_cache.backends.dir_fs`). Writes go to a random
+temp file in the root, then ``os.replace`` into place. Reads take only a
+regular file of at most ``max_entry_size`` bytes; anything else at an entry's
+name is junk: a miss, counted in :attr:`DirectoryBackend.junk`, logged with its
+name, and removed where this process may. A file this process may not read
+raises a :class:`~runtime_cache.errors.BackendError` that names it; only a
+failed write makes the backend read-only. The caps count disk blocks and files
+(:mod:`runtime_cache.backends.dir_upkeep`). docs/backends/directory.md states
+every guarantee, and the ``shared=1`` group mode (:mod:`runtime_cache.backends.dir_root`).
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -48,17 +32,15 @@ from runtime_cache.errors import BackendError, InvalidURLError, ReadOnlyBackendE
 from .dir_fs import (
     NOFOLLOW,
     Junk,
-    make_folders,
     open_beneath,
-    open_folder,
-    read_regular,
-    read_umask,
-    set_aside,
+    read_to_end,
+    regular_size,
 )
+from .dir_root import ROOT_FLAGS, Modes, open_root, owner_check
 from .dir_tree import rel_path, walk
-from .dir_upkeep import Upkeep, owner_check
+from .dir_upkeep import Upkeep
+from .dir_write import delete_entry, delete_if, write_entry
 from .hits_journal import HitsJournal
-from .temp_files import create_locked_temp
 
 __all__ = ["DirectoryBackend"]
 
@@ -70,9 +52,6 @@ _O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
 _LINKED = {errno.ELOOP, errno.EXDEV}
 _RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
 _TEMP_PREFIX = ".tmp-"
-# O_PATH where there is one: a root we may not list still opens, and each call
-# then fails (and is counted) on its own, as with any other unreadable folder.
-_ROOT = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
@@ -148,22 +127,15 @@ class DirectoryBackend(Backend):
         self._read_only = False
         self._closed = False
         self._rels: dict[str, str] = {}
-        if shared:
-            mask = read_umask()
-            self.file_mode, self.dir_mode = 0o666, 0o2777
-            self.file_chmod: int | None = ((0o666 & ~mask) | 0o660) & ~0o002
-            self.dir_chmod: int | None = ((0o777 & ~mask) | 0o2770) & ~0o002
-        else:
-            self.file_mode, self.dir_mode = 0o600, 0o700
-            self.file_chmod = self.dir_chmod = None
-        self._fd = self._open_root()
+        self.modes = Modes.for_cache(shared)
+        self._fd = open_root(self.root, self.modes)
         try:
             members = owner_check(self._fd, self.root, shared)
         except BaseException:
             os.close(self._fd)
             raise
         self._journal = HitsJournal(
-            self._fd, ".hits", batch=hits_batch, mode=self.file_mode, chmod=self.file_chmod
+            self._fd, ".hits", batch=hits_batch, mode=self.modes.file, chmod=self.modes.file_chmod
         )
         self._journal.writable = not self._read_only
         self._upkeep = Upkeep(self, members)
@@ -196,38 +168,13 @@ class DirectoryBackend(Backend):
             shared=shared,
         )
 
-    def _open_root(self) -> int:
-        flags = _ROOT
-        try:
-            return os.open(self.root, flags)
-        except FileNotFoundError:
-            pass
-        except NotADirectoryError:
-            raise BackendError(f"cache root {self.root} is not a directory") from None
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-        try:
-            os.makedirs(self.root, mode=self.dir_mode, exist_ok=True)
-            if self.dir_chmod is not None:
-                os.chmod(self.root, self.dir_chmod)
-        except FileExistsError:
-            raise BackendError(f"cache root {self.root} is not a directory") from None
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-        try:
-            return os.open(self.root, flags)
-        except NotADirectoryError:
-            raise BackendError(f"cache root {self.root} is not a directory") from None
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-
     def _reopen_after_fork(self) -> None:
         # A forked child gets fresh locks (another thread may have held ours at the
         # fork) and its own root descriptor; the parent's unflushed hits stay the parent's.
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
-            fd = os.open(".", _ROOT, dir_fd=self._fd)
+            fd = os.open(".", ROOT_FLAGS, dir_fd=self._fd)
         except OSError:
             return
         old, self._fd = self._fd, fd
@@ -274,9 +221,10 @@ class DirectoryBackend(Backend):
         )
 
     # ----------------------------------------------------------------- reads
-    def _open(self, rel: str) -> int | None:
+    def _open(self, rel: str) -> tuple[int, int] | None:
+        # (descriptor, size) of a regular entry file; None for a miss or junk.
         try:
-            return open_beneath(self._fd, rel, _O_READ)
+            fd = open_beneath(self._fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -284,6 +232,15 @@ class DirectoryBackend(Backend):
                 self.found_junk(rel, "a symbolic link (or under one)")
                 return None
             raise self._error("read", exc, rel) from exc
+        try:
+            return fd, regular_size(fd, self.max_entry_size)
+        except Junk as exc:
+            os.close(fd)
+            self.found_junk(rel, str(exc))
+        except OSError as exc:
+            os.close(fd)
+            raise self._error("read", exc, rel) from exc
+        return None
 
     def get(self, key: str) -> bytes | None:
         return self._read(key, self.track_access)
@@ -301,43 +258,34 @@ class DirectoryBackend(Backend):
 
     def _read(self, key: str, count_use: bool) -> bytes | None:
         rel = self._rel(key)
-        fd = self._open(rel)
-        if fd is None:
+        opened = self._open(rel)
+        if opened is None:
             return None
+        fd, size = opened
         try:
-            data = read_regular(fd, self.max_entry_size)
+            data = read_to_end(fd, size, self.max_entry_size)
             if count_use:
                 self._touch(fd, key)
         except Junk as exc:
-            os.close(fd)
-            fd = -1
             self.found_junk(rel, str(exc))
             return None
         except OSError as exc:
             raise self._error("read", exc, rel) from exc
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
         return data
 
     def head(self, key: str, size: int) -> bytes | None:
         rel = self._rel(key)
-        fd = self._open(rel)
-        if fd is None:
+        opened = self._open(rel)
+        if opened is None:
             return None
         try:
-            read_regular(fd, -1)  # checks the kind first; every file is over -1 bytes
-        except Junk as exc:
-            if "limit" not in str(exc):
-                os.close(fd)
-                self.found_junk(rel, str(exc))
-                return None
-        try:
-            return os.read(fd, size)
+            return os.read(opened[0], size)
         except OSError as exc:
             raise self._error("read", exc, rel) from exc
         finally:
-            os.close(fd)
+            os.close(opened[0])
 
     def _touch(self, fd: int, key: str) -> None:
         if not self._read_only:
@@ -356,10 +304,9 @@ class DirectoryBackend(Backend):
         rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        folder, _, name = rel.rpartition("/")
         try:
             try:
-                self._write(folder, name, value)
+                write_entry(self._fd, rel, value, self.modes, self.fsync)
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError) as exc:
                 if exc.errno not in _RETRY:
                     raise
@@ -367,7 +314,7 @@ class DirectoryBackend(Backend):
                 # our temp file, or junk holds the name (a folder, a link): once more.
                 if exc.errno != errno.ENOENT:
                     self.found_junk(rel, "a folder or a link")
-                self._write(folder, name, value)
+                write_entry(self._fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
             error = self._error("write", exc, rel)
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
@@ -384,57 +331,25 @@ class DirectoryBackend(Backend):
         # only a root we cannot write into makes the whole backend read-only.
         return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self._fd)
 
-    def _write(self, folder: str, name: str, value: bytes) -> None:
-        dfd = make_folders(self._fd, folder, self.dir_mode, self.dir_chmod)
-        try:
-            fd, temp = create_locked_temp(self._fd, _TEMP_PREFIX, self.file_mode, self.file_chmod)
-            try:
-                view = memoryview(value)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self.fsync:
-                    os.fsync(fd)
-                # Replaced while still open, so the lock tells vacuum() we are alive.
-                os.replace(temp, name, src_dir_fd=self._fd, dst_dir_fd=dfd)
-            except BaseException:
-                try:
-                    os.unlink(temp, dir_fd=self._fd)
-                except OSError:
-                    pass
-                raise
-            finally:
-                os.close(fd)
-        finally:
-            os.close(dfd)
-
     def delete(self, key: str) -> bool:
-        folder, _, name = self._rel(key).rpartition("/")
+        rel = self._rel(key)
         try:
-            dfd = open_folder(self._fd, folder)
+            return delete_entry(self._fd, rel)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, *_LINKED):
-                return False
-            raise self._error("delete", exc, folder) from exc
-        try:
-            os.unlink(name, dir_fd=dfd)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if exc.errno in (errno.EISDIR, errno.EPERM) and set_aside(dfd, name, ".junk-"):
-                return True
-            raise self._error("delete", exc, f"{folder}/{name}") from exc
-        finally:
-            os.close(dfd)
-        return True
+            raise self._error("delete", exc, rel) from exc
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete ``key`` only if its file holds exactly ``expected``; return whether it did.
 
         The file is renamed aside to a fresh name in its folder, looked at again
-        (same inode, same bytes), then removed. Were it replaced in between, the
-        newer file is put back, unless yet another write is already in place.
+        (same inode, same bytes), then removed; a newer file that took its place
+        meanwhile is put back. Safe against other processes writing the key.
         """
-        return self._upkeep.delete_if(self._rel(key), bytes(expected))
+        rel = self._rel(key)
+        try:
+            return delete_if(self._fd, rel, bytes(expected), self.max_entry_size)
+        except OSError as exc:
+            raise self._error("delete", exc, rel) from exc
 
     # --------------------------------------------------------------- listing
     def keys(self, prefix: str = "") -> Iterator[str]:
