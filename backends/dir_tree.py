@@ -46,17 +46,26 @@ def rel_path(key: str) -> str:
     return "/".join([*parts[:-1], last[:2], last + SUFFIX])
 
 
-def key_of(names: list[str], filename: str) -> str | None:
-    """The key stored as ``filename`` in the folders ``names``, or ``None`` if it does not parse."""
+def key_of(names: list[str], filename: str, folders_ok: bool | None = None) -> str | None:
+    """The key stored as ``filename`` in the folders ``names``, or ``None`` if it does not parse.
+
+    ``folders_ok`` says the folder names were checked already (a walk checks
+    them once per folder).
+    """
     if not names or not filename.endswith(SUFFIX):
         return None
     name = filename[: -len(SUFFIX)]
     if names[-1] != name[:2] or len(names) > _MAX_DEPTH:
         return None
-    parts = [*names[:-1], name]
-    if not all(_COMPONENT.match(p) and not p.endswith(SUFFIX) for p in parts):
+    if not _COMPONENT.match(name) or name.endswith(SUFFIX):
         return None
-    return "/".join(parts)
+    if folders_ok is None:
+        folders_ok = _folders_ok(names)
+    return "/".join([*names[:-1], name]) if folders_ok else None
+
+
+def _folders_ok(names: list[str]) -> bool:
+    return all(_COMPONENT.match(p) and not p.endswith(SUFFIX) for p in names[:-1])
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
         try:
             with os.scandir(fd) as it:
                 listing = list(it)
+            folders_ok = _folders_ok(names)
             for entry in listing:
                 if entry.name.startswith("."):
                     continue
@@ -102,7 +112,7 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     continue
-                key = key_of(names, entry.name)
+                key = key_of(names, entry.name, folders_ok)
                 if key is None:
                     if is_dir and len(names) < _MAX_DEPTH:
                         stack.append([*names, entry.name])

@@ -31,6 +31,8 @@ _TEMP_MAX_AGE = 300.0
 _ASIDE = (".junk-", ".del-")
 _MARKER = ".vacuumed"
 _LOCK = ".evict.lock"
+#: Seconds one eviction may spend removing files; the next write's turn goes on.
+_EVICT_BUDGET = 2.0
 
 
 class Upkeep:
@@ -124,6 +126,7 @@ class Upkeep:
                         lambda c: self._remove(c, folders),
                         beat,
                         None if files is None else int(files * 0.9),
+                        time.monotonic() + _EVICT_BUDGET,
                     )
                 finally:
                     for fd in folders.values():
@@ -138,7 +141,7 @@ class Upkeep:
         # True: removed (or gone); False: used since the walk, kept; None: not ours to remove.
         dfd = folders.get(item.folder)
         if dfd is None:
-            if len(folders) >= 64:
+            if len(folders) >= 256:
                 for fd in folders.values():
                     os.close(fd)
                 folders.clear()

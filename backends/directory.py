@@ -40,6 +40,7 @@ from .dir_root import ROOT_FLAGS, Modes, open_root, owner_check
 from .dir_tree import rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
+from .eviction import LockStats
 from .hits_journal import HitsJournal
 
 __all__ = ["DirectoryBackend"]
@@ -380,9 +381,9 @@ class DirectoryBackend(Backend):
         return self._upkeep.enforce(wait=self.lock_wait)
 
     @property
-    def eviction_skipped(self) -> int:
-        """How many times eviction was skipped because another process held the lock."""
-        return self._upkeep.locks.skipped
+    def lock_stats(self) -> LockStats:
+        """Evictions skipped for want of the lock, and stale locks broken."""
+        return self._upkeep.locks
 
     def vacuum(self) -> int:
         """Remove temp files that dead writers left, and compact the hits journal.

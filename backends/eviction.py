@@ -138,6 +138,10 @@ def eviction_turn(
                     os.close(fd)
                 return
             os.close(fd)
+        elif not broke:  # a link, a FIFO, a folder, or not ours to open: no lock to wait for
+            broke = True
+            _break(root_fd, name, stats, stale_after)
+            continue
         if time.monotonic() >= deadline:
             if not broke:
                 broke = True
@@ -166,13 +170,15 @@ def evict(
     remove: Callable[[Candidate], bool | None],
     beat: Callable[[], None] | None = None,
     max_files: int | None = None,
+    deadline: float | None = None,
 ) -> tuple[int, int, int]:
     """Remove files until ``total`` disk is at most ``target`` and the count at most ``max_files``.
 
     Takes the least recently used file of the owner holding the most disk each
     time. ``remove`` looks at the file again and removes it unless it was read
     or rewritten since the walk; it returns whether the file is gone, or
-    ``None`` when it may not be removed (it then leaves the count). Returns
+    ``None`` when it may not be removed (it then leaves the count). Stops at
+    ``deadline`` (a :func:`time.monotonic` time) if given. Returns
     ``(removed, total, count)``.
     """
     by_owner: dict[int, list[Candidate]] = {}
@@ -196,7 +202,10 @@ def evict(
             total -= item.disk
             count -= 1
             removed += outcome is True
-            if beat is not None and removed % 256 == 0:
-                beat()
+            if removed % 256 == 0:
+                if beat is not None:
+                    beat()
+                if deadline is not None and time.monotonic() > deadline:
+                    break
         usage[owner] -= item.disk
     return removed, total, count
