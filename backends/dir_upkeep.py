@@ -31,8 +31,9 @@ _TEMP_MAX_AGE = 300.0
 _ASIDE = (".junk-", ".del-")
 _MARKER = ".vacuumed"
 _LOCK = ".evict.lock"
-#: Seconds one eviction may spend removing files; the next write's turn goes on.
-_EVICT_BUDGET = 2.0
+#: Seconds the eviction a write sets off may walk, and as many to remove files; the
+#: next write's turn goes on from there.
+WRITE_BUDGET = 1.0
 
 
 class Upkeep:
@@ -70,17 +71,21 @@ class Upkeep:
                 or self._written >= cap // 32
             )
         if due:
-            self.enforce(wait=self.backend.lock_wait if estimate > cap * 1.1 else 0.0)
+            wait = self.backend.lock_wait if estimate > cap * 1.1 else 0.0
+            self.enforce(wait, WRITE_BUDGET)
 
     def usage(self) -> tuple[int, int]:
         """``(disk bytes, files)`` of the entries counted against the caps (a full walk)."""
-        items = self._candidates()
+        items, _ = self._candidates(None)
         return sum(c.disk for c in items), len(items)
 
-    def _candidates(self) -> list[Candidate]:
+    def _candidates(self, deadline: float | None) -> tuple[list[Candidate], bool]:
+        # Stops at the deadline; the bool says whether the walk was complete.
         limit = self.backend.max_entry_size
-        items = []
-        for found in walk(self.backend.root_fd):
+        items: list[Candidate] = []
+        for seen, found in enumerate(walk(self.backend.root_fd)):
+            if deadline is not None and seen % 1024 == 1023 and time.monotonic() > deadline:
+                return items, False
             st = found.stat
             if not found.regular or st.st_size > limit:
                 what = "not a regular file" if not found.regular else f"{st.st_size} bytes"
@@ -93,10 +98,15 @@ class Upkeep:
                     st.st_mtime_ns, st.st_ino, found.folder, found.name, disk_bytes(st), st.st_uid
                 )
             )
-        return items
+        return items, True
 
-    def enforce(self, wait: float) -> int:
-        """Evict down to 90% of the caps if over them; return how many files were removed."""
+    def enforce(self, wait: float, budget: float | None = None) -> int:
+        """Evict down to 90% of the caps if over them; return how many files were removed.
+
+        Waits up to ``wait`` seconds for the lock, then spends at most about
+        ``budget`` seconds (``None``: no bound) walking, and as many removing. A
+        walk cut short still evicts when what it saw is over the caps already.
+        """
         backend = self.backend
         if backend.max_size is None:
             return 0
@@ -112,7 +122,8 @@ class Upkeep:
         ) as beat:
             if beat is None:
                 return 0  # another process is evicting (or holds the lock): next write looks again
-            items = self._candidates()
+            deadline = None if budget is None else time.monotonic() + budget
+            items, _ = self._candidates(deadline)
             total = sum(c.disk for c in items)
             removed = 0
             files = backend.max_files
@@ -126,7 +137,7 @@ class Upkeep:
                         lambda c: self._remove(c, folders),
                         beat,
                         None if files is None else int(files * 0.9),
-                        time.monotonic() + _EVICT_BUDGET,
+                        None if budget is None else time.monotonic() + budget,
                     )
                 finally:
                     for fd in folders.values():

@@ -100,7 +100,7 @@ class DirectoryBackend(Backend):
     #: Seconds an eviction lock may go untouched before it is taken for a stopped evictor's.
     lock_stale_after = 30.0
     #: Seconds a writer far over the cap waits for another process's eviction.
-    lock_wait = 1.0
+    lock_wait = 0.5
 
     def __init__(
         self,
@@ -372,13 +372,15 @@ class DirectoryBackend(Backend):
         """The disk the entries take now (a full walk)."""
         return self._upkeep.usage()[0]
 
-    def enforce_size(self) -> int:
+    def enforce_size(self, budget: float | None = None) -> int:
         """Evict least recently used files until under 90% of the caps; return how many.
 
-        One process at a time evicts; when another one is at it, this waits up to
-        :attr:`lock_wait` seconds, then returns 0.
+        One process at a time evicts: when another one is at it, this waits up
+        to :attr:`lock_wait` seconds, then returns 0. ``budget`` bounds the
+        seconds spent walking, and again removing (call again to go on); a
+        write's own turn has 1 s for each.
         """
-        return self._upkeep.enforce(wait=self.lock_wait)
+        return self._upkeep.enforce(self.lock_wait, budget)
 
     @property
     def lock_stats(self) -> LockStats:
