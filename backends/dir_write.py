@@ -1,8 +1,11 @@
 """Writing and deleting entry files of the directory backend, relative to the root descriptor.
 
 * :func:`write_entry` writes a new temp file (random name, ``O_EXCL``, never a
-  link) in the root, then renames it into the entry's folder with
+  link) in the entry's folder, then renames it over the entry with
   ``os.replace``: readers see the old file or the new one, never a torn one.
+  The temp file sits beside the entry, not in the root: a rename across
+  folders takes the file system's one rename lock (Linux), which serialised
+  all writers and cut the stress campaign's throughput by more than half.
   The temp file stays locked until it is in place, so a cleaner can tell a
   dead writer's leftover (see :mod:`runtime_cache.backends.temp_files`).
 * :func:`delete_entry` unlinks an entry; a folder at its name is set aside.
@@ -30,7 +33,7 @@ def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool)
     folder, _, name = rel.rpartition("/")
     dfd = make_folders(root_fd, folder, modes.folder, modes.folder_chmod)
     try:
-        fd, temp = create_locked_temp(root_fd, ".tmp-", modes.file, modes.file_chmod)
+        fd, temp = create_locked_temp(dfd, ".tmp-", modes.file, modes.file_chmod)
         try:
             view = memoryview(value)
             while view:
@@ -38,10 +41,10 @@ def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool)
             if fsync:
                 os.fsync(fd)
             # Replaced while still open, so the lock tells vacuum() we are alive.
-            os.replace(temp, name, src_dir_fd=root_fd, dst_dir_fd=dfd)
+            os.replace(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
-                os.unlink(temp, dir_fd=root_fd)
+                os.unlink(temp, dir_fd=dfd)
             except OSError:
                 pass
             raise

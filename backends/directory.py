@@ -3,7 +3,7 @@
 Layout: see :mod:`runtime_cache.backends.dir_tree`. The root is held as a
 directory descriptor and every file under it is opened relative to it, never
 through a link (:mod:`runtime_cache.backends.dir_fs`). Writes go to a random
-temp file in the root, then ``os.replace`` into place. Reads take only a
+temp file beside the entry, then ``os.replace`` into place. Reads take only a
 regular file of at most ``max_entry_size`` bytes; anything else at an entry's
 name is junk: a miss, counted in :attr:`DirectoryBackend.junk`, logged with its
 name, and removed where this process may. A file this process may not read
