@@ -19,6 +19,7 @@ plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import logging
 import os
@@ -129,16 +130,17 @@ class DirectoryBackend(Backend):
         self._closed = False
         self._rels: dict[str, str] = {}
         self.modes = Modes.for_cache(shared)
-        self._fd = open_root(self.root, self.modes)
+        #: The descriptor of the root folder that everything is opened under.
+        self.root_fd = open_root(self.root, self.modes)
         try:
-            members = owner_check(self._fd, self.root, shared)
+            members = owner_check(self.root_fd, self.root, shared)
         except BaseException:
-            os.close(self._fd)
+            os.close(self.root_fd)
             raise
+        modes = self.modes
         self._journal = HitsJournal(
-            self._fd, ".hits", batch=hits_batch, mode=self.modes.file, chmod=self.modes.file_chmod
+            self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
         )
-        self._journal.writable = not self._read_only
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
         _OPEN.add(self)
@@ -160,14 +162,8 @@ class DirectoryBackend(Backend):
         parsed.reject_unknown()
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
         files = parse_size(max_files) if max_files else None
-        return cls(
-            parsed.path or None,
-            max_size=cap,
-            max_files=files,
-            fsync=fsync,
-            track_access=track,
-            shared=shared,
-        )
+        options = {"fsync": fsync, "track_access": track, "shared": shared}
+        return cls(parsed.path or None, max_size=cap, max_files=files, **options)
 
     def _reopen_after_fork(self) -> None:
         # A forked child gets fresh locks (another thread may have held ours at the
@@ -175,10 +171,10 @@ class DirectoryBackend(Backend):
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
-            fd = os.open(".", ROOT_FLAGS, dir_fd=self._fd)
+            fd = os.open(".", ROOT_FLAGS, dir_fd=self.root_fd)
         except OSError:
             return
-        old, self._fd = self._fd, fd
+        old, self.root_fd = self.root_fd, fd
         self._journal.dir_fd = fd
         os.close(old)
 
@@ -186,11 +182,6 @@ class DirectoryBackend(Backend):
     def read_only(self) -> bool:
         """Whether a failed write found the storage read-only (reads are still served)."""
         return self._read_only
-
-    @property
-    def root_fd(self) -> int:
-        """The descriptor of the root folder that everything is opened under."""
-        return self._fd
 
     # ----------------------------------------------------------------- paths
     def _rel(self, key: str) -> str:
@@ -225,7 +216,7 @@ class DirectoryBackend(Backend):
     def _open(self, rel: str) -> tuple[int, int] | None:
         # (descriptor, size) of a regular entry file; None for a miss or junk.
         try:
-            fd = open_beneath(self._fd, rel, _O_READ)
+            fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -307,7 +298,7 @@ class DirectoryBackend(Backend):
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
         try:
             try:
-                write_entry(self._fd, rel, value, self.modes, self.fsync)
+                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError) as exc:
                 if exc.errno not in _RETRY:
                     raise
@@ -315,7 +306,7 @@ class DirectoryBackend(Backend):
                 # our temp file, or junk holds the name (a folder, a link): once more.
                 if exc.errno != errno.ENOENT:
                     self.found_junk(rel, "a folder or a link")
-                write_entry(self._fd, rel, value, self.modes, self.fsync)
+                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
             error = self._error("write", exc, rel)
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
@@ -330,12 +321,12 @@ class DirectoryBackend(Backend):
     def _root_read_only(self, exc: OSError) -> bool:
         # A folder another member made without group write fails this key alone;
         # only a root we cannot write into makes the whole backend read-only.
-        return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self._fd)
+        return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self.root_fd)
 
     def delete(self, key: str) -> bool:
         rel = self._rel(key)
         try:
-            return delete_entry(self._fd, rel)
+            return delete_entry(self.root_fd, rel)
         except OSError as exc:
             raise self._error("delete", exc, rel) from exc
 
@@ -348,17 +339,17 @@ class DirectoryBackend(Backend):
         """
         rel = self._rel(key)
         try:
-            return delete_if(self._fd, rel, bytes(expected), self.max_entry_size)
+            return delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)
         except OSError as exc:
             raise self._error("delete", exc, rel) from exc
 
     # --------------------------------------------------------------- listing
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return (found.key for found in walk(self._fd, prefix) if found.regular)
+        return (found.key for found in walk(self.root_fd, prefix) if found.regular)
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         hits = self._journal.read() if self.track_access else {}
-        for found in walk(self._fd, prefix):
+        for found in walk(self.root_fd, prefix):
             if not found.regular:
                 continue
             count, _ = hits.get(found.key, (0, 0.0))
@@ -408,9 +399,5 @@ class DirectoryBackend(Backend):
         return f"<DirectoryBackend {str(self.root)!r}>"
 
     def __del__(self) -> None:
-        fd = getattr(self, "_fd", -1)
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with contextlib.suppress(AttributeError, OSError):
+            os.close(self.root_fd)

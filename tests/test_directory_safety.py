@@ -251,3 +251,12 @@ def test_a_forked_child_uses_the_backend(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert backend.get("t/p/child") == b"child"
+
+
+def test_entry_size_bound_covers_the_codecs_largest_entry() -> None:
+    from runtime_cache.backends.directory import MAX_ENTRY_SIZE
+    from runtime_cache.codec import HEADER_SIZE, SIG_SIZE, Limits
+
+    limits = Limits()
+    largest = HEADER_SIZE + limits.max_meta_size + limits.max_value_size + SIG_SIZE
+    assert largest <= MAX_ENTRY_SIZE <= 2 * largest
