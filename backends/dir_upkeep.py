@@ -118,6 +118,7 @@ class Upkeep:
             wait=wait,
             stale_after=backend.lock_stale_after,
             mode=backend.modes.file,
+            chmod=backend.modes.file_chmod,
             stats=self.locks,
         ) as beat:
             if beat is None:
@@ -242,8 +243,12 @@ class Upkeep:
         except OSError:
             return  # read-only, or something planted there: vacuum again next open
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
                 os.utime(fd)
+                chmod = self.backend.modes.file_chmod
+                if chmod is not None and st.st_uid == os.geteuid():
+                    os.fchmod(fd, chmod)
         except OSError:
             pass
         finally:

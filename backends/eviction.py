@@ -68,14 +68,20 @@ def disk_bytes(st: os.stat_result) -> int:
     return -(-st.st_size // 4096) * 4096  # pragma: no cover - no st_blocks here
 
 
-def _open_lock(root_fd: int, name: str, mode: int) -> int | None:
+def _open_lock(root_fd: int, name: str, mode: int, chmod: int | None) -> int | None:
     try:
         fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, mode, dir_fd=root_fd)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         return None
+    if chmod is not None and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != chmod:
+        try:
+            os.fchmod(fd, chmod)  # a shared cache's lock: every member must open it
+        except OSError:
+            pass
     return fd
 
 
@@ -107,6 +113,7 @@ def eviction_turn(
     wait: float = 0.0,
     stale_after: float = 30.0,
     mode: int = 0o600,
+    chmod: int | None = None,
     stats: LockStats | None = None,
 ) -> Iterator[Callable[[], None] | None]:
     """Yield a heartbeat function when this process may evict now, else ``None``.
@@ -118,7 +125,7 @@ def eviction_turn(
     deadline = time.monotonic() + wait
     broke = False
     while True:
-        fd = _open_lock(root_fd, name, mode)
+        fd = _open_lock(root_fd, name, mode, chmod)
         if fd is not None:
             if fcntl is None:  # pragma: no cover - not on POSIX
                 yield lambda: None

@@ -97,7 +97,8 @@ class HitsJournal:
             fd = -1
         if fd >= 0:
             try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= _MAX_READ:  # else junk: compact
                     raw = os.read(fd, _MAX_READ)
             except OSError:
                 pass

@@ -208,8 +208,14 @@ def test_shared_mode_makes_group_folders_and_files(tmp_path: Path) -> None:
     try:
         backend = DirectoryBackend(root, shared=True)
         backend.set(KEY, b"v")
+        backend.get(KEY)
+        backend.flush_hits()
+        backend.enforce_size()
+        backend.vacuum()
     finally:
         os.umask(old)
+    for name in (".hits", ".evict.lock", ".vacuumed"):  # every member must open these
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o664, name
     folder = path_of(root, KEY).parent
     assert stat.S_IMODE(root.stat().st_mode) == 0o2775
     assert stat.S_IMODE(folder.stat().st_mode) == 0o2775
