@@ -1,71 +1,63 @@
-"""``dir://``: entries as files in a directory tree, safe for many processes.
+"""``dir://``: entries as files in a directory tree, safe for many processes and users.
 
-Layout: a key ``"opencl/program-binary/3f2a..."`` lives at
-``<root>/opencl/program-binary/3f/3f2a....rce``: one folder per key component,
-then a two-character fan-out folder. Names that begin with ``.`` are ours
-(temp files, the hits journal) and never keys.
+Layout: see :mod:`runtime_cache.backends.dir_tree`. The root is held as a
+directory descriptor and every file under it is opened relative to it, never
+through a link (:mod:`runtime_cache.backends.dir_fs`). Writes go to a random
+temp file beside the entry, then ``os.replace`` into place. Reads take only a
+regular file of at most ``max_entry_size`` bytes; anything else at an entry's
+name is junk: a miss, counted in :attr:`DirectoryBackend.junk`, logged with its
+name, and removed where this process may. A file this process may not read
+raises a :class:`~runtime_cache.errors.BackendError` that names it; only a
+failed write makes the backend read-only. The caps count disk blocks and files
+(:mod:`runtime_cache.backends.dir_upkeep`). docs/backends/directory.md states
+every guarantee, and the ``shared=1`` group mode (:mod:`runtime_cache.backends.dir_root`).
 
-Guarantees:
-
-* Writes go to a temp file in the target folder, then ``os.replace``: a reader
-  sees the old file or the new one, never a torn one. A writer killed midway
-  leaves only a temp file, which readers never see and :meth:`vacuum` removes
-  (at once: a writer holds a lock on its temp file, which dies with it).
-* Folders are created ``0700`` and files ``0600``. Reads open with
-  ``O_NOFOLLOW``, and ``os.replace`` replaces a planted symlink instead of
-  writing through it.
-* A vanished file is a miss. A read-only directory serves reads; writes raise
-  :class:`~runtime_cache.errors.ReadOnlyBackendError` at once, without retrying
-  the disk, and the front logs that once.
-* ``max_size`` is kept by evicting least recently used files, one process at
-  a time (see :mod:`runtime_cache.backends.eviction`). Last access is the
-  file's mtime, bumped on every hit (one ``futimens`` call); hits are counted
-  in memory and appended to ``<root>/.hits`` in batches.
-
-* A root that another user (not root) owns, or that anyone may write, is
-  refused unless ``shared=1``: whoever can write it could plant entries.
-
-URL: ``dir:///abs/path?max_size=2GB&fsync=0&track_access=1&shared=0``; plain ``dir://``
-is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
+URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
+plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
-import itertools
 import logging
 import os
-import re
-import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
 from runtime_cache.environment import default_directory
-from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
+from runtime_cache.errors import BackendError, InvalidURLError, ReadOnlyBackendError
 
-from .eviction import Candidate, evict_lru, eviction_turn
+from .dir_fs import (
+    NOFOLLOW,
+    Junk,
+    open_beneath,
+    read_to_end,
+    regular_size,
+)
+from .dir_root import ROOT_FLAGS, Modes, open_root, owner_check
+from .dir_tree import rel_path, walk
+from .dir_upkeep import Upkeep
+from .dir_write import delete_entry, delete_if, write_entry
+from .eviction import LockStats
 from .hits_journal import HitsJournal
-from .temp_files import create_locked, remove_if_orphaned
 
 __all__ = ["DirectoryBackend"]
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".rce"
-_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
-_MAX_KEY = 1024
-_MAX_DEPTH = 16
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
 _FULL = {errno.ENOSPC, errno.EDQUOT}
-_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
+_LINKED = {errno.ELOOP, errno.EXDEV}
+_RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
 _TEMP_PREFIX = ".tmp-"
-_HITS = ".hits"
-_TEMP_MAX_AGE = 300.0
-_counter = itertools.count()
+#: The largest file read as an entry: the codec's default limits (1 GiB value,
+#: 64 KiB metadata) plus room for the header and signature.
+MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
 _OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
 
 
@@ -75,128 +67,167 @@ def _flush_all() -> None:
         backend.flush_hits()
 
 
+def _after_fork() -> None:
+    for backend in list(_OPEN):
+        backend._reopen_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class DirectoryBackend(Backend):
     """Files in a directory tree; see the module docstring for the guarantees.
 
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
-        max_size: cap on stored bytes (int or ``"500MB"``), ``None`` for no cap.
+        max_size: cap on the disk the entries take (int or ``"500MB"``), ``None`` for no cap.
+        max_files: cap on the number of entry files; by default ``max_size / 4 KiB``
+            (at least 1024).
         fsync: fsync each file before it is renamed into place (durable on
             power loss, slower).
         track_access: bump mtime and count hits on every get (for LRU and listings).
-        shared: accept a root that another user owns or that anyone may write
-            (a team's shared folder). Without it such a root is refused, since
-            whoever can write it can plant entries; share with ``Cache(secret=...)``.
+        shared: accept a root that another user owns or that its group or anyone
+            may write (a team's shared folder), and keep what this process makes
+            group-writable. Share with ``Cache(secret=...)``.
+        max_entry_size: the largest file read as an entry; larger ones are junk.
     """
 
     scheme = "dir"
+    #: Seconds an eviction lock may go untouched before it is taken for a stopped evictor's.
+    lock_stale_after = 30.0
+    #: Seconds a writer far over the cap waits for another process's eviction.
+    lock_wait = 0.5
 
     def __init__(
         self,
         path: str | os.PathLike[str] | None = None,
         *,
         max_size: int | str | None = "2GB",
+        max_files: int | None = None,
         fsync: bool = False,
         track_access: bool = True,
         hits_batch: int = 64,
         shared: bool = False,
+        max_entry_size: int = MAX_ENTRY_SIZE,
     ) -> None:
         self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(default_directory())
         self.max_size = None if max_size is None else parse_size(max_size)
+        if max_files is None and self.max_size is not None:
+            max_files = max(1024, self.max_size // 4096)
+        self.max_files = max_files
         self.fsync = fsync
         self.track_access = track_access
+        self.shared = shared
+        self.max_entry_size = max_entry_size
+        #: Junk found at entry names (links, FIFOs, folders, oversized files).
+        self.junk = 0
         self._read_only = False
-        self._lock = threading.Lock()
-        self._known_dirs: set[str] = set()
-        self._written_since_check = 0
-        self._writes_since_check = 0
-        self._estimated_total: int | None = None
         self._closed = False
-        if self.root.exists() and not self.root.is_dir():
-            raise BackendError(f"cache root {self.root} is not a directory")
+        self._rels: dict[str, str] = {}
+        self.modes = Modes.for_cache(shared)
+        #: The descriptor of the root folder that everything is opened under.
+        self.root_fd = open_root(self.root, self.modes)
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            if exc.errno not in _READ_ONLY:
-                raise self._error("open", exc) from exc
-            self._read_only = True
-        try:
-            is_dir = self.root.is_dir()
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-        if not is_dir:
-            raise BackendError(f"cache root {self.root} is not a directory")
-        if not shared:
-            self._check_owner()
-        self._root = str(self.root)
-        self._journal = HitsJournal(os.path.join(self._root, _HITS), batch=hits_batch)
-        self._journal.writable = not self._read_only
-        self._maybe_vacuum()
+            members = owner_check(self.root_fd, self.root, shared)
+        except BaseException:
+            os.close(self.root_fd)
+            raise
+        modes = self.modes
+        self._journal = HitsJournal(
+            self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
+        )
+        self._upkeep = Upkeep(self, members)
+        self._upkeep.maybe_vacuum()
         _OPEN.add(self)
 
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
-        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1``."""
+        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``."""
         parsed = BackendURL.parse(url)
-        path = parsed.netloc + parsed.path
+        if parsed.netloc:
+            raise InvalidURLError(
+                f"dir:// takes a local folder, not a host ({parsed.netloc.rpartition('@')[2]!r}); "
+                "write dir:///abs/path"
+            )
         max_size = parsed.pop("max_size", "2GB")
+        max_files = parsed.pop("max_files", "")
         fsync = parsed.pop_bool("fsync", False)
         track = parsed.pop_bool("track_access", True)
         shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
-        return cls(path or None, max_size=cap, fsync=fsync, track_access=track, shared=shared)
+        files = parse_size(max_files) if max_files else None
+        options = {"fsync": fsync, "track_access": track, "shared": shared}
+        return cls(parsed.path or None, max_size=cap, max_files=files, **options)
 
-    def _check_owner(self) -> None:
-        # A root someone else may write (say /tmp/cache, made first by another user)
-        # would let them plant entries and symlinks: refuse it unless shared=1.
+    def _reopen_after_fork(self) -> None:
+        # A forked child gets fresh locks (another thread may have held ours at the
+        # fork) and its own root descriptor; the parent's unflushed hits stay the parent's.
+        self._journal.forget_pending()
+        self._upkeep.after_fork()
         try:
-            st = os.stat(self.root)
-        except OSError as exc:
-            raise self._error("open", exc) from exc
-        geteuid = getattr(os, "geteuid", None)
-        foreign = geteuid is not None and st.st_uid not in (geteuid(), 0)
-        if foreign or st.st_mode & 0o002:
-            raise BackendError(
-                f"cache root {self.root} is owned by another user or writable by anyone; "
-                "refusing it (add ?shared=1, or shared=True, to use it on purpose)"
-            )
+            fd = os.open(".", ROOT_FLAGS, dir_fd=self.root_fd)
+        except OSError:
+            return
+        old, self.root_fd = self.root_fd, fd
+        self._journal.dir_fd = fd
+        os.close(old)
+
+    @property
+    def read_only(self) -> bool:
+        """Whether a failed write found the storage read-only (reads are still served)."""
+        return self._read_only
 
     # ----------------------------------------------------------------- paths
-    def _path(self, key: str) -> str:
-        if not isinstance(key, str) or not key or len(key) > _MAX_KEY:
-            raise InvalidKeyError(f"a key must be a str of 1-{_MAX_KEY} characters")
-        parts = key.split("/")
-        if len(parts) > _MAX_DEPTH:
-            raise InvalidKeyError(f"a key may have at most {_MAX_DEPTH} components: {key[:80]!r}")
-        for part in parts:
-            if not _COMPONENT.match(part) or part.endswith(SUFFIX):
-                raise InvalidKeyError(
-                    f"key component {part[:80]!r} must be 1-128 letters, digits, '.', '_', '+' "
-                    f"or '-', not start with '.' and not end with {SUFFIX!r}"
-                )
-        last = parts[-1]
-        return os.path.join(self._root, *parts[:-1], last[:2], last + SUFFIX)
+    def _rel(self, key: str) -> str:
+        rel = self._rels.get(key)
+        if rel is None:
+            rel = rel_path(key)
+            if len(self._rels) >= 4096:
+                self._rels.clear()
+            self._rels[key] = rel
+        return rel
 
-    def _error(self, op: str, exc: OSError) -> BackendError:
-        where = f"{op} in {self.root}"
-        if exc.errno in _READ_ONLY:
+    def _error(self, op: str, exc: OSError, name: str = "") -> BackendError:
+        where = f"{op} of {self.root / name}" if name else f"{op} in {self.root}"
+        if op in ("write", "open") and exc.errno in _READ_ONLY:
             return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
         if exc.errno in _FULL:
             return BackendError(f"{where}: disk full ({exc.strerror})")
-        return BackendError(f"{where}: {exc}")
+        return BackendError(f"{where}: {exc.strerror or exc}")
+
+    def found_junk(self, rel: str, what: str) -> None:
+        """Count and log junk at the entry name ``rel``, and remove it where we may."""
+        self.junk += 1
+        removed = self._upkeep.clear(rel)
+        log.warning(
+            "runtime-cache: %s is %s, not a cache entry; %s",
+            self.root / rel,
+            what,
+            "removed it" if removed else "left it (not ours to remove)",
+        )
 
     # ----------------------------------------------------------------- reads
-    def _open(self, key: str) -> int | None:
-        path = self._path(key)
+    def _open(self, rel: str) -> tuple[int, int] | None:
+        # (descriptor, size) of a regular entry file; None for a miss or junk.
         try:
-            return os.open(path, _O_READ)
+            fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR):
-                if exc.errno == errno.ELOOP:
-                    log.warning("runtime-cache: refusing to follow a symlink at %s", path)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
-            raise self._error("read", exc) from exc
+            if exc.errno in _LINKED:
+                self.found_junk(rel, "a symbolic link (or under one)")
+                return None
+            raise self._error("read", exc, rel) from exc
+        try:
+            return fd, regular_size(fd, self.max_entry_size)
+        except Junk as exc:
+            os.close(fd)
+            self.found_junk(rel, str(exc))
+        except OSError as exc:
+            os.close(fd)
+            raise self._error("read", exc, rel) from exc
+        return None
 
     def get(self, key: str) -> bytes | None:
         return self._read(key, self.track_access)
@@ -213,38 +244,35 @@ class DirectoryBackend(Backend):
         return found
 
     def _read(self, key: str, count_use: bool) -> bytes | None:
-        fd = self._open(key)
-        if fd is None:
+        rel = self._rel(key)
+        opened = self._open(rel)
+        if opened is None:
             return None
+        fd, size = opened
         try:
-            # One read of the size fstat gives, plus a byte to see the end. Entries are
-            # replaced, never written in place, so anything else (a short read on a
-            # network file system) is rare: then read on to the end.
-            size = os.fstat(fd).st_size
-            data = os.read(fd, size + 1)
-            if len(data) != size:
-                chunks = [data]
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                data = b"".join(chunks)
+            data = read_to_end(fd, size, self.max_entry_size)
             if count_use:
                 self._touch(fd, key)
+        except Junk as exc:
+            self.found_junk(rel, str(exc))
+            return None
         except OSError as exc:
-            raise self._error("read", exc) from exc
+            raise self._error("read", exc, rel) from exc
         finally:
             os.close(fd)
         return data
 
     def head(self, key: str, size: int) -> bytes | None:
-        fd = self._open(key)
-        if fd is None:
+        rel = self._rel(key)
+        opened = self._open(rel)
+        if opened is None:
             return None
         try:
-            return os.read(fd, size)
+            return os.read(opened[0], size)
         except OSError as exc:
-            raise self._error("read", exc) from exc
+            raise self._error("read", exc, rel) from exc
         finally:
-            os.close(fd)
+            os.close(opened[0])
 
     def _touch(self, fd: int, key: str) -> None:
         if not self._read_only:
@@ -260,177 +288,90 @@ class DirectoryBackend(Backend):
 
     # ---------------------------------------------------------------- writes
     def set(self, key: str, value: bytes) -> None:
-        path = self._path(key)
+        rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        folder = os.path.dirname(path)
         try:
             try:
-                self._write(folder, path, value)
-            except FileNotFoundError:
-                # The folder was removed under us (a clear, an rm -rf), or a cleaner
-                # took our temp file in the instant before we locked it: once more.
-                self._known_dirs.discard(folder)
-                self._write(folder, path, value)
+                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError) as exc:
+                if exc.errno not in _RETRY:
+                    raise
+                # The folder was removed under us (a clear, an rm -rf), a cleaner took
+                # our temp file, or junk holds the name (a folder, a link): once more.
+                if exc.errno != errno.ENOENT:
+                    self.found_junk(rel, "a folder or a link")
+                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
-            self._known_dirs.discard(folder)
-            error = self._error("write", exc)
-            if isinstance(error, ReadOnlyBackendError):
+            error = self._error("write", exc, rel)
+            if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
                 self._read_only = True
                 self._journal.writable = False
                 log.warning(
                     "runtime-cache: %s is read-only; serving reads, skipping writes", self.root
                 )
             raise error from exc
-        self._account(len(value))
+        self._upkeep.account(len(value))
 
-    def _write(self, folder: str, path: str, value: bytes) -> None:
-        temp = os.path.join(
-            folder, f"{_TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
-        )
-        if folder not in self._known_dirs:
-            self._makedirs(folder)
-            self._known_dirs.add(folder)
-        fd = create_locked(temp)
-        try:
-            view = memoryview(value)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-            # Replaced while still open, so the lock tells vacuum() we are alive.
-            os.replace(temp, path)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
-        finally:
-            os.close(fd)
-
-    def _makedirs(self, folder: str) -> None:
-        # os.makedirs applies ``mode`` to the leaf only; every level we create is 0700.
-        missing = []
-        while folder != self._root and not os.path.isdir(folder):
-            missing.append(folder)
-            folder = os.path.dirname(folder)
-        for path in reversed(missing):
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                if not os.path.isdir(path):
-                    raise
+    def _root_read_only(self, exc: OSError) -> bool:
+        # A folder another member made without group write fails this key alone;
+        # only a root we cannot write into makes the whole backend read-only.
+        return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self.root_fd)
 
     def delete(self, key: str) -> bool:
-        path = self._path(key)
+        rel = self._rel(key)
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
+            return delete_entry(self.root_fd, rel)
         except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.EISDIR):
-                return False
-            raise self._error("delete", exc) from exc
-        return True
+            raise self._error("delete", exc, rel) from exc
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Delete ``key`` only if its file holds exactly ``expected``; return whether it did.
+
+        The file is renamed aside to a fresh name in its folder, looked at again
+        (same inode, same bytes), then removed; a newer file that took its place
+        meanwhile is put back. Safe against other processes writing the key.
+        """
+        rel = self._rel(key)
+        try:
+            return delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)
+        except OSError as exc:
+            raise self._error("delete", exc, rel) from exc
 
     # --------------------------------------------------------------- listing
-    def _walk(self, prefix: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        parts = prefix.split("/")
-        base = self.root.joinpath(*[p for p in parts[:-1] if p])
-        if any(p.startswith(".") for p in parts[:-1]):
-            return
-        lead = "/".join(p for p in parts[:-1] if p)
-        stack: list[tuple[Path, list[str]]] = [(base, [lead] if lead else [])]
-        while stack:
-            folder, names = stack.pop()
-            try:
-                with os.scandir(folder) as it:
-                    listing = list(it)
-            except OSError:
-                continue
-            for entry in listing:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((Path(entry.path), [*names, entry.name]))
-                elif entry.name.endswith(SUFFIX) and names:
-                    name = entry.name[: -len(SUFFIX)]
-                    if names[-1] != name[:2]:
-                        continue
-                    key = "/".join([*names[:-1], name])
-                    if key.startswith(prefix):
-                        yield key, entry
-
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return (key for key, _ in self._walk(prefix))
+        return (found.key for found in walk(self.root_fd, prefix) if found.regular)
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         hits = self._journal.read() if self.track_access else {}
-        for key, entry in self._walk(prefix):
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
+        for found in walk(self.root_fd, prefix):
+            if not found.regular:
                 continue
-            count, _ = hits.get(key, (0, 0.0))
-            yield StoredItem(key, st.st_size, st.st_mtime, count if self.track_access else None)
-
-    # -------------------------------------------------------------- eviction
-    def _account(self, size: int) -> None:
-        if self.max_size is None:
-            return
-        with self._lock:
-            self._written_since_check += size
-            self._writes_since_check += 1
-            estimate = (self._estimated_total or 0) + self._written_since_check
-            due = (
-                self._estimated_total is None
-                or estimate > self.max_size
-                or self._writes_since_check >= 256
-                # Other processes write too: look again after 1/32 of the cap, so
-                # together they overshoot it by little.
-                or self._written_since_check >= self.max_size // 32
+            count, _ = hits.get(found.key, (0, 0.0))
+            st = found.stat
+            yield StoredItem(
+                found.key, st.st_size, st.st_mtime, count if self.track_access else None
             )
-        if due:
-            self._enforce(wait=estimate > self.max_size * 1.1)
 
+    # ------------------------------------------------------------ upkeep
     def total_size(self) -> int:
-        """The bytes stored now (a full walk)."""
-        return sum(item.size for item in self.scan())
+        """The disk the entries take now (a full walk)."""
+        return self._upkeep.usage()[0]
 
-    def enforce_size(self) -> int:
-        """Evict least recently used files until under 90% of ``max_size``; return how many.
+    def enforce_size(self, budget: float | None = None) -> int:
+        """Evict least recently used files until under 90% of the caps; return how many.
 
-        One process at a time evicts (see :mod:`runtime_cache.backends.eviction`);
-        when another one is at it, this returns 0 at once.
+        One process at a time evicts: when another one is at it, this waits up
+        to :attr:`lock_wait` seconds, then returns 0. ``budget`` bounds the
+        seconds spent walking, and again removing (call again to go on); a
+        write's own turn has 1 s for each.
         """
-        return self._enforce(wait=True)
+        return self._upkeep.enforce(self.lock_wait, budget)
 
-    def _enforce(self, wait: bool) -> int:
-        if self.max_size is None:
-            return 0
-        with self._lock:
-            # Writes made while we walk stay counted for the next check.
-            seen_bytes, seen_writes = self._written_since_check, self._writes_since_check
-        with eviction_turn(os.path.join(self._root, ".evict.lock"), wait) as mine:
-            if not mine:
-                return 0  # another thread or process is evicting; we look again next write
-            items: list[Candidate] = []
-            for _key, entry in self._walk(""):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # evicted or replaced by another process meanwhile
-                items.append((st.st_mtime_ns, st.st_ino, entry.path, st.st_size))
-            total = sum(item[3] for item in items)
-            removed = 0
-            if total > self.max_size:
-                removed, total = evict_lru(items, total, int(self.max_size * 0.9))
-        with self._lock:
-            self._estimated_total = total
-            self._written_since_check = max(0, self._written_since_check - seen_bytes)
-            self._writes_since_check = max(0, self._writes_since_check - seen_writes)
-        return removed
+    @property
+    def lock_stats(self) -> LockStats:
+        """Evictions skipped for want of the lock, and stale locks broken."""
+        return self._upkeep.locks
 
     def vacuum(self) -> int:
         """Remove temp files that dead writers left, and compact the hits journal.
@@ -438,32 +379,11 @@ class DirectoryBackend(Backend):
         A temp file whose writer is gone (its lock is free) goes at once; where
         the file system has no locks, one not written for 5 minutes goes.
         """
-        removed = 0
-        now = time.time()
-        for folder, _dirs, files in os.walk(self.root):
-            for name in files:
-                if name.startswith(_TEMP_PREFIX):
-                    removed += remove_if_orphaned(os.path.join(folder, name), _TEMP_MAX_AGE, now)
-        self._compact_hits()
-        try:
-            (self.root / ".vacuumed").touch(mode=0o600)
-        except OSError:
-            pass
-        return removed
+        return self._upkeep.vacuum()
 
-    def _compact_hits(self) -> None:
-        temp = os.path.join(self._root, f"{_TEMP_PREFIX}hits-{os.getpid()}")
-        self._journal.compact(set(self.keys()), temp)
-
-    def _maybe_vacuum(self) -> None:
-        if self._read_only:
-            return
-        try:
-            age = time.time() - (self.root / ".vacuumed").stat().st_mtime
-        except OSError:
-            age = float("inf")
-        if age > 3600:
-            self.vacuum()
+    def compact_hits(self) -> None:
+        """Rewrite the hits journal as one line per live key once it passes 1 MiB."""
+        self._journal.compact(set(self.keys()), f"{_TEMP_PREFIX}hits-")
 
     def close(self) -> None:
         if not self._closed:
@@ -472,3 +392,7 @@ class DirectoryBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<DirectoryBackend {str(self.root)!r}>"
+
+    def __del__(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.close(self.root_fd)

@@ -4,24 +4,45 @@ Each process counts hits in memory and appends them as lines
 ``"<count> <unix time> <key>\\n"`` with one ``O_APPEND`` write per batch, so
 lines from many processes never interleave. Readers sum the lines. Counts are
 advisory: losing a batch (a crash, a full disk) never loses an entry.
+
+The journal is opened relative to the cache's root descriptor with
+``O_NOFOLLOW | O_NONBLOCK`` and used only when ``fstat`` says it is a regular
+file: a link or a FIFO planted in its place is never written through, and a
+huge file is not read.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
+
+from .dir_fs import NOFOLLOW, create_new
 
 __all__ = ["HitsJournal"]
 
 _MAX_READ = 64 << 20
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
 
 
 class HitsJournal:
     """Counts hits per key and shares them with other processes through ``path``."""
 
-    def __init__(self, path: str, *, batch: int = 64, interval: float = 5.0) -> None:
-        self.path = path
+    def __init__(
+        self,
+        dir_fd: int,
+        name: str,
+        *,
+        batch: int = 64,
+        interval: float = 5.0,
+        mode: int = 0o600,
+        chmod: int | None = None,
+    ) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.mode = mode
+        self.chmod = chmod
         self.batch = max(1, batch)
         self.interval = interval
         self.writable = True
@@ -29,6 +50,11 @@ class HitsJournal:
         self._pending: dict[str, int] = {}
         self._count = 0
         self._last_flush = time.monotonic()
+
+    def forget_pending(self) -> None:
+        """Drop the unflushed counts (a forked child must not append its parent's hits)."""
+        self._lock = threading.Lock()
+        self._pending, self._count = {}, 0
 
     def record(self, key: str) -> None:
         """Count one hit of ``key``; append the batch when it is full or old."""
@@ -49,9 +75,13 @@ class HitsJournal:
         now = time.time()
         data = "".join(f"{n} {now:.3f} {k}\n" for k, n in pending.items()).encode()
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.name, _APPEND, self.mode, dir_fd=self.dir_fd)
             try:
-                os.write(fd, data)  # one O_APPEND write: lines never interleave
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size < _MAX_READ:
+                    if self.chmod is not None and st.st_size == 0:
+                        os.fchmod(fd, self.chmod)
+                    os.write(fd, data)  # one O_APPEND write: lines never interleave
             finally:
                 os.close(fd)
         except OSError:
@@ -60,11 +90,20 @@ class HitsJournal:
     def read(self) -> dict[str, tuple[int, float]]:
         """Hits and last hit time per key: the journal plus this process's unflushed counts."""
         counts: dict[str, tuple[int, float]] = {}
+        raw = b""
         try:
-            with open(self.path, "rb") as handle:
-                raw = handle.read(_MAX_READ)
+            fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=self.dir_fd)
         except OSError:
-            raw = b""
+            fd = -1
+        if fd >= 0:
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= _MAX_READ:  # else junk: compact
+                    raw = os.read(fd, _MAX_READ)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         for line in raw.decode("utf-8", "replace").splitlines():
             fields = line.split(" ", 2)
             if len(fields) != 3 or not fields[0].isdigit():
@@ -81,21 +120,33 @@ class HitsJournal:
                 counts[key] = (old + n, last)
         return counts
 
-    def compact(self, live: set[str], temp: str, min_size: int = 1 << 20) -> None:
+    def compact(self, live: set[str], temp_prefix: str, min_size: int = 1 << 20) -> None:
         """Rewrite the journal as one line per live key once it exceeds ``min_size`` bytes.
 
-        Appends racing with the rewrite may be lost; counts are advisory.
+        The new journal is written to a fresh temp file (``O_EXCL``, a random name
+        starting with ``temp_prefix``), then renamed over the old one, which also
+        replaces anything planted there. Appends racing with the rewrite may be
+        lost; counts are advisory.
         """
         try:
-            if os.stat(self.path).st_size < min_size:
-                return
+            st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
             return
+        if stat.S_ISREG(st.st_mode) and st.st_size < min_size:
+            return
         counts = {k: v for k, v in self.read().items() if k in live}
-        data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items())
+        data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items()).encode()
         try:
-            with open(temp, "w", encoding="utf-8") as handle:
-                handle.write(data)
-            os.replace(temp, self.path)
+            fd, temp = create_new(self.dir_fd, temp_prefix, self.mode, self.chmod)
         except OSError:
-            pass
+            return
+        try:
+            os.write(fd, data)
+            os.replace(temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except OSError:
+            try:
+                os.unlink(temp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)

@@ -23,21 +23,43 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["create_locked", "remove_if_orphaned"]
+from .dir_fs import create_new
+
+__all__ = ["create_locked", "create_locked_temp", "remove_if_orphaned"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
 _NO_LOCKS = {errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
-def create_locked(path: str) -> int:
+def create_locked(path: str, *, dir_fd: int | None = None) -> int:
     """Create ``path`` (``0600``, never through a symlink) and lock it; return the descriptor.
 
     Raises :class:`FileNotFoundError` when a cleaner took the lock in the instant
     between creation and locking (it is about to remove the file): the caller
     retries under a new name.
     """
-    fd = os.open(path, _O_CREATE, 0o600)
+    return _lock_new(os.open(path, _O_CREATE, 0o600, dir_fd=dir_fd), path)
+
+
+def create_locked_temp(
+    dir_fd: int, prefix: str, mode: int = 0o600, chmod: int | None = None
+) -> tuple[int, str]:
+    """Create a temp file with an unpredictable name in ``dir_fd`` and lock it: ``(fd, name)``."""
+    fd, name = create_new(dir_fd, prefix, mode, chmod)
+    try:
+        return _lock_new(fd, name), name
+    except FileNotFoundError:
+        raise
+    except BaseException:
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def _lock_new(fd: int, path: str) -> int:
     if fcntl is None:
         return fd
     try:
@@ -52,7 +74,9 @@ def create_locked(path: str) -> int:
     return fd
 
 
-def remove_if_orphaned(path: str, max_age: float, now: float | None = None) -> bool:
+def remove_if_orphaned(
+    path: str, max_age: float, now: float | None = None, *, dir_fd: int | None = None
+) -> bool:
     """Remove the temp file ``path`` if its writer is gone; return whether it was removed.
 
     A file whose lock can be taken has no live writer and is removed at once. A
@@ -60,14 +84,14 @@ def remove_if_orphaned(path: str, max_age: float, now: float | None = None) -> b
     only when older than ``max_age`` seconds. Symlinks are removed, never followed.
     """
     try:
-        st = os.stat(path, follow_symlinks=False)
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     old = st.st_mtime < (time.time() if now is None else now) - max_age
     fd = -1
     if fcntl is not None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=dir_fd)
         except OSError:
             fd = -1
     try:
@@ -84,7 +108,7 @@ def remove_if_orphaned(path: str, max_age: float, now: float | None = None) -> b
         # Unlinked while we hold the lock: a writer that created the file an
         # instant ago cannot lock it now, and retries under a new name.
         try:
-            os.unlink(path)
+            os.unlink(path, dir_fd=dir_fd)
         except OSError:
             return False
         return True

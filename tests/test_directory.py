@@ -134,16 +134,16 @@ def test_read_only_directory_serves_reads() -> None:
 
 
 def test_lru_cap(tmp_path: Path) -> None:
-    backend = DirectoryBackend(tmp_path, max_size=10_000)
+    backend = DirectoryBackend(tmp_path, max_size=10 * 4096)  # the cap counts disk blocks
     now = time.time()
     for i in range(8):
-        backend.set(f"t/p/k{i}", bytes(1000))
+        backend.set(f"t/p/k{i}", os.urandom(4096))
     for i, path in enumerate(sorted(tmp_path.rglob("*.rce"))):
         os.utime(path, (now - 1000 + i, now - 1000 + i))
     backend.get("t/p/k0")  # now the most recently used
     for i in range(8, 12):
-        backend.set(f"t/p/k{i}", bytes(1000))
-    assert backend.total_size() <= 10_000
+        backend.set(f"t/p/k{i}", os.urandom(4096))
+    assert backend.total_size() <= 10 * 4096
     left = set(backend.keys())
     assert "t/p/k0" in left and "t/p/k1" not in left
 

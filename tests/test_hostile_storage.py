@@ -310,23 +310,24 @@ def test_provider_log_hides_passwords(
     assert "caching is off" in text and "hunter2" not in text
 
 
-def _next_temp_name(folder: Path) -> Path:
-    upcoming = int(repr(directory._counter)[len("count(") : -1])
-    return folder / f".tmp-{os.getpid()}-{threading.get_ident()}-{upcoming}"
-
-
-def test_symlink_planted_at_the_next_temp_name_is_not_written_through(tmp_path: Path) -> None:
+def test_symlink_planted_at_the_next_temp_name_is_not_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Temp names are random now (mkstemp-like); here the "random" name is made
+    # known, and a link planted at it: O_EXCL|O_NOFOLLOW refuses it, a new name is drawn.
     root = tmp_path / "cache"
     cache = rc.Cache(DirectoryBackend(root))
     assert cache.put(key(0), b"first")
-    folder = next(root.rglob("*.rce")).parent
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
-    _next_temp_name(folder).symlink_to(victim)
-    assert cache.put(key(0), b"second") is False  # O_EXCL|O_NOFOLLOW: refused, skipped
+    (root / f".tmp-{bytes(8).hex()}").symlink_to(victim)
+    real = os.urandom
+    draws = iter([bytes(8)])
+    monkeypatch.setattr(os, "urandom", lambda n: next(draws, None) or real(n))
+    assert cache.put(key(0), b"second")
+    monkeypatch.setattr(os, "urandom", real)
     assert victim.read_bytes() == b"precious"
-    assert cache.get(key(0)) == b"first"
-    assert cache.put(key(0), b"third") and cache.get(key(0)) == b"third"
+    assert cache.get(key(0)) == b"second"
 
 
 def test_symlink_planted_at_an_entry_is_replaced_not_followed(tmp_path: Path) -> None:

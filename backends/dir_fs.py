@@ -1,0 +1,274 @@
+"""Safe file-system primitives for the directory backend: everything relative to one root fd.
+
+The backend holds its root folder as a directory file descriptor and opens
+everything under it relative to that descriptor, never by a path string. A
+name is resolved without following any symbolic link, in any component, and
+without leaving the root: on Linux 5.6+ with one ``openat2`` call
+(``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``), elsewhere by opening one folder at
+a time with ``O_DIRECTORY | O_NOFOLLOW``. So a member of a shared cache who
+swaps a folder for a link, or renames a folder aside, cannot redirect a read
+or a write outside the cache.
+
+Files are opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never blocks an open), and
+checked with ``fstat`` before any read: only a regular file no larger than the
+caller's bound is read (:func:`read_regular`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+
+try:
+    import ctypes
+except ImportError:  # pragma: no cover - a Python built without it: walk instead
+    ctypes = None  # type: ignore[assignment]
+
+__all__ = [
+    "NOFOLLOW",
+    "Junk",
+    "create_new",
+    "make_folders",
+    "open_beneath",
+    "open_folder",
+    "read_regular",
+    "read_to_end",
+    "read_umask",
+    "regular_size",
+    "set_aside",
+]
+
+#: Flags every open adds: never follow a final link, never leak into children.
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
+
+
+class Junk(Exception):
+    """Something other than a readable entry file sits at an entry's name."""
+
+
+if ctypes is not None:
+
+    class _OpenHow(ctypes.Structure):
+        _fields_ = (
+            ("flags", ctypes.c_uint64),
+            ("mode", ctypes.c_uint64),
+            ("resolve", ctypes.c_uint64),
+        )
+
+
+def _load_openat2() -> object | None:
+    if ctypes is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.syscall
+    except (OSError, AttributeError):  # pragma: no cover - odd libc
+        return None
+    call.restype = ctypes.c_long
+    call.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    probe = _OpenHow(_DIR, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS)
+    fd = call(_SYS_OPENAT2, -100, b".", ctypes.byref(probe), ctypes.sizeof(probe))
+    if fd < 0:
+        return None  # ENOSYS (old kernel) or blocked by a seccomp filter: walk instead
+    os.close(fd)
+    return call
+
+
+_openat2 = _load_openat2()
+_hows: dict[tuple[int, int], tuple[_OpenHow, int]] = {}
+
+
+def _how(flags: int, mode: int) -> tuple[object, int]:
+    found = _hows.get((flags, mode))
+    if found is None:
+        how = _OpenHow(
+            flags, mode, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+        )
+        found = _hows[(flags, mode)] = (how, ctypes.sizeof(how))
+    return ctypes.byref(found[0]), found[1]
+
+
+def open_beneath(root_fd: int, rel: str, flags: int, mode: int = 0) -> int:
+    """Open ``rel`` (a ``/``-separated name without ``.`` or ``..``) under ``root_fd``.
+
+    No component may be a symbolic link (``ELOOP``) and the result stays under
+    the root. ``flags`` gets :data:`NOFOLLOW` added.
+    """
+    flags |= NOFOLLOW
+    if _openat2 is not None:
+        ref, size = _how(flags, mode if flags & os.O_CREAT else 0)
+        fd: int = _openat2(_SYS_OPENAT2, root_fd, rel.encode(), ref, size)  # type: ignore[operator]
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), rel)
+        return fd
+    folder, _, name = rel.rpartition("/")
+    if not folder:
+        return os.open(name, flags, mode, dir_fd=root_fd)
+    parent = open_folder(root_fd, folder)
+    try:
+        return os.open(name, flags, mode, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def open_folder(root_fd: int, rel: str) -> int:
+    """Open the folder ``rel`` under ``root_fd`` (no link followed); ``""`` is the root itself."""
+    if not rel:
+        return os.open(".", _DIR, dir_fd=root_fd)
+    if _openat2 is not None:
+        return open_beneath(root_fd, rel, _DIR)
+    fd = root_fd
+    try:
+        for part in rel.split("/"):
+            child = os.open(part, _DIR, dir_fd=fd)
+            if fd != root_fd:
+                os.close(fd)
+            fd = child
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+    return fd
+
+
+def make_folders(root_fd: int, rel: str, mode: int, chmod: int | None = None) -> int:
+    """Open the folder ``rel`` under ``root_fd``, creating missing levels; return its fd.
+
+    Each level is made with ``mode`` (the umask applies), then set to ``chmod``
+    when given (a shared cache keeps its folders group-writable and setgid).
+    """
+    try:
+        return open_folder(root_fd, rel)
+    except FileNotFoundError:
+        pass
+    fd = os.open(".", _DIR, dir_fd=root_fd)
+    try:
+        for part in rel.split("/"):
+            try:
+                os.mkdir(part, mode, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                made = False
+            child = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            if made and chmod is not None:
+                os.fchmod(fd, chmod)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_new(dir_fd: int, prefix: str, mode: int, chmod: int | None = None) -> tuple[int, str]:
+    """Create a new file with a random name in ``dir_fd``, ``O_EXCL``; return ``(fd, name)``.
+
+    Like :func:`tempfile.mkstemp`: the name is unpredictable and never a link.
+    """
+    for _ in range(100):
+        name = f"{prefix}{os.urandom(8).hex()}"
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+        if chmod is not None:
+            try:
+                os.fchmod(fd, chmod)
+            except OSError:
+                os.close(fd)
+                os.unlink(name, dir_fd=dir_fd)
+                raise
+        return fd, name
+    raise FileExistsError(errno.EEXIST, "no free temp name", prefix)  # pragma: no cover
+
+
+def regular_size(fd: int, limit: int) -> int:
+    """The size of the open file ``fd``; :class:`Junk` unless regular and at most ``limit``."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Junk(f"not a regular file (mode {st.st_mode:#o})")
+    if st.st_size > limit:
+        raise Junk(f"{st.st_size} bytes, over the {limit}-byte limit")
+    return st.st_size
+
+
+def read_to_end(fd: int, size: int, limit: int) -> bytes:
+    """Read the file open at ``fd``, expected to hold ``size`` bytes, never past ``limit``."""
+    # One read of the size fstat gave, plus a byte to see the end. Entries are
+    # replaced, never written in place, so a short read (a network file system)
+    # is rare: then read on, still within the limit.
+    data = os.read(fd, size + 1)
+    if len(data) != size:
+        chunks = [data]
+        total = len(data)
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise Junk(f"grew past the {limit}-byte limit while read")
+        data = b"".join(chunks)
+    return data
+
+
+def read_regular(fd: int, limit: int) -> bytes:
+    """Read the whole file at ``fd`` if it is a regular file of at most ``limit`` bytes.
+
+    Raises :class:`Junk` before reading anything otherwise (a FIFO, a device, a
+    folder, a huge or sparse file).
+    """
+    return read_to_end(fd, regular_size(fd, limit), limit)
+
+
+def set_aside(dir_fd: int, name: str, prefix: str) -> bool:
+    """Remove whatever sits at ``name`` in ``dir_fd`` (a link, a FIFO, a folder); never follow it.
+
+    A folder is first renamed to a fresh hidden name, so the entry's name is free
+    at once, then removed without following links inside it. Returns whether
+    the name is free now.
+    """
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except FileNotFoundError:
+        return True
+    except IsADirectoryError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EPERM:  # Linux answers EISDIR; some systems EPERM
+            return False
+    aside = f"{prefix}{os.urandom(8).hex()}"
+    try:
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        return False
+    import shutil
+
+    # fd-based (Python 3.11+): never follows a link inside
+    shutil.rmtree(aside, dir_fd=dir_fd, ignore_errors=True)  # type: ignore[call-arg]
+    return True
+
+
+def read_umask() -> int:
+    """This process's umask, read without changing it where the system allows."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        for line in status.splitlines():
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # pragma: no cover - not Linux; racy with other threads
+    os.umask(mask)  # pragma: no cover
+    return mask  # pragma: no cover

@@ -1,0 +1,120 @@
+"""Opening a directory cache's root: the one descriptor, the file modes, and who may share it.
+
+The root is opened once, following a link given as the root itself, and held
+as a descriptor (``O_PATH`` where there is one, so that a root this process may
+not list still opens and each call then fails on its own). Everything else is
+opened relative to it, so repointing the link later changes nothing.
+
+A private cache makes folders ``0700`` and files ``0600``. A shared one
+(``shared=1``) makes folders setgid and group-writable and files group-readable
+and writable; the umask decides what others may read, and others never write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime_cache.errors import BackendError, ReadOnlyBackendError
+
+from .dir_fs import read_umask
+
+__all__ = ["ROOT_FLAGS", "Modes", "open_root", "owner_check"]
+
+#: Flags of the root descriptor (also used to reopen it after a fork).
+ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+_READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+@dataclass(frozen=True)
+class Modes:
+    """Modes to create files and folders with (the umask applies), and to set after."""
+
+    file: int
+    folder: int
+    file_chmod: int | None = None
+    folder_chmod: int | None = None
+
+    @classmethod
+    def for_cache(cls, shared: bool) -> Modes:
+        """Private ``0600``/``0700``, or a group's modes with this process's umask."""
+        if not shared:
+            return cls(0o600, 0o700)
+        mask = read_umask()
+        return cls(
+            0o666,
+            0o2777,
+            ((0o666 & ~mask) | 0o660) & ~0o002,
+            ((0o777 & ~mask) | 0o2770) & ~0o002,
+        )
+
+
+def _not_a_folder(root: Path) -> BackendError:
+    return BackendError(f"cache root {root} is not a directory")
+
+
+def _failed(root: Path, exc: OSError) -> BackendError:
+    if exc.errno in _READ_ONLY:
+        return ReadOnlyBackendError(f"open of {root}: read-only or no permission ({exc.strerror})")
+    return BackendError(f"open of {root}: {exc.strerror or exc}")
+
+
+def open_root(root: Path, modes: Modes) -> int:
+    """Open (creating it if missing) the root folder; return its descriptor.
+
+    Raises :class:`BackendError` ("is not a directory") when ``root`` names a file.
+    """
+    try:
+        return os.open(root, ROOT_FLAGS)
+    except FileNotFoundError:
+        pass
+    except NotADirectoryError:
+        raise _not_a_folder(root) from None
+    except OSError as exc:
+        raise _failed(root, exc) from exc
+    try:
+        os.makedirs(root, mode=modes.folder, exist_ok=True)
+        if modes.folder_chmod is not None:
+            os.chmod(root, modes.folder_chmod)
+    except (FileExistsError, NotADirectoryError):
+        raise _not_a_folder(root) from None
+    except OSError as exc:
+        raise _failed(root, exc) from exc
+    try:
+        return os.open(root, ROOT_FLAGS)
+    except NotADirectoryError:
+        raise _not_a_folder(root) from None
+    except OSError as exc:
+        raise _failed(root, exc) from exc
+
+
+def owner_check(root_fd: int, root: Path, shared: bool) -> set[int] | None:
+    """Refuse a root others may write unless ``shared``; return the group's uids when shared.
+
+    A root that another user (not root) owns, or that its group or anyone may
+    write, would let them plant entries and links. In a shared cache, files of
+    users outside the root's group are left out of the cap.
+    """
+    st = os.fstat(root_fd)
+    if not shared:
+        foreign = st.st_uid not in (os.geteuid(), 0)
+        if foreign or st.st_mode & 0o022:
+            raise BackendError(
+                f"cache root {root} is owned by another user or writable by its group or "
+                "anyone; refusing it (add ?shared=1, or shared=True, to use it on purpose)"
+            )
+        return None
+    import grp
+    import pwd
+
+    members = {os.geteuid()}
+    try:
+        names = set(grp.getgrgid(st.st_gid).gr_mem)
+    except KeyError:
+        names = set()
+    for user in pwd.getpwall():
+        if user.pw_gid == st.st_gid or user.pw_name in names:
+            members.add(user.pw_uid)
+    return members

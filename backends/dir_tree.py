@@ -1,0 +1,143 @@
+"""The directory backend's layout: where a key lives, and a walk that never follows a link.
+
+A key ``"opencl/program-binary/3f2a..."`` lives at
+``opencl/program-binary/3f/3f2a....rce`` under the root: one folder per key
+component, then a two-character fan-out folder. Names that begin with ``.``
+belong to the backend (temp files, the hits journal, locks) and are never keys.
+
+:func:`walk` lists entry files through directory descriptors, one folder at a
+time, each opened ``O_DIRECTORY | O_NOFOLLOW`` relative to its parent: a link
+planted in place of a folder is reported, never entered. Names that do not
+parse as a key (``82 copy.rce``) are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from runtime_cache.errors import InvalidKeyError
+
+__all__ = ["SUFFIX", "Found", "key_of", "rel_path", "walk"]
+
+SUFFIX = ".rce"
+_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
+_MAX_KEY = 1024
+_MAX_DEPTH = 16
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def rel_path(key: str) -> str:
+    """The path of ``key``'s file relative to the root; raises :class:`InvalidKeyError`."""
+    if not isinstance(key, str) or not key or len(key) > _MAX_KEY:
+        raise InvalidKeyError(f"a key must be a str of 1-{_MAX_KEY} characters")
+    parts = key.split("/")
+    if len(parts) > _MAX_DEPTH:
+        raise InvalidKeyError(f"a key may have at most {_MAX_DEPTH} components: {key[:80]!r}")
+    for part in parts:
+        if not _COMPONENT.match(part) or part.endswith(SUFFIX):
+            raise InvalidKeyError(
+                f"key component {part[:80]!r} must be 1-128 letters, digits, '.', '_', '+' "
+                f"or '-', not start with '.' and not end with {SUFFIX!r}"
+            )
+    last = parts[-1]
+    return "/".join([*parts[:-1], last[:2], last + SUFFIX])
+
+
+def key_of(names: list[str], filename: str, folders_ok: bool | None = None) -> str | None:
+    """The key stored as ``filename`` in the folders ``names``, or ``None`` if it does not parse.
+
+    ``folders_ok`` says the folder names were checked already (a walk checks
+    them once per folder).
+    """
+    if not names or not filename.endswith(SUFFIX):
+        return None
+    name = filename[: -len(SUFFIX)]
+    if names[-1] != name[:2] or len(names) > _MAX_DEPTH:
+        return None
+    if not _COMPONENT.match(name) or name.endswith(SUFFIX):
+        return None
+    if folders_ok is None:
+        folders_ok = _folders_ok(names)
+    return "/".join([*names[:-1], name]) if folders_ok else None
+
+
+def _folders_ok(names: list[str]) -> bool:
+    return all(_COMPONENT.match(p) and not p.endswith(SUFFIX) for p in names[:-1])
+
+
+@dataclass(frozen=True)
+class Found:
+    """One name seen by :func:`walk`: an entry file, or junk where an entry could be."""
+
+    key: str
+    folder: str  # relative to the root, "/"-separated
+    name: str
+    stat: os.stat_result
+    regular: bool
+
+
+def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
+    """Yield every name under ``root_fd`` that parses as a key starting with ``prefix``.
+
+    Folders that cannot be opened (gone, not ours) are skipped. ``regular`` is
+    false for a link, a FIFO, a folder or anything else at an entry's name.
+    """
+    parts = prefix.split("/")
+    lead = [p for p in parts[:-1] if p]
+    if any(p.startswith(".") or not _COMPONENT.match(p) for p in lead):
+        return
+    stack: list[list[str]] = [lead]
+    while stack:
+        names = stack.pop()
+        rel = "/".join(names)
+        try:
+            fd = (
+                os.open(rel or ".", _DIR, dir_fd=root_fd)
+                if not names
+                else _open_chain(root_fd, names)
+            )
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as it:
+                listing = list(it)
+            folders_ok = _folders_ok(names)
+            for entry in listing:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = key_of(names, entry.name, folders_ok)
+                if key is None:
+                    if is_dir and len(names) < _MAX_DEPTH:
+                        stack.append([*names, entry.name])
+                    continue
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # removed meanwhile
+                yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
+        finally:
+            os.close(fd)
+
+
+def _open_chain(root_fd: int, names: list[str]) -> int:
+    fd = root_fd
+    try:
+        for name in names:
+            child = os.open(name, _DIR, dir_fd=fd)
+            if fd != root_fd:
+                os.close(fd)
+            fd = child
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+    return fd

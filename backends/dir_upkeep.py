@@ -1,0 +1,267 @@
+"""Upkeep of a directory cache: the disk cap, leftovers, and junk.
+
+* :meth:`Upkeep.account` keeps a running estimate of the disk written and walks
+  the tree when the cap may be passed (or every 256 writes), then evicts under
+  the eviction lock (see :mod:`runtime_cache.backends.eviction`). The walk
+  removes junk at entry names and, in a shared cache, leaves files of users
+  outside the root's group out of the count.
+* :meth:`Upkeep.vacuum` removes dead writers' temp files and names set aside.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .dir_fs import NOFOLLOW, open_folder, set_aside
+from .dir_tree import walk
+from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
+from .temp_files import remove_if_orphaned
+
+if TYPE_CHECKING:
+    from .directory import DirectoryBackend
+
+__all__ = ["Upkeep"]
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+_TEMP_MAX_AGE = 300.0
+_ASIDE = (".junk-", ".del-")
+_MARKER = ".vacuumed"
+_LOCK = ".evict.lock"
+#: Seconds the eviction a write sets off may walk, and as many to remove files; the
+#: next write's turn goes on from there.
+WRITE_BUDGET = 1.0
+
+
+class Upkeep:
+    """The cap, vacuum and junk removal of one :class:`DirectoryBackend`."""
+
+    def __init__(self, backend: DirectoryBackend, members: set[int] | None) -> None:
+        self.backend = backend
+        self.members = members
+        self.locks = LockStats()
+        self._lock = threading.Lock()
+        self._written = 0
+        self._writes = 0
+        self._estimate: int | None = None
+
+    def after_fork(self) -> None:
+        """Fresh thread lock in a forked child."""
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ cap
+    def account(self, size: int) -> None:
+        """Count one write of ``size`` bytes; evict when the cap may be passed."""
+        cap = self.backend.max_size
+        if cap is None:
+            return
+        with self._lock:
+            self._written += -(-size // 4096) * 4096  # disk, in blocks
+            self._writes += 1
+            estimate = (self._estimate or 0) + self._written
+            due = (
+                self._estimate is None
+                or estimate > cap
+                or self._writes >= 256
+                # Other processes write too: look again after 1/32 of the cap, so
+                # together they overshoot it by little.
+                or self._written >= cap // 32
+            )
+        if due:
+            wait = self.backend.lock_wait if estimate > cap * 1.1 else 0.0
+            self.enforce(wait, WRITE_BUDGET)
+
+    def usage(self) -> tuple[int, int]:
+        """``(disk bytes, files)`` of the entries counted against the caps (a full walk)."""
+        items, _ = self._candidates(None)
+        return sum(c.disk for c in items), len(items)
+
+    def _candidates(self, deadline: float | None) -> tuple[list[Candidate], bool]:
+        # Stops at the deadline; the bool says whether the walk was complete.
+        limit = self.backend.max_entry_size
+        items: list[Candidate] = []
+        for seen, found in enumerate(walk(self.backend.root_fd)):
+            if deadline is not None and seen % 1024 == 1023 and time.monotonic() > deadline:
+                return items, False
+            st = found.stat
+            if not found.regular or st.st_size > limit:
+                what = "not a regular file" if not found.regular else f"{st.st_size} bytes"
+                self.backend.found_junk(f"{found.folder}/{found.name}", what)
+                continue
+            if self.members is not None and st.st_uid not in self.members:
+                continue  # not a group member's: not ours to count or evict
+            items.append(
+                Candidate(
+                    st.st_mtime_ns, st.st_ino, found.folder, found.name, disk_bytes(st), st.st_uid
+                )
+            )
+        return items, True
+
+    def enforce(self, wait: float, budget: float | None = None) -> int:
+        """Evict down to 90% of the caps if over them; return how many files were removed.
+
+        Waits up to ``wait`` seconds for the lock, then spends at most about
+        ``budget`` seconds (``None``: no bound) walking, and as many removing. A
+        walk cut short still evicts when what it saw is over the caps already.
+        """
+        backend = self.backend
+        if backend.max_size is None:
+            return 0
+        with self._lock:
+            seen_bytes, seen_writes = self._written, self._writes  # later writes stay counted
+        with eviction_turn(
+            backend.root_fd,
+            _LOCK,
+            wait=wait,
+            stale_after=backend.lock_stale_after,
+            mode=backend.modes.file,
+            chmod=backend.modes.file_chmod,
+            stats=self.locks,
+        ) as beat:
+            if beat is None:
+                return 0  # another process is evicting (or holds the lock): next write looks again
+            deadline = None if budget is None else time.monotonic() + budget
+            items, _ = self._candidates(deadline)
+            total = sum(c.disk for c in items)
+            removed = 0
+            files = backend.max_files
+            if total > backend.max_size or (files is not None and len(items) > files):
+                folders: dict[str, int] = {}
+                try:
+                    removed, total, _ = evict(
+                        items,
+                        total,
+                        int(backend.max_size * 0.9),
+                        lambda c: self._remove(c, folders),
+                        beat,
+                        None if files is None else int(files * 0.9),
+                        None if budget is None else time.monotonic() + budget,
+                    )
+                finally:
+                    for fd in folders.values():
+                        os.close(fd)
+        with self._lock:
+            self._estimate = total
+            self._written = max(0, self._written - seen_bytes)
+            self._writes = max(0, self._writes - seen_writes)
+        return removed
+
+    def _remove(self, item: Candidate, folders: dict[str, int]) -> bool | None:
+        # True: removed (or gone); False: used since the walk, kept; None: not ours to remove.
+        dfd = folders.get(item.folder)
+        if dfd is None:
+            if len(folders) >= 256:
+                for fd in folders.values():
+                    os.close(fd)
+                folders.clear()
+            try:
+                dfd = folders[item.folder] = open_folder(self.backend.root_fd, item.folder)
+            except OSError:
+                return True  # the folder is gone, and the file with it
+        try:
+            st = os.stat(item.name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return True
+        if st.st_mtime_ns != item.mtime_ns or st.st_ino != item.inode:
+            return False
+        try:
+            os.unlink(item.name, dir_fd=dfd)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return None
+        return True
+
+    # ---------------------------------------------------------------- junk
+    def clear(self, rel: str) -> bool:
+        """Remove the link, FIFO, folder or oversized file at or above the entry name ``rel``.
+
+        Walks from the root one folder at a time; the first component that is not
+        a real folder is removed (never followed). Returns whether the name is free.
+        """
+        parts = rel.split("/")
+        fd = os.open(".", _DIR, dir_fd=self.backend.root_fd)
+        try:
+            for part in parts[:-1]:
+                try:
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    return True
+                except OSError:
+                    return set_aside(fd, part, ".junk-")
+                os.close(fd)
+                fd = child
+            return set_aside(fd, parts[-1], ".junk-")
+        finally:
+            os.close(fd)
+
+    # --------------------------------------------------------------- vacuum
+    def vacuum(self) -> int:
+        """Remove dead writers' temp files and old names set aside; compact the journal."""
+        removed = 0
+        now = time.time()
+        stack = [""]
+        root_fd = self.backend.root_fd
+        while stack:
+            rel = stack.pop()
+            try:
+                fd = open_folder(root_fd, rel)
+            except OSError:
+                continue
+            try:
+                with os.scandir(fd) as it:
+                    listing = list(it)
+                for entry in listing:
+                    name = entry.name
+                    if name.startswith(".tmp-"):
+                        removed += remove_if_orphaned(name, _TEMP_MAX_AGE, now, dir_fd=fd)
+                    elif name.startswith(_ASIDE):
+                        removed += self._remove_old(fd, name, now)
+                    elif not name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                        stack.append(f"{rel}/{name}" if rel else name)
+            finally:
+                os.close(fd)
+        self.backend.compact_hits()
+        self._touch_marker()
+        return removed
+
+    @staticmethod
+    def _remove_old(fd: int, name: str, now: float) -> bool:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return st.st_mtime < now - _TEMP_MAX_AGE and set_aside(fd, name, ".junk-")
+
+    def _touch_marker(self) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
+        try:
+            fd = os.open(_MARKER, flags, self.backend.modes.file, dir_fd=self.backend.root_fd)
+        except OSError:
+            return  # read-only, or something planted there: vacuum again next open
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                os.utime(fd)
+                chmod = self.backend.modes.file_chmod
+                if chmod is not None and st.st_uid == os.geteuid():
+                    os.fchmod(fd, chmod)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def maybe_vacuum(self) -> None:
+        """Vacuum when the last one (by anyone) was over an hour ago."""
+        if self.backend.read_only:
+            return
+        try:
+            st = os.stat(_MARKER, dir_fd=self.backend.root_fd, follow_symlinks=False)
+            age = time.time() - st.st_mtime if stat.S_ISREG(st.st_mode) else float("inf")
+        except OSError:
+            age = float("inf")
+        if age > 3600:
+            self.vacuum()

@@ -1,0 +1,268 @@
+"""DirectoryBackend opens nothing it did not mean to: junk at entry names, links, caps, URLs.
+
+One user here; tests/test_hostile_group.py tries the same with two real users.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends import dir_fs
+from runtime_cache.backends.dir_tree import rel_path
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.errors import BackendError, InvalidURLError
+
+KEY = "opencl/program-binary/3f2a" + "0" * 28
+
+
+def key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i}", runtime="safe", purpose="test")
+
+
+def path_of(root: Path, k: rc.CacheKey | str) -> Path:
+    return root / rel_path(str(k))
+
+
+def timed(fn, limit: float = 5.0):  # type: ignore[no-untyped-def]
+    """Call ``fn`` and fail unless it returns within ``limit`` seconds."""
+    result: list[object] = []
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert not worker.is_alive(), f"{fn} did not return within {limit} s"
+    return result[0]
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each test with openat2 and with the folder-by-folder fallback."""
+    if request.param == "walk":
+        monkeypatch.setattr(dir_fs, "_openat2", None)
+    elif dir_fs._openat2 is None:
+        pytest.skip("this kernel has no openat2")
+    return str(request.param)
+
+
+# ------------------------------------------------------------------ junk at entry names
+@pytest.mark.parametrize("kind", ["fifo", "folder", "sparse", "link"])
+def test_junk_at_an_entry_name_is_a_counted_miss_and_removed(
+    tmp_path: Path, kind: str, resolver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root)
+    cache = rc.Cache(backend)
+    assert cache.put(key(0), b"good")
+    target = path_of(root, key(0))
+    target.unlink()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+        (target / "inner").write_bytes(b"x")
+    elif kind == "sparse":
+        with open(target, "wb") as handle:
+            handle.truncate(1 << 40)  # 1 TiB, no blocks
+    else:
+        target.symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert timed(lambda: cache.get(key(0))) is None
+    assert backend.junk == 1
+    assert not os.path.lexists(target)  # removed: the key is storable again
+    assert str(target) in caplog.text and "carrying on without" not in caplog.text
+    assert cache.stats().errors == 0
+    assert cache.put(key(0), b"again") and cache.get(key(0)) == b"again"
+    assert victim.read_bytes() == b"precious"
+
+
+def test_head_and_listing_skip_junk(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"x" * 10)
+    target = path_of(tmp_path, KEY)
+    target.unlink()
+    os.mkfifo(target)
+    assert list(backend.keys()) == [] and list(backend.scan()) == []
+    assert timed(lambda: backend.head(KEY, 4)) is None
+    assert backend.junk == 1 and not os.path.lexists(target)
+
+
+def test_link_in_place_of_a_folder_cannot_redirect_reads_or_writes(
+    tmp_path: Path, resolver: str
+) -> None:
+    root = tmp_path / "cache"
+    cache = rc.Cache(DirectoryBackend(root))
+    assert cache.put(key(0), b"first")
+    folder = root / "safe"
+    elsewhere = tmp_path / "elsewhere"
+    folder.rename(elsewhere)  # renamed out of the cache
+    folder.symlink_to(elsewhere)  # and a link in its place
+    before = sorted(p.name for p in elsewhere.rglob("*"))
+    assert cache.get(key(0)) is None
+    assert cache.put(key(1), b"second") and cache.get(key(1)) == b"second"
+    assert sorted(p.name for p in elsewhere.rglob("*")) == before
+    assert folder.is_dir() and not folder.is_symlink()
+
+
+def test_root_given_through_a_link_stays_the_folder_it_named(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(mode=0o700)
+    second.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(first)
+    backend = DirectoryBackend(link)
+    link.unlink()
+    link.symlink_to(second)  # repointed after open
+    backend.set(KEY, b"v")
+    assert path_of(first, KEY).is_file() and not list(second.rglob("*.rce"))
+    assert backend.get(KEY) == b"v"
+
+
+def test_planted_links_at_our_own_names_are_never_written_through(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root, max_size=20_000)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for name in (".hits", ".vacuumed", ".evict.lock", f".tmp-hits-{os.getpid()}"):
+        (root / name).unlink(missing_ok=True)
+        (root / name).symlink_to(victim)
+    for i in range(20):
+        backend.set(f"t/p/k{i:04d}", os.urandom(3000))
+        backend.get(f"t/p/k{i:04d}")
+    backend.flush_hits()
+    timed(backend.enforce_size)
+    timed(backend.vacuum)
+    assert victim.read_bytes() == b"precious"
+
+
+# ------------------------------------------------------------------ caps count disk
+def test_cap_counts_blocks_and_files(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path, max_size=1_000_000, max_files=50)
+    for i in range(80):
+        backend.set(f"t/p/k{i:04d}", b"x")  # one byte, a block each
+    timed(backend.enforce_size)
+    assert len(list(backend.keys())) <= 50
+    sparse = path_of(tmp_path, "t/p/zz00")
+    sparse.parent.mkdir(parents=True, exist_ok=True)
+    with open(sparse, "wb") as handle:
+        handle.truncate(1 << 40)
+    assert backend.total_size() < 1_000_000  # walking removes it as junk; never counted
+    assert not sparse.exists()
+
+
+def test_eviction_lock_held_elsewhere_never_blocks_a_writer(tmp_path: Path) -> None:
+    import fcntl
+
+    backend = DirectoryBackend(tmp_path, max_size=50_000)
+    backend.lock_wait = 0.3
+    fd = os.open(tmp_path / ".evict.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: a foreign holder
+    try:
+        start = time.monotonic()
+        for i in range(30):
+            backend.set(f"t/p/k{i:04d}", os.urandom(8000))
+        assert time.monotonic() - start < 30 * 0.3 + 5
+        assert backend.lock_stats.skipped >= 1
+        os.utime(fd, (time.time() - 3600,) * 2)  # the holder stops touching it: stale
+        assert timed(backend.enforce_size) > 0 and backend.lock_stats.broken == 1
+        assert backend.total_size() <= 50_000
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ compare-and-delete
+def test_delete_if_deletes_only_the_expected_bytes(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"old")
+    assert backend.delete_if(KEY, b"other") is False and backend.get(KEY) == b"old"
+    assert backend.delete_if(KEY, b"old") is True and backend.get(KEY) is None
+    assert backend.delete_if(KEY, b"old") is False
+    assert not [p for p in tmp_path.rglob(".del-*")]
+
+
+def test_delete_if_never_removes_a_racing_newer_write(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    for round_no in range(150):
+        backend.set(KEY, b"A")
+        newer = f"B{round_no}".encode()
+        writer = threading.Thread(target=backend.set, args=(KEY, newer))
+        writer.start()
+        backend.delete_if(KEY, b"A")
+        writer.join()
+        assert backend.get(KEY) == newer  # the newer write always survives
+    assert not [p for p in tmp_path.rglob(".del-*")]
+
+
+# ------------------------------------------------------------------ shared=1 modes
+def test_shared_mode_makes_group_folders_and_files(tmp_path: Path) -> None:
+    root = tmp_path / "team"
+    old = os.umask(0o022)
+    try:
+        backend = DirectoryBackend(root, shared=True)
+        backend.set(KEY, b"v")
+        backend.get(KEY)
+        backend.flush_hits()
+        backend.enforce_size()
+        backend.vacuum()
+    finally:
+        os.umask(old)
+    for name in (".hits", ".evict.lock", ".vacuumed"):  # every member must open these
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o664, name
+    folder = path_of(root, KEY).parent
+    assert stat.S_IMODE(root.stat().st_mode) == 0o2775
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o2775
+    assert stat.S_IMODE(path_of(root, KEY).stat().st_mode) == 0o664  # umask 022: others read
+
+
+def test_group_writable_root_needs_shared(tmp_path: Path) -> None:
+    root = tmp_path / "g"
+    root.mkdir()
+    root.chmod(0o770)
+    with pytest.raises(BackendError, match="shared=1"):
+        DirectoryBackend(root)
+    DirectoryBackend(root, shared=True).set(KEY, b"v")
+
+
+# ------------------------------------------------------------------ URLs and roots
+def test_dir_url_with_a_host_is_refused() -> None:
+    with pytest.raises(InvalidURLError, match="not a host") as info:
+        rc.open_backend("dir://user:pw@host/path")
+    assert "pw" not in str(info.value)
+
+
+def test_a_file_as_the_root_is_not_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match="not a directory"):
+        rc.open_backend("dir:///etc/passwd")
+    with pytest.raises(BackendError, match="not a directory"):
+        DirectoryBackend("/etc/passwd/sub")
+
+
+def test_a_forked_child_uses_the_backend(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    backend.set(KEY, b"parent")
+    backend.get(KEY)  # a pending hit: the child must not append it again
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = backend.get(KEY) == b"parent"
+        backend.set("t/p/child", b"child")
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert backend.get("t/p/child") == b"child"
+
+
+def test_entry_size_bound_covers_the_codecs_largest_entry() -> None:
+    from runtime_cache.backends.directory import MAX_ENTRY_SIZE
+    from runtime_cache.codec import HEADER_SIZE, SIG_SIZE, Limits
+
+    limits = Limits()
+    largest = HEADER_SIZE + limits.max_meta_size + limits.max_value_size + SIG_SIZE
+    assert largest <= MAX_ENTRY_SIZE <= 2 * largest
