@@ -57,8 +57,10 @@ def key_of(names: list[str], filename: str, folders_ok: bool | None = None) -> s
     name = filename[: -len(SUFFIX)]
     if names[-1] != name[:2] or len(names) > _MAX_DEPTH:
         return None
-    if not _COMPONENT.match(name) or name.endswith(SUFFIX):
+    if not name or name.startswith(".") or "/" in name:
         return None
+    # A name that is no valid key ("82 copy.rce", a Finder copy) is still listed:
+    # it takes disk, and the operator is told about it instead of never seeing it.
     if folders_ok is None:
         folders_ok = _folders_ok(names)
     return "/".join([*names[:-1], name]) if folders_ok else None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
 from runtime_cache.environment import default_directory
-from runtime_cache.errors import BackendError, InvalidURLError, ReadOnlyBackendError
+from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import (
     NOFOLLOW,
@@ -144,11 +144,6 @@ class DirectoryBackend(Backend):
     def from_url(cls, url: str) -> DirectoryBackend:
         """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``."""
         parsed = BackendURL.parse(url)
-        if parsed.netloc:
-            raise InvalidURLError(
-                f"dir:// takes a local folder, not a host ({parsed.netloc.rpartition('@')[2]!r}); "
-                "write dir:///abs/path"
-            )
         max_size = parsed.pop("max_size", "2GB")
         max_files = parsed.pop("max_files", "")
         fsync = parsed.pop_bool("fsync", False)

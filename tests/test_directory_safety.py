@@ -233,7 +233,7 @@ def test_group_writable_root_needs_shared(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ URLs and roots
 def test_dir_url_with_a_host_is_refused() -> None:
-    with pytest.raises(InvalidURLError, match="not a host") as info:
+    with pytest.raises(InvalidURLError, match="takes no host") as info:
         rc.open_backend("dir://user:pw@host/path")
     assert "pw" not in str(info.value)
 
