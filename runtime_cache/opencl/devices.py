@@ -136,8 +136,11 @@ def try_devices(platform_spec: str | None = None, *, first: bool = False) -> lis
         try:
             devices = list(platform.get_devices())
         except Exception as exc:
-            trials.append(DeviceTrial(-1, None, driver_label(platform), _one_line(exc)))
-            continue
+            devices, error = [], _one_line(exc)
+        else:
+            error = "the platform lists no device"
+        if not devices:
+            trials.append(DeviceTrial(-1, None, driver_label(platform), error))
         for device in devices:
             if platform_spec is None or _matches(platform_spec, p_index, platform):
                 trial = DeviceTrial(index, device, driver_label(platform), _probe(cl, device))
