@@ -77,7 +77,10 @@ def _flush_all() -> None:
 def _default_root() -> str:
     import platformdirs
 
-    return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
+    try:
+        return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
+    except RuntimeError as exc:  # no HOME and no passwd entry: no user cache folder
+        raise BackendError(f"no default cache folder: {exc}") from None
 
 
 class DirectoryBackend(Backend):
@@ -106,7 +109,9 @@ class DirectoryBackend(Backend):
         hits_batch: int = 64,
         shared: bool = False,
     ) -> None:
-        self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(_default_root())
+        # Absolute once, here: a later os.chdir must not move the cache.
+        root = os.path.expanduser(os.fspath(path)) if path else _default_root()
+        self.root = Path(os.path.abspath(root))
         self.max_size = None if max_size is None else parse_size(max_size)
         self.fsync = fsync
         self.track_access = track_access
