@@ -163,10 +163,10 @@ sys.path.insert(0, sys.argv[1])
 logging.disable(logging.CRITICAL)
 import pyopencl as cl
 from runtime_cache import codec
-from runtime_cache.opencl import opencl_stats
+from runtime_cache.opencl import choose_device, opencl_stats
 from runtime_cache.opencl.vetting import vetter
 from fuzz.opencl_targets import PrecompiledTarget, flip_value_bits
-ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+ctx = cl.Context([choose_device()])
 target = PrecompiledTarget(ctx)
 taken = 0
 for seed in range(1, 7):
@@ -202,11 +202,11 @@ import numpy as np
 import pyopencl as cl
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
-from runtime_cache.opencl import build_program, opencl_stats
+from runtime_cache.opencl import build_program, choose_device, opencl_stats
 from runtime_cache.opencl.program import plan_program
 from fuzz.opencl_targets import flip_value_bits
 from opencl_kernels import SCALE_SRC, run_kernel
-ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+ctx = cl.Context([choose_device()])
 cache = rc.Cache(DirectoryBackend(sys.argv[2]))
 build_program(ctx, SCALE_SRC, cache=cache)
 (key,) = plan_program(ctx, SCALE_SRC).keys
@@ -239,8 +239,9 @@ sys.path.insert(0, sys.argv[1])
 logging.disable(logging.CRITICAL)
 import pyopencl as cl
 from runtime_cache import codec
+from runtime_cache.opencl import choose_device
 from fuzz.opencl_targets import PrecompiledTarget, flip_value_bits
-ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+ctx = cl.Context([choose_device()])
 target = PrecompiledTarget(ctx)
 for seed in range(1, 9):
     damaged = [flip_value_bits(b, random.Random(seed), 2) for b in target.blobs]
