@@ -65,7 +65,10 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the cache to use (default: RUNTIME_CACHE, else the user cache folder)",
     )
     parser.add_argument(
-        "--device", metavar="SPEC", help="an OpenCL device: an index, or part of its name"
+        "--device",
+        metavar="SPEC",
+        help="an OpenCL device: an index, or part of its name (default: PYOPENCL_CTX, "
+        "else the first device that can build)",
     )
     parser.add_argument("--model", default="cnn", choices=("cnn", "tiny"), help="the model")
     parser.add_argument(
