@@ -1,5 +1,5 @@
-"""The demo on a real OpenCL driver (PoCL): the model against numpy, tuning through the
-cache, and ``runtime-cache demo`` end to end, cold then warm, on dir:// and Redis."""
+"""The demo on a real OpenCL driver (the one under test): the model against numpy, tuning
+through the cache, and ``runtime-cache demo`` end to end, cold then warm, on dir:// and Redis."""
 
 from __future__ import annotations
 

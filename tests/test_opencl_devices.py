@@ -133,3 +133,20 @@ def test_the_source_checkout_finds_every_backend(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "MemoryBackend" in done.stdout and "DirectoryBackend" in done.stdout
     assert str(ROOT / "backends" / "__init__.py") in done.stdout
+    # python -m runtime_cache, the same way.
+    main = (
+        "import runpy, sys\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, *{sites!r}]\n"
+        "sys.argv = ['runtime-cache', '--cache', 'dir://' + sys.argv[1], 'stats']\n"
+        "runpy.run_module('runtime_cache', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", main, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "total" in done.stdout
