@@ -114,16 +114,16 @@ def expose_intel_runtime() -> str | None:
         return None
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("off", "0", "no", "false"):
         return None
-    library = intel_library()
-    if library is None:
-        return None
-    icds = _system_icds()
-    if library in icds.values():
-        return None
-    icds["runtime-cache-intel-cpu.icd"] = library
     try:
+        library = intel_library()
+        if library is None:
+            return None
+        icds = _system_icds()
+        if library in icds.values():
+            return None
+        icds["runtime-cache-intel-cpu.icd"] = library
         folder = _write_folder(icds)
-    except OSError as exc:
+    except Exception as exc:  # a broken installation must not break importing the package
         log.warning("runtime-cache: cannot expose Intel's OpenCL CPU runtime (%s)", exc)
         return None
     os.environ[ENV_VENDORS] = folder
