@@ -110,7 +110,9 @@ class DirectoryBackend(Backend):
         shared: bool = False,
         max_entry_size: int = MAX_ENTRY_SIZE,
     ) -> None:
-        self.root = Path(os.path.expanduser(os.fspath(path))) if path else Path(default_directory())
+        # Absolute once, here: a later os.chdir must not move the cache.
+        root = os.path.expanduser(os.fspath(path)) if path else default_directory()
+        self.root = Path(os.path.abspath(root))
         self.max_size = None if max_size is None else parse_size(max_size)
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)

@@ -26,7 +26,8 @@ off (``~/.cache/pocl/uncached``); on a slow virtual disk that I/O swamps (c) and
 (d) with noise. ``--pocl-scratch DIR`` moves it (``POCL_CACHE_DIR``) for every
 phase, e.g. to a tmpfs, which leaves mostly the driver's own work in (d).
 ``--driver-cache on`` leaves the driver's cache on for every phase (the NVIDIA
-second run); the default turns it off. Prints a table and writes JSON to
+second run); the default turns it off. ``PYOPENCL_CTX`` chooses the driver (an index
+or part of a platform name, as pyopencl reads it). Prints a table and writes JSON to
 ``benchmarks/results/opencl-<label>.json``.
 
 Usage::
@@ -75,8 +76,12 @@ def kernel_sources(n: int, salt: str) -> dict[str, str]:
 def _context() -> Any:
     import pyopencl as cl
 
-    index = int(os.environ.get("BENCH_PLATFORM", "0"))
-    device = cl.get_platforms()[index].get_devices()[0]
+    from runtime_cache.opencl import choose_device  # also makes Intel's PyPI runtime visible
+
+    if "BENCH_PLATFORM" in os.environ:
+        device = cl.get_platforms()[int(os.environ["BENCH_PLATFORM"])].get_devices()[0]
+    else:
+        device = choose_device()  # PYOPENCL_CTX chooses the driver
     return cl.Context([device])
 
 

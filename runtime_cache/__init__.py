@@ -20,7 +20,11 @@ from .codec import Entry, Limits
 from .keys import CacheKey, make_key, module_id_from_sources
 from .provider import cache_provider, get_cache, reset_cache_provider, set_cache_provider
 from .registry import open_backend, register_backend
+from .source_tree import attach_backends
 from .stats import CacheStats, EntryInfo
+
+# A source checkout keeps runtime_cache.backends in backends/, beside this package.
+attach_backends(__file__)
 
 __all__ = [
     "Backend",

@@ -1,8 +1,8 @@
 """``python -m runtime_cache``: the ``runtime-cache`` command."""
 
-import sys
+from __future__ import annotations
 
 from .cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

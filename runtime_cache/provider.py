@@ -53,7 +53,9 @@ def _to_cache(provider: Provider) -> Cache:
 
 
 def _default() -> Cache:
-    url = environment.read(environment.ENV_CACHE) or "dir://"
+    url = environment.read(environment.ENV_CACHE)
+    if url is None:
+        return _embedded()
     try:
         return _to_cache(url)
     except RuntimeCacheError as exc:
@@ -61,6 +63,19 @@ def _default() -> Cache:
         where = redact_url(url)
         log.error("runtime-cache: cannot open cache %s (%s); caching is off", where, exc)
         return Cache(None)
+
+
+def _embedded() -> Cache:
+    """The user cache folder; with no usable home, a private temporary one, else memory."""
+    try:
+        return _to_cache("dir://")
+    except RuntimeCacheError as exc:
+        environment.warn_no_home(str(exc))
+    try:
+        return _to_cache(f"dir://{environment.fallback_directory('cache')}")
+    except RuntimeCacheError as exc:
+        log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)
+        return _to_cache("memory://")
 
 
 def set_cache_provider(provider: Provider) -> Cache:

@@ -1,4 +1,5 @@
-"""Shared by the test_opencl_* files: a real PoCL context (or an honest skip) and kernels."""
+"""Shared by the test_opencl_* files: a context on the driver under test (or an honest skip)
+and kernels."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
 
 from conftest import need
 
-__all__ = ["SCALE_SRC", "SHIFT_SRC", "generated_sources", "opencl_context", "run_kernel"]
+__all__ = [
+    "SCALE_SRC",
+    "SHIFT_SRC",
+    "driver",
+    "generated_sources",
+    "is_pocl",
+    "opencl_context",
+    "opencl_device",
+    "run_kernel",
+]
 
 
 def generated_sources(count: int, salt: int = 0) -> dict[str, str]:
@@ -23,17 +33,37 @@ def generated_sources(count: int, salt: int = 0) -> dict[str, str]:
     }
 
 
-def opencl_context() -> Any:
-    """A context on the first OpenCL platform's devices, or skip (fail when required)."""
+def opencl_device() -> Any:
+    """The device under test: the one :func:`runtime_cache.opencl.choose_device` picks
+    (``PYOPENCL_CTX`` selects the driver in CI's driver matrix), or skip (fail when required)."""
     try:
-        import pyopencl as cl
+        import pyopencl  # noqa: F401
+
+        from runtime_cache.opencl import choose_device
     except ImportError as exc:
         need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", f"pyopencl is not installed ({exc})")
+    from runtime_cache.errors import RuntimeCacheError
+
     try:
-        platforms = cl.get_platforms()
-    except Exception as exc:
-        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", f"no OpenCL platform ({exc})")
-    devices = [d for p in platforms for d in p.get_devices()][:1]
-    if not devices:
-        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", "no OpenCL device found")
-    return cl.Context(devices)
+        return choose_device()
+    except RuntimeCacheError as exc:
+        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", str(exc))
+
+
+def driver() -> str:
+    """The driver under test, as :func:`runtime_cache.opencl.devices.driver_label` names it."""
+    from runtime_cache.opencl.devices import driver_label
+
+    return driver_label(opencl_device().platform)
+
+
+def is_pocl() -> bool:
+    """Whether the driver under test is PoCL (any version)."""
+    return driver().startswith("PoCL")
+
+
+def opencl_context() -> Any:
+    """A context on the device under test, or skip (fail when required)."""
+    import pyopencl as cl
+
+    return cl.Context([opencl_device()])

@@ -1,5 +1,5 @@
-"""The demo on a real OpenCL driver (PoCL): the model against numpy, tuning through the
-cache, and ``runtime-cache demo`` end to end, cold then warm, on dir:// and Redis."""
+"""The demo on a real OpenCL driver (the one under test): the model against numpy, tuning
+through the cache, and ``runtime-cache demo`` end to end, cold then warm, on dir:// and Redis."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import runtime_cache as rc
-from conftest import need
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.cli import main as cli_main
 from runtime_cache.demo.phases import PHASES, Phases, Progress
@@ -30,13 +29,9 @@ REQUIRE = "RUNTIME_CACHE_REQUIRE_OPENCL"
 
 
 def _device() -> Any:
-    from runtime_cache.demo.device import list_devices
-    from runtime_cache.errors import RuntimeCacheError
+    from opencl_support import opencl_device
 
-    try:
-        return list_devices()[0]
-    except RuntimeCacheError as exc:
-        need("OpenCL", REQUIRE, str(exc))
+    return opencl_device()
 
 
 def _demo(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -141,15 +136,33 @@ def test_demo_on_redis(redis_server: RedisProcess) -> None:
 
 # ---------------------------------------------------------------------- clean failures
 @opencl
-def test_no_opencl_device_names_the_install_command(tmp_path: Path) -> None:
-    device = _device()
-    if "Portable Computing Language" not in str(device.platform.name):
-        pytest.skip("hiding devices with POCL_DEVICES=none needs PoCL")
-    env = dict(os.environ, POCL_DEVICES="none")
-    done = _demo("--tiny", "--cache", f"dir://{tmp_path}", env=env)
-    assert done.returncode == 2
-    assert "pip install 'runtime-cache[opencl]'" in done.stderr
+@pytest.mark.parametrize("hidden", ["no platform", "no device"])
+def test_no_opencl_device_names_what_to_install(tmp_path: Path, hidden: str) -> None:
+    pytest.importorskip("pyopencl")
+    env = {k: v for k, v in os.environ.items() if k != "PYOPENCL_CTX"}
+    if hidden == "no platform":  # the ICD loader finds no driver at all
+        env["OCL_ICD_VENDORS"] = str(tmp_path / "no-such-folder")
+    else:  # pip's PoCL is still found (through PYOPENCL_HOME), but lists no device
+        (tmp_path / "vendors").mkdir()
+        env.update(OCL_ICD_VENDORS=str(tmp_path / "vendors"), POCL_DEVICES="none")
+    done = _demo("--tiny", "--cache", f"dir://{tmp_path / 'cache'}", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "apt-get install pocl-opencl-icd" in done.stderr
+    assert "pip install 'runtime-cache[opencl,intel]'" in done.stderr
     assert "Traceback" not in done.stderr
+    if hidden == "no device":
+        assert "PoCL 3.0" in done.stderr  # each platform tried, with its error
+
+
+def test_a_warm_run_without_hits_or_entries_is_a_failure() -> None:
+    from runtime_cache.demo.cli import _broken_cache
+
+    good = {"entries": {"count": 14}, "warm": {"cache_stats": {"hits": 10}}}
+    assert _broken_cache(good) is None
+    nothing = {"entries": {"count": 0}, "warm": {"cache_stats": {"hits": 0}}}
+    assert "stored nothing" in str(_broken_cache(nothing))
+    no_hits = {"entries": {"count": 14}, "warm": {"cache_stats": {"hits": 0}}}
+    assert "no cache hits" in str(_broken_cache(no_hits))
 
 
 @opencl

@@ -19,8 +19,8 @@ import sys
 import pyopencl as cl
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
-from runtime_cache.opencl import OpenCLModule, opencl_stats
-ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+from runtime_cache.opencl import OpenCLModule, choose_device, opencl_stats
+ctx = cl.Context([choose_device()])
 n = int(sys.argv[2])
 sources = {f"k{i}": f"kernel void k{i}(global float *a) {{ a[get_global_id(0)] += {i}.0f; }}"
            for i in range(n)}

@@ -80,7 +80,7 @@ def test_build_all_loads_hits_in_chunks_and_rebuilds_only_the_missing_and_refuse
     for name in ("k2", "k7"):
         cache.delete(keys[name])
     flipped = bytearray(cache.get(keys["k5"]) or b"")
-    for i in range(8):  # PoCL checks the header and refuses the binary
+    for i in range(8):  # every driver checks the header (PoCL, Intel) and refuses the binary
         flipped[i] ^= 0xFF
     cache.put(keys["k5"], bytes(flipped))
     reset_opencl_stats()

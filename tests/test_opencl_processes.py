@@ -20,14 +20,13 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import pyopencl as cl
     import runtime_cache as rc
-    from runtime_cache.opencl import OpenCLModule, opencl_stats
+    from runtime_cache.opencl import OpenCLModule, choose_device, opencl_stats
 
     sys.path.insert(0, sys.argv[2])
     from opencl_support import generated_sources, run_kernel
 
     rc.set_cache_provider("dir://" + sys.argv[1])
-    dev = cl.get_platforms()[0].get_devices()[0]
-    ctx = cl.Context([dev])
+    ctx = cl.Context([choose_device()])
     module = OpenCLModule(ctx, generated_sources(3, salt=7))
     module.build_all(workers=1)
     data = np.arange(16, dtype=np.float32)

@@ -100,7 +100,7 @@ def test_flipped_bits_pass_the_codec_but_the_driver_rejects_them(ctx: Any, cache
     plan = plan_program(ctx, SCALE_SRC)
     assert plan.keys is not None
     flipped = bytearray(_binary(ctx, good))
-    for i in range(8):  # the binary's header: PoCL checks it and refuses the binary
+    for i in range(8):  # the binary's header: PoCL and Intel check it and refuse the binary
         flipped[i] ^= 0xFF
     cache.put(plan.keys[0], bytes(flipped))  # re-encoded: a valid entry with a valid checksum
     assert cache.get(plan.keys[0]) == bytes(flipped)
@@ -182,7 +182,7 @@ def test_recapture_restores_changed_binaries(ctx: Any, cache: rc.Cache) -> None:
     program = build_program(ctx, SCALE_SRC, cache=cache)
     data = np.ones(4, dtype=np.float32)
     run_kernel(ctx, program.scale, data, np.float32(2))
-    # PoCL returns the same binary after a launch: nothing to re-store.
+    # PoCL and Intel return the same binary after a launch: nothing to re-store.
     assert recapture_binaries(program) == 0
     # Stand in for a driver that finishes compiling at first launch (ARM Mali): the
     # binary recorded at build time differs from the one the driver returns now.

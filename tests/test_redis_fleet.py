@@ -31,7 +31,8 @@ from dataclasses import asdict
 try:
     import numpy as np
     import pyopencl as cl
-    ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+    from runtime_cache.opencl import choose_device
+    ctx = cl.Context([choose_device()])
 except Exception as exc:
     print(exc, file=sys.stderr)
     sys.exit(77)

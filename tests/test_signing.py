@@ -153,7 +153,9 @@ def _cl_context() -> Any:
     try:
         import pyopencl as cl
 
-        return cl.Context([cl.get_platforms()[0].get_devices()[0]])
+        from runtime_cache.opencl import choose_device
+
+        return cl.Context([choose_device()])
     except Exception as exc:  # no driver or no device
         need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", str(exc))
 

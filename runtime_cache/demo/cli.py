@@ -20,8 +20,9 @@ group ``runtime_cache.cli`` names :func:`add_parser`::
         runtime-cache command: command(args, ctx) -> int
     run_demo(args: argparse.Namespace) -> int
         runs the demo; returns the exit code: 0 done and outputs identical,
-        1 the demo failed or the outputs differ, 2 it cannot run here (no
-        OpenCL, an unusable cache URL or backend)
+        1 the demo failed, the outputs differ, or the cache did not work (the
+        warm run got no hits, or nothing was stored), 2 it cannot run here (no
+        OpenCL device that can build, an unusable cache URL or backend)
 
 It also runs on its own: ``python -m runtime_cache.demo --help``.
 """
@@ -68,7 +69,10 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the cache to use (default: RUNTIME_CACHE, else the user cache folder)",
     )
     parser.add_argument(
-        "--device", metavar="SPEC", help="an OpenCL device: an index, or part of its name"
+        "--device",
+        metavar="SPEC",
+        help="an OpenCL device: an index, or part of its name (default: PYOPENCL_CTX, "
+        "else the first device that can build)",
     )
     parser.add_argument("--model", default="cnn", choices=("cnn", "tiny"), help="the model")
     parser.add_argument(
@@ -155,14 +159,18 @@ def _remove(cache: Cache, module_id: str) -> int:
 def _child(
     label: str, model: str, device: str, env: dict[str, str], progress: bool
 ) -> dict[str, Any]:
-    command = [sys.executable, "-m", "runtime_cache.demo.run", "--model", model, "--device", device]
+    from ..opencl.child import child_folder, python_command
+
+    argv = ["--model", model, "--device", device]
     if progress:
-        command += ["--progress", label]
+        argv += ["--progress", label]
+    command = python_command("runtime_cache.demo.run", argv)
     started = time.perf_counter()
     try:
         done = subprocess.run(
             command,
             env=env,
+            cwd=child_folder(),
             stdout=subprocess.PIPE,
             stderr=None if progress else subprocess.PIPE,
             timeout=CHILD_TIMEOUT_S,
@@ -183,9 +191,21 @@ def _child(
     return report
 
 
+def _absolute(url: str) -> str:
+    """``url`` with each relative ``dir://`` folder made absolute: the runs start elsewhere."""
+    parts = []
+    for part in url.split(","):
+        scheme, sep, rest = part.strip().partition("://")
+        if sep and scheme.lower() == "dir" and rest and not rest.startswith(("/", "?")):
+            path, query, args = rest.partition("?")
+            rest = os.path.abspath(path) + query + args
+        parts.append(f"{scheme}{sep}{rest}")
+    return ",".join(parts)
+
+
 def _child_env(url: str, driver_cache: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env[environment.ENV_CACHE] = url
+    env[environment.ENV_CACHE] = _absolute(url)
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
@@ -198,7 +218,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     Raises :class:`DemoError` or another
     :class:`~runtime_cache.errors.RuntimeCacheError` with a message for the user.
     """
-    from .device import list_devices, select_device
+    from .device import choose
     from .model import build_model
 
     name = "tiny" if getattr(args, "tiny", False) else getattr(args, "model", "cnn")
@@ -209,8 +229,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     cache = _open(url)
     started = False
     try:
-        device = select_device(getattr(args, "device", None))
-        index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
+        _, index = choose(getattr(args, "device", None))
         _remove(cache, model.module_id)
         started = True
         env = _child_env(url, driver_cache)
@@ -255,7 +274,20 @@ def run_demo(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(format_text(result))
+    problem = _broken_cache(result)
+    if problem:
+        print(f"runtime-cache demo: error: {problem}", file=sys.stderr)
+        return 1
     return 0 if result["outputs_identical"] else 1
+
+
+def _broken_cache(result: dict[str, Any]) -> str | None:
+    """Why the cache did not work in this run, in one line; ``None`` when it did."""
+    if not result["entries"]["count"]:
+        return "the cache stored nothing, so the warm run could not load from it"
+    if not result["warm"]["cache_stats"]["hits"]:
+        return "the warm run got no cache hits, so the cache did not work"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

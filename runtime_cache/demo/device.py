@@ -13,7 +13,15 @@ from typing import Any
 from ..cache import Cache
 from ..errors import MissingDependencyError, RuntimeCacheError
 
-__all__ = ["INSTALL_HINT", "NoDeviceError", "build", "fingerprint", "list_devices", "select_device"]
+__all__ = [
+    "INSTALL_HINT",
+    "NoDeviceError",
+    "build",
+    "choose",
+    "fingerprint",
+    "list_devices",
+    "select_device",
+]
 
 INSTALL_HINT = "pip install 'runtime-cache[opencl]'"
 
@@ -52,9 +60,26 @@ def list_devices() -> list[Any]:
     return devices
 
 
+def choose(spec: str | None = None) -> tuple[Any, int]:
+    """The device the demo runs on, and its index over all platforms' devices.
+
+    The OpenCL consumer's one chooser decides (:func:`runtime_cache.opencl.choose_device`):
+    ``spec``, else ``PYOPENCL_CTX``, else the first device that can build. Raises
+    :class:`~runtime_cache.opencl.NoWorkingDeviceError` with what to install when none can.
+    """
+    _pyopencl()
+    from ..opencl import choose_device
+
+    device = choose_device(spec)
+    index = [int(d.int_ptr) for d in list_devices()].index(int(device.int_ptr))
+    return device, index
+
+
 def select_device(spec: str | None = None) -> Any:
     """The device at index ``spec`` (counting over all platforms), or the first whose
-    name contains ``spec`` (case-insensitive); the first device when ``spec`` is None."""
+    name contains ``spec`` (case-insensitive); the first device when ``spec`` is None.
+
+    No trial build: the demo's runs get the index :func:`choose` found."""
     devices = list_devices()
     if not spec:
         return devices[0]

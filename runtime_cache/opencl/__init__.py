@@ -11,25 +11,38 @@ the binaries; every later run (any process sharing the cache) loads them.
 * :func:`recapture_binaries` re-stores binaries that drivers finish only at
   the first launch.
 
+* :func:`choose_device` picks the device: an explicit choice, else
+  ``PYOPENCL_CTX``, else the first device that can actually build.
+
 pyopencl is imported on first use; without it these raise
-:class:`runtime_cache.errors.MissingDependencyError`.
+:class:`runtime_cache.errors.MissingDependencyError`. Importing this package
+makes Intel's CPU runtime from PyPI (the ``intel`` extra) visible to the ICD
+loader, before pyopencl reads its platform list (see
+:mod:`runtime_cache.opencl.icd`).
 """
 
 from __future__ import annotations
 
 from .capture import recapture_binaries
 from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
+from .devices import NoWorkingDeviceError, choose_device
 from .fingerprint import device_fingerprint
+from .icd import expose_intel_runtime
 from .install import install, installed, is_installed, uninstall
 from .module import OpenCLModule
 from .program import PURPOSE, RUNTIME, build_program
 
+# Before pyopencl's first platform query (none of the modules above makes one on import).
+expose_intel_runtime()
+
 __all__ = [
     "PURPOSE",
     "RUNTIME",
+    "NoWorkingDeviceError",
     "OpenCLModule",
     "OpenCLStats",
     "build_program",
+    "choose_device",
     "device_fingerprint",
     "install",
     "installed",

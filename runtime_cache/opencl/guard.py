@@ -18,8 +18,10 @@ driver made in a process of this user, or that a vetting child loaded without
 harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly.
 
 The folder is ``$RUNTIME_CACHE_GUARD_DIR``, or ``opencl-guard`` in
-``platformdirs.user_state_dir("runtime-cache")``. The guard is advisory: if the
-folder cannot be written, loading goes on unguarded.
+``platformdirs.user_state_dir("runtime-cache")``; with no usable home folder (no
+``HOME`` and no passwd entry, or a read-only one) it is ``opencl-guard`` in a
+private temporary folder (:func:`runtime_cache.environment.fallback_directory`).
+The guard is advisory: if no folder can be written, loading goes on unguarded.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import xxhash
+
+from .. import environment
 
 __all__ = ["Binary", "LoadGuard", "binary_digest", "guard"]
 
@@ -71,6 +75,7 @@ class LoadGuard:
 
     def __init__(self, folder: str | None = None) -> None:
         self._folder = folder
+        self._given = folder is not None
         self._lock = threading.Lock()
         self._ready = False
         self._fd: int | None = None
@@ -81,6 +86,22 @@ class LoadGuard:
         self._loading: dict[str, int] = {}
         self.recovered = 0
 
+    def _folder_given(self) -> bool:
+        return self._given or bool(os.environ.get(ENV_GUARD_DIR, "").strip())
+
+    @staticmethod
+    def _open_folder(folder: str) -> list[str]:
+        """Make ``folder`` (private) and list it; ``OSError`` when it is unusable or
+        (outside the home folder) not this user's own."""
+        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if folder.startswith(environment.fallback_directory("state") + os.sep):
+            # A shared temporary folder: another user may have made this path first.
+            info = os.lstat(os.path.dirname(folder))
+            if info.st_uid != os.getuid() or info.st_mode & 0o022:
+                raise OSError(f"{os.path.dirname(folder)} is not a private folder of this user")
+        return os.listdir(folder)
+
     @property
     def folder(self) -> str:
         """Where the guard keeps its files."""
@@ -89,10 +110,7 @@ class LoadGuard:
             if env:
                 self._folder = env
             else:
-                import platformdirs
-
-                state = platformdirs.user_state_dir("runtime-cache", appauthor=False)
-                self._folder = os.path.join(state, "opencl-guard")
+                self._folder = os.path.join(environment.state_directory(), "opencl-guard")
         return self._folder
 
     def _start(self) -> None:
@@ -102,11 +120,21 @@ class LoadGuard:
         self._ready = True
         folder = self.folder
         try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            names = os.listdir(folder)
+            names = self._open_folder(folder)
         except OSError as exc:
-            log.debug("runtime-cache: load guard off (%s)", exc)
-            return
+            if self._folder_given():
+                log.debug("runtime-cache: load guard off (%s)", exc)
+                return
+            # A read-only home: keep the guard in a private temporary folder instead.
+            environment.warn_no_home(str(exc))
+            folder = self._folder = os.path.join(
+                environment.fallback_directory("state"), "opencl-guard"
+            )
+            try:
+                names = self._open_folder(folder)
+            except OSError as again:
+                log.debug("runtime-cache: load guard off (%s)", again)
+                return
         found: list[str] = []
         for name in names:
             pid_text, _, suffix = name.partition(".")

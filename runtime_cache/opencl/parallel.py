@@ -3,8 +3,9 @@
 PoCL's compiler holds Python's GIL for part of a build and serializes part of
 it internally, so threads gave only 0.71-0.84 of the sequential time on a
 2-core machine; separate processes scale (about 0.5). Each worker is a plain
-``python -m runtime_cache.opencl.worker`` subprocess (no multiprocessing, so
-the app's main module is never re-imported): it opens the same devices
+``python -m runtime_cache.opencl.worker`` subprocess, started isolated from the
+current folder (:mod:`runtime_cache.opencl.child`; no multiprocessing, so the
+app's main module is never re-imported): it opens the same devices
 (matched by fingerprint), builds from source and ships the binaries back;
 the parent creates the programs from them. Anything a worker cannot do is
 handed back to the parent, which builds it itself.
@@ -15,12 +16,12 @@ from __future__ import annotations
 import os
 import queue
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from .child import child_folder, python_command
 from .fingerprint import device_fingerprint
 from .worker import read_message, write_message
 
@@ -39,16 +40,6 @@ __all__ = [
 Job = tuple[str, str | bytes, list[str]]
 #: ``(name, binaries or None, build seconds, options text seen by the worker)``
 WorkerResult = tuple[str, list[bytes] | None, float, str]
-
-
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The worker imports runtime_cache the way this process did.
-    paths = [p for p in sys.path if p]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
 
 
 def _serve(
@@ -97,11 +88,12 @@ def start_worker(
     ``env`` adds to (or overrides) the worker's environment.
     """
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime_cache.opencl.worker"],
+        python_command("runtime_cache.opencl.worker"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**_worker_env(), **(env or {})},
+        env={**os.environ, **(env or {})},
+        cwd=child_folder(),
     )
     assert process.stdin is not None and process.stdout is not None
     try:

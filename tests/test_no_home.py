@@ -1,0 +1,142 @@
+"""Machines without a usable home folder: no HOME and no passwd entry (containers, ``env -i``),
+or a read-only home. get_cache() and build_program() carry on with one warning."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+
+UID = 48213  # no passwd entry on a test machine
+WARNING = "no usable home folder"
+
+SCRIPT = r"""
+import logging, os, sys
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+import runtime_cache as rc
+cache = rc.get_cache()
+print("cache", cache)
+if sys.argv[1] == "opencl":
+    import pyopencl as cl
+    from runtime_cache.opencl import build_program, choose_device, opencl_stats
+    ctx = cl.Context([choose_device()])
+    src = "__kernel void k(__global float *a) { a[get_global_id(0)] = 2.0f; }"
+    build_program(ctx, src, module_id="no-home")
+    build_program(cl.Context(ctx.devices), src, module_id="no-home")
+    print("stats", cache.stats().hits, cache.stats().stores)
+"""
+
+
+def _as_user(uid: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run this Python as ``uid`` (no supplementary groups), able to read the interpreter and
+    the source (CAP_DAC_READ_SEARCH: the test machine keeps them under /root) but not to
+    write anything of root's."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as a uid with no passwd entry")
+    caps = ["--inh-caps", "+dac_read_search", "--ambient-caps", "+dac_read_search"]
+    command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *caps]
+    return subprocess.run(
+        [*command, "env", "-i", *[f"{k}={v}" for k, v in env.items()], *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tempfile.gettempdir(),
+    )
+
+
+def _env(**extra: str) -> dict[str, str]:
+    root = str(Path(rc.__file__).resolve().parent.parent)
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "PYOPENCL_CTX", "TMPDIR")}
+    return {**keep, "PYTHONPATH": os.pathsep.join([root, *sys.path[1:]]), **extra}
+
+
+@pytest.fixture
+def fresh_uid() -> int:
+    """A uid with no passwd entry, and no leftover temporary folders of its own."""
+    import pwd
+
+    try:
+        pwd.getpwuid(UID)
+        pytest.skip(f"uid {UID} has a passwd entry here")
+    except KeyError:
+        pass
+    for kind in ("cache", "state"):
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"runtime-cache-{UID}-{kind}", True)
+    return UID
+
+
+def test_get_cache_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> None:
+    done = _as_user(fresh_uid, [sys.executable, "-c", SCRIPT, "plain"], _env())
+    assert done.returncode == 0, done.stderr
+    assert f"runtime-cache-{fresh_uid}-cache" in done.stdout  # a private temporary folder
+    assert done.stderr.count(WARNING) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.opencl
+def test_build_program_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> None:
+    from opencl_support import opencl_device
+
+    opencl_device()
+    done = _as_user(fresh_uid, [sys.executable, "-c", SCRIPT, "opencl"], _env())
+    assert done.returncode == 0, done.stderr
+    assert "stats 1 1" in done.stdout  # stored once, then loaded from the cache
+    assert done.stderr.count(WARNING) == 1, done.stderr
+    guard = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-state" / "opencl-guard"
+    assert guard.is_dir() and guard.stat().st_uid == fresh_uid
+
+
+@pytest.mark.opencl
+def test_build_program_with_runtime_cache_set_and_no_home(fresh_uid: int, tmp_path: Path) -> None:
+    from opencl_support import opencl_device
+
+    opencl_device()
+    done = _as_user(
+        fresh_uid, [sys.executable, "-c", SCRIPT, "opencl"], _env(RUNTIME_CACHE="memory://")
+    )
+    assert done.returncode == 0, done.stderr
+    assert "MemoryBackend" in done.stdout  # the cache asked for
+    assert "stats 1 1" in done.stdout
+    assert done.stderr.count(WARNING) == 1, done.stderr  # the guard's folder moved
+
+
+@pytest.mark.opencl
+def test_read_only_home_warns_once_and_caches_in_a_temporary_folder(
+    fresh_uid: int, tmp_path: Path
+) -> None:
+    from opencl_support import opencl_device
+
+    opencl_device()
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)  # root's, and read-only to the test user
+    tmp_path.chmod(0o755)
+    done = _as_user(fresh_uid, [sys.executable, "-c", SCRIPT, "opencl"], _env(HOME=str(home)))
+    assert done.returncode == 0, done.stderr
+    assert f"runtime-cache-{fresh_uid}-cache" in done.stdout
+    assert "stats 1 1" in done.stdout
+    assert done.stderr.count(WARNING) == 1, done.stderr
+
+
+def test_a_relative_dir_url_stays_where_it_was_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    backend = rc.open_backend("dir://relative/cache")
+    assert isinstance(backend, DirectoryBackend)
+    assert backend.root == tmp_path / "relative" / "cache"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    backend.set("k/one", b"value")
+    assert backend.get("k/one") == b"value"
+    assert not (elsewhere / "relative").exists()
+    assert rc.open_backend("dir://../relative/cache").get("k/one") == b"value"
