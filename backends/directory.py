@@ -155,7 +155,7 @@ class DirectoryBackend(Backend):
         cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}
-        return cls(parsed.path or None, max_size=cap, max_files=files, **options)
+        return cls((parsed.netloc + parsed.path) or None, max_size=cap, max_files=files, **options)
 
     def _reopen_after_fork(self) -> None:
         # A forked child gets fresh locks (another thread may have held ours at the

@@ -22,7 +22,7 @@ __all__ = [
     "warn_no_home",
 ]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 _warned = threading.Event()
 
 #: A backend URL, a comma-separated list of tiers, or ``off``.

@@ -80,8 +80,8 @@ class BackendURL:
     def parse(cls, url: str) -> BackendURL:
         """Split ``url``; raise :class:`InvalidURLError` when it is not a URL.
 
-        A ``dir://`` URL with a host (``dir://user:pw@host/path``) is refused:
-        the folder is the path after three slashes, ``dir:///path``.
+        A ``dir://`` URL with a host (``dir://user:pw@host/path``, ``dir://host:80/x``)
+        is refused: the folder is ``dir:///abs/path`` or ``dir://relative/path``.
         """
         if not isinstance(url, str) or "://" not in url:
             raise InvalidURLError(f"not a backend URL (expected scheme://...): {redact_url(url)}")
@@ -98,7 +98,8 @@ class BackendURL:
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
         scheme = parts.scheme.lower()
-        if scheme in _LOCAL_SCHEMES and parts.netloc:
+        # dir://relative/path names a relative folder; userinfo or a port means a host.
+        if scheme in _LOCAL_SCHEMES and ("@" in parts.netloc or ":" in parts.netloc):
             raise InvalidURLError(
                 f"a {scheme}:// URL names a local folder and takes no host: "
                 f"{redact_url(url)} (write {scheme}:///absolute/path)"

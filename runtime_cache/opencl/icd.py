@@ -31,7 +31,7 @@ import xxhash
 
 __all__ = ["ENV_SWITCH", "expose_intel_runtime", "intel_library"]
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 ENV_VENDORS = "OCL_ICD_VENDORS"
 ENV_SWITCH = "RUNTIME_CACHE_OPENCL_ICD"
