@@ -131,6 +131,7 @@ class DirectoryBackend(Backend):
             raise BackendError(f"cache root {self.root} is not a directory")
         if not shared:
             self._check_owner()
+        self.private = not shared and self._only_mine()
         self._root = str(self.root)
         self._journal = HitsJournal(os.path.join(self._root, _HITS), batch=hits_batch)
         self._journal.writable = not self._read_only
@@ -164,6 +165,16 @@ class DirectoryBackend(Backend):
                 f"cache root {self.root} is owned by another user or writable by anyone; "
                 "refusing it (add ?shared=1, or shared=True, to use it on purpose)"
             )
+
+    def _only_mine(self) -> bool:
+        # Private: ours (or root's, above every user anyway), and nobody else may write it.
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return False
+        geteuid = getattr(os, "geteuid", None)
+        owner = geteuid is None or st.st_uid in (geteuid(), 0)
+        return owner and not st.st_mode & 0o022
 
     # ----------------------------------------------------------------- paths
     def _path(self, key: str) -> str:

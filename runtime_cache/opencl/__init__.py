@@ -8,6 +8,9 @@ the binaries; every later run (any process sharing the cache) loads them.
   all at once in parallel, and exports/imports pre-compiled bundles.
 * :func:`install` / :func:`uninstall` route pyopencl's own ``Program.build``
   (and the kernels pyopencl generates) through the cache.
+* :func:`prepare_driver_cache` (or ``RUNTIME_CACHE_DRIVER_CACHE=1``, which runs
+  it on import) points the drivers at folders whose JIT output travels through
+  the cache too (:mod:`.driver_cache`).
 * :func:`recapture_binaries` re-stores binaries that drivers finish only at
   the first launch.
 
@@ -19,12 +22,16 @@ from __future__ import annotations
 
 from .capture import recapture_binaries
 from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
+from .driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
+from .driver_cache import driver_cache_enabled
+from .driver_cache import prepare as prepare_driver_cache
 from .fingerprint import device_fingerprint
 from .install import install, installed, is_installed, uninstall
 from .module import OpenCLModule
 from .program import PURPOSE, RUNTIME, build_program
 
 __all__ = [
+    "DRIVER_CACHE_PURPOSE",
     "PURPOSE",
     "RUNTIME",
     "OpenCLModule",
@@ -35,7 +42,12 @@ __all__ = [
     "installed",
     "is_installed",
     "opencl_stats",
+    "prepare_driver_cache",
     "recapture_binaries",
     "reset_opencl_stats",
     "uninstall",
 ]
+
+if driver_cache_enabled():
+    # The drivers read their folder variables when they start: set them as early as we can.
+    prepare_driver_cache()
