@@ -217,6 +217,8 @@ class DriverCacheSession:
         sweep_temporaries({folder: per_module})
         if not trusted_source(self.cache):
             return 0
+        if not per_module and snapshot(folder):
+            return 0  # the driver's folder is warm already; its index is not ours to merge
         value = self.cache.get(key)
         if value is None:
             return 0
@@ -298,6 +300,19 @@ class DriverCaches:
                 self.sessions = [DriverCacheSession(cache, d, self.module_id) for d in self.devices]
             sessions = self.sessions
         return sum(s.restore() for s in sessions)
+
+    def start_restore(self, cache: Cache) -> threading.Thread:
+        """Run :meth:`restore` on a thread (join it before the first program loads)."""
+
+        def run() -> None:
+            try:
+                self.restore(cache)
+            except Exception as exc:  # advisory: the programs load without it
+                log.warning("runtime-cache: driver cache not restored (%s)", exc)
+
+        thread = threading.Thread(target=run, name="runtime-cache-driver-restore", daemon=True)
+        thread.start()
+        return thread
 
     def capture(self, *, settle: bool = False) -> int:
         """Capture on every device; return how many stored (``settle``: see the session's)."""

@@ -136,16 +136,20 @@ def _temp_name(path: str) -> str:
     return f"{path}{TEMP_MARK}{os.getpid()}-{time.monotonic_ns()}"
 
 
-def _write(path: str, executable: bool, data: bytes) -> str:
-    temp = _temp_name(path)
+def _write_new(path: str, executable: bool, data: bytes) -> None:
     mode = 0o700 if executable else 0o600
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+def _write(path: str, executable: bool, data: bytes) -> str:
+    temp = _temp_name(path)
+    _write_new(temp, executable, data)
     return temp
 
 
@@ -189,7 +193,15 @@ def restore_whole(folder: str, files: Sequence[DriverFile]) -> bool:
     temp = _temp_name(os.path.abspath(folder))
     os.mkdir(temp, 0o700)
     try:
-        add_missing(temp, files)
+        # Nobody else sees this folder until the rename: each file is written in place.
+        made = {temp}
+        for name, executable, data in files:
+            target = os.path.join(temp, name)
+            parent = os.path.dirname(target)
+            if parent not in made:
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+                made.add(parent)
+            _write_new(target, executable, data)
         try:
             os.rename(temp, folder)  # replaces only an absent or empty folder
         except OSError:

@@ -218,9 +218,11 @@ class OpenCLModule:
         if not missing:
             return 0
         count = workers if workers is not None else (os.cpu_count() or 1)
-        if self._driver is not None:
-            self._driver.restore(self.cache)
-        to_build = self._load_cached(missing, count)
+        # The driver's files are restored while the first entries are read; loads wait for them.
+        gate = self._driver.start_restore(self.cache) if self._driver is not None else None
+        to_build = self._load_cached(missing, count, gate)
+        if gate is not None:
+            gate.join()
         if not to_build:
             self.capture_driver_cache(settle=False)
             return 0
@@ -246,7 +248,9 @@ class OpenCLModule:
         """
         return 0 if self._driver is None else self._driver.capture(settle=settle)
 
-    def _load_cached(self, names: list[str], workers: int) -> list[str]:
+    def _load_cached(
+        self, names: list[str], workers: int, gate: threading.Thread | None = None
+    ) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build.
 
         A background thread fetches the entries a chunk of programs at a time
@@ -279,6 +283,8 @@ class OpenCLModule:
         lock = threading.Lock()
 
         def load(batch: list[_Fetched]) -> None:
+            if gate is not None:
+                gate.join()
             for name, plan, ready, digests, vet in batch:
                 if ready is not None and not vet and self._load_one(name, plan, ready, digests):
                     continue
