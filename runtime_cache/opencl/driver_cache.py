@@ -18,8 +18,10 @@ With the driver cache switched on (``install(driver_cache=True)``,
   loads, the files an earlier process captured, and captures the files the
   driver added since (after ``build_all`` and at exit). PoCL's files are kept
   per module and device (``add_missing``: a file present is never replaced);
-  NVIDIA's folder has one index for all, so it is kept per device and restored
-  only into an empty folder, as a whole.
+  NVIDIA's folder has one index for all, so it is kept per device: missing
+  data files are added and the index is replaced last, in one rename. NVIDIA
+  writes most of its files when the process ends, after anything in it could
+  store them, so a later process stores the files an earlier one left.
 
 Trust: these files reach the driver unvetted, so they are read only from a
 cache that signs its entries or whose backend is private to this user
@@ -44,7 +46,7 @@ from .driver_files import (
     DriverFile,
     add_missing,
     pack_files,
-    restore_whole,
+    restore_indexed,
     snapshot,
     sweep_temporaries,
     unpack_files,
@@ -186,6 +188,7 @@ class DriverCacheSession:
         self.restored = 0
         self._baseline: dict[str, tuple[int, int]] = {}
         self._mine: set[str] = set()
+        self._harvest = False  # the folder holds files the stored set lacks
         self._restore_done = False
         self._lock = threading.Lock()
         self._watch = contextlib.ExitStack()
@@ -214,13 +217,14 @@ class DriverCacheSession:
     def _restore(self, key: CacheKey, folder: str) -> int:
         assert self.kind is not None
         per_module = _DRIVERS[self.kind].per_module
-        sweep_temporaries({folder: per_module})
+        sweep_temporaries({folder: True})
         if not trusted_source(self.cache):
             return 0
-        if not per_module and snapshot(folder):
-            return 0  # the driver's folder is warm already; its index is not ours to merge
         value = self.cache.get(key)
         if value is None:
+            # NVIDIA writes its files late (at exit, it seems): what an earlier process
+            # left here is stored by this one's capture.
+            self._harvest = not per_module and bool(snapshot(folder))
             return 0
         digest = binary_digest(value)
         if guard.blocked([digest]):
@@ -234,10 +238,9 @@ class DriverCacheSession:
             self.cache.delete(key)
             return 0
         self._mine = {name for name, _, _ in files}
-        if per_module:
-            added = add_missing(folder, files)
-        else:
-            added = len(files) if restore_whole(folder, files) else 0
+        added = add_missing(folder, files) if per_module else restore_indexed(folder, files)
+        if not per_module:
+            self._harvest = bool(set(snapshot(folder)) - self._mine)
         # Until the module's programs loaded and ran, a crash is blamed on these files
         # (not while they are written: a kill then is no fault of theirs).
         self._watch.enter_context(guard.loading([digest]))
@@ -257,8 +260,9 @@ class DriverCacheSession:
             now = snapshot(self.folder)
             # Sizes, not times: PoCL rewrites a program's files on each load.
             changed = {n for n, s in now.items() if self._baseline.get(n, (-1,))[0] != s[0]}
-            if not changed:
+            if not changed and not self._harvest:
                 return False
+            self._harvest = False
             assert self.kind is not None
             names = set(now) if not _DRIVERS[self.kind].per_module else self._mine | changed
             value = pack_files(self.folder, [n for n in names if n in now])

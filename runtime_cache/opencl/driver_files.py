@@ -4,8 +4,8 @@ A driver cache entry's value is a msgpack list of ``[relative path, executable, 
 Restoring never overwrites a file and never leaves a half-written one where the
 driver looks: each file is written to a temporary name beside its target and then
 hard-linked into place (a link fails if the target exists), or, for a driver whose
-folder has an index that must match its files (NVIDIA), the whole folder is built
-under a temporary name and renamed into place only if the target is absent or empty.
+folder has an index naming its files (NVIDIA), the data files are added first and the
+index is replaced last, in one rename.
 A process killed at any moment leaves only temporary names behind, which the driver
 ignores and the next restore removes.
 """
@@ -27,7 +27,7 @@ __all__ = [
     "DriverFile",
     "add_missing",
     "pack_files",
-    "restore_whole",
+    "restore_indexed",
     "snapshot",
     "sweep_temporaries",
     "unpack_files",
@@ -173,42 +173,30 @@ def add_missing(folder: str, files: Sequence[DriverFile]) -> int:
     return added
 
 
-def _empty_or_absent(folder: str) -> bool:
-    try:
-        return not os.listdir(folder)
-    except FileNotFoundError:
-        return True
+def restore_indexed(folder: str, files: Sequence[DriverFile], index: str = "index") -> int:
+    """Add the missing data files, then put the set's ``index`` in place; return files added.
 
-
-def restore_whole(folder: str, files: Sequence[DriverFile]) -> bool:
-    """Put ``files`` in place as a whole new ``folder``; ``False`` if it already holds files.
-
-    The folder is built under a temporary name beside ``folder`` and renamed to
-    it, so the driver sees either nothing or every file, never a part.
+    For a driver whose folder has one index naming its data files (NVIDIA). The
+    data files are named by their contents' hash, so adding the missing ones
+    changes nothing the driver knows; the index is replaced last, in one rename,
+    and only when files were added or it is missing. The driver then sees the
+    old index with its files or the new one with all of its files, never a part.
     """
-    if not _empty_or_absent(folder):
-        return False
-    parent = os.path.dirname(os.path.abspath(folder))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    temp = _temp_name(os.path.abspath(folder))
-    os.mkdir(temp, 0o700)
-    try:
-        # Nobody else sees this folder until the rename: each file is written in place.
-        made = {temp}
-        for name, executable, data in files:
-            target = os.path.join(temp, name)
-            parent = os.path.dirname(target)
-            if parent not in made:
-                os.makedirs(parent, mode=0o700, exist_ok=True)
-                made.add(parent)
-            _write_new(target, executable, data)
+    data = [f for f in files if f[0] != index]
+    added = add_missing(folder, data)
+    entry = next((f for f in files if f[0] == index), None)
+    target = os.path.join(folder, index)
+    if entry is not None and (added or not os.path.lexists(target)):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        temp = _write(target, entry[1], entry[2])
         try:
-            os.rename(temp, folder)  # replaces only an absent or empty folder
+            os.replace(temp, target)
         except OSError:
-            return False
-        return True
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        added += 1
+    return added
 
 
 def _dead_or_stale(name: str, now: float, st: os.stat_result) -> bool:
@@ -227,17 +215,14 @@ def _dead_or_stale(name: str, now: float, st: os.stat_result) -> bool:
 
 
 def sweep_temporaries(folders: Mapping[str, bool]) -> int:
-    """Remove temporaries that dead processes left in or beside these folders; return a count.
+    """Remove temporaries that dead processes left in these folders; return a count.
 
-    ``folders`` maps each folder to whether to walk into it (``False``: only its
-    siblings, where whole-folder restores build).
+    ``folders`` maps each folder to whether to walk into its subfolders too.
     """
     removed = 0
     now = time.time()
     for folder, walk in folders.items():
-        places = [os.path.dirname(os.path.abspath(folder))]
-        if walk:
-            places += [top for top, _, _ in os.walk(folder)]
+        places = [top for top, _, _ in os.walk(folder)] if walk else [folder]
         for place in places:
             try:
                 names = [n for n in os.listdir(place) if TEMP_MARK in n]
