@@ -151,6 +151,7 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         result["first_launch"] = _first_launches(ctx, programs)
         assert module._driver is not None and module._driver.sessions
         result["restored_files"] = sum(s.restored for s in module._driver.sessions)
+        result["restore_seconds"] = sum(s.restore_seconds for s in module._driver.sessions)
         result["stored"] = module.capture_driver_cache()
     elif phase == "floor":
         binaries = msgpack.unpackb((root / "binaries.msgpack").read_bytes())
@@ -193,6 +194,8 @@ def _driver_phases(
     base = Path(args.pocl_scratch) if args.pocl_scratch else top
     denv = {k: v for k, v in env.items() if k not in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH")}
     restored: dict[str, list[int]] = {"i": [], "i_ref": []}
+    restore_seconds: dict[str, list[float]] = {"i": [], "i_ref": []}
+    raw["i_restore"], raw["i_ref_restore"] = restore_seconds["i"], restore_seconds["i_ref"]
     warm_driver = base / f"driver-warm-{top.name}"
     # NVIDIA writes its files as the process ends, so the second run stores what the first left.
     denv_warm = {**denv, "RUNTIME_CACHE_DRIVER_DIR": str(warm_driver)}
@@ -207,6 +210,7 @@ def _driver_phases(
             )
             assert got["source_builds"] == 0, got
             restored[key].append(got["restored_files"])
+            restore_seconds[key].append(got["restore_seconds"])
             raw[key].append(got["seconds"])
             launches[key].append(sum(got["first_launch"]))
         shutil.rmtree(fresh, ignore_errors=True)

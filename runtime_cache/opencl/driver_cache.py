@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +187,7 @@ class DriverCacheSession:
                 driver=self.kind,
             )
         self.restored = 0
+        self.restore_seconds = 0.0
         self._baseline: dict[str, tuple[int, int]] = {}
         self._mine: set[str] = set()
         self._harvest = False  # the folder holds files the stored set lacks
@@ -207,11 +209,13 @@ class DriverCacheSession:
             self._restore_done = True
             if self.key is None or self.folder is None:
                 return 0
+            started = time.perf_counter()
             try:
                 self.restored = self._restore(self.key, self.folder)
             except OSError as exc:
                 log.warning("runtime-cache: driver cache not restored (%s)", exc)
             self._baseline = snapshot(self.folder)
+            self.restore_seconds = time.perf_counter() - started
             return self.restored
 
     def _restore(self, key: CacheKey, folder: str) -> int:
