@@ -201,6 +201,7 @@ def _driver_phases(
     denv_warm = {**denv, "RUNTIME_CACHE_DRIVER_DIR": str(warm_driver)}
     stored = [_run("driver", args.n, salt, folder, denv_warm)["stored"] for _ in range(2)]
     assert sum(stored) >= 1, stored
+    print(f"(i) driver-cache sets stored by the two capture runs: {stored}", flush=True)
     for r in range(args.warm_reps or args.reps):
         fresh = base / f"driver-fresh-{top.name}-{r}"
         order = [("i", fresh), ("i_ref", warm_driver)]
