@@ -198,7 +198,7 @@ def _driver_phases(
     restore_seconds: dict[str, list[float]] = {"i": [], "i_ref": []}
     raw["i_restore"], raw["i_ref_restore"] = restore_seconds["i"], restore_seconds["i_ref"]
     warm_driver = base / f"driver-warm-{top.name}"
-    # NVIDIA writes its files as the process ends, so the second run stores what the first left.
+    # Two runs: the second also stores anything the driver wrote after the first's last capture.
     denv_warm = {**denv, "RUNTIME_CACHE_DRIVER_DIR": str(warm_driver)}
     stored = [_run("driver", args.n, salt, folder, denv_warm)["stored"] for _ in range(2)]
     print(f"(i) driver-cache entries after each capture run: {stored}", flush=True)

@@ -19,9 +19,9 @@ With the driver cache switched on (``install(driver_cache=True)``,
   driver added since (after ``build_all`` and at exit). PoCL's files are kept
   per module and device (``add_missing``: a file present is never replaced);
   NVIDIA's folder has one index for all, so it is kept per device: missing
-  data files are added and the index is replaced last, in one rename. NVIDIA
-  writes most of its files when the process ends, after anything in it could
-  store them, so a later process stores the files an earlier one left.
+  data files are added and the index is replaced last, in one rename. What a
+  driver writes after the last capture (say, at exit) is not lost: a later
+  process stores the files that an earlier one left and the stored set lacks.
 
 Trust: these files reach the driver unvetted, so they are read only from a
 cache that signs its entries or whose backend is private to this user
@@ -231,8 +231,8 @@ class DriverCacheSession:
             return 0
         value = self.cache.get(key)
         if value is None:
-            # NVIDIA writes its files late (at exit, it seems): what an earlier process
-            # left here is stored by this one's capture.
+            # Files a driver wrote after an earlier process's last capture (at its exit,
+            # say) are stored by this one's capture.
             self._harvest = not per_module and bool(snapshot(folder))
             return 0
         digest = binary_digest(value)
