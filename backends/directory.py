@@ -138,6 +138,7 @@ class DirectoryBackend(Backend):
         self._journal = HitsJournal(
             self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
         )
+        self.private = not shared and self._only_mine()
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
         _OPEN.add(self)
@@ -174,6 +175,16 @@ class DirectoryBackend(Backend):
     def read_only(self) -> bool:
         """Whether a failed write found the storage read-only (reads are still served)."""
         return self._read_only
+
+    def _only_mine(self) -> bool:
+        # Private: ours (or root's, above every user anyway), and nobody else may write it.
+        try:
+            st = os.fstat(self.root_fd)
+        except OSError:
+            return False
+        geteuid = getattr(os, "geteuid", None)
+        owner = geteuid is None or st.st_uid in (geteuid(), 0)
+        return owner and not st.st_mode & 0o022
 
     # ----------------------------------------------------------------- paths
     def _rel(self, key: str) -> str:

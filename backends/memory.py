@@ -25,6 +25,8 @@ class MemoryBackend(Backend):
     """
 
     scheme = "memory"
+    #: Only this process can write it.
+    private = True
 
     def __init__(self, max_size: int | str = "256MB") -> None:
         self.max_size = parse_size(max_size)

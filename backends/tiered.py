@@ -89,6 +89,7 @@ class TieredBackend(Backend):
                     on_error=self._error_hook(tier),
                 )
             self._tiers.append(tier)
+        self.private = all(t.private for t in tiers)
         self._lock = threading.Lock()
 
     @classmethod

@@ -19,6 +19,11 @@ not timed), and each is repeated (``--reps``, default 5) to take medians:
 (h) warm, but as on another machine: the binaries are unknown to this guard folder
     and the cache is unsigned, so ``build_all()`` vets them in a child first
     (see runtime_cache.opencl.vetting); the once-per-machine cost of vetting
+(i) warm as a fresh container: ``OpenCLModule(..., driver_cache=True)`` in a process
+    whose driver folder is new and empty, so runtime-cache restores the driver's own
+    JIT cache (runtime_cache.opencl.driver_cache) before the loads; against the same
+    with the driver folder left warm by an earlier process (``i_ref``). The load and
+    the first launches are timed apart (PoCL compiles at the first launch)
 
 Cold runs use fresh sources (a salt) each time, so no driver cache can help them.
 PoCL writes every program it creates into a scratch folder even with its cache
@@ -113,6 +118,10 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     from runtime_cache.backends.directory import DirectoryBackend
     from runtime_cache.opencl import OpenCLModule, device_fingerprint, opencl_stats
 
+    if phase == "driver":
+        from runtime_cache.opencl import prepare_driver_cache
+
+        prepare_driver_cache()  # before the driver starts: it reads its folder variable then
     ctx = _context()
     sources = kernel_sources(n, salt)
     result: dict[str, Any] = {"device": device_fingerprint(ctx.devices[0])}
@@ -136,6 +145,21 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         if phase == "cold_seq":
             binaries = [bytes(p.get_info(cl.program_info.BINARIES)[0]) for p in programs.values()]
             (root / "binaries.msgpack").write_bytes(msgpack.packb(binaries))
+    elif phase == "driver":
+        cache = rc.Cache(DirectoryBackend(root / "cache"))
+        started = time.perf_counter()
+        module = OpenCLModule(ctx, sources, cache=cache, driver_cache=True)
+        module.build_all()
+        result["seconds"] = time.perf_counter() - started
+        stats = opencl_stats()
+        result["source_builds"], result["binary_loads"] = stats.source_builds, stats.binary_loads
+        programs = {name: module.program(name) for name in sources}
+        result["first_launch"] = _first_launches(ctx, programs)
+        assert module._driver is not None and module._driver.sessions
+        result["restored_files"] = sum(s.restored for s in module._driver.sessions)
+        result["restore_seconds"] = sum(s.restore_seconds for s in module._driver.sessions)
+        module.capture_driver_cache()
+        result["stored"] = len(list(cache.entries(purpose="driver-cache")))
     elif phase == "floor":
         binaries = msgpack.unpackb((root / "binaries.msgpack").read_bytes())
         devices = ctx.devices
@@ -164,6 +188,44 @@ def child(phase: str, n: int, salt: str, folder: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- parent side
+def _driver_phases(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    top: Path,
+    warm_dirs: list[tuple[str, Path]],
+    raw: dict[str, list[float]],
+    launches: dict[str, list[float]],
+) -> dict[str, list[int]]:
+    """(i): two processes capture the driver's cache; then fresh-folder and warm-folder runs."""
+    salt, folder = warm_dirs[0]
+    base = Path(args.pocl_scratch) if args.pocl_scratch else top
+    denv = {k: v for k, v in env.items() if k not in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH")}
+    restored: dict[str, list[int]] = {"i": [], "i_ref": []}
+    restore_seconds: dict[str, list[float]] = {"i": [], "i_ref": []}
+    raw["i_restore"], raw["i_ref_restore"] = restore_seconds["i"], restore_seconds["i_ref"]
+    warm_driver = base / f"driver-warm-{top.name}"
+    # Two runs: the second also stores anything the driver wrote after the first's last capture.
+    denv_warm = {**denv, "RUNTIME_CACHE_DRIVER_DIR": str(warm_driver)}
+    stored = [_run("driver", args.n, salt, folder, denv_warm)["stored"] for _ in range(2)]
+    print(f"(i) driver-cache entries after each capture run: {stored}", flush=True)
+    for r in range(args.warm_reps or args.reps):
+        fresh = base / f"driver-fresh-{top.name}-{r}"
+        order = [("i", fresh), ("i_ref", warm_driver)]
+        for key, where in order if r % 2 == 0 else order[::-1]:
+            got = _run(
+                "driver", args.n, salt, folder, {**denv, "RUNTIME_CACHE_DRIVER_DIR": str(where)}
+            )
+            assert got["source_builds"] == 0, got
+            restored[key].append(got["restored_files"])
+            restore_seconds[key].append(got["restore_seconds"])
+            raw[key].append(got["seconds"])
+            launches[key].append(sum(got["first_launch"]))
+        shutil.rmtree(fresh, ignore_errors=True)
+        print(f"rep {r}: (i) {raw['i'][-1]:.4f} s  (i_ref) {raw['i_ref'][-1]:.4f} s", flush=True)
+    shutil.rmtree(warm_driver, ignore_errors=True)
+    return restored
+
+
 def _driver_env(on: bool, folder: Path) -> dict[str, str]:
     env = dict(os.environ)
     if on:
@@ -200,7 +262,9 @@ def main() -> int:
     parser.add_argument("--driver-cache", choices=("off", "on"), default="off")
     parser.add_argument("--label", default=None, help="results/opencl-<label>.json")
     parser.add_argument("--out", default=None, help="JSON path (overrides --label)")
-    parser.add_argument("--skip", default="", help="comma-separated phases to skip: e,f,h")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated phases to skip: c (with c2, d), e, f, h, i"
+    )
     parser.add_argument(
         "--pocl-scratch", default=None, help="POCL_CACHE_DIR for every phase (e.g. on a tmpfs)"
     )
@@ -222,8 +286,24 @@ def main() -> int:
         env["POCL_CACHE_DIR"] = args.pocl_scratch
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     raw: dict[str, list[float]] = {
-        k: [] for k in ["a", "b", "c", "c2", "d", "e_cold", "e_warm", "f_cold", "f_warm", "h"]
+        k: []
+        for k in [
+            "a",
+            "b",
+            "c",
+            "c2",
+            "d",
+            "e_cold",
+            "e_warm",
+            "f_cold",
+            "f_warm",
+            "h",
+            "i",
+            "i_ref",
+        ]
     }
+    driver_launches: dict[str, list[float]] = {"i": [], "i_ref": []}
+    restored: dict[str, list[int]] = {}
     launches: dict[str, list[float]] = {"after_cold": [], "after_warm": []}
     device: dict[str, Any] = {}
     started = time.time()
@@ -243,7 +323,7 @@ def main() -> int:
             raw["b"].append(b["seconds"])
             warm_dirs.append((salt, folder))
             print(f"rep {r}: (a) {a['seconds']:.2f} s  (b) {b['seconds']:.2f} s", flush=True)
-        for r in range(warm_reps):
+        for r in range(warm_reps if "c" not in skip else 0):
             salt, folder = warm_dirs[r % len(warm_dirs)]
             # Rotate the order, so a neighbour's load does not always hit the same one.
             phases = ["warm", "floor", "warm_seq"]
@@ -269,6 +349,8 @@ def main() -> int:
                 h = _run("warm", args.n, salt, folder, henv)
                 assert h["source_builds"] == 0 and h["vetted"] == args.n, h
                 raw["h"].append(h["seconds"])
+        if "i" not in skip:
+            restored = _driver_phases(args, env, top, warm_dirs, raw, driver_launches)
         if "e" not in skip:
             for r in range(args.extra_reps):
                 folder, salt = top / f"pyopencl{r}", f"{run_id}-e{r}"
@@ -294,6 +376,15 @@ def main() -> int:
         "parallel_over_sequential": med["b"] / med["a"],
         "warm_one_at_a_time_over_floor": med["c2"] / med["d"],
     }
+    if raw["i"] and raw["i_ref"]:
+        ratios["fresh_driver_over_warm_driver"] = med["i"] / med["i_ref"]
+        with_launch = {
+            k: median([s + f for s, f in zip(raw[k], driver_launches[k], strict=True)])
+            for k in ("i", "i_ref")
+        }
+        ratios["fresh_driver_over_warm_driver_with_launches"] = (
+            with_launch["i"] / with_launch["i_ref"]
+        )
     first = {k: {"total": sum(v), "median": median(v)} for k, v in launches.items()}
     is_pocl = "Portable Computing Language" in str(device.get("platform_name", ""))
     labels = {
@@ -307,6 +398,8 @@ def main() -> int:
         "f_cold": "(f) driver cache, cold",
         "f_warm": "(f) driver cache, warm",
         "h": "(h) warm, unknown here: vetted in a child",
+        "i": "(i) warm, empty driver folder, restored",
+        "i_ref": "(i) warm, driver folder warm (reference)",
     }
     print()
     print(f"device: {device.get('name')} | {device.get('platform_version')}")
@@ -319,6 +412,11 @@ def main() -> int:
     for key, value in first.items():
         label = f"(g) first launches {key.replace('_', ' ')}"
         print(f"{label:46} {value['total']:10.4f} {value['median'] * 1000:14.3f} {1:5d}")
+    for key, values in driver_launches.items():
+        if values:
+            label = f"(i) first launches, {'restored' if key == 'i' else 'reference'}"
+            total = median(values)
+            print(f"{label:46} {total:10.4f} {total / args.n * 1000:14.3f} {len(values):5d}")
     print()
     for key, value in ratios.items():
         print(f"{key:28} {value:8.3f}")
@@ -340,6 +438,8 @@ def main() -> int:
         "seconds": raw,
         "median_seconds": med,
         "first_launch_seconds": first,
+        "driver_cache_first_launch_totals": driver_launches,
+        "driver_cache_restored_files": restored,
         "ratios": ratios,
         "acceptance": {
             "warm_over_floor<=1.10": ratios["warm_over_floor"] <= 1.10,

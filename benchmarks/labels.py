@@ -39,6 +39,8 @@ def opencl_driver(run: Run) -> str:
         str(device.get("platform_name", "")), str(device.get("platform_version", ""))
     )
     cache = " (driver cache on)" if run.get("driver_cache") == "on" else ""
+    if run.get("driver_cache_restored_files"):
+        cache = " (driver cache carried by runtime-cache)"
     return f"{name} on {device_name(device)}{cache}"
 
 

@@ -52,7 +52,8 @@ def platform_key(run: Mapping[str, Any]) -> tuple[str, ...]:
     kind = str(run.get("benchmark", ""))
     if kind == "opencl":
         device = run.get("device", {})
-        return (kind, str(device.get("name")), str(run.get("driver_cache")))
+        carried = "carried" if run.get("driver_cache_restored_files") else "plain"
+        return (kind, str(device.get("name")), str(run.get("driver_cache")), carried)
     if kind == "demo":
         driver = run.get("driver", {})
         return (kind, str(driver.get("platform_name")), str(driver.get("device")))

@@ -84,6 +84,10 @@ class Backend(abc.ABC):
     #: Whether the storage sits across a network (e.g. Redis). A tiered backend
     #: writes to remote tiers from a background thread so callers never wait on them.
     remote: ClassVar[bool] = False
+    #: Whether only this user can write the storage (a memory store, a folder of
+    #: ours that others cannot write). Values that go unvetted into a driver (the
+    #: driver's own cache files) are read only from private or signed caches.
+    private: bool = False
 
     @classmethod
     def from_url(cls, url: str) -> Backend:

@@ -70,10 +70,11 @@ def _check_cold_then_warm(result: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    """One ``python -m runtime_cache.demo --tiny --json --keep`` run on a fresh dir:// cache."""
+    """One ``python -m runtime_cache.demo --tiny --json --keep --fresh-driver-cache`` run
+    on a fresh dir:// cache."""
     _device()
     url = f"dir://{tmp_path_factory.mktemp('demo-cache')}"
-    done = _demo("--tiny", "--json", "--keep", "--cache", url)
+    done = _demo("--tiny", "--json", "--keep", "--fresh-driver-cache", "--cache", url)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), url
 
@@ -90,12 +91,28 @@ def test_tiny_demo_cold_then_warm_gives_identical_outputs(
 
 
 @opencl
+def test_the_warm_run_gets_the_drivers_cache_restored_into_an_empty_folder(
+    kept_run: tuple[dict[str, Any], str],
+) -> None:
+    result, _ = kept_run
+    assert result["carry_driver_cache"] is True and result["fresh_driver_cache"] is True
+    cold, warm = result["cold"]["driver_cache"], result["warm"]["driver_cache"]
+    if not cold["carried"]:
+        pytest.skip(f"the driver of {result['device']!r} has no cache that runtime-cache carries")
+    assert cold["carried"] and cold["restored_files"] == 0 and cold["stored"] >= 1
+    assert warm["carried"] and warm["restored_files"] > 0
+    assert result["entries"]["by_purpose"]["driver-cache"] == 1
+    assert "files restored" in format_text(result)
+
+
+@opencl
 def test_keep_leaves_programs_and_records_listable(kept_run: tuple[dict[str, Any], str]) -> None:
     result, url = kept_run
     cache = rc.Cache(rc.open_backend(url))
     infos = list(cache.entries(module_id=result["module_id"]))
     purposes = sorted({info.purpose for info in infos})
-    assert purposes == ["program-binary", "tuning"]
+    carried = ["driver-cache"] if result["cold"]["driver_cache"]["carried"] else []
+    assert purposes == [*carried, "program-binary", "tuning"]
     assert len(infos) == result["entries"]["count"]
     tuning = [info for info in infos if info.purpose == "tuning"]
     assert sorted(info.parts["symbol"] for info in tuning) == sorted(result["cold"]["records"])

@@ -34,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -87,7 +88,20 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--driver-cache",
         action="store_true",
-        help="leave the driver's own kernel caches on during the cold run",
+        help="leave the driver's own kernel caches on during the cold run, in their usual "
+        "folders (runtime-cache then does not carry them)",
+    )
+    parser.add_argument(
+        "--fresh-driver-cache",
+        action="store_true",
+        help="start the warm run with a new, empty driver cache folder, as a fresh container "
+        "would; runtime-cache restores the driver's files into it",
+    )
+    parser.add_argument(
+        "--no-carry-driver-cache",
+        dest="carry_driver_cache",
+        action="store_false",
+        help="do not carry the driver's own JIT cache through runtime-cache (on by default)",
     )
     return parser
 
@@ -203,12 +217,20 @@ def _absolute(url: str) -> str:
     return ",".join(parts)
 
 
-def _child_env(url: str, driver_cache: bool) -> dict[str, str]:
+def _child_env(url: str, driver_cache: bool, driver_dir: str | None = None) -> dict[str, str]:
+    """The children's environment; ``driver_dir``: carry the driver's cache, kept there."""
     env = dict(os.environ)
     env[environment.ENV_CACHE] = _absolute(url)
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
+    if driver_dir is not None:
+        from ..opencl.driver_cache import ENV_DIR, ENV_SWITCH
+
+        # The drivers' folders are ours for these runs: a new one for the cold run.
+        for name in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH"):
+            env.pop(name, None)
+        env.update({ENV_SWITCH: "1", ENV_DIR: driver_dir})
     return env
 
 
@@ -225,6 +247,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(name)
     keep = bool(getattr(args, "keep", False))
     driver_cache = bool(getattr(args, "driver_cache", False))
+    carry = bool(getattr(args, "carry_driver_cache", True)) and not driver_cache
+    fresh = bool(getattr(args, "fresh_driver_cache", False)) and carry
     url, shown = _cache_url(args)
     cache = _open(url)
     started = False
@@ -232,10 +256,16 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         _, index = choose(getattr(args, "device", None))
         _remove(cache, model.module_id)
         started = True
-        env = _child_env(url, driver_cache)
         progress = sys.stderr.isatty()
-        cold = _child("cold", name, str(index), env, progress)
-        warm = _child("warm", name, str(index), env, progress)
+        with tempfile.TemporaryDirectory(prefix="runtime-cache-demo-driver-") as folder:
+            cold_dir = os.path.join(folder, "cold") if carry else None
+            warm_dir = os.path.join(folder, "warm") if fresh else cold_dir
+            cold = _child(
+                "cold", name, str(index), _child_env(url, driver_cache, cold_dir), progress
+            )
+            warm = _child(
+                "warm", name, str(index), _child_env(url, driver_cache, warm_dir), progress
+            )
         entries = _demo_entries(cache, model.module_id)
     finally:
         try:
@@ -251,6 +281,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         warm,
         cache=shown,
         driver_cache=driver_cache,
+        carry_driver_cache=carry,
+        fresh_driver_cache=fresh,
         entries={
             "count": len(entries),
             "bytes": sum(info.size for info in entries),

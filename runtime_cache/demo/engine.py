@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..cache import Cache
+from ..opencl.driver_cache import DriverCaches, driver_cache_enabled
 from ..tuning import TuningCache
 from . import device as devices
 from .model import Layer, Model, make_input, make_weights
@@ -89,6 +90,11 @@ class Engine:
                 cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=b),
             )
         self.prepared: list[Prepared] = []
+        # The driver's own JIT cache travels through the cache too (RUNTIME_CACHE_DRIVER_CACHE=1).
+        self.driver: DriverCaches | None = None
+        if driver_cache_enabled():
+            self.driver = DriverCaches(self.context, model.module_id)
+        self._driver_stored = 0
 
     # ------------------------------------------------------------------ programs
     def build_kernel(self, layer: Layer, tile: int) -> tuple[Any, Any]:
@@ -153,6 +159,9 @@ class Engine:
     def prepare(self) -> list[Prepared]:
         """Get every layer's tuning record (tuning on a miss) and its kernel."""
         self.prepared = []
+        if self.driver is not None:
+            with self.phases.open("load"):
+                self.driver.restore(self.cache)
         for index, layer in enumerate(self.model.layers):
             kernels: dict[int, Any] = {}
             if self.progress is not None:
@@ -201,4 +210,17 @@ class Engine:
         """
         from ..opencl import recapture_binaries
 
+        if self.driver is not None:  # PoCL's code for each work-group size exists by now
+            self._driver_stored += self.driver.capture(settle=True)
         return sum(recapture_binaries(item.program) for item in self.prepared)
+
+    def driver_cache_report(self) -> dict[str, Any] | None:
+        """Files restored into the driver's folder and sets stored, or None when not carried."""
+        if self.driver is None:
+            return None
+        sessions = self.driver.sessions or []
+        return {
+            "restored_files": sum(s.restored for s in sessions),
+            "stored": self._driver_stored,
+            "carried": any(s.active for s in sessions),
+        }

@@ -75,6 +75,15 @@ def format_text(result: dict[str, Any]) -> str:
         f"cold: tuned {cold['tuned_layers']} layers and compiled their programs; "
         f"warm: {warm['tuned_layers']} tuned, {warm['cache_stats']['hits']} cache hits"
     )
+    carried = warm.get("driver_cache")
+    if result.get("carry_driver_cache") and carried:
+        where = (
+            "a new, empty folder" if result.get("fresh_driver_cache") else "the cold run's folder"
+        )
+        lines.append(
+            f"driver cache: carried by runtime-cache; warm run in {where}, "
+            f"{carried['restored_files']} files restored"
+        )
     entries = result.get("entries")
     if entries:
         kinds = ", ".join(f"{n} {purpose}" for purpose, n in sorted(entries["by_purpose"].items()))

@@ -37,11 +37,15 @@ def first_inference(
     import numpy as np
 
     from .. import provider
+    from ..opencl.driver_cache import driver_cache_enabled
+    from ..opencl.driver_cache import prepare as prepare_driver_cache
     from .device import select_device
     from .engine import Engine
     from .model import build_model, make_weights, reference
     from .phases import Phases, Progress
 
+    if driver_cache_enabled():
+        prepare_driver_cache()  # before the driver starts, which select_device does
     phases = Phases(start=started)
     model = build_model(model_name)
     cache = provider.get_cache()
@@ -77,6 +81,7 @@ def first_inference(
             "corrupt": stats.corrupt,
         },
         "recaptured_programs": recaptured,
+        "driver_cache": engine.driver_cache_report(),
         "recapture_s": round(recapture_seconds, 6),
     }
 

@@ -8,6 +8,9 @@ the binaries; every later run (any process sharing the cache) loads them.
   all at once in parallel, and exports/imports pre-compiled bundles.
 * :func:`install` / :func:`uninstall` route pyopencl's own ``Program.build``
   (and the kernels pyopencl generates) through the cache.
+* :func:`prepare_driver_cache` (or ``RUNTIME_CACHE_DRIVER_CACHE=1``, which runs
+  it on import) points the drivers at folders whose JIT output travels through
+  the cache too (:mod:`.driver_cache`).
 * :func:`recapture_binaries` re-stores binaries that drivers finish only at
   the first launch.
 
@@ -26,6 +29,9 @@ from __future__ import annotations
 from .capture import recapture_binaries
 from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
 from .devices import NoWorkingDeviceError, choose_device
+from .driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
+from .driver_cache import driver_cache_enabled
+from .driver_cache import prepare as prepare_driver_cache
 from .fingerprint import device_fingerprint
 from .icd import expose_intel_runtime
 from .install import install, installed, is_installed, uninstall
@@ -36,6 +42,7 @@ from .program import PURPOSE, RUNTIME, build_program
 expose_intel_runtime()
 
 __all__ = [
+    "DRIVER_CACHE_PURPOSE",
     "PURPOSE",
     "RUNTIME",
     "NoWorkingDeviceError",
@@ -48,7 +55,12 @@ __all__ = [
     "installed",
     "is_installed",
     "opencl_stats",
+    "prepare_driver_cache",
     "recapture_binaries",
     "reset_opencl_stats",
     "uninstall",
 ]
+
+if driver_cache_enabled():
+    # The drivers read their folder variables when they start: set them as early as we can.
+    prepare_driver_cache()

@@ -25,6 +25,7 @@ from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
 from .counters import counters
+from .driver_cache import DriverCaches, driver_cache_enabled, prepare
 from .program import fetch, plan_program, read_binaries, store_binaries
 
 __all__ = ["install", "installed", "is_installed", "uninstall"]
@@ -32,6 +33,16 @@ __all__ = ["install", "installed", "is_installed", "uninstall"]
 _lock = threading.Lock()
 _original: Callable[..., Any] | None = None
 _cache: Cache | None = None
+#: With the driver cache on: one set of driver files per context, for all of pyopencl's programs.
+_driver: dict[int, DriverCaches] | None = None
+
+
+def _restore_driver_cache(context: Any, store: Cache) -> None:
+    with _lock:
+        if _driver is None:
+            return
+        caches = _driver.setdefault(int(context.int_ptr), DriverCaches(context, "pyopencl"))
+    caches.restore(store)
 
 
 def _cached_build(
@@ -60,6 +71,7 @@ def _cached_build(
         if plan.keys is None:
             counters.add(uncacheable=1)
         else:
+            _restore_driver_cache(context, store)
             started = time.perf_counter()
             loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
             if loaded is not None:
@@ -81,16 +93,24 @@ def _cached_build(
     return build
 
 
-def install(cache: Cache | None = None) -> None:
+def install(cache: Cache | None = None, *, driver_cache: bool | None = None) -> None:
     """Wrap ``pyopencl.Program.build`` so source builds go through ``cache``.
 
     ``cache=None`` uses the process-wide cache (:func:`runtime_cache.get_cache`)
-    at each build. Calling it again only changes the cache.
+    at each build. Calling it again only changes the cache. ``driver_cache=True``
+    (``None``: ``RUNTIME_CACHE_DRIVER_CACHE``) also carries the driver's own JIT
+    cache (:mod:`runtime_cache.opencl.driver_cache`); call ``install`` before the
+    first ``pyopencl.get_platforms()`` then, since the driver reads its folder
+    variable when it starts.
     """
-    global _original, _cache
+    global _original, _cache, _driver
+    if driver_cache_enabled(driver_cache):
+        prepare()
     cl = import_pyopencl()
     with _lock:
         _cache = cache
+        if driver_cache_enabled(driver_cache):
+            _driver = _driver if _driver is not None else {}
         if _original is None:
             _original = cl.Program.build
             cl.Program.build = _cached_build(_original)
@@ -98,13 +118,13 @@ def install(cache: Cache | None = None) -> None:
 
 def uninstall() -> bool:
     """Restore pyopencl's own ``Program.build``; return whether it was installed."""
-    global _original, _cache
+    global _original, _cache, _driver
     cl = import_pyopencl()
     with _lock:
         if _original is None:
             return False
         cl.Program.build = _original
-        _original, _cache = None, None
+        _original, _cache, _driver = None, None, None
         return True
 
 

@@ -15,6 +15,7 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .bundle import pack_programs, unpack_programs
 from .counters import counters
+from .driver_cache import DriverCaches, driver_cache_enabled
 from .guard import Binary, binary_digest
 from .includes import Options, normalize_options
 from .parallel import WorkerResult, build_in_processes, build_in_threads
@@ -74,6 +75,8 @@ class OpenCLModule:
     ``sources`` maps each kernel function name to the source of its program.
     Every program goes through the cache (``cache=``, or the process-wide
     :func:`runtime_cache.get_cache`), so another process finds the binaries.
+    ``driver_cache=True`` (or ``RUNTIME_CACHE_DRIVER_CACHE=1``) carries the
+    driver's own JIT cache as well (:mod:`runtime_cache.opencl.driver_cache`).
 
     Example (from ``tests/test_opencl_module.py``)::
 
@@ -93,6 +96,7 @@ class OpenCLModule:
         options: Options = (),
         module_id: str | None = None,
         cache: Cache | None = None,
+        driver_cache: bool | None = None,
     ) -> None:
         import_pyopencl()
         if not isinstance(sources, Mapping) or not sources:
@@ -112,6 +116,10 @@ class OpenCLModule:
         self._name_locks: dict[str, threading.Lock] = {}
         self._options_text: str | None = None
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
+        # The driver's own cache files travel too (see .driver_cache); None: the environment.
+        self._driver: DriverCaches | None = None
+        if driver_cache_enabled(driver_cache):
+            self._driver = DriverCaches(context, self.module_id)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -180,6 +188,8 @@ class OpenCLModule:
             if found is not None:
                 return found
             plan = self._plan(name)
+            if self._driver is not None:
+                self._driver.restore(self.cache)
             if plan.keys is not None:
                 loaded = fetch(self.context, plan, self.cache, self.cache.get_many_views(plan.keys))
                 if loaded is not None:
@@ -240,8 +250,13 @@ class OpenCLModule:
         self, missing: list[str], workers: int | None, processes: bool | None
     ) -> int:
         count = workers if workers is not None else (os.cpu_count() or 1)
-        to_build = self._load_cached(missing, count)
+        # The driver's files are restored while the first entries are read; loads wait for them.
+        gate = self._driver.start_restore(self.cache) if self._driver is not None else None
+        to_build = self._load_cached(missing, count, gate)
+        if gate is not None:
+            gate.join()
         if not to_build:
+            self.capture_driver_cache(settle=False)
             return 0
         if processes is None:
             processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
@@ -252,9 +267,22 @@ class OpenCLModule:
             self._build_in_processes(to_build, count)
         else:
             build_in_threads(self._build_from_source, to_build, count)
+        self.capture_driver_cache(settle=False)
         return len(to_build)
 
-    def _load_cached(self, names: list[str], workers: int) -> list[str]:
+    def capture_driver_cache(self, *, settle: bool = True) -> int:
+        """Store the driver's own cache files this module added; return how many sets stored.
+
+        Only with ``driver_cache`` on (see :mod:`runtime_cache.opencl.driver_cache`).
+        ``build_all`` calls it; call it again after the first launches (PoCL
+        compiles then), or leave that to the capture at exit. ``settle``: the
+        programs loaded and ran, so restored files no longer take the blame for a crash.
+        """
+        return 0 if self._driver is None else self._driver.capture(settle=settle)
+
+    def _load_cached(
+        self, names: list[str], workers: int, gate: threading.Thread | None = None
+    ) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build.
 
         A background thread fetches the entries a chunk of programs at a time
@@ -287,6 +315,8 @@ class OpenCLModule:
         lock = threading.Lock()
 
         def load(batch: list[_Fetched]) -> None:
+            if gate is not None:
+                gate.join()
             for name, plan, ready, digests, vet in batch:
                 if ready is not None and not vet and self._load_one(name, plan, ready, digests):
                     continue

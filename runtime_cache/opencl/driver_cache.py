@@ -1,0 +1,358 @@
+"""Driver caches travel: the driver's own JIT output is captured into the cache and restored.
+
+A program binary is not the end of every driver's work. NVIDIA's binaries are
+PTX, which the driver compiles to machine code at load and keeps in its
+ComputeCache folder (``CUDA_CACHE_PATH``). PoCL compiles a kernel again for
+each work-group size at its first launch and keeps that code in its kernel
+cache folder (``POCL_CACHE_DIR``). A fresh container has both folders empty.
+
+With the driver cache switched on (``install(driver_cache=True)``,
+``OpenCLModule(..., driver_cache=True)``, or ``RUNTIME_CACHE_DRIVER_CACHE=1``):
+
+* :func:`prepare` points each driver at a folder that runtime-cache manages,
+  ``<RUNTIME_CACHE_DRIVER_DIR or user cache dir>/<driver>``, by setting the
+  driver's variable. It must run before the driver starts (the first
+  ``pyopencl.get_platforms()``); a variable the user set is left alone, and so
+  is the folder it names.
+* :class:`DriverCacheSession` restores, before the first program of a module
+  loads, the files an earlier process captured, and captures the files the
+  driver added since (after ``build_all`` and at exit). PoCL's files are kept
+  per module and device (``add_missing``: a file present is never replaced);
+  NVIDIA's folder has one index for all, so it is kept per device: missing
+  data files are added and the index is replaced last, in one rename. What a
+  driver writes after the last capture (say, at exit) is not lost: a later
+  process stores the files that an earlier one left and the stored set lacks.
+
+Trust: these files reach the driver unvetted, so they are read only from a
+cache that signs its entries or whose backend is private to this user
+(``backend.private``). A restored set that was in use when a process died
+(the crash guard's record) is blocklisted, deleted, and not restored again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..cache import Cache
+from ..errors import CorruptEntryError
+from ..keys import CacheKey, make_key
+from .driver_files import (
+    DriverFile,
+    add_missing,
+    pack_files,
+    restore_indexed,
+    snapshot,
+    sweep_temporaries,
+    unpack_files,
+)
+from .fingerprint import device_fingerprint
+from .guard import binary_digest, guard
+
+__all__ = [
+    "ENV_DIR",
+    "ENV_SWITCH",
+    "PURPOSE",
+    "DriverCacheSession",
+    "DriverCaches",
+    "driver_cache_enabled",
+    "driver_kind",
+    "managed_folder",
+    "prepare",
+    "trusted_source",
+]
+
+log = logging.getLogger("runtime_cache.opencl")
+
+PURPOSE = "driver-cache"
+ENV_SWITCH = "RUNTIME_CACHE_DRIVER_CACHE"
+ENV_DIR = "RUNTIME_CACHE_DRIVER_DIR"
+
+
+@dataclass(frozen=True)
+class _Driver:
+    variable: str  # the driver's folder variable
+    switch: tuple[str, str]  # the variable and value that turn its cache on
+    per_module: bool  # files can be told apart per module (else one set per device)
+    platform: str  # a substring of the OpenCL platform name
+
+
+_DRIVERS = {
+    "pocl": _Driver("POCL_CACHE_DIR", ("POCL_KERNEL_CACHE", "1"), True, "Portable Computing"),
+    "nvidia": _Driver("CUDA_CACHE_PATH", ("CUDA_CACHE_DISABLE", "0"), False, "NVIDIA"),
+}
+
+
+def driver_cache_enabled(flag: bool | None = None) -> bool:
+    """``flag`` when given, else whether ``RUNTIME_CACHE_DRIVER_CACHE`` says on (1/true/yes/on)."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _root() -> str:
+    env = os.environ.get(ENV_DIR, "").strip()
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    import platformdirs
+
+    return os.path.join(platformdirs.user_cache_dir("runtime-cache-driver", appauthor=False))
+
+
+def prepare() -> dict[str, str]:
+    """Point each driver at its folder under runtime-cache's root; return ``{driver: folder}``.
+
+    Call it before the driver starts: NVIDIA and PoCL read their variables
+    once, when the platform is first listed. A variable already set to a
+    folder outside the root is the user's own choice and is left alone (that
+    driver's cache is then neither restored nor captured). It also turns the
+    drivers' caches on (``POCL_KERNEL_CACHE=1``, ``CUDA_CACHE_DISABLE=0``),
+    since there is nothing to carry otherwise.
+
+    Example::
+
+        from runtime_cache.opencl import prepare_driver_cache
+        prepare_driver_cache()          # first, before pyopencl lists platforms
+        import pyopencl as cl
+        ctx = cl.create_some_context()
+    """
+    root = _root()
+    chosen: dict[str, str] = {}
+    for kind, driver in _DRIVERS.items():
+        mine = os.path.join(root, kind)
+        current = os.environ.get(driver.variable, "").strip()
+        if current and os.path.abspath(current) != mine:
+            log.debug("runtime-cache: %s is set by the user; its driver cache is left alone", kind)
+            continue
+        os.environ[driver.variable] = mine
+        os.environ[driver.switch[0]] = driver.switch[1]
+        chosen[kind] = mine
+    return chosen
+
+
+def driver_kind(fingerprint: dict[str, Any]) -> str | None:
+    """``"pocl"``, ``"nvidia"``, or ``None`` for a driver whose cache is not carried."""
+    name = str(fingerprint.get("platform_name", ""))
+    for kind, driver in _DRIVERS.items():
+        if driver.platform in name:
+            return kind
+    return None
+
+
+def managed_folder(kind: str) -> str | None:
+    """The folder the driver ``kind`` uses, if runtime-cache manages it (else ``None``)."""
+    driver = _DRIVERS[kind]
+    current = os.environ.get(driver.variable, "").strip()
+    mine = os.path.join(_root(), kind)
+    if not current or os.path.abspath(current) != mine:
+        return None
+    if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:
+        return None  # the driver's cache is off: it neither reads nor writes the folder
+    return mine
+
+
+def trusted_source(cache: Cache) -> bool:
+    """Whether ``cache`` may supply driver files: it signs entries, or only this user writes it."""
+    return cache.signed or bool(getattr(cache.backend, "private", False))
+
+
+class DriverCacheSession:
+    """Restore and capture one driver's cache files for one module on one device.
+
+    ``restore()`` once, before the module's first program loads; ``capture()``
+    after builds and first launches (it stores only when the driver added files).
+    Both are no-ops for a driver whose cache is not carried or not in a
+    managed folder, and both are advisory: trouble is logged, never raised.
+    """
+
+    def __init__(
+        self, cache: Cache, device: Any, module_id: str, *, driver: str | None = None
+    ) -> None:
+        self.cache = cache
+        fingerprint = device_fingerprint(device)
+        if driver is not None and driver not in _DRIVERS:
+            raise ValueError(f"unknown driver {driver!r}; known: {sorted(_DRIVERS)}")
+        # ``driver`` overrides what the platform name says (tests play one driver on another).
+        self.kind = driver or driver_kind(fingerprint)
+        self.folder = managed_folder(self.kind) if self.kind else None
+        self.key: CacheKey | None = None
+        if self.kind is not None and self.folder is not None:
+            per_module = _DRIVERS[self.kind].per_module
+            self.key = make_key(
+                module_id=module_id if per_module else "*device*",
+                runtime="opencl",
+                purpose=PURPOSE,
+                device=fingerprint,
+                driver=self.kind,
+            )
+        self.restored = 0
+        self.restore_seconds = 0.0
+        self._baseline: dict[str, tuple[int, int]] = {}
+        self._mine: set[str] = set()
+        self._harvest = False  # the folder holds files the stored set lacks
+        self._restore_done = False
+        self._lock = threading.Lock()
+        self._watch = contextlib.ExitStack()
+        _live.add(self)
+
+    @property
+    def active(self) -> bool:
+        """Whether this driver's files are carried here."""
+        return self.key is not None
+
+    def restore(self) -> int:
+        """Put back the files an earlier process captured; return how many were added."""
+        with self._lock:
+            if self._restore_done:
+                return self.restored
+            self._restore_done = True
+            if self.key is None or self.folder is None:
+                return 0
+            started = time.perf_counter()
+            try:
+                self.restored = self._restore(self.key, self.folder)
+            except OSError as exc:
+                log.warning("runtime-cache: driver cache not restored (%s)", exc)
+            self._baseline = snapshot(self.folder)
+            self.restore_seconds = time.perf_counter() - started
+            return self.restored
+
+    def _restore(self, key: CacheKey, folder: str) -> int:
+        assert self.kind is not None
+        per_module = _DRIVERS[self.kind].per_module
+        sweep_temporaries({folder: True})
+        if not trusted_source(self.cache):
+            return 0
+        value = self.cache.get(key)
+        if value is None:
+            # Files a driver wrote after an earlier process's last capture (at its exit,
+            # say) are stored by this one's capture.
+            self._harvest = not per_module and bool(snapshot(folder))
+            return 0
+        digest = binary_digest(value)
+        if guard.blocked([digest]):
+            log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
+            self.cache.delete(key)
+            return 0
+        try:
+            files = unpack_files(value)
+        except CorruptEntryError as exc:
+            log.warning("runtime-cache: a driver-cache entry is malformed (%s); dropping it", exc)
+            self.cache.delete(key)
+            return 0
+        self._mine = {name for name, _, _ in files}
+        added = add_missing(folder, files) if per_module else restore_indexed(folder, files)
+        if not per_module:
+            self._harvest = bool(set(snapshot(folder)) - self._mine)
+        # Until the module's programs loaded and ran, a crash is blamed on these files
+        # (not while they are written: a kill then is no fault of theirs).
+        self._watch.enter_context(guard.loading([digest]))
+        return added
+
+    def settle(self) -> None:
+        """The module's programs loaded and ran: restored files no longer take the blame."""
+        self._watch.close()
+
+    def capture(self) -> bool:
+        """Store the files the driver added since the restore; return whether it stored."""
+        with self._lock:
+            if self.key is None or self.folder is None or not self._restore_done:
+                return False
+            if not trusted_source(self.cache):
+                return False  # nobody could restore them from here
+            now = snapshot(self.folder)
+            # Sizes, not times: PoCL rewrites a program's files on each load.
+            changed = {n for n, s in now.items() if self._baseline.get(n, (-1,))[0] != s[0]}
+            if not changed and not self._harvest:
+                return False
+            self._harvest = False
+            assert self.kind is not None
+            names = set(now) if not _DRIVERS[self.kind].per_module else self._mine | changed
+            value = pack_files(self.folder, [n for n in names if n in now])
+            self._baseline = now
+            if value is None:
+                return False
+            self._mine = names
+            return self.cache.put(self.key, value, extra={"files": len(names)})
+
+    def files(self) -> list[DriverFile]:
+        """The files stored for this session's key (for inspection and tests)."""
+        if self.key is None:
+            return []
+        value = self.cache.get(self.key)
+        return unpack_files(value) if value is not None else []
+
+
+class DriverCaches:
+    """The sessions of one module on every device of a context (what ``OpenCLModule`` holds).
+
+    Example::
+
+        caches = DriverCaches(ctx, "resnet18@3f2a")
+        caches.restore(cache)      # before the first program loads
+        ...                        # build, load and launch
+        caches.capture()           # store what the driver added
+    """
+
+    def __init__(self, context: Any, module_id: str) -> None:
+        self.devices = list(context.devices)
+        self.module_id = module_id
+        self.sessions: list[DriverCacheSession] | None = None
+        self._lock = threading.Lock()
+
+    def restore(self, cache: Cache) -> int:
+        """Restore once per device (later calls do nothing); return how many files were added."""
+        with self._lock:
+            if self.sessions is None:
+                self.sessions = [DriverCacheSession(cache, d, self.module_id) for d in self.devices]
+            sessions = self.sessions
+        return sum(s.restore() for s in sessions)
+
+    def start_restore(self, cache: Cache) -> threading.Thread:
+        """Run :meth:`restore` on a thread (join it before the first program loads)."""
+
+        def run() -> None:
+            try:
+                self.restore(cache)
+            except Exception as exc:  # advisory: the programs load without it
+                log.warning("runtime-cache: driver cache not restored (%s)", exc)
+
+        thread = threading.Thread(target=run, name="runtime-cache-driver-restore", daemon=True)
+        thread.start()
+        return thread
+
+    def capture(self, *, settle: bool = False) -> int:
+        """Capture on every device; return how many stored (``settle``: see the session's)."""
+        with self._lock:
+            sessions = list(self.sessions or ())
+        stored = 0
+        for session in sessions:
+            try:
+                stored += session.capture()
+            except (OSError, CorruptEntryError) as exc:
+                log.warning("runtime-cache: driver cache not captured (%s)", exc)
+            if settle:
+                session.settle()
+        return stored
+
+
+#: Every session of this process, captured at exit (after the first launches, for PoCL).
+_live: set[DriverCacheSession] = set()
+
+
+def _capture_at_exit() -> None:
+    for session in sorted(_live, key=id):
+        try:
+            session.capture()
+            session.settle()
+        except Exception as exc:  # exit must go on
+            log.debug("runtime-cache: driver cache capture at exit failed (%s)", exc)
+
+
+atexit.register(_capture_at_exit)
