@@ -209,6 +209,12 @@ def page(runs: Sequence[Run]) -> str:
         ("Many processes at once: stress", stress, tables.stress, True),
         ("Killed writers: the crash harness", _pick(runs, "crash_harness"), tables.crash, False),
         ("Fuzzing", _pick(runs, "fuzz"), tables.fuzz, True),
+        (
+            "Driver caches: when NVIDIA reads its ComputeCache",
+            [r for r in runs if r.get("benchmark") == "nvidia-computecache-probe"],
+            tables.computecache_probe,
+            False,
+        ),
     ]
     for title, members, render, many in sections:
         if not members:

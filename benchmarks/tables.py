@@ -209,3 +209,10 @@ def fuzz(runs: Sequence[Run]) -> str:
     """Inputs tried and failures found per fuzz target."""
     rows = [[t.get(k) for k in FUZZ_COLUMNS] for run in runs for t in run.get("targets", [])]
     return grid(list(FUZZ_COLUMNS.values()), rows)
+
+
+def computecache_probe(run: Run) -> str:
+    """Load times of raw PTX programs against the state of NVIDIA's ComputeCache folder."""
+    rows = [[case, f"{float(seconds):.3f}"] for case, seconds in dict(run["load_seconds"]).items()]
+    head = f"{run.get('what', '')} Device: {run.get('device', '')}.\n\n"
+    return head + grid(["ComputeCache folder", "load time (s)"], rows)
