@@ -68,7 +68,7 @@ __all__ = [
     "trusted_source",
 ]
 
-log = logging.getLogger("runtime_cache.opencl")
+log = logging.getLogger(__name__)
 
 PURPOSE = "driver-cache"
 ENV_SWITCH = "RUNTIME_CACHE_DRIVER_CACHE"
