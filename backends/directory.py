@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.api import Backend, BackendURL, Lease, StoredItem, parse_size
 from runtime_cache.errors import BackendError, InvalidKeyError, ReadOnlyBackendError
 
 from .eviction import Candidate, evict_lru, eviction_turn
@@ -467,6 +467,13 @@ class DirectoryBackend(Backend):
             age = float("inf")
         if age > 3600:
             self.vacuum()
+
+    def lease(self, key: str, ttl: float) -> Lease:
+        """An ``flock`` on ``<root>/.locks/<digest>.lock`` (see :mod:`.dir_lease`)."""
+        from .dir_lease import DirLease
+
+        self._path(key)  # the same key rules as entries
+        return DirLease(self._root, key, ttl)
 
     def close(self) -> None:
         if not self._closed:
