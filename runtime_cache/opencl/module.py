@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..cache import Cache
@@ -17,7 +17,7 @@ from .bundle import pack_programs, unpack_programs
 from .counters import counters
 from .guard import Binary, binary_digest
 from .includes import Options, normalize_options
-from .parallel import WorkerResult, build_in_processes, build_in_threads
+from .parallel import Job, WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
     fetch,
@@ -31,6 +31,7 @@ from .program import (
     store_binaries,
 )
 from .read_ahead import drain, read_ahead
+from .sharing import Claims, build_shared, shares_builds
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
@@ -213,6 +214,20 @@ class OpenCLModule:
             return 0
         if processes is None:
             processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
+        keys = {n: [str(k) for k in self._plan(n).keys or ()] for n in to_build}
+        first = next((k[0] for k in keys.values() if k), None)
+        if first is not None and shares_builds(self.cache, first):
+            # Other processes may be building the same module: share the work (see .sharing).
+            built: list[str] = []
+            build_shared(
+                self.cache,
+                keys,
+                to_build,
+                lambda claims: built.extend(self._build_claimed(claims, count, processes)),
+                lambda names: self._load_cached(names, count) if names else [],
+                self._longest_build,
+            )
+            return len(built)
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
                 self._build_from_source(name)
@@ -283,9 +298,53 @@ class OpenCLModule:
         self._adopt(name, program, 0.0)
         return True
 
-    def _build_in_processes(self, names: list[str], workers: int) -> None:
+    def _longest_build(self) -> float:
+        with self._lock:
+            seconds = [s for s in self._seconds.values() if s > 0]
+        return max(seconds, default=self.cache.fleet.policy.default_expected)
+
+    def _build_claimed(self, claims: Claims, workers: int, processes: bool) -> list[str]:
+        """Build the programs ``claims`` hands out; return their names."""
+        taken: list[str] = []
+
+        def take() -> str | None:
+            name = claims.take()
+            if name is not None:
+                taken.append(name)
+            return name
+
+        if processes and workers > 1:
+
+            def job() -> Job | None:
+                name = take()
+                return None if name is None else (name, self.sources[name], self.options)
+
+            self._build_in_processes(taken, workers, job, claims.done)
+            return taken
+
+        def run() -> None:
+            while (name := take()) is not None:
+                try:
+                    self._build_from_source(name)
+                finally:
+                    claims.done(name)
+
+        build_in_threads(lambda _: run(), range(max(1, workers)), workers)
+        return taken
+
+    def _build_in_processes(
+        self,
+        names: list[str],
+        workers: int,
+        take: Callable[[], Job | None] | None = None,
+        done: Callable[[str], None] | None = None,
+    ) -> None:
+        """Build ``names`` in worker processes (or what ``take`` hands out, into ``names``).
+
+        ``done(name)`` is called once each program's binaries were stored.
+        """
         devices = list(self.context.devices)
-        jobs = [(n, self.sources[n], self.options) for n in names]
+        jobs = take or [(n, self.sources[n], self.options) for n in names]
 
         def accept(result: WorkerResult) -> bool:
             name, binaries, seconds, options_text = result
@@ -301,6 +360,8 @@ class OpenCLModule:
             else:
                 store_binaries(self.cache, plan, program, binaries, seconds)
             self._adopt(name, program, seconds)
+            if done is not None:
+                done(name)
             return True
 
         try:
@@ -311,7 +372,11 @@ class OpenCLModule:
         with self._lock:
             left += [n for n in names if n not in self._programs and n not in left]
         for name in left:
-            self._build_from_source(name)
+            try:
+                self._build_from_source(name)
+            finally:
+                if done is not None:
+                    done(name)
 
     # ------------------------------------------------------------------ bundles
     def supports_precompiled_programs(self) -> bool:
