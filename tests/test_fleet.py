@@ -47,6 +47,9 @@ GET_OR_BUILD = textwrap.dedent(
             return key.module_id.encode() * 3
         return build
 
+    fd = os.open(log + ".ready", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, b"ready\\n")
+    os.close(fd)
     started = time.monotonic()
     ok = all(cache.get_or_build(k, builder(k)) == k.module_id.encode() * 3 for k in keys)
     s = cache.stats()
@@ -108,12 +111,17 @@ def test_killed_lease_holder_is_taken_over(shared_url: str, tmp_path: Path) -> N
     log = tmp_path / "builds.log"
     # Same order in every process: all wait on the holder's key while it builds (2 s each).
     first = _start(GET_OR_BUILD, shared_url, log, 3, 2.0, 0, cwd=tmp_path)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not _builds(log) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _builds(log), "the first process never started a build"
     others = [_start(GET_OR_BUILD, shared_url, log, 3, 2.0, 0, cwd=tmp_path) for _ in range(3)]
-    time.sleep(0.8)
+    ready = tmp_path / "builds.log.ready"
+    while (
+        not ready.exists() or len(ready.read_text().split()) < 4
+    ) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # all three now wait on the first process's lease
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=10)
     started = time.monotonic()

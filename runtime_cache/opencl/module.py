@@ -299,9 +299,12 @@ class OpenCLModule:
         return True
 
     def _longest_build(self) -> float:
+        """How long a holder may take for one program: a worker claims up to
+        PROCESS_THRESHOLD and starts up first, so never less than the policy's default."""
         with self._lock:
             seconds = [s for s in self._seconds.values() if s > 0]
-        return max(seconds, default=self.cache.fleet.policy.default_expected)
+        longest = max(seconds, default=0.0) * PROCESS_THRESHOLD
+        return max(longest, self.cache.fleet.policy.default_expected)
 
     def _build_claimed(self, claims: Claims, workers: int, processes: bool) -> list[str]:
         """Build the programs ``claims`` hands out; return their names."""
@@ -314,10 +317,24 @@ class OpenCLModule:
             return name
 
         if processes and workers > 1:
+            # A worker process costs a start-up (seconds on some drivers): each claims
+            # PROCESS_THRESHOLD programs at a time, so a fleet starts few workers in all.
+            local = threading.local()
 
             def job() -> Job | None:
-                name = take()
-                return None if name is None else (name, self.sources[name], self.options)
+                queue: list[str] | None = getattr(local, "queue", None)
+                if queue is None:
+                    queue = local.queue = []
+                if not queue:  # claim the next few together
+                    for _ in range(PROCESS_THRESHOLD):
+                        name = take()
+                        if name is None:
+                            break
+                        queue.append(name)
+                if not queue:
+                    return None
+                name = queue.pop(0)
+                return (name, self.sources[name], self.options)
 
             self._build_in_processes(taken, workers, job, claims.done)
             return taken
