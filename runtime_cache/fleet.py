@@ -69,12 +69,16 @@ def present(backend: Backend, keys: Iterable[str]) -> bool:
         return False
 
 
-def try_acquire(lease: Lease) -> bool:
-    """Try to take ``lease`` once; a backend failure counts as not taken."""
+def try_acquire(lease: Lease) -> bool | None:
+    """Try to take ``lease`` once: taken, not taken, or ``None`` when the backend failed.
+
+    On a failure the caller builds without a lease: waiting on a store that
+    cannot answer would only delay the build.
+    """
     try:
         return lease.acquire()
     except Exception:
-        return False
+        return None
 
 
 class Fleet:
@@ -135,7 +139,10 @@ class Fleet:
             # Threads of one process already share builds through single-flight.
             self._local_leases = lease is not None
             return build()
-        if try_acquire(lease):
+        won = try_acquire(lease)
+        if won is None:
+            return build()
+        if won:
             self.count(leases_won=1)
             with lease:
                 # The holder before us may have stored and released since our miss.
@@ -145,9 +152,8 @@ class Fleet:
         started = time.monotonic()
         deadline = started + self.policy.deadline(self.expected(key))
         pause = self.policy.first_poll
-        won = False
         try:
-            while not won and time.monotonic() < deadline:
+            while won is False and time.monotonic() < deadline:
                 time.sleep(pause)
                 pause = min(pause * 1.5, self.policy.max_poll)
                 if present(backend, [skey]):
@@ -157,7 +163,7 @@ class Fleet:
                 won = try_acquire(lease)
         finally:
             self.count(wait_seconds=time.monotonic() - started)
-        with lease:  # a no-op when the deadline passed without the lease
+        with lease:  # a no-op when the wait ended without the lease
             value = fetch() if won and present(backend, [skey]) else None
             if value is not None:
                 return value

@@ -38,10 +38,10 @@ HOLDER = textwrap.dedent(
 
 
 @contextmanager
-def hung_holder(url: str, ttl: float, cwd: Path) -> Iterator[None]:
-    """A process that takes the lease on KEY, then hangs (SIGSTOP): it stops renewing."""
+def hung_holder(url: str, ttl: float, cwd: Path, key: str = KEY) -> Iterator[None]:
+    """A process that takes the lease on ``key``, then hangs (SIGSTOP): it stops renewing."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, KEY, str(ttl)],
+        [sys.executable, "-c", HOLDER, url, key, str(ttl)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=cwd,
@@ -157,3 +157,31 @@ def test_memory_cache_takes_no_lease() -> None:
 def test_bad_ttl_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         DirectoryBackend(tmp_path).lease(KEY, 0)
+
+
+def test_waiter_builds_after_the_deadline_of_a_hung_holder(tmp_path: Path) -> None:
+    from runtime_cache.fleet import LeasePolicy
+
+    url = f"dir://{tmp_path}"
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
+    cache.fleet.policy = LeasePolicy(ttl=60.0, default_expected=0.5)  # deadline 3.5 s
+    with hung_holder(url, 60.0, tmp_path, str(key)):
+        started = time.monotonic()
+        assert cache.get_or_build(key, lambda: b"built here") == b"built here"
+        took = time.monotonic() - started
+    stats = cache.stats()
+    assert (stats.lease_waits, stats.takeovers, stats.builds) == (1, 1, 1)
+    assert 3.5 <= took < 3.5 + 2.0
+    assert 3.5 <= stats.wait_seconds < took + 0.01
+
+
+def test_get_or_build_does_not_wait_on_a_dead_store(redis_process: object) -> None:
+    url = f"{redis_process.url}?prefix=dead:"  # type: ignore[attr-defined]
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
+    redis_process.kill()  # type: ignore[attr-defined]
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    started = time.monotonic()
+    assert cache.get_or_build(key, lambda: b"v") == b"v"
+    assert time.monotonic() - started < 5.0
+    assert cache.stats().lease_waits == 0

@@ -91,7 +91,10 @@ class Claims:
             lease = fleet.lease(backend, keys[0])
             if lease is None:
                 return name
-            if not try_acquire(lease):
+            won = try_acquire(lease)
+            if won is None:
+                return name  # the store failed: build without a lease, as without one
+            if not won:
                 with self._lock:
                     self.waiting.append(name)
                 continue
