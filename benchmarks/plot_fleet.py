@@ -50,7 +50,13 @@ def draw(results: Path, out: Path) -> None:
     built = [runs[name]["source_builds"] for name in names]
     without = [runs[name]["procs"] * n for name in names]
     x = range(len(names))
-    work.bar([i - 0.2 for i in x], without, width=0.4, color="#dddddd", label="without leases (each builds all)")
+    work.bar(
+        [i - 0.2 for i in x],
+        without,
+        width=0.4,
+        color="#dddddd",
+        label="without leases (each builds all)",
+    )
     work.bar([i + 0.2 for i in x], built, width=0.4, color=colors, label="with leases (measured)")
     work.set_xticks(list(x), labels)
     work.set_ylabel("programs built from source, all processes")
