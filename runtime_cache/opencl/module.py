@@ -31,7 +31,7 @@ from .program import (
     store_binaries,
 )
 from .read_ahead import drain, read_ahead
-from .sharing import Claims, build_shared, shares_builds
+from .sharing import Claims, build_claimed, build_shared, shares_builds
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
@@ -307,47 +307,17 @@ class OpenCLModule:
         return max(longest, self.cache.fleet.policy.default_expected)
 
     def _build_claimed(self, claims: Claims, workers: int, processes: bool) -> list[str]:
-        """Build the programs ``claims`` hands out; return their names."""
-        taken: list[str] = []
+        """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`)."""
 
-        def take() -> str | None:
-            name = claims.take()
-            if name is not None:
-                taken.append(name)
-            return name
-
-        if processes and workers > 1:
-            # A worker process costs a start-up (seconds on some drivers): each claims
-            # PROCESS_THRESHOLD programs at a time, so a fleet starts few workers in all.
-            local = threading.local()
-
+        def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
             def job() -> Job | None:
-                queue: list[str] | None = getattr(local, "queue", None)
-                if queue is None:
-                    queue = local.queue = []
-                if not queue:  # claim the next few together
-                    for _ in range(PROCESS_THRESHOLD):
-                        name = take()
-                        if name is None:
-                            break
-                        queue.append(name)
-                if not queue:
-                    return None
-                name = queue.pop(0)
-                return (name, self.sources[name], self.options)
+                name = next_name()
+                return None if name is None else (name, self.sources[name], self.options)
 
             self._build_in_processes(taken, workers, job, claims.done)
-            return taken
 
-        def run() -> None:
-            while (name := take()) is not None:
-                try:
-                    self._build_from_source(name)
-                finally:
-                    claims.done(name)
-
-        build_in_threads(lambda _: run(), range(max(1, workers)), workers)
-        return taken
+        many = in_processes if processes else None
+        return build_claimed(claims, workers, self._build_from_source, many, PROCESS_THRESHOLD)
 
     def _build_in_processes(
         self,

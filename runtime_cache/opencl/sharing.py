@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from ..api import Lease
 from ..cache import Cache
 from ..fleet import present, try_acquire
+from .parallel import build_in_threads
 
-__all__ = ["Claims", "build_shared", "rotated", "shares_builds"]
+__all__ = ["Claims", "build_claimed", "build_shared", "rotated", "shares_builds"]
 
 
 def rotated(names: Sequence[str], pid: int | None = None) -> list[str]:
@@ -121,6 +122,60 @@ class Claims:
             leases, self._leases = list(self._leases.values()), {}
         for lease in leases:
             lease.release()
+
+
+def build_claimed(
+    claims: Claims,
+    workers: int,
+    build_one: Callable[[str], None],
+    build_many: Callable[[list[str], Callable[[], str | None]], None] | None,
+    chunk: int,
+) -> list[str]:
+    """Build every program ``claims`` hands out now; return their names.
+
+    With ``build_many`` (and ``workers > 1``), it builds them in worker processes:
+    ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
+    ``None``, builds whatever is in ``taken`` and not built when its workers
+    fail, and calls ``claims.done`` itself. A worker process costs a start-up
+    (seconds on some drivers), so each pulls ``chunk`` claims at a time and a
+    fleet starts few workers in all. Otherwise ``workers`` threads call
+    ``build_one(name)``.
+    """
+    taken: list[str] = []
+
+    def take() -> str | None:
+        name = claims.take()
+        if name is not None:
+            taken.append(name)
+        return name
+
+    if build_many is not None and workers > 1:
+        local = threading.local()
+
+        def next_name() -> str | None:
+            queue: list[str] | None = getattr(local, "queue", None)
+            if queue is None:
+                queue = local.queue = []
+            if not queue:  # claim the next few together
+                for _ in range(chunk):
+                    name = take()
+                    if name is None:
+                        break
+                    queue.append(name)
+            return queue.pop(0) if queue else None
+
+        build_many(taken, next_name)
+        return taken
+
+    def run(_: int) -> None:
+        while (name := take()) is not None:
+            try:
+                build_one(name)
+            finally:
+                claims.done(name)
+
+    build_in_threads(run, range(max(1, workers)), max(1, workers))
+    return taken
 
 
 def build_shared(
