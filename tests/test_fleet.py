@@ -176,3 +176,20 @@ def test_four_processes_share_a_cold_module(shared_url: str, tmp_path: Path) -> 
     assert sum(r["builds"] for r in results) == 24
     assert sum(r["won"] for r in results) == 24
     assert all(r["builds"] + r["loads"] == 24 for r in results)
+
+
+@pytest.mark.opencl
+def test_killed_process_in_a_shared_module_build(tmp_path: Path) -> None:
+    opencl_context()
+    tests, root = Path(__file__).parent, tmp_path / "cache"
+    url = f"dir://{root}"
+    procs = [_start(OPENCL, url, tests, cwd=tmp_path) for _ in range(4)]
+    deadline = time.monotonic() + 90
+    while not list(root.rglob("*.rce")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGKILL)  # a lease holder, mid-build
+    procs[0].communicate(timeout=10)
+    results = [_result(p) for p in procs[1:]]
+    assert all(r["ok"] for r in results)
+    assert all(r["builds"] + r["loads"] == 24 for r in results)
+    assert sum(r["builds"] for r in results) <= 24  # the killed one's unfinished ones, once
