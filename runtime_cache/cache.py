@@ -408,14 +408,27 @@ class Cache:
             self.put(key, made, seconds, extra=extra)
             return made
 
+        def fetch() -> bytes | None:
+            # Another process's entry, read after this call's miss: that miss becomes a hit
+            # (one lookup, one count). A blob that fails its check was counted at the miss.
+            try:
+                blob = self._backend.get(skey)
+                entry = None if blob is None else self.decode(skey, blob)
+            except Exception:
+                return None
+            if blob is None or entry is None:
+                return None
+            self._counters.add(
+                hits=1, misses=-1, bytes_read=len(blob), seconds_saved=entry.build_seconds
+            )
+            return entry.value
+
         try:
             found = self.get(key)
             if found is not None:
                 value = found
             elif self.enabled:
-                value = self.fleet.build_once(
-                    self._backend, key, lambda: self.get(key), build_and_store
-                )
+                value = self.fleet.build_once(self._backend, key, fetch, build_and_store)
             else:
                 value = build_and_store()
         except BaseException as exc:

@@ -47,6 +47,11 @@ class SingleFlight:
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        """How many builds are in flight now."""
+        with self._lock:
+            return len(self._flights)
+
     def join(self, key: str) -> tuple[Flight, bool]:
         """The flight for ``key`` and whether the caller leads it (and must :meth:`finish` it)."""
         with self._lock:

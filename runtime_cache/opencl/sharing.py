@@ -51,7 +51,8 @@ class Claims:
     ``keys`` maps each program to its entry keys (empty: not cacheable, built
     without a lease). Thread-safe: every build worker calls :meth:`take`, builds
     what it got, then calls :meth:`done`. ``force`` names programs to hand out
-    without a lease (their wait passed the deadline).
+    without a lease (their wait passed the deadline); ``refused`` those stored
+    but refused here, built under their lease without looking for them again.
     """
 
     def __init__(
@@ -62,12 +63,14 @@ class Claims:
         *,
         force: frozenset[str] = frozenset(),
         waited: frozenset[str] = frozenset(),
+        refused: frozenset[str] = frozenset(),
     ) -> None:
         self._cache = cache
         self._keys = keys
         self._pending = deque(order)
         self._force = force
         self._waited = waited
+        self._refused = refused
         self._leases: dict[str, Lease] = {}
         self._lock = threading.Lock()
         #: Programs another process held the lease of when this one tried.
@@ -99,7 +102,7 @@ class Claims:
                 with self._lock:
                     self.waiting.append(name)
                 continue
-            if present(backend, keys):  # stored and released since we looked
+            if name not in self._refused and present(backend, keys):  # stored since we looked
                 lease.release()
                 with self._lock:
                     self.stored.append(name)
@@ -195,11 +198,21 @@ def build_shared(
     """
     fleet = cache.fleet
     pending = rotated(names)
+    # Stored, yet not loaded here (refused: another secret, another driver): built here
+    # under their lease, without loading them again.
+    refused = frozenset(n for n in names if present(cache.backend, keys[n]))
     force: set[str] = set()
     first_seen: dict[str, float] = {}
     pause = fleet.policy.first_poll
     while pending:
-        claims = Claims(cache, keys, pending, force=frozenset(force), waited=frozenset(first_seen))
+        claims = Claims(
+            cache,
+            keys,
+            pending,
+            force=frozenset(force),
+            waited=frozenset(first_seen),
+            refused=refused,
+        )
         try:
             build(claims)
         finally:
