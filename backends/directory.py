@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from runtime_cache.api import Backend, BackendURL, StoredItem, parse_size
+from runtime_cache.api import Backend, BackendURL, Lease, StoredItem, parse_size
 from runtime_cache.environment import default_directory
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
@@ -392,6 +392,13 @@ class DirectoryBackend(Backend):
     def compact_hits(self) -> None:
         """Rewrite the hits journal as one line per live key once it passes 1 MiB."""
         self._journal.compact(set(self.keys()), f"{_TEMP_PREFIX}hits-")
+
+    def lease(self, key: str, ttl: float) -> Lease:
+        """An ``flock`` on ``<root>/.locks/<digest>.lock`` (see :mod:`.dir_lease`)."""
+        from .dir_lease import DirLease
+
+        self._rel(key)  # the same key rules as entries
+        return DirLease(str(self.root), key, ttl)
 
     def close(self) -> None:
         if not self._closed:

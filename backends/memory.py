@@ -7,12 +7,36 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 
-from runtime_cache.api import Backend, StoredItem
+from runtime_cache.api import Backend, Lease, StoredItem
 from runtime_cache.errors import InvalidKeyError
 from runtime_cache.units import parse_size
 from runtime_cache.urls import BackendURL
 
 __all__ = ["MemoryBackend"]
+
+
+class LocalLease(Lease):
+    """A lease among the threads of this process: a key in a set, under a lock."""
+
+    local = True
+
+    def __init__(self, held: set[str], lock: threading.Lock, key: str, ttl: float) -> None:
+        super().__init__(key, ttl)
+        self._taken, self._taken_lock = held, lock
+
+    def _take(self) -> bool:
+        with self._taken_lock:
+            if self.key in self._taken:
+                return False
+            self._taken.add(self.key)
+            return True
+
+    def _extend(self) -> bool:
+        return True
+
+    def _drop(self) -> None:
+        with self._taken_lock:
+            self._taken.discard(self.key)
 
 
 class MemoryBackend(Backend):
@@ -34,6 +58,8 @@ class MemoryBackend(Backend):
         self._access: dict[str, tuple[int, float]] = {}
         self._size = 0
         self._lock = threading.Lock()
+        self._leased: set[str] = set()
+        self._lease_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str) -> MemoryBackend:
@@ -123,6 +149,10 @@ class MemoryBackend(Backend):
                     hits, last = self._access.get(k, (0, 0.0))
                     items.append(StoredItem(k, len(v), last, hits))
         return iter(items)
+
+    def lease(self, key: str, ttl: float) -> Lease:
+        """A lease among this process's threads (the values live in this process only)."""
+        return LocalLease(self._leased, self._lease_lock, key, ttl)
 
     def clear(self) -> None:
         """Drop everything."""

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from runtime_cache.api import Backend, StoredItem
+from runtime_cache.api import Backend, Lease, StoredItem
 from runtime_cache.errors import (
     BackendError,
     BackendUnavailableError,
@@ -333,6 +333,12 @@ class RedisBackend(Backend):
             return part
 
         return self._run("head", read)
+
+    def lease(self, key: str, ttl: float) -> Lease:
+        """A lease under ``lease:<prefix><key>``, outside the prefix so listings never see it."""
+        from .redis_lease import RedisLease
+
+        return RedisLease(self._run, "lease:" + self._full(key), key, ttl)
 
     def _sizes(self, client: Any, keys: list[str]) -> list[StoredItem]:
         items: list[StoredItem] = []

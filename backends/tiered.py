@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from runtime_cache.api import Backend, StoredItem
+from runtime_cache.api import Backend, Lease, StoredItem
 from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
 from runtime_cache.urls import redact_url
 
@@ -55,6 +55,30 @@ class _Tier:
         self.errors = 0
         self.promoted = 0
         self.failing = False
+
+
+class _FlushingLease(Lease):
+    """The shared tier's lease; released only after queued writes were attempted.
+
+    Otherwise a waiter could take the lease over before the holder's entry
+    reached the shared tier, and build it again.
+    """
+
+    def __init__(self, inner: Lease, flush: Callable[[float], bool]) -> None:
+        super().__init__(inner.key, inner.ttl)
+        self._inner, self._flush = inner, flush
+
+    def _take(self) -> bool:
+        return self._inner.acquire()
+
+    def _extend(self) -> bool:
+        return self._inner.renew()
+
+    def _drop(self) -> None:
+        try:
+            self._flush(self.ttl)
+        finally:
+            self._inner.release()
 
 
 class TieredBackend(Backend):
@@ -373,6 +397,11 @@ class TieredBackend(Backend):
             except Exception as exc:
                 self._failed(tier, "vacuum", exc)
         return total
+
+    def lease(self, key: str, ttl: float) -> Lease | None:
+        """The lease of the last (shared) tier, or ``None`` when it has none."""
+        inner = self._tiers[-1].backend.lease(key, ttl)
+        return None if inner is None else _FlushingLease(inner, self.flush)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until queued writes to remote tiers were attempted; ``False`` on timeout."""

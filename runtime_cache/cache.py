@@ -38,8 +38,10 @@ from .codec import (
     normalize_secret,
 )
 from .errors import CorruptEntryError, RuntimeCacheError, SignatureError
+from .fleet import Fleet
 from .keys import CacheKey
 from .listing import read_info, screen_bundle
+from .single_flight import SingleFlight
 from .stats import CacheStats, Counters, EntryInfo
 
 __all__ = ["Cache", "KeyLike"]
@@ -74,15 +76,6 @@ class _NullBackend(Backend):
         return iter(())
 
 
-class _Flight:
-    __slots__ = ("error", "event", "value")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: bytes | None = None
-        self.error: BaseException | None = None
-
-
 class Cache:
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
@@ -113,8 +106,9 @@ class Cache:
         self.producer = producer or f"runtime-cache {__version__}"
         self.limits = limits
         self._counters = Counters()
-        self._flights: dict[str, _Flight] = {}
-        self._flight_lock = threading.Lock()
+        self._flights = SingleFlight()
+        #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
+        self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
         self._failing: set[str] = set()
         self._generation = 0
@@ -396,42 +390,58 @@ class Cache:
 
         Within one process only one ``build()`` runs per key at a time: other
         threads asking for the same key wait and share its result (or its
-        exception).
+        exception). Across processes, where the backend offers leases
+        (``dir://``, ``redis://``), one process builds while the others wait
+        for its entry, up to a deadline (see :mod:`runtime_cache.fleet`).
         """
         skey = str(key)
-        with self._flight_lock:
-            flight = self._flights.get(skey)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[skey] = _Flight()
+        flight, leader = self._flights.join(skey)
         if not leader:
-            flight.event.wait()
-            if flight.error is not None:
-                raise flight.error
-            assert flight.value is not None
+            value = flight.wait()
             # Served without a build of its own: a hit, so every lookup is a hit or a miss.
             self._counters.add(hits=1)
-            return flight.value
-        try:
-            value = self.get(key)
-            if value is None:
-                started = time.perf_counter()
-                value = build()
-                seconds = time.perf_counter() - started
-                if not isinstance(value, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"build() must return bytes, not {type(value).__name__}")
-                value = bytes(value)
-                self._counters.add(builds=1, build_seconds=seconds)
-                self.put(key, value, seconds, extra=extra)
-            flight.value = value
             return value
+
+        def build_and_store() -> bytes:
+            started = time.perf_counter()
+            made = build()
+            seconds = time.perf_counter() - started
+            if not isinstance(made, (bytes, bytearray, memoryview)):
+                raise TypeError(f"build() must return bytes, not {type(made).__name__}")
+            made = bytes(made)
+            self._counters.add(builds=1, build_seconds=seconds)
+            self.fleet.record(key, seconds)
+            self.put(key, made, seconds, extra=extra)
+            return made
+
+        def fetch() -> bytes | None:
+            # Another process's entry, read after this call's miss: that miss becomes a hit
+            # (one lookup, one count). A blob that fails its check was counted at the miss.
+            try:
+                blob = self._backend.get(skey)
+                entry = None if blob is None else self.decode(skey, blob)
+            except Exception:
+                return None
+            if blob is None or entry is None:
+                return None
+            self._counters.add(
+                hits=1, misses=-1, bytes_read=len(blob), seconds_saved=entry.build_seconds
+            )
+            return entry.value
+
+        try:
+            found = self.get(key)
+            if found is not None:
+                value = found
+            elif self.enabled:
+                value = self.fleet.build_once(self._backend, key, fetch, build_and_store)
+            else:
+                value = build_and_store()
         except BaseException as exc:
-            flight.error = exc
+            self._flights.finish(skey, flight, error=exc)
             raise
-        finally:
-            with self._flight_lock:
-                self._flights.pop(skey, None)
-            flight.event.set()
+        self._flights.finish(skey, flight, value=value)
+        return value
 
     # --------------------------------------------------------------- inspection
     def entries(

@@ -19,6 +19,12 @@ class CacheStats:
     signature while a secret is set; ``errors`` counts backend failures that
     were absorbed as misses or skipped stores; ``seconds_saved`` sums the
     ``build_seconds`` of every hit.
+
+    Build leases across processes (see :mod:`runtime_cache.fleet`):
+    ``leases_won`` counts leases this process took to build an entry;
+    ``lease_waits`` misses on which another process held the lease, and
+    ``wait_seconds`` the time spent waiting on them; ``takeovers`` builds
+    done after such a wait because the holder died, failed or passed the deadline.
     """
 
     hits: int = 0
@@ -32,6 +38,10 @@ class CacheStats:
     bytes_read: int = 0
     bytes_written: int = 0
     seconds_saved: float = 0.0
+    leases_won: int = 0
+    lease_waits: int = 0
+    wait_seconds: float = 0.0
+    takeovers: int = 0
 
     @property
     def lookups(self) -> int:

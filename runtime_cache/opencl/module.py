@@ -18,7 +18,7 @@ from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .guard import Binary, binary_digest
 from .includes import Options, normalize_options
-from .parallel import WorkerResult, build_in_processes, build_in_threads
+from .parallel import Job, WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
     fetch,
@@ -33,6 +33,7 @@ from .program import (
 )
 from .progress import BuildProgress, ProgressCallback
 from .read_ahead import drain, read_ahead
+from .sharing import Claims, build_claimed, build_shared, shares_builds
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = ["OpenCLModule"]
@@ -260,6 +261,20 @@ class OpenCLModule:
             return 0
         if processes is None:
             processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
+        keys = {n: [str(k) for k in self._plan(n).keys or ()] for n in to_build}
+        first = next((k[0] for k in keys.values() if k), None)
+        if first is not None and shares_builds(self.cache, first):
+            # Other processes may be building the same module: share the work (see .sharing).
+            built: list[str] = []
+            build_shared(
+                self.cache,
+                keys,
+                to_build,
+                lambda claims: built.extend(self._build_claimed(claims, count, processes)),
+                lambda names: self._load_cached(names, count) if names else [],
+                self._longest_build,
+            )
+            return len(built)
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
                 self._build_from_source(name)
@@ -345,9 +360,40 @@ class OpenCLModule:
         self._adopt(name, program, 0.0)
         return True
 
-    def _build_in_processes(self, names: list[str], workers: int) -> None:
+    def _longest_build(self) -> float:
+        """How long a holder may take for one program: a worker claims up to
+        PROCESS_THRESHOLD and starts up first, so never less than the policy's default."""
+        with self._lock:
+            seconds = [s for s in self._seconds.values() if s > 0]
+        longest = max(seconds, default=0.0) * PROCESS_THRESHOLD
+        return max(longest, self.cache.fleet.policy.default_expected)
+
+    def _build_claimed(self, claims: Claims, workers: int, processes: bool) -> list[str]:
+        """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`)."""
+
+        def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
+            def job() -> Job | None:
+                name = next_name()
+                return None if name is None else (name, self.sources[name], self.options)
+
+            self._build_in_processes(taken, workers, job, claims.done)
+
+        many = in_processes if processes else None
+        return build_claimed(claims, workers, self._build_from_source, many, PROCESS_THRESHOLD)
+
+    def _build_in_processes(
+        self,
+        names: list[str],
+        workers: int,
+        take: Callable[[], Job | None] | None = None,
+        done: Callable[[str], None] | None = None,
+    ) -> None:
+        """Build ``names`` in worker processes (or what ``take`` hands out, into ``names``).
+
+        ``done(name)`` is called once each program's binaries were stored.
+        """
         devices = list(self.context.devices)
-        jobs = [(n, self.sources[n], self.options) for n in names]
+        jobs = take or [(n, self.sources[n], self.options) for n in names]
 
         def accept(result: WorkerResult) -> bool:
             name, binaries, seconds, options_text = result
@@ -363,6 +409,8 @@ class OpenCLModule:
             else:
                 store_binaries(self.cache, plan, program, binaries, seconds)
             self._adopt(name, program, seconds)
+            if done is not None:
+                done(name)
             return True
 
         try:
@@ -373,7 +421,11 @@ class OpenCLModule:
         with self._lock:
             left += [n for n in names if n not in self._programs and n not in left]
         for name in left:
-            self._build_from_source(name)
+            try:
+                self._build_from_source(name)
+            finally:
+                if done is not None:
+                    done(name)
 
     # ------------------------------------------------------------------ bundles
     def supports_precompiled_programs(self) -> bool:

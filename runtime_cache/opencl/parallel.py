@@ -44,24 +44,27 @@ WorkerResult = tuple[str, list[bytes] | None, float, str]
 
 def _serve(
     fingerprints: list[dict[str, Any]],
-    jobs: queue.Queue[Job],
+    take: Callable[[], Job | None],
     on_result: Callable[[WorkerResult], bool],
     rejected: list[str],
     lock: threading.Lock,
 ) -> None:
-    current: Job | None = None
+    current: Job | None = take()
+    if current is None:
+        return  # nothing to build: no worker started
     process: subprocess.Popen[bytes] | None = None
     try:
         process = start_worker(fingerprints)
         if process is None:
+            with lock:
+                rejected.append(current[0])
             return
         assert process.stdin is not None and process.stdout is not None
         while True:
-            try:
-                current = jobs.get_nowait()
-            except queue.Empty:
-                current = None
-                return
+            if current is None:
+                current = take()
+                if current is None:
+                    return
             write_message(process.stdin, ["build", *current])
             _, binaries, seconds, options_text = read_message(process.stdout)
             job, current = current, None
@@ -126,27 +129,31 @@ def stop_worker(process: subprocess.Popen[bytes]) -> int:
 
 def build_in_processes(
     devices: Sequence[Any],
-    jobs: Sequence[Job],
+    jobs: Sequence[Job] | Callable[[], Job | None],
     workers: int,
     on_result: Callable[[WorkerResult], bool],
 ) -> list[str]:
     """Build jobs in ``workers`` subprocesses, passing each result to ``on_result``.
 
+    ``jobs`` is a list, or a function that hands out the next job (``None``
+    when there is none left): a worker starts only once it has a job.
     ``on_result`` runs on one of ``workers`` parent threads as results arrive,
     and returns whether it took the result. Returns the names the parent must
     build itself: those refused, and those no worker could build.
     """
     fingerprints = [device_fingerprint(d) for d in devices]
     pending: queue.Queue[Job] = queue.Queue()
-    for job in jobs:
+    for job in jobs if not callable(jobs) else ():
         pending.put(job)
+    take = jobs if callable(jobs) else lambda: _next(pending)
     rejected: list[str] = []
     lock = threading.Lock()
+    count = max(1, workers if callable(jobs) else min(workers, len(jobs)))
     threads = [
         threading.Thread(
-            target=_serve, args=(fingerprints, pending, on_result, rejected, lock), daemon=True
+            target=_serve, args=(fingerprints, take, on_result, rejected, lock), daemon=True
         )
-        for _ in range(max(1, min(workers, len(jobs))))
+        for _ in range(count)
     ]
     for thread in threads:
         thread.start()
@@ -157,8 +164,17 @@ def build_in_processes(
             rejected.append(pending.get_nowait()[0])
         except queue.Empty:
             break
+    if callable(jobs):
+        return rejected
     order = {job[0]: i for i, job in enumerate(jobs)}
     return sorted(rejected, key=order.__getitem__)
+
+
+def _next(jobs: queue.Queue[Job]) -> Job | None:
+    try:
+        return jobs.get_nowait()
+    except queue.Empty:
+        return None
 
 
 def build_in_threads(build: Callable[[T], None], items: Sequence[T], workers: int) -> None:

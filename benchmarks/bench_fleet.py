@@ -1,0 +1,343 @@
+"""Benchmark a fleet's cold start: N processes build one module on one shared cache.
+
+Every figure comes from one run of this script. Each scenario uses fresh kernel
+sources (a salt) and an empty cache, with the driver's own cache off:
+
+* ``lone_pinned``: one process pinned to ``--cores-per`` cores (``taskset``),
+  ``build_all(workers=cores_per)``: one small machine alone.
+* ``fleet_pinned_<backend>``: ``--procs`` processes, each pinned to its own
+  ``--cores-per`` cores, as that many small machines on one shared cache.
+* ``lone``: one unpinned process, ``build_all()`` on every core.
+* ``fleet_<backend>``: ``--procs`` unpinned processes at once.
+
+Every child imports, opens its context and plans its module first, then waits
+for a "go" line; the wall time runs from "go" until the last child is ready
+(its ``build_all()`` returned). ``compile_seconds`` sums the build time of
+every program each process built from source (in its worker processes
+included), over all processes; on a machine with fewer cores than compiles at
+once each build's seconds stretch, so ``cpu_seconds`` (user + system time of
+each process and its build workers during ``build_all()``) measures the work
+itself, and the acceptance ratios of work use it. Backends: ``dir`` (a folder on local disk) and
+``redis`` (a ``redis-server`` from PATH on loopback, when one runs), both with a
+secret. Pinned scenarios need ``procs * cores_per`` cores and are skipped with
+a note otherwise. Prints a table and writes JSON.
+
+Usage::
+
+    python benchmarks/bench_fleet.py --n 100 --procs 8 --cores-per 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform as host_platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SECRET = "bench-secret"
+
+
+def kernel_sources(n: int, salt: str) -> dict[str, str]:
+    """N distinct kernels (as in bench_opencl.py), one program each; ``salt`` makes a fresh set."""
+    sources = {}
+    for i in range(n):
+        sources[f"k{i}"] = (
+            f"// {salt}\n"
+            f"__kernel void k{i}(__global float *a, __global const float *b) {{\n"
+            f"    int g = get_global_id(0);\n"
+            f"    float x = b[g];\n"
+            f"    for (int j = 0; j < {i % 7 + 3}; ++j)\n"
+            f"        x = x * {i + 1}.5f + sin(x) * {i % 13}.25f - cos(x * {i % 5}.5f);\n"
+            f"    a[g] = x + {i}.0f;\n}}\n"
+        )
+    return sources
+
+
+# ----------------------------------------------------------------------------- child side
+def _cpu() -> float:
+    """User + system seconds of this process and its reaped children (the build workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def child(url: str, n: int, salt: str, workers: int | None) -> dict[str, Any]:
+    """Plan the module, wait for "go" on stdin, build it all; return the figures."""
+    import pyopencl as cl
+
+    import runtime_cache as rc
+    from runtime_cache.opencl import OpenCLModule, device_fingerprint, opencl_stats
+
+    index = int(os.environ.get("BENCH_PLATFORM", "0"))
+    ctx = cl.Context([cl.get_platforms()[index].get_devices()[0]])
+    cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+    module = OpenCLModule(ctx, kernel_sources(n, salt), cache=cache)
+    for name in module.sources:
+        module._plan(name)  # planning (options, fingerprints) is not the build: done before "go"
+    print("set", flush=True)
+    sys.stdin.readline()
+    before = _cpu()
+    started = time.time()
+    built_here = module.build_all(workers=workers)
+    ready = time.time()
+    cpu = _cpu() - before
+    stats, cstats = opencl_stats(), cache.stats()
+    return {
+        "device": device_fingerprint(ctx.devices[0]),
+        "started": started,
+        "ready": ready,
+        "built_here": built_here,
+        "source_builds": stats.source_builds,
+        "binary_loads": stats.binary_loads,
+        # Build seconds of the programs built here (0.0 marks a loaded one).
+        "compile_seconds": sum(module._seconds.values()),
+        "cpu_seconds": cpu,
+        "leases_won": cstats.leases_won,
+        "lease_waits": cstats.lease_waits,
+        "wait_seconds": cstats.wait_seconds,
+        "takeovers": cstats.takeovers,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+
+
+# ---------------------------------------------------------------------------- parent side
+def _env(scratch: Path) -> dict[str, str]:
+    env = dict(os.environ, POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    env["POCL_CACHE_DIR"] = str(scratch)  # PoCL's uncached scratch is not safe across processes
+    env.pop("RUNTIME_CACHE", None)
+    return env
+
+
+def scenario(
+    url: str, n: int, procs: int, workers: int | None, cores: list[list[int]] | None, tmp: Path
+) -> dict[str, Any]:
+    """Run ``procs`` children cold on one cache; return the wall time and the sums."""
+    salt = uuid.uuid4().hex
+    children = []
+    for i in range(procs):
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", "--url", url]
+        command += ["--n", str(n), "--salt", salt, "--workers", str(workers or 0)]
+        if cores is not None:
+            command = ["taskset", "-c", ",".join(map(str, cores[i])), *command]
+        scratch = tmp / f"pocl-{salt[:8]}-{i}"
+        children.append(
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(scratch),
+            )
+        )
+    for proc in children:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != "set":
+            raise RuntimeError(f"child failed to start: {line!r} {proc.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+    go = time.time()
+    for proc in children:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = []
+    for proc in children:
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"child failed:\n{err[-4000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    sums = {
+        key: sum(r[key] for r in results)
+        for key in ("source_builds", "binary_loads", "compile_seconds", "cpu_seconds", "leases_won")
+    }
+    sums.update(
+        lease_waits=sum(r["lease_waits"] for r in results),
+        wait_seconds=sum(r["wait_seconds"] for r in results),
+        takeovers=sum(r["takeovers"] for r in results),
+    )
+    return {
+        "procs": procs,
+        "workers": workers or "all cores",
+        "pinned": cores,
+        "wall_seconds": max(r["ready"] for r in results) - go,
+        "first_ready_seconds": min(r["ready"] for r in results) - go,
+        **sums,
+        "per_process": [{k: v for k, v in r.items() if k != "device"} for r in results],
+        "device": results[0]["device"],
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str] | None:
+    """A ``redis-server`` on loopback, or ``None`` when none runs here."""
+    binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+    if binary is None:
+        return None
+    port = _free_port()
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "no", "--dir", str(folder)]
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            return None
+    proc.kill()
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--n", type=int, default=100, help="kernels (programs)")
+    parser.add_argument("--procs", type=int, default=8, help="processes in the fleet")
+    parser.add_argument("--cores-per", type=int, default=2, help="cores of each pinned process")
+    parser.add_argument("--backends", default="dir,redis")
+    parser.add_argument("--machine", default=host_platform.node(), help="named in the results")
+    parser.add_argument("--json", default="benchmarks/results/fleet.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--salt", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.url, args.n, args.salt, args.workers or None)))
+        return 0
+
+    cpus = sorted(os.sched_getaffinity(0))
+    tmp = Path(tempfile.mkdtemp(prefix="rc-fleet-"))
+    notes: list[str] = []
+    redis = start_redis(tmp) if "redis" in args.backends.split(",") else None
+    backends = {"dir": lambda name: f"dir://{tmp / name}"} if "dir" in args.backends else {}
+    if redis is not None:
+        backends["redis"] = lambda name: f"{redis[1]}?prefix={name}:"
+    elif "redis" in args.backends:
+        notes.append("redis: no redis-server runs here; dir only")
+    pinnable = len(cpus) >= args.procs * args.cores_per and shutil.which("taskset") is not None
+    groups = [cpus[i * args.cores_per : (i + 1) * args.cores_per] for i in range(args.procs)]
+    if not pinnable:
+        notes.append(f"pinned scenarios skipped: {len(cpus)} cores < procs x cores-per")
+    first = next(iter(backends.values()))
+    load_start = os.getloadavg()
+    runs: dict[str, Any] = {}
+    try:
+        if pinnable:
+            runs["lone_pinned"] = scenario(
+                first("lone-pinned"), args.n, 1, args.cores_per, groups[:1], tmp
+            )
+            for name, url in backends.items():
+                runs[f"fleet_pinned_{name}"] = scenario(
+                    url(f"pinned-{name}"), args.n, args.procs, args.cores_per, groups, tmp
+                )
+        runs["lone"] = scenario(first("lone"), args.n, 1, None, None, tmp)
+        for name, url in backends.items():
+            runs[f"fleet_{name}"] = scenario(
+                url(f"fleet-{name}"), args.n, args.procs, None, None, tmp
+            )
+    finally:
+        if redis is not None:
+            redis[0].kill()
+            redis[0].wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    ratios: dict[str, float] = {}
+    acceptance: dict[str, bool] = {}
+    if "lone_pinned" in runs:
+        lone = runs["lone_pinned"]
+        for name in backends:
+            fleet = runs[f"fleet_pinned_{name}"]
+            wall = fleet["wall_seconds"] / lone["wall_seconds"]
+            work = fleet["cpu_seconds"] / lone["cpu_seconds"]
+            ratios[f"pinned_{name}_wall_over_lone"] = wall
+            ratios[f"pinned_{name}_cpu_over_lone"] = work
+            ratios[f"pinned_{name}_compile_over_lone"] = (
+                fleet["compile_seconds"] / lone["compile_seconds"]
+            )
+            acceptance[f"pinned_{name}_wall<=0.25"] = wall <= 0.25
+            acceptance[f"pinned_{name}_cpu<=1.3"] = work <= 1.3
+    for name in backends:
+        fleet, lone = runs[f"fleet_{name}"], runs["lone"]
+        wall = fleet["wall_seconds"] / lone["wall_seconds"]
+        work = fleet["cpu_seconds"] / lone["cpu_seconds"]
+        ratios[f"unpinned_{name}_wall_over_lone"] = wall
+        ratios[f"unpinned_{name}_cpu_over_lone"] = work
+        ratios[f"unpinned_{name}_compile_over_lone"] = (
+            fleet["compile_seconds"] / lone["compile_seconds"]
+        )
+        acceptance[f"unpinned_{name}_wall<=1.3"] = wall <= 1.3
+        acceptance[f"unpinned_{name}_cpu<=1.3"] = work <= 1.3
+
+    device = runs["lone"]["device"]
+    print(f"device: {device.get('name')} | {device.get('platform_version')} | n={args.n}")
+    print(f"machine: {args.machine} | {len(cpus)} cores | notes: {'; '.join(notes) or '-'}")
+    print(
+        f"{'scenario':24} {'procs':>5} {'wall s':>8} {'compile s':>10} {'builds':>7} "
+        f"{'loads':>6} {'waits':>6} {'takeovers':>9}"
+    )
+    for name, run in runs.items():
+        wall, work = run["wall_seconds"], run["compile_seconds"]
+        print(
+            f"{name:24} {run['procs']:5d} {wall:8.2f} {work:10.2f} {run['cpu_seconds']:8.2f} "
+            f"{run['source_builds']:7d} {run['binary_loads']:6d} {run['lease_waits']:6d} "
+            f"{run['takeovers']:9d}"
+        )
+    print()
+    for key, value in ratios.items():
+        print(f"{key:36} {value:7.3f}")
+    for key, passed in acceptance.items():
+        print(f"{key:36} {'pass' if passed else 'FAIL'}")
+    result = {
+        "benchmark": "fleet",
+        "meta": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": args.machine,
+            "host": {"machine": host_platform.machine(), "cpus": len(cpus)},
+            "device": device.get("name"),
+            "platform": device.get("platform_version"),
+            "n": args.n,
+            "procs": args.procs,
+            "cores_per": args.cores_per,
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "notes": notes,
+        },
+        "results": {
+            name: {k: v for k, v in run.items() if k not in ("per_process", "device", "pinned")}
+            for name, run in runs.items()
+        },
+        "per_process": {name: run["per_process"] for name, run in runs.items()},
+        "ratios": ratios,
+        "acceptance": acceptance,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

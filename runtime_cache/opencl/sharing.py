@@ -1,0 +1,239 @@
+"""``build_all`` across processes: a fleet starting cold builds each program once.
+
+Where the cache's backend offers leases (``dir://``, ``redis://``; see
+:mod:`runtime_cache.fleet`), a process that starts a module's cold build walks
+the missing programs in its own order (rotated by a hash of its process id, so
+processes starting together begin at different programs), and takes each
+program's lease just before building it. A program whose lease another process
+holds is set aside. When nothing is left to win, the process waits for the
+programs set aside, loading each as soon as its binaries are stored, and tries
+their leases again as it polls: a lease that comes free without binaries (its
+holder died or failed) is taken over and built here. A program still missing
+after the deadline (``LeasePolicy.deadline`` of the longest build this module
+has seen, or the default) is built here without a lease.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+
+from ..api import Lease
+from ..cache import Cache
+from ..fleet import present, try_acquire
+from .parallel import build_in_threads
+
+__all__ = ["Claims", "build_claimed", "build_shared", "rotated", "shares_builds"]
+
+
+def rotated(names: Sequence[str], pid: int | None = None) -> list[str]:
+    """``names`` rotated by a hash of the process id, so each process starts elsewhere."""
+    if not names:
+        return []
+    seed = str(os.getpid() if pid is None else pid).encode()
+    offset = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big") % len(names)
+    return [*names[offset:], *names[:offset]]
+
+
+def shares_builds(cache: Cache, key: str) -> bool:
+    """Whether ``cache``'s backend has leases that other processes see."""
+    lease = cache.fleet.lease(cache.backend, key)
+    return lease is not None and not lease.local
+
+
+class Claims:
+    """Hands out the programs whose lease this process wins, one at a time, to build.
+
+    ``keys`` maps each program to its entry keys (empty: not cacheable, built
+    without a lease). Thread-safe: every build worker calls :meth:`take`, builds
+    what it got, then calls :meth:`done`. ``force`` names programs to hand out
+    without a lease (their wait passed the deadline); ``refused`` those stored
+    but refused here, built under their lease without looking for them again.
+    """
+
+    def __init__(
+        self,
+        cache: Cache,
+        keys: Mapping[str, Sequence[str]],
+        order: Sequence[str],
+        *,
+        force: frozenset[str] = frozenset(),
+        waited: frozenset[str] = frozenset(),
+        refused: frozenset[str] = frozenset(),
+    ) -> None:
+        self._cache = cache
+        self._keys = keys
+        self._pending = deque(order)
+        self._force = force
+        self._waited = waited
+        self._refused = refused
+        self._leases: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        #: Programs another process held the lease of when this one tried.
+        self.waiting: list[str] = []
+        #: Programs found stored after winning their lease: load them.
+        self.stored: list[str] = []
+
+    def take(self) -> str | None:
+        """The next program to build here, or ``None`` when no other can be won now."""
+        fleet, backend = self._cache.fleet, self._cache.backend
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return None
+                name = self._pending.popleft()
+            keys = self._keys[name]
+            if not keys:
+                return name
+            if name in self._force:
+                fleet.count(takeovers=int(name in self._waited))
+                return name
+            lease = fleet.lease(backend, keys[0])
+            if lease is None:
+                return name
+            won = try_acquire(lease)
+            if won is None:
+                return name  # the store failed: build without a lease, as without one
+            if not won:
+                with self._lock:
+                    self.waiting.append(name)
+                continue
+            if name not in self._refused and present(backend, keys):  # stored since we looked
+                lease.release()
+                with self._lock:
+                    self.stored.append(name)
+                continue
+            fleet.count(leases_won=1, takeovers=int(name in self._waited))
+            with self._lock:
+                self._leases[name] = lease
+            return name
+
+    def done(self, name: str) -> None:
+        """Release ``name``'s lease (after its binaries were stored, or its build failed)."""
+        with self._lock:
+            lease = self._leases.pop(name, None)
+        if lease is not None:
+            lease.release()
+
+    def release_all(self) -> None:
+        """Release every lease still held (after an error)."""
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:
+            lease.release()
+
+
+def build_claimed(
+    claims: Claims,
+    workers: int,
+    build_one: Callable[[str], None],
+    build_many: Callable[[list[str], Callable[[], str | None]], None] | None,
+    chunk: int,
+) -> list[str]:
+    """Build every program ``claims`` hands out now; return their names.
+
+    With ``build_many`` (and ``workers > 1``), it builds them in worker processes:
+    ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
+    ``None``, builds whatever is in ``taken`` and not built when its workers
+    fail, and calls ``claims.done`` itself. A worker process costs a start-up
+    (seconds on some drivers), so each pulls ``chunk`` claims at a time and a
+    fleet starts few workers in all. Otherwise ``workers`` threads call
+    ``build_one(name)``.
+    """
+    taken: list[str] = []
+
+    def take() -> str | None:
+        name = claims.take()
+        if name is not None:
+            taken.append(name)
+        return name
+
+    if build_many is not None and workers > 1:
+        local = threading.local()
+
+        def next_name() -> str | None:
+            queue: list[str] | None = getattr(local, "queue", None)
+            if queue is None:
+                queue = local.queue = []
+            if not queue:  # claim the next few together
+                for _ in range(chunk):
+                    name = take()
+                    if name is None:
+                        break
+                    queue.append(name)
+            return queue.pop(0) if queue else None
+
+        build_many(taken, next_name)
+        return taken
+
+    def run(_: int) -> None:
+        while (name := take()) is not None:
+            try:
+                build_one(name)
+            finally:
+                claims.done(name)
+
+    build_in_threads(run, range(max(1, workers)), max(1, workers))
+    return taken
+
+
+def build_shared(
+    cache: Cache,
+    keys: Mapping[str, Sequence[str]],
+    names: Sequence[str],
+    build: Callable[[Claims], None],
+    load: Callable[[list[str]], list[str]],
+    expected: Callable[[], float],
+) -> None:
+    """Build ``names`` with the other processes: each builds what it wins, loads the rest.
+
+    ``build(claims)`` builds programs from ``claims.take()`` until it answers
+    ``None``, calling ``claims.done(name)`` after each. ``load(names)`` loads
+    stored programs and returns those it could not load (built here next).
+    ``expected()`` is the longest build seen so far, in seconds.
+    """
+    fleet = cache.fleet
+    pending = rotated(names)
+    # Stored, yet not loaded here (refused: another secret, another driver): built here
+    # under their lease, without loading them again.
+    refused = frozenset(n for n in names if present(cache.backend, keys[n]))
+    force: set[str] = set()
+    first_seen: dict[str, float] = {}
+    pause = fleet.policy.first_poll
+    while pending:
+        claims = Claims(
+            cache,
+            keys,
+            pending,
+            force=frozenset(force),
+            waited=frozenset(first_seen),
+            refused=refused,
+        )
+        try:
+            build(claims)
+        finally:
+            claims.release_all()
+        pending = load(claims.stored)
+        force.update(pending)  # stored, yet not loadable here: build without waiting
+        waiting = claims.waiting
+        if not waiting:
+            continue
+        now = time.monotonic()
+        fresh = [n for n in waiting if n not in first_seen]
+        fleet.count(lease_waits=len(fresh))
+        first_seen.update((n, now) for n in fresh)
+        time.sleep(pause)
+        fleet.count(wait_seconds=time.monotonic() - now)
+        pause = min(pause * 1.5, fleet.policy.max_poll)
+        ready = [n for n in waiting if present(cache.backend, keys[n])]
+        failed = load(ready)
+        force.update(failed)
+        limit = fleet.policy.deadline(expected())
+        late = {n for n in waiting if time.monotonic() - first_seen[n] >= limit}
+        force.update(late)
+        loaded = set(ready) - set(failed)
+        pending += [n for n in waiting if n not in loaded]

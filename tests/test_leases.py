@@ -1,0 +1,187 @@
+"""Build leases of each backend: taken once, renewed, released, expired, broken when stale."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.callback import CallbackBackend
+from runtime_cache.backends.dir_lease import DirLease
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.backends.tiered import TieredBackend
+
+pytest_plugins = ["redis_servers"]
+
+KEY = "fleet/test/00112233445566778899aabbccddeeff"
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    import runtime_cache as rc
+    lease = rc.open_backend(sys.argv[1]).lease(sys.argv[2], float(sys.argv[3]))
+    assert lease is not None and lease.acquire()
+    print("held", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@contextmanager
+def hung_holder(url: str, ttl: float, cwd: Path, key: str = KEY) -> Iterator[None]:
+    """A process that takes the lease on ``key``, then hangs (SIGSTOP): it stops renewing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url, key, str(ttl)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        proc.send_signal(signal.SIGSTOP)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _exclusive(backend: rc.Backend) -> None:
+    first, second = backend.lease(KEY, 5.0), backend.lease(KEY, 5.0)
+    assert first is not None and second is not None
+    assert first.acquire() and first.held
+    assert not second.acquire() and not second.held
+    assert first.renew()
+    first.release()
+    assert not first.held
+    with second:
+        assert second.acquire()
+    assert not second.held
+    assert first.acquire()  # free again after the context manager released it
+    first.release()
+
+
+def test_memory_lease_is_local() -> None:
+    backend = MemoryBackend()
+    _exclusive(backend)
+    lease = backend.lease(KEY, 1.0)
+    assert lease is not None and lease.local
+
+
+def test_directory_lease(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    _exclusive(backend)
+    assert list(backend.keys()) == []  # lock files are never keys
+    with pytest.raises(rc.errors.InvalidKeyError):
+        backend.lease("../escape", 1.0)
+
+
+def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
+    with hung_holder(f"dir://{tmp_path}", 0.3, tmp_path):
+        other = DirLease(str(tmp_path), KEY, 0.3)
+        assert not other.acquire()  # held, and touched just now
+        time.sleep(0.6)
+        assert other.acquire()  # the untouched lock file was stale: broken and taken
+        assert other.held and other.renew()
+        third = DirLease(str(tmp_path), KEY, 0.3)
+        assert not third.acquire()
+        other.release()
+        assert third.acquire()
+        third.release()
+
+
+def test_directory_lease_refuses_a_symlink(tmp_path: Path) -> None:
+    lease = DirLease(str(tmp_path), KEY, 1.0)
+    os.makedirs(os.path.dirname(lease.path))
+    os.symlink(tmp_path / "elsewhere", lease.path)
+    with pytest.raises(rc.errors.BackendError):
+        lease.acquire()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_redis_lease_expires_unless_renewed(redis_server: object, tmp_path: Path) -> None:
+    url = f"{redis_server.url}?prefix=lease-{tmp_path.name}:"  # type: ignore[attr-defined]
+    backend = rc.open_backend(url)
+    _exclusive(backend)
+    holder = backend.lease(KEY, 0.3)
+    assert holder is not None and holder.acquire()
+    time.sleep(0.7)  # the renewal thread keeps it
+    other = backend.lease(KEY, 0.3)
+    assert other is not None and not other.acquire()
+    holder.release()
+    with hung_holder(url, 0.3, tmp_path):
+        assert not other.acquire()
+        time.sleep(0.6)
+        assert other.acquire()  # the hung holder stopped renewing: its lease expired
+    assert other.held and other.renew()
+    other.release()
+    assert list(backend.keys()) == []  # leases live outside the entry prefix
+    backend.close()
+
+
+def test_tiered_lease_is_the_shared_tiers(tmp_path: Path) -> None:
+    shared = DirectoryBackend(tmp_path)
+    tiered = TieredBackend([MemoryBackend(), shared])
+    lease = tiered.lease(KEY, 5.0)
+    assert lease is not None and lease.acquire()
+    direct = shared.lease(KEY, 5.0)
+    assert direct is not None and not direct.acquire()
+    lease.release()
+    assert direct.acquire()
+    direct.release()
+    assert TieredBackend([shared, MemoryBackend()]).lease(KEY, 1.0) is not None
+
+
+def test_callback_backend_has_no_lease() -> None:
+    backend = CallbackBackend(lambda k: None, lambda k, v: None)
+    assert backend.lease(KEY, 1.0) is None
+
+
+def test_memory_cache_takes_no_lease() -> None:
+    cache = rc.Cache(MemoryBackend())
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    assert cache.get_or_build(key, lambda: b"v") == b"v"
+    stats = cache.stats()
+    assert (stats.builds, stats.leases_won, stats.lease_waits) == (1, 0, 0)
+
+
+def test_bad_ttl_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        DirectoryBackend(tmp_path).lease(KEY, 0)
+
+
+def test_waiter_builds_after_the_deadline_of_a_hung_holder(tmp_path: Path) -> None:
+    from runtime_cache.fleet import LeasePolicy
+
+    url = f"dir://{tmp_path}"
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
+    cache.fleet.policy = LeasePolicy(ttl=60.0, default_expected=0.5)  # deadline 3.5 s
+    with hung_holder(url, 60.0, tmp_path, str(key)):
+        started = time.monotonic()
+        assert cache.get_or_build(key, lambda: b"built here") == b"built here"
+        took = time.monotonic() - started
+    stats = cache.stats()
+    assert (stats.lease_waits, stats.takeovers, stats.builds) == (1, 1, 1)
+    assert 3.5 <= took < 3.5 + 2.0
+    assert 3.5 <= stats.wait_seconds < took + 0.01
+
+
+def test_get_or_build_does_not_wait_on_a_dead_store(redis_process: object) -> None:
+    url = f"{redis_process.url}?prefix=dead:"  # type: ignore[attr-defined]
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
+    redis_process.kill()  # type: ignore[attr-defined]
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    started = time.monotonic()
+    assert cache.get_or_build(key, lambda: b"v") == b"v"
+    assert time.monotonic() - started < 5.0
+    assert cache.stats().lease_waits == 0
