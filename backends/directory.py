@@ -129,6 +129,7 @@ class DirectoryBackend(Backend):
             raise self._error("open", exc) from exc
         if not is_dir:
             raise BackendError(f"cache root {self.root} is not a directory")
+        self.shared = shared  # others may write it: a Cache over it needs a secret
         if not shared:
             self._check_owner()
         self._root = str(self.root)

@@ -77,7 +77,14 @@ def _global_options() -> argparse.ArgumentParser:
         "--secret",
         default=argparse.SUPPRESS,
         help="shared secret: sign what is written, check signatures on verify and import "
-        "(default: RUNTIME_CACHE_SECRET)",
+        "(default: RUNTIME_CACHE_SECRET; 'new,old' accepts both and signs with new)",
+    )
+    common.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="read the secret from a file, one key a line, the first signs "
+        "(default: RUNTIME_CACHE_SECRET_FILE); keeps it off the command line",
     )
     return common
 
@@ -216,12 +223,17 @@ def _add_plugin(sub: Any, module_name: str, common: argparse.ArgumentParser) -> 
         add_parser(sub)
 
 
-def resolve_secret(secret: str | None) -> str | None:
-    """The ``--secret`` value, else ``RUNTIME_CACHE_SECRET``, else ``None``."""
-    return secret if secret is not None else environment.read(environment.ENV_SECRET)
+def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[str] | None:
+    """``--secret-file``, else ``--secret``, else the environment (see
+    :func:`runtime_cache.environment.read_secret`), else ``None``; keys split at commas."""
+    if secret_file is not None:
+        return environment.read_secret_file(secret_file)
+    if secret is not None:
+        return [key.strip() for key in secret.split(",")]
+    return environment.read_secret()
 
 
-def open_cache(url: str | None, secret: str | None) -> Cache:
+def open_cache(url: str | None, secret: str | None, secret_file: str | None = None) -> Cache:
     """Open the cache the command works on: ``url``, else the process-wide provider's backend.
 
     The returned cache is strict, so a failing backend is reported instead of
@@ -230,16 +242,16 @@ def open_cache(url: str | None, secret: str | None) -> Cache:
     from .provider import get_cache
     from .registry import open_backend
 
-    secret = resolve_secret(secret)
+    keys = resolve_secret(secret, secret_file)
     if url:
-        return Cache(open_backend(url), strict=True, secret=secret)
+        return Cache(open_backend(url), strict=True, secret=keys)
     provider = get_cache()
     if not provider.enabled:
         raise UsageError(
             "caching is off (RUNTIME_CACHE=off, or the default cache could not be opened); "
             "pass --cache URL"
         )
-    return Cache(provider.backend, strict=True, secret=secret)
+    return Cache(provider.backend, strict=True, secret=keys)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -265,12 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     args.cache = getattr(args, "cache", None)
     args.secret = getattr(args, "secret", None)
+    args.secret_file = getattr(args, "secret_file", None)
     handler = getattr(args, "handler", None)
     if handler is None:  # a plug-in subcommand
         result = args.func(args)
         return 0 if result is None else int(result)
     try:
-        cache = open_cache(args.cache, args.secret)
+        cache = open_cache(args.cache, args.secret, args.secret_file)
     except (UsageError, InvalidURLError, UnknownBackendError) as exc:
         return _fail(str(exc), 2)
     except RuntimeCacheError as exc:
@@ -278,7 +291,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return int(
             handler(
-                args, CommandContext(cache, sys.stdout, sys.stderr, resolve_secret(args.secret))
+                args,
+                CommandContext(
+                    cache, sys.stdout, sys.stderr, resolve_secret(args.secret, args.secret_file)
+                ),
             )
         )
     except UsageError as exc:

@@ -150,13 +150,14 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         return 1
     before = cache.stats()
     progress = Progress("import", len(blobs), ctx.err, enabled=None if not args.json else False)
-    accepted = 0
+    accepted = unsigned = withheld = 0
     for batch in _batches(blobs):
         # Re-framed per batch so each step is one backend round trip; the whole
         # bundle's checksum and signature were checked above.
-        accepted += cache.loads(
-            encode_bundle(batch, secret=secret), overwrite=not args.keep_existing
-        )
+        result = cache.loads(encode_bundle(batch, secret=secret), overwrite=not args.keep_existing)
+        accepted += result
+        unsigned += result.unsigned
+        withheld += result.withheld
         progress.update(len(batch))
     progress.close()
     after = cache.stats()
@@ -168,15 +169,21 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "accepted": accepted,
         "rejected_signature": rejected,
         "corrupt": corrupt,
-        "kept_existing": len(blobs) - accepted - rejected - corrupt,
+        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld,
+        "unsigned": unsigned,
+        "withheld_unsigned": withheld,
     }
     if args.json:
         ctx.emit_json(report)
     else:
         print(f"imported {accepted} of {len(blobs)} entries from {args.file}", file=ctx.out)
+        if unsigned:
+            print(f"{unsigned} entries are unsigned (no secret checked them)", file=ctx.out)
+        if withheld:
+            print(f"not written: {withheld} unsigned entries to a shared store", file=ctx.out)
         if rejected or corrupt:
             print(
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
                 file=ctx.out,
             )
-    return 1 if rejected or corrupt else 0
+    return 1 if rejected or corrupt or withheld else 0

@@ -26,6 +26,7 @@ from .cli_format import (
     render_table,
     short_device,
     short_key,
+    signed_line,
 )
 from .codec import decode_meta
 from .errors import CorruptEntryError
@@ -109,6 +110,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
     print(render_table(headers, rows, right=(5, 6, 7, 8, 9)), file=ctx.out)
     total = sum(info.stored_size for info in infos)
     print(f"\n{len(infos)} entries, {human_size(total)} stored", file=ctx.out)
+    print(signed_line(ctx.cache.signed), file=ctx.out)
     return 0
 
 

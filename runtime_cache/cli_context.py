@@ -28,7 +28,7 @@ class CommandContext:
     cache: Cache
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
-    secret: str | None = None
+    secret: str | list[str] | None = None
     now: float = field(default_factory=time.time)
 
     def emit_json(self, value: Any) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "render_table",
     "short_device",
     "short_key",
+    "signed_line",
 ]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -111,3 +112,10 @@ def render_table(
         return "  ".join(out).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def signed_line(signed: bool) -> str:
+    """One line saying whether the cache is signed (for ``ls`` and ``stats``)."""
+    if signed:
+        return "signed:  yes (a secret signs what is written; unsigned entries are rejected)"
+    return "signed:  no (no secret: entries are neither signed nor checked for a signature)"

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .cli_context import CommandContext
-from .cli_format import human_seconds, human_size, render_table
+from .cli_format import human_seconds, human_size, render_table, signed_line
 from .stats import EntryInfo
 
 __all__ = ["SOURCES", "cmd_stats", "group_stats"]
@@ -60,7 +60,9 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
     ]
     overall = group_stats(infos)
     if args.json:
-        ctx.emit_json({"overall": overall, "groups": per, "sources": SOURCES})
+        ctx.emit_json(
+            {"overall": overall, "groups": per, "sources": SOURCES, "signed": ctx.cache.signed}
+        )
         return 0
 
     def row(label: tuple[str, str], s: dict[str, Any]) -> list[str]:
@@ -86,4 +88,5 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
         "saved:  hits x build time",
         file=ctx.out,
     )
+    print(signed_line(ctx.cache.signed), file=ctx.out)
     return 0

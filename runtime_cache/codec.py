@@ -24,14 +24,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import xxhash
 
-from .errors import CorruptEntryError, InvalidBundleError, SignatureError
+from .errors import (
+    CorruptEntryError,
+    InvalidBundleError,
+    InvalidSecretError,
+    NewerFormatError,
+    SignatureError,
+)
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -39,6 +45,8 @@ __all__ = [
     "HEADER_SIZE",
     "Entry",
     "Limits",
+    "Secret",
+    "SecretKeys",
     "decode_bundle",
     "decode_entry",
     "decode_meta",
@@ -93,15 +101,53 @@ class Entry:
         return len(self.value)
 
 
-def normalize_secret(secret: str | bytes | None) -> bytes | None:
-    """Return the secret as bytes, or ``None`` when signing is off."""
-    if secret is None or secret == "" or secret == b"":
+#: What callers may pass as a secret: one key, or several (``[new, old]``) to rotate keys.
+Secret = str | bytes | Sequence[str | bytes] | None
+#: Normalized secrets: the first key signs, any of them verifies.
+SecretKeys = tuple[bytes, ...]
+
+
+def _one_secret(secret: object) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, (bytes, bytearray)):
+        raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
+    if not bytes(secret).strip():
+        raise InvalidSecretError("a secret may not be empty or blank")
+    return bytes(secret)
+
+
+def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:
+    """Return the secret keys as a tuple of bytes (the first one signs), or ``None`` for no secret.
+
+    ``secret`` is one key, or a list of keys ``[new, old]`` while a fleet rotates
+    keys: entries signed with any of them verify. An empty or blank key raises
+    :class:`~runtime_cache.errors.InvalidSecretError`.
+
+    >>> normalize_secret(["new", "old"])
+    (b'new', b'old')
+    """
+    if secret is None:
         return None
-    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if isinstance(secret, (str, bytes, bytearray)):
+        return (_one_secret(secret),)
+    if not isinstance(secret, (list, tuple)) or not secret:
+        raise InvalidSecretError("secret must be a str, bytes, or a non-empty list of them")
+    return tuple(_one_secret(s) for s in secret)
 
 
 def _sign(secret: bytes, data: bytes | memoryview) -> bytes:
     return hmac.new(secret, data, hashlib.sha256).digest()
+
+
+def _keys(secret: bytes | SecretKeys | None) -> SecretKeys:
+    if secret is None:
+        return ()
+    return (secret,) if isinstance(secret, bytes) else secret
+
+
+def _signed_by(secret: bytes | SecretKeys, data: bytes | memoryview, mac: bytes) -> bool:
+    return any(hmac.compare_digest(_sign(key, data), mac) for key in _keys(secret))
 
 
 def _within_depth(value: Any, left: int) -> bool:
@@ -127,10 +173,11 @@ def encode_entry(
     created_at: float,
     build_seconds: float = 0.0,
     producer: str = "",
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Encode one entry; sign it when ``secret`` is given."""
+    """Encode one entry; sign it when ``secret`` is given (with its first key)."""
+    signing = _keys(secret)
     meta: dict[str, Any] = {
         "k": key,
         "p": dict(parts),
@@ -142,7 +189,7 @@ def encode_entry(
     if extra:
         meta["x"] = dict(extra)
     meta_bytes = msgpack.packb(meta, use_bin_type=True)
-    flags = FLAG_SIGNED if secret else 0
+    flags = FLAG_SIGNED if signing else 0
     header = _HEADER.pack(
         ENTRY_MAGIC,
         ENTRY_VERSION,
@@ -154,8 +201,8 @@ def encode_entry(
         xxhash.xxh3_64_intdigest(value),
     )
     blob = b"".join((header, meta_bytes, value))
-    if secret:
-        blob += _sign(secret, blob)
+    if signing:
+        blob += _sign(signing[0], blob)
     return blob
 
 
@@ -167,6 +214,8 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     )
     if magic != ENTRY_MAGIC:
         raise CorruptEntryError("not a runtime-cache entry (bad magic)")
+    if version > ENTRY_VERSION:
+        raise NewerFormatError(f"entry format version {version} is newer than this reader's")
     if version != ENTRY_VERSION:
         raise CorruptEntryError(f"unsupported entry format version {version}")
     if flags & ~FLAG_SIGNED or reserved:
@@ -226,7 +275,7 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
 def decode_view(
     blob: bytes | memoryview,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], memoryview, bool]:
     """Verify one entry and return ``(metadata, value, signed)`` without copying the value.
@@ -246,7 +295,7 @@ def decode_view(
     if secret is not None:
         if not signed:
             raise SignatureError("entry is not signed, and a secret is set")
-        if not hmac.compare_digest(_sign(secret, view[:body_end]), bytes(view[body_end:])):
+        if not _signed_by(secret, view[:body_end], bytes(view[body_end:])):
             raise SignatureError("entry signature does not match the secret")
     meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
     value = view[HEADER_SIZE + meta_len : body_end]
@@ -263,7 +312,7 @@ def decode_view(
 def decode_entry(
     blob: bytes,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Entry:
     """Decode and verify one entry.
@@ -285,25 +334,26 @@ def decode_entry(
     )
 
 
-def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | None = None) -> bytes:
+def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | SecretKeys | None = None) -> bytes:
     """Pack encoded entries into one bundle blob, with a checksum (and HMAC with a secret)."""
     items = list(blobs)
-    flags = FLAG_SIGNED if secret else 0
+    signing = _keys(secret)
+    flags = FLAG_SIGNED if signing else 0
     chunks = [_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, flags, 0, len(items))]
     for blob in items:
         chunks.append(_LEN.pack(len(blob)))
         chunks.append(blob)
     body = b"".join(chunks)
     tail = _CHECK.pack(xxhash.xxh3_64_intdigest(body))
-    if secret:
-        tail += _sign(secret, body)
+    if signing:
+        tail += _sign(signing[0], body)
     return body + tail
 
 
 def decode_bundle(
     data: bytes,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> list[bytes]:
     """Split a bundle into its entry blobs, verifying the bundle's checksum.
@@ -340,7 +390,7 @@ def decode_bundle(
         if not signed:
             raise InvalidBundleError("bundle is not signed, and a secret is set")
         mac = bytes(view[body_end + _CHECK.size :])
-        if not hmac.compare_digest(_sign(secret, view[:body_end]), mac):
+        if not _signed_by(secret, view[:body_end], mac):
             raise InvalidBundleError("bundle signature does not match the secret")
     blobs: list[bytes] = []
     pos = _BUNDLE_HEADER.size

@@ -170,6 +170,22 @@ class CacheKey:
     def __str__(self) -> str:
         return f"{self.runtime}/{self.purpose}/{self.digest}"
 
+    def made_from(self, parts: Mapping[str, Any]) -> bool:
+        """Whether ``parts`` (as read back from an entry) hash to this key.
+
+        Parts that encode to the same msgpack bytes as this key's own parts are
+        the same values, type for type, so they hash alike: that costs one
+        encoding, not a key derivation. Anything else is hashed in full.
+        """
+        try:
+            if msgpack.packb(parts, use_bin_type=True) == msgpack.packb(
+                self._parts, use_bin_type=True
+            ):
+                return True
+            return str(CacheKey.from_parts(parts)) == str(self)
+        except (TypeError, ValueError, OverflowError):
+            return False
+
     @classmethod
     def from_parts(cls, parts: Mapping[str, Any]) -> CacheKey:
         """Rebuild a key from its parts (as kept in an entry's metadata)."""

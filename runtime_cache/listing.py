@@ -1,14 +1,14 @@
-"""Reading entry metadata without values, and screening bundle entries before they are merged."""
+"""Reading entry metadata without values (for listings), checked as every read is."""
 
 from __future__ import annotations
 
 from .api import Backend, StoredItem
-from .codec import Limits, decode_entry, decode_meta
-from .errors import CorruptEntryError, SignatureError
-from .keys import CacheKey
+from .check import check_binding
+from .codec import Limits, decode_meta
+from .errors import CorruptEntryError
 from .stats import EntryInfo
 
-__all__ = ["read_info", "screen_bundle"]
+__all__ = ["read_info"]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
 HEAD_SIZE = 4096
@@ -18,7 +18,9 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
     """Decode an entry's metadata from the head of its blob.
 
     Raises ``KeyError`` when the entry vanished, and :class:`CorruptEntryError`
-    when its head does not decode.
+    when its head does not decode or does not belong under its storage key
+    (:func:`~runtime_cache.check.check_binding`; the value and signature are
+    checked when the entry is read).
     """
     head = backend.head(item.key, HEAD_SIZE)
     if head is None:
@@ -31,6 +33,7 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         meta, _, signed = decode_meta(head, limits)
         if not meta:
             raise CorruptEntryError("entry head is truncated")
+    check_binding(item.key, meta)
     parts = meta["p"]
     return EntryInfo(
         key=meta["k"],
@@ -48,28 +51,3 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         hits=item.hits,
         last_access=item.last_access,
     )
-
-
-def screen_bundle(
-    blobs: list[bytes], secret: bytes | None, limits: Limits
-) -> tuple[dict[str, bytes], int, int]:
-    """Keep the bundle entries that verify and whose key matches their parts.
-
-    Returns ``(accepted, rejected, corrupt)``: the accepted blobs by key, and
-    how many were refused for their signature or for corruption.
-    """
-    accepted: dict[str, bytes] = {}
-    rejected = corrupt = 0
-    for blob in blobs:
-        try:
-            entry = decode_entry(blob, secret=secret, limits=limits)
-            if str(CacheKey.from_parts(entry.parts)) != entry.key:
-                raise CorruptEntryError("entry key does not match its parts")
-        except SignatureError:
-            rejected += 1
-            continue
-        except (CorruptEntryError, TypeError, ValueError):
-            corrupt += 1
-            continue
-        accepted[entry.key] = blob
-    return accepted, rejected, corrupt

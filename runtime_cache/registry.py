@@ -124,11 +124,33 @@ class Registry:
         """Open a backend from a URL; a comma-separated list opens tiers, fastest first."""
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
-        scheme = "tiered" if "," in url else BackendURL.parse(url).scheme
-        return self.resolve(scheme).from_url(url)
+        if "," in url:  # each tier comes back here with its own options
+            return self.resolve("tiered").from_url(url)
+        url, insecure = _take_insecure(url)
+        backend = self.resolve(BackendURL.parse(url).scheme).from_url(url)
+        if insecure:
+            backend.insecure = True
+        return backend
 
 
 registry = Registry()
+
+
+def _take_insecure(url: str) -> tuple[str, bool]:
+    """Take ``insecure=1`` (see :mod:`runtime_cache.trust`) out of a URL's query."""
+    head, mark, query = url.partition("?")
+    if not mark:
+        return url, False
+    kept, insecure = [], False
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if name != "insecure":
+            kept.append(item)
+        elif value.lower() in ("1", "true", "yes"):
+            insecure = True
+        elif value.lower() not in ("0", "false", "no"):
+            raise InvalidURLError(f"insecure must be 1 or 0, not {value!r}")
+    return (f"{head}?{'&'.join(kept)}" if kept else head), insecure
 
 
 def register_backend(name: str, target: str | type[Backend], *, replace: bool = False) -> None:

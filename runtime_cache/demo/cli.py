@@ -135,7 +135,7 @@ def _redact(url: str) -> str:
 def _open(url: str) -> Cache:
     from ..registry import open_backend
 
-    secret = environment.read(environment.ENV_SECRET)
+    secret = environment.read_secret()
     return Cache(open_backend(url), strict=True, secret=secret)
 
 

@@ -26,7 +26,7 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import Binary, binary_digest, guard
+from .guard import Binary, binary_digest, bindings, guard
 from .includes import Options, include_digests, normalize_options
 from .vetting import needs_vetting, vet_unknown
 
@@ -57,6 +57,8 @@ class ProgramPlan:
 
     ``keys`` holds one key per device, in the order of ``devices``; it is
     ``None`` when the build cannot be cached (an unresolvable ``#include``).
+    ``kernel`` is the kernel a loaded program must have (an ``OpenCLModule``
+    program), or ``None``.
     """
 
     source: str | bytes
@@ -64,6 +66,7 @@ class ProgramPlan:
     options_text: str
     devices: list[Any]
     keys: list[CacheKey] | None
+    kernel: str | None = None
 
 
 @dataclass
@@ -140,7 +143,7 @@ def plan_program(
         )
         for dev in devs
     ]
-    return ProgramPlan(source, tokens, text, devs, keys)
+    return ProgramPlan(source, tokens, text, devs, keys, program)
 
 
 def remember(
@@ -226,8 +229,21 @@ def load_from_binaries(
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
-    guard.vouch(digests)  # loaded without harm: known from now on (no I/O if it already was)
+    if plan.kernel is not None and not _has_kernel(cl, program, plan.kernel):
+        # Another program's binary under this key: rejected, never raised at kernel().
+        log.debug("runtime-cache: cached program lacks kernel %r", plan.kernel)
+        return None
+    # Loaded without harm: known from now on under these keys (no I/O if it already was).
+    guard.vouch(bindings(plan.keys, digests))
     return program
+
+
+def _has_kernel(cl: Any, program: Any, name: str) -> bool:
+    try:
+        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+    except Exception:  # a driver that cannot say: kernel() will tell
+        return True
+    return name in names.split(";")
 
 
 def fetch(
@@ -249,8 +265,11 @@ def fetch(
         return None
     ready = [b for b in binaries if b is not None]
     digests = [binary_digest(b) for b in ready]
-    if vet and needs_vetting(digests, trusted=cache.signed):  # tried in a child first
-        vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
+    signed = cache.signed
+    if vet and needs_vetting(digests, trusted=signed, keys=plan.keys):  # tried in a child first
+        item = (ready, plan.options, plan.options_text)
+        if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:
+            return None  # could not vet here: a local miss, nothing evicted
     return load_cached(context, plan, cache, ready, digests)
 
 
@@ -310,7 +329,7 @@ def store_binaries(
     # source can give the same bytes as a binary blocklisted after an unrelated crash).
     digests = [binary_digest(b) for b in binaries]
     guard.unblock(digests)
-    guard.vouch(digests)
+    guard.vouch(bindings(plan.keys, digests))
     remember(program, plan, cache, binaries, seconds, digests)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 
