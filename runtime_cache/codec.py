@@ -292,17 +292,18 @@ def decode_view(
     expected = body_end + (SIG_SIZE if signed else 0)
     if len(view) != expected:
         raise CorruptEntryError(f"entry is {len(view)} bytes, expected {expected}")
+    meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
+    value = view[HEADER_SIZE + meta_len : body_end]
+    # Checksums first: damage is corrupt (removed); a forgery that fixed them is rejected.
+    if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
+        raise CorruptEntryError("metadata checksum mismatch")
+    if xxhash.xxh3_64_intdigest(value) != value_sum:
+        raise CorruptEntryError("value checksum mismatch")
     if secret is not None:
         if not signed:
             raise SignatureError("entry is not signed, and a secret is set")
         if not _signed_by(secret, view[:body_end], bytes(view[body_end:])):
             raise SignatureError("entry signature does not match the secret")
-    meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
-    value = view[HEADER_SIZE + meta_len : body_end]
-    if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
-        raise CorruptEntryError("metadata checksum mismatch")
-    if xxhash.xxh3_64_intdigest(value) != value_sum:
-        raise CorruptEntryError("value checksum mismatch")
     meta = _unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
