@@ -78,9 +78,7 @@ LOCAL: Literal["local"] = "local"
 #: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``None`` no child.
 Outcome = bool | Literal["local"] | None
 #: Setup errors of this machine, not of the binary: the batch is "could not vet".
-_LOCAL_ERRNOS = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EAGAIN, errno.ENOENT}
-)
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EAGAIN})
 
 
 class Vetter:
