@@ -88,6 +88,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
         return 0
     if not infos:
         print("no entries", file=ctx.out)
+        print(signed_line(ctx.cache.signed), file=ctx.out)
         return 0
     headers = ["KEY", "RUNTIME", "PURPOSE", "MODULE", "DEVICE", "SIZE", "AGE", "BUILD", "HITS"]
     headers.append("USED")
