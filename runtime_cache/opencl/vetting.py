@@ -181,7 +181,13 @@ class Vetter:
             log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
             return [LOCAL] * len(items), None, True
         try:
-            return self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+            outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+            failed = outcome is not None and not (all(r is True for r in outcome[0]) and outcome[2])
+            if failed and not _usable(scratch):
+                # The child failed (or died) for want of scratch space, not for the binaries.
+                log.warning("runtime-cache: could not vet OpenCL binaries: %s is full", scratch)
+                return [LOCAL] * len(items), None, True
+            return outcome
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -224,6 +230,20 @@ class Vetter:
 
 
 vetter = Vetter()
+
+
+def _usable(folder: str) -> bool:
+    """Whether a child could write its scratch files in ``folder``."""
+    try:
+        fd, path = tempfile.mkstemp(dir=folder)
+        try:
+            os.write(fd, bytes(1 << 16))
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def _enabled() -> bool:
