@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
 
 from conftest import need
 
-__all__ = ["SCALE_SRC", "SHIFT_SRC", "generated_sources", "opencl_context", "run_kernel"]
+__all__ = [
+    "SCALE_SRC",
+    "SHIFT_SRC",
+    "fresh_guard",
+    "generated_sources",
+    "opencl_context",
+    "run_kernel",
+]
 
 
 def generated_sources(count: int, salt: int = 0) -> dict[str, str]:
@@ -37,3 +46,15 @@ def opencl_context() -> Any:
     if not devices:
         need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", "no OpenCL device found")
     return cl.Context(devices)
+
+
+def fresh_guard(folder: Path) -> Iterator[None]:
+    """Zeroed OpenCL counters and a crash guard in ``folder`` (a machine that knows no
+    binary yet) for one test; set ``RUNTIME_CACHE_GUARD_DIR`` to ``folder`` first."""
+    from runtime_cache.opencl import reset_opencl_stats
+    from runtime_cache.opencl.guard import guard
+
+    reset_opencl_stats()
+    guard.reset()
+    yield
+    guard.reset()

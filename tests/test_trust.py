@@ -259,12 +259,18 @@ def _newer(blob: bytes) -> bytes:
     return blob[:4] + bytes([codec.ENTRY_VERSION + 1]) + blob[5:]
 
 
-def test_an_entry_in_a_newer_format_is_a_miss_and_kept() -> None:
-    backend = MemoryBackend()
+def _stored(backend: rc.Backend, value: bytes) -> tuple[rc.Cache, bytes]:
+    """A cache over ``backend`` holding ``value`` under key 1, and the stored blob."""
     cache = rc.Cache(backend)
-    cache.put(_key(1), b"v")
+    cache.put(_key(1), value)
     blob = backend.get(str(_key(1)))
     assert blob is not None
+    return cache, blob
+
+
+def test_an_entry_in_a_newer_format_is_a_miss_and_kept() -> None:
+    backend = MemoryBackend()
+    cache, blob = _stored(backend, b"v")
     backend.set(str(_key(1)), _newer(blob))
     assert cache.get(_key(1)) is None
     assert cache.get_many([_key(1)]) == {}
@@ -302,10 +308,7 @@ class _RacingBackend(MemoryBackend):
 
 def test_a_good_entry_stored_during_a_discard_is_kept() -> None:
     backend = _RacingBackend()
-    cache = rc.Cache(backend)
-    cache.put(_key(1), b"good")
-    good = backend.get(str(_key(1)))
-    assert good is not None
+    cache, good = _stored(backend, b"good")
     backend.set(str(_key(1)), good[:-1])  # corrupt
     backend.after_read = (str(_key(1)), good)
     assert cache.get(_key(1)) is None and cache.stats().corrupt == 1

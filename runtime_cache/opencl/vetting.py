@@ -50,7 +50,7 @@ from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import Binary, binary_digest, bindings, guard
 from .parallel import start_worker, stop_worker
-from .worker import read_message, write_message
+from .worker import read_message, scratch_usable, write_message
 
 __all__ = [
     "BATCH",
@@ -183,7 +183,7 @@ class Vetter:
         try:
             outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
             failed = outcome is not None and not (all(r is True for r in outcome[0]) and outcome[2])
-            if failed and not _usable(scratch):
+            if failed and not scratch_usable(scratch):
                 # The child failed (or died) for want of scratch space, not for the binaries.
                 log.warning("runtime-cache: could not vet OpenCL binaries: %s is full", scratch)
                 return [LOCAL] * len(items), None, True
@@ -230,20 +230,6 @@ class Vetter:
 
 
 vetter = Vetter()
-
-
-def _usable(folder: str) -> bool:
-    """Whether a child could write its scratch files in ``folder``."""
-    try:
-        fd, path = tempfile.mkstemp(dir=folder)
-        try:
-            os.write(fd, bytes(1 << 16))
-        finally:
-            os.close(fd)
-            os.unlink(path)
-    except OSError:
-        return False
-    return True
 
 
 def _enabled() -> bool:

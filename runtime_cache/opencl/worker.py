@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import msgpack
 
-__all__ = ["main", "read_message", "write_message"]
+__all__ = ["main", "read_message", "scratch_usable", "write_message"]
 
 _LEN = struct.Struct("<Q")
 _MAX_MESSAGE = 1 << 31
@@ -159,19 +159,30 @@ _KEPT: list[Any] = []
 _PROBE = "kernel void runtime_cache_probe(global int *a) { a[0] = 1; }"
 
 
-def _local_trouble(cl: Any, context: Any, devices: list[Any]) -> bool:
-    """Whether this child itself cannot work (no scratch space or file descriptors, a
-    missing scratch folder), as opposed to the binary being refused."""
+def scratch_usable(folder: str) -> bool:
+    """Whether a process can write its scratch files in ``folder`` (space, descriptors)."""
     import tempfile
 
-    scratch = os.environ.get("POCL_CACHE_DIR") or tempfile.gettempdir()
     try:
-        fd, path = tempfile.mkstemp(dir=scratch)
+        fd, path = tempfile.mkstemp(dir=folder)
         try:
             os.write(fd, bytes(1 << 16))
         finally:
             os.close(fd)
             os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def _local_trouble(cl: Any, context: Any, devices: list[Any]) -> bool:
+    """Whether this child itself cannot work (no scratch space or file descriptors, a
+    missing scratch folder), as opposed to the binary being refused."""
+    import tempfile
+
+    if not scratch_usable(os.environ.get("POCL_CACHE_DIR") or tempfile.gettempdir()):
+        return True
+    try:
         from .program import original_build
 
         program = cl.Program(context, _PROBE)
