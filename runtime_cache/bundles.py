@@ -8,14 +8,21 @@ unsigned, and how many were kept out of a shared store for that reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .api import Backend
 from .check import check_entry
-from .codec import Limits, SecretKeys
+from .codec import Limits, SecretKeys, decode_bundle
 from .errors import CorruptEntryError, RejectedEntryError
 
-__all__ = ["LoadResult", "Screened", "good_blobs", "screen_bundle"]
+__all__ = ["LoadResult", "Screened", "good_blobs", "merge_bundle", "screen_bundle"]
+
+log = logging.getLogger("runtime_cache")
+
+#: The front's failure policy: ``failed(op, exc)`` counts and logs (or raises, strict).
+Failed = Callable[[str, Exception], None]
 
 
 class LoadResult(int):
@@ -104,9 +111,15 @@ def screen_bundle(blobs: list[bytes], secret: SecretKeys | None, limits: Limits)
 
 
 def good_blobs(
-    wanted: Iterable[str], stored: Mapping[str, bytes], check: Callable[[str, bytes], object]
+    backend: Backend, wanted: Sequence[str], check: Callable[[str, bytes], object], failed: Failed
 ) -> list[bytes]:
-    """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order."""
+    """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order
+    (read with ``peek_many``: exporting is not a use)."""
+    try:
+        stored = backend.peek_many(wanted)
+    except Exception as exc:
+        failed("get_many", exc)
+        stored = {}
     found: list[bytes] = []
     for skey in wanted:
         blob = stored.get(skey)
@@ -118,3 +131,47 @@ def good_blobs(
             continue
         found.append(blob)
     return found
+
+
+def merge_bundle(
+    data: bytes,
+    backend: Backend,
+    *,
+    secret: SecretKeys | None,
+    limits: Limits,
+    store: Callable[[Mapping[str, bytes]], bool] | None,
+    failed: Failed,
+    overwrite: bool = True,
+) -> LoadResult:
+    """Screen a bundle's entries and ``store`` those accepted (``Cache.loads``).
+
+    Unsigned entries (no ``secret``) are never stored in a shared backend: they
+    are counted as ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing.
+    """
+    blobs = decode_bundle(data, secret=secret, limits=limits)
+    screened = screen_bundle(blobs, secret, limits)
+    accepted = screened.accepted
+    withheld = 0
+    if accepted and not overwrite:
+        try:
+            present = set(backend.get_many(list(accepted)))
+        except Exception as exc:
+            failed("get_many", exc)
+            present = set()
+        accepted = {k: v for k, v in accepted.items() if k not in present}
+    if accepted and secret is None and backend.shared:
+        withheld, accepted = len(accepted), {}
+        log.warning(
+            "runtime-cache: not writing %d unsigned bundle entries to the shared store %r",
+            withheld,
+            backend,
+        )
+    stored = len(accepted) if accepted and store is not None and store(accepted) else 0
+    return LoadResult(
+        stored,
+        offered=len(blobs),
+        rejected=screened.rejected,
+        corrupt=screened.corrupt,
+        unsigned=screened.unsigned,
+        withheld=withheld,
+    )

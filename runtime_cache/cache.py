@@ -28,22 +28,20 @@ from typing import Any
 
 from ._version import __version__
 from .api import Backend
-from .bundles import LoadResult, good_blobs, screen_bundle
-from .check import Checked, check_entry
+from .bundles import LoadResult, good_blobs, merge_bundle
+from .check import Checked, check_entry, screen, screen_many
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
     Limits,
     Secret,
-    decode_bundle,
     encode_bundle,
     encode_entry,
     normalize_secret,
 )
-from .errors import CorruptEntryError, NewerFormatError, RejectedEntryError, RuntimeCacheError
 from .failure_policy import FailurePolicy
 from .keys import CacheKey
-from .listing import read_info
+from .listing import list_entries
 from .null import NullBackend
 from .stats import CacheStats, Counters, EntryInfo
 from .trust import require_secret
@@ -201,22 +199,6 @@ class Cache:
         """
         return check_entry(skey, blob, secret=self._secret, limits=self.limits)
 
-    def _screen(self, skey: str, blob: bytes, key: CacheKey | None) -> Checked | str:
-        """The checked entry, or the counter its failure goes to (after removing a corrupt one)."""
-        try:
-            return check_entry(skey, blob, secret=self._secret, limits=self.limits, key=key)
-        except NewerFormatError:
-            return "misses"  # kept: a newer version of the library reads it
-        except RejectedEntryError as exc:
-            # Kept: a fleet member with another secret must not lose its entries, and
-            # the next store replaces a transplanted one.
-            log.warning("runtime-cache: rejected %s: %s", skey, exc)
-            return "rejected"
-        except CorruptEntryError as exc:
-            log.warning("runtime-cache: corrupt entry %s (%s); deleting it", skey, exc)
-            self._discard(skey, blob)
-            return "corrupt"
-
     def get_entry(self, key: KeyLike) -> Entry | None:
         """Return the whole entry (value and metadata) for ``key``, or ``None``."""
         skey = str(key)
@@ -230,7 +212,8 @@ class Cache:
         if blob is None:
             self._counters.add(misses=1)
             return None
-        checked = self._screen(skey, blob, key if isinstance(key, CacheKey) else None)
+        asked = key if isinstance(key, CacheKey) else None
+        checked = screen(skey, blob, self._secret, self.limits, asked, self._discard)
         if isinstance(checked, str):
             counts = {"misses": 1} if checked == "misses" else {"misses": 1, checked: 1}
             self._counters.add(**counts)
@@ -332,25 +315,8 @@ class Cache:
             self._failed("get_many", exc)
             return {}
         self._succeeded()
-        found: dict[str, memoryview] = {}
-        counts = {"misses": 0, "rejected": 0, "corrupt": 0}
-        read = 0
-        saved = 0.0
-        for skey, asked in zip(wanted, given, strict=True):
-            blob = blobs.get(skey)
-            if blob is None:
-                counts["misses"] += 1
-                continue
-            checked = self._screen(skey, blob, asked if isinstance(asked, CacheKey) else None)
-            if isinstance(checked, str):
-                counts["misses"] += 1
-                if checked != "misses":
-                    counts[checked] += 1
-                continue
-            read += len(blob)
-            saved += checked.meta["b"]
-            found[skey] = checked.value
-        self._counters.add(hits=len(found), bytes_read=read, seconds_saved=saved, **counts)
+        found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
+        self._counters.add(**counts)
         return found
 
     def delete(self, key: KeyLike) -> bool:
@@ -420,32 +386,10 @@ class Cache:
         purpose: str | None = None,
         module_id: str | None = None,
     ) -> Iterator[EntryInfo]:
-        """Iterate over entry metadata, filtered, without loading values.
-
-        Entries that vanish or fail to decode while listing are skipped; use
-        :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
-        """
-        prefix = ""
-        if runtime is not None:
-            prefix = f"{runtime}/" if purpose is None else f"{runtime}/{purpose}/"
-        try:
-            items = list(self._backend.scan(prefix))
-        except Exception as exc:
-            self._failed("scan", exc)
-            return
-        for item in items:
-            try:
-                info = read_info(self._backend, item, self.limits)
-            except (KeyError, RuntimeCacheError):
-                continue
-            except Exception as exc:
-                self._failed("head", exc)
-                continue
-            if purpose is not None and info.purpose != purpose:
-                continue
-            if module_id is not None and info.module_id != module_id:
-                continue
-            yield info
+        """Iterate over entry metadata, filtered, without loading values (entries that
+        vanish or fail the check are skipped: :func:`~runtime_cache.maintenance.verify`
+        finds them)."""
+        return list_entries(self._backend, self.limits, self._failed, runtime, purpose, module_id)
 
     # ------------------------------------------------------------------ bundles
     def dumps(
@@ -465,12 +409,7 @@ class Cache:
             wanted = [str(k) for k in keys]
         else:
             wanted = [info.key for info in self.entries(runtime, purpose, module_id)]
-        try:
-            stored = self._backend.peek_many(wanted)  # exporting is not a use
-        except Exception as exc:
-            self._failed("get_many", exc)
-            stored = {}
-        blobs = good_blobs(wanted, stored, self.decode)
+        blobs = good_blobs(self._backend, wanted, self.decode, self._failed)
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation
         return encode_bundle(blobs, secret=self._secret)
@@ -485,31 +424,14 @@ class Cache:
         (the result's ``withheld``). The result is an ``int`` with the details
         of a :class:`~runtime_cache.bundles.LoadResult`.
         """
-        blobs = decode_bundle(data, secret=self._secret, limits=self.limits)
-        screened = screen_bundle(blobs, self._secret, self.limits)
-        self._counters.add(rejected=screened.rejected, corrupt=screened.corrupt)
-        accepted = screened.accepted
-        withheld = 0
-        if accepted and not overwrite:
-            try:
-                present = set(self._backend.get_many(list(accepted)))
-            except Exception as exc:
-                self._failed("get_many", exc)
-                present = set()
-            accepted = {k: v for k, v in accepted.items() if k not in present}
-        if accepted and self._secret is None and self._backend.shared:
-            withheld, accepted = len(accepted), {}
-            log.warning(
-                "runtime-cache: not writing %d unsigned bundle entries to the shared store %r",
-                withheld,
-                self._backend,
-            )
-        stored = len(accepted) if accepted and self.enabled and self._store(accepted) else 0
-        return LoadResult(
-            stored,
-            offered=len(blobs),
-            rejected=screened.rejected,
-            corrupt=screened.corrupt,
-            unsigned=screened.unsigned,
-            withheld=withheld,
+        result = merge_bundle(
+            data,
+            self._backend,
+            secret=self._secret,
+            limits=self.limits,
+            store=self._store if self.enabled else None,
+            failed=self._failed,
+            overwrite=overwrite,
         )
+        self._counters.add(rejected=result.rejected, corrupt=result.corrupt)
+        return result

@@ -38,14 +38,18 @@ b'value'
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .codec import DEFAULT_LIMITS, Entry, Limits, SecretKeys, decode_view
-from .errors import CorruptEntryError, KeyMismatchError
+from .errors import CorruptEntryError, KeyMismatchError, NewerFormatError, RejectedEntryError
 from .keys import CacheKey
 
-__all__ = ["Checked", "check_binding", "check_entry"]
+__all__ = ["Checked", "check_binding", "check_entry", "screen", "screen_many"]
+
+log = logging.getLogger("runtime_cache")
 
 
 @dataclass(frozen=True)
@@ -124,3 +128,67 @@ def check_entry(
     meta, value, signed = decode_view(blob, secret=secret, limits=limits)
     check_binding(skey, meta, key)
     return Checked(meta, value, signed)
+
+
+def screen(
+    skey: str,
+    blob: bytes,
+    secret: SecretKeys | None,
+    limits: Limits,
+    key: CacheKey | None,
+    discard: Callable[[str, bytes], None],
+) -> Checked | str:
+    """:func:`check_entry` for the front's reads: the checked entry, or the name of the
+    counter its failure goes to (``"misses"``, ``"rejected"``, ``"corrupt"``). A corrupt
+    blob is passed to ``discard(skey, blob)``, which removes exactly those bytes."""
+    try:
+        return check_entry(skey, blob, secret=secret, limits=limits, key=key)
+    except NewerFormatError:
+        return "misses"  # kept: a newer version of the library reads it
+    except RejectedEntryError as exc:
+        # Kept: a fleet member with another secret must not lose its entries, and
+        # the next store replaces a transplanted one.
+        log.warning("runtime-cache: rejected %s: %s", skey, exc)
+        return "rejected"
+    except CorruptEntryError as exc:
+        log.warning("runtime-cache: corrupt entry %s (%s); deleting it", skey, exc)
+        discard(skey, blob)
+        return "corrupt"
+
+
+def screen_many(
+    wanted: Sequence[str],
+    asked: Sequence[object],
+    blobs: Mapping[str, bytes],
+    secret: SecretKeys | None,
+    limits: Limits,
+    discard: Callable[[str, bytes], None],
+) -> tuple[dict[str, memoryview], dict[str, float]]:
+    """:func:`screen` over a batch: the values that passed, by storage key, and the
+    counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
+
+    ``asked`` holds what the caller asked for, one per ``wanted`` key: a
+    :class:`~runtime_cache.keys.CacheKey` makes the parts check one comparison.
+    """
+    found: dict[str, memoryview] = {}
+    counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
+    read = 0
+    saved = 0.0
+    for skey, key in zip(wanted, asked, strict=True):
+        blob = blobs.get(skey)
+        if blob is None:
+            counts["misses"] += 1
+            continue
+        checked = screen(
+            skey, blob, secret, limits, key if type(key) is CacheKey else None, discard
+        )
+        if isinstance(checked, str):
+            counts["misses"] += 1
+            if checked != "misses":
+                counts[checked] += 1
+            continue
+        read += len(blob)
+        saved += checked.meta["b"]
+        found[skey] = checked.value
+    counts.update(hits=len(found), bytes_read=read, seconds_saved=saved)
+    return found, counts

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from .api import Backend, StoredItem
 from .check import check_binding
 from .codec import Limits, decode_meta
-from .errors import CorruptEntryError
+from .errors import CorruptEntryError, RuntimeCacheError
 from .stats import EntryInfo
 
-__all__ = ["read_info"]
+__all__ = ["list_entries", "read_info"]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
 HEAD_SIZE = 4096
@@ -51,3 +53,39 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         hits=item.hits,
         last_access=item.last_access,
     )
+
+
+def list_entries(
+    backend: Backend,
+    limits: Limits,
+    failed: Callable[[str, Exception], None],
+    runtime: str | None = None,
+    purpose: str | None = None,
+    module_id: str | None = None,
+) -> Iterator[EntryInfo]:
+    """Iterate over entry metadata, filtered, without loading values (``Cache.entries``).
+
+    Entries that vanish or fail the check while listing are skipped; backend
+    failures go to ``failed(op, exc)`` (the front's failure policy).
+    """
+    prefix = ""
+    if runtime is not None:
+        prefix = f"{runtime}/" if purpose is None else f"{runtime}/{purpose}/"
+    try:
+        items = list(backend.scan(prefix))
+    except Exception as exc:
+        failed("scan", exc)
+        return
+    for item in items:
+        try:
+            info = read_info(backend, item, limits)
+        except (KeyError, RuntimeCacheError):
+            continue
+        except Exception as exc:
+            failed("head", exc)
+            continue
+        if purpose is not None and info.purpose != purpose:
+            continue
+        if module_id is not None and info.module_id != module_id:
+            continue
+        yield info
