@@ -313,6 +313,7 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "checked": report.checked,
                 "bad": [{"key": k, "reason": r} for k, r in report.bad],
                 "removed": report.removed,
+                "newer_format_kept": report.newer,
                 "ok": report.ok,
                 "signatures_checked": ctx.cache.signed,
             }
@@ -326,6 +327,11 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
         f"{report.removed} removed",
         file=ctx.out,
     )
+    if report.newer:
+        print(
+            f"kept {report.newer} entries in a newer format (a newer version reads them)",
+            file=ctx.out,
+        )
     if report.bad and not args.repair:
         print("run `runtime-cache verify --repair` to remove the bad entries", file=ctx.out)
     return 0 if report.ok else 1
