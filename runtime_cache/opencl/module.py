@@ -21,6 +21,7 @@ from .includes import Options, normalize_options
 from .parallel import WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
+    evict,
     fetch,
     load_cached,
     load_from_binaries,
@@ -110,6 +111,7 @@ class OpenCLModule:
         self._plans: dict[str, ProgramPlan] = {}
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
+        self._cached: set[str] = set()
         self._options_text: str | None = None
 
     # ------------------------------------------------------------------ basics
@@ -147,9 +149,10 @@ class OpenCLModule:
         with self._lock:
             return self._name_locks.setdefault(name, threading.Lock())
 
-    def _adopt(self, name: str, program: Any, seconds: float) -> None:
+    def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None:
         with self._lock:
-            self._programs.setdefault(name, program)
+            if self._programs.setdefault(name, program) is program and cached:
+                self._cached.add(name)  # from binaries out of the cache or a bundle
             self._seconds.setdefault(name, seconds)
 
     def _build_from_source(self, name: str) -> None:
@@ -179,7 +182,7 @@ class OpenCLModule:
             if plan.keys is not None:
                 loaded = fetch(self.context, plan, self.cache, self.cache.get_many_views(plan.keys))
                 if loaded is not None:
-                    self._adopt(name, loaded, 0.0)
+                    self._adopt(name, loaded, 0.0, cached=True)
                     return loaded
             self._build_from_source(name)
             return self._programs[name]
@@ -190,7 +193,29 @@ class OpenCLModule:
         Kernels hold their arguments, so they are not thread-safe: keep one per thread.
         """
         cl = import_pyopencl()
+        program = self.program(name)
+        try:
+            return cl.Kernel(program, name)
+        except Exception:
+            if not self._reject(name, program):
+                raise
         return cl.Kernel(self.program(name), name)
+
+    def _reject(self, name: str, program: Any) -> bool:
+        """A program from cached binaries that lacks kernel ``name`` (another program's
+        binary under this key): evict it and build from source. ``False`` if it was not
+        from binaries (the error is then the caller's)."""
+        with self._lock:
+            if name not in self._cached or self._programs.get(name) is not program:
+                return False
+            del self._programs[name]
+            self._seconds.pop(name, None)
+            self._cached.discard(name)
+        plan = self._plan(name)
+        if plan.keys is not None:
+            evict(self.cache, plan, f"the program lacks kernel {name!r}")
+        self._build_from_source(name)
+        return True
 
     def build_all(self, workers: int | None = None, *, processes: bool | None = None) -> int:
         """Build every program not yet built; return how many were built from source.
@@ -286,7 +311,7 @@ class OpenCLModule:
         program = load_cached(self.context, plan, self.cache, binaries, digests)
         if program is None:
             return False
-        self._adopt(name, program, 0.0)
+        self._adopt(name, program, 0.0, cached=True)
         return True
 
     def _build_in_processes(self, names: list[str], workers: int) -> None:
@@ -416,7 +441,7 @@ class OpenCLModule:
             else:  # unsigned: never into a store that others trust
                 withheld += 1
             remember(program, plan, cache, binaries, seconds)
-            self._adopt(name, program, seconds)
+            self._adopt(name, program, seconds, cached=True)
             accepted += 1
         if withheld:
             log.warning(

@@ -57,8 +57,6 @@ class ProgramPlan:
 
     ``keys`` holds one key per device, in the order of ``devices``; it is
     ``None`` when the build cannot be cached (an unresolvable ``#include``).
-    ``kernel`` is the kernel a loaded program must have (an ``OpenCLModule``
-    program), or ``None``.
     """
 
     source: str | bytes
@@ -66,7 +64,6 @@ class ProgramPlan:
     options_text: str
     devices: list[Any]
     keys: list[CacheKey] | None
-    kernel: str | None = None
 
 
 @dataclass
@@ -143,7 +140,7 @@ def plan_program(
         )
         for dev in devs
     ]
-    return ProgramPlan(source, tokens, text, devs, keys, program)
+    return ProgramPlan(source, tokens, text, devs, keys)
 
 
 def remember(
@@ -229,21 +226,9 @@ def load_from_binaries(
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
-    if plan.kernel is not None and not _has_kernel(cl, program, plan.kernel):
-        # Another program's binary under this key: rejected, never raised at kernel().
-        log.debug("runtime-cache: cached program lacks kernel %r", plan.kernel)
-        return None
     # Loaded without harm: known from now on under these keys (no I/O if it already was).
     guard.vouch(bindings(plan.keys, digests))
     return program
-
-
-def _has_kernel(cl: Any, program: Any, name: str) -> bool:
-    try:
-        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
-    except Exception:  # a driver that cannot say: kernel() will tell
-        return True
-    return name in names.split(";")
 
 
 def fetch(
