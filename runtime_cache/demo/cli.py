@@ -61,7 +61,8 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--cache",
         metavar="URL",
         default=argparse.SUPPRESS,
-        help="the cache to use (default: RUNTIME_CACHE, else the user cache folder)",
+        help="the cache to use (default: RUNTIME_CACHE, else the user cache folder); "
+        "a shared one, e.g. redis://host:6379/0, needs RUNTIME_CACHE_SECRET",
     )
     parser.add_argument(
         "--device", metavar="SPEC", help="an OpenCL device: an index, or part of its name"
