@@ -21,23 +21,16 @@ blob. Nothing here uses pickle: metadata is msgpack of plain types only.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import xxhash
 
-from .errors import (
-    CorruptEntryError,
-    InvalidBundleError,
-    InvalidSecretError,
-    NewerFormatError,
-    SignatureError,
-)
+from .errors import CorruptEntryError, InvalidBundleError, NewerFormatError, SignatureError
+from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signed_by, signing_keys
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -63,7 +56,6 @@ BUNDLE_VERSION = 1
 FLAG_SIGNED = 1
 _HEADER = struct.Struct("<4sBBHIQQQ")
 HEADER_SIZE = _HEADER.size
-SIG_SIZE = 32
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 _LEN = struct.Struct("<Q")
 _CHECK = struct.Struct("<Q")
@@ -101,55 +93,6 @@ class Entry:
         return len(self.value)
 
 
-#: What callers may pass as a secret: one key, or several (``[new, old]``) to rotate keys.
-Secret = str | bytes | Sequence[str | bytes] | None
-#: Normalized secrets: the first key signs, any of them verifies.
-SecretKeys = tuple[bytes, ...]
-
-
-def _one_secret(secret: object) -> bytes:
-    if isinstance(secret, str):
-        secret = secret.encode("utf-8")
-    if not isinstance(secret, (bytes, bytearray)):
-        raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
-    if not bytes(secret).strip():
-        raise InvalidSecretError("a secret may not be empty or blank")
-    return bytes(secret)
-
-
-def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:
-    """Return the secret keys as a tuple of bytes (the first one signs), or ``None`` for no secret.
-
-    ``secret`` is one key, or a list of keys ``[new, old]`` while a fleet rotates
-    keys: entries signed with any of them verify. An empty or blank key raises
-    :class:`~runtime_cache.errors.InvalidSecretError`.
-
-    >>> normalize_secret(["new", "old"])
-    (b'new', b'old')
-    """
-    if secret is None:
-        return None
-    if isinstance(secret, (str, bytes, bytearray)):
-        return (_one_secret(secret),)
-    if not isinstance(secret, (list, tuple)) or not secret:
-        raise InvalidSecretError("secret must be a str, bytes, or a non-empty list of them")
-    return tuple(_one_secret(s) for s in secret)
-
-
-def _sign(secret: bytes, data: bytes | memoryview) -> bytes:
-    return hmac.new(secret, data, hashlib.sha256).digest()
-
-
-def _keys(secret: bytes | SecretKeys | None) -> SecretKeys:
-    if secret is None:
-        return ()
-    return (secret,) if isinstance(secret, bytes) else secret
-
-
-def _signed_by(secret: bytes | SecretKeys, data: bytes | memoryview, mac: bytes) -> bool:
-    return any(hmac.compare_digest(_sign(key, data), mac) for key in _keys(secret))
-
-
 def _within_depth(value: Any, left: int) -> bool:
     if left < 0:
         return False
@@ -177,7 +120,7 @@ def encode_entry(
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Encode one entry; sign it when ``secret`` is given (with its first key)."""
-    signing = _keys(secret)
+    signing = signing_keys(secret)
     meta: dict[str, Any] = {
         "k": key,
         "p": dict(parts),
@@ -202,7 +145,7 @@ def encode_entry(
     )
     blob = b"".join((header, meta_bytes, value))
     if signing:
-        blob += _sign(signing[0], blob)
+        blob += sign(signing[0], blob)
     return blob
 
 
@@ -302,7 +245,7 @@ def decode_view(
     if secret is not None:
         if not signed:
             raise SignatureError("entry is not signed, and a secret is set")
-        if not _signed_by(secret, view[:body_end], bytes(view[body_end:])):
+        if not signed_by(secret, view[:body_end], bytes(view[body_end:])):
             raise SignatureError("entry signature does not match the secret")
     meta = _unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
@@ -338,7 +281,7 @@ def decode_entry(
 def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | SecretKeys | None = None) -> bytes:
     """Pack encoded entries into one bundle blob, with a checksum (and HMAC with a secret)."""
     items = list(blobs)
-    signing = _keys(secret)
+    signing = signing_keys(secret)
     flags = FLAG_SIGNED if signing else 0
     chunks = [_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, flags, 0, len(items))]
     for blob in items:
@@ -347,7 +290,7 @@ def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | SecretKeys | None =
     body = b"".join(chunks)
     tail = _CHECK.pack(xxhash.xxh3_64_intdigest(body))
     if signing:
-        tail += _sign(signing[0], body)
+        tail += sign(signing[0], body)
     return body + tail
 
 
@@ -391,7 +334,7 @@ def decode_bundle(
         if not signed:
             raise InvalidBundleError("bundle is not signed, and a secret is set")
         mac = bytes(view[body_end + _CHECK.size :])
-        if not _signed_by(secret, view[:body_end], mac):
+        if not signed_by(secret, view[:body_end], mac):
             raise InvalidBundleError("bundle signature does not match the secret")
     blobs: list[bytes] = []
     pos = _BUNDLE_HEADER.size
