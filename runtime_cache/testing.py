@@ -186,8 +186,11 @@ class CacheConformance:
         backend.set(str(key), blob[:-3])  # truncated: damage, whether signed or not
         assert cache.get(key) is None
         assert cache.stats().corrupt == 1
-        assert cache.get_or_build(key, lambda: b"rebuilt") == b"rebuilt"
-        assert cache.get(key) == b"rebuilt"
+        # Only the bytes judged bad are removed: a tier that still holds the good entry
+        # (a remote tier whose write of the damaged copy had not landed) may serve it.
+        value = cache.get_or_build(key, lambda: b"rebuilt")
+        assert value in (b"rebuilt", b"good")
+        assert cache.get(key) == value
 
     def test_bundle_roundtrip(self, backend: Backend) -> None:
         cache = self._cache(backend)
