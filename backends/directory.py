@@ -138,6 +138,7 @@ class DirectoryBackend(Backend):
         self._journal = HitsJournal(
             self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
         )
+        self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and self._only_mine()
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()

@@ -132,6 +132,18 @@ class MemoryBackend(Backend):
             self._size -= len(old)
             return True
 
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Remove ``key`` only if it holds ``expected``, atomically (under the lock)."""
+        self._check(key)
+        with self._lock:
+            current = self._data.get(key)
+            if current is None or current != bytes(expected):
+                return False
+            del self._data[key]
+            self._access.pop(key, None)
+            self._size -= len(current)
+            return True
+
     def keys(self, prefix: str = "") -> Iterator[str]:
         with self._lock:
             return iter([k for k in self._data if k.startswith(prefix)])

@@ -66,6 +66,12 @@ def _import_redis() -> Any:
     return redis
 
 
+#: Compare-and-delete, run atomically by the server.
+_DELETE_IF = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
 class RedisBackend(Backend):
     """Values in Redis (standalone or cluster), pooled, with timeouts and a circuit breaker.
 
@@ -89,6 +95,7 @@ class RedisBackend(Backend):
 
     scheme = "redis"
     remote: ClassVar[bool] = True
+    shared = True
 
     def __init__(
         self,
@@ -277,6 +284,11 @@ class RedisBackend(Backend):
     def delete(self, key: str) -> bool:
         full = self._full(key)
         return bool(self._run("delete", lambda c: c.delete(full)))
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Remove ``key`` only if it holds ``expected``: one Lua script, atomic on the server."""
+        full, data = self._full(key), bytes(expected)
+        return bool(self._run("delete_if", lambda c: c.eval(_DELETE_IF, 1, full, data)))
 
     def _scan_keys(self, client: Any, prefix: str) -> list[str]:
         match = (self.prefix + prefix).translate(_GLOB) + "*"

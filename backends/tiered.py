@@ -23,9 +23,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem
 from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
+from runtime_cache.failure_policy import FailurePolicy
 from runtime_cache.urls import redact_url
 
 from .write_behind import WriteBehind
@@ -33,6 +36,8 @@ from .write_behind import WriteBehind
 __all__ = ["TierStats", "TieredBackend"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,14 @@ class _Tier:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.writer: WriteBehind | None = None
-        self.errors = 0
         self.promoted = 0
-        self.failing = False
+        self.policy = FailurePolicy(
+            log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
+        )
+
+
+def _listed(listing: Callable[[str], Iterable[T]], prefix: str) -> list[T]:
+    return list(listing(prefix))
 
 
 class _FlushingLease(Lease):
@@ -115,6 +125,9 @@ class TieredBackend(Backend):
             self._tiers.append(tier)
         self.private = all(t.private for t in tiers)
         self._lock = threading.Lock()
+        # Shared if any tier is; opened unsigned on purpose only if every shared tier was.
+        self.shared = any(t.shared for t in tiers)
+        self.insecure = self.shared and all(t.insecure for t in tiers if t.shared)
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -157,7 +170,7 @@ class TieredBackend(Backend):
             TierStats(
                 repr(t.backend),
                 t.writer is not None,
-                t.errors,
+                t.policy.errors,
                 t.promoted,
                 t.writer.dropped if t.writer else 0,
                 t.writer.written if t.writer else 0,
@@ -167,28 +180,9 @@ class TieredBackend(Backend):
         ]
 
     # ------------------------------------------------------------- bookkeeping
-    def _error_hook(self, tier: _Tier) -> Callable[[BaseException], None]:
-        return lambda exc: self._failed(tier, "background write", exc)
-
-    def _failed(self, tier: _Tier, op: str, exc: BaseException) -> None:
-        with self._lock:
-            tier.errors += 1
-            first, tier.failing = not tier.failing, True
-        if first:
-            log.warning(
-                "runtime-cache: tier %r failed (%s: %s: %s); skipping it until it recovers",
-                tier.backend,
-                op,
-                type(exc).__name__,
-                exc,
-            )
-
-    def _ok(self, tier: _Tier) -> None:
-        if tier.failing:
-            with self._lock:
-                was, tier.failing = tier.failing, False
-            if was:
-                log.info("runtime-cache: tier %r works again", tier.backend)
+    @staticmethod
+    def _error_hook(tier: _Tier) -> Callable[[BaseException], None]:
+        return lambda exc: tier.policy.failed("background write", exc)
 
     @staticmethod
     def _raise_if_all_failed(errors: list[Exception], tried: int) -> None:
@@ -212,19 +206,11 @@ class TieredBackend(Backend):
             if tier.writer is not None:
                 tier.writer.put(items)
                 continue
-            try:
-                if len(items) == 1:
-                    ((key, value),) = items.items()
-                    tier.backend.set(key, value)
-                else:
-                    tier.backend.set_many(items)
-            except InvalidKeyError:
-                raise
-            except Exception as exc:
-                self._failed(tier, op, exc)
-                errors.append(exc)
+            if len(items) == 1:
+                ((key, value),) = items.items()
+                tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
             else:
-                self._ok(tier)
+                tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
         self._raise_if_all_failed(errors, tried)
 
     def _promote(self, upto: int, items: Mapping[str, bytes]) -> None:
@@ -243,15 +229,9 @@ class TieredBackend(Backend):
         for index, tier in enumerate(self._tiers):
             value = tier.writer.lookup(key) if tier.writer else None
             if value is None:
-                try:
-                    value = tier.backend.get(key)
-                except InvalidKeyError:
-                    raise
-                except Exception as exc:
-                    self._failed(tier, "get", exc)
-                    errors.append(exc)
+                ok, value = tier.policy.attempt("get", partial(tier.backend.get, key), errors)
+                if not ok:
                     continue
-                self._ok(tier)
             if value is not None:
                 self._promote(index, {key: value})
                 return value
@@ -283,17 +263,10 @@ class TieredBackend(Backend):
                     if queued is not None:
                         here[key] = queued
                 missing = [k for k in missing if k not in here]
-            try:
-                if missing:
-                    read = tier.backend.peek_many if peek else tier.backend.get_many
-                    here.update(read(missing))
-            except InvalidKeyError:
-                raise  # bad input, not an outage
-            except Exception as exc:
-                self._failed(tier, "get_many", exc)
-                errors.append(exc)
-            else:
-                self._ok(tier)
+            if missing:
+                read = tier.backend.peek_many if peek else tier.backend.get_many
+                _, got = tier.policy.attempt("get_many", partial(read, missing), errors)
+                here.update(got or {})
             if not peek:
                 self._promote(index, here)
             found.update(here)
@@ -307,14 +280,7 @@ class TieredBackend(Backend):
             queued = tier.writer.lookup(key) if tier.writer else None
             if queued is not None:
                 return queued[:size]
-            try:
-                part = tier.backend.head(key, size)
-            except InvalidKeyError:
-                raise  # bad input, not an outage
-            except Exception as exc:
-                self._failed(tier, "head", exc)
-                errors.append(exc)
-                continue
+            _, part = tier.policy.attempt("head", partial(tier.backend.head, key, size), errors)
             if part is not None:
                 return part
         self._raise_if_all_failed(errors, len(self._tiers))
@@ -330,14 +296,11 @@ class TieredBackend(Backend):
                     value = tier.writer.lookup(key)
                     if key.startswith(prefix) and value is not None:
                         seen.setdefault(key, StoredItem(key, len(value)))
-            try:
-                for item in tier.backend.scan(prefix):
-                    seen.setdefault(item.key, item)
-            except InvalidKeyError:
-                raise  # bad input, not an outage
-            except Exception as exc:
-                self._failed(tier, "scan", exc)
-                errors.append(exc)
+            _, items = tier.policy.attempt(
+                "scan", partial(_listed, tier.backend.scan, prefix), errors
+            )
+            for item in items or ():
+                seen.setdefault(item.key, item)
         self._raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen.values()))
 
@@ -350,11 +313,10 @@ class TieredBackend(Backend):
                 seen.update(
                     dict.fromkeys(k for k in tier.writer.queued_keys() if k.startswith(prefix))
                 )
-            try:
-                seen.update(dict.fromkeys(tier.backend.keys(prefix)))
-            except Exception as exc:
-                self._failed(tier, "keys", exc)
-                errors.append(exc)
+            _, found = tier.policy.attempt(
+                "keys", partial(_listed, tier.backend.keys, prefix), errors
+            )
+            seen.update(dict.fromkeys(found or ()))
         self._raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen))
 
@@ -368,34 +330,40 @@ class TieredBackend(Backend):
 
     def delete(self, key: str) -> bool:
         """Delete from every tier, remote ones included, synchronously (deletes are rare)."""
+        return self._delete(key, None)
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Remove ``key`` from each tier that still holds ``expected`` (each tier atomically
+        where it can); a tier holding other bytes keeps them."""
+        return self._delete(key, bytes(expected))
+
+    def _delete(self, key: str, expected: bytes | None) -> bool:
         removed = False
         errors: list[Exception] = []
         for tier in self._tiers:
-            try:
-                if tier.writer is not None:
-                    # Hold the writer's lock so a queued write cannot land after the delete.
-                    with tier.writer.apply_lock:
-                        removed = tier.writer.discard(key) | removed
-                        removed = tier.backend.delete(key) | removed
-                else:
-                    removed = tier.backend.delete(key) | removed
-            except InvalidKeyError:
-                raise  # bad input, not an outage
-            except Exception as exc:
-                self._failed(tier, "delete", exc)
-                errors.append(exc)
+            writer = tier.writer
+            if expected is None:
+                one = partial(tier.backend.delete, key)
+            else:
+                one = partial(tier.backend.delete_if, key, expected)
+            if writer is not None:
+                # Hold the writer's lock so a queued write cannot land after the delete.
+                with writer.apply_lock:
+                    queued = writer.lookup(key)
+                    if expected is None or queued == expected:
+                        removed = writer.discard(key) | removed
+                    _, done = tier.policy.attempt("delete", one, errors)
+            else:
+                _, done = tier.policy.attempt("delete", one, errors)
+            removed = bool(done) | removed
         self._raise_if_all_failed(errors, len(self._tiers))
         return removed
 
     def vacuum(self) -> int:
         total = 0
         for tier in self._tiers:
-            try:
-                total += tier.backend.vacuum()
-            except InvalidKeyError:
-                raise  # bad input, not an outage
-            except Exception as exc:
-                self._failed(tier, "vacuum", exc)
+            _, count = tier.policy.attempt("vacuum", tier.backend.vacuum, [])
+            total += count or 0
         return total
 
     def lease(self, key: str, ttl: float) -> Lease | None:

@@ -143,7 +143,7 @@ def _mix(cache: rc.Cache, tag: str, seed: int, deadline: float, out: dict[str, i
 
 def run_worker(url: str, index: int, threads: int, seconds: float) -> dict[str, Any]:
     """One worker process: ``threads`` threads on one Cache; returns its counts and stats."""
-    cache = rc.Cache(rc.open_backend(url))
+    cache = rc.Cache(rc.open_backend(url), secret="stress secret")  # shared stores are signed
     names = ["ops", "hits", "misses", "puts_ok", "puts_failed", "deletes", "builds"]
     counts = [dict.fromkeys([*names, "torn", "lost", "thread_errors"], 0) for _ in range(threads)]
     deadline = time.monotonic() + seconds

@@ -75,7 +75,7 @@ class Backend(abc.ABC):
 
     Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`.
     Optional, with defaults built on those: :meth:`get_many`, :meth:`set_many`,
-    :meth:`head`, :meth:`scan`, :meth:`close`; and :meth:`lease` (default: none).
+    :meth:`delete_if`, :meth:`head`, :meth:`scan`, :meth:`close`; and :meth:`lease` (default: none).
 
     Failures are raised as :class:`runtime_cache.errors.BackendError` (or a
     subclass); a vanished value is ``None``, never an error.
@@ -90,6 +90,12 @@ class Backend(abc.ABC):
     #: ours that others cannot write). Values that go unvetted into a driver (the
     #: driver's own cache files) are read only from private or signed caches.
     private: bool = False
+    #: Whether others (other users, other machines) can write this store. A
+    #: :class:`~runtime_cache.Cache` over a shared store needs a secret, or
+    #: :attr:`insecure` set on purpose: anyone who can write it could plant binaries.
+    shared: bool = False
+    #: Set by ``insecure=1`` in the URL (or by hand): a shared store used unsigned on purpose.
+    insecure: bool = False
 
     @classmethod
     def from_url(cls, url: str) -> Backend:
@@ -111,6 +117,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def keys(self, prefix: str = "") -> Iterator[str]:
         """Iterate over the stored keys that start with ``prefix``."""
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Remove ``key`` only if it still holds ``expected``; return whether it was removed.
+
+        The front removes a corrupt entry this way, so a good entry that another
+        process stored in between is kept. This default (read, compare, delete)
+        is best effort: a store landing between the read and the delete is lost.
+        Backends that can do it atomically override it.
+        """
+        current = self.peek(key)
+        if current is None or bytes(current) != bytes(expected):
+            return False
+        return self.delete(key)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Return the values of those ``keys`` that are present."""

@@ -2,8 +2,10 @@
 
 The front is pure and in memory; all I/O happens in the backend it wraps. A
 backend failure is logged once per outage, counted, and treated as a miss or a
-skipped store, unless ``strict=True``. A corrupt entry is counted, deleted and
-treated as a miss, so the caller rebuilds it.
+skipped store, unless ``strict=True`` (:mod:`.failure_policy`). Every blob read
+passes :func:`runtime_cache.check.check_entry`: a corrupt entry is counted,
+removed (only those bytes) and treated as a miss, so the caller rebuilds it; an
+entry that is not the one its key names is a ``rejected`` miss.
 
 >>> import runtime_cache as rc
 >>> from runtime_cache.backends.memory import MemoryBackend
@@ -26,54 +28,32 @@ from typing import Any
 
 from ._version import __version__
 from .api import Backend, StoredItem
+from .bundles import LoadResult, good_blobs, merge_bundle
+from .check import Checked, check_entry, screen, screen_many
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
     Limits,
-    decode_bundle,
-    decode_entry,
-    decode_view,
+    Secret,
     encode_bundle,
     encode_entry,
     normalize_secret,
 )
-from .errors import CorruptEntryError, RuntimeCacheError, SignatureError
+from .errors import CorruptEntryError
+from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .keys import CacheKey
-from .listing import read_info, screen_bundle
+from .listing import OnProgress, OnSkip, list_entries, read_info
+from .null import NullBackend
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters, EntryInfo
+from .trust import require_secret
 
 __all__ = ["Cache", "KeyLike"]
 
 log = logging.getLogger(__name__)
 
 KeyLike = CacheKey | str
-#: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
-OnSkip = Callable[[str, str], None]
-#: Told ``(done, total)`` as a long operation advances.
-OnProgress = Callable[[int, int], None]
-#: Entries per backend round trip in :meth:`Cache.dumps` (and per progress step).
-DUMP_BATCH = 256
-_WRITES = frozenset({"set", "delete"})
-
-
-class _NullBackend(Backend):
-    """Stores nothing: the backend of a disabled cache."""
-
-    scheme = "off"
-
-    def get(self, key: str) -> bytes | None:
-        return None
-
-    def set(self, key: str, value: bytes) -> None:
-        return None
-
-    def delete(self, key: str) -> bool:
-        return False
-
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        return iter(())
 
 
 class Cache:
@@ -84,10 +64,17 @@ class Cache:
             never hits and never stores.
         strict: raise backend errors instead of counting them as misses.
         secret: a shared secret; entries written are signed with HMAC-SHA256,
-            and entries without a valid signature are rejected.
+            and entries without a valid signature are rejected. A list
+            ``[new, old]`` signs with the first and accepts any (key rotation).
+            Required over a shared store (see :mod:`runtime_cache.trust`).
         producer: a label stored with each entry (defaults to this library's
             name and version).
         limits: decode limits for entries and bundles.
+        insecure: use a shared store without a secret, on purpose (logs one warning).
+
+    Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
+    without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
+    empty or blank secret.
     """
 
     def __init__(
@@ -95,14 +82,18 @@ class Cache:
         backend: Backend | None = None,
         *,
         strict: bool = False,
-        secret: str | bytes | None = None,
+        secret: Secret = None,
         producer: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        insecure: bool = False,
     ) -> None:
         self.enabled = backend is not None
-        self._backend: Backend = backend if backend is not None else _NullBackend()
-        self.strict = strict
+        self._backend: Backend = backend if backend is not None else NullBackend()
         self._secret = normalize_secret(secret)
+        require_secret(self._backend, self._secret is not None, insecure)
+        self._policy = FailurePolicy(
+            log, repr(self._backend), "carrying on without the cache", strict=strict
+        )
         self.producer = producer or f"runtime-cache {__version__}"
         self.limits = limits
         self._counters = Counters()
@@ -110,7 +101,6 @@ class Cache:
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
-        self._failing: set[str] = set()
         self._generation = 0
         self._saved_generation = 0
 
@@ -119,6 +109,15 @@ class Cache:
     def backend(self) -> Backend:
         """The backend this cache stores into."""
         return self._backend
+
+    @property
+    def strict(self) -> bool:
+        """Whether backend errors raise instead of counting as misses."""
+        return self._policy.strict
+
+    @strict.setter
+    def strict(self, value: bool) -> None:
+        self._policy.strict = value
 
     @property
     def signed(self) -> bool:
@@ -168,35 +167,10 @@ class Cache:
     # ------------------------------------------------------------ failure policy
     def _failed(self, op: str, exc: Exception) -> None:
         self._counters.add(errors=1)
-        if self.strict:
-            # The caller gets the error itself; "carrying on without the cache" would be untrue.
-            log.debug("runtime-cache: %s failed on %r: %s", op, self._backend, exc)
-            raise exc
-        side = "write" if op in _WRITES else "read"
-        with self._state_lock:
-            first = side not in self._failing
-            self._failing.add(side)
-        if first:
-            log.warning(
-                "runtime-cache: %s failed on %r (%s: %s); carrying on without the cache "
-                "until it recovers",
-                op,
-                self._backend,
-                type(exc).__name__,
-                exc,
-            )
-        else:
-            log.debug("runtime-cache: %s failed again: %s", op, exc)
+        self._policy.failed(op, exc)
 
     def _succeeded(self, side: str = "read") -> None:
-        # Reads and writes recover apart: a read-only store keeps failing writes
-        # while reads succeed, and must not log once per call.
-        if side in self._failing:
-            with self._state_lock:
-                was = side in self._failing
-                self._failing.discard(side)
-            if was:
-                log.warning("runtime-cache: %ss on %r work again", side, self._backend)
+        self._policy.succeeded(side)
 
     def _bump(self) -> None:
         with self._state_lock:
@@ -204,15 +178,21 @@ class Cache:
 
     # ------------------------------------------------------------------ reading
     def decode(self, skey: str, blob: bytes) -> Entry:
-        """Decode ``blob`` stored under ``skey`` with this cache's secret and limits.
+        """Check ``blob`` stored under ``skey`` with this cache's secret and limits.
 
-        Raises :class:`CorruptEntryError` (or :class:`SignatureError`) when it is
-        malformed, unsigned while a secret is set, or holds another key.
+        This is :func:`runtime_cache.check.check_entry`. Raises
+        :class:`CorruptEntryError` (or a subclass: see :mod:`runtime_cache.check`)
+        when it is malformed, unsigned while a secret is set, or not the entry
+        of ``skey``.
         """
-        entry = decode_entry(blob, secret=self._secret, limits=self.limits)
-        if entry.key != skey:
-            raise CorruptEntryError(f"entry stored under {skey!r} holds key {entry.key!r}")
-        return entry
+        return self.check(skey, blob).entry()
+
+    def check(self, skey: str | None, blob: bytes | memoryview) -> Checked:
+        """:func:`runtime_cache.check.check_entry` with this cache's secret and limits.
+
+        ``skey`` is ``None`` for an entry out of a bundle (it has no storage key).
+        """
+        return check_entry(skey, blob, secret=self._secret, limits=self.limits)
 
     def get_entry(self, key: KeyLike) -> Entry | None:
         """Return the whole entry (value and metadata) for ``key``, or ``None``."""
@@ -227,24 +207,18 @@ class Cache:
         if blob is None:
             self._counters.add(misses=1)
             return None
-        try:
-            entry = self.decode(skey, blob)
-        except SignatureError as exc:
-            # Not deleted: a fleet member with another secret must not erase our entries.
-            self._counters.add(misses=1, rejected=1)
-            log.warning("runtime-cache: rejected %s: %s", skey, exc)
+        asked = key if isinstance(key, CacheKey) else None
+        checked = screen(skey, blob, self._secret, self.limits, asked, self._discard)
+        if isinstance(checked, str):
+            counts = {"misses": 1} if checked == "misses" else {"misses": 1, checked: 1}
+            self._counters.add(**counts)
             return None
-        except CorruptEntryError as exc:
-            self._counters.add(misses=1, corrupt=1)
-            log.warning("runtime-cache: corrupt entry %s (%s); deleting it", skey, exc)
-            self._discard(skey)
-            return None
-        self._counters.add(hits=1, bytes_read=len(blob), seconds_saved=entry.build_seconds)
-        return entry
+        self._counters.add(hits=1, bytes_read=len(blob), seconds_saved=checked.meta["b"])
+        return checked.entry()
 
-    def _discard(self, skey: str) -> None:
+    def _discard(self, skey: str, blob: bytes) -> None:
         try:
-            self._backend.delete(skey)
+            self._backend.delete_if(skey, blob)  # only the bytes judged bad
         except Exception as exc:
             self._failed("delete", exc)
 
@@ -327,7 +301,8 @@ class Cache:
         for consumers that hand large values straight to a driver (a view keeps
         its whole blob alive while it lives).
         """
-        wanted = [str(k) for k in keys]
+        given = list(keys)
+        wanted = [str(k) for k in given]
         try:
             blobs = self._backend.get_many(wanted)
         except Exception as exc:
@@ -335,36 +310,8 @@ class Cache:
             self._failed("get_many", exc)
             return {}
         self._succeeded()
-        found: dict[str, memoryview] = {}
-        misses = rejected = corrupt = read = 0
-        saved = 0.0
-        for skey in wanted:
-            blob = blobs.get(skey)
-            if blob is None:
-                misses += 1
-                continue
-            try:
-                meta, value, _ = decode_view(blob, secret=self._secret, limits=self.limits)
-                if meta["k"] != skey:
-                    raise CorruptEntryError(f"entry stored under {skey!r} holds key {meta['k']!r}")
-            except SignatureError:
-                misses, rejected = misses + 1, rejected + 1
-                continue
-            except CorruptEntryError:
-                misses, corrupt = misses + 1, corrupt + 1
-                self._discard(skey)
-                continue
-            read += len(blob)
-            saved += meta["b"]
-            found[skey] = value
-        self._counters.add(
-            hits=len(found),
-            misses=misses,
-            rejected=rejected,
-            corrupt=corrupt,
-            bytes_read=read,
-            seconds_saved=saved,
-        )
+        found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
+        self._counters.add(**counts)
         return found
 
     def delete(self, key: KeyLike) -> bool:
@@ -454,41 +401,14 @@ class Cache:
     ) -> Iterator[EntryInfo]:
         """Iterate over entry metadata, filtered, without loading values.
 
-        Entries that vanish while listing are left out. Entries that fail to
-        decode, or that the backend cannot read, are left out too and told to
+        Entries that vanish while listing are left out. Entries that fail the
+        check, or that the backend cannot read, are left out too and told to
         ``on_skip(key, reason)`` when given. Use
         :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
         """
-        prefix = ""
-        if runtime is not None:
-            prefix = f"{runtime}/" if purpose is None else f"{runtime}/{purpose}/"
-        try:
-            items = list(self._backend.scan(prefix))
-        except Exception as exc:
-            self._failed("scan", exc)
-            return
-        for item in items:
-            try:
-                info = read_info(self._backend, item, self.limits)
-            except KeyError:
-                continue
-            except RuntimeCacheError as exc:
-                if on_skip is not None:
-                    kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
-                    on_skip(item.key, f"{kind}: {exc}")
-                continue
-            except Exception as exc:
-                self._failed("head", exc)
-                continue
-            if info.key != item.key:
-                if on_skip is not None:
-                    on_skip(item.key, f"corrupt: holds key {info.key!r}")
-                continue
-            if purpose is not None and info.purpose != purpose:
-                continue
-            if module_id is not None and info.module_id != module_id:
-                continue
-            yield info
+        return list_entries(
+            self._backend, self.limits, self._failed, runtime, purpose, module_id, on_skip
+        )
 
     def info(self, key: KeyLike) -> EntryInfo | None:
         """The metadata of one entry (never its value), or ``None`` when it is absent.
@@ -531,48 +451,36 @@ class Cache:
         else:
             listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
             wanted = [info.key for info in listed]
-        blobs: list[bytes] = []
-        for start in range(0, len(wanted), DUMP_BATCH):
-            batch = wanted[start : start + DUMP_BATCH]
-            try:
-                stored = self._backend.peek_many(batch)  # exporting is not a use
-            except Exception as exc:
-                self._failed("get_many", exc)
-                stored = {}
-            for skey in batch:
-                blob = stored.get(skey)
-                if blob is None:
-                    continue
-                try:
-                    self.decode(skey, blob)
-                except CorruptEntryError as exc:
-                    if on_skip is not None:
-                        on_skip(skey, f"corrupt: {exc}")
-                    continue
-                blobs.append(blob)
-            if on_progress is not None:
-                on_progress(start + len(batch), len(wanted))
+        blobs = good_blobs(
+            self._backend,
+            wanted,
+            self.decode,
+            self._failed,
+            on_skip=on_skip,
+            on_progress=on_progress,
+        )
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation
         return encode_bundle(blobs, secret=self._secret)
 
-    def loads(self, data: bytes, *, overwrite: bool = True) -> int:
+    def loads(self, data: bytes, *, overwrite: bool = True) -> LoadResult:
         """Merge a bundle into the cache; return how many entries were accepted.
 
         The bundle must be well formed (else :class:`InvalidBundleError`); single
-        entries that fail their checksum, signature, or whose key does not match
-        their parts, are skipped and counted as corrupt or rejected.
+        entries that fail the entry check (checksum, signature, key against
+        parts) are skipped and counted as corrupt or rejected. Without a secret,
+        the entries are unsigned: they are never written to a shared store
+        (the result's ``withheld``). The result is an ``int`` with the details
+        of a :class:`~runtime_cache.bundles.LoadResult`.
         """
-        blobs = decode_bundle(data, secret=self._secret, limits=self.limits)
-        accepted, rejected, corrupt = screen_bundle(blobs, self._secret, self.limits)
-        self._counters.add(rejected=rejected, corrupt=corrupt)
-        if not overwrite and accepted:
-            try:
-                present = set(self._backend.peek_many(list(accepted)))  # a look, not a use
-            except Exception as exc:
-                self._failed("get_many", exc)
-                present = set()
-            accepted = {k: v for k, v in accepted.items() if k not in present}
-        if not accepted or not self.enabled:
-            return 0
-        return len(accepted) if self._store(accepted) else 0
+        result = merge_bundle(
+            data,
+            self._backend,
+            secret=self._secret,
+            limits=self.limits,
+            store=self._store if self.enabled else None,
+            failed=self._failed,
+            overwrite=overwrite,
+        )
+        self._counters.add(rejected=result.rejected, corrupt=result.corrupt)
+        return result

@@ -21,8 +21,6 @@ blob. Nothing here uses pickle: metadata is msgpack of plain types only.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import struct
 from collections.abc import Iterable, Mapping
@@ -32,7 +30,14 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .errors import CorruptEntryError, InvalidBundleError, InvalidValueError, SignatureError
+from .errors import (
+    CorruptEntryError,
+    InvalidBundleError,
+    InvalidValueError,
+    NewerFormatError,
+    SignatureError,
+)
+from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signed_by, signing_keys
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -40,6 +45,8 @@ __all__ = [
     "HEADER_SIZE",
     "Entry",
     "Limits",
+    "Secret",
+    "SecretKeys",
     "bundle_count",
     "decode_bundle",
     "decode_entry",
@@ -57,7 +64,6 @@ BUNDLE_VERSION = 1
 FLAG_SIGNED = 1
 _HEADER = struct.Struct("<4sBBHIQQQ")
 HEADER_SIZE = _HEADER.size
-SIG_SIZE = 32
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 _LEN = struct.Struct("<Q")
 _CHECK = struct.Struct("<Q")
@@ -93,17 +99,6 @@ class Entry:
     def size(self) -> int:
         """The value's size in bytes."""
         return len(self.value)
-
-
-def normalize_secret(secret: str | bytes | None) -> bytes | None:
-    """Return the secret as bytes, or ``None`` when signing is off."""
-    if secret is None or secret == "" or secret == b"":
-        return None
-    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
-
-
-def _sign(secret: bytes, data: bytes | memoryview) -> bytes:
-    return hmac.new(secret, data, hashlib.sha256).digest()
 
 
 def _within_depth(value: Any, left: int) -> bool:
@@ -144,16 +139,17 @@ def encode_entry(
     created_at: float,
     build_seconds: float = 0.0,
     producer: str = "",
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Encode one entry; sign it when ``secret`` is given.
+    """Encode one entry; sign it when ``secret`` is given (with its first key).
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
     problem = _time_problem(float(created_at), float(build_seconds))
     if problem is not None:
         raise InvalidValueError(problem)
+    signing = signing_keys(secret)
     meta: dict[str, Any] = {
         "k": key,
         "p": dict(parts),
@@ -165,7 +161,7 @@ def encode_entry(
     if extra:
         meta["x"] = dict(extra)
     meta_bytes = msgpack.packb(meta, use_bin_type=True)
-    flags = FLAG_SIGNED if secret else 0
+    flags = FLAG_SIGNED if signing else 0
     header = _HEADER.pack(
         ENTRY_MAGIC,
         ENTRY_VERSION,
@@ -177,8 +173,8 @@ def encode_entry(
         xxhash.xxh3_64_intdigest(value),
     )
     blob = b"".join((header, meta_bytes, value))
-    if secret:
-        blob += _sign(secret, blob)
+    if signing:
+        blob += sign(signing[0], blob)
     return blob
 
 
@@ -190,6 +186,8 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     )
     if magic != ENTRY_MAGIC:
         raise CorruptEntryError("not a runtime-cache entry (bad magic)")
+    if version > ENTRY_VERSION:
+        raise NewerFormatError(f"entry format version {version} is newer than this reader's")
     if version != ENTRY_VERSION:
         raise CorruptEntryError(f"unsupported entry format version {version}")
     if flags & ~FLAG_SIGNED or reserved:
@@ -253,7 +251,7 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
 def decode_view(
     blob: bytes | memoryview,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], memoryview, bool]:
     """Verify one entry and return ``(metadata, value, signed)`` without copying the value.
@@ -270,17 +268,18 @@ def decode_view(
     expected = body_end + (SIG_SIZE if signed else 0)
     if len(view) != expected:
         raise CorruptEntryError(f"entry is {len(view)} bytes, expected {expected}")
-    if secret is not None:
-        if not signed:
-            raise SignatureError("entry is not signed, and a secret is set")
-        if not hmac.compare_digest(_sign(secret, view[:body_end]), bytes(view[body_end:])):
-            raise SignatureError("entry signature does not match the secret")
     meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
     value = view[HEADER_SIZE + meta_len : body_end]
+    # Checksums first: damage is corrupt (removed); a forgery that fixed them is rejected.
     if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
         raise CorruptEntryError("metadata checksum mismatch")
     if xxhash.xxh3_64_intdigest(value) != value_sum:
         raise CorruptEntryError("value checksum mismatch")
+    if secret is not None:
+        if not signed:
+            raise SignatureError("entry is not signed, and a secret is set")
+        if not signed_by(secret, view[:body_end], bytes(view[body_end:])):
+            raise SignatureError("entry signature does not match the secret")
     meta = _unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
@@ -290,7 +289,7 @@ def decode_view(
 def decode_entry(
     blob: bytes,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Entry:
     """Decode and verify one entry.
@@ -312,18 +311,19 @@ def decode_entry(
     )
 
 
-def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | None = None) -> bytes:
+def encode_bundle(blobs: Iterable[bytes], *, secret: bytes | SecretKeys | None = None) -> bytes:
     """Pack encoded entries into one bundle blob, with a checksum (and HMAC with a secret)."""
     items = list(blobs)
-    flags = FLAG_SIGNED if secret else 0
+    signing = signing_keys(secret)
+    flags = FLAG_SIGNED if signing else 0
     chunks = [_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, flags, 0, len(items))]
     for blob in items:
         chunks.append(_LEN.pack(len(blob)))
         chunks.append(blob)
     body = b"".join(chunks)
     tail = _CHECK.pack(xxhash.xxh3_64_intdigest(body))
-    if secret:
-        tail += _sign(secret, body)
+    if signing:
+        tail += sign(signing[0], body)
     return body + tail
 
 
@@ -337,7 +337,7 @@ def bundle_count(data: bytes | memoryview) -> int:
 def decode_bundle(
     data: bytes,
     *,
-    secret: bytes | None = None,
+    secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> list[bytes]:
     """Split a bundle into its entry blobs, verifying the bundle's checksum.
@@ -374,7 +374,7 @@ def decode_bundle(
         if not signed:
             raise InvalidBundleError("bundle is not signed, and a secret is set")
         mac = bytes(view[body_end + _CHECK.size :])
-        if not hmac.compare_digest(_sign(secret, view[:body_end]), mac):
+        if not signed_by(secret, view[:body_end], mac):
             raise InvalidBundleError("bundle signature does not match the secret")
     blobs: list[bytes] = []
     pos = _BUNDLE_HEADER.size

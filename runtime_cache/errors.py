@@ -19,8 +19,32 @@ class CorruptEntryError(RuntimeCacheError, ValueError):
     """An entry blob failed to decode: bad magic, version, checksum, size or layout."""
 
 
-class SignatureError(CorruptEntryError):
+class RejectedEntryError(CorruptEntryError):
+    """An entry that decodes but must not be used here: it is not the one its key names.
+
+    The front counts it as ``rejected`` and keeps it (another fleet member, with
+    another secret, may own it); see :mod:`runtime_cache.check`.
+    """
+
+
+class SignatureError(RejectedEntryError):
     """An entry or bundle lacks a valid HMAC signature while a secret is set."""
+
+
+class KeyMismatchError(RejectedEntryError):
+    """An entry's key is not its storage key, or its key parts do not hash to its key."""
+
+
+class NewerFormatError(CorruptEntryError):
+    """An entry written in a newer format version: a miss here, kept for the newer readers."""
+
+
+class InsecureStoreError(RuntimeCacheError, ValueError):
+    """A store that others can write was opened without a secret (and without ``insecure=1``)."""
+
+
+class InvalidSecretError(RuntimeCacheError, ValueError):
+    """A secret that is empty, blank, or of the wrong type."""
 
 
 class InvalidBundleError(RuntimeCacheError, ValueError):
@@ -77,13 +101,18 @@ __all__ = [
     "BackendUnavailableError",
     "CallbackTypeError",
     "CorruptEntryError",
+    "InsecureStoreError",
     "InvalidBundleError",
     "InvalidKeyError",
     "InvalidRecordError",
+    "InvalidSecretError",
     "InvalidURLError",
     "InvalidValueError",
+    "KeyMismatchError",
     "MissingDependencyError",
+    "NewerFormatError",
     "ReadOnlyBackendError",
+    "RejectedEntryError",
     "RuntimeCacheError",
     "SignatureError",
     "UnknownBackendError",

@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -169,6 +170,25 @@ class CacheKey:
 
     def __str__(self) -> str:
         return f"{self.runtime}/{self.purpose}/{self.digest}"
+
+    @cached_property
+    def _packed_parts(self) -> bytes:
+        packed: bytes = msgpack.packb(self._parts, use_bin_type=True)
+        return packed
+
+    def made_from(self, parts: Mapping[str, Any]) -> bool:
+        """Whether ``parts`` (as read back from an entry) hash to this key.
+
+        Parts that encode to the same msgpack bytes as this key's own parts are
+        the same values, type for type, so they hash alike: that costs one
+        encoding, not a key derivation. Anything else is hashed in full.
+        """
+        try:
+            if msgpack.packb(parts, use_bin_type=True) == self._packed_parts:
+                return True
+            return str(CacheKey.from_parts(parts)) == str(self)
+        except (TypeError, ValueError, OverflowError):
+            return False
 
     @classmethod
     def from_parts(cls, parts: Mapping[str, Any]) -> CacheKey:

@@ -1,14 +1,21 @@
-"""Reading entry metadata without values, and screening bundle entries before they are merged."""
+"""Reading entry metadata without values (for listings), checked as every read is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from .api import Backend, StoredItem
-from .codec import Limits, decode_entry, decode_meta
-from .errors import CorruptEntryError, SignatureError
-from .keys import CacheKey
+from .check import check_binding
+from .codec import Limits, decode_meta
+from .errors import CorruptEntryError, RuntimeCacheError
 from .stats import EntryInfo
 
-__all__ = ["read_info", "screen_bundle"]
+#: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
+OnSkip = Callable[[str, str], None]
+#: Told ``(done, total)`` as a long operation advances.
+OnProgress = Callable[[int, int], None]
+
+__all__ = ["OnProgress", "OnSkip", "list_entries", "read_info"]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
 HEAD_SIZE = 4096
@@ -18,7 +25,9 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
     """Decode an entry's metadata from the head of its blob.
 
     Raises ``KeyError`` when the entry vanished, and :class:`CorruptEntryError`
-    when its head does not decode.
+    when its head does not decode or does not belong under its storage key
+    (:func:`~runtime_cache.check.check_binding`; the value and signature are
+    checked when the entry is read).
     """
     head = backend.head(item.key, HEAD_SIZE)
     if head is None:
@@ -31,6 +40,7 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         meta, _, signed = decode_meta(head, limits)
         if not meta:
             raise CorruptEntryError("entry head is truncated")
+    check_binding(item.key, meta)
     parts = meta["p"]
     return EntryInfo(
         key=meta["k"],
@@ -51,26 +61,44 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
     )
 
 
-def screen_bundle(
-    blobs: list[bytes], secret: bytes | None, limits: Limits
-) -> tuple[dict[str, bytes], int, int]:
-    """Keep the bundle entries that verify and whose key matches their parts.
+def list_entries(
+    backend: Backend,
+    limits: Limits,
+    failed: Callable[[str, Exception], None],
+    runtime: str | None = None,
+    purpose: str | None = None,
+    module_id: str | None = None,
+    on_skip: OnSkip | None = None,
+) -> Iterator[EntryInfo]:
+    """Iterate over entry metadata, filtered, without loading values (``Cache.entries``).
 
-    Returns ``(accepted, rejected, corrupt)``: the accepted blobs by key, and
-    how many were refused for their signature or for corruption.
+    Entries that vanish while listing are skipped; those that fail the check or
+    cannot be read are skipped and told to ``on_skip(key, reason)``. Backend
+    failures go to ``failed(op, exc)`` (the front's failure policy).
     """
-    accepted: dict[str, bytes] = {}
-    rejected = corrupt = 0
-    for blob in blobs:
+    prefix = ""
+    if runtime is not None:
+        prefix = f"{runtime}/" if purpose is None else f"{runtime}/{purpose}/"
+    try:
+        items = list(backend.scan(prefix))
+    except Exception as exc:
+        failed("scan", exc)
+        return
+    for item in items:
         try:
-            entry = decode_entry(blob, secret=secret, limits=limits)
-            if str(CacheKey.from_parts(entry.parts)) != entry.key:
-                raise CorruptEntryError("entry key does not match its parts")
-        except SignatureError:
-            rejected += 1
+            info = read_info(backend, item, limits)
+        except KeyError:
             continue
-        except (CorruptEntryError, TypeError, ValueError):
-            corrupt += 1
+        except RuntimeCacheError as exc:
+            if on_skip is not None:
+                kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
+                on_skip(item.key, f"{kind}: {exc}")
             continue
-        accepted[entry.key] = blob
-    return accepted, rejected, corrupt
+        except Exception as exc:
+            failed("head", exc)
+            continue
+        if purpose is not None and info.purpose != purpose:
+            continue
+        if module_id is not None and info.module_id != module_id:
+            continue
+        yield info

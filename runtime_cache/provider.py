@@ -36,7 +36,7 @@ _explicit = False
 
 
 def _to_cache(provider: Provider) -> Cache:
-    secret = environment.read(environment.ENV_SECRET)
+    secret = environment.read_secret()
     if provider is None:
         return Cache(None)
     if isinstance(provider, Cache):

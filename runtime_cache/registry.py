@@ -185,15 +185,40 @@ class Registry:
         """Open a backend from a URL; a comma-separated list opens tiers, fastest first."""
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
-        scheme = "tiered" if "," in url else BackendURL.parse(url).scheme
+        insecure = False
+        if "," in url:  # each tier comes back here with its own options
+            scheme = "tiered"
+        else:
+            url, insecure = _take_insecure(url)
+            scheme = BackendURL.parse(url).scheme
         try:
-            return self.resolve(scheme).from_url(url)
+            backend = self.resolve(scheme).from_url(url)
         except InvalidValueError as exc:
             # A bad size or duration inside a URL is, for whoever wrote the URL, a URL error.
             raise InvalidURLError(f"{exc} in backend URL {redact_url(url)}") from None
+        if insecure:
+            backend.insecure = True
+        return backend
 
 
 registry = Registry()
+
+
+def _take_insecure(url: str) -> tuple[str, bool]:
+    """Take ``insecure=1`` (see :mod:`runtime_cache.trust`) out of a URL's query."""
+    head, mark, query = url.partition("?")
+    if not mark:
+        return url, False
+    kept, insecure = [], False
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if name != "insecure":
+            kept.append(item)
+        elif value.lower() in ("1", "true", "yes"):
+            insecure = True
+        elif value.lower() not in ("0", "false", "no"):
+            raise InvalidURLError(f"insecure must be 1 or 0, not {value!r}")
+    return (f"{head}?{'&'.join(kept)}" if kept else head), insecure
 
 
 def register_backend(

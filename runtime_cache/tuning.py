@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 from .cache import Cache
-from .codec import decode_bundle, decode_entry
+from .codec import decode_bundle
 from .errors import CorruptEntryError, InvalidRecordError
 from .keys import CacheKey, make_key
 from .provider import get_cache
@@ -291,13 +291,11 @@ class TuningCache:
         accepted = 0
         for blob in decode_bundle(data, limits=cache.limits):
             try:
-                # Read the key parts first; cache.decode then checks the signature when
-                # the cache has a secret, and that the entry holds the key it claims.
-                claimed = decode_entry(blob, limits=cache.limits)
-                symbol = claimed.parts.get("symbol")
-                if not isinstance(symbol, str) or str(self.key(symbol)) != claimed.key:
+                # The one entry check (signature with the cache's secret, key against parts).
+                entry = cache.check(None, blob).entry()
+                symbol = entry.parts.get("symbol")
+                if not isinstance(symbol, str) or str(self.key(symbol)) != entry.key:
                     continue  # another module, device, runtime or purpose
-                entry = cache.decode(claimed.key, blob)
                 record = decode_record(entry.value, self.max_record_size)
                 # Inside the try: a record can re-encode larger than it came (msgpack
                 # float32 read back as float64) and fail the size limit; skip it.

@@ -3,6 +3,8 @@ and kernels."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
@@ -13,6 +15,7 @@ __all__ = [
     "SCALE_SRC",
     "SHIFT_SRC",
     "driver",
+    "fresh_guard",
     "generated_sources",
     "is_pocl",
     "opencl_context",
@@ -67,3 +70,15 @@ def opencl_context() -> Any:
     import pyopencl as cl
 
     return cl.Context([opencl_device()])
+
+
+def fresh_guard(folder: Path) -> Iterator[None]:
+    """Zeroed OpenCL counters and a crash guard in ``folder`` (a machine that knows no
+    binary yet) for one test; set ``RUNTIME_CACHE_GUARD_DIR`` to ``folder`` first."""
+    from runtime_cache.opencl import reset_opencl_stats
+    from runtime_cache.opencl.guard import guard
+
+    reset_opencl_stats()
+    guard.reset()
+    yield
+    guard.reset()

@@ -85,7 +85,7 @@ def test_entry_under_wrong_name_is_never_served() -> None:
     cache.put(key(1), b"for key 1")
     backend.set(str(key(2)), backend.get(str(key(1))) or b"")  # a swapped file
     assert cache.get(key(2)) is None
-    assert cache.stats().corrupt == 1
+    assert cache.stats().rejected == 1  # not the entry of key(2): rejected, and kept
 
 
 def test_backend_down_is_a_miss_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:

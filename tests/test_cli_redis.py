@@ -41,9 +41,11 @@ def test_listing_bundles_and_verify_on_redis(
     unique_prefix: str,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "test-secret")  # a shared store is signed
     url = f"{redis_server.url}?prefix={unique_prefix}"
-    cache = rc.Cache(rc.open_backend(url))
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
     keys = _keys(6)
     for k in keys:
         cache.put(k, b"value of " + str(k).encode(), build_seconds=0.5)

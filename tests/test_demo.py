@@ -146,7 +146,8 @@ def test_cli_demo_removes_its_entries_afterwards(
 @opencl
 def test_demo_on_redis(redis_server: RedisProcess) -> None:
     _device()
-    done = _demo("--tiny", "--json", "--cache", redis_server.url)
+    env = dict(os.environ, POCL_KERNEL_CACHE="0", RUNTIME_CACHE_SECRET="demo-secret")
+    done = _demo("--tiny", "--json", "--cache", redis_server.url, env=env)
     assert done.returncode == 0, done.stderr
     _check_cold_then_warm(json.loads(done.stdout))
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from opencl_kernels import SCALE_SRC, run_kernel, scale_works
-from opencl_support import driver, opencl_context
+from opencl_support import driver, fresh_guard, opencl_context
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -32,14 +32,8 @@ def ctx() -> Any:
 
 @pytest.fixture(autouse=True)
 def _fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from runtime_cache.opencl import reset_opencl_stats
-    from runtime_cache.opencl.guard import guard
-
-    reset_opencl_stats()
     monkeypatch.setenv("RUNTIME_CACHE_GUARD_DIR", str(tmp_path / "guard-here"))
-    guard.reset()
-    yield
-    guard.reset()
+    yield from fresh_guard(tmp_path / "guard-here")
 
 
 def _other_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:

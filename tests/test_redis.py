@@ -168,11 +168,14 @@ def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
         RedisBackend("redis://127.0.0.1:1/0")
 
 
-def test_a_provider_url_works_end_to_end(redis_server: RedisProcess, unique_prefix: str) -> None:
+def test_a_provider_url_works_end_to_end(
+    redis_server: RedisProcess, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "test-secret")
     cache = rc.set_cache_provider(f"{redis_server.url}?prefix={unique_prefix}")
     key = rc.make_key(module_id="m", runtime="demo", purpose="e2e", device=None)
     assert cache.get_or_build(key, lambda: b"built once") == b"built once"
-    other = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}"))
+    other = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}"), secret="test-secret")
     assert other.get(key) == b"built once"
     assert [info.key for info in other.entries(runtime="demo")] == [str(key)]
     _drop(other.backend)

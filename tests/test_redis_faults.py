@@ -47,7 +47,7 @@ def test_kill_mid_run_then_restart_on_the_same_port(
 ) -> None:
     caplog.set_level(logging.INFO)
     backend = _backend(redis_process.url, unique_prefix, backoff="100ms", max_backoff="400ms")
-    cache = rc.Cache(backend)
+    cache = rc.Cache(backend, secret="test-secret")
     slowest_while_open = 0.0
     for i in range(300):
         if i == 100:
@@ -89,7 +89,7 @@ def test_hung_server_costs_one_timeout_not_one_per_call(
     backend = _backend(
         redis_process.url, unique_prefix, timeout="300ms", connect_timeout="100ms", backoff="150ms"
     )
-    cache = rc.Cache(backend)
+    cache = rc.Cache(backend, secret="test-secret")
     assert cache.put(_key(1), b"before")
     redis_process.pause()  # accepts connections, never answers
     try:
@@ -130,13 +130,13 @@ def test_server_never_there(unique_prefix: str) -> None:
     from redis_servers import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
-    cache = rc.Cache(_backend(url, unique_prefix))
+    cache = rc.Cache(_backend(url, unique_prefix), secret="test-secret")
     key = _key(3)
     assert cache.get_or_build(key, lambda: b"built anyway") == b"built anyway"
     assert cache.get_many([_key(4), _key(5)]) == {}
     assert list(cache.entries()) == []
     assert cache.stats().errors >= 3 and cache.stats().builds == 1
-    strict = rc.Cache(_backend(url, unique_prefix), strict=True)
+    strict = rc.Cache(_backend(url, unique_prefix), strict=True, secret="test-secret")
     with pytest.raises(BackendUnavailableError):
         strict.get(key)
     with pytest.raises(BackendUnavailableError):  # now refused by the open breaker
@@ -151,7 +151,7 @@ def test_tiers_keep_serving_over_a_dead_redis(
     url = f"memory://,dir://{tmp_path},{redis_process.url}?prefix={unique_prefix}&backoff=100ms"
     tiered = rc.open_backend(url)
     assert isinstance(tiered, TieredBackend)
-    cache = rc.Cache(tiered)
+    cache = rc.Cache(tiered, secret="test-secret")
     for i in range(40):
         cache.put(_key(i), b"v%d" % i)
     assert tiered.flush(timeout=10)
@@ -163,7 +163,7 @@ def test_tiers_keep_serving_over_a_dead_redis(
     tiered.close()
 
     # A fresh process-like start: empty memory tier, same directory, Redis still dead.
-    again = rc.Cache(rc.open_backend(url))
+    again = rc.Cache(rc.open_backend(url), secret="test-secret")
     assert all(again.get(_key(i)) == b"v%d" % i for i in range(80))
     assert again.get(_key(500)) is None  # a plain miss: two tiers answered, one was skipped
     stats = again.stats()
@@ -245,7 +245,7 @@ def test_threads_during_a_hang_wait_at_most_once_each(
     import threading
 
     backend = _backend(redis_process.url, unique_prefix, timeout="300ms", backoff="100ms")
-    cache = rc.Cache(backend)
+    cache = rc.Cache(backend, secret="test-secret")
     assert cache.put(_key(1), b"v")
     slow: list[float] = []
     failures: list[BaseException] = []

@@ -76,9 +76,10 @@ def test_forged_entry_is_rejected_and_never_served(store: rc.Backend, kind: str)
     cache = rc.Cache(store, secret=SECRET)
     assert cache.get(key) is None
     stats = cache.stats()
-    # A bad signature is "rejected" (kept: it may be another fleet's entry); a blob
-    # that is malformed, or holds another key, is "corrupt" (deleted).
-    expected = "rejected" if kind in ("unsigned", "other-secret", "value-swapped") else "corrupt"
+    # A bad signature or another key's entry is "rejected" (kept: it may be another
+    # fleet's entry); a blob that is malformed or fails its checksums is "corrupt" (deleted).
+    rejected = ("unsigned", "other-secret", "replayed-under-another-key")
+    expected = "rejected" if kind in rejected else "corrupt"
     assert (stats.hits, stats.rejected, stats.corrupt) == (
         0,
         int(expected == "rejected"),

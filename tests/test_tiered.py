@@ -168,7 +168,7 @@ def test_every_tier_failing_raises_for_the_front_to_count() -> None:
     backend = TieredBackend([rc.open_backend(_dead_redis_url()) for _ in range(2)])
     with pytest.raises(BackendError):
         backend.get("k/x")
-    cache = rc.Cache(backend)
+    cache = rc.Cache(backend, secret="test-secret")
     key = rc.make_key(module_id="m", runtime="demo", purpose="dead", device=None)
     assert cache.get(key) is None
     assert cache.stats().errors == 1

@@ -84,7 +84,14 @@ def _global_options() -> argparse.ArgumentParser:
         "--secret",
         default=argparse.SUPPRESS,
         help="shared secret: sign what is written, check signatures on show, verify and "
-        "import (default: RUNTIME_CACHE_SECRET)",
+        "import (default: RUNTIME_CACHE_SECRET; 'new,old' accepts both and signs with new)",
+    )
+    common.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="read the secret from a file, one key a line, the first signs "
+        "(default: RUNTIME_CACHE_SECRET_FILE); keeps it off the command line",
     )
     return common
 
@@ -183,8 +190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     args.cache = getattr(args, "cache", None)
     args.secret = getattr(args, "secret", None)
+    args.secret_file = getattr(args, "secret_file", None)
     handler: Handler = args.handler
-    ctx = CommandContext(url=args.cache, secret=resolve_secret(args.secret))
+    try:
+        keys = resolve_secret(args.secret, args.secret_file)
+    except RuntimeCacheError as exc:
+        return _fail(str(exc), 2)
+    ctx = CommandContext(url=args.cache, secret=keys)
     try:
         if getattr(args, "needs_cache", False):
             try:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from ..cache import DUMP_BATCH
+from ..bundles import DUMP_BATCH
 from ..codec import (
     BUNDLE_MAGIC,
     Limits,
@@ -206,14 +206,15 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         return 1
     before = cache.stats()
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
-    accepted = 0
+    accepted = unsigned = withheld = 0
     for start in range(0, len(blobs), DUMP_BATCH):
         batch = blobs[start : start + DUMP_BATCH]
         # Re-framed per batch so each step is one backend round trip; the whole
         # bundle's checksum and signature were checked above.
-        accepted += cache.loads(
-            encode_bundle(batch, secret=secret), overwrite=not args.keep_existing
-        )
+        result = cache.loads(encode_bundle(batch, secret=secret), overwrite=not args.keep_existing)
+        accepted += result
+        unsigned += result.unsigned
+        withheld += result.withheld
         progress.step(advance=len(batch))
     progress.close()
     after = cache.stats()
@@ -225,7 +226,9 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "accepted": accepted,
         "rejected_signature": rejected,
         "corrupt": corrupt,
-        "kept_existing": len(blobs) - accepted - rejected - corrupt,
+        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld,
+        "unsigned": unsigned,
+        "withheld_unsigned": withheld,
     }
     if args.json:
         ctx.emit_json(report)
@@ -236,4 +239,8 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
                 file=ctx.out,
             )
-    return 1 if rejected or corrupt else 0
+        if unsigned:
+            print(f"{unsigned} entries are unsigned (no secret checked them)", file=ctx.out)
+        if withheld:
+            print(f"not written: {withheld} unsigned entries to a shared store", file=ctx.out)
+    return 1 if rejected or corrupt or withheld else 0

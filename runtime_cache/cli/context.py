@@ -34,21 +34,28 @@ class KeyNotFound(LookupError):
     """No stored key matches what the user typed."""
 
 
-def resolve_secret(secret: str | None) -> str | None:
-    """The ``--secret`` value, else ``RUNTIME_CACHE_SECRET``, else ``None``."""
-    return secret if secret is not None else environment.read(environment.ENV_SECRET)
+def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[str] | None:
+    """``--secret-file``, else ``--secret``, else the environment (see
+    :func:`runtime_cache.environment.read_secret`), else ``None``; keys split at commas."""
+    if secret_file is not None:
+        return environment.read_secret_file(secret_file)
+    if secret is not None:
+        return [key.strip() for key in secret.split(",")]
+    return environment.read_secret()
 
 
-def open_cache(url: str | None, secret: str | None) -> Cache:
+def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     """Open the cache a command works on: ``url``, else the process-wide provider's backend.
 
+    ``secret``: the keys (see :func:`resolve_secret`; a string is split at commas).
     The returned cache is strict, so a failing backend is reported instead of
     looking empty.
     """
     from ..provider import get_cache
     from ..registry import open_backend
 
-    secret = resolve_secret(secret)
+    if isinstance(secret, str):
+        secret = resolve_secret(secret)
     if url:
         return Cache(open_backend(url), strict=True, secret=secret)
     provider = get_cache()
@@ -70,7 +77,7 @@ class CommandContext:
     """
 
     url: str | None = None
-    secret: str | None = None
+    secret: str | list[str] | None = None
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
     now: float = field(default_factory=time.time)

@@ -29,6 +29,7 @@ __all__ = [
     "render_table",
     "short_device",
     "short_key",
+    "signed_line",
 ]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -200,3 +201,10 @@ class Progress:
         if self._shown:
             self.stream.write("\r" + " " * 100 + "\r")
             self.stream.flush()
+
+
+def signed_line(signed: bool) -> str:
+    """One line saying whether the cache is signed (for ``ls`` and ``stats``)."""
+    if signed:
+        return "signed:  yes (a secret signs what is written; unsigned entries are rejected)"
+    return "signed:  no (no secret: entries are neither signed nor checked for a signature)"

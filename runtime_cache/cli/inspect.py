@@ -26,6 +26,7 @@ from .fmt import (
     render_table,
     short_device,
     short_key,
+    signed_line,
 )
 
 __all__ = ["SORTS", "SOURCES", "add_parsers", "cmd_ls", "cmd_show", "cmd_stats", "group_stats"]
@@ -137,7 +138,12 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
     if args.json:
         # One compact json.dumps call runs in C: 10,000 entries take milliseconds.
         found = [{name: getattr(info, name) for name in _INFO_FIELDS} for info in infos]
-        listing = {"entries": found, "skipped": len(skipped), "skipped_entries": skipped.as_json()}
+        listing = {
+            "entries": found,
+            "skipped": len(skipped),
+            "skipped_entries": skipped.as_json(),
+            "signed": ctx.cache.signed,
+        }
         ctx.out.write(json.dumps(listing, default=_json_default) + "\n")
         return code
     if not infos:
@@ -163,6 +169,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(table, file=ctx.out)
         total = sum(info.stored_size for info in infos)
         print(f"\n{len(infos)} entries, {human_size(total)} stored", file=ctx.out)
+    print(signed_line(ctx.cache.signed), file=ctx.out)
     skipped.report(ctx)
     return code
 
@@ -305,7 +312,9 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
     overall = {**group_stats(infos), "skipped": len(skipped)}
     code = 1 if skipped else 0
     if args.json:
-        ctx.emit_json({"overall": overall, "groups": per, "sources": SOURCES})
+        ctx.emit_json(
+            {"overall": overall, "groups": per, "sources": SOURCES, "signed": ctx.cache.signed}
+        )
         return code
 
     def row(label: tuple[str, str], s: dict[str, Any]) -> list[str]:
@@ -331,5 +340,6 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
         "saved:  hits x build time",
         file=ctx.out,
     )
+    print(signed_line(ctx.cache.signed), file=ctx.out)
     skipped.report(ctx)
     return code

@@ -233,6 +233,7 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "bad": [{"key": k, "reason": r} for k, r in report.bad],
                 "removed": report.removed,
                 "unsigned": report.unsigned,
+                "newer_format_kept": report.newer,
                 "skipped": [{"key": k, "reason": r} for k, r in report.skipped],
                 "ok": report.ok,
                 "signatures_checked": ctx.cache.signed,
@@ -248,6 +249,11 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
         f"{report.removed} removed",
         file=ctx.out,
     )
+    if report.newer:
+        print(
+            f"kept {report.newer} entries in a newer format (a newer version reads them)",
+            file=ctx.out,
+        )
     if report.unsigned and not args.repair:
         where = "the cache is unsigned" if unsigned_cache else f"{report.unsigned} are unsigned"
         print(

@@ -67,7 +67,8 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--cache",
         metavar="URL",
         default=argparse.SUPPRESS,
-        help="the cache to use (default: RUNTIME_CACHE, else the user cache folder)",
+        help="the cache to use (default: RUNTIME_CACHE, else the user cache folder); "
+        "a shared one, e.g. redis://host:6379/0, needs RUNTIME_CACHE_SECRET",
     )
     parser.add_argument(
         "--device",
@@ -157,7 +158,7 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
 def _open(url: str) -> Cache:
     from ..registry import open_backend
 
-    secret = environment.read(environment.ENV_SECRET)
+    secret = environment.read_secret()
     return Cache(open_backend(url), strict=True, secret=secret)
 
 

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterable
 
 from .._version import __version__
-from ..codec import Entry, decode_bundle, decode_entry, encode_bundle, encode_entry
+from ..check import check_entry
+from ..codec import Entry, decode_bundle, encode_bundle, encode_entry
 from ..errors import CorruptEntryError
 from ..keys import CacheKey
 
@@ -35,20 +36,18 @@ def pack_programs(items: Iterable[tuple[CacheKey, bytes, float]]) -> bytes:
 
 
 def unpack_programs(data: bytes) -> list[tuple[Entry, bytes]]:
-    """Decode a bundle into ``(entry, blob)`` pairs; skip entries that fail their checksum
-    or whose key disagrees with its parts.
+    """Decode a bundle into ``(entry, blob)`` pairs; skip entries that fail the entry check
+    (:func:`runtime_cache.check.check_entry`: checksums, key against parts).
 
     The blob lets a signed cache check the entry's signature with
-    :meth:`runtime_cache.Cache.decode`. Raises
+    :meth:`runtime_cache.Cache.check`. Raises
     :class:`~runtime_cache.errors.InvalidBundleError` for a malformed bundle.
     """
     entries: list[tuple[Entry, bytes]] = []
     for blob in decode_bundle(data):
         try:
-            entry = decode_entry(blob)
-            if str(CacheKey.from_parts(entry.parts)) != entry.key:
-                continue
-        except (CorruptEntryError, TypeError, ValueError):
+            entry = check_entry(None, blob).entry()
+        except CorruptEntryError:
             continue
         entries.append((entry, blob))
     return entries

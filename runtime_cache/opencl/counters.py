@@ -21,7 +21,9 @@ class OpenCLStats:
     binaries re-stored by :func:`recapture_binaries` because they changed;
     ``vetted`` programs whose binaries of unknown origin a vetting child
     loaded cleanly, and ``vet_failures`` those it could not load (refused, or
-    the driver crashed: blocklisted, then rebuilt from source). See
+    the driver crashed: blocklisted, then rebuilt from source); ``vet_local``
+    programs a vetting child could not vet for reasons of its own (a full
+    disk: built from source, nothing blocklisted or evicted). See
     :mod:`runtime_cache.opencl.vetting`.
     """
 
@@ -32,6 +34,7 @@ class OpenCLStats:
     recaptured: int = 0
     vetted: int = 0
     vet_failures: int = 0
+    vet_local: int = 0
 
 
 counters = Counters(OpenCLStats)

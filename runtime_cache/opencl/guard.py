@@ -16,6 +16,8 @@ program is rebuilt from source.
 The same folder keeps the list of *known* binaries (``vetted``): those the
 driver made in a process of this user, or that a vetting child loaded without
 harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly.
+A binary is known under a key (:func:`binding`), not by its digest alone: the
+same bytes copied under another program's key are not known there.
 
 The folder is ``$RUNTIME_CACHE_GUARD_DIR``, or ``opencl-guard`` in
 ``platformdirs.user_state_dir("runtime-cache")``; with no usable home folder (no
@@ -38,7 +40,7 @@ import xxhash
 
 from .. import environment
 
-__all__ = ["Binary", "LoadGuard", "binary_digest", "guard"]
+__all__ = ["Binary", "LoadGuard", "binary_digest", "binding", "bindings", "guard"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,18 @@ Binary = bytes | memoryview
 def binary_digest(binary: Binary) -> str:
     """The digest under which a binary is guarded and blocklisted."""
     return xxhash.xxh3_128_hexdigest(binary)
+
+
+def binding(key: object, digest: str) -> str:
+    """The known-list mark of binary ``digest`` stored under cache key ``key``."""
+    return xxhash.xxh3_128_hexdigest(f"{key}\n{digest}".encode())
+
+
+def bindings(keys: Sequence[object] | None, digests: Sequence[str]) -> list[str]:
+    """:func:`binding` of each ``(key, digest)`` pair; the bare digests when there are no keys."""
+    if keys is None:
+        return list(digests)
+    return [binding(k, d) for k, d in zip(keys, digests, strict=True)]
 
 
 def _alive(pid: int) -> bool:
@@ -195,15 +209,17 @@ class LoadGuard:
             self._start()
             return any(d in self._blocked for d in digests)
 
-    def known(self, digests: Sequence[str]) -> bool:
-        """Whether every one of these binaries is known to load here without harm."""
+    def known(self, marks: Sequence[str]) -> bool:
+        """Whether every one of these binaries is known to load here without harm
+        (``marks`` from :func:`bindings`: each binary under its key)."""
         with self._lock:
             self._start()
-            return all(d in self._known for d in digests)
+            return all(d in self._known for d in marks)
 
-    def vouch(self, digests: Sequence[str]) -> None:
-        """Record binaries as known: the driver made them, or a vetting child loaded them."""
-        self._record(digests, known=True)
+    def vouch(self, marks: Sequence[str]) -> None:
+        """Record binaries (under their keys, :func:`bindings`) as known: the driver made
+        them, or a vetting child loaded them."""
+        self._record(marks, known=True)
 
     def block(self, digests: Sequence[str]) -> None:
         """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..bundles import LoadResult
 from ..cache import Cache
 from ..errors import CorruptEntryError
 from ..keys import CacheKey, module_id_from_sources
@@ -21,6 +22,7 @@ from .includes import Options, normalize_options
 from .parallel import Job, WorkerResult, build_in_processes, build_in_threads
 from .program import (
     ProgramPlan,
+    evict,
     fetch,
     load_cached,
     load_from_binaries,
@@ -56,9 +58,9 @@ _Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool]
 
 
 def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
-    """Whether ``blob`` carries a valid signature under ``cache``'s secret."""
+    """Whether ``blob`` passes ``cache``'s entry check, signature included."""
     try:
-        cache.decode(key, blob)
+        cache.check(key, blob)
     except CorruptEntryError:  # SignatureError included
         return False
     return True
@@ -115,6 +117,7 @@ class OpenCLModule:
         self._plans: dict[str, ProgramPlan] = {}
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
+        self._cached: set[str] = set()
         self._options_text: str | None = None
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
@@ -157,9 +160,10 @@ class OpenCLModule:
         with self._lock:
             return self._name_locks.setdefault(name, threading.Lock())
 
-    def _adopt(self, name: str, program: Any, seconds: float) -> None:
+    def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None:
         with self._lock:
-            self._programs.setdefault(name, program)
+            if self._programs.setdefault(name, program) is program and cached:
+                self._cached.add(name)  # from binaries out of the cache or a bundle
             self._seconds.setdefault(name, seconds)
             watchers = list(self._watchers)
         for watch in watchers:
@@ -194,7 +198,7 @@ class OpenCLModule:
             if plan.keys is not None:
                 loaded = fetch(self.context, plan, self.cache, self.cache.get_many_views(plan.keys))
                 if loaded is not None:
-                    self._adopt(name, loaded, 0.0)
+                    self._adopt(name, loaded, 0.0, cached=True)
                     return loaded
             self._build_from_source(name)
             return self._programs[name]
@@ -205,7 +209,29 @@ class OpenCLModule:
         Kernels hold their arguments, so they are not thread-safe: keep one per thread.
         """
         cl = import_pyopencl()
+        program = self.program(name)
+        try:
+            return cl.Kernel(program, name)
+        except Exception:
+            if not self._reject(name, program):
+                raise
         return cl.Kernel(self.program(name), name)
+
+    def _reject(self, name: str, program: Any) -> bool:
+        """A program from cached binaries that lacks kernel ``name`` (another program's
+        binary under this key): evict it and build from source. ``False`` if it was not
+        from binaries (the error is then the caller's)."""
+        with self._lock:
+            if name not in self._cached or self._programs.get(name) is not program:
+                return False
+            del self._programs[name]
+            self._seconds.pop(name, None)
+            self._cached.discard(name)
+        plan = self._plan(name)
+        if plan.keys is not None:
+            evict(self.cache, plan, f"the program lacks kernel {name!r}")
+        self._build_from_source(name)
+        return True
 
     def build_all(
         self,
@@ -323,7 +349,7 @@ class OpenCLModule:
                     fetched.append((name, plan, None, [], False))
                     continue
                 digests = [binary_digest(b) for b in ready]
-                vet = needs_vetting(digests, trusted=cache.signed)
+                vet = needs_vetting(digests, trusted=cache.signed, keys=plan.keys)
                 fetched.append((name, plan, ready, digests, vet))
             return fetched
 
@@ -346,8 +372,13 @@ class OpenCLModule:
         if unknown:
             devices = list(self.context.devices)
             items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
-            vet_unknown(devices, items, trusted=cache.signed)
-            left += [n for n, plan, ready in unknown if not self._load_one(n, plan, ready, None)]
+            keys = [plan.keys for _, plan, _ in unknown]
+            may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
+            left += [
+                n
+                for (n, plan, ready), ok in zip(unknown, may_load, strict=True)
+                if not (ok and self._load_one(n, plan, ready, None))
+            ]
         order = {name: i for i, name in enumerate(names)}
         return sorted(left, key=order.__getitem__)
 
@@ -357,7 +388,7 @@ class OpenCLModule:
         program = load_cached(self.context, plan, self.cache, binaries, digests)
         if program is None:
             return False
-        self._adopt(name, program, 0.0)
+        self._adopt(name, program, 0.0, cached=True)
         return True
 
     def _longest_build(self) -> float:
@@ -455,7 +486,7 @@ class OpenCLModule:
             items.extend((k, b, took) for k, b in zip(plan.keys, binaries, strict=True))
         return pack_programs(items)
 
-    def set_precompiled_programs(self, data: bytes) -> int:
+    def set_precompiled_programs(self, data: bytes) -> LoadResult:
         """Load programs from a bundle; return how many programs it supplied.
 
         Entries for another device, other options, or a module whose sources
@@ -467,6 +498,11 @@ class OpenCLModule:
         signed them, binaries not known on this machine are first tried in a
         child process (:mod:`runtime_cache.opencl.vetting`), so one that crashes
         the driver is built from source instead of reaching this process.
+
+        The result is an ``int`` with details (:class:`~runtime_cache.bundles.LoadResult`):
+        ``unsigned`` counts programs no secret of the cache verified, and
+        ``withheld`` those of them not stored because the cache is shared
+        (others would run them): they are used by this module only.
         """
         entries = unpack_programs(data)
         cache = self.cache
@@ -495,17 +531,18 @@ class OpenCLModule:
                 )
         # A bundle is outside data: unless our secret signed it, each program is tried in a
         # child first, so a binary that crashes the driver never reaches this process.
-        vet_unknown(
+        unsigned = [name for name, (_, _, signed) in complete.items() if not signed]
+        load = vet_unknown(
             list(self.context.devices),
-            [
-                (binaries, self._plan(name).options, self._plan(name).options_text)
-                for name, (binaries, _, signed) in complete.items()
-                if not signed
-            ],
+            [(complete[n][0], self._plan(n).options, self._plan(n).options_text) for n in unsigned],
             trusted=False,
+            keys=[self._plan(n).keys for n in unsigned],
         )
-        accepted = 0
-        for name, (binaries, seconds, _) in complete.items():
+        skip = {n for n, ok in zip(unsigned, load, strict=True) if not ok}
+        accepted = withheld = 0
+        for name, (binaries, seconds, signed) in complete.items():
+            if name in skip:
+                continue  # could not vet here: built from source later
             plan = self._plan(name)
             program = load_from_binaries(self.context, plan, binaries)
             if program is None:
@@ -513,11 +550,25 @@ class OpenCLModule:
                 log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
                 continue
             counters.add(binary_loads=1)
-            store_binaries(cache, plan, program, binaries, seconds)
+            if signed or not cache.backend.shared:
+                store_binaries(cache, plan, program, binaries, seconds)
+            else:  # unsigned: never into a store that others trust
+                withheld += 1
             remember(program, plan, cache, binaries, seconds)
-            self._adopt(name, program, seconds)
+            self._adopt(name, program, seconds, cached=True)
             accepted += 1
-        return accepted
+        if withheld:
+            log.warning(
+                "runtime-cache: %d programs of an unsigned bundle were loaded but not stored "
+                "in the shared cache",
+                withheld,
+            )
+        return LoadResult(
+            accepted,
+            offered=len(entries),
+            unsigned=sum(1 for n in unsigned if n not in skip),
+            withheld=withheld,
+        )
 
     def recapture_binaries(self) -> int:
         """Re-read every built program's binaries after first launch; re-store changed ones.

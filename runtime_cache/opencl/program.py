@@ -26,7 +26,7 @@ from ..provider import get_cache
 from ._driver import import_pyopencl
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import Binary, binary_digest, guard
+from .guard import Binary, binary_digest, bindings, guard
 from .includes import Options, include_digests, normalize_options
 from .vetting import needs_vetting, vet_unknown
 
@@ -226,7 +226,8 @@ def load_from_binaries(
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
-    guard.vouch(digests)  # loaded without harm: known from now on (no I/O if it already was)
+    # Loaded without harm: known from now on under these keys (no I/O if it already was).
+    guard.vouch(bindings(plan.keys, digests))
     return program
 
 
@@ -249,8 +250,11 @@ def fetch(
         return None
     ready = [b for b in binaries if b is not None]
     digests = [binary_digest(b) for b in ready]
-    if vet and needs_vetting(digests, trusted=cache.signed):  # tried in a child first
-        vet_unknown(plan.devices, [(ready, plan.options, plan.options_text)], trusted=cache.signed)
+    signed = cache.signed
+    if vet and needs_vetting(digests, trusted=signed, keys=plan.keys):  # tried in a child first
+        item = (ready, plan.options, plan.options_text)
+        if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:
+            return None  # could not vet here: a local miss, nothing evicted
     return load_cached(context, plan, cache, ready, digests)
 
 
@@ -310,7 +314,7 @@ def store_binaries(
     # source can give the same bytes as a binary blocklisted after an unrelated crash).
     digests = [binary_digest(b) for b in binaries]
     guard.unblock(digests)
-    guard.vouch(digests)
+    guard.vouch(bindings(plan.keys, digests))
     remember(program, plan, cache, binaries, seconds, digests)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 

@@ -12,6 +12,12 @@ at its first launch and crash there on a bad binary. If the worker crashes,
 hangs or the driver refuses, the binary is blocklisted: the caller evicts it
 and builds from source. If the worker succeeds, the binary becomes known.
 
+A child that fails for reasons of its own (no scratch space, no file
+descriptors, a missing scratch folder: it checks by writing a file and
+building a tiny program from source) answers "could not vet". That is a
+local miss: the program is built from source this time, and nothing is
+blocklisted or evicted, so local trouble never deletes shared entries.
+
 Known binaries load directly, with no child:
 
 * those the driver made in a process of this user (a source build stored them);
@@ -30,6 +36,7 @@ Python child process; so does a process where the child cannot start.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -37,18 +44,19 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import Binary, binary_digest, guard
+from .guard import Binary, binary_digest, bindings, guard
 from .parallel import start_worker, stop_worker
-from .worker import read_message, write_message
+from .worker import read_message, scratch_usable, write_message
 
 __all__ = [
     "BATCH",
     "ENV_VET",
     "LOAD_TIMEOUT",
+    "LOCAL",
     "Vetter",
     "needs_vetting",
     "vet_unknown",
@@ -65,6 +73,12 @@ BATCH = 8
 
 #: ``(binaries, options, options text)`` of one program.
 Item = tuple[Sequence[Binary], list[str], str]
+#: The outcome of a child that could not vet for reasons of its own (a full disk...).
+LOCAL: Literal["local"] = "local"
+#: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``None`` no child.
+Outcome = bool | Literal["local"] | None
+#: Setup errors of this machine, not of the binary: the batch is "could not vet".
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EAGAIN})
 
 
 class Vetter:
@@ -85,14 +99,15 @@ class Vetter:
         self.started = 0
         self.crashed = 0
 
-    def vet(self, devices: Sequence[Any], items: Sequence[Item]) -> list[bool | None]:
+    def vet(self, devices: Sequence[Any], items: Sequence[Item]) -> list[Outcome]:
         """Try each program's binaries in a child: ``True`` loaded, ``False`` refused or
-        crashed, ``None`` when no child can run here.
+        crashed, ``LOCAL`` when the child could not vet (its own setup failed),
+        ``None`` when no child can run here.
 
         Batches of :data:`BATCH` or more programs are spread over one child per core.
         """
         fingerprints = [device_fingerprint(d) for d in devices]
-        results: list[bool | None] = [None] * len(items)
+        results: list[Outcome] = [None] * len(items)
         indices = list(range(len(items)))
         count = max(1, min(os.cpu_count() or 1, len(items) // BATCH))
         groups: deque[list[int]] = deque(indices[i::count] for i in range(count))
@@ -125,17 +140,17 @@ class Vetter:
     def _settle(
         self,
         group: list[int],
-        replies: list[bool],
+        replies: list[Outcome],
         died_on: int | None,
         clean: bool,
-        results: list[bool | None],
+        results: list[Outcome],
         groups: deque[list[int]],
     ) -> None:
         """Record what one child showed; queue what it left unconfirmed."""
         for index, ok in zip(group, replies, strict=False):
-            if not ok:
-                results[index] = False
-        passed = [group[j] for j, ok in enumerate(replies) if ok]
+            if ok is not True:
+                results[index] = LOCAL if ok == LOCAL else False
+        passed = [group[j] for j, ok in enumerate(replies) if ok is True]
         if died_on is not None:
             self._count(crashed=1)
             results[group[died_on]] = False
@@ -153,25 +168,38 @@ class Vetter:
 
     def _run(
         self, fingerprints: list[dict[str, Any]], items: list[Item]
-    ) -> tuple[list[bool], int | None, bool] | None:
+    ) -> tuple[list[Outcome], int | None, bool] | None:
         """One child over ``items``: ``(replies, index it died on, clean exit)``."""
         if self._unavailable:
             return None
         # PoCL unpacks each program into its scratch folder under a hash stored in the
         # binary, which a damaged copy keeps: a child sharing that folder would leave
         # damaged files where this process then loads the good binary (LLVM aborts).
-        scratch = tempfile.mkdtemp(prefix="runtime-cache-vet-")
         try:
-            return self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+            scratch = tempfile.mkdtemp(prefix="runtime-cache-vet-")
+        except OSError as exc:  # no scratch space here: not the binaries' fault
+            log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
+            return [LOCAL] * len(items), None, True
+        try:
+            outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+            failed = outcome is not None and not (all(r is True for r in outcome[0]) and outcome[2])
+            if failed and not scratch_usable(scratch):
+                # The child failed (or died) for want of scratch space, not for the binaries.
+                log.warning("runtime-cache: could not vet OpenCL binaries: %s is full", scratch)
+                return [LOCAL] * len(items), None, True
+            return outcome
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _run_in(
         self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
-    ) -> tuple[list[bool], int | None, bool] | None:
+    ) -> tuple[list[Outcome], int | None, bool] | None:
         try:
             process = start_worker(fingerprints, env)
         except OSError as exc:
+            if exc.errno in _LOCAL_ERRNOS:  # out of file descriptors, memory...: for now
+                log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
+                return [LOCAL] * len(items), None, True
             log.debug("runtime-cache: no vetting process (%s)", exc)
             process = None
         if process is None:
@@ -183,14 +211,15 @@ class Vetter:
             return None
         self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
-        replies: list[bool] = []
+        replies: list[Outcome] = []
         for binaries, options, options_text in items:
             watchdog = threading.Timer(LOAD_TIMEOUT, process.kill)
             watchdog.daemon = True
             watchdog.start()
             try:
                 write_message(process.stdin, ["load", "", list(binaries), options, options_text])
-                replies.append(bool(read_message(process.stdout)[1]))
+                reply = read_message(process.stdout)[1]
+                replies.append(LOCAL if reply == LOCAL else reply is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):
                 # The child died on this item (a driver crash), or hung and was killed.
                 stop_worker(process)
@@ -207,38 +236,55 @@ def _enabled() -> bool:
     return os.environ.get(ENV_VET, "").strip().lower() not in ("off", "0", "no", "false")
 
 
-def needs_vetting(digests: Sequence[str], *, trusted: bool) -> bool:
-    """Whether binaries with these digests must be tried in a child before this process
-    loads them: they come from an unsigned source and are neither known nor blocklisted."""
+def needs_vetting(
+    digests: Sequence[str], *, trusted: bool, keys: Sequence[object] | None = None
+) -> bool:
+    """Whether binaries with these digests (stored under ``keys``) must be tried in a child
+    before this process loads them: they come from an unsigned source and are neither
+    known under these keys nor blocklisted."""
     if trusted or not _enabled():
         return False
-    return not guard.known(digests) and not guard.blocked(digests)
+    return not guard.known(bindings(keys, digests)) and not guard.blocked(digests)
 
 
-def vet_unknown(devices: Sequence[Any], items: Sequence[Item], *, trusted: bool) -> None:
+def vet_unknown(
+    devices: Sequence[Any],
+    items: Sequence[Item],
+    *,
+    trusted: bool,
+    keys: Sequence[Sequence[object] | None] | None = None,
+) -> list[bool]:
     """Vet the programs whose binaries are neither known nor blocklisted; record the outcome.
 
-    ``trusted`` (a signed source) skips vetting. Afterwards each program's
-    binaries are known (load them), blocklisted (the loader refuses them), or,
-    where no child could run, neither (they load under the crash guard).
+    ``keys`` holds each program's cache keys (binaries are known per key). ``trusted``
+    (a signed source) skips vetting. Afterwards each program's binaries are known
+    (load them), blocklisted (the loader refuses them), or, where no child could run,
+    neither (they load under the crash guard). Returns, per program, whether to load
+    it now: ``False`` where the child could not vet (a local miss: build from source,
+    evict nothing).
     """
+    load = [True] * len(items)
     if trusted or not items or not _enabled():
-        return
-    pending: list[tuple[list[str], Item]] = []
-    for item in items:
+        return load
+    per_item = list(keys) if keys is not None else [None] * len(items)
+    pending: list[tuple[int, list[str], list[str]]] = []
+    for index, (item, item_keys) in enumerate(zip(items, per_item, strict=True)):
         digests = [binary_digest(b) for b in item[0]]
-        if needs_vetting(digests, trusted=False):
-            pending.append((digests, item))
+        if needs_vetting(digests, trusted=False, keys=item_keys):
+            pending.append((index, digests, bindings(item_keys, digests)))
     if not pending:
-        return
-    results = vetter.vet(devices, [item for _, item in pending])
-    for (digests, _), ok in zip(pending, results, strict=True):
+        return load
+    results = vetter.vet(devices, [items[index] for index, _, _ in pending])
+    for (index, digests, marks), ok in zip(pending, results, strict=True):
         if ok is True:
-            guard.vouch(digests)
+            guard.vouch(marks)
             counters.add(vetted=1)
         elif ok is False:
             guard.block(digests)
             counters.add(vet_failures=1)
+        elif ok == LOCAL:
+            load[index] = False
+            counters.add(vet_local=1)
     failed = sum(1 for ok in results if ok is False)
     if failed:
         log.warning(
@@ -247,3 +293,4 @@ def vet_unknown(devices: Sequence[Any], items: Sequence[Item], *, trusted: bool)
             failed,
             len(results),
         )
+    return load

@@ -9,8 +9,9 @@ a msgpack body (plain types only):
   ``[name, binaries or nil, seconds, options text]`` (a failed build answers
   ``nil`` binaries; the parent then builds that program itself, so the error
   is pyopencl's own); or a trial load, ``["load", name, binaries, options,
-  options text]`` -> ``[name, ok]``: create the program from the binaries, build it,
-  and launch each kernel once on one work-item with zeroed arguments (see
+  options text]`` -> ``[name, ok]`` (``ok`` is ``"local"`` when the child could
+  not vet for reasons of its own, such as a full disk): create the program from
+  the binaries, build it, and launch each kernel once on one work-item with zeroed arguments (see
   :mod:`runtime_cache.opencl.vetting`). A driver
   that crashes on a binary takes the worker down with it, not the parent.
 
@@ -27,7 +28,7 @@ from typing import IO, Any
 
 import msgpack
 
-__all__ = ["main", "read_message", "write_message"]
+__all__ = ["main", "read_message", "scratch_usable", "write_message"]
 
 _LEN = struct.Struct("<Q")
 _MAX_MESSAGE = 1 << 31
@@ -154,6 +155,43 @@ def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
 _KEPT: list[Any] = []
 
 
+#: A program any working compiler builds: the child's own health check.
+_PROBE = "kernel void runtime_cache_probe(global int *a) { a[0] = 1; }"
+
+
+def scratch_usable(folder: str) -> bool:
+    """Whether a process can write its scratch files in ``folder`` (space, descriptors)."""
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(dir=folder)
+        try:
+            os.write(fd, bytes(1 << 16))
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def _local_trouble(cl: Any, context: Any, devices: list[Any]) -> bool:
+    """Whether this child itself cannot work (no scratch space or file descriptors, a
+    missing scratch folder), as opposed to the binary being refused."""
+    import tempfile
+
+    if not scratch_usable(os.environ.get("POCL_CACHE_DIR") or tempfile.gettempdir()):
+        return True
+    try:
+        from .program import original_build
+
+        program = cl.Program(context, _PROBE)
+        original_build(cl)(program, [], devices, cache_dir=False)
+    except Exception:
+        return True
+    return False
+
+
 def _load(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     from ._driver import import_pyopencl
 
@@ -164,7 +202,8 @@ def _load(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
         # LLVM context) does it in this process's exit status.
         _KEPT.append(_trial(cl, context, devices, job))
     except Exception:
-        return [job[0], False]
+        # "local": this child could not vet (its own setup failed), not a refusal.
+        return [job[0], "local" if _local_trouble(cl, context, devices) else False]
     return [job[0], True]
 
 

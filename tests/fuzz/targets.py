@@ -34,6 +34,7 @@ from runtime_cache.errors import (
     InvalidURLError,
     InvalidValueError,
     MissingDependencyError,
+    NewerFormatError,
     RuntimeCacheError,
     UnknownBackendError,
 )
@@ -170,12 +171,30 @@ def check_entry(blob: bytes, original: bytes | None = None) -> None:
     stats = cache.stats()
     if stats.hits + stats.misses != 1 or stats.hits != (value is not None):
         raise ContractViolation(f"inconsistent counters for one lookup: {stats}")
-    if value is None and (stats.corrupt != 1 or backend.get(str(key)) is not None):
-        raise ContractViolation("a bad entry was not counted as corrupt and deleted")
+    if value is None:
+        # Damage is counted corrupt and removed; an entry that is not this key's (it
+        # decodes, but its key or parts differ) is rejected and kept, as is a newer format.
+        kept = backend.get(str(key)) is not None
+        if stats.corrupt == 1 and kept:
+            raise ContractViolation("a corrupt entry was not deleted")
+        if stats.corrupt == 0 and not kept:
+            raise ContractViolation("an entry that was not corrupt was deleted")
+        if stats.corrupt + stats.rejected == 0 and not _newer(blob):
+            raise ContractViolation("a bad entry was counted neither corrupt nor rejected")
     if original is not None and value is not None and value != original:
         raise ContractViolation("the cache served a value other than the one stored")
     if value is not None and len(infos) > 1:
         raise ContractViolation("one stored blob was listed as several entries")
+
+
+def _newer(blob: bytes) -> bool:
+    try:
+        codec.decode_entry(blob)
+    except NewerFormatError:
+        return True
+    except CorruptEntryError:
+        return False
+    return False
 
 
 def check_bundle(data: bytes, secret: bytes | None = None) -> int:

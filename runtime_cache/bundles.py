@@ -1,0 +1,196 @@
+"""Bundles: many entries in one blob (``Cache.dumps``), screened one by one when loaded.
+
+Every entry of a bundle passes :func:`runtime_cache.check.check_entry`, as an
+entry read from storage does. What a load did is a :class:`LoadResult`: an
+``int`` (the entries accepted, as before) that also says how many came
+unsigned, and how many were kept out of a shared store for that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .api import Backend
+from .check import check_entry
+from .codec import Limits, SecretKeys, decode_bundle
+from .errors import CorruptEntryError, RejectedEntryError
+from .listing import OnProgress, OnSkip
+
+__all__ = ["DUMP_BATCH", "LoadResult", "Screened", "good_blobs", "merge_bundle", "screen_bundle"]
+
+log = logging.getLogger("runtime_cache")
+
+#: Entries per backend round trip in ``Cache.dumps`` (and per progress step).
+DUMP_BATCH = 256
+#: The front's failure policy: ``failed(op, exc)`` counts and logs (or raises, strict).
+Failed = Callable[[str, Exception], None]
+
+
+class LoadResult(int):
+    """How many entries (or programs) a bundle load accepted, with what else happened.
+
+    It is an ``int``, so ``cache.loads(data) == 3`` keeps working. The extra
+    attributes:
+
+    * ``offered``: entries in the bundle;
+    * ``rejected`` and ``corrupt``: entries refused by the entry check;
+    * ``unsigned``: accepted entries that no secret of this cache verified;
+    * ``withheld``: unsigned entries not written because the store is shared
+      (others would trust them): they were used, or reported, but not stored.
+    """
+
+    offered: int
+    rejected: int
+    corrupt: int
+    unsigned: int
+    withheld: int
+
+    def __new__(
+        cls,
+        accepted: int,
+        *,
+        offered: int = 0,
+        rejected: int = 0,
+        corrupt: int = 0,
+        unsigned: int = 0,
+        withheld: int = 0,
+    ) -> LoadResult:
+        result = super().__new__(cls, accepted)
+        result.offered = offered
+        result.rejected = rejected
+        result.corrupt = corrupt
+        result.unsigned = unsigned
+        result.withheld = withheld
+        return result
+
+    @property
+    def accepted(self) -> int:
+        """The entries accepted (the ``int`` value itself)."""
+        return int(self)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts as a plain dict (for ``--json`` output)."""
+        return {
+            "accepted": int(self),
+            "offered": self.offered,
+            "rejected": self.rejected,
+            "corrupt": self.corrupt,
+            "unsigned": self.unsigned,
+            "withheld": self.withheld,
+        }
+
+
+@dataclass
+class Screened:
+    """The entries of a bundle that passed the check, by key, and the counts of the others."""
+
+    accepted: dict[str, bytes] = field(default_factory=dict)
+    rejected: int = 0
+    corrupt: int = 0
+    unsigned: int = 0
+
+
+def screen_bundle(blobs: list[bytes], secret: SecretKeys | None, limits: Limits) -> Screened:
+    """Keep the bundle entries that pass :func:`~runtime_cache.check.check_entry`.
+
+    An entry counts as unsigned unless ``secret`` verified it.
+    """
+    screened = Screened()
+    for blob in blobs:
+        try:
+            checked = check_entry(None, blob, secret=secret, limits=limits)
+        except RejectedEntryError:
+            screened.rejected += 1
+            continue
+        except CorruptEntryError:  # a newer format too: nothing here can use it
+            screened.corrupt += 1
+            continue
+        if secret is None:
+            screened.unsigned += 1
+        screened.accepted[checked.key] = blob
+    return screened
+
+
+def good_blobs(
+    backend: Backend,
+    wanted: Sequence[str],
+    check: Callable[[str, bytes], object],
+    failed: Failed,
+    *,
+    on_skip: OnSkip | None = None,
+    on_progress: OnProgress | None = None,
+) -> list[bytes]:
+    """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order.
+
+    Read with ``peek_many`` (exporting is not a use), :data:`DUMP_BATCH` keys a
+    round trip, after each of which ``on_progress(done, total)`` is told; an
+    entry left out as corrupt is told to ``on_skip(key, reason)``.
+    """
+    found: list[bytes] = []
+    for start in range(0, len(wanted), DUMP_BATCH):
+        batch = wanted[start : start + DUMP_BATCH]
+        try:
+            stored = backend.peek_many(batch)
+        except Exception as exc:
+            failed("get_many", exc)
+            stored = {}
+        for skey in batch:
+            blob = stored.get(skey)
+            if blob is None:
+                continue
+            try:
+                check(skey, blob)
+            except CorruptEntryError as exc:
+                if on_skip is not None:
+                    on_skip(skey, f"corrupt: {exc}")
+                continue
+            found.append(blob)
+        if on_progress is not None:
+            on_progress(start + len(batch), len(wanted))
+    return found
+
+
+def merge_bundle(
+    data: bytes,
+    backend: Backend,
+    *,
+    secret: SecretKeys | None,
+    limits: Limits,
+    store: Callable[[Mapping[str, bytes]], bool] | None,
+    failed: Failed,
+    overwrite: bool = True,
+) -> LoadResult:
+    """Screen a bundle's entries and ``store`` those accepted (``Cache.loads``).
+
+    Unsigned entries (no ``secret``) are never stored in a shared backend: they
+    are counted as ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing.
+    """
+    blobs = decode_bundle(data, secret=secret, limits=limits)
+    screened = screen_bundle(blobs, secret, limits)
+    accepted = screened.accepted
+    withheld = 0
+    if accepted and not overwrite:
+        try:
+            present = set(backend.peek_many(list(accepted)))  # a look, not a use
+        except Exception as exc:
+            failed("get_many", exc)
+            present = set()
+        accepted = {k: v for k, v in accepted.items() if k not in present}
+    if accepted and secret is None and backend.shared:
+        withheld, accepted = len(accepted), {}
+        log.warning(
+            "runtime-cache: not writing %d unsigned bundle entries to the shared store %r",
+            withheld,
+            backend,
+        )
+    stored = len(accepted) if accepted and store is not None and store(accepted) else 0
+    return LoadResult(
+        stored,
+        offered=len(blobs),
+        rejected=screened.rejected,
+        corrupt=screened.corrupt,
+        unsigned=screened.unsigned,
+        withheld=withheld,
+    )

@@ -1,0 +1,123 @@
+"""The failure policy: a failing store is logged once per outage, counted, and skipped.
+
+Both the front (:class:`runtime_cache.Cache`, per read and write side) and
+:class:`runtime_cache.backends.tiered.TieredBackend` (per tier) use it, so an
+outage reads the same in the logs wherever it is absorbed: one warning when it
+starts, debug lines while it lasts, and one line when it ends.
+
+>>> import logging
+>>> policy = FailurePolicy(logging.getLogger("doc"), "the store", "carrying on")
+>>> policy.failed("get", OSError("down"))
+>>> policy.errors, policy.failing("read")
+(1, True)
+>>> policy.succeeded()
+>>> policy.failing("read")
+False
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import InvalidKeyError
+
+__all__ = ["WRITES", "FailurePolicy"]
+
+#: Operations that count on the write side; every other one is a read.
+WRITES = frozenset({"set", "set_many", "delete", "delete_if", "promote", "background write"})
+
+T = TypeVar("T")
+
+
+class FailurePolicy:
+    """Counts failures of one store and logs them once per outage and side.
+
+    Args:
+        logger: where the lines go.
+        subject: how the store is named in them (e.g. ``repr(backend)``).
+        consequence: what happens meanwhile (e.g. "carrying on without the cache").
+        strict: re-raise every failure after counting it, instead of absorbing it.
+        recovered_level: the log level of the "works again" line.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        subject: str,
+        consequence: str,
+        *,
+        strict: bool = False,
+        recovered_level: int = logging.WARNING,
+    ) -> None:
+        self.log = logger
+        self.subject = subject
+        self.consequence = consequence
+        self.strict = strict
+        self.recovered_level = recovered_level
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._failing: set[str] = set()
+
+    @staticmethod
+    def side(op: str) -> str:
+        """``"write"`` for operations that change the store, else ``"read"``."""
+        return "write" if op in WRITES else "read"
+
+    def failing(self, side: str) -> bool:
+        """Whether the last call on ``side`` failed."""
+        return side in self._failing
+
+    def failed(self, op: str, exc: BaseException, side: str | None = None) -> None:
+        """Count a failure of ``op``; log it if it starts an outage; re-raise when strict."""
+        side = side or self.side(op)
+        with self._lock:
+            self.errors += 1
+            first = side not in self._failing
+            self._failing.add(side)
+        if self.strict:
+            # The caller gets the error itself; "carrying on" would be untrue.
+            self.log.debug("runtime-cache: %s failed on %s: %s", op, self.subject, exc)
+            raise exc
+        if first:
+            self.log.warning(
+                "runtime-cache: %s failed on %s (%s: %s); %s until it recovers",
+                op,
+                self.subject,
+                type(exc).__name__,
+                exc,
+                self.consequence,
+            )
+        else:
+            self.log.debug("runtime-cache: %s failed again on %s: %s", op, self.subject, exc)
+
+    def succeeded(self, side: str = "read") -> None:
+        """Note that a call on ``side`` worked; log the end of an outage once."""
+        # Reads and writes recover apart: a read-only store keeps failing writes
+        # while reads succeed, and must not log once per call.
+        if side in self._failing:
+            with self._lock:
+                was = side in self._failing
+                self._failing.discard(side)
+            if was:
+                self.log.log(
+                    self.recovered_level, "runtime-cache: %ss on %s work again", side, self.subject
+                )
+
+    def attempt(
+        self, op: str, call: Callable[[], T], errors: list[Exception]
+    ) -> tuple[bool, T | None]:
+        """Run ``call()``: ``(True, result)``, or ``(False, None)`` after counting its failure
+        in ``errors``. A bad key is the caller's error, not an outage: it is raised."""
+        try:
+            result = call()
+        except InvalidKeyError:
+            raise
+        except Exception as exc:
+            self.failed(op, exc)
+            errors.append(exc)
+            return False, None
+        self.succeeded(self.side(op))
+        return True, result

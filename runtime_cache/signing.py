@@ -1,0 +1,77 @@
+"""Secrets: one key or several (``[new, old]`` while a fleet rotates keys), HMAC-SHA256.
+
+The first key signs; any key verifies. An empty or blank key is an error, never
+"no secret".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from .errors import InvalidSecretError
+
+__all__ = [
+    "SIG_SIZE",
+    "Secret",
+    "SecretKeys",
+    "normalize_secret",
+    "sign",
+    "signed_by",
+    "signing_keys",
+]
+
+#: Bytes of an HMAC-SHA256 signature.
+SIG_SIZE = 32
+
+#: What callers may pass as a secret: one key, or several (``[new, old]``) to rotate keys.
+Secret = str | bytes | Sequence[str | bytes] | None
+#: Normalized secrets: the first key signs, any of them verifies.
+SecretKeys = tuple[bytes, ...]
+
+
+def _one_secret(secret: object) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, (bytes, bytearray)):
+        raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
+    if not bytes(secret).strip():
+        raise InvalidSecretError("a secret may not be empty or blank")
+    return bytes(secret)
+
+
+def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:
+    """Return the secret keys as a tuple of bytes (the first one signs), or ``None`` for no secret.
+
+    ``secret`` is one key, or a list of keys ``[new, old]`` while a fleet rotates
+    keys: entries signed with any of them verify. An empty or blank key raises
+    :class:`~runtime_cache.errors.InvalidSecretError`.
+
+    >>> normalize_secret(["new", "old"])
+    (b'new', b'old')
+    """
+    if secret is None:
+        return None
+    if isinstance(secret, (str, bytes, bytearray)):
+        return (_one_secret(secret),)
+    if not isinstance(secret, (list, tuple)) or not secret:
+        raise InvalidSecretError("secret must be a str, bytes, or a non-empty list of them")
+    return tuple(_one_secret(s) for s in secret)
+
+
+def sign(secret: bytes, data: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of ``data`` under one key."""
+    return hmac.new(secret, data, hashlib.sha256).digest()
+
+
+def signing_keys(secret: bytes | SecretKeys | None) -> SecretKeys:
+    """The keys of ``secret`` as a tuple (empty for none); the first one signs."""
+    if secret is None:
+        return ()
+    return (secret,) if isinstance(secret, bytes) else secret
+
+
+def signed_by(secret: bytes | SecretKeys, data: bytes | memoryview, mac: bytes) -> bool:
+    """Whether ``mac`` is the signature of ``data`` under any key of ``secret``."""
+    return any(hmac.compare_digest(sign(key, data), mac) for key in signing_keys(secret))

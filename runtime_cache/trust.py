@@ -1,0 +1,55 @@
+"""Shared stores are signed by default.
+
+A store that others can write (``redis://``, ``rediss://``, ``redis+cluster://``,
+``dir://...?shared=1``: a backend whose :attr:`~runtime_cache.api.Backend.shared`
+is true) lets any of them plant a binary that every reader then runs. So a
+:class:`~runtime_cache.Cache` over one refuses to open without a secret, unless
+the store was opened unsigned on purpose (``insecure=1`` in its URL, or
+``insecure=True``), as Redis's protected mode refuses remote clients until told
+otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+
+from .api import Backend
+from .errors import InsecureStoreError
+
+__all__ = ["INSECURE_OPTION", "require_secret"]
+
+log = logging.getLogger("runtime_cache")
+
+#: The URL option that opens a shared store without a secret, on purpose.
+INSECURE_OPTION = "insecure"
+
+_warned: weakref.WeakSet[Backend] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> None:
+    """Refuse a shared ``backend`` without a secret; warn once when it is opened unsigned
+    on purpose. Raises :class:`~runtime_cache.errors.InsecureStoreError`."""
+    if signed or not backend.shared:
+        return
+    if not (insecure or backend.insecure):
+        raise InsecureStoreError(
+            f"refusing to use {backend!r} without a secret: others can write it, so they "
+            "could plant binaries that this process would run. Set RUNTIME_CACHE_SECRET "
+            "(or RUNTIME_CACHE_SECRET_FILE, or pass secret=), or add insecure=1 to the URL "
+            "to use it unsigned on purpose"
+        )
+    with _lock:
+        try:
+            first = backend not in _warned
+            _warned.add(backend)
+        except TypeError:  # a backend that cannot be weakly referenced: warn each time
+            first = True
+    if first:
+        log.warning(
+            "runtime-cache: %r is shared and unsigned (insecure=1): anyone who can write it "
+            "can plant binaries; set RUNTIME_CACHE_SECRET to sign it",
+            backend,
+        )

@@ -1,0 +1,273 @@
+"""Trust on real PoCL (issue 13): substitution, transplant, another kernel's binary,
+unsigned bundles, and a full scratch folder under a shared cache.
+
+An attacker here uses the public API only: they can write the shared store, and
+compute the victim's keys from the same inputs, but do not know the secret.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
+from opencl_support import fresh_guard, opencl_context
+
+import runtime_cache as rc
+from runtime_cache import codec
+from runtime_cache.errors import InsecureStoreError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytestmark = pytest.mark.opencl
+pytest_plugins = ["redis_servers"]
+
+#: Same kernel name as SCALE_SRC, another result: what a substitution plants.
+EVIL_SRC = SCALE_SRC.replace("a[i] * f;", "a[i] * f + 1000.0f;")
+BIAS_SRC = """
+__kernel void scale(__global float *a, const float f) {
+    int i = get_global_id(0);
+    a[i] = a[i] * f + BIAS;
+}
+"""
+SECRET = "fleet secret"
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    return opencl_context()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    monkeypatch.setenv("RUNTIME_CACHE_GUARD_DIR", str(tmp_path / "guard-victim"))
+    yield from fresh_guard(tmp_path / "guard-victim")
+
+
+@pytest.fixture
+def driver_inputs(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every binary this process hands to the driver (the real call runs)."""
+    from runtime_cache.opencl import program as program_module
+
+    seen: list[bytes] = []
+    real = program_module.create_and_build
+
+    def spy(cl: Any, context: Any, devices: Any, binaries: Any, *rest: Any) -> Any:
+        seen.extend(bytes(b) for b in binaries)
+        return real(cl, context, devices, binaries, *rest)
+
+    monkeypatch.setattr(program_module, "create_and_build", spy)
+    return seen
+
+
+def _binary(ctx: Any, source: str, options: str = "") -> bytes:
+    import pyopencl as cl
+
+    program = cl.Program(ctx, source).build(options=options)
+    return bytes(program.get_info(cl.program_info.BINARIES)[0])
+
+
+def _scale(ctx: Any, module: Any) -> np.ndarray:
+    data = np.arange(8, dtype=np.float32)
+    return run_kernel(ctx, module.kernel("scale"), data, np.float32(2))
+
+
+EXPECTED = np.arange(8, dtype=np.float32) * 2
+
+
+def _victim_key(ctx: Any, module: Any, name: str = "scale") -> rc.CacheKey:
+    from runtime_cache.opencl.program import plan_program
+
+    source = module.sources[name]
+    plan = plan_program(ctx, source, module.options, module_id=module.module_id, program=name)
+    assert plan.keys is not None
+    return plan.keys[0]
+
+
+def _plant(backend: rc.Backend, key: rc.CacheKey, binary: bytes) -> bytes:
+    blob = codec.encode_entry(str(key), key.parts, binary, created_at=0.0)
+    backend.set(str(key), blob)
+    return blob
+
+
+def _substitution(ctx: Any, url: str, driver_inputs: list[bytes]) -> None:
+    from runtime_cache.opencl import OpenCLModule
+
+    backend = rc.open_backend(url)
+    victim = rc.Cache(backend, secret=SECRET)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
+    evil = _binary(ctx, EVIL_SRC)
+    _plant(backend, _victim_key(ctx, module), evil)
+    assert np.array_equal(_scale(ctx, module), EXPECTED)
+    assert victim.stats().rejected == 1
+    assert evil not in driver_inputs  # refused before any byte reached the driver
+    fresh = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
+    assert np.array_equal(_scale(ctx, fresh), EXPECTED)
+
+
+def test_substitution_through_redis(
+    ctx: Any, redis_server: RedisProcess, unique_prefix: str, driver_inputs: list[bytes]
+) -> None:
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    with pytest.raises(InsecureStoreError):  # unsigned, it would run the planted binary
+        rc.Cache(rc.open_backend(url))
+    _substitution(ctx, url, driver_inputs)
+
+
+def test_substitution_through_a_shared_folder(
+    ctx: Any, tmp_path: Path, driver_inputs: list[bytes]
+) -> None:
+    url = f"dir://{tmp_path / 'team'}?shared=1"
+    with pytest.raises(InsecureStoreError):
+        rc.Cache(rc.open_backend(url))
+    _substitution(ctx, url, driver_inputs)
+
+
+def test_an_unsigned_bundle_is_used_but_never_stored_in_a_shared_cache(
+    ctx: Any, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    from runtime_cache.opencl import OpenCLModule
+
+    backend = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}")
+    victim = rc.Cache(backend, secret=SECRET)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
+    from runtime_cache.opencl.bundle import pack_programs
+
+    bundle = pack_programs([(_victim_key(ctx, module), _binary(ctx, EVIL_SRC), 0.1)])
+    result = module.set_precompiled_programs(bundle)  # the app chose to load it
+    assert result == 1 and result.unsigned == 1 and result.withheld == 1
+    assert list(backend.keys()) == []  # nothing reached the shared store
+    fresh = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
+    assert np.array_equal(_scale(ctx, fresh), EXPECTED)  # the next start is right
+
+
+def _transplant(blob: bytes, key: rc.CacheKey, *, rewrite_parts: bool) -> bytes:
+    entry = codec.decode_entry(blob)
+    parts = key.parts if rewrite_parts else entry.parts
+    return codec.encode_entry(str(key), parts, entry.value, created_at=entry.created_at)
+
+
+@pytest.mark.parametrize("rewrite_parts", [False, True])
+def test_transplant_of_the_victims_own_entry(
+    ctx: Any, tmp_path: Path, rewrite_parts: bool, driver_inputs: list[bytes]
+) -> None:
+    """The -DBIAS=1000 build copied under the -DBIAS=0 key, with or without its parts."""
+    from runtime_cache.opencl import OpenCLModule
+
+    def modules(cache: rc.Cache) -> tuple[Any, Any]:
+        return (
+            OpenCLModule(ctx, {"scale": BIAS_SRC}, options=["-DBIAS=1000"], cache=cache),
+            OpenCLModule(ctx, {"scale": BIAS_SRC}, options=["-DBIAS=0"], cache=cache),
+        )
+
+    # A private folder: without rewritten parts, the parts check alone refuses it.
+    store = rc.open_backend(f"dir://{tmp_path / 'own'}")
+    private = rc.Cache(store)
+    biased, plain = modules(private)
+    biased.build_all()
+    source = store.get(str(_victim_key(ctx, biased)))
+    assert source is not None
+    if not rewrite_parts:
+        store.set(
+            str(_victim_key(ctx, plain)),
+            _transplant(source, _victim_key(ctx, plain), rewrite_parts=False),
+        )
+        assert np.array_equal(_scale(ctx, plain), EXPECTED)
+        assert private.stats().rejected == 1
+    # A shared store: unsigned it does not open; signed, the transplant is refused.
+    shared_backend = rc.open_backend(f"dir://{tmp_path / 'team'}?shared=1")
+    with pytest.raises(InsecureStoreError):
+        rc.Cache(shared_backend)
+    signed = rc.Cache(shared_backend, secret=SECRET)
+    biased, plain = modules(signed)
+    biased.build_all()
+    blob = shared_backend.get(str(_victim_key(ctx, biased)))
+    assert blob is not None
+    target = _victim_key(ctx, plain)
+    moved = _transplant(blob, target, rewrite_parts=rewrite_parts)
+    shared_backend.set(str(target), moved)
+    before = len(driver_inputs)
+    assert np.array_equal(_scale(ctx, plain), EXPECTED)
+    assert signed.stats().rejected == 1
+    assert codec.decode_entry(moved).value not in driver_inputs[before:]
+
+
+def test_another_kernels_binary_is_rejected_never_raised(ctx: Any, tmp_path: Path) -> None:
+    """The shift program's entry copied under the scale key, parts and all, in a private
+    folder: the binary is known, but not under this key, and lacks the kernel asked for."""
+    from runtime_cache.opencl import OpenCLModule, opencl_stats
+
+    store = rc.open_backend(f"dir://{tmp_path / 'own'}")
+    cache = rc.Cache(store)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+    module.build_all()
+    shift = store.get(str(_victim_key(ctx, module, "shift")))
+    assert shift is not None
+    target = _victim_key(ctx, module, "scale")
+    store.set(str(target), _transplant(shift, target, rewrite_parts=True))
+    again = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+    assert np.array_equal(_scale(ctx, again), EXPECTED)  # never INVALID_KERNEL_NAME
+    assert opencl_stats().rejected_binaries == 1
+
+
+@pytest.fixture
+def full_scratch() -> Iterator[Path]:
+    """A real full disk: a tiny tmpfs, filled (needs root to mount)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = Path(tempfile.mkdtemp(prefix="rc-full-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)])
+    if mounted.returncode != 0:
+        where.rmdir()
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (where / "fill").write_bytes(b"")
+        with open(where / "fill", "wb") as handle:
+            try:
+                handle.write(bytes(1 << 20))
+            except OSError:
+                pass
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+        where.rmdir()
+
+
+def test_a_full_scratch_disk_deletes_nothing_from_the_shared_cache(
+    ctx: Any,
+    tmp_path: Path,
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    full_scratch: Path,
+) -> None:
+    from runtime_cache.opencl import OpenCLModule, opencl_stats
+    from runtime_cache.opencl.guard import guard
+    from runtime_cache.opencl.vetting import Vetter
+
+    # Unsigned on purpose, so binaries from elsewhere are vetted in a child.
+    backend = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}&insecure=1")
+    cache = rc.Cache(backend)
+    OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=cache).build_all()  # "another machine"
+    stored = set(backend.keys(""))
+    assert len(stored) == 1
+    monkeypatch.setenv("RUNTIME_CACHE_GUARD_DIR", str(tmp_path / "guard-full-machine"))
+    guard.reset()
+    monkeypatch.setattr(tempfile, "tempdir", str(full_scratch))  # this machine's TMPDIR
+    monkeypatch.setattr("runtime_cache.opencl.vetting.vetter", Vetter())
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=cache)
+    assert np.array_equal(_scale(ctx, module), EXPECTED)  # built from source: a local miss
+    assert opencl_stats().vet_failures == 0 and opencl_stats().vet_local == 1
+    assert set(backend.keys("")) == stored  # nothing evicted (a rebuild may re-store it)
+    assert all(cache.get(k) is not None for k in stored)
+    blocklist = tmp_path / "guard-full-machine" / "blocklist"
+    assert not blocklist.exists() or blocklist.read_text() == ""
