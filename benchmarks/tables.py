@@ -216,3 +216,36 @@ def computecache_probe(run: Run) -> str:
     rows = [[case, f"{float(seconds):.3f}"] for case, seconds in dict(run["load_seconds"]).items()]
     head = f"{run.get('what', '')} Device: {run.get('device', '')}.\n\n"
     return head + grid(["ComputeCache folder", "load time (s)"], rows)
+
+
+def fleet(runs: Sequence[Run]) -> str:
+    """``bench_fleet.py``: wall time, source builds and compile seconds per scenario."""
+    out = []
+    for run in runs:
+        meta = run["meta"]
+        rows = [
+            [
+                name,
+                row.get("procs"),
+                row.get("workers"),
+                f"{float(row.get('wall_seconds') or 0):.2f}",
+                row.get("source_builds"),
+                row.get("binary_loads"),
+                f"{float(row.get('compile_seconds') or 0):.1f}",
+                row.get("takeovers"),
+            ]
+            for name, row in dict(run["results"]).items()
+        ]
+        head = [
+            "scenario",
+            "processes",
+            "workers or cores",
+            "wall until all ready (s)",
+            "source builds",
+            "binary loads",
+            "compile (s, summed)",
+            "takeovers",
+        ]
+        title = f"`{run['_file']}`: {meta.get('n')} kernels on {meta.get('device')}"
+        out.append(title + "\n\n" + grid(head, rows))
+    return "\n\n".join(out)

@@ -20,7 +20,7 @@ from .listing import OnProgress, OnSkip
 
 __all__ = ["DUMP_BATCH", "LoadResult", "Screened", "good_blobs", "merge_bundle", "screen_bundle"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 #: Entries per backend round trip in ``Cache.dumps`` (and per progress step).
 DUMP_BATCH = 256

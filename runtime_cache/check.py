@@ -49,7 +49,7 @@ from .keys import CacheKey
 
 __all__ = ["Checked", "check_binding", "check_entry", "screen", "screen_many"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

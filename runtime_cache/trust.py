@@ -20,7 +20,7 @@ from .errors import InsecureStoreError
 
 __all__ = ["INSECURE_OPTION", "require_secret"]
 
-log = logging.getLogger("runtime_cache")
+log = logging.getLogger(__name__)
 
 #: The URL option that opens a shared store without a secret, on purpose.
 INSECURE_OPTION = "insecure"

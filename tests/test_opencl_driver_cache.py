@@ -55,6 +55,7 @@ CHILD = textwrap.dedent(
     from opencl_support import generated_sources, run_kernel
 
     backend = DirectoryBackend(args["store"], shared=args["shared"])
+    backend.insecure = bool(args["shared"] and not args["secret"])  # unsigned on purpose
     cache = rc.Cache(backend, secret=args["secret"])
     ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
     module = OpenCLModule(ctx, generated_sources(args["n"], args["salt"]), cache=cache,
@@ -197,7 +198,9 @@ def test_a_forged_entry_in_an_unsigned_shared_store_is_never_restored(tmp_path: 
     forged = pack_padded(
         [("FORGED/program.bc", False, b"not a program"), ("FORGED/x.so", True, b"")]
     )
-    open_store = rc.Cache(DirectoryBackend(store, shared=True))
+    unsigned = DirectoryBackend(store, shared=True)
+    unsigned.insecure = True  # a shared store used unsigned on purpose (insecure=1)
+    open_store = rc.Cache(unsigned)
     assert not trusted_source(open_store)
     open_store.put(_key(), forged)
 
@@ -332,6 +335,7 @@ def test_private_backends(tmp_path: Path) -> None:
     shared = DirectoryBackend(tmp_path / "team", shared=True)
     assert not TieredBackend([MemoryBackend(), shared]).private
     assert trusted_source(rc.Cache(shared, secret="test-secret"))
+    shared.insecure = True  # insecure=1: opens unsigned, and is never a trusted source
     assert not trusted_source(rc.Cache(shared))
 
 
