@@ -9,6 +9,10 @@ unlinks it and locks a fresh one (the hung holder keeps a lock on a file no one
 else opens). Every taker checks after locking that the path still names the
 file it locked, so a stale break or a release racing with a take never leaves
 two holders of one path.
+
+The folder and the files are opened under the cache root's descriptor with no
+link followed (a planted ``.locks`` symlink is refused, never written through),
+and made with the cache's modes, so a ``shared=1`` group shares its leases.
 """
 
 from __future__ import annotations
@@ -22,45 +26,65 @@ import time
 from runtime_cache.api import Lease
 from runtime_cache.errors import BackendError
 
+from .dir_fs import NOFOLLOW, make_folders
+from .dir_root import Modes
+
 __all__ = ["LOCKS", "DirLease"]
 
-#: The folder under the cache root that holds the lock files.
 LOCKS = ".locks"
-_FLAGS = (
-    os.O_RDWR
-    | os.O_CREAT
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+_FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class DirLease(Lease):
-    """A lease on ``key`` among all processes that use the cache root ``root``."""
+    """A lease on ``key`` among all processes that use the cache root open as ``root_fd``."""
 
     renews = True
 
-    def __init__(self, root: str, key: str, ttl: float) -> None:
+    def __init__(self, root_fd: int, key: str, ttl: float, modes: Modes | None = None) -> None:
         super().__init__(key, ttl)
-        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
-        self._folder = os.path.join(root, LOCKS)
-        self.path = os.path.join(self._folder, digest + ".lock")
+        self.name = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + ".lock"
+        #: The lock file's path under the cache root.
+        self.path = f"{LOCKS}/{self.name}"
+        self._root_fd = root_fd
+        self._modes = modes if modes is not None else Modes.for_cache(False)
+        self._folder: int | None = None
         self._fd: int | None = None
+
+    def _locks(self) -> int:
+        if self._folder is None:
+            modes = self._modes
+            self._folder = make_folders(self._root_fd, LOCKS, modes.folder, modes.folder_chmod)
+        return self._folder
 
     def _open(self) -> int:
         try:
-            os.makedirs(self._folder, mode=0o700, exist_ok=True)
-            return os.open(self.path, _FLAGS, 0o600)
+            folder = self._locks()
+            fd = os.open(self.name, _FLAGS, self._modes.file, dir_fd=folder)
         except OSError as exc:
-            raise BackendError(f"lease {self.key!r} in {self._folder}: {exc}") from exc
+            raise BackendError(f"lease {self.key!r} in {LOCKS}: {exc}") from exc
+        if self._modes.file_chmod is not None:
+            try:
+                os.fchmod(fd, self._modes.file_chmod)
+            except OSError:
+                pass  # another member's file: it made it with the group's modes already
+        return fd
 
     def _same_file(self, fd: int) -> bool:
+        if self._folder is None:
+            return False
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            st = os.stat(self.name, dir_fd=self._folder, follow_symlinks=False)
         except OSError:
             return False
         mine = os.fstat(fd)
         return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _unlink(self) -> None:
+        if self._folder is not None:
+            try:
+                os.unlink(self.name, dir_fd=self._folder)
+            except OSError:
+                pass
 
     def _take(self) -> bool:
         for _ in range(2):  # the second round locks a fresh file after breaking a stale one
@@ -73,10 +97,7 @@ class DirLease(Lease):
                     raise BackendError(f"lease {self.key!r}: {exc}") from exc
                 stale = time.time() - os.fstat(fd).st_mtime > self.ttl
                 if stale and self._same_file(fd):
-                    try:
-                        os.unlink(self.path)
-                    except OSError:
-                        pass
+                    self._unlink()
                     os.close(fd)
                     continue
                 os.close(fd)
@@ -84,7 +105,10 @@ class DirLease(Lease):
             if not self._same_file(fd):  # released or broken between our open and lock
                 os.close(fd)
                 return False
-            os.utime(fd)
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # another member's file: staleness then counts from its last touch
             self._fd = fd
             return True
         return False
@@ -93,17 +117,28 @@ class DirLease(Lease):
         fd = self._fd
         if fd is None or not self._same_file(fd):
             return False
-        os.utime(fd)
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
         return True
 
     def _drop(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is None:
-            return
         try:
-            if self._same_file(fd):
-                os.unlink(self.path)  # while still locked: a waiter's inode check sees it
-        except OSError:
-            pass
+            if fd is not None and self._same_file(fd):
+                self._unlink()  # while still locked: a waiter's inode check sees it
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
+            folder, self._folder = self._folder, None
+            if folder is not None:
+                os.close(folder)
+
+    def __del__(self) -> None:
+        for fd in (self._fd, self._folder):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

@@ -399,7 +399,7 @@ class DirectoryBackend(Backend):
         from .dir_lease import DirLease
 
         self._rel(key)  # the same key rules as entries
-        return DirLease(str(self.root), key, ttl)
+        return DirLease(self.root_fd, key, ttl, self.modes)
 
     def close(self) -> None:
         if not self._closed:

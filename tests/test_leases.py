@@ -87,12 +87,13 @@ def test_directory_lease(tmp_path: Path) -> None:
 
 def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
     with hung_holder(f"dir://{tmp_path}", 0.3, tmp_path):
-        other = DirLease(str(tmp_path), KEY, 0.3)
+        root = DirectoryBackend(tmp_path).root_fd
+        other = DirLease(root, KEY, 0.3)
         assert not other.acquire()  # held, and touched just now
         time.sleep(0.6)
         assert other.acquire()  # the untouched lock file was stale: broken and taken
         assert other.held and other.renew()
-        third = DirLease(str(tmp_path), KEY, 0.3)
+        third = DirLease(root, KEY, 0.3)
         assert not third.acquire()
         other.release()
         assert third.acquire()
@@ -100,12 +101,27 @@ def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
 
 
 def test_directory_lease_refuses_a_symlink(tmp_path: Path) -> None:
-    lease = DirLease(str(tmp_path), KEY, 1.0)
-    os.makedirs(os.path.dirname(lease.path))
-    os.symlink(tmp_path / "elsewhere", lease.path)
+    lease = DirLease(DirectoryBackend(tmp_path).root_fd, KEY, 1.0)
+    os.makedirs(tmp_path / ".locks")
+    os.symlink(tmp_path / "elsewhere", tmp_path / lease.path)
     with pytest.raises(rc.errors.BackendError):
         lease.acquire()
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_directory_lease_never_writes_through_a_planted_locks_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root)
+    (root / ".locks").symlink_to(victim)
+    with pytest.raises(rc.errors.BackendError):
+        backend.lease(KEY, 1.0).acquire()  # type: ignore[union-attr]
+    assert list(victim.iterdir()) == []
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    assert cache.get_or_build(key, lambda: b"built") == b"built"  # built without a lease
+    assert list(victim.iterdir()) == []
 
 
 def test_redis_lease_expires_unless_renewed(redis_server: object, tmp_path: Path) -> None:
