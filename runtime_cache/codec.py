@@ -40,8 +40,10 @@ from .errors import (
 from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signed_by, signing_keys
 
 __all__ = [
+    "BUNDLE_HEADER_SIZE",
     "BUNDLE_MAGIC",
     "ENTRY_MAGIC",
+    "FLAG_SIGNED",
     "HEADER_SIZE",
     "Entry",
     "Limits",
@@ -65,6 +67,7 @@ FLAG_SIGNED = 1
 _HEADER = struct.Struct("<4sBBHIQQQ")
 HEADER_SIZE = _HEADER.size
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
+BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
 _LEN = struct.Struct("<Q")
 _CHECK = struct.Struct("<Q")
 

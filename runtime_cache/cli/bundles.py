@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 
 from ..bundles import DUMP_BATCH
 from ..codec import (
+    BUNDLE_HEADER_SIZE,
     BUNDLE_MAGIC,
+    FLAG_SIGNED,
     Limits,
     bundle_count,
     decode_bundle,
@@ -31,6 +33,7 @@ from ..codec import (
     normalize_secret,
 )
 from ..errors import InvalidBundleError
+from ..signing import SIG_SIZE
 from .context import CommandContext, Handler, Skipped
 from .fmt import Progress, clean, human_size
 from .inspect import add_json, filters
@@ -115,19 +118,47 @@ def _write_file(path: str, data: bytes) -> None:
             pass  # renamed into place: nothing left to remove
 
 
-def _read_limited(read: Callable[[int], bytes], path: str, limit: int) -> bytes:
-    head = read(len(BUNDLE_MAGIC))
-    if head != BUNDLE_MAGIC:
-        raise BundleFileError(f"{path} is not a valid bundle: bad magic")
-    chunks, size = [head], len(head)
-    while True:
-        chunk = read(1 << 20)
+def _exact(read: Callable[[int], bytes], size: int) -> bytes:
+    """Up to ``size`` bytes: fewer only at the end of the input."""
+    chunks, got = [], 0
+    while got < size:
+        chunk = read(min(size - got, 1 << 20))
         if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_limited(read: Callable[[int], bytes], path: str, limit: int) -> bytes:
+    """Read one bundle as its own framing says, and one byte more (trailing data).
+
+    Nothing past what the header and the entry lengths announce is read, so a
+    sparse file or an endless stream behind a valid header costs no memory: the
+    read stops at the first impossible length, and the decoder names the fault.
+    """
+    head = _exact(read, BUNDLE_HEADER_SIZE)
+    if head[: len(BUNDLE_MAGIC)] != BUNDLE_MAGIC:
+        raise BundleFileError(f"{path} is not a valid bundle: bad magic")
+    if len(head) < BUNDLE_HEADER_SIZE:
+        return head
+    flags, count = head[5], int.from_bytes(head[8:12], "little")
+    chunks, size = [head], len(head)
+    for _ in range(count):
+        length = _exact(read, 8)
+        chunks.append(length)
+        if len(length) < 8:
             return b"".join(chunks)
-        size += len(chunk)
+        want = int.from_bytes(length, "little")
+        size += 8 + want
         if size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
-        chunks.append(chunk)
+        blob = _exact(read, want)
+        chunks.append(blob)
+        if len(blob) < want:
+            return b"".join(chunks)
+    chunks.append(_exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1))
+    return b"".join(chunks)
 
 
 def _read_file(path: str, limit: int) -> bytes:
