@@ -301,3 +301,19 @@ def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
     from runtime_cache.urls import redact  # the demo prints through the one redactor
 
     assert redact(url) == shown
+
+
+def test_the_global_secret_reaches_the_demo_and_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from runtime_cache.demo import cli as demo_cli
+
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "from-env")
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET_FILE", "/nonexistent")
+    args = argparse.Namespace(secret_keys=["new", "old"])
+    keys = demo_cli._secret(args)
+    assert keys == ["new", "old"]
+    env = demo_cli._child_env("dir:///tmp/x", False, None, keys)
+    assert env["RUNTIME_CACHE_SECRET"] == "new,old" and "RUNTIME_CACHE_SECRET_FILE" not in env
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET_FILE")
+    assert demo_cli._secret(argparse.Namespace()) == ["from-env"]

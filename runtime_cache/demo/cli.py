@@ -125,7 +125,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def command(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """The ``runtime-cache demo`` handler: :func:`run_demo` (it opens caches of its own)."""
+    """The ``runtime-cache demo`` handler: :func:`run_demo` (it opens caches of its own,
+    with the global ``--secret`` or ``--secret-file`` when one was given)."""
+    if isinstance(ctx.secret, list):
+        args.secret_keys = ctx.secret
     return run_demo(args)
 
 
@@ -155,10 +158,15 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     return url, shown
 
 
-def _open(url: str) -> Cache:
+def _secret(args: argparse.Namespace) -> list[str] | None:
+    """The secret keys: the CLI's ``--secret``/``--secret-file``, else the environment."""
+    keys: list[str] | None = getattr(args, "secret_keys", None)
+    return keys if keys is not None else environment.read_secret()
+
+
+def _open(url: str, secret: list[str] | None) -> Cache:
     from ..registry import open_backend
 
-    secret = environment.read_secret()
     return Cache(open_backend(url), strict=True, secret=secret)
 
 
@@ -218,10 +226,16 @@ def _absolute(url: str) -> str:
     return ",".join(parts)
 
 
-def _child_env(url: str, driver_cache: bool, driver_dir: str | None = None) -> dict[str, str]:
-    """The children's environment; ``driver_dir``: carry the driver's cache, kept there."""
+def _child_env(
+    url: str, driver_cache: bool, driver_dir: str | None = None, secret: list[str] | None = None
+) -> dict[str, str]:
+    """The children's environment; ``driver_dir``: carry the driver's cache, kept there;
+    ``secret``: the keys, passed in the environment (never on a command line)."""
     env = dict(os.environ)
     env[environment.ENV_CACHE] = _absolute(url)
+    if secret is not None:
+        env.pop(environment.ENV_SECRET_FILE, None)
+        env[environment.ENV_SECRET] = ",".join(secret)
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
@@ -251,7 +265,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     carry = bool(getattr(args, "carry_driver_cache", True)) and not driver_cache
     fresh = bool(getattr(args, "fresh_driver_cache", False)) and carry
     url, shown = _cache_url(args)
-    cache = _open(url)
+    secret = _secret(args)
+    cache = _open(url, secret)
     started = False
     try:
         _, index = choose(getattr(args, "device", None))
@@ -262,10 +277,10 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
             cold_dir = os.path.join(folder, "cold") if carry else None
             warm_dir = os.path.join(folder, "warm") if fresh else cold_dir
             cold = _child(
-                "cold", name, str(index), _child_env(url, driver_cache, cold_dir), progress
+                "cold", name, str(index), _child_env(url, driver_cache, cold_dir, secret), progress
             )
             warm = _child(
-                "warm", name, str(index), _child_env(url, driver_cache, warm_dir), progress
+                "warm", name, str(index), _child_env(url, driver_cache, warm_dir, secret), progress
             )
         entries = _demo_entries(cache, model.module_id)
     finally:
