@@ -128,6 +128,8 @@ class TieredBackend(Backend):
         # Shared if any tier is; opened unsigned on purpose only if every shared tier was.
         self.shared = any(t.shared for t in tiers)
         self.insecure = self.shared and all(t.insecure for t in tiers if t.shared)
+        #: The tiers the last listing (``keys``/``scan``) could not reach: its result is partial.
+        self.failed_tiers: list[str] = []
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -287,36 +289,47 @@ class TieredBackend(Backend):
         return None
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
-        """The union of every tier's items; the fastest tier's view of a key wins."""
+        """The union of every tier's items; the fastest tier's view of a key wins.
+
+        Tiers that could not be listed are named in :attr:`failed_tiers`."""
         seen: dict[str, StoredItem] = {}
         errors: list[Exception] = []
+        failed: list[str] = []
         for tier in self._tiers:
             if tier.writer is not None:
                 for key in tier.writer.queued_keys():
                     value = tier.writer.lookup(key)
                     if key.startswith(prefix) and value is not None:
                         seen.setdefault(key, StoredItem(key, len(value)))
-            _, items = tier.policy.attempt(
+            ok, items = tier.policy.attempt(
                 "scan", partial(_listed, tier.backend.scan, prefix), errors
             )
+            if not ok:
+                failed.append(repr(tier.backend))  # reprs are redacted
             for item in items or ():
                 seen.setdefault(item.key, item)
+        self.failed_tiers = failed
         self._raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen.values()))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
-        """The union of every tier's keys (and of writes still queued)."""
+        """The union of every tier's keys (and of writes still queued); tiers that could
+        not be listed are named in :attr:`failed_tiers`."""
         seen: dict[str, None] = {}
         errors: list[Exception] = []
+        failed: list[str] = []
         for tier in self._tiers:
             if tier.writer is not None:
                 seen.update(
                     dict.fromkeys(k for k in tier.writer.queued_keys() if k.startswith(prefix))
                 )
-            _, found = tier.policy.attempt(
+            ok, found = tier.policy.attempt(
                 "keys", partial(_listed, tier.backend.keys, prefix), errors
             )
+            if not ok:
+                failed.append(repr(tier.backend))  # reprs are redacted
             seen.update(dict.fromkeys(found or ()))
+        self.failed_tiers = failed
         self._raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen))
 

@@ -432,3 +432,18 @@ def test_verify_and_prune_draw_a_progress_bar_on_a_terminal_only(
         assert "[" not in done.stdout  # the bar goes to the terminal, not into the output
         plain = cli("--cache", f"dir://{root}", *argv)
         assert "5/5" not in plain.stderr  # not a terminal: no bar
+
+
+def test_a_tier_that_cannot_be_listed_makes_maintenance_say_so(tmp_path: Path) -> None:
+    url = f"dir://{tmp_path / 'near'},redis://:pw@127.0.0.1:1/0?insecure=1"
+    for command in (["ls"], ["verify"], ["stats"], ["export", str(tmp_path / "x.rcb")]):
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime_cache", "--cache", url, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert "could not list tier" in done.stderr and "partial" in done.stderr
+        assert "Traceback" not in done.stderr and "pw@" not in done.stderr + done.stdout

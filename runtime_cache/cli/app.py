@@ -205,7 +205,8 @@ def _run(args: argparse.Namespace) -> int:
                 return _fail(str(exc), 2)
             except RuntimeCacheError as exc:
                 return _fail(f"cannot open the cache: {exc}", 1)
-        return int(handler(args, ctx))
+        code = int(handler(args, ctx))
+        return _partial(ctx, code)
     except _USAGE_ERRORS as exc:
         return _fail(str(exc), 2)
     except RuntimeCacheError as exc:
@@ -219,6 +220,17 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"{where}{exc.strerror or exc}", 1)
     finally:
         ctx.close()
+
+
+def _partial(ctx: CommandContext, code: int) -> int:
+    """Exit code 1, and a line naming them, when tiers could not be listed (partial results)."""
+    backend = ctx.opened.backend if ctx.opened is not None else None
+    failed = list(getattr(backend, "failed_tiers", None) or ())
+    if not failed:
+        return code
+    names = ", ".join(clean(name) for name in failed)
+    print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
+    return max(code, 1)
 
 
 def _fail(message: str, code: int) -> int:
