@@ -39,7 +39,7 @@ from .dir_fs import (
     regular_size,
 )
 from .dir_root import ROOT_FLAGS, Modes, open_root, owner_check
-from .dir_tree import rel_path, walk
+from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
 from .eviction import LockStats
@@ -123,6 +123,9 @@ class DirectoryBackend(Backend):
         self.max_entry_size = max_entry_size
         #: Junk found at entry names (links, FIFOs, folders, oversized files).
         self.junk = 0
+        #: Keys whose entry paths the last listing found not to be files (links,
+        #: FIFOs, folders): left out of it, and removed by the next read of the key.
+        self.listed_junk: list[str] = []
         self._read_only = False
         self._closed = False
         self._rels: dict[str, str] = {}
@@ -348,14 +351,18 @@ class DirectoryBackend(Backend):
             raise self._error("delete", exc, rel) from exc
 
     # --------------------------------------------------------------- listing
+    def _listing(self, prefix: str) -> list[Found]:
+        # Non-files at entry names are left out, and named in listed_junk for the operator.
+        found = list(walk(self.root_fd, prefix))
+        self.listed_junk = [f.key for f in found if not f.regular]
+        return [f for f in found if f.regular]
+
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return (found.key for found in walk(self.root_fd, prefix) if found.regular)
+        return iter([found.key for found in self._listing(prefix)])
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         hits = self._journal.read() if self.track_access else {}
-        for found in walk(self.root_fd, prefix):
-            if not found.regular:
-                continue
+        for found in self._listing(prefix):
             count, _ = hits.get(found.key, (0, 0.0))
             st = found.stat
             yield StoredItem(

@@ -76,6 +76,19 @@ def verify(
     report = VerifyReport()
     backend = cache.backend
     names = list(backend.keys(prefix))
+    # Links, FIFOs and folders at entry names (the directory backend names them): a read
+    # of their key removes them, so --repair does; either way they are reported.
+    for skey in list(getattr(backend, "listed_junk", None) or ()):
+        reason = "not a file (a link, FIFO or folder at an entry's name)"
+        if repair:
+            try:
+                backend.peek(skey)
+                reason += "; removed"
+            except RuntimeCacheError as exc:
+                reason += f"; not removed: {exc}"
+        report.skipped.append((skey, reason))
+    if repair and hasattr(backend, "listed_junk"):
+        backend.listed_junk = []  # reported here, with what repair did
     for done, skey in enumerate(names, 1):
         if on_progress is not None:
             on_progress(done, len(names))

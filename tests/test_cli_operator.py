@@ -447,3 +447,30 @@ def test_a_tier_that_cannot_be_listed_makes_maintenance_say_so(tmp_path: Path) -
         assert done.returncode == 1, (command, done.stdout, done.stderr)
         assert "could not list tier" in done.stderr and "partial" in done.stderr
         assert "Traceback" not in done.stderr and "pw@" not in done.stderr + done.stdout
+
+
+def test_links_and_fifos_at_entry_names_are_reported_and_repaired(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    url = f"dir://{root}"
+    cache = rc.Cache(rc.open_backend(url))
+    cache.put(key(1), b"kept")
+    entry = next(root.rglob("*.rce"))
+    link = entry.with_name(entry.name[:-9] + "zzzzz.rce")
+    link.symlink_to(tmp_path / "elsewhere")
+    fifo = entry.with_name(entry.name[:-9] + "yyyyy.rce")
+    os.mkfifo(fifo)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "runtime_cache", "--cache", url, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+
+    for command in (["ls"], ["verify"]):
+        done = cli(*command)
+        assert done.returncode == 1 and done.stderr.count("is not a file") == 2, done.stderr
+        assert "Traceback" not in done.stderr
+    assert link.is_symlink() and fifo.exists()
+    done = cli("verify", "--repair")
+    assert done.returncode == 1 and "removed" in done.stdout + done.stderr
+    assert not link.is_symlink() and not fifo.exists() and entry.exists()
+    assert not (tmp_path / "elsewhere").exists()
+    assert cli("verify").returncode == 0

@@ -223,14 +223,28 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _partial(ctx: CommandContext, code: int) -> int:
-    """Exit code 1, and a line naming them, when tiers could not be listed (partial results)."""
+    """Exit code 1, and a line naming them, when tiers could not be listed (partial results)
+    or junk stood at entry names (see the directory backend's ``listed_junk`` and ``junk``)."""
     backend = ctx.opened.backend if ctx.opened is not None else None
     failed = list(getattr(backend, "failed_tiers", None) or ())
-    if not failed:
-        return code
-    names = ", ".join(clean(name) for name in failed)
-    print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
-    return max(code, 1)
+    listed = list(getattr(backend, "listed_junk", None) or ())
+    junk = getattr(backend, "junk", 0)
+    if failed:
+        names = ", ".join(clean(name) for name in failed)
+        print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
+    for name in listed:
+        print(
+            f"runtime-cache: {clean(name)} is not a file (a link, FIFO or folder at its "
+            "entry's name); left out, and removed when the key is next read or by verify --repair",
+            file=ctx.err,
+        )
+    if isinstance(junk, int) and junk:
+        print(
+            f"runtime-cache: found {junk} non-entries at entry names (links, FIFOs, folders, "
+            "oversized files); removed where this user may",
+            file=ctx.err,
+        )
+    return max(code, 1) if failed or listed or junk else code
 
 
 def _fail(message: str, code: int) -> int:
