@@ -51,3 +51,19 @@ def median(values: Iterable[float]) -> float:
     """The median of ``values``; NaN when there are none (a phase that was skipped)."""
     numbers = list(values)
     return statistics.median(numbers) if numbers else math.nan
+
+
+def kernel_sources(n: int, salt: str) -> dict[str, str]:
+    """N distinct kernels, one program each; ``salt`` makes a fresh set."""
+    sources = {}
+    for i in range(n):
+        sources[f"k{i}"] = (
+            f"// {salt}\n"
+            f"__kernel void k{i}(__global float *a, __global const float *b) {{\n"
+            f"    int g = get_global_id(0);\n"
+            f"    float x = b[g];\n"
+            f"    for (int j = 0; j < {i % 7 + 3}; ++j)\n"
+            f"        x = x * {i + 1}.5f + sin(x) * {i % 13}.25f - cos(x * {i % 5}.5f);\n"
+            f"    a[g] = x + {i}.0f;\n}}\n"
+        )
+    return sources

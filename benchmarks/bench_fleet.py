@@ -45,24 +45,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _common import kernel_sources
+
 HERE = Path(__file__).resolve().parent
 SECRET = "bench-secret"
-
-
-def kernel_sources(n: int, salt: str) -> dict[str, str]:
-    """N distinct kernels (as in bench_opencl.py), one program each; ``salt`` makes a fresh set."""
-    sources = {}
-    for i in range(n):
-        sources[f"k{i}"] = (
-            f"// {salt}\n"
-            f"__kernel void k{i}(__global float *a, __global const float *b) {{\n"
-            f"    int g = get_global_id(0);\n"
-            f"    float x = b[g];\n"
-            f"    for (int j = 0; j < {i % 7 + 3}; ++j)\n"
-            f"        x = x * {i + 1}.5f + sin(x) * {i % 13}.25f - cos(x * {i % 5}.5f);\n"
-            f"    a[g] = x + {i}.0f;\n}}\n"
-        )
-    return sources
 
 
 # ----------------------------------------------------------------------------- child side

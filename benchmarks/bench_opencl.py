@@ -58,23 +58,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
 
-from _common import machine_info, median  # noqa: E402
-
-
-def kernel_sources(n: int, salt: str) -> dict[str, str]:
-    """N distinct kernels, one program each; ``salt`` makes a fresh set."""
-    sources = {}
-    for i in range(n):
-        sources[f"k{i}"] = (
-            f"// {salt}\n"
-            f"__kernel void k{i}(__global float *a, __global const float *b) {{\n"
-            f"    int g = get_global_id(0);\n"
-            f"    float x = b[g];\n"
-            f"    for (int j = 0; j < {i % 7 + 3}; ++j)\n"
-            f"        x = x * {i + 1}.5f + sin(x) * {i % 13}.25f - cos(x * {i % 5}.5f);\n"
-            f"    a[g] = x + {i}.0f;\n}}\n"
-        )
-    return sources
+from _common import kernel_sources, machine_info, median  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- child side

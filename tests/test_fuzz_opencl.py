@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from fuzz.opencl_targets import SCALE_SRC, PrecompiledTarget
 from fuzz.targets import mutate, rechecksum, rechecksum_bundle
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from opencl_kernels import scale_works
 from opencl_support import opencl_context
@@ -35,7 +35,6 @@ from runtime_cache.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.opencl
 # The conftest profile, with fewer examples: each one loads programs on a real driver.
-FUZZ = settings(max_examples=15, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +104,13 @@ def test_forged_binary_is_stopped_by_the_signature_before_the_driver(
     assert scale_works(ctx, program, 4)
 
 
-@FUZZ
+@settings(max_examples=15)  # the profile runtime-cache supplies the rest
 @given(st.binary(max_size=300))
 def test_random_bytes(target: PrecompiledTarget, data: bytes) -> None:
     assert target.check(data, verify_fallback=False) == 0
 
 
-@FUZZ
+@settings(max_examples=15)  # the profile runtime-cache supplies the rest
 @given(st.randoms(use_true_random=False), st.sampled_from(["raw", "bundle-sum", "entry-meta"]))
 def test_mutated_bundles(target: PrecompiledTarget, rng: random.Random, how: str) -> None:
     if how == "raw":
