@@ -98,7 +98,11 @@ def test_the_warm_run_gets_the_drivers_cache_restored_into_an_empty_folder(
     assert result["carry_driver_cache"] is True and result["fresh_driver_cache"] is True
     cold, warm = result["cold"]["driver_cache"], result["warm"]["driver_cache"]
     if not cold["carried"]:
-        pytest.skip(f"the driver of {result['device']!r} has no cache that runtime-cache carries")
+        # A driver with no cache of its own to carry (Intel's CPU runtime): nothing is
+        # captured or restored, and no driver-cache entry is stored.
+        assert not warm["carried"] and warm["restored_files"] == 0
+        assert result["entries"]["by_purpose"].get("driver-cache", 0) == 0
+        return
     assert cold["carried"] and cold["restored_files"] == 0 and cold["stored"] >= 1
     assert warm["carried"] and warm["restored_files"] > 0
     assert result["entries"]["by_purpose"]["driver-cache"] == 1
