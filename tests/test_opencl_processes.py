@@ -41,7 +41,10 @@ SCRIPT = textwrap.dedent(
 
 
 def _start(root: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, POCL_KERNEL_CACHE="0")
+    # Each process gets its own PoCL scratch folder: pip's PoCL 3.0 keeps uncached builds
+    # there under names that two processes at once can collide on ("Can't get stat()").
+    scratch = root.parent / f"pocl-{os.urandom(4).hex()}"
+    env = dict(os.environ, POCL_KERNEL_CACHE="0", POCL_CACHE_DIR=str(scratch))
     return subprocess.Popen(
         [sys.executable, "-c", SCRIPT, str(root), str(Path(__file__).parent)],
         stdout=subprocess.PIPE,
