@@ -19,6 +19,7 @@ CORE = [
     "stats",
     "maintenance",
     "listing",
+    "inventory",
 ]
 FORBIDDEN_IMPORTS = {"os", "io", "pathlib", "socket", "sqlite3", "shutil", "tempfile"}
 FORBIDDEN_ANYWHERE = {"pickle", "cPickle", "marshal", "dill", "shelve"}
