@@ -14,7 +14,7 @@ from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
 from .bundle import unpack_programs
-from .cached_load import load_cached_programs
+from .cached_load import CONCURRENT_LOADS, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
@@ -34,7 +34,7 @@ from .progress import BuildProgress, ProgressCallback
 from .sharing import build_shared, shares_builds
 from .worker_builds import PROCESS_THRESHOLD, BuildHooks, build_claims, build_in_workers
 
-__all__ = ["PROCESS_THRESHOLD", "OpenCLModule"]
+__all__ = ["CONCURRENT_LOADS", "PROCESS_THRESHOLD", "OpenCLModule"]
 
 
 log = logging.getLogger(__name__)
