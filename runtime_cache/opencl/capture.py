@@ -5,6 +5,9 @@ when a kernel is created or first enqueued, and only then return the final
 code in ``CL_PROGRAM_BINARIES``. Call :func:`recapture_binaries` (or
 :meth:`OpenCLModule.recapture_binaries`) once after the first launch of every
 kernel; on drivers whose binaries do not change it stores nothing.
+
+The builders note each program they build or load with :func:`remember` (the
+program-origins registry), so that it can be found again here.
 """
 
 from __future__ import annotations
