@@ -21,11 +21,12 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import read_umask
 
-__all__ = ["ROOT_FLAGS", "Modes", "open_root", "owner_check"]
+__all__ = ["ROOT_FLAGS", "Modes", "backend_error", "only_mine", "open_root", "owner_check"]
 
 #: Flags of the root descriptor (also used to reopen it after a fork).
 ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,25 @@ def owner_check(root_fd: int, root: Path, shared: bool) -> set[int] | None:
         if user.pw_gid == st.st_gid or user.pw_name in names:
             members.add(user.pw_uid)
     return members
+
+
+def only_mine(root_fd: int) -> bool:
+    """Whether the root is private: ours (or root's, above every user anyway), and
+    nobody else may write it."""
+    try:
+        st = os.fstat(root_fd)
+    except OSError:
+        return False
+    geteuid = getattr(os, "geteuid", None)
+    owner = geteuid is None or st.st_uid in (geteuid(), 0)
+    return owner and not st.st_mode & 0o022
+
+
+def backend_error(root: Path, op: str, exc: OSError, name: str = "") -> BackendError:
+    """The typed error for ``exc`` raised by ``op`` on ``name`` under ``root`` (or in it)."""
+    where = f"{op} of {root / name}" if name else f"{op} in {root}"
+    if op in ("write", "open") and exc.errno in _READ_ONLY:
+        return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
+    if exc.errno in _FULL:
+        return BackendError(f"{where}: disk full ({exc.strerror})")
+    return BackendError(f"{where}: {exc.strerror or exc}")

@@ -38,7 +38,7 @@ from .dir_fs import (
     read_to_end,
     regular_size,
 )
-from .dir_root import ROOT_FLAGS, Modes, open_root, owner_check
+from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
@@ -49,8 +49,6 @@ __all__ = ["DirectoryBackend"]
 
 log = logging.getLogger(__name__)
 
-_READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
-_FULL = {errno.ENOSPC, errno.EDQUOT}
 _O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
 _LINKED = {errno.ELOOP, errno.EXDEV}
 _RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
@@ -123,8 +121,7 @@ class DirectoryBackend(Backend):
         self.max_entry_size = max_entry_size
         #: Junk found at entry names (links, FIFOs, folders, oversized files).
         self.junk = 0
-        #: Keys whose entry paths the last listing found not to be files (links,
-        #: FIFOs, folders): left out of it, and removed by the next read of the key.
+        #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
         self.listed_junk: list[str] = []
         self._read_only = False
         self._closed = False
@@ -142,7 +139,7 @@ class DirectoryBackend(Backend):
             self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
-        self.private = not shared and self._only_mine()
+        self.private = not shared and only_mine(self.root_fd)
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
         _OPEN.add(self)
@@ -180,16 +177,6 @@ class DirectoryBackend(Backend):
         """Whether a failed write found the storage read-only (reads are still served)."""
         return self._read_only
 
-    def _only_mine(self) -> bool:
-        # Private: ours (or root's, above every user anyway), and nobody else may write it.
-        try:
-            st = os.fstat(self.root_fd)
-        except OSError:
-            return False
-        geteuid = getattr(os, "geteuid", None)
-        owner = geteuid is None or st.st_uid in (geteuid(), 0)
-        return owner and not st.st_mode & 0o022
-
     # ----------------------------------------------------------------- paths
     def _rel(self, key: str) -> str:
         rel = self._rels.get(key)
@@ -201,12 +188,7 @@ class DirectoryBackend(Backend):
         return rel
 
     def _error(self, op: str, exc: OSError, name: str = "") -> BackendError:
-        where = f"{op} of {self.root / name}" if name else f"{op} in {self.root}"
-        if op in ("write", "open") and exc.errno in _READ_ONLY:
-            return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
-        if exc.errno in _FULL:
-            return BackendError(f"{where}: disk full ({exc.strerror})")
-        return BackendError(f"{where}: {exc.strerror or exc}")
+        return backend_error(self.root, op, exc, name)
 
     def found_junk(self, rel: str, what: str) -> None:
         """Count and log junk at the entry name ``rel``, and remove it where we may."""
@@ -338,12 +320,8 @@ class DirectoryBackend(Backend):
             raise self._error("delete", exc, rel) from exc
 
     def delete_if(self, key: str, expected: bytes) -> bool:
-        """Delete ``key`` only if its file holds exactly ``expected``; return whether it did.
-
-        The file is renamed aside to a fresh name in its folder, looked at again
-        (same inode, same bytes), then removed; a newer file that took its place
-        meanwhile is put back. Safe against other processes writing the key.
-        """
+        """Delete ``key`` only if its file holds exactly ``expected`` (renamed aside, checked
+        again, removed; a newer file that took its place is put back); return whether it did."""
         rel = self._rel(key)
         try:
             return delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)

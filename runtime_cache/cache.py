@@ -22,41 +22,36 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
 from ._version import __version__
-from .api import Backend, StoredItem
-from .bundles import LoadResult, good_blobs, merge_bundle
+from .api import Backend
 from .check import Checked, check_entry, screen, screen_many
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
     Limits,
     Secret,
-    encode_bundle,
     encode_entry,
     normalize_secret,
 )
-from .errors import CorruptEntryError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
+from .inventory import Inventory, KeyLike
 from .keys import CacheKey
-from .listing import OnProgress, OnSkip, list_entries, read_info
 from .null import NullBackend
 from .single_flight import SingleFlight
-from .stats import CacheStats, Counters, EntryInfo
+from .stats import CacheStats, Counters
 from .trust import require_secret
 
 __all__ = ["Cache", "KeyLike"]
 
 log = logging.getLogger(__name__)
 
-KeyLike = CacheKey | str
 
-
-class Cache:
+class Cache(Inventory):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -71,6 +66,9 @@ class Cache:
             name and version).
         limits: decode limits for entries and bundles.
         insecure: use a shared store without a secret, on purpose (logs one warning).
+
+    Listing and bundles (:meth:`entries`, :meth:`info`, :meth:`dumps`,
+    :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -389,98 +387,3 @@ class Cache:
             raise
         self._flights.finish(skey, flight, value=value)
         return value
-
-    # --------------------------------------------------------------- inspection
-    def entries(
-        self,
-        runtime: str | None = None,
-        purpose: str | None = None,
-        module_id: str | None = None,
-        *,
-        on_skip: OnSkip | None = None,
-    ) -> Iterator[EntryInfo]:
-        """Iterate over entry metadata, filtered, without loading values.
-
-        Entries that vanish while listing are left out. Entries that fail the
-        check, or that the backend cannot read, are left out too and told to
-        ``on_skip(key, reason)`` when given. Use
-        :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
-        """
-        return list_entries(
-            self._backend, self.limits, self._failed, runtime, purpose, module_id, on_skip
-        )
-
-    def info(self, key: KeyLike) -> EntryInfo | None:
-        """The metadata of one entry (never its value), or ``None`` when it is absent.
-
-        Raises :class:`CorruptEntryError` when the entry's head does not decode
-        or holds another key. The signature is not checked (see :meth:`decode`).
-        """
-        skey = str(key)
-        stored = next((item for item in self._backend.scan(skey) if item.key == skey), None)
-        try:
-            info = read_info(self._backend, stored or StoredItem(skey, 0), self.limits)
-        except KeyError:
-            return None
-        if info.key != skey:
-            raise CorruptEntryError(f"entry stored under {skey!r} holds key {info.key!r}")
-        return info
-
-    # ------------------------------------------------------------------ bundles
-    def dumps(
-        self,
-        runtime: str | None = None,
-        purpose: str | None = None,
-        module_id: str | None = None,
-        keys: Iterable[KeyLike] | None = None,
-        *,
-        on_progress: OnProgress | None = None,
-        on_skip: OnSkip | None = None,
-    ) -> bytes:
-        """Return a bundle of entries (all, or those matching the filters) as bytes.
-
-        Entries keep their signatures; with a secret set, the bundle is signed
-        too. An unfiltered dump clears :attr:`dirty`. Entries are read in
-        batches of :data:`DUMP_BATCH`, after each of which ``on_progress(done,
-        total)`` is told; corrupt or unreadable entries are left out and told
-        to ``on_skip(key, reason)``.
-        """
-        generation = self._generation
-        if keys is not None:
-            wanted = [str(k) for k in keys]
-        else:
-            listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
-            wanted = [info.key for info in listed]
-        blobs = good_blobs(
-            self._backend,
-            wanted,
-            self.decode,
-            self._failed,
-            on_skip=on_skip,
-            on_progress=on_progress,
-        )
-        if keys is None and runtime is None and purpose is None and module_id is None:
-            self._saved_generation = generation
-        return encode_bundle(blobs, secret=self._secret)
-
-    def loads(self, data: bytes, *, overwrite: bool = True) -> LoadResult:
-        """Merge a bundle into the cache; return how many entries were accepted.
-
-        The bundle must be well formed (else :class:`InvalidBundleError`); single
-        entries that fail the entry check (checksum, signature, key against
-        parts) are skipped and counted as corrupt or rejected. Without a secret,
-        the entries are unsigned: they are never written to a shared store
-        (the result's ``withheld``). The result is an ``int`` with the details
-        of a :class:`~runtime_cache.bundles.LoadResult`.
-        """
-        result = merge_bundle(
-            data,
-            self._backend,
-            secret=self._secret,
-            limits=self.limits,
-            store=self._store if self.enabled else None,
-            failed=self._failed,
-            overwrite=overwrite,
-        )
-        self._counters.add(rejected=result.rejected, corrupt=result.corrupt)
-        return result

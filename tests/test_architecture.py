@@ -19,6 +19,7 @@ CORE = [
     "stats",
     "maintenance",
     "listing",
+    "inventory",
 ]
 FORBIDDEN_IMPORTS = {"os", "io", "pathlib", "socket", "sqlite3", "shutil", "tempfile"}
 FORBIDDEN_ANYWHERE = {"pickle", "cPickle", "marshal", "dill", "shelve"}
@@ -83,3 +84,108 @@ def test_backends_import_only_the_contract(path: Path) -> None:
             if id(node) not in top_level:
                 allowed.add("runtime_cache.registry")  # a composite opens its tiers lazily
             assert node.module in allowed, (path, node.module)
+
+
+# The import graph: every module of runtime_cache/ and backends/ (as runtime_cache.backends),
+# with every import counted, function-level ones too, and relative imports resolved. Imports
+# under ``if TYPE_CHECKING:`` never run, so they are left out.
+
+
+def _module_files() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package, folder in (
+        ("runtime_cache", ROOT / "runtime_cache"),
+        ("runtime_cache.backends", ROOT / "backends"),
+    ):
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _module_files()
+
+
+def _package_of(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = _package_of(module)
+    for _ in range(node.level - 1):
+        base = base.rpartition(".")[0]
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _edges(module: str) -> list[tuple[str, str | None]]:
+    """``(imported module, imported name or None)`` for every import in ``module``."""
+    tree = ast.parse(MODULES[module].read_text())
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, None) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.append((submodule, None) if submodule in MODULES else (target, alias.name))
+    return [(target, name) for target, name in found if target in MODULES]
+
+
+def _graph() -> dict[str, set[str]]:
+    return {module: {target for target, _ in _edges(module)} - {module} for module in MODULES}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle in ``graph``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    private = [
+        f"{module} imports {name} from {target}"
+        for module in MODULES
+        for target, name in _edges(module)
+        if name and name.startswith("_") and not name.startswith("__") and target != module
+    ]
+    assert not private, private

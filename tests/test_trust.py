@@ -57,7 +57,7 @@ READ_PATHS = {
     "runtime_cache/maintenance.py": {"decode"},
     "runtime_cache/tuning.py": {"check"},
     "runtime_cache/opencl/bundle.py": {"check_entry"},
-    "runtime_cache/opencl/module.py": {"check"},
+    "runtime_cache/opencl/precompiled.py": {"check"},
     "runtime_cache/cli/bundles.py": {"dumps"},  # export: Cache.dumps checks each entry
     "runtime_cache/cli/inspect.py": {"decode"},  # show
 }

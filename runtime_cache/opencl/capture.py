@@ -5,18 +5,58 @@ when a kernel is created or first enqueued, and only then return the final
 code in ``CL_PROGRAM_BINARIES``. Call :func:`recapture_binaries` (or
 :meth:`OpenCLModule.recapture_binaries`) once after the first launch of every
 kernel; on drivers whose binaries do not change it stores nothing.
+
+The builders note each program they build or load with :func:`remember` (the
+program-origins registry), so that it can be found again here.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ._driver import import_pyopencl
+from ..cache import Cache
+from ._driver import import_pyopencl, read_binaries
 from .counters import counters
-from .guard import binary_digest
-from .program import _origins_lock, origins, read_binaries
+from .guard import Binary, binary_digest
+from .plan import ProgramPlan
 
-__all__ = ["recapture_binaries"]
+__all__ = ["origins", "recapture_binaries", "remember"]
+
+
+@dataclass
+class _Origin:
+    plan: ProgramPlan
+    cache: Cache
+    digests: list[str]  # binary_digest of each device's binary
+    build_seconds: float
+
+
+# Programs we built or loaded, so their binaries can be re-read after launch.
+origins: weakref.WeakKeyDictionary[Any, _Origin] = weakref.WeakKeyDictionary()
+_origins_lock = threading.Lock()
+
+
+def remember(
+    program: Any,
+    plan: ProgramPlan,
+    cache: Cache,
+    binaries: Sequence[Binary],
+    build_seconds: float,
+    digests: Sequence[str] | None = None,
+) -> None:
+    """Note where ``program``'s binaries live, for :func:`recapture_binaries`.
+
+    ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
+    """
+    if plan.keys is None:
+        return
+    known = list(digests) if digests is not None else [binary_digest(b) for b in binaries]
+    with _origins_lock:
+        origins[program] = _Origin(plan, cache, known, build_seconds)
 
 
 def recapture_binaries(program: Any) -> int:

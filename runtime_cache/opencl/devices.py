@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RuntimeCacheError
-from ._driver import import_pyopencl
-from .program import original_build
+from ._driver import import_pyopencl, original_build
 
 __all__ = [
     "INSTALL_ADVICE",

@@ -23,10 +23,10 @@ from typing import Any
 from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
-from ._driver import import_pyopencl
+from ._driver import import_pyopencl, read_binaries
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled, prepare
-from .program import fetch, plan_program, read_binaries, store_binaries
+from .program import fetch, plan_program, store_binaries
 
 __all__ = ["install", "installed", "is_installed", "uninstall"]
 

@@ -5,71 +5,39 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..bundles import LoadResult
 from ..cache import Cache
-from ..errors import CorruptEntryError
-from ..keys import CacheKey, module_id_from_sources
+from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
-from .bundle import pack_programs, unpack_programs
+from .bundle import unpack_programs
+from .cached_load import CONCURRENT_LOADS, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
-from .guard import Binary, binary_digest
 from .includes import Options, normalize_options
-from .parallel import Job, WorkerResult, build_in_processes, build_in_threads
+from .parallel import build_in_threads
+from .precompiled import load_bundle, pack_built
 from .program import (
     ProgramPlan,
     evict,
     fetch,
-    load_cached,
-    load_from_binaries,
     options_text,
     plan_program,
     read_binaries,
-    remember,
     source_build,
     store_binaries,
 )
 from .progress import BuildProgress, ProgressCallback
-from .read_ahead import drain, read_ahead
-from .sharing import Claims, build_claimed, build_shared, shares_builds
-from .vetting import needs_vetting, vet_unknown
+from .sharing import build_shared, shares_builds
+from .worker_builds import PROCESS_THRESHOLD, BuildHooks, build_claims, build_in_workers
 
-__all__ = ["OpenCLModule"]
+__all__ = ["CONCURRENT_LOADS", "PROCESS_THRESHOLD", "OpenCLModule"]
 
 
 log = logging.getLogger(__name__)
-
-#: ``build_all`` uses worker processes when at least this many programs per worker need a build.
-PROCESS_THRESHOLD = 4
-#: ``build_all`` reads cached entries ahead in chunks of at least this many programs.
-LOAD_CHUNK = 4
-
-#: Programs loaded from binaries at once, by platform name; other platforms load one at a
-#: time. PoCL's CPU device does part of a binary load outside its locks, so two loading
-#: threads gain; NVIDIA's driver serializes the loads, and two threads were slower than one.
-CONCURRENT_LOADS = {"Portable Computing Language": 2}
-
-#: ``(name, plan, binaries or None when missing, their digests, whether to vet them first)``
-_Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool]
-
-
-def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
-    """Whether ``blob`` passes ``cache``'s entry check, signature included."""
-    try:
-        cache.check(key, blob)
-    except CorruptEntryError:  # SignatureError included
-        return False
-    return True
-
-
-def concurrent_loads(context: Any) -> int:
-    """How many threads load binaries at once in ``context`` (see ``CONCURRENT_LOADS``)."""
-    names = {str(device.platform.name) for device in context.devices}
-    return min(CONCURRENT_LOADS.get(name, 1) for name in names) if names else 1
 
 
 class OpenCLModule:
@@ -296,7 +264,7 @@ class OpenCLModule:
                 self.cache,
                 keys,
                 to_build,
-                lambda claims: built.extend(self._build_claimed(claims, count, processes)),
+                lambda claims: built.extend(build_claims(self._hooks(), claims, count, processes)),
                 lambda names: self._load_cached(names, count) if names else [],
                 self._longest_build,
             )
@@ -305,7 +273,7 @@ class OpenCLModule:
             for name in to_build:
                 self._build_from_source(name)
         elif processes:
-            self._build_in_processes(to_build, count)
+            build_in_workers(self._hooks(), to_build, count)
         else:
             build_in_threads(self._build_from_source, to_build, count)
         self.capture_driver_cache(settle=False)
@@ -324,72 +292,14 @@ class OpenCLModule:
     def _load_cached(
         self, names: list[str], workers: int, gate: threading.Thread | None = None
     ) -> list[str]:
-        """Load the programs whose binaries are cached; return the names left to build.
+        """Load the programs whose binaries are cached; return the names left to build."""
 
-        A background thread fetches the entries a chunk of programs at a time
-        (one backend call each) and checks them, while the loading threads hand
-        the previous chunks to the driver (see :mod:`.read_ahead`). Binaries of
-        unknown origin are set aside and vetted together, in one batch, at the end.
-        """
-        cache = self.cache
-        size = max(LOAD_CHUNK, -(-len(names) // 8))
-        chunks = [names[i : i + size] for i in range(0, len(names), size)]
-        left: list[str] = []
-        unknown: list[tuple[str, ProgramPlan, Sequence[Binary]]] = []
+        def adopt(name: str, program: Any) -> None:
+            self._adopt(name, program, 0.0, cached=True)
 
-        def fetch_chunk(chunk: list[str]) -> list[_Fetched]:
-            plans = {name: self._plan(name) for name in chunk}
-            wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
-            found = cache.get_many_views(wanted) if wanted else {}
-            fetched: list[_Fetched] = []
-            for name, plan in plans.items():
-                binaries = [found.get(str(k)) for k in plan.keys or ()]
-                ready: list[Binary] = [b for b in binaries if b is not None]
-                if not ready or len(ready) != len(binaries):
-                    fetched.append((name, plan, None, [], False))
-                    continue
-                digests = [binary_digest(b) for b in ready]
-                vet = needs_vetting(digests, trusted=cache.signed, keys=plan.keys)
-                fetched.append((name, plan, ready, digests, vet))
-            return fetched
-
-        lock = threading.Lock()
-
-        def load(batch: list[_Fetched]) -> None:
-            if gate is not None:
-                gate.join()
-            for name, plan, ready, digests, vet in batch:
-                if ready is not None and not vet and self._load_one(name, plan, ready, digests):
-                    continue
-                with lock:
-                    if ready is not None and vet:
-                        unknown.append((name, plan, ready))
-                    else:
-                        left.append(name)
-
-        loaders = min(workers, concurrent_loads(self.context))
-        drain(read_ahead(chunks, fetch_chunk, background=workers > 1), load, loaders)
-        if unknown:
-            devices = list(self.context.devices)
-            items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
-            keys = [plan.keys for _, plan, _ in unknown]
-            may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
-            left += [
-                n
-                for (n, plan, ready), ok in zip(unknown, may_load, strict=True)
-                if not (ok and self._load_one(n, plan, ready, None))
-            ]
-        order = {name: i for i, name in enumerate(names)}
-        return sorted(left, key=order.__getitem__)
-
-    def _load_one(
-        self, name: str, plan: ProgramPlan, binaries: Sequence[Binary], digests: list[str] | None
-    ) -> bool:
-        program = load_cached(self.context, plan, self.cache, binaries, digests)
-        if program is None:
-            return False
-        self._adopt(name, program, 0.0, cached=True)
-        return True
+        return load_cached_programs(
+            self.context, self.cache, names, workers, self._plan, adopt, gate
+        )
 
     def _longest_build(self) -> float:
         """How long a holder may take for one program: a worker claims up to
@@ -399,64 +309,21 @@ class OpenCLModule:
         longest = max(seconds, default=0.0) * PROCESS_THRESHOLD
         return max(longest, self.cache.fleet.policy.default_expected)
 
-    def _build_claimed(self, claims: Claims, workers: int, processes: bool) -> list[str]:
-        """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`)."""
+    def _hooks(self) -> BuildHooks:
+        return BuildHooks(
+            self.context,
+            self.cache,
+            self.sources,
+            self.options,
+            self._plan,
+            self._adopt,
+            self._build_from_source,
+            self._is_built,
+        )
 
-        def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
-            def job() -> Job | None:
-                name = next_name()
-                return None if name is None else (name, self.sources[name], self.options)
-
-            self._build_in_processes(taken, workers, job, claims.done)
-
-        many = in_processes if processes else None
-        return build_claimed(claims, workers, self._build_from_source, many, PROCESS_THRESHOLD)
-
-    def _build_in_processes(
-        self,
-        names: list[str],
-        workers: int,
-        take: Callable[[], Job | None] | None = None,
-        done: Callable[[str], None] | None = None,
-    ) -> None:
-        """Build ``names`` in worker processes (or what ``take`` hands out, into ``names``).
-
-        ``done(name)`` is called once each program's binaries were stored.
-        """
-        devices = list(self.context.devices)
-        jobs = take or [(n, self.sources[n], self.options) for n in names]
-
-        def accept(result: WorkerResult) -> bool:
-            name, binaries, seconds, options_text = result
-            plan = self._plan(name)
-            if binaries is None or options_text != plan.options_text:
-                return False
-            program = load_from_binaries(self.context, plan, binaries)
-            if program is None:
-                return False
-            counters.add(source_builds=1)
-            if plan.keys is None:
-                counters.add(uncacheable=1)
-            else:
-                store_binaries(self.cache, plan, program, binaries, seconds)
-            self._adopt(name, program, seconds)
-            if done is not None:
-                done(name)
-            return True
-
-        try:
-            left = build_in_processes(devices, jobs, workers, accept)
-        except Exception as exc:  # a broken pool must not stop the build
-            log.warning("runtime-cache: worker processes failed (%s); building here", exc)
-            left = []
+    def _is_built(self, name: str) -> bool:
         with self._lock:
-            left += [n for n in names if n not in self._programs and n not in left]
-        for name in left:
-            try:
-                self._build_from_source(name)
-            finally:
-                if done is not None:
-                    done(name)
+            return name in self._programs
 
     # ------------------------------------------------------------------ bundles
     def supports_precompiled_programs(self) -> bool:
@@ -469,22 +336,11 @@ class OpenCLModule:
         Builds whatever is missing first. Programs that cannot be cached (an
         unresolvable ``#include``) are left out and later built from source.
         """
-        cl = import_pyopencl()
         self.build_all()
-        items: list[tuple[CacheKey, bytes, float]] = []
         with self._lock:
             programs = dict(self._programs)
             seconds = dict(self._seconds)
-        for name in sorted(programs):
-            plan = self._plan(name)
-            if plan.keys is None:
-                continue
-            binaries = read_binaries(cl, programs[name], plan.devices)
-            if not all(binaries):
-                continue
-            took = seconds.get(name, 0.0)
-            items.extend((k, b, took) for k, b in zip(plan.keys, binaries, strict=True))
-        return pack_programs(items)
+        return pack_built(programs, seconds, self._plan)
 
     def set_precompiled_programs(self, data: bytes) -> LoadResult:
         """Load programs from a bundle; return how many programs it supplied.
@@ -508,67 +364,12 @@ class OpenCLModule:
         cache = self.cache
         with self._lock:
             pending = [n for n in self.sources if n not in self._programs]
-        expected: dict[str, tuple[str, int]] = {}
-        for name in pending:
-            plan = self._plan(name)
-            for index, key in enumerate(plan.keys or ()):
-                expected[str(key)] = (name, index)
-        chosen: dict[str, dict[int, tuple[bytes, float, bool]]] = {}
-        for entry, blob in entries:
-            slot = expected.get(entry.key)
-            if slot is not None:
-                signed = cache.signed and _verifies(cache, entry.key, blob)
-                chosen.setdefault(slot[0], {})[slot[1]] = (entry.value, entry.build_seconds, signed)
-        complete: dict[str, tuple[list[bytes], float, bool]] = {}
-        for name, by_index in chosen.items():
-            plan = self._plan(name)
-            assert plan.keys is not None
-            if len(by_index) == len(plan.keys):
-                complete[name] = (
-                    [by_index[i][0] for i in range(len(plan.keys))],
-                    max(s for _, s, _ in by_index.values()),
-                    all(signed for _, _, signed in by_index.values()),
-                )
-        # A bundle is outside data: unless our secret signed it, each program is tried in a
-        # child first, so a binary that crashes the driver never reaches this process.
-        unsigned = [name for name, (_, _, signed) in complete.items() if not signed]
-        load = vet_unknown(
-            list(self.context.devices),
-            [(complete[n][0], self._plan(n).options, self._plan(n).options_text) for n in unsigned],
-            trusted=False,
-            keys=[self._plan(n).keys for n in unsigned],
-        )
-        skip = {n for n, ok in zip(unsigned, load, strict=True) if not ok}
-        accepted = withheld = 0
-        for name, (binaries, seconds, signed) in complete.items():
-            if name in skip:
-                continue  # could not vet here: built from source later
-            plan = self._plan(name)
-            program = load_from_binaries(self.context, plan, binaries)
-            if program is None:
-                counters.add(rejected_binaries=1)
-                log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
-                continue
-            counters.add(binary_loads=1)
-            if signed or not cache.backend.shared:
-                store_binaries(cache, plan, program, binaries, seconds)
-            else:  # unsigned: never into a store that others trust
-                withheld += 1
-            remember(program, plan, cache, binaries, seconds)
+        plans = {name: self._plan(name) for name in pending}
+
+        def adopt(name: str, program: Any, seconds: float) -> None:
             self._adopt(name, program, seconds, cached=True)
-            accepted += 1
-        if withheld:
-            log.warning(
-                "runtime-cache: %d programs of an unsigned bundle were loaded but not stored "
-                "in the shared cache",
-                withheld,
-            )
-        return LoadResult(
-            accepted,
-            offered=len(entries),
-            unsigned=sum(1 for n in unsigned if n not in skip),
-            withheld=withheld,
-        )
+
+        return load_bundle(self.context, cache, entries, plans, adopt)
 
     def recapture_binaries(self) -> int:
         """Re-read every built program's binaries after first launch; re-store changed ones.

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from .child import child_folder, python_command
 from .fingerprint import device_fingerprint
-from .worker import read_message, write_message
+from .wire import read_message, write_message
 
 T = TypeVar("T")
 

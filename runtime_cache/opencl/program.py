@@ -11,23 +11,29 @@ refuses is evicted, logged, and replaced by a fresh source build.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import xxhash
 
 from ..cache import Cache
-from ..keys import CacheKey, make_key, module_id_from_sources
+from ..keys import make_key, module_id_from_sources
 from ..provider import get_cache
-from ._driver import import_pyopencl
+from ._driver import (
+    create_and_build,
+    driver_options_text,
+    import_pyopencl,
+    options_text,
+    original_build,
+    read_binaries,
+)
+from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import Binary, binary_digest, bindings, guard
 from .includes import Options, include_digests, normalize_options
+from .plan import ProgramPlan
 from .vetting import needs_vetting, vet_unknown
 
 __all__ = [
@@ -40,7 +46,11 @@ __all__ = [
     "load_cached",
     "load_from_binaries",
     "options_text",
+    "original_build",
+    "origins",
     "plan_program",
+    "read_binaries",
+    "remember",
     "source_build",
     "store_binaries",
 ]
@@ -49,55 +59,6 @@ log = logging.getLogger(__name__)
 
 RUNTIME = "opencl"
 PURPOSE = "program-binary"
-
-
-@dataclass(frozen=True)
-class ProgramPlan:
-    """What identifies one program's binaries: its source, options, devices and keys.
-
-    ``keys`` holds one key per device, in the order of ``devices``; it is
-    ``None`` when the build cannot be cached (an unresolvable ``#include``).
-    """
-
-    source: str | bytes
-    options: list[str]
-    options_text: str
-    devices: list[Any]
-    keys: list[CacheKey] | None
-
-
-@dataclass
-class _Origin:
-    plan: ProgramPlan
-    cache: Cache
-    digests: list[str]  # binary_digest of each device's binary
-    build_seconds: float
-
-
-# Programs we built or loaded, so their binaries can be re-read after launch.
-origins: weakref.WeakKeyDictionary[Any, _Origin] = weakref.WeakKeyDictionary()
-_origins_lock = threading.Lock()
-
-
-def original_build(cl: Any) -> Callable[..., Any]:
-    """pyopencl's own ``Program.build``, also while :func:`install` has wrapped it."""
-    build = cl.Program.build
-    return getattr(build, "__wrapped__", build)  # type: ignore[no-any-return]
-
-
-def _options_text(cl: Any, context: Any, tokens: list[str]) -> str:
-    # The exact option string the driver gets (pyopencl adds its include path,
-    # PYOPENCL_BUILD_OPTIONS and per-platform flags), so any of those changes the key.
-    process = getattr(cl.Program, "_process_build_options", None)
-    if process is None:
-        return " ".join(tokens)
-    options_bytes = process(context, tokens)[0]
-    return options_bytes.decode("utf-8", "replace") if isinstance(options_bytes, bytes) else ""
-
-
-def options_text(context: Any, options: Options = ()) -> str:
-    """The option string the driver receives for ``options`` in ``context``."""
-    return _options_text(import_pyopencl(), context, normalize_options(options))
 
 
 def plan_program(
@@ -117,7 +78,7 @@ def plan_program(
     """
     cl = import_pyopencl()
     tokens = normalize_options(options)
-    text = options_text if options_text is not None else _options_text(cl, context, tokens)
+    text = options_text if options_text is not None else driver_options_text(cl, context, tokens)
     devs = list(devices) if devices is not None else list(context.devices)
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     # Splitting the options costs more than the rest of the key: only when needed.
@@ -143,25 +104,6 @@ def plan_program(
     return ProgramPlan(source, tokens, text, devs, keys)
 
 
-def remember(
-    program: Any,
-    plan: ProgramPlan,
-    cache: Cache,
-    binaries: Sequence[Binary],
-    build_seconds: float,
-    digests: Sequence[str] | None = None,
-) -> None:
-    """Note where ``program``'s binaries live, for :func:`recapture_binaries`.
-
-    ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
-    """
-    if plan.keys is None:
-        return
-    known = list(digests) if digests is not None else [binary_digest(b) for b in binaries]
-    with _origins_lock:
-        origins[program] = _Origin(plan, cache, known, build_seconds)
-
-
 def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
     """Delete a program's entries that the driver refused, with one warning."""
     assert plan.keys is not None
@@ -174,30 +116,6 @@ def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
     )
     for key in plan.keys:
         cache.delete(key)
-
-
-def create_and_build(
-    cl: Any,
-    context: Any,
-    devices: Sequence[Any],
-    binaries: Sequence[Binary],
-    options: list[str],
-    options_text: str,
-) -> Any:
-    """``clCreateProgramWithBinary`` + ``clBuildProgram``; raises what the driver raises.
-
-    ``options_text`` is the string pyopencl's ``_process_build_options`` makes of
-    ``options``: it goes straight to ``clBuildProgram``, skipping pyopencl's Python
-    wrapper, which derives it again and fetches the build logs each time (about
-    0.1 ms a program). A pyopencl without these internals gets the public call.
-    """
-    program = cl.Program(context, list(devices), list(binaries))
-    raw = getattr(program, "_prg", None)
-    if raw is None or not hasattr(raw, "_build"):
-        original_build(cl)(program, options, list(devices))
-    else:
-        raw._build(options=options_text.encode("utf-8"), devices=list(devices))
-    return program
 
 
 def load_from_binaries(
@@ -278,14 +196,6 @@ def load_cached(
     counters.add(binary_loads=1)
     remember(program, plan, cache, binaries, 0.0, digests)
     return program
-
-
-def read_binaries(cl: Any, program: Any, devices: Sequence[Any]) -> list[bytes]:
-    """Return ``program``'s binaries in the order of ``devices``."""
-    program_devices = list(program.get_info(cl.program_info.DEVICES))
-    binaries = list(program.get_info(cl.program_info.BINARIES))
-    by_device = dict(zip((int(d.int_ptr) for d in program_devices), binaries, strict=False))
-    return [bytes(by_device.get(int(d.int_ptr), b"")) for d in devices]
 
 
 def source_build(context: Any, plan: ProgramPlan) -> tuple[Any, float]:

@@ -50,7 +50,8 @@ from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import Binary, binary_digest, bindings, guard
 from .parallel import start_worker, stop_worker
-from .worker import read_message, scratch_usable, write_message
+from .wire import read_message, write_message
+from .worker import scratch_usable
 
 __all__ = [
     "BATCH",

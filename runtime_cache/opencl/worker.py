@@ -21,49 +21,13 @@ The worker ends at end of input.
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import time
-from typing import IO, Any
+from typing import Any
 
-import msgpack
+from .wire import read_message, write_message
 
 __all__ = ["main", "read_message", "scratch_usable", "write_message"]
-
-_LEN = struct.Struct("<Q")
-_MAX_MESSAGE = 1 << 31
-
-
-def write_message(stream: IO[bytes], value: Any) -> None:
-    """Write one framed msgpack message and flush."""
-    body = msgpack.packb(value, use_bin_type=True)
-    stream.write(_LEN.pack(len(body)) + body)
-    stream.flush()
-
-
-def _read_exact(stream: IO[bytes], size: int) -> bytes | None:
-    chunks: list[bytes] = []
-    while size:
-        chunk = stream.read(size)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_message(stream: IO[bytes]) -> Any:
-    """Read one framed message; raise ``EOFError`` at end of stream."""
-    head = _read_exact(stream, _LEN.size)
-    if head is None:
-        raise EOFError
-    (size,) = _LEN.unpack(head)
-    if size > _MAX_MESSAGE:
-        raise EOFError
-    body = _read_exact(stream, size)
-    if body is None:
-        raise EOFError
-    return msgpack.unpackb(body, raw=False, strict_map_key=True)
 
 
 def _open(fingerprints: list[dict[str, Any]]) -> tuple[Any, list[Any]] | None:
@@ -82,8 +46,7 @@ def _open(fingerprints: list[dict[str, Any]]) -> tuple[Any, list[Any]] | None:
 
 
 def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
-    from ._driver import import_pyopencl
-    from .program import _options_text, original_build, read_binaries
+    from ._driver import driver_options_text, import_pyopencl, original_build, read_binaries
 
     cl = import_pyopencl()
     name, source, options = job
@@ -94,7 +57,12 @@ def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
         binaries = read_binaries(cl, program, devices)
     except Exception:
         return [name, None, 0.0, ""]
-    return [name, binaries, time.perf_counter() - started, _options_text(cl, context, options)]
+    return [
+        name,
+        binaries,
+        time.perf_counter() - started,
+        driver_options_text(cl, context, options),
+    ]
 
 
 #: Global sizes of the trial launches (the buffer holds 64 items of up to 1 KiB).
@@ -129,7 +97,7 @@ def _fill_args(cl: Any, kernel: Any, buffer: Any) -> bool:
 def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
     import numpy as np
 
-    from .program import create_and_build
+    from ._driver import create_and_build
 
     _, binaries, options, options_text = job
     program = create_and_build(cl, context, devices, binaries, options, options_text)
@@ -183,7 +151,7 @@ def _local_trouble(cl: Any, context: Any, devices: list[Any]) -> bool:
     if not scratch_usable(os.environ.get("POCL_CACHE_DIR") or tempfile.gettempdir()):
         return True
     try:
-        from .program import original_build
+        from ._driver import original_build
 
         program = cl.Program(context, _PROBE)
         original_build(cl)(program, [], devices, cache_dir=False)

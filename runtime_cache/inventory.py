@@ -1,0 +1,149 @@
+"""What a cache holds: list it, read one entry's metadata, dump it as a bundle, merge one in.
+
+:class:`Inventory` gives :class:`~runtime_cache.cache.Cache` these methods
+(:meth:`~Inventory.entries`, :meth:`~Inventory.info`, :meth:`~Inventory.dumps`,
+:meth:`~Inventory.loads`); the work is done by :mod:`.listing` and :mod:`.bundles`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
+
+from .api import Backend, StoredItem
+from .bundles import LoadResult, good_blobs, merge_bundle
+from .codec import Entry, Limits, SecretKeys, encode_bundle
+from .errors import CorruptEntryError
+from .keys import CacheKey
+from .listing import OnProgress, OnSkip, list_entries, read_info
+from .stats import CacheStats, Counters, EntryInfo
+
+__all__ = ["Inventory", "KeyLike"]
+
+KeyLike = CacheKey | str
+
+
+class _Host(Protocol):
+    """What :class:`Inventory`'s methods use of the cache they belong to."""
+
+    limits: Limits
+    enabled: bool
+    _secret: SecretKeys | None
+    _counters: Counters[CacheStats]
+    _generation: int
+    _saved_generation: int
+
+    @property
+    def backend(self) -> Backend: ...
+
+    def decode(self, skey: str, blob: bytes) -> Entry: ...
+
+    def _failed(self, op: str, exc: Exception) -> None: ...
+
+    def _store(self, blobs: Mapping[str, bytes]) -> bool: ...
+
+    def entries(
+        self,
+        runtime: str | None = None,
+        purpose: str | None = None,
+        module_id: str | None = None,
+        *,
+        on_skip: OnSkip | None = None,
+    ) -> Iterator[EntryInfo]: ...
+
+
+class Inventory:
+    """The listing and bundle methods of :class:`~runtime_cache.cache.Cache`."""
+
+    def entries(
+        self: _Host,
+        runtime: str | None = None,
+        purpose: str | None = None,
+        module_id: str | None = None,
+        *,
+        on_skip: OnSkip | None = None,
+    ) -> Iterator[EntryInfo]:
+        """Iterate over entry metadata, filtered, without loading values.
+
+        Entries that vanish while listing are left out. Entries that fail the
+        check, or that the backend cannot read, are left out too and told to
+        ``on_skip(key, reason)`` when given. Use
+        :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
+        """
+        return list_entries(
+            self.backend, self.limits, self._failed, runtime, purpose, module_id, on_skip
+        )
+
+    def info(self: _Host, key: KeyLike) -> EntryInfo | None:
+        """The metadata of one entry (never its value), or ``None`` when it is absent.
+
+        Raises :class:`CorruptEntryError` when the entry's head does not decode
+        or holds another key. The signature is not checked (see :meth:`decode`).
+        """
+        skey = str(key)
+        stored = next((item for item in self.backend.scan(skey) if item.key == skey), None)
+        try:
+            info = read_info(self.backend, stored or StoredItem(skey, 0), self.limits)
+        except KeyError:
+            return None
+        if info.key != skey:
+            raise CorruptEntryError(f"entry stored under {skey!r} holds key {info.key!r}")
+        return info
+
+    def dumps(
+        self: _Host,
+        runtime: str | None = None,
+        purpose: str | None = None,
+        module_id: str | None = None,
+        keys: Iterable[KeyLike] | None = None,
+        *,
+        on_progress: OnProgress | None = None,
+        on_skip: OnSkip | None = None,
+    ) -> bytes:
+        """Return a bundle of entries (all, or those matching the filters) as bytes.
+
+        Entries keep their signatures; with a secret set, the bundle is signed
+        too. An unfiltered dump clears :attr:`dirty`. Entries are read in
+        batches of :data:`DUMP_BATCH`, after each of which ``on_progress(done,
+        total)`` is told; corrupt or unreadable entries are left out and told
+        to ``on_skip(key, reason)``.
+        """
+        generation = self._generation
+        if keys is not None:
+            wanted = [str(k) for k in keys]
+        else:
+            listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
+            wanted = [info.key for info in listed]
+        blobs = good_blobs(
+            self.backend,
+            wanted,
+            self.decode,
+            self._failed,
+            on_skip=on_skip,
+            on_progress=on_progress,
+        )
+        if keys is None and runtime is None and purpose is None and module_id is None:
+            self._saved_generation = generation
+        return encode_bundle(blobs, secret=self._secret)
+
+    def loads(self: _Host, data: bytes, *, overwrite: bool = True) -> LoadResult:
+        """Merge a bundle into the cache; return how many entries were accepted.
+
+        The bundle must be well formed (else :class:`InvalidBundleError`); single
+        entries that fail the entry check (checksum, signature, key against
+        parts) are skipped and counted as corrupt or rejected. Without a secret,
+        the entries are unsigned: they are never written to a shared store
+        (the result's ``withheld``). The result is an ``int`` with the details
+        of a :class:`~runtime_cache.bundles.LoadResult`.
+        """
+        result = merge_bundle(
+            data,
+            self.backend,
+            secret=self._secret,
+            limits=self.limits,
+            store=self._store if self.enabled else None,
+            failed=self._failed,
+            overwrite=overwrite,
+        )
+        self._counters.add(rejected=result.rejected, corrupt=result.corrupt)
+        return result

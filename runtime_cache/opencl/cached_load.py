@@ -1,0 +1,118 @@
+"""Load a module's cached programs: fetch ahead in chunks, load on a few threads, vet at the end.
+
+:meth:`OpenCLModule.build_all <runtime_cache.opencl.OpenCLModule.build_all>` loads
+what the cache holds through :func:`load_cached_programs` before it builds the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..cache import Cache
+from .guard import Binary, binary_digest
+from .plan import ProgramPlan
+from .program import load_cached
+from .read_ahead import drain, read_ahead
+from .vetting import needs_vetting, vet_unknown
+
+__all__ = ["CONCURRENT_LOADS", "LOAD_CHUNK", "concurrent_loads", "load_cached_programs"]
+
+#: ``build_all`` reads cached entries ahead in chunks of at least this many programs.
+LOAD_CHUNK = 4
+
+#: Programs loaded from binaries at once, by platform name; other platforms load one at a
+#: time. PoCL's CPU device does part of a binary load outside its locks, so two loading
+#: threads gain; NVIDIA's driver serializes the loads, and two threads were slower than one.
+CONCURRENT_LOADS = {"Portable Computing Language": 2}
+
+#: ``(name, plan, binaries or None when missing, their digests, whether to vet them first)``
+Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool]
+
+
+def concurrent_loads(context: Any) -> int:
+    """How many threads load binaries at once in ``context`` (see ``CONCURRENT_LOADS``)."""
+    names = {str(device.platform.name) for device in context.devices}
+    return min(CONCURRENT_LOADS.get(name, 1) for name in names) if names else 1
+
+
+def load_cached_programs(
+    context: Any,
+    cache: Cache,
+    names: list[str],
+    workers: int,
+    plan_of: Callable[[str], ProgramPlan],
+    adopt: Callable[[str, Any], None],
+    gate: threading.Thread | None = None,
+) -> list[str]:
+    """Load the programs of ``names`` whose binaries are cached; return the names left to build.
+
+    ``plan_of(name)`` gives each program's plan, and ``adopt(name, program)`` takes
+    each one loaded. ``gate``, when given, is a thread that must end before the
+    first load (the driver's own cache files being restored).
+
+    A background thread fetches the entries a chunk of programs at a time
+    (one backend call each) and checks them, while the loading threads hand
+    the previous chunks to the driver (see :mod:`.read_ahead`). Binaries of
+    unknown origin are set aside and vetted together, in one batch, at the end.
+    """
+
+    def load_one(
+        name: str, plan: ProgramPlan, binaries: Sequence[Binary], digests: list[str] | None
+    ) -> bool:
+        program = load_cached(context, plan, cache, binaries, digests)
+        if program is None:
+            return False
+        adopt(name, program)
+        return True
+
+    size = max(LOAD_CHUNK, -(-len(names) // 8))
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    left: list[str] = []
+    unknown: list[tuple[str, ProgramPlan, Sequence[Binary]]] = []
+
+    def fetch_chunk(chunk: list[str]) -> list[Fetched]:
+        plans = {name: plan_of(name) for name in chunk}
+        wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
+        found = cache.get_many_views(wanted) if wanted else {}
+        fetched: list[Fetched] = []
+        for name, plan in plans.items():
+            binaries = [found.get(str(k)) for k in plan.keys or ()]
+            ready: list[Binary] = [b for b in binaries if b is not None]
+            if not ready or len(ready) != len(binaries):
+                fetched.append((name, plan, None, [], False))
+                continue
+            digests = [binary_digest(b) for b in ready]
+            vet = needs_vetting(digests, trusted=cache.signed, keys=plan.keys)
+            fetched.append((name, plan, ready, digests, vet))
+        return fetched
+
+    lock = threading.Lock()
+
+    def load(batch: list[Fetched]) -> None:
+        if gate is not None:
+            gate.join()
+        for name, plan, ready, digests, vet in batch:
+            if ready is not None and not vet and load_one(name, plan, ready, digests):
+                continue
+            with lock:
+                if ready is not None and vet:
+                    unknown.append((name, plan, ready))
+                else:
+                    left.append(name)
+
+    loaders = min(workers, concurrent_loads(context))
+    drain(read_ahead(chunks, fetch_chunk, background=workers > 1), load, loaders)
+    if unknown:
+        devices = list(context.devices)
+        items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
+        keys = [plan.keys for _, plan, _ in unknown]
+        may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
+        left += [
+            n
+            for (n, plan, ready), ok in zip(unknown, may_load, strict=True)
+            if not (ok and load_one(n, plan, ready, None))
+        ]
+    order = {name: i for i, name in enumerate(names)}
+    return sorted(left, key=order.__getitem__)

@@ -1,0 +1,25 @@
+"""What identifies one program's binaries: :class:`ProgramPlan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import CacheKey
+
+__all__ = ["ProgramPlan"]
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What identifies one program's binaries: its source, options, devices and keys.
+
+    ``keys`` holds one key per device, in the order of ``devices``; it is
+    ``None`` when the build cannot be cached (an unresolvable ``#include``).
+    """
+
+    source: str | bytes
+    options: list[str]
+    options_text: str
+    devices: list[Any]
+    keys: list[CacheKey] | None
