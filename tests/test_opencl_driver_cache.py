@@ -53,7 +53,7 @@ CHILD = textwrap.dedent(
     import pyopencl as cl
     import runtime_cache as rc
     from runtime_cache.backends.directory import DirectoryBackend
-    from runtime_cache.opencl import OpenCLModule, opencl_stats
+    from runtime_cache.opencl import OpenCLModule, choose_device, opencl_stats
 
     args = json.loads(sys.argv[1])
     sys.path.insert(0, args["tests"])
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent(
     backend = DirectoryBackend(args["store"], shared=args["shared"])
     backend.insecure = bool(args["shared"] and not args["secret"])  # unsigned on purpose
     cache = rc.Cache(backend, secret=args["secret"])
-    ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+    ctx = cl.Context([choose_device()])  # the device under test (PYOPENCL_CTX in CI's matrix)
     module = OpenCLModule(ctx, generated_sources(args["n"], args["salt"]), cache=cache,
                           driver_cache=True)
     module.build_all(workers=1)
@@ -127,7 +127,7 @@ def _key() -> CacheKey:
 
 
 def _pocl() -> bool:
-    """Whether the children's device (the first platform's) runs on PoCL.
+    """Whether the device under test (the children's too) runs on PoCL.
 
     On a driver whose cache runtime-cache does not carry (Intel's CPU runtime) this
     asserts so, and the caller returns: there is nothing to capture or restore.
