@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from runtime_cache.errors import InvalidKeyError
 
+from .dir_fs import open_folder
+
 __all__ = ["SUFFIX", "Found", "key_of", "rel_path", "walk"]
 
 SUFFIX = ".rce"
@@ -96,11 +98,7 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
         names = stack.pop()
         rel = "/".join(names)
         try:
-            fd = (
-                os.open(rel or ".", _DIR, dir_fd=root_fd)
-                if not names
-                else _open_chain(root_fd, names)
-            )
+            fd = open_folder(root_fd, rel)  # no link followed at any level
         except OSError:
             continue
         try:
@@ -129,17 +127,3 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
         finally:
             os.close(fd)
 
-
-def _open_chain(root_fd: int, names: list[str]) -> int:
-    fd = root_fd
-    try:
-        for name in names:
-            child = os.open(name, _DIR, dir_fd=fd)
-            if fd != root_fd:
-                os.close(fd)
-            fd = child
-    except BaseException:
-        if fd != root_fd:
-            os.close(fd)
-        raise
-    return fd
