@@ -28,7 +28,6 @@ SUFFIX = ".rce"
 _COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
 _MAX_KEY = 1024
 _MAX_DEPTH = 16
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def rel_path(key: str) -> str:
