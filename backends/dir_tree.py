@@ -125,4 +125,3 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
-
