@@ -210,6 +210,12 @@ def page(runs: Sequence[Run]) -> str:
         ("Killed writers: the crash harness", _pick(runs, "crash_harness"), tables.crash, False),
         ("Fuzzing", _pick(runs, "fuzz"), tables.fuzz, True),
         (
+            "Warm loads against the code before this round: rotating fresh processes",
+            [r for r in runs if r.get("benchmark") == "warm-ab"],
+            tables.warm_ab,
+            True,
+        ),
+        (
             "A fleet's cold start: N processes on one shared cache",
             [r for r in runs if r.get("benchmark") == "fleet"],
             tables.fleet,

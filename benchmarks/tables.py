@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import labels
@@ -247,5 +248,29 @@ def fleet(runs: Sequence[Run]) -> str:
             "takeovers",
         ]
         title = f"`{run['_file']}`: {meta.get('n')} kernels on {meta.get('device')}"
+        out.append(title + "\n\n" + grid(head, rows))
+    return "\n\n".join(out)
+
+
+def warm_ab(runs: Sequence[Run]) -> str:
+    """``bench_warm_ab.py``: medians of A and B and the paired ratio, per load path."""
+    out = []
+    for run in runs:
+        rows = [
+            [
+                {"all": "build_all()", "one": "program() one at a time"}.get(mode, mode),
+                f"{float(row['a_median_seconds']) * 1000:.1f}",
+                f"{float(row['b_median_seconds']) * 1000:.1f}",
+                f"{float(row['paired_ratio_median']):.3f}",
+                "{:.3f} to {:.3f}".format(*row["ratio_interval_95"]),
+            ]
+            for mode, row in dict(run["results"]).items()
+        ]
+        head = ["load path", "A median (ms)", "B median (ms)", "B/A paired median", "95% interval"]
+        title = (
+            f"`{run['_file']}`: {run['n']} programs, {run['rounds']} rounds, on {run['device']}; "
+            f"A = {run.get('a_label') or Path(str(run['a'])).name}, "
+            f"B = {run.get('b_label') or Path(str(run['b'])).name}"
+        )
         out.append(title + "\n\n" + grid(head, rows))
     return "\n\n".join(out)
