@@ -3,7 +3,7 @@
 Usage::
 
     runtime-cache ls --runtime opencl --sort size
-    runtime-cache --cache redis://cache-host:6379/0 stats --json
+    runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats --json
     runtime-cache prune --max-size 500MB --older-than 30d
     runtime-cache export app-assets/kernels.rcb --runtime opencl
 
@@ -117,7 +117,7 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         epilog="Exit codes: 0 ok, 1 problems found, 2 usage error.\n\n"
         + examples(
             "runtime-cache ls --sort size",
-            "runtime-cache --cache redis://cache-host:6379/0 stats",
+            "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
             "runtime-cache verify --repair",
         ),
     )

@@ -169,10 +169,11 @@ def _read_file(path: str, limit: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device (before fdopen refuses it)
+        os.close(fd)
+        raise BundleFileError(f"cannot read {path}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BundleFileError(f"cannot read {path}: not a regular file")
         if info.st_size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
         try:

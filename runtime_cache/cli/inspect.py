@@ -120,7 +120,7 @@ def add_parsers(add: AddCommand) -> None:
         [
             "runtime-cache stats",
             "runtime-cache stats --runtime opencl --json",
-            "runtime-cache --cache redis://cache-host:6379/0 stats",
+            "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
         ],
     )
     filters(stats)

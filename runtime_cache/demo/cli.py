@@ -116,7 +116,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             help=text,
             description=text,
             epilog="examples:\n  runtime-cache demo\n  runtime-cache demo --tiny --json\n"
-            "  runtime-cache --cache redis://cache-host:6379/0 demo --device 1",
+            "  runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 demo",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
