@@ -286,9 +286,19 @@ class TuningCache:
         accepted; others are skipped, as are single records that fail their
         checksum or signature. A malformed blob raises
         :class:`~runtime_cache.errors.InvalidBundleError`.
+
+        A cache without a secret over a shared store (``insecure=1``) writes
+        nothing: unsigned records are not passed on to other users, as with
+        :meth:`~runtime_cache.Cache.loads`. It logs a warning and returns 0.
         """
         cache = self.cache
         accepted = 0
+        if not cache.signed and cache.backend.shared:
+            log.warning(
+                "runtime-cache: not writing unsigned tuning records to the shared store %r",
+                cache.backend,
+            )
+            return 0
         for blob in decode_bundle(data, limits=cache.limits):
             try:
                 # The one entry check (signature with the cache's secret, key against parts).

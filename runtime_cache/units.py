@@ -15,7 +15,7 @@ import re
 
 from .errors import InvalidValueError
 
-__all__ = ["InvalidValueError", "parse_bool", "parse_duration", "parse_size"]
+__all__ = ["InvalidValueError", "format_size", "parse_bool", "parse_duration", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -107,3 +107,22 @@ def parse_bool(text: str | bool) -> bool:
     if value is None:
         raise InvalidValueError(f"not a boolean: {text!r} (use on/off, true/false, yes/no or 1/0)")
     return value
+
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_size(size: int | float | None) -> str:
+    """Format a byte count with binary units: ``"512 B"``, ``"1.5 KiB"``, ``"2.0 GiB"``.
+
+    The one size format of every report (the CLI's listings and the demo), so
+    that the same bytes read the same everywhere. ``None`` gives ``"-"``.
+    """
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in _BINARY_UNITS:
+        if abs(value) < 1024 or unit == _BINARY_UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover

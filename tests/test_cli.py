@@ -278,7 +278,7 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
     old = time.time() - 40 * 86400
     os.utime(entry_file(root, keys[1]), (old, old))
     code, out, _ = run("prune", "--older-than", "30d")
-    assert code == 0 and "removed 1 entries" in out
+    assert code == 0 and "removed 1 entry" in out
     assert {e["key"] for e in run.listing()} == {str(keys[0]), str(keys[2])}
 
 

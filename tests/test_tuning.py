@@ -210,6 +210,20 @@ def test_signed_cache_round_trip_and_foreign_secret() -> None:
     assert tuner(rc.Cache(MemoryBackend(), secret="other")).loads(blob) == 0
 
 
+def test_unsigned_records_are_not_written_to_a_shared_store() -> None:
+    t = tuner(rc.Cache(MemoryBackend()))
+    t.put("conv1", {"tile": 4})
+    blob = t.dumps()
+    shared = MemoryBackend()
+    shared.shared = True
+    shared.insecure = True  # a shared store opened with insecure=1
+    target = tuner(rc.Cache(shared))
+    assert target.loads(blob) == 0
+    assert target.symbols() == []
+    # A private store still takes them.
+    assert tuner(rc.Cache(MemoryBackend())).loads(blob) == 1
+
+
 def test_default_cache_is_the_provider(tmp_path: Any) -> None:
     with rc.cache_provider(f"dir://{tmp_path}"):
         t = TuningCache("net@1", "opencl", GPU_A)

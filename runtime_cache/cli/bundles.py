@@ -36,6 +36,7 @@ from ..errors import InvalidBundleError
 from ..signing import SIG_SIZE
 from .context import CommandContext, Handler, Skipped
 from .fmt import Progress, clean, human_size
+from .fmt import count as fmt_count
 from .inspect import add_json, filters
 
 __all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
@@ -215,7 +216,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     else:
         where = ctx.err if args.file == "-" else ctx.out
         print(
-            f"exported {count} entries ({human_size(len(data))}, "
+            f"exported {fmt_count(count, 'entry', 'entries')} ({human_size(len(data))}, "
             f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}",
             file=where,
         )

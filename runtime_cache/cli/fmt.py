@@ -19,9 +19,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from ..units import format_size
+
 __all__ = [
     "Progress",
     "clean",
+    "count",
     "human_age",
     "human_seconds",
     "human_size",
@@ -31,8 +34,6 @@ __all__ = [
     "short_key",
     "signed_line",
 ]
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def clean(text: object) -> str:
@@ -49,16 +50,14 @@ def clean(text: object) -> str:
     )
 
 
+def count(n: int, one: str, many: str) -> str:
+    """``n`` and its noun in the right number: ``count(1, "entry", "entries")`` is ``"1 entry"``."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def human_size(size: int | float | None) -> str:
     """Format a byte count with binary units: ``"512 B"``, ``"1.5 KiB"``, ``"2.0 GiB"``."""
-    if size is None:
-        return "-"
-    value = float(size)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return format_size(size)
 
 
 def human_age(seconds: float | None) -> str:

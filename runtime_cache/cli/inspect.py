@@ -19,6 +19,7 @@ from ..stats import EntryInfo, jsonable
 from .context import CommandContext, Handler, KeyNotFound, Skipped, resolve_key
 from .fmt import (
     clean,
+    count,
     human_age,
     human_seconds,
     human_size,
@@ -168,7 +169,8 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
         table = render_table([*headers, "HITS", "USED"], rows, right=(5, 6, 7, 8, 9))
         print(table, file=ctx.out)
         total = sum(info.stored_size for info in infos)
-        print(f"\n{len(infos)} entries, {human_size(total)} stored", file=ctx.out)
+        entries = count(len(infos), "entry", "entries")
+        print(f"\n{entries}, {human_size(total)} stored", file=ctx.out)
     print(signed_line(ctx.cache.signed), file=ctx.out)
     skipped.report(ctx)
     return code

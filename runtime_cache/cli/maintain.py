@@ -18,7 +18,7 @@ from ..errors import BackendUnavailableError, InvalidKeyError, RuntimeCacheError
 from ..maintenance import prune, verify
 from ..units import parse_duration, parse_size
 from .context import CommandContext, Handler, KeyNotFound, UsageError, resolve_key
-from .fmt import Progress, clean, human_size
+from .fmt import Progress, clean, count, human_size
 from .inspect import add_json
 
 __all__ = ["add_parsers", "cmd_clear", "cmd_prune", "cmd_rm", "cmd_verify"]
@@ -173,7 +173,7 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
             {"removed": removed, "skipped": [{"key": k, "reason": r} for k, r in skipped]}
         )
     else:
-        print(f"removed {removed} entries", file=ctx.out)
+        print(f"removed {count(removed, 'entry', 'entries')}", file=ctx.out)
         _report_skipped(ctx, skipped)
     return 1 if skipped else 0
 
@@ -209,8 +209,9 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         ctx.emit_json(asdict(report))
         return 0
     print(
-        f"removed {report.removed} entries ({human_size(report.freed)}); "
-        f"{report.remaining} entries remain ({human_size(report.remaining_bytes)})",
+        f"removed {count(report.removed, 'entry', 'entries')} ({human_size(report.freed)}); "
+        f"{count(report.remaining, 'entry remains', 'entries remain')} "
+        f"({human_size(report.remaining_bytes)})",
         file=ctx.out,
     )
     if report.leftovers:
@@ -245,7 +246,8 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     _report_skipped(ctx, report.skipped)
     signatures = "with signatures" if ctx.cache.signed else "no secret, signatures not checked"
     print(
-        f"checked {report.checked} entries ({signatures}): {len(report.bad)} bad, "
+        f"checked {count(report.checked, 'entry', 'entries')} ({signatures}): "
+        f"{len(report.bad)} bad, "
         f"{report.removed} removed",
         file=ctx.out,
     )

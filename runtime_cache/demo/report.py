@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..units import format_size
 from .phases import PHASES
 
 __all__ = ["compare", "format_text"]
@@ -32,15 +33,6 @@ def compare(cold: dict[str, Any], warm: dict[str, Any], **context: Any) -> dict[
         "outputs_identical": identical,
         "max_abs_error": max(cold["max_abs_error"], warm["max_abs_error"]),
     }
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
 
 
 def format_text(result: dict[str, Any]) -> str:
@@ -91,6 +83,6 @@ def format_text(result: dict[str, Any]) -> str:
             "kept (see `runtime-cache ls`)" if result.get("kept") else "removed (--keep keeps them)"
         )
         lines.append(
-            f"cache entries: {entries['count']} ({kinds}), {_size(entries['bytes'])}; {fate}"
+            f"cache entries: {entries['count']} ({kinds}), {format_size(entries['bytes'])}; {fate}"
         )
     return "\n".join(lines)
