@@ -223,7 +223,7 @@ def test_secrets_from_the_environment_and_a_file(
     secret_file.write_text("cli-file\n", encoding="utf-8")
     url = f"dir://{tmp_path / 'c'}?shared=1"
     capsys.readouterr()
-    assert main(["--cache", url, "ls"]) == 1  # a shared folder without a secret
+    assert main(["--cache", url, "ls"]) == 2  # a shared folder without a secret: a usage error
     assert "insecure=1" in capsys.readouterr().err
     assert main(["--cache", url, "--secret-file", str(secret_file), "ls"]) == 0
     assert "signed:  yes" in capsys.readouterr().out

@@ -13,7 +13,7 @@ embedded default folder. ``--secret`` (or ``RUNTIME_CACHE_SECRET``) signs what
 is written and makes ``show``, ``verify`` and ``import`` check signatures.
 
 Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a
-failing backend, an aborted ``clear``), 2 usage errors.
+failing backend, an aborted ``clear``), 2 usage errors (a bad option or URL, a shared store without a secret).
 
 Plug-in subcommands come through the entry-point group ``runtime_cache.cli``:
 each entry point names a function ``add_parser(subparsers)`` that adds one
@@ -37,7 +37,13 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from .._version import __version__
-from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError, UnknownBackendError
+from ..errors import (
+    InsecureStoreError,
+    InvalidURLError,
+    InvalidValueError,
+    RuntimeCacheError,
+    UnknownBackendError,
+)
 from ..urls import redact
 from . import bundles, inspect, maintain
 from .context import CommandContext, Handler, UsageError, open_cache, resolve_secret
@@ -59,7 +65,13 @@ PLUGIN_GROUP = "runtime_cache.cli"
 #: (a source checkout); another distribution cannot take these names.
 BUILTIN_PLUGINS: Mapping[str, str] = {"demo": "runtime_cache.demo.cli:add_parser"}
 
-_USAGE_ERRORS = (UsageError, InvalidURLError, InvalidValueError, UnknownBackendError)
+_USAGE_ERRORS = (
+    UsageError,
+    InvalidURLError,
+    InvalidValueError,
+    UnknownBackendError,
+    InsecureStoreError,  # a missing secret is a setting to give, like a bad URL option
+)
 
 
 def plugins() -> dict[str, str]:
