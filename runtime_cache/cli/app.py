@@ -13,7 +13,8 @@ embedded default folder. ``--secret`` (or ``RUNTIME_CACHE_SECRET``) signs what
 is written and makes ``show``, ``verify`` and ``import`` check signatures.
 
 Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a
-failing backend, an aborted ``clear``), 2 usage errors (a bad option or URL, a shared store without a secret).
+failing backend, an aborted ``clear``), 2 usage errors (a bad option or URL,
+a shared store without a secret).
 
 Plug-in subcommands come through the entry-point group ``runtime_cache.cli``:
 each entry point names a function ``add_parser(subparsers)`` that adds one
