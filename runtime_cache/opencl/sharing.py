@@ -140,8 +140,8 @@ def build_claimed(
     ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
     ``None``, builds whatever is in ``taken`` and not built when its workers
     fail, and calls ``claims.done`` itself. A worker process costs a start-up
-    (seconds on some drivers), so each pulls ``chunk`` claims at a time and a
-    fleet starts few workers in all. Otherwise ``workers`` threads call
+    (seconds on some drivers), so each pulls ``chunk`` claims at a time, one
+    worker after another, and a fleet starts few workers in all. Otherwise ``workers`` threads call
     ``build_one(name)``.
     """
     taken: list[str] = []
@@ -154,17 +154,22 @@ def build_claimed(
 
     if build_many is not None and workers > 1:
         local = threading.local()
+        claiming = threading.Lock()
 
         def next_name() -> str | None:
             queue: list[str] | None = getattr(local, "queue", None)
             if queue is None:
                 queue = local.queue = []
-            if not queue:  # claim the next few together
-                for _ in range(chunk):
-                    name = take()
-                    if name is None:
-                        break
-                    queue.append(name)
+            if not queue:
+                # One worker claims its next few at a time: workers then start only for
+                # what this process won (about won / chunk of them), instead of one for
+                # each thread that raced for a claim while the others' leases ran out.
+                with claiming:
+                    for _ in range(chunk):
+                        name = take()
+                        if name is None:
+                            break
+                        queue.append(name)
             return queue.pop(0) if queue else None
 
         build_many(taken, next_name)
