@@ -26,8 +26,8 @@ time does not stretch when more compiles run at once than there are cores.
 ``cpu_seconds`` is the user + system time of each process and its build
 workers during ``build_all()`` (start-ups and loads included). Backends:
 ``dir`` (a folder on local disk) and ``redis`` (a ``redis-server`` from PATH on
-loopback, when one runs), both with a secret. Pinned scenarios need ``procs * cores_per`` cores and are skipped with
-a note otherwise. Prints a table and writes JSON.
+loopback, when one runs), both with a secret. Pinned scenarios need
+``procs * cores_per`` cores and are skipped with a note otherwise. Prints a table and writes JSON.
 
 Usage::
 
