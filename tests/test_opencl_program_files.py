@@ -53,7 +53,8 @@ CHILD = textwrap.dedent(
 
     cache = rc.Cache(rc.open_backend(url), secret=secret or None)
     ctx = cl.Context([choose_device()])
-    module = OpenCLModule(ctx, generated_sources(int(count), int(salt)), cache=cache, driver_cache=True)
+    sources = generated_sources(int(count), int(salt))
+    module = OpenCLModule(ctx, sources, cache=cache, driver_cache=True)
     for name in module.sources:
         module._plan(name)
     while not os.path.exists(go):
