@@ -86,6 +86,7 @@ def child(url: str, n: int, salt: str, workers: int | None, carry: bool) -> dict
     module = OpenCLModule(ctx, kernel_sources(n, salt), cache=cache, driver_cache=carry)
     for name in module.sources:
         module._plan(name)  # planning (options, fingerprints) is not the build: done before "go"
+    phases = _time_phases(module)
     print("set", flush=True)
     sys.stdin.readline()
     before = _cpu()
@@ -112,7 +113,38 @@ def child(url: str, n: int, salt: str, workers: int | None, carry: bool) -> dict
         "wait_seconds": cstats.wait_seconds,
         "takeovers": cstats.takeovers,
         "cpus": len(os.sched_getaffinity(0)),
+        # Seconds (summed over threads) spent starting workers, restoring driver files, loading.
+        "phases": dict(phases),
     }
+
+
+def _time_phases(module: Any) -> dict[str, float]:
+    """Sum the wall time of a few inner steps (a diagnostic; the library is unchanged)."""
+    import threading
+
+    from runtime_cache.opencl import parallel, program_files
+
+    sums = {"worker_start": 0.0, "worker_starts": 0.0, "restore": 0.0, "load": 0.0}
+    lock = threading.Lock()
+
+    def timed(name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                with lock:
+                    sums[name] += time.perf_counter() - started
+                    if name == "worker_start":
+                        sums["worker_starts"] += 1
+
+        return wrapper
+
+    parallel.start_worker = timed("worker_start", parallel.start_worker)  # type: ignore[assignment]
+    files = program_files.ProgramFiles
+    files.restore = timed("restore", files.restore)  # type: ignore[method-assign]
+    module._load_cached = timed("load", module._load_cached)
+    return sums
 
 
 # ---------------------------------------------------------------------------- parent side

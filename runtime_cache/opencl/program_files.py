@@ -12,7 +12,9 @@ of the same binary, in any process, to skip the JIT.
 With the driver cache on (see :mod:`runtime_cache.opencl.driver_cache`) and the
 driver's folder managed, :class:`ProgramFiles`:
 
-* gives each build worker a private driver folder (:meth:`ProgramFiles.worker_env`);
+* gives each build worker a private driver folder (:meth:`ProgramFiles.worker_env`;
+  on NVIDIA it starts with the few data files this process's folder held when
+  the build began, such as what creating a context JIT-compiled);
   the worker builds one program at a time, so the files its folder gained
   during one build are that program's (:func:`capture_build`; NVIDIA's
   ``index`` is left out: it names every file of the folder);
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -53,13 +56,19 @@ from .driver_cache import (
     managed_folder,
     trusted_source,
 )
-from .driver_files import INDEX, WORKER_ENV, DriverFile, add_missing, unpack_files
+from .driver_files import INDEX, WORKER_ENV, DriverFile, add_missing, snapshot, unpack_files
 from .fingerprint import device_fingerprint
 from .guard import binary_digest, guard
 
 __all__ = ["ProgramFiles", "with_driver_files"]
 
 log = logging.getLogger(__name__)
+
+#: Drivers whose data files are written once under a content hash, so a worker's folder
+#: may start with links to this process's: NVIDIA's.
+SEEDED = frozenset({"nvidia"})
+#: A worker's folder is seeded only when this process's folder holds at most this many.
+MAX_SEED = 16
 
 
 def _program_files(files: Sequence[DriverFile]) -> list[DriverFile]:
@@ -84,6 +93,7 @@ class ProgramFiles:
         self._fingerprint = fingerprint
         self._temps: list[str] = []
         self._lock = threading.Lock()
+        self._seed: list[str] | None = None
 
     @classmethod
     def open(
@@ -129,7 +139,29 @@ class ProgramFiles:
         folder = tempfile.mkdtemp(prefix="rc-driver-worker-")
         with self._lock:
             self._temps.append(folder)
+        if self.kind in SEEDED:
+            self._seed_folder(folder)
         return {**driver_variables(self.kind, folder), WORKER_ENV: folder}
+
+    def _seed_folder(self, folder: str) -> None:
+        """Give a worker the data files this process's folder had when the cold build
+        began (NVIDIA: what creating a context JIT-compiled), so the worker's own
+        context creation finds them; a few at most, linked where the disk allows."""
+        with self._lock:
+            if self._seed is None:
+                found = [n for n in snapshot(self.folder) if n != INDEX]
+                self._seed = found if len(found) <= MAX_SEED else []
+            seed = list(self._seed)
+        for name in seed:
+            source, target = os.path.join(self.folder, name), os.path.join(folder, name)
+            try:
+                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)
+            except OSError:
+                continue  # removed meanwhile, or no room: the worker JIT-compiles it
 
     def close(self) -> None:
         """Remove the workers' private folders (after the workers ended)."""

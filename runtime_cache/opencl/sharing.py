@@ -141,7 +141,8 @@ def build_claimed(
     ``None``, builds whatever is in ``taken`` and not built when its workers
     fail, and calls ``claims.done`` itself. A worker process costs a start-up
     (seconds on some drivers), so each pulls ``chunk`` claims at a time, one
-    worker after another, and a fleet starts few workers in all. Otherwise ``workers`` threads call
+    worker after another, a claim short of a full chunk goes to the workers
+    already running, and a fleet starts few workers in all. Otherwise ``workers`` threads call
     ``build_one(name)``.
     """
     taken: list[str] = []
@@ -155,21 +156,36 @@ def build_claimed(
     if build_many is not None and workers > 1:
         local = threading.local()
         claiming = threading.Lock()
+        spare: deque[str] = deque()  # claims left to the workers already running
+        active = [0]  # threads whose worker runs (got a name, not yet None)
 
         def next_name() -> str | None:
             queue: list[str] | None = getattr(local, "queue", None)
             if queue is None:
                 queue = local.queue = []
+            running = bool(getattr(local, "running", False))
             if not queue:
-                # One worker claims its next few at a time: workers then start only for
-                # what this process won (about won / chunk of them), instead of one for
-                # each thread that raced for a claim while the others' leases ran out.
+                # One thread claims its next few at a time, so workers start only for
+                # what this process won. A thread that wins less than a full chunk
+                # leaves it to the workers running, rather than start one more for a
+                # few builds (a start-up costs about as much as several builds).
                 with claiming:
-                    for _ in range(chunk):
+                    while spare and len(queue) < chunk:
+                        queue.append(spare.popleft())
+                    while len(queue) < chunk:
                         name = take()
                         if name is None:
                             break
                         queue.append(name)
+                    if not running and 0 < len(queue) < chunk and active[0] > 0:
+                        spare.extend(queue)
+                        queue.clear()
+                    if queue and not running:
+                        active[0] += 1
+                        local.running = True
+                    elif not queue and running:
+                        active[0] -= 1
+                        local.running = False
             return queue.pop(0) if queue else None
 
         build_many(taken, next_name)
