@@ -99,14 +99,20 @@ def pack_files(folder: str, names: Iterable[str]) -> bytes | None:
     return msgpack.packb(files, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def capture_build(folder: str, before: Mapping[str, tuple[int, int]]) -> bytes | None:
+def capture_build(
+    folder: str, before: Mapping[str, tuple[int, int]], exclude: frozenset[str] = frozenset()
+) -> bytes | None:
     """Pack the files ``folder`` gained (or that changed size) since ``before``; ``None``: none.
 
     A build worker calls it after each build, with the :func:`snapshot` taken
-    before it; the folder-wide ``index`` is left out.
+    before it; the folder-wide ``index`` and the names in ``exclude`` are left out.
     """
     now = snapshot(folder)
-    names = [n for n, st in now.items() if n != INDEX and before.get(n, (-1,))[0] != st[0]]
+    names = [
+        n
+        for n, st in now.items()
+        if n != INDEX and n not in exclude and before.get(n, (-1,))[0] != st[0]
+    ]
     return pack_files(folder, names) if names else None
 
 

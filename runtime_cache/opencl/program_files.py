@@ -56,7 +56,15 @@ from .driver_cache import (
     managed_folder,
     trusted_source,
 )
-from .driver_files import INDEX, WORKER_ENV, DriverFile, add_missing, snapshot, unpack_files
+from .driver_files import (
+    INDEX,
+    WORKER_ENV,
+    DriverFile,
+    add_missing,
+    capture_build,
+    snapshot,
+    unpack_files,
+)
 from .fingerprint import device_fingerprint
 from .guard import binary_digest, guard
 
@@ -94,6 +102,7 @@ class ProgramFiles:
         self._temps: list[str] = []
         self._lock = threading.Lock()
         self._seed: list[str] | None = None
+        self._foreign: set[str] = set()  # names added here from stored sets
 
     @classmethod
     def open(
@@ -170,6 +179,18 @@ class ProgramFiles:
         for folder in temps:
             shutil.rmtree(folder, ignore_errors=True)
 
+    def own_snapshot(self) -> dict[str, tuple[int, int]]:
+        """This process's driver folder now (before a build here; see :meth:`own_capture`)."""
+        return snapshot(self.folder)
+
+    def own_capture(self, before: dict[str, tuple[int, int]]) -> bytes | None:
+        """The files a build in this process added since ``before``, less those added from
+        stored sets meanwhile; one build at a time here, so they are that program's
+        (and, on PoCL, what loads meanwhile wrote: a few more files, harmless)."""
+        with self._lock:
+            foreign = frozenset(self._foreign)
+        return capture_build(self.folder, before, exclude=foreign)
+
     def publish(self, binary_key: str, packed: bytes) -> int:
         """Store one program's files (before its binaries) and add them here; return files added.
 
@@ -182,6 +203,8 @@ class ProgramFiles:
             return 0
         if not files:
             return 0
+        with self._lock:
+            self._foreign.update(name for name, _, _ in files)
         if self.cache.put(self.key(binary_key), packed, extra={"files": len(files)}):
             counters.add(driver_files_published=1)
         try:
@@ -210,6 +233,8 @@ class ProgramFiles:
                 counters.add(driver_files_dropped=1)
                 self.cache.delete(skey)
                 continue
+            with self._lock:
+                self._foreign.update(name for name, _, _ in files)
             try:
                 add_missing(self.folder, files)
             except OSError as exc:

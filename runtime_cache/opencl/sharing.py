@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ..api import Lease
 from ..cache import Cache
@@ -133,6 +134,7 @@ def build_claimed(
     build_one: Callable[[str], None],
     build_many: Callable[[list[str], Callable[[], str | None]], None] | None,
     chunk: int,
+    build_here: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Build every program ``claims`` hands out now; return their names.
 
@@ -140,10 +142,12 @@ def build_claimed(
     ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
     ``None``, builds whatever is in ``taken`` and not built when its workers
     fail, and calls ``claims.done`` itself. A worker process costs a start-up
-    (seconds on some drivers), so each pulls ``chunk`` claims at a time, one
-    worker after another, a claim short of a full chunk goes to the workers
-    already running, and a fleet starts few workers in all. Otherwise ``workers`` threads call
-    ``build_one(name)``.
+    (seconds on some drivers, longer while many processes open the same GPU),
+    so each pulls ``chunk`` claims at a time, one worker after another, and a
+    claim short of a full chunk goes to the builders already running rather
+    than start one more. Meanwhile this process builds too, one program at a
+    time, with ``build_here`` (it needs no start-up): so ``build_many`` should
+    start one worker fewer. Otherwise ``workers`` threads call ``build_one(name)``.
     """
     taken: list[str] = []
 
@@ -156,8 +160,9 @@ def build_claimed(
     if build_many is not None and workers > 1:
         local = threading.local()
         claiming = threading.Lock()
-        spare: deque[str] = deque()  # claims left to the workers already running
-        active = [0]  # threads whose worker runs (got a name, not yet None)
+        spare: deque[str] = deque()  # claims left to the builders already running
+        # Builders at work (got a name, not yet None); this process's own counts from the start.
+        active = [1 if build_here is not None else 0]
 
         def next_name() -> str | None:
             queue: list[str] | None = getattr(local, "queue", None)
@@ -167,7 +172,7 @@ def build_claimed(
             if not queue:
                 # One thread claims its next few at a time, so workers start only for
                 # what this process won. A thread that wins less than a full chunk
-                # leaves it to the workers running, rather than start one more for a
+                # leaves it to the builders at work, rather than start one more for a
                 # few builds (a start-up costs about as much as several builds).
                 with claiming:
                     while spare and len(queue) < chunk:
@@ -188,7 +193,39 @@ def build_claimed(
                         local.running = False
             return queue.pop(0) if queue else None
 
-        build_many(taken, next_name)
+        def own() -> None:
+            assert build_here is not None
+            try:
+                while True:
+                    with claiming:
+                        name = spare.popleft() if spare else take()
+                        if name is None:
+                            active[0] -= 1
+                            return
+                    try:
+                        build_here(name)
+                    finally:
+                        claims.done(name)
+            except BaseException:
+                with claiming:
+                    active[0] -= 1
+                raise
+
+        if build_here is None:
+            build_many(taken, next_name)
+            return taken
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            mine = pool.submit(own)
+            build_many(taken, next_name)
+            mine.result()
+        # Claims set aside after this process's own builder ended: no builder is left.
+        left = list(spare)
+        spare.clear()
+        for name in left:
+            try:
+                build_here(name)
+            finally:
+                claims.done(name)
         return taken
 
     def run(_: int) -> None:

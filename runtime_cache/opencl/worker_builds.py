@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
+from ._driver import import_pyopencl
 from .counters import counters
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
-from .program import load_from_binaries, store_binaries
+from .program import load_from_binaries, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles
 from .sharing import Claims, build_claimed
 
@@ -144,10 +145,37 @@ def build_in_workers(
 
 
 def build_claims(hooks: BuildHooks, claims: Claims, workers: int, processes: bool) -> list[str]:
-    """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`)."""
+    """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`): in
+    ``workers - 1`` worker processes and this process, or in ``workers`` threads."""
 
     def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
-        build_in_workers(hooks, taken, workers, next_name, claims.done)
+        build_in_workers(hooks, taken, max(1, workers - 1), next_name, claims.done)
 
     many = in_processes if processes else None
-    return build_claimed(claims, workers, _timed(hooks.build_here), many, PROCESS_THRESHOLD)
+    timed = _timed(hooks.build_here)
+    here = _timed(_capturing(hooks)) if processes else None
+    return build_claimed(claims, workers, timed, many, PROCESS_THRESHOLD, here)
+
+
+def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
+    """A source build in this process that, like a worker's, stores the driver files
+    it added (before its binaries); this process builds one program at a time."""
+    files = hooks.program_files
+    if files is None:
+        return hooks.build_here
+
+    def build(name: str) -> None:
+        plan = hooks.plan_of(name)
+        if plan.keys is None:
+            hooks.build_here(name)
+            return
+        before = files.own_snapshot()
+        program, seconds = source_build(hooks.context, plan)
+        packed = files.own_capture(before)
+        if packed is not None:
+            files.publish(str(plan.keys[0]), packed)
+        binaries = read_binaries(import_pyopencl(), program, plan.devices)
+        store_binaries(hooks.cache, plan, program, binaries, seconds)
+        hooks.adopt(name, program, seconds)
+
+    return build
