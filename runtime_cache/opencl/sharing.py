@@ -161,6 +161,7 @@ def build_claimed(
         local = threading.local()
         claiming = threading.Lock()
         spare: deque[str] = deque()  # claims left to the builders already running
+        handed: list[str] = []  # claims given to worker threads (theirs to build or hand back)
         # Builders at work (got a name, not yet None); this process's own counts from the start.
         active = [1 if build_here is not None else 0]
 
@@ -185,6 +186,7 @@ def build_claimed(
                     if not running and 0 < len(queue) < chunk and active[0] > 0:
                         spare.extend(queue)
                         queue.clear()
+                    handed.extend(queue)
                     if queue and not running:
                         active[0] += 1
                         local.running = True
@@ -216,7 +218,7 @@ def build_claimed(
             return taken
         with ThreadPoolExecutor(max_workers=1) as pool:
             mine = pool.submit(own)
-            build_many(taken, next_name)
+            build_many(handed, next_name)  # not ``taken``: this process builds the rest
             mine.result()
         # Claims set aside after this process's own builder ended: no builder is left.
         left = list(spare)
