@@ -143,9 +143,9 @@ def build_claimed(
     ``None``, builds whatever is in ``taken`` and not built when its workers
     fail, and calls ``claims.done`` itself. A worker process costs a start-up
     (seconds on some drivers, longer while many processes open the same GPU),
-    so each pulls ``chunk`` claims at a time, one worker after another, and a
-    claim short of a full chunk goes to the builders already running rather
-    than start one more. Meanwhile this process builds too, one program at a
+    so one starts only with ``chunk`` claims in hand and while this process
+    has won ``chunk`` for each builder; claims short of that go to the
+    builders at work. Meanwhile this process builds too, one program at a
     time, with ``build_here`` (it needs no start-up): so ``build_many`` should
     start one worker fewer. Otherwise ``workers`` threads call ``build_one(name)``.
     """
@@ -171,21 +171,25 @@ def build_claimed(
                 queue = local.queue = []
             running = bool(getattr(local, "running", False))
             if not queue:
-                # One thread claims its next few at a time, so workers start only for
-                # what this process won. A thread that wins less than a full chunk
-                # leaves it to the builders at work, rather than start one more for a
-                # few builds (a start-up costs about as much as several builds).
+                # One thread claims at a time. A worker starts only with a full chunk in
+                # hand, and only while this process has won at least ``chunk`` programs
+                # for each builder, itself included (as ``build_all`` without leases
+                # uses workers only with ``PROCESS_THRESHOLD`` builds each): a start-up
+                # costs about as much as several builds. Claims won short of that wait
+                # in ``spare`` for the builders at work.
                 with claiming:
-                    while spare and len(queue) < chunk:
-                        queue.append(spare.popleft())
-                    while len(queue) < chunk:
-                        name = take()
-                        if name is None:
-                            break
-                        queue.append(name)
-                    if not running and 0 < len(queue) < chunk and active[0] > 0:
-                        spare.extend(queue)
-                        queue.clear()
+                    if running:
+                        while spare and len(queue) < chunk:
+                            queue.append(spare.popleft())
+                        while len(queue) < chunk and (name := take()) is not None:
+                            queue.append(name)
+                    else:
+                        need = chunk * (active[0] + 1)
+                        while len(taken) < need and (name := take()) is not None:
+                            spare.append(name)
+                        if active[0] == 0 or (len(taken) >= need and len(spare) >= chunk):
+                            while spare and len(queue) < chunk:
+                                queue.append(spare.popleft())
                     handed.extend(queue)
                     if queue and not running:
                         active[0] += 1
