@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import threading
@@ -18,7 +17,6 @@ import time
 from typing import TYPE_CHECKING
 
 from .dir_fs import NOFOLLOW, open_folder, set_aside
-from .dir_lease import LOCKS
 from .dir_tree import walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
 from .temp_files import remove_if_orphaned
@@ -238,6 +236,13 @@ class Upkeep:
         """Remove lease files no one holds and no one touched lately (killed holders leave
         them). Each is locked first and unlinked while locked, as a release does, so a
         taker that opened it meanwhile sees another file and tries again."""
+        try:  # here: the backend itself must open where fcntl cannot be imported
+            import fcntl
+
+            from .dir_lease import LOCKS
+        except ImportError:
+            return 0
+
         try:
             fd = open_folder(root_fd, LOCKS)
         except OSError:
