@@ -28,6 +28,7 @@ __all__ = ["Upkeep"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 _TEMP_MAX_AGE = 300.0
+_LOCK_FLAGS = os.O_RDWR | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _ASIDE = (".junk-", ".del-")
 _MARKER = ".vacuumed"
 _LOCK = ".evict.lock"
@@ -200,7 +201,8 @@ class Upkeep:
 
     # --------------------------------------------------------------- vacuum
     def vacuum(self) -> int:
-        """Remove dead writers' temp files and old names set aside; compact the journal."""
+        """Remove dead writers' temp files, old names set aside and stale lease files;
+        compact the journal."""
         removed = 0
         now = time.time()
         stack = [""]
@@ -224,8 +226,51 @@ class Upkeep:
                         stack.append(f"{rel}/{name}" if rel else name)
             finally:
                 os.close(fd)
+        removed += self._vacuum_locks(root_fd, now)
         self.backend.compact_hits()
         self._touch_marker()
+        return removed
+
+    @staticmethod
+    def _vacuum_locks(root_fd: int, now: float) -> int:
+        """Remove lease files no one holds and no one touched lately (killed holders leave
+        them). Each is locked first and unlinked while locked, as a release does, so a
+        taker that opened it meanwhile sees another file and tries again."""
+        try:  # here: the backend itself must open where fcntl cannot be imported
+            import fcntl
+
+            from .dir_lease import LOCKS
+        except ImportError:
+            return 0
+
+        try:
+            fd = open_folder(root_fd, LOCKS)
+        except OSError:
+            return 0
+        removed = 0
+        try:
+            for name in os.listdir(fd):
+                if not name.endswith(".lock"):
+                    continue
+                try:
+                    lock = os.open(name, _LOCK_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    mine = os.fstat(lock)
+                    if mine.st_mtime > now - _TEMP_MAX_AGE or not stat.S_ISREG(mine.st_mode):
+                        continue
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while held
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                        os.unlink(name, dir_fd=fd)
+                        removed += 1
+                except OSError:
+                    continue
+                finally:
+                    os.close(lock)
+        finally:
+            os.close(fd)
         return removed
 
     @staticmethod

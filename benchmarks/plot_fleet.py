@@ -1,6 +1,6 @@
 """Draw the fleet cold-start figure for docs/shared-cache.md from committed results.
 
-Reads ``benchmarks/results/fleet-nvidia-h200-run2.json`` (written by
+Reads ``benchmarks/results/fleet-nvidia-h200.json`` (written by
 ``bench_fleet.py``) and writes ``docs/img/fleet-cold-start.png``: per scenario,
 the wall time until every process was ready, and the programs built from source
 by all processes together (the work), beside what it would be without leases
@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "fleet-nvidia-h200-run2.json"
+RESULTS = ROOT / "benchmarks" / "results" / "fleet-nvidia-h200.json"
 OUT = ROOT / "docs" / "img" / "fleet-cold-start.png"
 LABELS = {
     "lone_pinned": "1 proc.\n2 cores",
@@ -61,7 +61,8 @@ def draw(results: Path, out: Path) -> None:
     work.set_xticks(list(x), labels)
     work.set_ylabel("programs built from source, all processes")
     work.set_title("Compile work")
-    work.legend()
+    work.set_ylim(0, max(without) * 1.2)
+    work.legend(loc="upper center", ncol=2, fontsize=8)
     for axis in (wall, work):
         axis.tick_params(axis="x", labelsize=8)
     fig.suptitle(

@@ -220,7 +220,7 @@ def computecache_probe(run: Run) -> str:
 
 
 def fleet(runs: Sequence[Run]) -> str:
-    """``bench_fleet.py``: wall time, source builds and compile seconds per scenario."""
+    """``bench_fleet.py``: wall time, source builds, compile and process CPU per scenario."""
     out = []
     for run in runs:
         meta = run["meta"]
@@ -233,6 +233,8 @@ def fleet(runs: Sequence[Run]) -> str:
                 row.get("source_builds"),
                 row.get("binary_loads"),
                 f"{float(row.get('compile_seconds') or 0):.1f}",
+                f"{float(row.get('cpu_seconds') or 0):.1f}",
+                row.get("driver_files_restored", "-"),
                 row.get("takeovers"),
             ]
             for name, row in dict(run["results"]).items()
@@ -244,7 +246,9 @@ def fleet(runs: Sequence[Run]) -> str:
             "wall until all ready (s)",
             "source builds",
             "binary loads",
-            "compile (s, summed)",
+            "compile CPU (s, summed)",
+            "process CPU (s, summed)",
+            "driver files restored",
             "takeovers",
         ]
         title = f"`{run['_file']}`: {meta.get('n')} kernels on {meta.get('device')}"

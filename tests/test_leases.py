@@ -201,3 +201,22 @@ def test_get_or_build_does_not_wait_on_a_dead_store(redis_process: object) -> No
     assert cache.get_or_build(key, lambda: b"v") == b"v"
     assert time.monotonic() - started < 5.0
     assert cache.stats().lease_waits == 0
+
+
+def test_vacuum_removes_lease_files_left_unheld(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    held = DirLease(backend.root_fd, KEY, 30.0)
+    assert held.acquire()
+    left = DirLease(backend.root_fd, "opencl/program-binary/" + "5" * 32, 30.0)
+    assert left.acquire()
+    assert left._fd is not None
+    os.close(left._fd)  # as if its holder were killed: the file stays, locked by no one
+    left._fd = None
+    locks = tmp_path / ".locks"
+    old = time.time() - 3600
+    for path in locks.iterdir():
+        os.utime(path, (old, old))
+    assert backend.vacuum() >= 1
+    assert [p.name for p in locks.iterdir()] == [held.name]  # the held one stays
+    held.release()
+    assert list(locks.iterdir()) == []

@@ -24,7 +24,14 @@ class OpenCLStats:
     the driver crashed: blocklisted, then rebuilt from source); ``vet_local``
     programs a vetting child could not vet for reasons of its own (a full
     disk: built from source, nothing blocklisted or evicted). See
-    :mod:`runtime_cache.opencl.vetting`.
+    :mod:`runtime_cache.opencl.vetting`. ``compile_cpu_seconds`` is the CPU
+    time of the source builds that ``build_all`` ran in worker processes or
+    on its own threads (measured where the build runs).
+    ``driver_files_published`` counts programs whose driver files a build
+    stored, ``driver_files_restored`` programs whose stored driver files were
+    added to this process's driver folder before their binaries loaded, and
+    ``driver_files_dropped`` malformed sets deleted (see
+    :mod:`runtime_cache.opencl.program_files`).
     """
 
     binary_loads: int = 0
@@ -35,6 +42,10 @@ class OpenCLStats:
     vetted: int = 0
     vet_failures: int = 0
     vet_local: int = 0
+    compile_cpu_seconds: float = 0.0
+    driver_files_published: int = 0
+    driver_files_restored: int = 0
+    driver_files_dropped: int = 0
 
 
 counters = Counters(OpenCLStats)

@@ -63,6 +63,7 @@ __all__ = [
     "DriverCaches",
     "driver_cache_enabled",
     "driver_kind",
+    "driver_variables",
     "managed_folder",
     "prepare",
     "trusted_source",
@@ -143,6 +144,12 @@ def driver_kind(fingerprint: dict[str, Any]) -> str | None:
         if driver.platform in name:
             return kind
     return None
+
+
+def driver_variables(kind: str, folder: str) -> dict[str, str]:
+    """The environment that points the driver ``kind`` at ``folder``, with its cache on."""
+    driver = _DRIVERS[kind]
+    return {driver.variable: folder, driver.switch[0]: driver.switch[1]}
 
 
 def managed_folder(kind: str) -> str | None:

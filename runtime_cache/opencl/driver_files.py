@@ -24,8 +24,11 @@ import msgpack
 from ..errors import CorruptEntryError
 
 __all__ = [
+    "INDEX",
+    "WORKER_ENV",
     "DriverFile",
     "add_missing",
+    "capture_build",
     "pack_files",
     "restore_indexed",
     "snapshot",
@@ -44,6 +47,11 @@ _SKIPPED_PREFIXES = ("tempfile_", TEMP_MARK)
 MAX_FILES = 100_000
 MAX_DEPTH = 12
 MAX_TOTAL = 1 << 30
+#: Set in a build worker's environment: its private driver folder, captured per build
+#: (see :mod:`runtime_cache.opencl.program_files`).
+WORKER_ENV = "RUNTIME_CACHE_WORKER_DRIVER_DIR"
+#: A folder-wide index (NVIDIA's): never part of one program's files.
+INDEX = "index"
 #: A temporary older than this is left by a dead process (restores take milliseconds).
 STALE_SECONDS = 600.0
 
@@ -89,6 +97,23 @@ def pack_files(folder: str, names: Iterable[str]) -> bytes | None:
     if not files:
         return None
     return msgpack.packb(files, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def capture_build(
+    folder: str, before: Mapping[str, tuple[int, int]], exclude: frozenset[str] = frozenset()
+) -> bytes | None:
+    """Pack the files ``folder`` gained (or that changed size) since ``before``; ``None``: none.
+
+    A build worker calls it after each build, with the :func:`snapshot` taken
+    before it; the folder-wide ``index`` and the names in ``exclude`` are left out.
+    """
+    now = snapshot(folder)
+    names = [
+        n
+        for n, st in now.items()
+        if n != INDEX and n not in exclude and before.get(n, (-1,))[0] != st[0]
+    ]
+    return pack_files(folder, names) if names else None
 
 
 def _safe_name(name: object) -> str:

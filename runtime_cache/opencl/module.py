@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,9 +29,16 @@ from .program import (
     source_build,
     store_binaries,
 )
+from .program_files import ProgramFiles, with_driver_files
 from .progress import BuildProgress, ProgressCallback
 from .sharing import build_shared, shares_builds
-from .worker_builds import PROCESS_THRESHOLD, BuildHooks, build_claims, build_in_workers
+from .worker_builds import (
+    PROCESS_THRESHOLD,
+    BuildHooks,
+    build_claims,
+    build_in_workers,
+    default_workers,
+)
 
 __all__ = ["CONCURRENT_LOADS", "PROCESS_THRESHOLD", "OpenCLModule"]
 
@@ -244,7 +250,7 @@ class OpenCLModule:
     def _build_missing(
         self, missing: list[str], workers: int | None, processes: bool | None
     ) -> int:
-        count = workers if workers is not None else (os.cpu_count() or 1)
+        count = workers if workers is not None else default_workers()
         # The driver's files are restored while the first entries are read; loads wait for them.
         gate = self._driver.start_restore(self.cache) if self._driver is not None else None
         to_build = self._load_cached(missing, count, gate)
@@ -260,12 +266,19 @@ class OpenCLModule:
         if first is not None and shares_builds(self.cache, first):
             # Other processes may be building the same module: share the work (see .sharing).
             built: list[str] = []
+            hooks = self._hooks(cold=True)
+            # Others' driver files are added before their binaries load (see .program_files).
+            load = with_driver_files(
+                hooks.program_files,
+                keys,
+                lambda names: self._load_cached(names, count) if names else [],
+            )
             build_shared(
                 self.cache,
                 keys,
                 to_build,
-                lambda claims: built.extend(build_claims(self._hooks(), claims, count, processes)),
-                lambda names: self._load_cached(names, count) if names else [],
+                lambda claims: built.extend(build_claims(hooks, claims, count, processes)),
+                load,
                 self._longest_build,
             )
             return len(built)
@@ -273,7 +286,7 @@ class OpenCLModule:
             for name in to_build:
                 self._build_from_source(name)
         elif processes:
-            build_in_workers(self._hooks(), to_build, count)
+            build_in_workers(self._hooks(cold=True), to_build, count)
         else:
             build_in_threads(self._build_from_source, to_build, count)
         self.capture_driver_cache(settle=False)
@@ -309,7 +322,12 @@ class OpenCLModule:
         longest = max(seconds, default=0.0) * PROCESS_THRESHOLD
         return max(longest, self.cache.fleet.policy.default_expected)
 
-    def _hooks(self) -> BuildHooks:
+    def _hooks(self, *, cold: bool = False) -> BuildHooks:
+        # ``cold``: a cold build in workers or with other processes; each program's
+        # driver files then travel with its binaries (see .program_files).
+        files = None
+        if cold and self._driver is not None:
+            files = ProgramFiles.open(self.cache, self.context, enabled=True)
         return BuildHooks(
             self.context,
             self.cache,
@@ -319,6 +337,7 @@ class OpenCLModule:
             self._adopt,
             self._build_from_source,
             self._is_built,
+            files,
         )
 
     def _is_built(self, name: str) -> bool:

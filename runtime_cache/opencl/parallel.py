@@ -38,8 +38,9 @@ __all__ = [
 
 #: ``(name, source, options)``
 Job = tuple[str, str | bytes, list[str]]
-#: ``(name, binaries or None, build seconds, options text seen by the worker)``
-WorkerResult = tuple[str, list[bytes] | None, float, str]
+#: ``(name, binaries or None, build seconds, options text seen by the worker,
+#: CPU seconds of the build, packed driver files the build added or None)``
+WorkerResult = tuple[str, list[bytes] | None, float, str, float, bytes | None]
 
 
 def _serve(
@@ -48,13 +49,14 @@ def _serve(
     on_result: Callable[[WorkerResult], bool],
     rejected: list[str],
     lock: threading.Lock,
+    env: Callable[[], dict[str, str]] | None = None,
 ) -> None:
     current: Job | None = take()
     if current is None:
         return  # nothing to build: no worker started
     process: subprocess.Popen[bytes] | None = None
     try:
-        process = start_worker(fingerprints)
+        process = start_worker(fingerprints, env() if env is not None else None)
         if process is None:
             with lock:
                 rejected.append(current[0])
@@ -66,10 +68,15 @@ def _serve(
                 if current is None:
                     return
             write_message(process.stdin, ["build", *current])
-            _, binaries, seconds, options_text = read_message(process.stdout)
+            reply = read_message(process.stdout)
+            binaries, seconds, options_text = reply[1:4]
+            cpu, files = reply[4:6]
             job, current = current, None
+            if files is not None and not isinstance(files, bytes):
+                files = None
+            result = (job[0], binaries, float(seconds), str(options_text), float(cpu), files)
             # Loading here overlaps the parent's part (a JIT on some drivers) with the builds.
-            if not on_result((job[0], binaries, float(seconds), str(options_text))):
+            if not on_result(result):
                 with lock:
                     rejected.append(job[0])
     except (OSError, EOFError, ValueError, TypeError):
@@ -132,13 +139,15 @@ def build_in_processes(
     jobs: Sequence[Job] | Callable[[], Job | None],
     workers: int,
     on_result: Callable[[WorkerResult], bool],
+    env: Callable[[], dict[str, str]] | None = None,
 ) -> list[str]:
     """Build jobs in ``workers`` subprocesses, passing each result to ``on_result``.
 
     ``jobs`` is a list, or a function that hands out the next job (``None``
     when there is none left): a worker starts only once it has a job.
     ``on_result`` runs on one of ``workers`` parent threads as results arrive,
-    and returns whether it took the result. Returns the names the parent must
+    and returns whether it took the result. ``env()``, when given, adds to each
+    worker's environment as it starts. Returns the names the parent must
     build itself: those refused, and those no worker could build.
     """
     fingerprints = [device_fingerprint(d) for d in devices]
@@ -151,7 +160,9 @@ def build_in_processes(
     count = max(1, workers if callable(jobs) else min(workers, len(jobs)))
     threads = [
         threading.Thread(
-            target=_serve, args=(fingerprints, take, on_result, rejected, lock), daemon=True
+            target=_serve,
+            args=(fingerprints, take, on_result, rejected, lock, env),
+            daemon=True,
         )
         for _ in range(count)
     ]

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ..api import Lease
 from ..cache import Cache
@@ -133,6 +134,7 @@ def build_claimed(
     build_one: Callable[[str], None],
     build_many: Callable[[list[str], Callable[[], str | None]], None] | None,
     chunk: int,
+    build_here: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Build every program ``claims`` hands out now; return their names.
 
@@ -140,9 +142,12 @@ def build_claimed(
     ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
     ``None``, builds whatever is in ``taken`` and not built when its workers
     fail, and calls ``claims.done`` itself. A worker process costs a start-up
-    (seconds on some drivers), so each pulls ``chunk`` claims at a time and a
-    fleet starts few workers in all. Otherwise ``workers`` threads call
-    ``build_one(name)``.
+    (seconds on some drivers, longer while many processes open the same GPU),
+    so one starts only with ``chunk`` claims in hand and while this process
+    has won ``chunk`` for each builder; claims short of that go to the
+    builders at work. Meanwhile this process builds too, one program at a
+    time, with ``build_here`` (it needs no start-up): so ``build_many`` should
+    start one worker fewer. Otherwise ``workers`` threads call ``build_one(name)``.
     """
     taken: list[str] = []
 
@@ -154,20 +159,79 @@ def build_claimed(
 
     if build_many is not None and workers > 1:
         local = threading.local()
+        claiming = threading.Lock()
+        spare: deque[str] = deque()  # claims left to the builders already running
+        handed: list[str] = []  # claims given to worker threads (theirs to build or hand back)
+        # Builders at work (got a name, not yet None); this process's own counts from the start.
+        active = [1 if build_here is not None else 0]
 
         def next_name() -> str | None:
             queue: list[str] | None = getattr(local, "queue", None)
             if queue is None:
                 queue = local.queue = []
-            if not queue:  # claim the next few together
-                for _ in range(chunk):
-                    name = take()
-                    if name is None:
-                        break
-                    queue.append(name)
+            running = bool(getattr(local, "running", False))
+            if not queue:
+                # One thread claims at a time. A worker starts only with a full chunk in
+                # hand, and only while this process has won at least ``chunk`` programs
+                # for each builder, itself included (as ``build_all`` without leases
+                # uses workers only with ``PROCESS_THRESHOLD`` builds each): a start-up
+                # costs about as much as several builds. Claims won short of that wait
+                # in ``spare`` for the builders at work.
+                with claiming:
+                    if running:
+                        while spare and len(queue) < chunk:
+                            queue.append(spare.popleft())
+                        while len(queue) < chunk and (name := take()) is not None:
+                            queue.append(name)
+                    else:
+                        need = chunk * (active[0] + 1)
+                        while len(taken) < need and (name := take()) is not None:
+                            spare.append(name)
+                        if active[0] == 0 or (len(taken) >= need and len(spare) >= chunk):
+                            while spare and len(queue) < chunk:
+                                queue.append(spare.popleft())
+                    handed.extend(queue)
+                    if queue and not running:
+                        active[0] += 1
+                        local.running = True
+                    elif not queue and running:
+                        active[0] -= 1
+                        local.running = False
             return queue.pop(0) if queue else None
 
-        build_many(taken, next_name)
+        def own() -> None:
+            assert build_here is not None
+            try:
+                while True:
+                    with claiming:
+                        name = spare.popleft() if spare else take()
+                        if name is None:
+                            active[0] -= 1
+                            return
+                    try:
+                        build_here(name)
+                    finally:
+                        claims.done(name)
+            except BaseException:
+                with claiming:
+                    active[0] -= 1
+                raise
+
+        if build_here is None:
+            build_many(taken, next_name)
+            return taken
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            mine = pool.submit(own)
+            build_many(handed, next_name)  # not ``taken``: this process builds the rest
+            mine.result()
+        # Claims set aside after this process's own builder ended: no builder is left.
+        left = list(spare)
+        spare.clear()
+        for name in left:
+            try:
+                build_here(name)
+            finally:
+                claims.done(name)
         return taken
 
     def run(_: int) -> None:

@@ -6,7 +6,10 @@ a msgpack body (plain types only):
 * parent -> worker, first: ``[fingerprints]``; worker -> parent: ``true``
   when it opened those devices, else ``false`` (and exits);
 * then per job, either a build, ``["build", name, source, options]`` ->
-  ``[name, binaries or nil, seconds, options text]`` (a failed build answers
+  ``[name, binaries or nil, seconds, options text, CPU seconds, driver files or nil]``
+  (driver files: what the build added to the worker's private driver folder,
+  named by ``RUNTIME_CACHE_WORKER_DRIVER_DIR``; see
+  :mod:`runtime_cache.opencl.program_files`) (a failed build answers
   ``nil`` binaries; the parent then builds that program itself, so the error
   is pyopencl's own); or a trial load, ``["load", name, binaries, options,
   options text]`` -> ``[name, ok]`` (``ok`` is ``"local"`` when the child could
@@ -25,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+from .driver_files import WORKER_ENV, capture_build, snapshot
 from .wire import read_message, write_message
 
 __all__ = ["main", "read_message", "scratch_usable", "write_message"]
@@ -50,19 +54,22 @@ def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
 
     cl = import_pyopencl()
     name, source, options = job
-    started = time.perf_counter()
+    # A private driver folder (see .program_files): what one build adds there is its files.
+    folder = os.environ.get(WORKER_ENV)
+    before = snapshot(folder) if folder else {}
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         program = cl.Program(context, source)
         original_build(cl)(program, options, devices, cache_dir=False)
         binaries = read_binaries(cl, program, devices)
     except Exception:
-        return [name, None, 0.0, ""]
-    return [
-        name,
-        binaries,
-        time.perf_counter() - started,
-        driver_options_text(cl, context, options),
-    ]
+        return [name, None, 0.0, "", 0.0, None]
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    try:
+        files = capture_build(folder, before) if folder else None
+    except OSError:
+        files = None
+    return [name, binaries, seconds, driver_options_text(cl, context, options), cpu, files]
 
 
 #: Global sizes of the trial launches (the buffer holds 64 items of up to 1 KiB).

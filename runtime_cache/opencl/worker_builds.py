@@ -7,18 +7,28 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
+from ._driver import import_pyopencl
 from .counters import counters
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
-from .program import load_from_binaries, store_binaries
+from .program import load_from_binaries, read_binaries, source_build, store_binaries
+from .program_files import ProgramFiles
 from .sharing import Claims, build_claimed
 
-__all__ = ["PROCESS_THRESHOLD", "BuildHooks", "build_claims", "build_in_workers"]
+__all__ = [
+    "PROCESS_THRESHOLD",
+    "BuildHooks",
+    "build_claims",
+    "build_in_workers",
+    "default_workers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +36,21 @@ log = logging.getLogger(__name__)
 PROCESS_THRESHOLD = 4
 
 
+def default_workers() -> int:
+    """How many builds ``build_all`` runs at once by default: the cores this process may
+    run on (its CPU affinity, so a process pinned to 2 cores starts 2 workers), not all
+    the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class BuildHooks:
     """What the builders need from a module: its programs' sources and plans, and where
-    built programs go (``adopt(name, program, seconds)``)."""
+    built programs go (``adopt(name, program, seconds)``). ``program_files`` carries
+    each program's driver files (see :mod:`.program_files`), or is ``None``."""
 
     context: Any
     cache: Cache
@@ -39,6 +60,20 @@ class BuildHooks:
     adopt: Callable[[str, Any, float], None]
     build_here: Callable[[str], None]
     is_built: Callable[[str], bool]
+    program_files: ProgramFiles | None = None
+
+
+def _timed(build_here: Callable[[str], None]) -> Callable[[str], None]:
+    """``build_here`` that counts its CPU time (this thread's) as compile seconds."""
+
+    def build(name: str) -> None:
+        started = time.thread_time()
+        try:
+            build_here(name)
+        finally:
+            counters.add(compile_cpu_seconds=time.thread_time() - started)
+
+    return build
 
 
 def build_in_workers(
@@ -65,11 +100,19 @@ def build_in_workers(
 
     jobs = job if next_name is not None else [(n, hooks.sources[n], hooks.options) for n in names]
 
+    files = hooks.program_files
+    build_here = _timed(hooks.build_here)
+
     def accept(result: WorkerResult) -> bool:
-        name, binaries, seconds, options_text = result
+        name, binaries, seconds, options_text, cpu, packed = result
         plan = hooks.plan_of(name)
+        counters.add(compile_cpu_seconds=cpu)
         if binaries is None or options_text != plan.options_text:
             return False
+        if files is not None and packed is not None and plan.keys:
+            # Stored before the binaries, so whoever finds these finds the files too;
+            # added here first, so this load skips the driver's JIT as well.
+            files.publish(str(plan.keys[0]), packed)
         program = load_from_binaries(hooks.context, plan, binaries)
         if program is None:
             return False
@@ -83,25 +126,56 @@ def build_in_workers(
             done(name)
         return True
 
+    env = files.worker_env if files is not None else None
     try:
-        left = build_in_processes(devices, jobs, workers, accept)
+        left = build_in_processes(devices, jobs, workers, accept, env)
     except Exception as exc:  # a broken pool must not stop the build
         log.warning("runtime-cache: worker processes failed (%s); building here", exc)
         left = []
+    finally:
+        if files is not None:
+            files.close()
     left += [n for n in names if not hooks.is_built(n) and n not in left]
     for name in left:
         try:
-            hooks.build_here(name)
+            build_here(name)
         finally:
             if done is not None:
                 done(name)
 
 
 def build_claims(hooks: BuildHooks, claims: Claims, workers: int, processes: bool) -> list[str]:
-    """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`)."""
+    """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`): in
+    ``workers - 1`` worker processes and this process, or in ``workers`` threads."""
 
     def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
-        build_in_workers(hooks, taken, workers, next_name, claims.done)
+        build_in_workers(hooks, taken, max(1, workers - 1), next_name, claims.done)
 
     many = in_processes if processes else None
-    return build_claimed(claims, workers, hooks.build_here, many, PROCESS_THRESHOLD)
+    timed = _timed(hooks.build_here)
+    here = _timed(_capturing(hooks)) if processes else None
+    return build_claimed(claims, workers, timed, many, PROCESS_THRESHOLD, here)
+
+
+def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
+    """A source build in this process that, like a worker's, stores the driver files
+    it added (before its binaries); this process builds one program at a time."""
+    files = hooks.program_files
+    if files is None:
+        return hooks.build_here
+
+    def build(name: str) -> None:
+        plan = hooks.plan_of(name)
+        if plan.keys is None:
+            hooks.build_here(name)
+            return
+        before = files.own_snapshot()
+        program, seconds = source_build(hooks.context, plan)
+        packed = files.own_capture(before)
+        if packed is not None:
+            files.publish(str(plan.keys[0]), packed)
+        binaries = read_binaries(import_pyopencl(), program, plan.devices)
+        store_binaries(hooks.cache, plan, program, binaries, seconds)
+        hooks.adopt(name, program, seconds)
+
+    return build
