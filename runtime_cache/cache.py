@@ -194,6 +194,11 @@ class Cache(Inventory):
 
     def get_entry(self, key: KeyLike) -> Entry | None:
         """Return the whole entry (value and metadata) for ``key``, or ``None``."""
+        checked = self._read(key)
+        return None if checked is None else checked.entry()
+
+    def _read(self, key: KeyLike) -> Checked | None:
+        # One read, through the one check; counts the hit or the miss.
         skey = str(key)
         try:
             blob = self._backend.get(skey)
@@ -211,8 +216,8 @@ class Cache(Inventory):
             counts = {"misses": 1} if checked == "misses" else {"misses": 1, checked: 1}
             self._counters.add(**counts)
             return None
-        self._counters.add(hits=1, bytes_read=len(blob), seconds_saved=checked.meta["b"])
-        return checked.entry()
+        self._counters.hit(len(blob), checked.meta["b"])
+        return checked
 
     def _discard(self, skey: str, blob: bytes) -> None:
         try:
@@ -222,13 +227,13 @@ class Cache(Inventory):
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
-        entry = self.get_entry(key)
-        return None if entry is None else entry.value
+        checked = self._read(key)
+        return None if checked is None else bytes(checked.value)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (CacheKey, str)):
             return False
-        return self.get_entry(key) is not None
+        return self._read(key) is not None
 
     # ------------------------------------------------------------------ writing
     def _encode(
