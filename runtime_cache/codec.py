@@ -114,7 +114,16 @@ def _within_depth(value: Any, left: int) -> bool:
     return True
 
 
-def _check_depth(value: Any, limit: int) -> None:
+#: Every byte that can open a msgpack map or array (fixmap, fixarray, array 16/32, map
+#: 16/32) is kept by ``bytes.translate(None, _NOT_OPENERS)``; every other byte is deleted.
+_NOT_OPENERS = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+
+
+def _check_depth(value: Any, limit: int, raw: bytes | None = None) -> None:
+    # Containers nested d deep need d + 1 opening bytes in ``raw``, so when it holds
+    # at most ``limit`` bytes that could open one, the walk cannot fail: skip it.
+    if raw is not None and len(raw.translate(None, _NOT_OPENERS)) <= limit:
+        return
     if not _within_depth(value, limit):
         raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
 
@@ -187,6 +196,16 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
         blob
     )
+    if (
+        magic == ENTRY_MAGIC
+        and version == ENTRY_VERSION
+        and flags <= FLAG_SIGNED
+        and not reserved
+        and meta_len <= limits.max_meta_size
+        and value_len <= limits.max_value_size
+    ):
+        return flags, meta_len, value_len, meta_sum, value_sum
+    # Something is wrong: say what, in order.
     if magic != ENTRY_MAGIC:
         raise CorruptEntryError("not a runtime-cache entry (bad magic)")
     if version > ENTRY_VERSION:
@@ -203,6 +222,7 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
 
 
 def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
+    raw = raw if type(raw) is bytes else bytes(raw)
     try:
         meta = msgpack.unpackb(
             raw,
@@ -218,18 +238,30 @@ def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
         raise CorruptEntryError(f"metadata does not decode: {exc}") from None
     if not isinstance(meta, dict):
         raise CorruptEntryError("metadata is not a map")
-    _check_depth(meta, limits.max_depth)
-    checks = (("k", str), ("p", dict), ("c", float), ("b", float), ("v", str), ("n", int))
-    for name, kind in checks:
-        if not isinstance(meta.get(name), kind):
-            raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
+    _check_depth(meta, limits.max_depth, raw)
+    get = meta.get
+    if not (
+        isinstance(get("k"), str)
+        and isinstance(get("p"), dict)
+        and isinstance(get("c"), float)
+        and isinstance(get("b"), float)
+        and isinstance(get("v"), str)
+        and isinstance(get("n"), int)
+    ):
+        for name, kind in _FIELDS:  # say which
+            if not isinstance(get(name), kind):
+                raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
     if "x" in meta and not isinstance(meta["x"], dict):
         raise CorruptEntryError("metadata field 'x' is mistyped")
     # NaN or inf here would crash listings and poison seconds_saved sums.
-    problem = _time_problem(meta["c"], meta["b"])
-    if problem is not None:
+    created, built = meta["c"], meta["b"]
+    if not (0.0 <= created < MAX_CREATED_AT and 0.0 <= built <= MAX_BUILD_SECONDS):
+        problem = _time_problem(created, built)  # NaN fails the comparisons too
         raise CorruptEntryError(f"metadata field {problem}")
     return meta
+
+
+_FIELDS = (("k", str), ("p", dict), ("c", float), ("b", float), ("v", str), ("n", int))
 
 
 def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int, bool]:
