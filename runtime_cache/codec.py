@@ -56,7 +56,10 @@ __all__ = [
     "decode_view",
     "encode_bundle",
     "encode_entry",
+    "entry_span",
+    "meta_head",
     "normalize_secret",
+    "verify_entry",
 ]
 
 ENTRY_MAGIC = b"RCE\x01"
@@ -69,6 +72,7 @@ HEADER_SIZE = _HEADER.size
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
 _LEN = struct.Struct("<Q")
+_LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of the header
 _CHECK = struct.Struct("<Q")
 
 
@@ -283,28 +287,116 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     return meta, needed, bool(flags & FLAG_SIGNED)
 
 
+def entry_span(head: bytes) -> tuple[int, int] | None:
+    """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
+
+    ``None`` when ``head`` is not the start of an entry. Unchecked: the span
+    :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
+    as a ``bytes`` of its own; :func:`decode_view` checks the pieces.
+    """
+    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
+        return None
+    meta_len, value_len = _LENGTHS.unpack_from(head, 8)
+    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len
+
+
 def decode_view(
-    blob: bytes | memoryview,
+    blob: bytes | memoryview | tuple[bytes, ...],
     *,
     secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], memoryview, bool]:
     """Verify one entry and return ``(metadata, value, signed)`` without copying the value.
 
-    ``value`` is a read-only view into ``blob``. The checks and errors are
-    those of :func:`decode_entry`.
+    ``blob`` is the entry, or the pieces that join to it, as
+    :meth:`~runtime_cache.api.Backend.get_parts` returns them. ``value`` is a
+    read-only view into ``blob`` (into the middle piece). The checks and errors
+    are those of :func:`decode_entry`.
     """
+    meta, value, signed, _ = verify_entry(blob, secret=secret, limits=limits)
+    return meta, value, signed
+
+
+def meta_head(key: str, packed_parts: bytes) -> bytes:
+    """The bytes that follow the map header in the metadata of every entry this module
+    encodes for ``key`` with parts that pack to ``packed_parts``: its key, then its parts."""
+    return b"".join((b"\xa1k", msgpack.packb(key, use_bin_type=True), b"\xa1p", packed_parts))
+
+
+def verify_entry(
+    blob: bytes | memoryview | tuple[bytes, ...],
+    *,
+    secret: bytes | SecretKeys | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    head: bytes | None = None,
+) -> tuple[dict[str, Any], memoryview, bool, bool]:
+    """:func:`decode_view`, and whether the metadata begins with ``head`` (see :func:`meta_head`).
+
+    When it does, the entry's key and parts are byte for byte those ``head``
+    was made from, so a caller who knows that key needs no other binding check.
+    """
+    if isinstance(blob, tuple) and len(blob) == 1:
+        blob = blob[0]
+    elif isinstance(blob, tuple):
+        cut = _pieces(blob)
+        if isinstance(cut, tuple):
+            start, value, tail, header = cut
+            return _verify(start, value, tail, header, secret, limits, head)
+        blob = cut
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise CorruptEntryError(f"entry must be bytes, not {type(blob).__name__}")
     view = memoryview(blob).toreadonly()
-    flags, meta_len, value_len, meta_sum, value_sum = _parse_header(view, limits)
-    signed = bool(flags & FLAG_SIGNED)
+    header = _parse_header(view, limits)
+    meta_len, value_len = header[1], header[2]
     body_end = HEADER_SIZE + meta_len + value_len
-    expected = body_end + (SIG_SIZE if signed else 0)
+    expected = body_end + (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
     if len(view) != expected:
         raise CorruptEntryError(f"entry is {len(view)} bytes, expected {expected}")
-    meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
-    value = view[HEADER_SIZE + meta_len : body_end]
+    cut_at = HEADER_SIZE + meta_len
+    return _verify(
+        view[:cut_at], view[cut_at:body_end], view[body_end:], header, secret, limits, head
+    )
+
+
+Header = tuple[int, int, int, int, int]
+
+
+def _pieces(pieces: tuple[bytes, ...]) -> bytes | tuple[memoryview, memoryview, memoryview, Header]:
+    # (head, value, tail) cut where the header says, with the header; else the joined blob.
+    if len(pieces) == 3 and all(type(p) is bytes for p in pieces):
+        head, value, tail = pieces
+        if len(head) >= HEADER_SIZE:
+            try:
+                header = _parse_header(head, DEFAULT_LIMITS)
+            except CorruptEntryError:
+                header = None
+            if (
+                header is not None
+                and len(head) == HEADER_SIZE + header[1]
+                and len(value) == header[2]
+                and len(tail) == (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
+            ):
+                return memoryview(head), memoryview(value), memoryview(tail), header
+    if not all(isinstance(p, (bytes, bytearray, memoryview)) for p in pieces):
+        raise CorruptEntryError("entry pieces must be bytes")
+    return b"".join(pieces)
+
+
+def _verify(
+    head: memoryview,
+    value: memoryview,
+    tail: memoryview,
+    header: Header,
+    secret: bytes | SecretKeys | None,
+    limits: Limits,
+    expected_head: bytes | None,
+) -> tuple[dict[str, Any], memoryview, bool, bool]:
+    # The checks on an entry cut into header and metadata, value, and signature.
+    flags, meta_len, value_len, meta_sum, value_sum = header
+    if meta_len > limits.max_meta_size or value_len > limits.max_value_size:
+        _parse_header(head, limits)  # raises, naming the limit
+    signed = bool(flags & FLAG_SIGNED)
+    meta_raw = head[HEADER_SIZE:]
     # Checksums first: damage is corrupt (removed); a forgery that fixed them is rejected.
     if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
         raise CorruptEntryError("metadata checksum mismatch")
@@ -313,12 +405,13 @@ def decode_view(
     if secret is not None:
         if not signed:
             raise SignatureError("entry is not signed, and a secret is set")
-        if not signed_by(secret, view[:body_end], bytes(view[body_end:])):
+        if not signed_by(secret, head, bytes(tail), (value,)):
             raise SignatureError("entry signature does not match the secret")
     meta = _unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
-    return meta, value, signed
+    known = expected_head is not None and meta_raw[1 : 1 + len(expected_head)] == expected_head
+    return meta, value, signed, known
 
 
 def decode_entry(

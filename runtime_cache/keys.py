@@ -176,6 +176,11 @@ class CacheKey:
         packed: bytes = msgpack.packb(self._parts, use_bin_type=True)
         return packed
 
+    @property
+    def packed_parts(self) -> bytes:
+        """The parts as msgpack, as an entry's metadata holds them (computed once)."""
+        return self._packed_parts
+
     def made_from(self, parts: Mapping[str, Any]) -> bool:
         """Whether ``parts`` (as read back from an entry) hash to this key.
 
