@@ -319,8 +319,22 @@ def decode_view(
 
 def meta_head(key: str, packed_parts: bytes) -> bytes:
     """The bytes that follow the map header in the metadata of every entry this module
-    encodes for ``key`` with parts that pack to ``packed_parts``: its key, then its parts."""
-    return b"".join((b"\xa1k", msgpack.packb(key, use_bin_type=True), b"\xa1p", packed_parts))
+    encodes for ``key`` with parts that pack to ``packed_parts``: its key, then its parts.
+
+    >>> meta_head("a/b/c", b"\\x80") == b"\\xa1k" + msgpack.packb("a/b/c") + b"\\xa1p\\x80"
+    True
+    """
+    # msgpack's str header, written here: a Packer per call costs more than the rest of a
+    # read's checks. A mistake could only make a good entry take the slow binding check.
+    raw = key.encode()
+    size = len(raw)
+    if size < 32:
+        mark = bytes((0xA0 | size,))
+    elif size < 256:
+        mark = bytes((0xD9, size))
+    else:
+        mark = b"\xda" + size.to_bytes(2, "big")  # keys are at most 1,024 characters
+    return b"".join((b"\xa1k", mark, raw, b"\xa1p", packed_parts))
 
 
 def verify_entry(
@@ -345,7 +359,9 @@ def verify_entry(
         blob = cut
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise CorruptEntryError(f"entry must be bytes, not {type(blob).__name__}")
-    view = memoryview(blob).toreadonly()
+    view = memoryview(blob)
+    if not view.readonly:
+        view = view.toreadonly()
     header = _parse_header(view, limits)
     meta_len, value_len = header[1], header[2]
     body_end = HEADER_SIZE + meta_len + value_len
