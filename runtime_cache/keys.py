@@ -169,6 +169,11 @@ class CacheKey:
         return str(self._parts["module_id"])
 
     def __str__(self) -> str:
+        return self._storage_key
+
+    @cached_property
+    def _storage_key(self) -> str:
+        # Made once: every read and write of the key asks for it.
         return f"{self.runtime}/{self.purpose}/{self.digest}"
 
     @cached_property
