@@ -21,15 +21,14 @@ blob. Nothing here uses pickle: metadata is msgpack of plain types only.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import xxhash
 
+from .entry_meta import DEFAULT_LIMITS, Entry, Limits, meta_head, time_problem, unpack_meta
 from .errors import (
     CorruptEntryError,
     InvalidBundleError,
@@ -42,6 +41,7 @@ from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signe
 __all__ = [
     "BUNDLE_HEADER_SIZE",
     "BUNDLE_MAGIC",
+    "DEFAULT_LIMITS",
     "ENTRY_MAGIC",
     "FLAG_SIGNED",
     "HEADER_SIZE",
@@ -76,77 +76,6 @@ _LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of th
 _CHECK = struct.Struct("<Q")
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Decode limits, so a hostile blob cannot exhaust memory or the stack."""
-
-    max_value_size: int = 1 << 30  # 1 GiB
-    max_meta_size: int = 1 << 16  # 64 KiB
-    max_entries: int = 1_000_000
-    max_depth: int = 32
-
-
-DEFAULT_LIMITS = Limits()
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A decoded entry: the value and its metadata."""
-
-    key: str
-    parts: dict[str, Any]
-    value: bytes
-    created_at: float
-    build_seconds: float
-    producer: str
-    signed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        """The value's size in bytes."""
-        return len(self.value)
-
-
-def _within_depth(value: Any, left: int) -> bool:
-    if left < 0:
-        return False
-    children = value.values() if type(value) is dict else value
-    for child in children:
-        if type(child) in (dict, list) and not _within_depth(child, left - 1):
-            return False
-    return True
-
-
-#: Every byte that can open a msgpack map or array (fixmap, fixarray, array 16/32, map
-#: 16/32) is kept by ``bytes.translate(None, _NOT_OPENERS)``; every other byte is deleted.
-_NOT_OPENERS = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
-
-
-def _check_depth(value: Any, limit: int, raw: bytes | None = None) -> None:
-    # Containers nested d deep need d + 1 opening bytes in ``raw``, so when it holds
-    # at most ``limit`` bytes that could open one, the walk cannot fail: skip it.
-    if raw is not None and len(raw.translate(None, _NOT_OPENERS)) <= limit:
-        return
-    if not _within_depth(value, limit):
-        raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
-
-
-#: Creation times must fall in [0, this): about the year 2514, far beyond any real clock.
-MAX_CREATED_AT = float(2**34)
-#: Build times must fall in [0, this] seconds (about three years).
-MAX_BUILD_SECONDS = 1e8
-
-
-def _time_problem(created_at: Any, build_seconds: Any) -> str | None:
-    """Why these times cannot be an entry's (NaN, inf, negative, absurdly large), or ``None``."""
-    if not (math.isfinite(created_at) and 0.0 <= created_at < MAX_CREATED_AT):
-        return f"created_at {created_at!r} is not a plausible Unix time"
-    if not (math.isfinite(build_seconds) and 0.0 <= build_seconds <= MAX_BUILD_SECONDS):
-        return f"build_seconds {build_seconds!r} is not 0 to {MAX_BUILD_SECONDS:g} seconds"
-    return None
-
-
 def encode_entry(
     key: str,
     parts: Mapping[str, Any],
@@ -162,7 +91,7 @@ def encode_entry(
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
-    problem = _time_problem(float(created_at), float(build_seconds))
+    problem = time_problem(float(created_at), float(build_seconds))
     if problem is not None:
         raise InvalidValueError(problem)
     signing = signing_keys(secret)
@@ -225,49 +154,6 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     return flags, meta_len, value_len, meta_sum, value_sum
 
 
-def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
-    raw = raw if type(raw) is bytes else bytes(raw)
-    try:
-        meta = msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=limits.max_meta_size,
-            max_str_len=limits.max_meta_size,
-            max_array_len=limits.max_meta_size,
-            max_map_len=limits.max_meta_size,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises many types for bad input
-        raise CorruptEntryError(f"metadata does not decode: {exc}") from None
-    if not isinstance(meta, dict):
-        raise CorruptEntryError("metadata is not a map")
-    _check_depth(meta, limits.max_depth, raw)
-    get = meta.get
-    if not (
-        isinstance(get("k"), str)
-        and isinstance(get("p"), dict)
-        and isinstance(get("c"), float)
-        and isinstance(get("b"), float)
-        and isinstance(get("v"), str)
-        and isinstance(get("n"), int)
-    ):
-        for name, kind in _FIELDS:  # say which
-            if not isinstance(get(name), kind):
-                raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
-    if "x" in meta and not isinstance(meta["x"], dict):
-        raise CorruptEntryError("metadata field 'x' is mistyped")
-    # NaN or inf here would crash listings and poison seconds_saved sums.
-    created, built = meta["c"], meta["b"]
-    if not (0.0 <= created < MAX_CREATED_AT and 0.0 <= built <= MAX_BUILD_SECONDS):
-        problem = _time_problem(created, built)  # NaN fails the comparisons too
-        raise CorruptEntryError(f"metadata field {problem}")
-    return meta
-
-
-_FIELDS = (("k", str), ("p", dict), ("c", float), ("b", float), ("v", str), ("n", int))
-
-
 def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int, bool]:
     """Decode the metadata from the head of an entry blob, without the value.
 
@@ -281,7 +167,7 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     raw = memoryview(head)[HEADER_SIZE:needed]
     if xxhash.xxh3_64_intdigest(raw) != meta_sum:
         raise CorruptEntryError("metadata checksum mismatch")
-    meta = _unpack_meta(raw, limits)
+    meta = unpack_meta(raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
     return meta, needed, bool(flags & FLAG_SIGNED)
@@ -317,26 +203,6 @@ def decode_view(
     return meta, value, signed
 
 
-def meta_head(key: str, packed_parts: bytes) -> bytes:
-    """The bytes that follow the map header in the metadata of every entry this module
-    encodes for ``key`` with parts that pack to ``packed_parts``: its key, then its parts.
-
-    >>> meta_head("a/b/c", b"\\x80") == b"\\xa1k" + msgpack.packb("a/b/c") + b"\\xa1p\\x80"
-    True
-    """
-    # msgpack's str header, written here: a Packer per call costs more than the rest of a
-    # read's checks. A mistake could only make a good entry take the slow binding check.
-    raw = key.encode()
-    size = len(raw)
-    if size < 32:
-        mark = bytes((0xA0 | size,))
-    elif size < 256:
-        mark = bytes((0xD9, size))
-    else:
-        mark = b"\xda" + size.to_bytes(2, "big")  # keys are at most 1,024 characters
-    return b"".join((b"\xa1k", mark, raw, b"\xa1p", packed_parts))
-
-
 def verify_entry(
     blob: bytes | memoryview | tuple[bytes, ...],
     *,
@@ -352,7 +218,7 @@ def verify_entry(
     if isinstance(blob, tuple) and len(blob) == 1:
         blob = blob[0]
     elif isinstance(blob, tuple):
-        cut = _pieces(blob)
+        cut = _pieces(blob, limits)
         if isinstance(cut, tuple):
             start, value, tail, header = cut
             return _verify(start, value, tail, header, secret, limits, head)
@@ -374,25 +240,20 @@ def verify_entry(
     )
 
 
-Header = tuple[int, int, int, int, int]
+_Header = tuple[int, int, int, int, int]
 
 
-def _pieces(pieces: tuple[bytes, ...]) -> bytes | tuple[memoryview, memoryview, memoryview, Header]:
-    # (head, value, tail) cut where the header says, with the header; else the joined blob.
-    if len(pieces) == 3 and all(type(p) is bytes for p in pieces):
+def _pieces(
+    pieces: tuple[bytes, ...], limits: Limits
+) -> bytes | tuple[memoryview, memoryview, memoryview, _Header]:
+    # (head, value, tail) cut where the header says, with it; else the joined blob.
+    if len(pieces) == 3 and all(type(p) is bytes for p in pieces) and len(pieces[0]) >= HEADER_SIZE:
         head, value, tail = pieces
-        if len(head) >= HEADER_SIZE:
-            try:
-                header = _parse_header(head, DEFAULT_LIMITS)
-            except CorruptEntryError:
-                header = None
-            if (
-                header is not None
-                and len(head) == HEADER_SIZE + header[1]
-                and len(value) == header[2]
-                and len(tail) == (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
-            ):
-                return memoryview(head), memoryview(value), memoryview(tail), header
+        header = _parse_header(head, limits)  # the joined blob's header: its errors
+        flags, meta_len, value_len = header[:3]
+        signature = SIG_SIZE if flags & FLAG_SIGNED else 0
+        if (len(head), len(value), len(tail)) == (HEADER_SIZE + meta_len, value_len, signature):
+            return memoryview(head), memoryview(value), memoryview(tail), header
     if not all(isinstance(p, (bytes, bytearray, memoryview)) for p in pieces):
         raise CorruptEntryError("entry pieces must be bytes")
     return b"".join(pieces)
@@ -402,15 +263,13 @@ def _verify(
     head: memoryview,
     value: memoryview,
     tail: memoryview,
-    header: Header,
+    header: _Header,
     secret: bytes | SecretKeys | None,
     limits: Limits,
     expected_head: bytes | None,
 ) -> tuple[dict[str, Any], memoryview, bool, bool]:
     # The checks on an entry cut into header and metadata, value, and signature.
-    flags, meta_len, value_len, meta_sum, value_sum = header
-    if meta_len > limits.max_meta_size or value_len > limits.max_value_size:
-        _parse_header(head, limits)  # raises, naming the limit
+    flags, _, value_len, meta_sum, value_sum = header
     signed = bool(flags & FLAG_SIGNED)
     meta_raw = head[HEADER_SIZE:]
     # Checksums first: damage is corrupt (removed); a forgery that fixed them is rejected.
@@ -423,7 +282,7 @@ def _verify(
             raise SignatureError("entry is not signed, and a secret is set")
         if not signed_by(secret, head, bytes(tail), (value,)):
             raise SignatureError("entry signature does not match the secret")
-    meta = _unpack_meta(meta_raw, limits)
+    meta = unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
     known = expected_head is not None and meta_raw[1 : 1 + len(expected_head)] == expected_head
