@@ -122,6 +122,9 @@ def backends(run: Run) -> str:
         "stores (header, metadata and value); each ratio is the median over the rounds of the "
         "round's ratio of medians."
     )
+    load = run.get("meta", {}).get("load_average_1m")
+    if load is not None:
+        intro += f" Load average (1 min) when the run started: {load}."
     return f"{table}\n\n{intro}\n\n{grid(head, paired, right=1)}"
 
 
