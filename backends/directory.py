@@ -24,10 +24,11 @@ import errno
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from runtime_cache.api import Backend, BackendURL, Lease, StoredItem, parse_size
+from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import default_directory
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
@@ -35,6 +36,7 @@ from .dir_fs import (
     NOFOLLOW,
     Junk,
     open_beneath,
+    read_parts,
     read_to_end,
     regular_size,
 )
@@ -57,6 +59,9 @@ _TEMP_PREFIX = ".tmp-"
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
 _OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
+T = TypeVar("T")
+#: Reads an open entry file: ``reader(fd, size, max_entry_size)``.
+Reader = Callable[[int, int, int], T]
 
 
 @atexit.register
@@ -224,27 +229,30 @@ class DirectoryBackend(Backend):
         return None
 
     def get(self, key: str) -> bytes | None:
-        return self._read(key, self.track_access)
+        return self._read(key, self.track_access, read_to_end)
+
+    def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
+        return self._read(key, self.track_access, lambda fd, n, cap: read_parts(fd, n, cap, span))
 
     def peek(self, key: str) -> bytes | None:
-        return self._read(key, False)
+        return self._read(key, False, read_to_end)
 
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         found = {}
         for key in keys:
-            value = self._read(key, False)
+            value = self._read(key, False, read_to_end)
             if value is not None:
                 found[key] = value
         return found
 
-    def _read(self, key: str, count_use: bool) -> bytes | None:
+    def _read(self, key: str, count_use: bool, reader: Reader[T]) -> T | None:
         rel = self._rel(key)
         opened = self._open(rel)
         if opened is None:
             return None
         fd, size = opened
         try:
-            data = read_to_end(fd, size, self.max_entry_size)
+            data = reader(fd, size, self.max_entry_size)
             if count_use:
                 self._touch(fd, key)
         except Junk as exc:

@@ -1,18 +1,27 @@
-"""Median get/put latency of the built-in backends against diskcache, in one run.
+"""Median get/put latency of the built-in backends against diskcache, and the front's cost.
 
 Usage::
 
-    python benchmarks/bench_backends.py [--rounds 5] [--json benchmarks/results/bench_backends.json]
+    python benchmarks/bench_backends.py [--rounds 15] [--sizes 64KiB] [--json PATH]
 
 Rows: the memory and directory backends raw, the directory backend through the
 full ``Cache`` front (encode, checksum, key check), the directory backend with
 access tracking off (to show its cost), and ``diskcache.Cache`` as the peer.
 Each figure is the median over ``rounds`` passes of the per-operation median.
+
+Every row stores under the same storage keys (``str(key)`` of real cache keys,
+made before the clock starts), so each fans out over the same folders. The raw
+``dir`` row stores the very bytes the front stores (the encoded entry: a
+header, the metadata and the value), and it is timed interleaved with the front,
+operation by operation, in alternating order, with the same options (no fsync,
+no size cap, access tracking on). ``front_over_raw`` is then the median over the
+rounds of each round's front / raw ratio of medians: what the front adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -27,75 +36,138 @@ from _common import RESULTS, machine_info, median
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.codec import encode_entry
 
 SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 COUNTS = {"1KiB": 400, "64KiB": 200, "1MiB": 40}
+RAW = "dir"
+FRONT = "dir via Cache front"
 
 Op = Callable[[str, bytes], Any]
 Get = Callable[[str], Any]
+Times = tuple[list[float], list[float]]
 
 
-def _time_each(fn: Callable[[], Any]) -> float:
+def _clock(fn: Callable[..., Any], *args: Any) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - start
 
 
 def measure(put: Op, get: Get, keys: list[str], value: bytes) -> tuple[float, float]:
     """Median seconds per put and per get over ``keys``."""
-    puts = [_time_each(lambda k=k: put(k, value)) for k in keys]
-    gets = [_time_each(lambda k=k: get(k)) for k in keys]
+    puts = [_clock(put, k, value) for k in keys]
+    gets = [_clock(get, k) for k in keys]
     return median(puts), median(gets)
 
 
-def subjects(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
+def paired(root: Path, keys: list[rc.CacheKey], value: bytes) -> tuple[Times, Times]:
+    """(puts, gets) seconds of the raw directory backend, and of the front over another one.
+
+    Both run on one thread, one operation each in turn, the first of each pair
+    alternating, so that a slow spell of the machine falls on both. The raw
+    backend stores the blob the front stores for the same key.
+    """
+    raw = DirectoryBackend(root / "raw", max_size=None)
+    front = rc.Cache(DirectoryBackend(root / "front", max_size=None))
+    skeys = [str(k) for k in keys]
+    blobs = [
+        encode_entry(s, k.parts, value, created_at=time.time(), producer=front.producer)
+        for s, k in zip(skeys, keys, strict=True)
+    ]
+    raw_times: Times = ([], [])
+    front_times: Times = ([], [])
+    for op in (0, 1):
+        for i, (key, skey, blob) in enumerate(zip(keys, skeys, blobs, strict=True)):
+            raw_call: tuple[Any, ...] = (raw.set, skey, blob) if op == 0 else (raw.get, skey)
+            front_call: tuple[Any, ...] = (front.put, key, value) if op == 0 else (front.get, key)
+            if i % 2:
+                f = _clock(*front_call)
+                r = _clock(*raw_call)
+            else:
+                r = _clock(*raw_call)
+                f = _clock(*front_call)
+            raw_times[op].append(r)
+            front_times[op].append(f)
+    raw.close()
+    front.close()
+    return raw_times, front_times
+
+
+def others(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
+    """The rows timed one after another: memory, dir without tracking, diskcache."""
     import diskcache
 
     memory = MemoryBackend(max_size="2GB")
-    directory = DirectoryBackend(root / "dir", max_size=None)
     quiet = DirectoryBackend(root / "dir-notrack", max_size=None, track_access=False)
-    front = rc.Cache(DirectoryBackend(root / "front", max_size=None))
-    keys: dict[str, rc.CacheKey] = {}
-
-    def front_put(k: str, v: bytes) -> None:
-        keys[k] = key = rc.make_key(module_id="bench", runtime="bench", purpose="front", i=k)
-        front.put(key, v)
-
-    def front_get(k: str) -> bytes | None:
-        return front.get(keys[k])
-
     peer = diskcache.Cache(str(root / "diskcache"), size_limit=1 << 40)
     return {
         "memory": (memory.set, memory.get, memory.close),
-        "dir": (directory.set, directory.get, directory.close),
         "dir (no access tracking)": (quiet.set, quiet.get, quiet.close),
-        "dir via Cache front": (front_put, front_get, front.close),
         "diskcache": (peer.set, peer.get, peer.close),
     }
 
 
+ORDER = ("memory", RAW, "dir (no access tracking)", FRONT, "diskcache")
+
+
+def run_size(size_name: str, rounds: int) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """The rows of one value size, and the front's paired ratios to the raw backend."""
+    value = os.urandom(SIZES[size_name])
+    runs: dict[str, list[tuple[float, float]]] = {}
+    ratios: dict[str, list[float]] = {"get": [], "put": []}
+    for round_no in range(rounds):
+        keys = [
+            rc.make_key(module_id="bench", runtime="bench", purpose="b", i=f"{round_no}-{i}")
+            for i in range(COUNTS[size_name])
+        ]
+        skeys = [str(k) for k in keys]
+        with tempfile.TemporaryDirectory(prefix="rc-bench-") as tmp:
+            gc.collect()
+            gc.disable()
+            try:
+                (raw_put, raw_get), (front_put, front_get) = paired(Path(tmp), keys, value)
+                for name, (put, get, close) in others(Path(tmp)).items():
+                    runs.setdefault(name, []).append(measure(put, get, skeys, value))
+                    close()
+            finally:
+                gc.enable()
+        pairs = {
+            RAW: (median(raw_put), median(raw_get)),
+            FRONT: (median(front_put), median(front_get)),
+        }
+        for name, pair in pairs.items():
+            runs.setdefault(name, []).append(pair)
+        ratios["put"].append(pairs[FRONT][0] / pairs[RAW][0])
+        ratios["get"].append(pairs[FRONT][1] / pairs[RAW][1])
+    rows = {
+        name: {
+            "put_us": median(p for p, _ in runs[name]) * 1e6,
+            "get_us": median(g for _, g in runs[name]) * 1e6,
+        }
+        for name in ORDER
+    }
+    blob = encode_entry("bench/b/" + "0" * 32, {}, value, created_at=0.0)
+    front = {
+        "get": median(ratios["get"]),
+        "put": median(ratios["put"]),
+        "get_rounds": [round(r, 4) for r in ratios["get"]],
+        "put_rounds": [round(r, 4) for r in ratios["put"]],
+        "stored_bytes": len(blob),
+    }
+    return rows, front
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, e.g. 64KiB")
     parser.add_argument("--json", default=str(RESULTS / "bench_backends.json"))
     args = parser.parse_args()
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for size_name, size in SIZES.items():
-        value = os.urandom(size)
-        runs: dict[str, list[tuple[float, float]]] = {}
-        for round_no in range(args.rounds):
-            with tempfile.TemporaryDirectory(prefix="rc-bench-") as tmp:
-                for name, (put, get, close) in subjects(Path(tmp)).items():
-                    keys = [f"bench/b/{round_no:02d}{i:030d}" for i in range(COUNTS[size_name])]
-                    runs.setdefault(name, []).append(measure(put, get, keys, value))
-                    close()
-        results[size_name] = {
-            name: {
-                "put_us": median(p for p, _ in pairs) * 1e6,
-                "get_us": median(g for _, g in pairs) * 1e6,
-            }
-            for name, pairs in runs.items()
-        }
+    front_over_raw: dict[str, dict[str, Any]] = {}
+    for size_name in args.sizes.split(","):
+        results[size_name], front_over_raw[size_name] = run_size(size_name, args.rounds)
     print(f"{'size':<7} {'backend':<26} {'put µs':>10} {'get µs':>10} {'get / diskcache':>16}")
     for size_name, rows in results.items():
         peer = rows["diskcache"]["get_us"]
@@ -105,9 +177,13 @@ def main() -> int:
                 f"{size_name:<7} {name:<26} {row['put_us']:>10.1f} {row['get_us']:>10.1f} "
                 f"{row['get_ratio_vs_diskcache']:>16.2f}"
             )
+    print("front / raw dir, paired in each round (median of the rounds):")
+    for size_name, ratio in front_over_raw.items():
+        print(f"{size_name:<7} get {ratio['get']:.3f}x  put {ratio['put']:.3f}x")
     meta = {**machine_info(), "rounds": args.rounds}
+    output = {"meta": meta, "results": results, "front_over_raw": front_over_raw}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(output, indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0
 

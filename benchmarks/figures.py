@@ -151,7 +151,8 @@ def backends_caption(run: Run) -> str:
         "benchmarks/bench_backends.py: median time per operation of the median of "
         f"{meta.get('rounds', '?')} rounds, on {labels.machine(run)}, "
         f"Python {meta.get('python', '?')}"
-        "; no GPU driver is involved. dir via Cache front adds encoding, checksum and key checks."
+        "; no GPU driver is involved. dir via Cache front adds encoding, checksums and key "
+        "checks; raw dir stores the same encoded entries."
     )
 
 

@@ -107,7 +107,25 @@ def backends(run: Run) -> str:
                 [size, name, row["put_us"], row["get_us"], row.get("get_ratio_vs_diskcache")]
             )
     head = ["value size", "backend", "put (µs)", "get (µs)", "get vs diskcache (x)"]
-    return grid(head, rows, right=2)
+    table = grid(head, rows, right=2)
+    front = run.get("front_over_raw")
+    if not front:
+        return table
+    paired = [
+        [size, r.get("stored_bytes"), r["get"], r["put"], len(r.get("get_rounds", []))]
+        for size, r in front.items()
+    ]
+    head = ["value size", "stored (bytes)", "get: front / raw", "put: front / raw", "rounds"]
+    intro = (
+        "The front's cost: `dir via Cache front` over raw `dir`, timed in the same run, one "
+        "operation each in turn on the same keys. Raw `dir` stores the very bytes the front "
+        "stores (header, metadata and value); each ratio is the median over the rounds of the "
+        "round's ratio of medians."
+    )
+    load = run.get("meta", {}).get("load_average_1m")
+    if load is not None:
+        intro += f" Load average (1 min) when the run started: {load}."
+    return f"{table}\n\n{intro}\n\n{grid(head, paired, right=1)}"
 
 
 def cli(run: Run) -> str:

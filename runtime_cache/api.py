@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -46,14 +46,22 @@ from .units import parse_duration, parse_size
 from .urls import BackendURL, redact_url
 
 __all__ = [
+    "SPAN_HEAD",
     "Backend",
     "BackendURL",
     "Lease",
+    "Span",
     "StoredItem",
     "parse_duration",
     "parse_size",
     "redact_url",
 ]
+
+
+#: ``span(head) -> (start, end) | None``: see :meth:`Backend.get_parts`.
+Span = Callable[[bytes], "tuple[int, int] | None"]
+#: The fewest bytes :meth:`Backend.get_parts` passes to ``span`` (all of a shorter value).
+SPAN_HEAD = 4096
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,8 @@ class Backend(abc.ABC):
 
     Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`.
     Optional, with defaults built on those: :meth:`get_many`, :meth:`set_many`,
-    :meth:`delete_if`, :meth:`head`, :meth:`scan`, :meth:`close`; and :meth:`lease` (default: none).
+    :meth:`delete_if`, :meth:`head`, :meth:`get_parts`, :meth:`scan`, :meth:`close`; and
+    :meth:`lease` (default: none).
 
     Failures are raised as :class:`runtime_cache.errors.BackendError` (or a
     subclass); a vanished value is ``None``, never an error.
@@ -130,6 +139,19 @@ class Backend(abc.ABC):
         if current is None or bytes(current) != bytes(expected):
             return False
         return self.delete(key)
+
+    def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
+        """Like :meth:`get`, but the value may come back in pieces that join to it.
+
+        The front reads through this. ``span(head)`` is given the first bytes of
+        the value (at least :data:`SPAN_HEAD` of them, or all of it) and answers
+        ``(start, end)``: where the part the caller wants as its own ``bytes``
+        lies, or ``None``. A backend that reads files can then read that part
+        alone, so the caller needs no copy of it: it returns ``(value[:start],
+        value[start:end], value[end:])``. This default returns ``(value,)``.
+        """
+        value = self.get(key)
+        return None if value is None else (value,)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Return the values of those ``keys`` that are present."""

@@ -35,6 +35,7 @@ from .codec import (
     Limits,
     Secret,
     encode_entry,
+    entry_span,
     normalize_secret,
 )
 from .failure_policy import FailurePolicy
@@ -194,25 +195,31 @@ class Cache(Inventory):
 
     def get_entry(self, key: KeyLike) -> Entry | None:
         """Return the whole entry (value and metadata) for ``key``, or ``None``."""
+        checked = self._read(key)
+        return None if checked is None else checked.entry()
+
+    def _read(self, key: KeyLike) -> Checked | None:
+        # One read, through the one check; counts the hit or the miss.
         skey = str(key)
         try:
-            blob = self._backend.get(skey)
+            # In pieces where the backend can: the value then needs no copy.
+            pieces = self._backend.get_parts(skey, entry_span)
         except Exception as exc:
             self._counters.add(misses=1)
             self._failed("get", exc)
             return None
         self._succeeded()
-        if blob is None:
+        if pieces is None:
             self._counters.add(misses=1)
             return None
         asked = key if isinstance(key, CacheKey) else None
-        checked = screen(skey, blob, self._secret, self.limits, asked, self._discard)
+        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
         if isinstance(checked, str):
             counts = {"misses": 1} if checked == "misses" else {"misses": 1, checked: 1}
             self._counters.add(**counts)
             return None
-        self._counters.add(hits=1, bytes_read=len(blob), seconds_saved=checked.meta["b"])
-        return checked.entry()
+        self._counters.hit(sum(map(len, pieces)), checked.meta["b"])
+        return checked
 
     def _discard(self, skey: str, blob: bytes) -> None:
         try:
@@ -222,13 +229,17 @@ class Cache(Inventory):
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
-        entry = self.get_entry(key)
-        return None if entry is None else entry.value
+        checked = self._read(key)
+        if checked is None:
+            return None
+        value = checked.value
+        whole = value.obj  # a value read as a bytes of its own is returned as it is
+        return whole if type(whole) is bytes and len(whole) == len(value) else bytes(value)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (CacheKey, str)):
             return False
-        return self.get_entry(key) is not None
+        return self._read(key) is not None
 
     # ------------------------------------------------------------------ writing
     def _encode(

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import DEFAULT_LIMITS, Entry, Limits, SecretKeys, decode_view
+from .codec import DEFAULT_LIMITS, Entry, Limits, SecretKeys, meta_head, verify_entry
 from .errors import CorruptEntryError, KeyMismatchError, NewerFormatError, RejectedEntryError
 from .keys import CacheKey
 
@@ -114,7 +114,7 @@ def check_binding(skey: str | None, meta: dict[str, Any], key: CacheKey | None =
 
 def check_entry(
     skey: str | None,
-    blob: bytes | memoryview,
+    blob: bytes | memoryview | tuple[bytes, ...],
     *,
     secret: SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
@@ -122,17 +122,22 @@ def check_entry(
 ) -> Checked:
     """Decode and verify ``blob``, stored under ``skey`` (``None`` for a bundle entry).
 
-    Raises :class:`~runtime_cache.errors.CorruptEntryError` or one of its
+    ``blob`` may also be the pieces :meth:`~runtime_cache.api.Backend.get_parts`
+    returns. Raises :class:`~runtime_cache.errors.CorruptEntryError` or one of its
     subclasses (see the module documentation for what each means to a caller).
     """
-    meta, value, signed = decode_view(blob, secret=secret, limits=limits)
-    check_binding(skey, meta, key)
+    # A key asked for by the caller: metadata that begins with exactly its key and
+    # parts, as the codec writes them, is bound to it (one comparison of bytes).
+    head = None if key is None or skey is None else meta_head(skey, key.packed_parts)
+    meta, value, signed, bound = verify_entry(blob, secret=secret, limits=limits, head=head)
+    if not (bound and str(key) == skey):
+        check_binding(skey, meta, key)
     return Checked(meta, value, signed)
 
 
 def screen(
     skey: str,
-    blob: bytes,
+    blob: bytes | tuple[bytes, ...],
     secret: SecretKeys | None,
     limits: Limits,
     key: CacheKey | None,
@@ -140,7 +145,8 @@ def screen(
 ) -> Checked | str:
     """:func:`check_entry` for the front's reads: the checked entry, or the name of the
     counter its failure goes to (``"misses"``, ``"rejected"``, ``"corrupt"``). A corrupt
-    blob is passed to ``discard(skey, blob)``, which removes exactly those bytes."""
+    blob is passed to ``discard(skey, blob)``, which removes exactly those bytes. ``blob``
+    may also be the pieces :meth:`~runtime_cache.api.Backend.get_parts` returns."""
     try:
         return check_entry(skey, blob, secret=secret, limits=limits, key=key)
     except NewerFormatError:
@@ -152,7 +158,7 @@ def screen(
         return "rejected"
     except CorruptEntryError as exc:
         log.warning("runtime-cache: corrupt entry %s (%s); deleting it", skey, exc)
-        discard(skey, blob)
+        discard(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
         return "corrupt"
 
 

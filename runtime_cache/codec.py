@@ -21,15 +21,14 @@ blob. Nothing here uses pickle: metadata is msgpack of plain types only.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import xxhash
 
+from .entry_meta import DEFAULT_LIMITS, Entry, Limits, meta_head, time_problem, unpack_meta
 from .errors import (
     CorruptEntryError,
     InvalidBundleError,
@@ -42,6 +41,7 @@ from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signe
 __all__ = [
     "BUNDLE_HEADER_SIZE",
     "BUNDLE_MAGIC",
+    "DEFAULT_LIMITS",
     "ENTRY_MAGIC",
     "FLAG_SIGNED",
     "HEADER_SIZE",
@@ -56,7 +56,10 @@ __all__ = [
     "decode_view",
     "encode_bundle",
     "encode_entry",
+    "entry_span",
+    "meta_head",
     "normalize_secret",
+    "verify_entry",
 ]
 
 ENTRY_MAGIC = b"RCE\x01"
@@ -69,69 +72,8 @@ HEADER_SIZE = _HEADER.size
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
 _LEN = struct.Struct("<Q")
+_LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of the header
 _CHECK = struct.Struct("<Q")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Decode limits, so a hostile blob cannot exhaust memory or the stack."""
-
-    max_value_size: int = 1 << 30  # 1 GiB
-    max_meta_size: int = 1 << 16  # 64 KiB
-    max_entries: int = 1_000_000
-    max_depth: int = 32
-
-
-DEFAULT_LIMITS = Limits()
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A decoded entry: the value and its metadata."""
-
-    key: str
-    parts: dict[str, Any]
-    value: bytes
-    created_at: float
-    build_seconds: float
-    producer: str
-    signed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        """The value's size in bytes."""
-        return len(self.value)
-
-
-def _within_depth(value: Any, left: int) -> bool:
-    if left < 0:
-        return False
-    children = value.values() if type(value) is dict else value
-    for child in children:
-        if type(child) in (dict, list) and not _within_depth(child, left - 1):
-            return False
-    return True
-
-
-def _check_depth(value: Any, limit: int) -> None:
-    if not _within_depth(value, limit):
-        raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
-
-
-#: Creation times must fall in [0, this): about the year 2514, far beyond any real clock.
-MAX_CREATED_AT = float(2**34)
-#: Build times must fall in [0, this] seconds (about three years).
-MAX_BUILD_SECONDS = 1e8
-
-
-def _time_problem(created_at: Any, build_seconds: Any) -> str | None:
-    """Why these times cannot be an entry's (NaN, inf, negative, absurdly large), or ``None``."""
-    if not (math.isfinite(created_at) and 0.0 <= created_at < MAX_CREATED_AT):
-        return f"created_at {created_at!r} is not a plausible Unix time"
-    if not (math.isfinite(build_seconds) and 0.0 <= build_seconds <= MAX_BUILD_SECONDS):
-        return f"build_seconds {build_seconds!r} is not 0 to {MAX_BUILD_SECONDS:g} seconds"
-    return None
 
 
 def encode_entry(
@@ -149,7 +91,7 @@ def encode_entry(
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
-    problem = _time_problem(float(created_at), float(build_seconds))
+    problem = time_problem(float(created_at), float(build_seconds))
     if problem is not None:
         raise InvalidValueError(problem)
     signing = signing_keys(secret)
@@ -187,6 +129,16 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
         blob
     )
+    if (
+        magic == ENTRY_MAGIC
+        and version == ENTRY_VERSION
+        and flags <= FLAG_SIGNED
+        and not reserved
+        and meta_len <= limits.max_meta_size
+        and value_len <= limits.max_value_size
+    ):
+        return flags, meta_len, value_len, meta_sum, value_sum
+    # Something is wrong: say what, in order.
     if magic != ENTRY_MAGIC:
         raise CorruptEntryError("not a runtime-cache entry (bad magic)")
     if version > ENTRY_VERSION:
@@ -202,36 +154,6 @@ def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, i
     return flags, meta_len, value_len, meta_sum, value_sum
 
 
-def _unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
-    try:
-        meta = msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=limits.max_meta_size,
-            max_str_len=limits.max_meta_size,
-            max_array_len=limits.max_meta_size,
-            max_map_len=limits.max_meta_size,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises many types for bad input
-        raise CorruptEntryError(f"metadata does not decode: {exc}") from None
-    if not isinstance(meta, dict):
-        raise CorruptEntryError("metadata is not a map")
-    _check_depth(meta, limits.max_depth)
-    checks = (("k", str), ("p", dict), ("c", float), ("b", float), ("v", str), ("n", int))
-    for name, kind in checks:
-        if not isinstance(meta.get(name), kind):
-            raise CorruptEntryError(f"metadata field {name!r} is missing or mistyped")
-    if "x" in meta and not isinstance(meta["x"], dict):
-        raise CorruptEntryError("metadata field 'x' is mistyped")
-    # NaN or inf here would crash listings and poison seconds_saved sums.
-    problem = _time_problem(meta["c"], meta["b"])
-    if problem is not None:
-        raise CorruptEntryError(f"metadata field {problem}")
-    return meta
-
-
 def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int, bool]:
     """Decode the metadata from the head of an entry blob, without the value.
 
@@ -245,34 +167,111 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     raw = memoryview(head)[HEADER_SIZE:needed]
     if xxhash.xxh3_64_intdigest(raw) != meta_sum:
         raise CorruptEntryError("metadata checksum mismatch")
-    meta = _unpack_meta(raw, limits)
+    meta = unpack_meta(raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
     return meta, needed, bool(flags & FLAG_SIGNED)
 
 
+def entry_span(head: bytes) -> tuple[int, int] | None:
+    """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
+
+    ``None`` when ``head`` is not the start of an entry. Unchecked: the span
+    :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
+    as a ``bytes`` of its own; :func:`decode_view` checks the pieces.
+    """
+    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
+        return None
+    meta_len, value_len = _LENGTHS.unpack_from(head, 8)
+    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len
+
+
 def decode_view(
-    blob: bytes | memoryview,
+    blob: bytes | memoryview | tuple[bytes, ...],
     *,
     secret: bytes | SecretKeys | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], memoryview, bool]:
     """Verify one entry and return ``(metadata, value, signed)`` without copying the value.
 
-    ``value`` is a read-only view into ``blob``. The checks and errors are
-    those of :func:`decode_entry`.
+    ``blob`` is the entry, or the pieces that join to it, as
+    :meth:`~runtime_cache.api.Backend.get_parts` returns them. ``value`` is a
+    read-only view into ``blob`` (into the middle piece). The checks and errors
+    are those of :func:`decode_entry`.
     """
+    meta, value, signed, _ = verify_entry(blob, secret=secret, limits=limits)
+    return meta, value, signed
+
+
+def verify_entry(
+    blob: bytes | memoryview | tuple[bytes, ...],
+    *,
+    secret: bytes | SecretKeys | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    head: bytes | None = None,
+) -> tuple[dict[str, Any], memoryview, bool, bool]:
+    """:func:`decode_view`, and whether the metadata begins with ``head`` (see :func:`meta_head`).
+
+    When it does, the entry's key and parts are byte for byte those ``head``
+    was made from, so a caller who knows that key needs no other binding check.
+    """
+    if isinstance(blob, tuple) and len(blob) == 1:
+        blob = blob[0]
+    elif isinstance(blob, tuple):
+        cut = _pieces(blob, limits)
+        if isinstance(cut, tuple):
+            start, value, tail, header = cut
+            return _verify(start, value, tail, header, secret, limits, head)
+        blob = cut
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise CorruptEntryError(f"entry must be bytes, not {type(blob).__name__}")
-    view = memoryview(blob).toreadonly()
-    flags, meta_len, value_len, meta_sum, value_sum = _parse_header(view, limits)
-    signed = bool(flags & FLAG_SIGNED)
+    view = memoryview(blob)
+    if not view.readonly:
+        view = view.toreadonly()
+    header = _parse_header(view, limits)
+    meta_len, value_len = header[1], header[2]
     body_end = HEADER_SIZE + meta_len + value_len
-    expected = body_end + (SIG_SIZE if signed else 0)
+    expected = body_end + (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
     if len(view) != expected:
         raise CorruptEntryError(f"entry is {len(view)} bytes, expected {expected}")
-    meta_raw = view[HEADER_SIZE : HEADER_SIZE + meta_len]
-    value = view[HEADER_SIZE + meta_len : body_end]
+    cut_at = HEADER_SIZE + meta_len
+    return _verify(
+        view[:cut_at], view[cut_at:body_end], view[body_end:], header, secret, limits, head
+    )
+
+
+_Header = tuple[int, int, int, int, int]
+
+
+def _pieces(
+    pieces: tuple[bytes, ...], limits: Limits
+) -> bytes | tuple[memoryview, memoryview, memoryview, _Header]:
+    # (head, value, tail) cut where the header says, with it; else the joined blob.
+    if len(pieces) == 3 and all(type(p) is bytes for p in pieces) and len(pieces[0]) >= HEADER_SIZE:
+        head, value, tail = pieces
+        header = _parse_header(head, limits)  # the joined blob's header: its errors
+        flags, meta_len, value_len = header[:3]
+        signature = SIG_SIZE if flags & FLAG_SIGNED else 0
+        if (len(head), len(value), len(tail)) == (HEADER_SIZE + meta_len, value_len, signature):
+            return memoryview(head), memoryview(value), memoryview(tail), header
+    if not all(isinstance(p, (bytes, bytearray, memoryview)) for p in pieces):
+        raise CorruptEntryError("entry pieces must be bytes")
+    return b"".join(pieces)
+
+
+def _verify(
+    head: memoryview,
+    value: memoryview,
+    tail: memoryview,
+    header: _Header,
+    secret: bytes | SecretKeys | None,
+    limits: Limits,
+    expected_head: bytes | None,
+) -> tuple[dict[str, Any], memoryview, bool, bool]:
+    # The checks on an entry cut into header and metadata, value, and signature.
+    flags, _, value_len, meta_sum, value_sum = header
+    signed = bool(flags & FLAG_SIGNED)
+    meta_raw = head[HEADER_SIZE:]
     # Checksums first: damage is corrupt (removed); a forgery that fixed them is rejected.
     if xxhash.xxh3_64_intdigest(meta_raw) != meta_sum:
         raise CorruptEntryError("metadata checksum mismatch")
@@ -281,12 +280,13 @@ def decode_view(
     if secret is not None:
         if not signed:
             raise SignatureError("entry is not signed, and a secret is set")
-        if not signed_by(secret, view[:body_end], bytes(view[body_end:])):
+        if not signed_by(secret, head, bytes(tail), (value,)):
             raise SignatureError("entry signature does not match the secret")
-    meta = _unpack_meta(meta_raw, limits)
+    meta = unpack_meta(meta_raw, limits)
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
-    return meta, value, signed
+    known = expected_head is not None and meta_raw[1 : 1 + len(expected_head)] == expected_head
+    return meta, value, signed, known
 
 
 def decode_entry(

@@ -169,12 +169,22 @@ class CacheKey:
         return str(self._parts["module_id"])
 
     def __str__(self) -> str:
+        return self._storage_key
+
+    @cached_property
+    def _storage_key(self) -> str:
+        # Made once: every read and write of the key asks for it.
         return f"{self.runtime}/{self.purpose}/{self.digest}"
 
     @cached_property
     def _packed_parts(self) -> bytes:
         packed: bytes = msgpack.packb(self._parts, use_bin_type=True)
         return packed
+
+    @property
+    def packed_parts(self) -> bytes:
+        """The parts as msgpack, as an entry's metadata holds them (computed once)."""
+        return self._packed_parts
 
     def made_from(self, parts: Mapping[str, Any]) -> bool:
         """Whether ``parts`` (as read back from an entry) hash to this key.

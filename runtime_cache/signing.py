@@ -60,9 +60,12 @@ def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:
     return tuple(_one_secret(s) for s in secret)
 
 
-def sign(secret: bytes, data: bytes | memoryview) -> bytes:
-    """HMAC-SHA256 of ``data`` under one key."""
-    return hmac.new(secret, data, hashlib.sha256).digest()
+def sign(secret: bytes, data: bytes | memoryview, *more: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of ``data`` (followed by each of ``more``) under one key."""
+    mac = hmac.new(secret, data, hashlib.sha256)
+    for chunk in more:
+        mac.update(chunk)
+    return mac.digest()
 
 
 def signing_keys(secret: bytes | SecretKeys | None) -> SecretKeys:
@@ -72,6 +75,12 @@ def signing_keys(secret: bytes | SecretKeys | None) -> SecretKeys:
     return (secret,) if isinstance(secret, bytes) else secret
 
 
-def signed_by(secret: bytes | SecretKeys, data: bytes | memoryview, mac: bytes) -> bool:
-    """Whether ``mac`` is the signature of ``data`` under any key of ``secret``."""
-    return any(hmac.compare_digest(sign(key, data), mac) for key in signing_keys(secret))
+def signed_by(
+    secret: bytes | SecretKeys,
+    data: bytes | memoryview,
+    mac: bytes,
+    more: tuple[bytes | memoryview, ...] = (),
+) -> bool:
+    """Whether ``mac`` is the signature of ``data`` (followed by each of ``more``) under any
+    key of ``secret``."""
+    return any(hmac.compare_digest(sign(key, data, *more), mac) for key in signing_keys(secret))

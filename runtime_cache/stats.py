@@ -94,6 +94,14 @@ class Counters(Generic[S]):
             for name, amount in amounts.items():
                 self._values[name] += amount
 
+    def hit(self, bytes_read: int, seconds_saved: float) -> None:
+        """Count one hit: ``add(hits=1, bytes_read=..., seconds_saved=...)``, on the hot path."""
+        with self._lock:
+            values = self._values
+            values["hits"] += 1
+            values["bytes_read"] += bytes_read
+            values["seconds_saved"] += seconds_saved
+
     def snapshot(self) -> S:
         """A frozen copy of the counters."""
         with self._lock:

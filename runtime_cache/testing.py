@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .api import Backend, StoredItem
+from .api import SPAN_HEAD, Backend, StoredItem
 from .cache import Cache
 from .errors import InvalidKeyError
 from .keys import make_key
@@ -101,6 +101,21 @@ class BackendConformance:
         backend.set(_k(10), b"0123456789")
         assert backend.head(_k(10), 4) == b"0123"
         assert backend.head(_k("nope"), 4) is None
+
+    def test_get_parts_join_to_get(self, backend: Backend) -> None:
+        def span(head: bytes) -> tuple[int, int]:
+            assert len(head) >= min(SPAN_HEAD, len(value))
+            return 100, len(value) - 7
+
+        for size in (0, 300, 300_000):
+            value = os.urandom(size)
+            backend.set(_k(f"parts{size}"), value)
+            pieces = backend.get_parts(_k(f"parts{size}"), span)
+            assert pieces is not None and len(pieces) in (1, 3)
+            assert all(type(p) is bytes for p in pieces) and b"".join(pieces) == value
+            if len(pieces) == 3:  # cut where span said
+                assert len(pieces[0]) == 100 and len(pieces[2]) == 7
+        assert backend.get_parts(_k("no-parts"), span) is None
 
     def test_scan_sizes(self, backend: Backend) -> None:
         backend.set(_k(11, "s/scan"), b"abc")

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = [
     "keys",
     "codec",
+    "entry_meta",
     "api",
     "errors",
     "registry",
