@@ -24,7 +24,10 @@ class OpenCLStats:
     the driver crashed: blocklisted, then rebuilt from source); ``vet_local``
     programs a vetting child could not vet for reasons of its own (a full
     disk: built from source, nothing blocklisted or evicted). See
-    :mod:`runtime_cache.opencl.vetting`.
+    :mod:`runtime_cache.opencl.vetting`. ``store_errors`` counts programs
+    whose binaries :func:`install`'s background store failed to read or
+    store, and ``stores_dropped`` those still queued when the flush at exit
+    ran out of time (:mod:`runtime_cache.opencl.write_behind`).
     """
 
     binary_loads: int = 0
@@ -35,6 +38,8 @@ class OpenCLStats:
     vetted: int = 0
     vet_failures: int = 0
     vet_local: int = 0
+    store_errors: int = 0
+    stores_dropped: int = 0
 
 
 counters = Counters(OpenCLStats)
