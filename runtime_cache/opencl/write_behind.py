@@ -107,7 +107,7 @@ class WriteBehind:
 
     def __init__(self, limit: int = QUEUE_LIMIT, delay: float | None = None) -> None:
         self._limit = limit
-        self._delay = store_delay() if delay is None else delay
+        self._delay = delay  # None: store_delay(), read at each wait
         self._last = 0.0  # time.monotonic() of the last submit
         self._draining = 0  # flushes waiting: store at once
         self._cond = threading.Condition()
@@ -209,10 +209,11 @@ class WriteBehind:
                             return
                         self._cond.wait()
                         continue
+                    delay = store_delay() if self._delay is None else self._delay
                     quiet = time.monotonic() - self._last
-                    if self._draining or quiet >= self._delay:
+                    if self._draining or quiet >= delay:
                         break
-                    self._cond.wait(self._delay - quiet)
+                    self._cond.wait(delay - quiet)
                 job = self._jobs.popleft()
             try:
                 store_now(job.cache, job.plan, job.program, job.seconds)
