@@ -19,8 +19,8 @@ from opencl_support import opencl_context
 
 import runtime_cache as rc
 from runtime_cache.backends import CallbackBackend
-from runtime_cache.keys import module_id_from_sources
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.keys import module_id_from_sources
 from runtime_cache.opencl import flush, installed, opencl_stats, reset_opencl_stats
 from runtime_cache.opencl.program import plan_program
 from runtime_cache.opencl.write_behind import ENV_STORE_DELAY, write_behind
@@ -228,3 +228,16 @@ def test_random_and_complex_kernels_load_from_the_cache_in_a_fresh_process(
     assert warm["uncacheable"] == 0
     assert warm["builds"] == 0 and warm["loads"] == cold["builds"] + cold["loads"]
     assert warm["out"] == cold["out"]
+
+
+def test_the_read_without_the_gil_gives_pyopencls_bytes() -> None:
+    import pyopencl as cl
+
+    from runtime_cache.opencl.program import read_binaries
+    from runtime_cache.opencl.readback import read_binaries_released
+
+    ctx = opencl_context()
+    program = cl.Program(ctx, SRC % (os.getpid() + 4)).build(cache_dir=False)
+    devices = list(ctx.devices)
+    assert read_binaries_released(cl, program, devices) == read_binaries(cl, program, devices)
+    assert read_binaries_released(cl, program, devices)[0].startswith(_driver_binary(program)[:4])
