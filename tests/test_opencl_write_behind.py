@@ -20,8 +20,16 @@ from opencl_support import opencl_context
 import runtime_cache as rc
 from runtime_cache.backends import CallbackBackend
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.errors import InvalidValueError
 from runtime_cache.keys import module_id_from_sources
-from runtime_cache.opencl import flush, installed, opencl_stats, reset_opencl_stats
+from runtime_cache.opencl import (
+    flush,
+    install,
+    installed,
+    opencl_stats,
+    reset_opencl_stats,
+    uninstall,
+)
 from runtime_cache.opencl.program import plan_program
 from runtime_cache.opencl.write_behind import ENV_STORE_DELAY, write_behind
 
@@ -43,12 +51,9 @@ def _driver_binary(program: Any) -> bytes:
     return bytes(program.get_info(cl.program_info.BINARIES)[0])
 
 
-def test_build_returns_before_the_binary_is_read(
-    cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_build_returns_before_the_binary_is_read(cache: rc.Cache) -> None:
     import pyopencl as cl
 
-    monkeypatch.setenv(ENV_STORE_DELAY, "600")  # the thread waits for quiet: only flush stores
     ctx = opencl_context()
     src = SRC % os.getpid()
     with installed(cache):
@@ -72,19 +77,24 @@ def test_build_returns_before_the_binary_is_read(
     assert opencl_stats().binary_loads == 1
 
 
-def test_a_quiet_caller_gets_its_programs_stored_without_a_flush(
+def test_background_store_once_the_caller_is_quiet(
     cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pyopencl as cl
 
     monkeypatch.setenv(ENV_STORE_DELAY, "0.05")
     ctx = opencl_context()
-    with installed(cache):
+    install(cache, store="background")
+    try:
         cl.Program(ctx, SRC % (os.getpid() + 1)).build()
         deadline = time.monotonic() + 120
         while cache.stats().stores == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # no OpenCL call meanwhile: PoCL 3.1 is not safe with that
+    finally:
+        uninstall()
     assert cache.stats().stores == 1
+    with pytest.raises(InvalidValueError, match="store='later'"):
+        install(cache, store="later")
 
 
 def test_an_error_on_the_store_thread_is_counted_not_raised(tmp_path: Path) -> None:
@@ -159,14 +169,13 @@ def _exit_run(folder: Path, salt: str, **env: str) -> tuple[float, str]:
 def test_the_flush_at_exit_stores_the_queue_and_is_bounded(tmp_path: Path) -> None:
     folder = tmp_path / "cache"
     salt = str(os.getpid())
-    # The store waits for quiet that never comes: the flush at exit stores it.
-    _, _ = _exit_run(folder, salt, RUNTIME_CACHE_OPENCL_STORE_DELAY="600")
+    # Deferred: the flush at exit stores it.
+    _exit_run(folder, salt)
     assert len(list(DirectoryBackend(folder).keys())) == 1
     # A flush bound of 0 s: exit does not wait; what is left is logged and counted.
     seconds, err = _exit_run(
         tmp_path / "other",
         salt + "1",
-        RUNTIME_CACHE_OPENCL_STORE_DELAY="600",
         RUNTIME_CACHE_OPENCL_FLUSH_SECONDS="0",
     )
     assert "were not stored" in err

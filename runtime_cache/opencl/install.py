@@ -10,10 +10,10 @@ pyopencl unchanged. A failing source build is pyopencl's own build, so it
 raises pyopencl's own error with the build log. :func:`uninstall` restores
 the original method.
 
-The binaries of a program built from source are read back and stored on a
-background thread (:mod:`.write_behind`), so the build returns as soon as
-the driver has built it; ``install(background=False)`` stores them before
-the build returns. An explicit ``Program.build(cache_dir=...)`` (a folder) is
+The binaries of a program built from source are read back and stored later
+(:mod:`.write_behind`: at :func:`flush` or at exit, by default), so the build
+returns as soon as the driver has built it; ``install(store="inline")``
+stores them before the build returns. An explicit ``Program.build(cache_dir=...)`` (a folder) is
 honoured: that call goes to pyopencl's own binary cache in that folder, and
 ours is not used for it. Otherwise ``install()`` replaces pyopencl's own
 cache: pyopencl's builds are made with ``cache_dir=False``.
@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..cache import Cache
+from ..errors import InvalidValueError
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
@@ -43,7 +44,8 @@ __all__ = ["flush", "install", "installed", "is_installed", "uninstall"]
 _lock = threading.Lock()
 _original: Callable[..., Any] | None = None
 _cache: Cache | None = None
-_background = True
+_store_mode = "deferred"
+STORE_MODES = ("deferred", "background", "inline")
 #: With the driver cache on: one set of driver files per context, for all of pyopencl's programs.
 _driver: dict[int, DriverCaches] | None = None
 
@@ -99,7 +101,10 @@ def _cached_build(
         seconds = time.perf_counter() - started
         counters.add(source_builds=1)
         if plan.keys is not None and not (
-            _background and write_behind.submit(store, plan, self, seconds)
+            _store_mode != "inline"
+            and write_behind.submit(
+                store, plan, self, seconds, background=_store_mode == "background"
+            )
         ):
             store_now(store, plan, self, seconds)
         return self
@@ -108,26 +113,31 @@ def _cached_build(
 
 
 def install(
-    cache: Cache | None = None, *, driver_cache: bool | None = None, background: bool = True
+    cache: Cache | None = None, *, driver_cache: bool | None = None, store: str = "deferred"
 ) -> None:
     """Wrap ``pyopencl.Program.build`` so source builds go through ``cache``.
 
     ``cache=None`` uses the process-wide cache (:func:`runtime_cache.get_cache`)
-    at each build. Calling it again only changes the cache and ``background``.
-    ``background=True`` stores the binaries of source builds on a background
-    thread (:mod:`.write_behind`); ``flush()`` waits for it. ``driver_cache=True``
-    (``None``: ``RUNTIME_CACHE_DRIVER_CACHE``) also carries the driver's own JIT
-    cache (:mod:`runtime_cache.opencl.driver_cache`); call ``install`` before the
-    first ``pyopencl.get_platforms()`` then, since the driver reads its folder
-    variable when it starts.
+    at each build. Calling it again only changes the cache and ``store``.
+    ``store`` says when the binaries of a source build are read back and
+    stored (:mod:`.write_behind`): ``"deferred"`` at :func:`flush` or at exit,
+    ``"background"`` also on a background thread once builds are quiet (only
+    for drivers safe with that: not PoCL 3.1), ``"inline"`` before the build
+    returns; another value raises :class:`~runtime_cache.errors.InvalidValueError`.
+    ``driver_cache=True`` (``None``: ``RUNTIME_CACHE_DRIVER_CACHE``) also carries
+    the driver's own JIT cache (:mod:`runtime_cache.opencl.driver_cache`); call
+    ``install`` before the first ``pyopencl.get_platforms()`` then, since the
+    driver reads its folder variable when it starts.
     """
-    global _original, _cache, _driver, _background
+    global _original, _cache, _driver, _store_mode
+    if store not in STORE_MODES:
+        raise InvalidValueError(f"install(store={store!r}): expected one of {STORE_MODES}")
     if driver_cache_enabled(driver_cache):
         prepare()
     cl = import_pyopencl()
     with _lock:
         _cache = cache
-        _background = background
+        _store_mode = store
         if driver_cache_enabled(driver_cache):
             _driver = _driver if _driver is not None else {}
         if _original is None:
@@ -148,10 +158,12 @@ def uninstall() -> bool:
 
 
 def flush(timeout: float | None = None) -> bool:
-    """Wait until the background store has stored every program built so far.
+    """Store the binaries of every program :func:`install` has built so far.
 
-    Returns ``False`` if ``timeout`` (seconds) ran out first. At exit this
-    happens by itself, within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
+    They are read back and stored in the calling thread, so call it when no
+    other thread is using OpenCL (after start-up, say). Returns ``False`` if
+    ``timeout`` (seconds) ran out first. At exit this happens by itself,
+    within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
     """
     return write_behind.flush(timeout)
 

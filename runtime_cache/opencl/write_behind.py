@@ -2,25 +2,33 @@
 
 Storing a program means reading its binaries back from the driver, and some
 drivers do real work for that read: PoCL 3.1 compiles every kernel of the
-program for it, a second or more for a scan, and holds its one compiler lock
-meanwhile, so any build or first launch of the caller waits for it, on any
-thread. :func:`install` hands each program it built from source to
-:data:`write_behind`. Its one background thread reads the binaries (with the
-GIL released, :mod:`.readback`) and stores them once the caller's builds
-have been quiet for ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds (default 1):
-after an app's start-up, say, rather than in the middle of it.
+program for it, a second or more for one of pyopencl's scans, under its one
+compiler lock. :func:`install` therefore hands each program it built from
+source to :data:`write_behind` and returns; the binaries are read (with the
+GIL released, :mod:`.readback`) and stored later:
+
+* ``deferred`` (the default): at :func:`~runtime_cache.opencl.flush`, in the
+  thread that calls it, or at exit. Never while the caller's own OpenCL calls
+  run: on PoCL 3.1, a read on another thread while the caller launches
+  kernels aborts the process (``pocl_release_dlhandle_cache: Assertion
+  `found->ref_count > 0' failed``), whatever the specification says about
+  ``clGetProgramInfo``; and its compiler lock would make the caller wait anyway.
+* ``background``: also by one background thread, once the caller's builds have
+  been quiet for ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds (default 1). Only
+  for a driver that is safe with that.
+
+For both:
 
 * Exactly the driver's bytes are stored, from the very program the caller
-  holds (the queue keeps a reference until it is stored), under the keys
+  built (the queue keeps a reference until it is stored), under the keys
   planned before the build; the entry check on every later read stays.
 * The queue is bounded (:data:`QUEUE_LIMIT` programs): when it is full, the
   caller stores the program itself, so memory never grows without limit.
-* An error on the thread is counted (``opencl_stats().store_errors``) and
+* An error while storing is counted (``opencl_stats().store_errors``) and
   logged, never raised into the caller: the program is simply not stored.
-* :func:`~runtime_cache.opencl.flush` stores what is queued at once. At exit
-  the queue is flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``
-  (default 60); what is left is counted (``opencl_stats().stores_dropped``),
-  logged, and built again by a later run. Exit never hangs on it.
+* At exit the queue is flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``
+  (default 60, checked between programs); what is left is counted
+  (``opencl_stats().stores_dropped``), logged, and built again by a later run.
 * A forked child starts with an empty queue: the parent's programs stay the
   parent's to store.
 """
@@ -56,7 +64,7 @@ log = logging.getLogger(__name__)
 
 ENV_FLUSH_SECONDS = "RUNTIME_CACHE_OPENCL_FLUSH_SECONDS"
 ENV_STORE_DELAY = "RUNTIME_CACHE_OPENCL_STORE_DELAY"
-QUEUE_LIMIT = 256
+QUEUE_LIMIT = 512
 _DEFAULT_FLUSH_SECONDS = 60.0
 _DEFAULT_STORE_DELAY = 1.0
 
@@ -97,7 +105,13 @@ def store_delay() -> float:
 
 
 class WriteBehind:
-    """A bounded queue of built programs whose binaries one background thread stores.
+    """A bounded queue of built programs whose binaries are read back and stored later.
+
+    Deferred programs are stored by :meth:`flush`, in the thread that calls it
+    (at exit: the main thread, once the program is done with OpenCL).
+    Background programs are also stored by one background thread, once
+    ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds have passed since the last
+    submit.
 
     Example::
 
@@ -105,22 +119,30 @@ class WriteBehind:
         write_behind.flush(timeout=10.0)                         # True once all are stored
     """
 
-    def __init__(self, limit: int = QUEUE_LIMIT, delay: float | None = None) -> None:
+    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
         self._limit = limit
-        self._delay = delay  # None: store_delay(), read at each wait
-        self._last = 0.0  # time.monotonic() of the last submit
-        self._draining = 0  # flushes waiting: store at once
         self._cond = threading.Condition()
         self._jobs: deque[_Job] = deque()
         self._queued: set[str] = set()  # the first key of each queued program
-        self._busy = 0  # queued plus the one being stored
+        self._busy = 0  # queued plus those being stored
+        self._last = 0.0  # time.monotonic() of the last submit
         self._thread: threading.Thread | None = None
+        self._registered = False
         self._closed = False
 
-    def submit(self, cache: Cache, plan: ProgramPlan, program: Any, seconds: float) -> bool:
+    def submit(
+        self,
+        cache: Cache,
+        plan: ProgramPlan,
+        program: Any,
+        seconds: float,
+        *,
+        background: bool = False,
+    ) -> bool:
         """Queue ``program`` for storing; ``False`` when the queue is full or closed
         (the caller stores it then, with :func:`store_now`). A program whose keys
-        are already queued (built again before it was stored) is not queued twice."""
+        are already queued (built again before it was stored) is not queued twice.
+        ``background`` lets the background thread store it (see the module's notes)."""
         assert plan.keys is not None
         first = str(plan.keys[0])
         with self._cond:
@@ -132,13 +154,15 @@ class WriteBehind:
             self._last = time.monotonic()
             self._jobs.append(_Job(cache, plan, program, seconds))
             self._busy += 1
-            if self._thread is None:
+            if not self._registered:
+                # Registered now, after pyopencl's own handlers: it runs before them.
+                atexit.register(self.flush_at_exit)
+                self._registered = True
+            if background and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="runtime-cache-store", daemon=True
                 )
                 self._thread.start()
-                # Registered now, after pyopencl's own handlers: it runs before them.
-                atexit.register(self.flush_at_exit)
             self._cond.notify_all()
         return True
 
@@ -148,19 +172,26 @@ class WriteBehind:
             return self._busy
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued program is stored; ``False`` if ``timeout`` ran out."""
+        """Store every queued program; ``False`` if ``timeout`` ran out first.
+
+        The queued programs are stored in the calling thread, one at a time, and
+        ``timeout`` is checked between them (one read-back may overrun it).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._draining += 1
-            self._cond.notify_all()
-            try:
-                while self._busy:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(left)
-            finally:
-                self._draining -= 1
+        while True:
+            with self._cond:
+                if not self._jobs:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                job = self._jobs.popleft()
+            self._store(job)
+        with self._cond:  # one the background thread is storing
+            while self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
         return True
 
     def close(self, timeout: float) -> int:
@@ -196,35 +227,36 @@ class WriteBehind:
         self._jobs = deque()
         self._queued = set()
         self._busy = 0
-        self._draining = 0
         self._thread = None
         self._closed = False
+
+    def _store(self, job: _Job) -> None:
+        try:
+            store_now(job.cache, job.plan, job.program, job.seconds)
+        except Exception as exc:  # the caller's build succeeded: never its error
+            counters.add(store_errors=1)
+            log.warning("runtime-cache: storing a program's binaries failed: %s", exc)
+        finally:
+            with self._cond:
+                self._queued.discard(str(job.plan.keys[0]) if job.plan.keys else "")
+                self._busy -= 1
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while True:
+                    if self._closed:
+                        return
                     if not self._jobs:
-                        if self._closed:
-                            return
                         self._cond.wait()
                         continue
-                    delay = store_delay() if self._delay is None else self._delay
                     quiet = time.monotonic() - self._last
-                    if self._draining or quiet >= delay:
+                    if quiet >= store_delay():
                         break
-                    self._cond.wait(delay - quiet)
+                    self._cond.wait(store_delay() - quiet)
                 job = self._jobs.popleft()
-            try:
-                store_now(job.cache, job.plan, job.program, job.seconds)
-            except Exception as exc:  # the caller's build succeeded: never its error
-                counters.add(store_errors=1)
-                log.warning("runtime-cache: storing a program's binaries failed: %s", exc)
-            finally:
-                with self._cond:
-                    self._queued.discard(str(job.plan.keys[0]) if job.plan.keys else "")
-                    self._busy -= 1
-                    self._cond.notify_all()
+            self._store(job)
 
 
 #: The queue :func:`install` uses.
