@@ -222,6 +222,12 @@ def page(runs: Sequence[Run]) -> str:
             True,
         ),
         (
+            "pyopencl's own test suite under install(): cold and warm against no cache",
+            [r for r in runs if r.get("benchmark") == "pyopencl-suite"],
+            tables.pyopencl_suite,
+            True,
+        ),
+        (
             "Driver caches: when NVIDIA reads its ComputeCache",
             [r for r in runs if r.get("benchmark") == "nvidia-computecache-probe"],
             tables.computecache_probe,

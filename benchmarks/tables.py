@@ -296,3 +296,47 @@ def warm_ab(runs: Sequence[Run]) -> str:
         )
         out.append(title + "\n\n" + grid(head, rows))
     return "\n\n".join(out)
+
+
+def pyopencl_suite(runs: Sequence[Run]) -> str:
+    """``bench_pyopencl_suite.py``: per test module, cold and warm against no cache at all."""
+    out = []
+    for run in runs:
+        rows = []
+        for module, row in dict(run["results"]).items():
+            rows.append(
+                [
+                    f"`{module}`",
+                    row["tests"],
+                    row["programs"],
+                    _num(row["baseline_run_seconds"]),
+                    _num(row["cold_run_seconds"]),
+                    _num(row["cold_over_baseline"]),
+                    _num(row["cold_flush_seconds"]),
+                    _num(row["warm_run_seconds"]),
+                    _num(row["warm_over_baseline"]),
+                    f"{row['cold_uncacheable']} / {row['warm_uncacheable']}",
+                    f"{row['warm_source_builds']} / {row['warm_binary_loads']}",
+                ]
+            )
+        head = [
+            "module",
+            "tests",
+            "programs",
+            "no cache (s)",
+            "cold (s)",
+            "cold / no cache",
+            "store after the run (s)",
+            "warm (s)",
+            "warm / no cache",
+            "uncacheable cold / warm",
+            "warm source builds / loads",
+        ]
+        limit = f", the first {run['limit']} tests of each module" if run.get("limit") else ""
+        title = (
+            f"`{run['_file']}`: pyopencl {run['pyopencl']}, medians of {run['rounds']} "
+            f"rotated round(s){limit}, on {run['results'][next(iter(run['results']))]['device']}"
+            f" ({run['results'][next(iter(run['results']))]['platform_version'].split('  ')[0]})"
+        )
+        out.append(title + "\n\n" + grid(head, rows))
+    return "\n\n".join(out)

@@ -144,15 +144,43 @@ def test_changed_header_changes_the_key(ctx: Any, cache: rc.Cache, tmp_path: Pat
     np.testing.assert_array_equal(run_kernel(ctx, third.f, data), data * 7)
 
 
-def test_unresolvable_include_is_built_but_not_cached(ctx: Any, cache: rc.Cache) -> None:
-    src = '#if 0\n#include "nowhere.h"\n#endif\n' + SCALE_SRC
-    for _ in range(2):
-        program = build_program(ctx, src, cache=cache)
-    assert opencl_stats().uncacheable == 2
+def test_absent_include_is_cached_until_the_header_appears(
+    ctx: Any, cache: rc.Cache, tmp_path: Path
+) -> None:
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    # pyopencl's random123 headers include headers that exist only for host C++ builds.
+    src = '#if 0\n#include "nowhere.h"\n#endif\n#include "used.h"\n' + SCALE_SRC
+    (inc / "used.h").write_text("#define UNUSED_HERE 1\n")
+    options = ["-I", str(inc)]
+    first = build_program(ctx, src, options, cache=cache)
+    second = build_program(ctx, src, options, cache=cache)
+    assert opencl_stats().uncacheable == 0
+    assert (opencl_stats().source_builds, opencl_stats().binary_loads) == (1, 1)
+    plan = plan_program(ctx, src, options)
+    assert plan.keys is not None
+    assert ["nowhere.h", -1, "absent"] in plan.keys[0].parts["includes"]
+    # The missing header appears on the search path: a new key, a source build.
+    (inc / "nowhere.h").write_text("#define NOW_HERE 1\n")
+    later = plan_program(ctx, src, options)
+    assert later.keys is not None and later.keys[0] != plan.keys[0]
+    build_program(ctx, src, options, cache=cache)
     assert opencl_stats().source_builds == 2
-    assert cache.stats().stores == 0
     data = np.ones(4, dtype=np.float32)
-    np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(4)), data * 4)
+    for program in (first, second):
+        np.testing.assert_array_equal(run_kernel(ctx, program.scale, data, np.float32(4)), data * 4)
+
+
+def test_header_appearing_in_the_working_folder_changes_the_key(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = '#if 0\n#include "late.h"\n#endif\n' + SCALE_SRC
+    before = plan_program(ctx, src)
+    assert before.keys is not None
+    (tmp_path / "late.h").write_text("#define LATE 1\n")
+    after = plan_program(ctx, src)
+    assert after.keys is not None and after.keys[0] != before.keys[0]
 
 
 def test_build_error_is_pyopencls_own(ctx: Any, cache: rc.Cache) -> None:
@@ -218,4 +246,7 @@ def test_options_and_include_scanning(tmp_path: Path) -> None:
     # The second folder's header is hashed too, though the first one shadows it.
     (second / "h.h").write_text("#define X 3\n")
     assert include_digests('#include "h.h"\n', options) != found
-    assert include_digests("#include <nowhere.h>\n", options) is None
+    assert include_digests("#include <nowhere.h>\n", options) == [["nowhere.h", -1, "absent"]]
+    # Past the limit on headers, a build is not cached at all.
+    many = "".join(f'#include "gone{i}.h"\n' for i in range(600))
+    assert include_digests(many, options) is None

@@ -7,7 +7,8 @@ the binaries; every later run (any process sharing the cache) loads them.
 * :class:`OpenCLModule` keeps one program per kernel, builds them lazily or
   all at once in parallel, and exports/imports pre-compiled bundles.
 * :func:`install` / :func:`uninstall` route pyopencl's own ``Program.build``
-  (and the kernels pyopencl generates) through the cache.
+  (and the kernels pyopencl generates) through the cache; :func:`flush` waits
+  for its background store.
 * :func:`prepare_driver_cache` (or ``RUNTIME_CACHE_DRIVER_CACHE=1``, which runs
   it on import) points the drivers at folders whose JIT output travels through
   the cache too (:mod:`.driver_cache`).
@@ -34,7 +35,7 @@ from .driver_cache import driver_cache_enabled
 from .driver_cache import prepare as prepare_driver_cache
 from .fingerprint import device_fingerprint
 from .icd import expose_intel_runtime
-from .install import install, installed, is_installed, uninstall
+from .install import flush, install, installed, is_installed, uninstall
 from .module import OpenCLModule
 from .program import PURPOSE, RUNTIME, build_program
 
@@ -51,6 +52,7 @@ __all__ = [
     "build_program",
     "choose_device",
     "device_fingerprint",
+    "flush",
     "install",
     "installed",
     "is_installed",

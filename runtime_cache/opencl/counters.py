@@ -31,7 +31,10 @@ class OpenCLStats:
     stored, ``driver_files_restored`` programs whose stored driver files were
     added to this process's driver folder before their binaries loaded, and
     ``driver_files_dropped`` malformed sets deleted (see
-    :mod:`runtime_cache.opencl.program_files`).
+    :mod:`runtime_cache.opencl.program_files`). ``store_errors`` counts programs
+    whose binaries :func:`install`'s background store failed to read or
+    store, and ``stores_dropped`` those still queued when the flush at exit
+    ran out of time (:mod:`runtime_cache.opencl.write_behind`).
     """
 
     binary_loads: int = 0
@@ -46,6 +49,8 @@ class OpenCLStats:
     driver_files_published: int = 0
     driver_files_restored: int = 0
     driver_files_dropped: int = 0
+    store_errors: int = 0
+    stores_dropped: int = 0
 
 
 counters = Counters(OpenCLStats)

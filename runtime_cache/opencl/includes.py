@@ -6,9 +6,21 @@ content digest of *every* file of that name in the search path (the including
 file's folder for quoted includes, then each ``-I`` folder in order, then the
 working folder), recursively. Hashing every candidate, not only the first,
 means the key changes even if the driver searches the folders in another
-order. An include that matches no readable file (a system or driver header,
-say) makes the build uncacheable: it is built from source and counted in
-``opencl_stats().uncacheable``, never served stale.
+order.
+
+An include that matches no file there is looked for in the host's system
+folders (``/usr/local/include``, ``/usr/include``: a driver whose compiler
+searches them would read it there), and hashed if found. A name found nowhere
+goes into the key as ``[name, -1, "absent"]``. That is deterministic and
+sound: such an include is either inactive (under an ``#if``: pyopencl's
+random123 headers include C++ headers for host builds) or a driver's built-in
+header, which the driver version in the device fingerprint covers; the build
+fails otherwise. The key is recomputed at every build, so a header that
+appears later in any folder searched changes the key. The ``-I`` folders are
+in the key through the option string; the working folder is not: the key
+records what each folder held, not where it was. Only a search past the limit
+on files (``_MAX_FILES``) makes a build uncacheable: it is built from source
+and counted in ``opencl_stats().uncacheable``, never served stale.
 """
 
 from __future__ import annotations
@@ -16,16 +28,19 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import xxhash
 
-__all__ = ["include_digests", "include_dirs", "normalize_options"]
+__all__ = ["ABSENT", "SYSTEM_DIRS", "include_digests", "include_dirs", "normalize_options"]
 
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
 _MAX_FILES = 512
 _MAX_FILE_SIZE = 16 << 20
+#: Folders a C compiler searches by default; a driver's compiler may too.
+SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/include", "/usr/include")
+ABSENT = "absent"
 
 Options = str | bytes | Sequence[str | bytes] | None
 
@@ -75,8 +90,10 @@ def _read(path: str) -> bytes | None:
 def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | None:
     """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
 
-    Returns ``[]`` when the source includes nothing, and ``None`` when an
-    include resolves to no readable file (the build must not be cached).
+    Returns ``[]`` when the source includes nothing. A name that matches no
+    readable file in the search path nor in :data:`SYSTEM_DIRS` is recorded
+    as ``[name, -1, "absent"]``. Returns ``None`` (the build must not be
+    cached) only past the limit on files.
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     if b"include" not in data:
@@ -84,28 +101,40 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
     search = [*include_dirs(tokens), "."]
     result: list[Any] = []
     seen: set[str] = set()
+    absent: set[str] = set()
     pending: list[tuple[bytes, str | None]] = [(data, None)]
+
+    def probe(name: str, numbered: Iterable[tuple[int, str]]) -> int | None:
+        """Hash every readable file ``name`` in ``numbered``; how many; ``None`` past the limit."""
+        hits = 0
+        for index, base in numbered:
+            path = os.path.realpath(os.path.join(base, name))
+            content = _read(path)
+            if content is None:
+                continue
+            hits += 1
+            if path in seen:
+                continue
+            seen.add(path)
+            if len(seen) > _MAX_FILES:
+                return None
+            result.append([name, index, xxhash.xxh3_128_hexdigest(content)])
+            pending.append((content, os.path.dirname(path)))
+        return hits
+
     while pending:
         text, folder = pending.pop()
         for match in _INCLUDE.finditer(text):
             name = match.group(2).decode("utf-8", "replace").strip()
             quoted = match.group(1) == b'"'
             folders = ([folder] if quoted and folder else []) + search
-            hits = 0
-            for index, base in enumerate(folders):
-                path = os.path.realpath(os.path.join(base, name))
-                content = _read(path)
-                if content is None:
-                    continue
-                hits += 1
-                if path in seen:
-                    continue
-                seen.add(path)
-                if len(seen) > _MAX_FILES:
-                    return None
-                result.append([name, index, xxhash.xxh3_128_hexdigest(content)])
-                pending.append((content, os.path.dirname(path)))
-            if hits == 0:
+            hits = probe(name, enumerate(folders))
+            if hits == 0:  # not on the search path: where a driver's compiler may look next
+                hits = probe(name, enumerate(SYSTEM_DIRS, len(folders)))
+            if hits is None or (hits == 0 and name not in absent and len(absent) >= _MAX_FILES):
                 return None
+            if hits == 0 and name not in absent:
+                absent.add(name)
+                result.append([name, -1, ABSENT])
     result.sort()
     return result

@@ -9,11 +9,20 @@ from binaries or IL, or already created (``_prg`` set), are passed to
 pyopencl unchanged. A failing source build is pyopencl's own build, so it
 raises pyopencl's own error with the build log. :func:`uninstall` restores
 the original method.
+
+The binaries of a program built from source are read back and stored later
+(:mod:`.write_behind`: at :func:`flush` or at exit, by default), so the build
+returns as soon as the driver has built it; ``install(store="inline")``
+stores them before the build returns. An explicit ``Program.build(cache_dir=...)`` (a folder) is
+honoured: that call goes to pyopencl's own binary cache in that folder, and
+ours is not used for it. Otherwise ``install()`` replaces pyopencl's own
+cache: pyopencl's builds are made with ``cache_dir=False``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,18 +30,22 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..cache import Cache
+from ..errors import InvalidValueError
 from ..keys import module_id_from_sources
 from ..provider import get_cache
-from ._driver import import_pyopencl, read_binaries
+from ._driver import import_pyopencl
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled, prepare
-from .program import fetch, plan_program, store_binaries
+from .program import fetch, plan_program
+from .write_behind import store_now, write_behind
 
-__all__ = ["install", "installed", "is_installed", "uninstall"]
+__all__ = ["flush", "install", "installed", "is_installed", "uninstall"]
 
 _lock = threading.Lock()
 _original: Callable[..., Any] | None = None
 _cache: Cache | None = None
+_store_mode = "deferred"
+STORE_MODES = ("deferred", "background", "inline")
 #: With the driver cache on: one set of driver files per context, for all of pyopencl's programs.
 _driver: dict[int, DriverCaches] | None = None
 
@@ -59,7 +72,8 @@ def _cached_build(
         context = getattr(self, "_context", None)
         if getattr(self, "_prg", True) is not None or source is None or context is None:
             return original(self, options, devices, cache_dir)
-        cl = import_pyopencl()
+        if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache
+            return original(self, options, devices, cache_dir)
         store = _cache if _cache is not None else get_cache()
         plan = plan_program(
             context,
@@ -86,29 +100,44 @@ def _cached_build(
         original(self, options, devices, cache_dir=False)
         seconds = time.perf_counter() - started
         counters.add(source_builds=1)
-        if plan.keys is not None:
-            store_binaries(store, plan, self, read_binaries(cl, self, plan.devices), seconds)
+        if plan.keys is not None and not (
+            _store_mode != "inline"
+            and write_behind.submit(
+                store, plan, self, seconds, background=_store_mode == "background"
+            )
+        ):
+            store_now(store, plan, self, seconds)
         return self
 
     return build
 
 
-def install(cache: Cache | None = None, *, driver_cache: bool | None = None) -> None:
+def install(
+    cache: Cache | None = None, *, driver_cache: bool | None = None, store: str = "deferred"
+) -> None:
     """Wrap ``pyopencl.Program.build`` so source builds go through ``cache``.
 
     ``cache=None`` uses the process-wide cache (:func:`runtime_cache.get_cache`)
-    at each build. Calling it again only changes the cache. ``driver_cache=True``
-    (``None``: ``RUNTIME_CACHE_DRIVER_CACHE``) also carries the driver's own JIT
-    cache (:mod:`runtime_cache.opencl.driver_cache`); call ``install`` before the
-    first ``pyopencl.get_platforms()`` then, since the driver reads its folder
-    variable when it starts.
+    at each build. Calling it again only changes the cache and ``store``.
+    ``store`` says when the binaries of a source build are read back and
+    stored (:mod:`.write_behind`): ``"deferred"`` at :func:`flush` or at exit,
+    ``"background"`` also on a background thread once builds are quiet (only
+    for drivers safe with that: not PoCL 3.1), ``"inline"`` before the build
+    returns; another value raises :class:`~runtime_cache.errors.InvalidValueError`.
+    ``driver_cache=True`` (``None``: ``RUNTIME_CACHE_DRIVER_CACHE``) also carries
+    the driver's own JIT cache (:mod:`runtime_cache.opencl.driver_cache`); call
+    ``install`` before the first ``pyopencl.get_platforms()`` then, since the
+    driver reads its folder variable when it starts.
     """
-    global _original, _cache, _driver
+    global _original, _cache, _driver, _store_mode
+    if store not in STORE_MODES:
+        raise InvalidValueError(f"install(store={store!r}): expected one of {STORE_MODES}")
     if driver_cache_enabled(driver_cache):
         prepare()
     cl = import_pyopencl()
     with _lock:
         _cache = cache
+        _store_mode = store
         if driver_cache_enabled(driver_cache):
             _driver = _driver if _driver is not None else {}
         if _original is None:
@@ -126,6 +155,17 @@ def uninstall() -> bool:
         cl.Program.build = _original
         _original, _cache, _driver = None, None, None
         return True
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Store the binaries of every program :func:`install` has built so far.
+
+    They are read back and stored in the calling thread, so call it when no
+    other thread is using OpenCL (after start-up, say). Returns ``False`` if
+    ``timeout`` (seconds) ran out first. At exit this happens by itself,
+    within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
+    """
+    return write_behind.flush(timeout)
 
 
 def is_installed() -> bool:

@@ -1,0 +1,242 @@
+"""pyopencl's own test modules under ``install()``: cold and warm against no cache at all.
+
+Each module of pyopencl's test suite (from the sdist of the installed version:
+``pip download --no-deps --no-binary :all: pyopencl==<version>``, whose ``test/`` folder
+``--tests`` names) runs with pytest in a fresh process, three ways:
+
+* ``baseline``: plain pyopencl, no runtime-cache;
+* ``cold``: ``install()`` on a fresh, empty ``dir://`` cache;
+* ``warm``: ``install()`` on the cache that ``cold`` just filled.
+
+Rounds rotate the order of baseline and cold (warm follows its cold run), because the
+machine is noisy. Each process times the test run itself (``pytest.main``) and, apart,
+the flush of the background store that follows it (``runtime_cache.opencl.flush``) and
+the whole process. It records ``opencl_stats()``. PoCL's own kernel cache gets a fresh
+folder per process, and ``RUNTIME_CACHE_OPENCL_ICD=off`` keeps the platform list the
+same with and without runtime-cache, so ``PYOPENCL_TEST`` picks the same device.
+
+Example (PoCL 3.1 is platform 0 here; the first 40 tests of each module)::
+
+    python benchmarks/bench_pyopencl_suite.py --tests /tmp/pyopencl-2026.1.4/test \\
+        --platform 0 --limit 40 --rounds 1 --json benchmarks/results/pyopencl-suite-pocl-3.1.json
+
+The children import the runtime-cache of ``--checkout`` (default: this one) through
+``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import machine_info, median
+
+HERE = Path(__file__).resolve().parent
+MODULES = [
+    "test_algorithm.py",
+    "test_array.py",
+    "test_arrays_in_structs.py",
+    "test_clmath.py",
+    "test_clrandom.py",
+    "test_enqueue_copy.py",
+    "test_wrapper.py",
+]
+
+CHILD = r"""
+import json, sys, time
+started = time.perf_counter()
+mode, folder, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+if mode != "baseline":
+    import runtime_cache as rc
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import install
+    install(rc.Cache(DirectoryBackend(folder)))
+import pyopencl as cl
+import pytest
+run_start = time.perf_counter()
+code = pytest.main(["-q", "-p", "no:cacheprovider", *ids])
+run_end = time.perf_counter()
+out = {"code": int(code), "run_seconds": run_end - run_start}
+if mode != "baseline":
+    from runtime_cache.opencl import flush, opencl_stats
+    out["flushed"] = flush(600.0)
+    out["flush_seconds"] = time.perf_counter() - run_end
+    s = opencl_stats()
+    out["stats"] = {k: getattr(s, k) for k in s.__dataclass_fields__}
+platform = cl.get_platforms()[0]
+out["platform"] = platform.version
+out["device"] = platform.get_devices()[0].name
+print("RESULT " + json.dumps(out))
+"""
+
+
+def collect(
+    tests: Path, module: str, limit: int | None, keyword: str | None, platform: str
+) -> list[str]:
+    """The node ids of ``module`` that will run (the first ``limit``, in pytest's order)."""
+    args = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    args += [module] + (["-k", keyword] if keyword else [])
+    done = subprocess.run(
+        args,
+        cwd=tests,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=_env(PYOPENCL_TEST=platform),
+    )
+    prefix = tests.name + "/"  # ids are relative to the sdist's root; pytest runs in tests/
+    ids = [line.removeprefix(prefix) for line in done.stdout.splitlines() if "::" in line]
+    return ids[:limit] if limit else ids
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, RUNTIME_CACHE_OPENCL_ICD="off", **extra)
+    env.pop("RUNTIME_CACHE", None)
+    return env
+
+
+def run(
+    checkout: Path, tests: Path, mode: str, cache: Path, ids: list[str], platform: str
+) -> dict[str, Any]:
+    """One fresh pytest process: its result line, plus the whole process's seconds."""
+    scratch = Path(tempfile.mkdtemp(prefix="pocl-suite-"))
+    env = _env(
+        PYTHONPATH=str(checkout),
+        PYOPENCL_TEST=platform,
+        PYOPENCL_CTX=platform,
+        POCL_CACHE_DIR=str(scratch / "pocl"),
+        RUNTIME_CACHE_GUARD_DIR=str(cache.parent / "guard"),
+    )
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(cache), *ids],
+            cwd=tests,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        raise SystemExit(
+            f"{mode}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+        )
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the modules; print a table; write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=Path, required=True, help="pyopencl's test/ folder")
+    parser.add_argument("--checkout", type=Path, default=HERE.parent)
+    parser.add_argument("--modules", nargs="*", default=MODULES)
+    parser.add_argument("--limit", type=int, default=None, help="first N tests of each module")
+    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k for every module")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--platform", default="0", help="PYOPENCL_TEST / PYOPENCL_CTX")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    tests = args.tests.resolve()
+    results: dict[str, Any] = {}
+    for module in args.modules:
+        ids = collect(tests, module, args.limit, args.keyword, args.platform)
+        rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "cold": [], "warm": []}
+        for index in range(args.rounds):
+            work = Path(tempfile.mkdtemp(prefix="suite-cache-"))
+            try:
+                order = (
+                    ["baseline", "cold"]
+                    if (index + MODULES.index(module)) % 2 == 0
+                    else [
+                        "cold",
+                        "baseline",
+                    ]
+                )
+                for mode in order:
+                    rows[mode].append(
+                        run(args.checkout, tests, mode, work / "cache", ids, args.platform)
+                    )
+                    if mode == "cold":
+                        rows["warm"].append(
+                            run(args.checkout, tests, "warm", work / "cache", ids, args.platform)
+                        )
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        results[module] = summarize(rows, len(ids))
+        show(module, results[module])
+    payload = {
+        "benchmark": "pyopencl-suite",
+        **machine_info(),
+        "pyopencl": _pyopencl_version(),
+        "rounds": args.rounds,
+        "limit": args.limit,
+        "keyword": args.keyword,
+        "platform": args.platform,
+        "results": results,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _pyopencl_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("pyopencl")
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]], tests: int) -> dict[str, Any]:
+    """Medians per mode, the cold/baseline and warm/baseline ratios, and the counters."""
+    out: dict[str, Any] = {"tests": tests, "runs": rows}
+    for mode, items in rows.items():
+        out[f"{mode}_run_seconds"] = median(r["run_seconds"] for r in items)
+        out[f"{mode}_process_seconds"] = median(r["process_seconds"] for r in items)
+    base = out["baseline_run_seconds"]
+    out["cold_over_baseline"] = out["cold_run_seconds"] / base
+    out["warm_over_baseline"] = out["warm_run_seconds"] / base
+    out["cold_process_over_baseline"] = (
+        out["cold_process_seconds"] / out["baseline_process_seconds"]
+    )
+    out["cold_flush_seconds"] = median(r.get("flush_seconds", 0.0) for r in rows["cold"])
+    last_cold, last_warm = rows["cold"][-1]["stats"], rows["warm"][-1]["stats"]
+    out["programs"] = last_cold["source_builds"] + last_cold["binary_loads"]
+    out["cold_uncacheable"] = last_cold["uncacheable"]
+    out["warm_uncacheable"] = last_warm["uncacheable"]
+    out["warm_source_builds"] = last_warm["source_builds"]
+    out["warm_binary_loads"] = last_warm["binary_loads"]
+    out["codes"] = sorted({r["code"] for rs in rows.values() for r in rs})
+    out["device"] = rows["baseline"][-1]["device"]
+    out["platform_version"] = rows["baseline"][-1]["platform"]
+    return out
+
+
+def show(module: str, row: dict[str, Any]) -> None:
+    print(
+        f"{module:26s} tests {row['tests']:4d} programs {row['programs']:5d}  "
+        f"baseline {row['baseline_run_seconds']:7.2f}s cold {row['cold_run_seconds']:7.2f}s "
+        f"(x{row['cold_over_baseline']:.3f}; flush after {row['cold_flush_seconds']:.1f}s) "
+        f"warm {row['warm_run_seconds']:7.2f}s (x{row['warm_over_baseline']:.3f})  "
+        f"uncacheable cold/warm {row['cold_uncacheable']}/{row['warm_uncacheable']} "
+        f"warm builds {row['warm_source_builds']} loads {row['warm_binary_loads']} "
+        f"exit codes {row['codes']}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

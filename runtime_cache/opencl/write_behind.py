@@ -1,0 +1,267 @@
+"""Store the binaries of pyopencl's source builds off the caller's path (:func:`install`).
+
+Storing a program means reading its binaries back from the driver, and some
+drivers do real work for that read: PoCL 3.1 compiles every kernel of the
+program for it, a second or more for one of pyopencl's scans, under its one
+compiler lock. :func:`install` therefore hands each program it built from
+source to :data:`write_behind` and returns; the binaries are read (with the
+GIL released, :mod:`.readback`) and stored later:
+
+* ``deferred`` (the default): at :func:`~runtime_cache.opencl.flush`, in the
+  thread that calls it, or at exit. Never while the caller's own OpenCL calls
+  run: on PoCL 3.1, a read on another thread while the caller launches
+  kernels aborts the process (``pocl_release_dlhandle_cache: Assertion
+  `found->ref_count > 0' failed``), whatever the specification says about
+  ``clGetProgramInfo``; and its compiler lock would make the caller wait anyway.
+* ``background``: also by one background thread, once the caller's builds have
+  been quiet for ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds (default 1). Only
+  for a driver that is safe with that.
+
+For both:
+
+* Exactly the driver's bytes are stored, from the very program the caller
+  built (the queue keeps a reference until it is stored), under the keys
+  planned before the build; the entry check on every later read stays.
+* The queue is bounded (:data:`QUEUE_LIMIT` programs): when it is full, the
+  caller stores the program itself, so memory never grows without limit.
+* An error while storing is counted (``opencl_stats().store_errors``) and
+  logged, never raised into the caller: the program is simply not stored.
+* At exit the queue is flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``
+  (default 60, checked between programs); what is left is counted
+  (``opencl_stats().stores_dropped``), logged, and built again by a later run.
+* A forked child starts with an empty queue: the parent's programs stay the
+  parent's to store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..cache import Cache
+from ._driver import import_pyopencl
+from .counters import counters
+from .plan import ProgramPlan
+from .program import store_binaries
+from .readback import read_binaries_released
+
+__all__ = [
+    "ENV_FLUSH_SECONDS",
+    "ENV_STORE_DELAY",
+    "QUEUE_LIMIT",
+    "WriteBehind",
+    "store_now",
+    "write_behind",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_FLUSH_SECONDS = "RUNTIME_CACHE_OPENCL_FLUSH_SECONDS"
+ENV_STORE_DELAY = "RUNTIME_CACHE_OPENCL_STORE_DELAY"
+QUEUE_LIMIT = 512
+_DEFAULT_FLUSH_SECONDS = 60.0
+_DEFAULT_STORE_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class _Job:
+    cache: Cache
+    plan: ProgramPlan
+    program: Any
+    seconds: float
+
+
+def store_now(cache: Cache, plan: ProgramPlan, program: Any, seconds: float) -> bool:
+    """Read ``program``'s binaries back and store them, in the calling thread."""
+    binaries = read_binaries_released(import_pyopencl(), program, plan.devices)
+    return store_binaries(cache, plan, program, binaries, seconds)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        log.warning("runtime-cache: %s=%r is not a number; using %s", name, text, default)
+        return default
+    return max(0.0, value)
+
+
+def flush_seconds() -> float:
+    """The bound on the flush at exit, from ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``."""
+    return _seconds(ENV_FLUSH_SECONDS, _DEFAULT_FLUSH_SECONDS)
+
+
+def store_delay() -> float:
+    """How long the caller's builds must be quiet before a store, from
+    ``RUNTIME_CACHE_OPENCL_STORE_DELAY``."""
+    return _seconds(ENV_STORE_DELAY, _DEFAULT_STORE_DELAY)
+
+
+class WriteBehind:
+    """A bounded queue of built programs whose binaries are read back and stored later.
+
+    Deferred programs are stored by :meth:`flush`, in the thread that calls it
+    (at exit: the main thread, once the program is done with OpenCL).
+    Background programs are also stored by one background thread, once
+    ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds have passed since the last
+    submit.
+
+    Example::
+
+        write_behind.submit(cache, plan, program, build_seconds)  # returns at once
+        write_behind.flush(timeout=10.0)                         # True once all are stored
+    """
+
+    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._jobs: deque[_Job] = deque()
+        self._queued: set[str] = set()  # the first key of each queued program
+        self._busy = 0  # queued plus those being stored
+        self._last = 0.0  # time.monotonic() of the last submit
+        self._thread: threading.Thread | None = None
+        self._registered = False
+        self._closed = False
+
+    def submit(
+        self,
+        cache: Cache,
+        plan: ProgramPlan,
+        program: Any,
+        seconds: float,
+        *,
+        background: bool = False,
+    ) -> bool:
+        """Queue ``program`` for storing; ``False`` when the queue is full or closed
+        (the caller stores it then, with :func:`store_now`). A program whose keys
+        are already queued (built again before it was stored) is not queued twice.
+        ``background`` lets the background thread store it (see the module's notes)."""
+        assert plan.keys is not None
+        first = str(plan.keys[0])
+        with self._cond:
+            if first in self._queued:
+                return True
+            if self._closed or len(self._jobs) >= self._limit:
+                return False
+            self._queued.add(first)
+            self._last = time.monotonic()
+            self._jobs.append(_Job(cache, plan, program, seconds))
+            self._busy += 1
+            if not self._registered:
+                # Registered now, after pyopencl's own handlers: it runs before them.
+                atexit.register(self.flush_at_exit)
+                self._registered = True
+            if background and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="runtime-cache-store", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return True
+
+    def pending(self) -> int:
+        """How many programs are queued or being stored."""
+        with self._cond:
+            return self._busy
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Store every queued program; ``False`` if ``timeout`` ran out first.
+
+        The queued programs are stored in the calling thread, one at a time, and
+        ``timeout`` is checked between them (one read-back may overrun it).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                if not self._jobs:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                job = self._jobs.popleft()
+            self._store(job)
+        with self._cond:  # one the background thread is storing
+            while self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float) -> int:
+        """Flush for at most ``timeout`` seconds, then stop; return how many were dropped."""
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            dropped = len(self._jobs)
+            self._jobs.clear()
+            self._queued.clear()
+            self._busy -= dropped
+            self._cond.notify_all()
+        return dropped
+
+    def flush_at_exit(self) -> None:
+        """Flush within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``, then stop; count what is left."""
+        bound = flush_seconds()
+        left = self.pending()
+        dropped = self.close(bound)
+        if dropped:
+            counters.add(stores_dropped=dropped)
+            log.warning(
+                "runtime-cache: %d of %d programs' binaries were not stored: the flush at exit "
+                "is bounded by %s=%s s; a later run builds them again",
+                dropped,
+                left,
+                ENV_FLUSH_SECONDS,
+                bound,
+            )
+
+    def _reset_after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._jobs = deque()
+        self._queued = set()
+        self._busy = 0
+        self._thread = None
+        self._closed = False
+
+    def _store(self, job: _Job) -> None:
+        try:
+            store_now(job.cache, job.plan, job.program, job.seconds)
+        except Exception as exc:  # the caller's build succeeded: never its error
+            counters.add(store_errors=1)
+            log.warning("runtime-cache: storing a program's binaries failed: %s", exc)
+        finally:
+            with self._cond:
+                self._queued.discard(str(job.plan.keys[0]) if job.plan.keys else "")
+                self._busy -= 1
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    if not self._jobs:
+                        self._cond.wait()
+                        continue
+                    quiet = time.monotonic() - self._last
+                    if quiet >= store_delay():
+                        break
+                    self._cond.wait(store_delay() - quiet)
+                job = self._jobs.popleft()
+            self._store(job)
+
+
+#: The queue :func:`install` uses.
+write_behind = WriteBehind()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=write_behind._reset_after_fork)
