@@ -179,6 +179,8 @@ class Runner:
     def __init__(self, top: Path, mode: str, scratch: Path, platform: str | None) -> None:
         self.top, self.mode, self.scratch = top, mode, scratch
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CACHE")}
+        # An installed package has its bytecode: a child must not compile what it imports.
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env.update(
             RUNTIME_CACHE=f"dir://{top / 'cache'}",
             RUNTIME_CACHE_GUARD_DIR=str(top / "guard"),
