@@ -67,12 +67,18 @@ TIMED = {
     "source": "per program: pyopencl.Program(ctx, source).build(), pyopencl.Kernel(program, "
     "name), with the driver's own cache warm (the driver cache alone)",
     "first": "the same clock, stopped when the first kernel is made (floor and lazy)",
+    "cpu": "time.process_time() over the same span: CPU time of all the process's threads, "
+    "driver threads included; steadier than the clock on a shared machine",
     "excluded": "interpreter start, imports (pyopencl, runtime_cache.opencl), platform and "
     "context creation; the process's exit",
 }
 
 #: The sides of each ``--driver-cache`` mode, and the pairs whose ratios are reported.
-SIDES = {"off": ["floor", "lazy", "all"], "on": ["floor", "lazy", "all"], "carry": ["carry", "source"]}
+SIDES = {
+    "off": ["floor", "lazy", "all"],
+    "on": ["floor", "lazy", "all"],
+    "carry": ["carry", "source"],
+}
 PAIRS = {
     "off": [("lazy", "floor"), ("all", "floor")],
     "on": [("lazy", "floor"), ("all", "floor")],
@@ -87,10 +93,8 @@ def _context() -> Any:
     from runtime_cache.opencl import choose_device  # also makes Intel's PyPI runtime visible
 
     index = os.environ.get("BENCH_PLATFORM", "")
-    if index:
-        device = cl.get_platforms()[int(index)].get_devices()[0]
-    else:
-        device = choose_device()  # PYOPENCL_CTX chooses the driver
+    # Without --platform, PYOPENCL_CTX chooses the driver.
+    device = cl.get_platforms()[int(index)].get_devices()[0] if index else choose_device()
     return cl.Context([device])
 
 
@@ -114,6 +118,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     bins = Path(folder) / f"floor-{n}"
     first = None
     kernels = []
+    cpu = time.process_time()
     if side.startswith("fill"):
         module = OpenCLModule(ctx, sources, driver_cache=side == "fill-carry")
         module.build_all()
@@ -154,10 +159,12 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         seconds = time.perf_counter() - started
     else:
         raise SystemExit(f"unknown side {side}")
+    cpu = time.process_time() - cpu
     assert len(kernels) == n or side.startswith("fill")
     stats = opencl_stats()
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "first": first,
         "source_builds": stats.source_builds,
         "binary_loads": stats.binary_loads,
@@ -238,22 +245,26 @@ class Runner:
         return result
 
 
+def _paired(a: list[float], b: list[float]) -> dict[str, Any]:
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return {"median": median(ratios), "interval_95": interval(ratios), "per_round": ratios}
+
+
 def summarize(
-    times: dict[str, list[float]], firsts: dict[str, list[float]], pairs: list[tuple[str, str]]
+    times: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    firsts: dict[str, list[float]],
+    pairs: list[tuple[str, str]],
 ) -> dict[str, Any]:
     """Medians per side, paired ratios per pair, and the start-up difference."""
     out: dict[str, Any] = {
         "median_seconds": {s: median(v) for s, v in times.items()},
         "seconds": times,
-        "ratios": {},
+        "median_cpu_seconds": {s: median(v) for s, v in cpu.items()},
+        "cpu_seconds": cpu,
+        "ratios": {f"{a}/{b}": _paired(times[a], times[b]) for a, b in pairs},
+        "cpu_ratios": {f"{a}/{b}": _paired(cpu[a], cpu[b]) for a, b in pairs},
     }
-    for a, b in pairs:
-        ratios = [x / y for x, y in zip(times[a], times[b], strict=True)]
-        out["ratios"][f"{a}/{b}"] = {
-            "median": median(ratios),
-            "interval_95": interval(ratios),
-            "per_round": ratios,
-        }
     if firsts.get("lazy") and firsts.get("floor"):
         diffs = [x - y for x, y in zip(firsts["lazy"], firsts["floor"], strict=True)]
         out["first_seconds"] = firsts
@@ -302,6 +313,7 @@ def main() -> int:
     started, load_start = time.time(), os.getloadavg()
     device: dict[str, Any] = {}
     times = {n: {s: [] for s in sides} for n in ns}
+    cpu = {n: {s: [] for s in sides} for n in ns}
     firsts: dict[int, dict[str, list[float]]] = {n: {"lazy": [], "floor": []} for n in ns}
     try:
         for n in ns:  # one cold fill per n; then one untimed warm-up of every side
@@ -321,6 +333,7 @@ def main() -> int:
                 for side in order:
                     got = runner.run(side, n, f"{run_id}-{n}")
                     times[n][side].append(got["seconds"])
+                    cpu[n][side].append(got["cpu_seconds"])
                     if side in firsts[n]:
                         firsts[n][side].append(got["first"])
                 line.append(
@@ -332,7 +345,8 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     results = {
-        str(n): summarize(times[n], firsts[n] if mode != "carry" else {}, PAIRS[mode]) for n in ns
+        str(n): summarize(times[n], cpu[n], firsts[n] if mode != "carry" else {}, PAIRS[mode])
+        for n in ns
     }
     print(f"\n{device.get('name')} | {device.get('platform_version')} | driver cache {mode}")
     print(f"{'n':>4} {'side':8} {'median ms':>10}")
@@ -341,7 +355,11 @@ def main() -> int:
             print(f"{n:>4} {side:8} {results[str(n)]['median_seconds'][side] * 1000:10.2f}")
         for pair, row in results[str(n)]["ratios"].items():
             low, high = row["interval_95"]
-            print(f"{n:>4} {pair:14} {row['median']:.3f} [{low:.3f}, {high:.3f}]")
+            c = results[str(n)]["cpu_ratios"][pair]
+            print(
+                f"{n:>4} {pair:14} {row['median']:.3f} [{low:.3f}, {high:.3f}]"
+                f"   cpu {c['median']:.3f} [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]"
+            )
         if "startup" in results[str(n)]:
             s = results[str(n)]["startup"]
             low, high = s["interval_95_ms"]
