@@ -274,3 +274,74 @@ def warm_ab(runs: Sequence[Run]) -> str:
         )
         out.append(title + "\n\n" + grid(head, rows))
     return "\n\n".join(out)
+
+
+def _ms_interval(row: Mapping[str, Any], key: str, scale: float = 1.0) -> str:
+    low, high = row[key]
+    return f"{low * scale:.3f} to {high * scale:.3f}"
+
+
+def floor(runs: Sequence[Run]) -> str:
+    """``bench_floor.py``: medians per side, paired ratios with intervals, start-up, per n."""
+    out = []
+    for run in runs:
+        mode = run.get("driver_cache", "off")
+        carry = mode == "carry"
+        rows = []
+        for n, res in dict(run["results"]).items():
+            med = res["median_seconds"]
+            if carry:
+                r = res["ratios"]["carry/source"]
+                rows.append(
+                    [
+                        n,
+                        f"{med['source'] * 1000:.1f}",
+                        f"{med['carry'] * 1000:.1f}",
+                        f"{r['median']:.3f}",
+                        _ms_interval(r, "interval_95"),
+                    ]
+                )
+                continue
+            lazy, full = res["ratios"]["lazy/floor"], res["ratios"]["all/floor"]
+            start = res.get("startup", {})
+            rows.append(
+                [
+                    n,
+                    f"{med['floor'] * 1000:.1f}",
+                    f"{med['lazy'] * 1000:.1f}",
+                    f"{med['all'] * 1000:.1f}",
+                    f"{lazy['median']:.3f} ({_ms_interval(lazy, 'interval_95')})",
+                    f"{full['median']:.3f} ({_ms_interval(full, 'interval_95')})",
+                    f"{start['median_ms']:.2f} ({_ms_interval(start, 'interval_95_ms')})"
+                    if start
+                    else "-",
+                ]
+            )
+        if carry:
+            head = [
+                "programs",
+                "driver cache alone, warm source builds (ms)",
+                "ours + driver cache, restored into an empty folder (ms)",
+                "ours / driver cache alone, paired median",
+                "95% interval",
+            ]
+        else:
+            head = [
+                "programs",
+                "floor (ms)",
+                "lazy: one `program()` at a time (ms)",
+                "`build_all()` (ms)",
+                "lazy / floor (95% interval)",
+                "`build_all()` / floor (95% interval)",
+                "start-up (ms, 95% interval)",
+            ]
+        device = run.get("device", {})
+        driver = labels.driver_name(
+            str(device.get("platform_name", "")), str(device.get("platform_version", ""))
+        )
+        title = (
+            f"`{run['_file']}`: {driver} on {labels.device_name(device)}, "
+            f"driver cache {mode}, {run['rounds']} rounds"
+        )
+        out.append(title + "\n\n" + grid(head, rows))
+    return "\n\n".join(out)
