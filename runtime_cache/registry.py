@@ -75,7 +75,7 @@ class Registry:
         """
         if self._own is None:
             try:
-                eps = distribution(OWN_DISTRIBUTION).entry_points.select(group=self._group)
+                eps = distribution(OWN_DISTRIBUTION).entry_points.select(group=str(self._group))
                 own = {ep.name.lower(): ep.value for ep in eps}
             except Exception:  # not installed as a distribution: discover as usual
                 own = {}

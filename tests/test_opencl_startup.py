@@ -94,9 +94,7 @@ def _works(ctx: Any, module: OpenCLModule, names: list[str]) -> None:
 
 
 @pytest.mark.opencl
-def test_lazy_programs_after_the_first_come_from_the_read_ahead(
-    ctx: Any, cache: rc.Cache
-) -> None:
+def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
     sources = generated_sources(40, salt=3)
     OpenCLModule(ctx, sources, cache=cache).build_all()
     reset_opencl_stats()
