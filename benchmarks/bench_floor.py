@@ -66,7 +66,8 @@ TIMED = {
     "folder is new and empty, build_all() (restores the driver's files first), then each kernel",
     "source": "per program: pyopencl.Program(ctx, source).build(), pyopencl.Kernel(program, "
     "name), with the driver's own cache warm (the driver cache alone)",
-    "first": "the same clock, stopped when the first kernel is made (floor and lazy)",
+    "first": "the same clock, stopped when the first kernel is made (floor and lazy); "
+    "first_cpu: the CPU time to that point",
     "cpu": "time.process_time() over the same span: CPU time of all the process's threads, "
     "driver threads included; steadier than the clock on a shared machine",
     "excluded": "interpreter start, imports (pyopencl, runtime_cache.opencl), platform and "
@@ -116,7 +117,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     sources = kernel_sources(n, salt)
     names = list(sources)
     bins = Path(folder) / f"floor-{n}"
-    first = None
+    first = first_cpu = None
     kernels = []
     cpu = time.process_time()
     if side.startswith("fill"):
@@ -137,6 +138,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
             kernels.append(cl.Kernel(cl.Program(ctx, devices, [binary]).build(), name))
             if first is None:
                 first = time.perf_counter() - started
+                first_cpu = time.process_time() - cpu
         seconds = time.perf_counter() - started
     elif side == "source":
         started = time.perf_counter()
@@ -150,6 +152,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
             kernels.append(module.kernel(name))
             if first is None:
                 first = time.perf_counter() - started
+                first_cpu = time.process_time() - cpu
         seconds = time.perf_counter() - started
     elif side in ("all", "carry"):
         started = time.perf_counter()
@@ -166,6 +169,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
         "seconds": seconds,
         "cpu_seconds": cpu,
         "first": first,
+        "first_cpu": first_cpu,
         "source_builds": stats.source_builds,
         "binary_loads": stats.binary_loads,
         "device": device_fingerprint(devices[0]),
@@ -254,6 +258,7 @@ def summarize(
     times: dict[str, list[float]],
     cpu: dict[str, list[float]],
     firsts: dict[str, list[float]],
+    first_cpu: dict[str, list[float]],
     pairs: list[tuple[str, str]],
 ) -> dict[str, Any]:
     """Medians per side, paired ratios per pair, and the start-up difference."""
@@ -275,6 +280,9 @@ def summarize(
             "lazy_first_median_ms": median(firsts["lazy"]) * 1000,
             "floor_first_median_ms": median(firsts["floor"]) * 1000,
         }
+        cpu_diffs = [x - y for x, y in zip(first_cpu["lazy"], first_cpu["floor"], strict=True)]
+        out["startup"]["cpu_median_ms"] = median(cpu_diffs) * 1000
+        out["startup"]["cpu_interval_95_ms"] = [v * 1000 for v in interval(cpu_diffs)]
     return out
 
 
@@ -315,6 +323,7 @@ def main() -> int:
     times = {n: {s: [] for s in sides} for n in ns}
     cpu = {n: {s: [] for s in sides} for n in ns}
     firsts: dict[int, dict[str, list[float]]] = {n: {"lazy": [], "floor": []} for n in ns}
+    first_cpu: dict[int, dict[str, list[float]]] = {n: {"lazy": [], "floor": []} for n in ns}
     try:
         for n in ns:  # one cold fill per n; then one untimed warm-up of every side
             salt = f"{run_id}-{n}"
@@ -336,6 +345,7 @@ def main() -> int:
                     cpu[n][side].append(got["cpu_seconds"])
                     if side in firsts[n]:
                         firsts[n][side].append(got["first"])
+                        first_cpu[n][side].append(got["first_cpu"])
                 line.append(
                     f"n={n}: " + " ".join(f"{s} {times[n][s][-1] * 1000:.1f}" for s in sides)
                 )
@@ -345,7 +355,13 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     results = {
-        str(n): summarize(times[n], cpu[n], firsts[n] if mode != "carry" else {}, PAIRS[mode])
+        str(n): summarize(
+            times[n],
+            cpu[n],
+            firsts[n] if mode != "carry" else {},
+            first_cpu[n],
+            PAIRS[mode],
+        )
         for n in ns
     }
     print(f"\n{device.get('name')} | {device.get('platform_version')} | driver cache {mode}")
@@ -363,7 +379,10 @@ def main() -> int:
         if "startup" in results[str(n)]:
             s = results[str(n)]["startup"]
             low, high = s["interval_95_ms"]
-            print(f"{n:>4} start-up {s['median_ms']:.2f} ms [{low:.2f}, {high:.2f}]")
+            print(
+                f"{n:>4} start-up {s['median_ms']:.2f} ms [{low:.2f}, {high:.2f}]"
+                f"   cpu {s['cpu_median_ms']:.2f} ms"
+            )
     label = args.machine or str(device.get("name", "device")).split()[0].lower()
     suffix = "" if mode == "off" else f"-driver-cache-{mode}"
     out = Path(args.json) if args.json else RESULTS / f"floor-{label}{suffix}.json"

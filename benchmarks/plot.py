@@ -268,7 +268,7 @@ def opencl_page(runs: Sequence[Run], text: str) -> str:
     _, tail = rest.split(FLOOR_END, 1)
     floor = _pick(runs, "floor")
     body = tables.floor(floor) if floor else "No run yet."
-    note = f"From {_conditions(floor)}." if floor else ""
+    note = f"Run {_conditions(floor)}." if floor else ""
     return f"{head}{FLOOR_BEGIN}\n\n{body}\n\n{note}\n\n{FLOOR_END}{tail}"
 
 

@@ -276,9 +276,13 @@ def warm_ab(runs: Sequence[Run]) -> str:
     return "\n\n".join(out)
 
 
-def _ms_interval(row: Mapping[str, Any], key: str, scale: float = 1.0) -> str:
+def _interval(row: Mapping[str, Any], key: str = "interval_95", digits: int = 3) -> str:
     low, high = row[key]
-    return f"{low * scale:.3f} to {high * scale:.3f}"
+    return f"{low:.{digits}f} to {high:.{digits}f}"
+
+
+def _load(value: Any) -> str:
+    return f"{float(value[0]):.1f}" if isinstance(value, (list, tuple)) and value else "-"
 
 
 def floor(runs: Sequence[Run]) -> str:
@@ -298,11 +302,12 @@ def floor(runs: Sequence[Run]) -> str:
                         f"{med['source'] * 1000:.1f}",
                         f"{med['carry'] * 1000:.1f}",
                         f"{r['median']:.3f}",
-                        _ms_interval(r, "interval_95"),
+                        _interval(r),
                     ]
                 )
                 continue
             lazy, full = res["ratios"]["lazy/floor"], res["ratios"]["all/floor"]
+            cpu = res.get("cpu_ratios", {})
             start = res.get("startup", {})
             rows.append(
                 [
@@ -310,11 +315,16 @@ def floor(runs: Sequence[Run]) -> str:
                     f"{med['floor'] * 1000:.1f}",
                     f"{med['lazy'] * 1000:.1f}",
                     f"{med['all'] * 1000:.1f}",
-                    f"{lazy['median']:.3f} ({_ms_interval(lazy, 'interval_95')})",
-                    f"{full['median']:.3f} ({_ms_interval(full, 'interval_95')})",
-                    f"{start['median_ms']:.2f} ({_ms_interval(start, 'interval_95_ms')})"
+                    f"{lazy['median']:.3f} ({_interval(lazy)})",
+                    f"{full['median']:.3f} ({_interval(full)})",
+                    " / ".join(
+                        f"{cpu[k]['median']:.3f}" if k in cpu else "-"
+                        for k in ("lazy/floor", "all/floor")
+                    ),
+                    f"{start['median_ms']:.2f} ({_interval(start, 'interval_95_ms', 2)})"
                     if start
                     else "-",
+                    f"{start['cpu_median_ms']:.2f}" if "cpu_median_ms" in start else "-",
                 ]
             )
         if carry:
@@ -333,7 +343,9 @@ def floor(runs: Sequence[Run]) -> str:
                 "`build_all()` (ms)",
                 "lazy / floor (95% interval)",
                 "`build_all()` / floor (95% interval)",
+                "CPU time: lazy / floor, `build_all()` / floor",
                 "start-up (ms, 95% interval)",
+                "start-up, CPU time (ms)",
             ]
         device = run.get("device", {})
         driver = labels.driver_name(
@@ -341,7 +353,9 @@ def floor(runs: Sequence[Run]) -> str:
         )
         title = (
             f"`{run['_file']}`: {driver} on {labels.device_name(device)}, "
-            f"driver cache {mode}, {run['rounds']} rounds"
+            f"driver cache {mode}, {run['rounds']} rounds, load average "
+            f"{_load(run.get('load_average_start'))} at the start, "
+            f"{_load(run.get('load_average_end'))} at the end"
         )
         out.append(title + "\n\n" + grid(head, rows))
     return "\n\n".join(out)
