@@ -166,14 +166,16 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
     for i in range(40):
         plans[f"p{i}"] = Plan(f"p{i}")
         cache.put(plans[f"p{i}"].keys[0], f"value {i}".encode())
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     def plan_of(name: str) -> Any:
+        entered.set()
         gate.wait(10)
         return plans[name]
 
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
+    assert entered.wait(10)  # the thread is on its first chunk (p1, p2)
     # Nothing read yet (the thread waits on its first plan): p39 is not reached, so the
     # caller reads it itself, at once; a program in the chunk being read waits for it.
     assert ahead.take("p39") is None
@@ -183,3 +185,27 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
     assert ahead.take("p1") is None  # handed out once
     assert ahead.take("p0") is None  # the first is the caller's own
     assert all(ahead.take(f"p{i}") is not None for i in range(2, 39))
+
+
+def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime_cache.opencl import prefetch
+
+    cache = rc.Cache(MemoryBackend())
+    plans: dict[str, Any] = {}
+
+    class Plan:
+        def __init__(self, name: str) -> None:
+            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+    for i in range(30):
+        plans[f"p{i}"] = Plan(f"p{i}")
+        cache.put(plans[f"p{i}"].keys[0], bytes(1000))
+    monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__)
+    ahead.start("p0")
+    assert ahead._thread is not None
+    ahead._thread.join(10)  # it stopped on its own, holding the first chunk
+    assert ahead.held == 2000
+    assert ahead.take("p1") is not None and ahead.take("p2") is not None
+    assert all(ahead.take(f"p{i}") is None for i in range(3, 30))  # left to the caller
+    assert ahead.held == 0

@@ -24,12 +24,16 @@ from ..cache import Cache
 from .guard import Binary
 from .plan import ProgramPlan
 
-__all__ = ["CHUNK", "ReadAhead"]
+__all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so the second program's entries are ready soon after the first program's load.
 CHUNK = 16
 _FIRST_CHUNKS = (2, 4, 8)
+#: Bytes read ahead and not yet taken at which the thread stops reading; the programs it
+#: has not reached are then read one at a time, when asked for (a module whose caller
+#: asks for few of many programs does not hold every binary in memory).
+MAX_HELD = 64 << 20
 
 #: What was read for one program: its plan and the entries found under its keys.
 Read = tuple[ProgramPlan, Mapping[str, Binary]]
@@ -59,6 +63,7 @@ class ReadAhead:
         self._chunks: list[_Chunk] = []
         self._where: dict[str, _Chunk] = {}
         self._stop = threading.Event()
+        self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
 
@@ -90,14 +95,18 @@ class ReadAhead:
     def _run(self) -> None:
         for chunk in self._chunks:
             with self._lock:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._held > MAX_HELD:
                     break
                 chunk.started = True
+            found: dict[str, Read] = {}
             try:
-                chunk.found = self._read(chunk.names)
+                found = self._read(chunk.names)
             except Exception:  # the caller fetches these itself, and sees the error then
-                chunk.found = {}
+                found = {}
             finally:
+                with self._lock:
+                    chunk.found = found
+                    self._held += sum(_size(read) for read in found.values())
                 chunk.done.set()
         for chunk in self._chunks:  # never leave a waiter behind
             chunk.done.set()
@@ -126,8 +135,21 @@ class ReadAhead:
                 return None
         chunk.done.wait()
         with self._lock:
-            return chunk.found.pop(name, None)
+            read = chunk.found.pop(name, None)
+            if read is not None:
+                self._held -= _size(read)
+            return read
+
+    @property
+    def held(self) -> int:
+        """Bytes read ahead and not yet taken."""
+        with self._lock:
+            return self._held
 
     def __repr__(self) -> str:
         state = "stopped" if self._stop.is_set() else "reading"
         return f"ReadAhead({len(self._names)} programs, {state})"
+
+
+def _size(read: Read) -> int:
+    return sum(len(value) for value in read[1].values())
