@@ -165,13 +165,13 @@ class OpenCLModule:
             cache = self.cache
             ahead = self._read_ahead(cache, name)
             read = ahead.take(name) if ahead is not None else None
-            plan, found = read if read is not None else (self._plan(name), None)
+            plan, found, digests = read if read is not None else (self._plan(name), None, None)
             if self._driver is not None:
                 self._driver.restore(cache)
             if plan.keys is not None:
                 if found is None:
                     found = cache.get_many_views(plan.keys)
-                loaded = fetch(self.context, plan, cache, found)
+                loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)
                     return loaded

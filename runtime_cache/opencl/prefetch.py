@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from ..cache import Cache
-from .guard import Binary
+from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
 __all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
@@ -35,8 +35,9 @@ _FIRST_CHUNKS = (2, 4, 8)
 #: asks for few of many programs does not hold every binary in memory).
 MAX_HELD = 64 << 20
 
-#: What was read for one program: its plan and the entries found under its keys.
-Read = tuple[ProgramPlan, Mapping[str, Binary]]
+#: What was read for one program: its plan, the entries found under its keys, and the
+#: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
+Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
 
 
 class _Chunk:
@@ -119,7 +120,8 @@ class ReadAhead:
         for name, plan in plans.items():
             keys = [str(k) for k in plan.keys or ()]
             if keys and all(k in found for k in keys):
-                out[name] = (plan, {k: found[k] for k in keys})
+                digests = [binary_digest(found[k]) for k in keys]
+                out[name] = (plan, {k: found[k] for k in keys}, digests)
         return out
 
     def take(self, name: str) -> Read | None:
