@@ -27,6 +27,7 @@ loader, before pyopencl reads its platform list (see
 
 from __future__ import annotations
 
+from ..provider import preload_default_backend
 from .capture import recapture_binaries
 from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
 from .devices import NoWorkingDeviceError, choose_device
@@ -41,6 +42,8 @@ from .program import PURPOSE, RUNTIME, build_program
 
 # Before pyopencl's first platform query (none of the modules above makes one on import).
 expose_intel_runtime()
+# The default cache's backend class, imported now rather than at the first program.
+preload_default_backend()
 
 __all__ = [
     "DRIVER_CACHE_PURPOSE",

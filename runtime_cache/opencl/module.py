@@ -19,6 +19,7 @@ from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
 from .parallel import build_in_threads
 from .precompiled import load_bundle, pack_built
+from .prefetch import ReadAhead
 from .program import (
     ProgramPlan,
     evict,
@@ -94,6 +95,7 @@ class OpenCLModule:
         self._cached: set[str] = set()
         self._options_text: str | None = None
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
+        self._ahead: ReadAhead | None = None  # the first program() reads the others ahead
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
         self._driver: DriverCaches | None = None
         if driver_cache_enabled(driver_cache):
@@ -166,16 +168,29 @@ class OpenCLModule:
                 found = self._programs.get(name)
             if found is not None:
                 return found
-            plan = self._plan(name)
+            cache = self.cache
+            ahead = self._read_ahead(cache, name)
+            read = ahead.take(name) if ahead is not None else None
+            plan, found, digests = read if read is not None else (self._plan(name), None, None)
             if self._driver is not None:
-                self._driver.restore(self.cache)
+                self._driver.restore(cache)
             if plan.keys is not None:
-                loaded = fetch(self.context, plan, self.cache, self.cache.get_many_views(plan.keys))
+                if found is None:
+                    found = cache.get_many_views(plan.keys)
+                loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)
                     return loaded
             self._build_from_source(name)
             return self._programs[name]
+
+    def _read_ahead(self, cache: Cache, name: str) -> ReadAhead | None:
+        """The module's read-ahead, started by its first ``program()`` (see :mod:`.prefetch`)."""
+        with self._lock:
+            if self._ahead is None and len(self.sources) > 1 and not self._programs:
+                self._ahead = ReadAhead(cache, list(self.sources), self._plan)
+                self._ahead.start(name)
+            return self._ahead
 
     def kernel(self, name: str) -> Any:
         """Return a new ``pyopencl.Kernel`` for ``name``.
@@ -232,6 +247,8 @@ class OpenCLModule:
         """
         with self._lock:
             missing = [n for n in self.sources if n not in self._programs]
+            if self._ahead is not None:
+                self._ahead.stop()  # the loads below read what is left their own way
         if not missing:
             return 0
         if on_progress is None:

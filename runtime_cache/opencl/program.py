@@ -156,10 +156,13 @@ def fetch(
     found: Mapping[str, Binary],
     *,
     vet: bool = True,
+    digests: list[str] | None = None,
 ) -> Any | None:
     """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones).
 
-    ``vet=False`` when the caller has already vetted ``found`` as a batch.
+    ``vet=False`` when the caller has already vetted ``found`` as a batch; ``digests``
+    are the binaries' :func:`binary_digest` in the order of ``plan.keys``, when the
+    caller has them.
     """
     if plan.keys is None:
         return None
@@ -167,7 +170,8 @@ def fetch(
     if any(b is None for b in binaries):
         return None
     ready = [b for b in binaries if b is not None]
-    digests = [binary_digest(b) for b in ready]
+    if digests is None or len(digests) != len(ready):
+        digests = [binary_digest(b) for b in ready]
     signed = cache.signed
     if vet and needs_vetting(digests, trusted=signed, keys=plan.keys):  # tried in a child first
         item = (ready, plan.options, plan.options_text)

@@ -1,0 +1,157 @@
+"""Lazy loads read ahead: the first ``program()`` of a module fetches the others' entries.
+
+A module whose programs are asked for one at a time (``OpenCLModule.program``, the
+way TVM-style modules and ``install()`` use it) would pay one backend call, and one
+key plan, per program on the caller's thread. :class:`ReadAhead` moves that work
+to one background thread: when the first program is asked for, it plans the keys
+of the module's other programs and fetches their entries, a chunk of programs per
+backend call, in the order of the module's sources from that program on. A later
+``program()`` takes what was read for it, or waits for the chunk being read, or,
+when the thread has not reached it yet, fetches it itself as before.
+
+Nothing is trusted more for being read ahead: the entries come from
+``Cache.get_many_views``, which checks every blob against its key, and the loader
+checks each binary as it would any other (digest, crash guard, vetting).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from ..cache import Cache
+from .guard import Binary, binary_digest
+from .plan import ProgramPlan
+
+__all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
+
+#: Programs whose entries one backend call reads ahead; the first chunks are smaller,
+#: so the second program's entries are ready soon after the first program's load.
+CHUNK = 16
+_FIRST_CHUNKS = (2, 4, 8)
+#: Bytes read ahead and not yet taken at which the thread stops reading; the programs it
+#: has not reached are then read one at a time, when asked for (a module whose caller
+#: asks for few of many programs does not hold every binary in memory).
+MAX_HELD = 64 << 20
+
+#: What was read for one program: its plan, the entries found under its keys, and the
+#: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
+Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
+
+
+class _Chunk:
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.started = False
+        self.done = threading.Event()
+        self.found: dict[str, Read] = {}
+
+
+class ReadAhead:
+    """Reads the entries of a module's programs on one background thread, a chunk at a time.
+
+    ``names`` are the module's programs in order; ``plan_of(name)`` plans one.
+    """
+
+    def __init__(
+        self, cache: Cache, names: Sequence[str], plan_of: Callable[[str], ProgramPlan]
+    ) -> None:
+        self._cache = cache
+        self._names = list(names)
+        self._plan_of = plan_of
+        self._lock = threading.Lock()
+        self._chunks: list[_Chunk] = []
+        self._where: dict[str, _Chunk] = {}
+        self._stop = threading.Event()
+        self._held = 0  # bytes read and not yet taken
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+
+    def start(self, first: str) -> None:
+        """Read ahead every program but ``first``, in order from the one after it."""
+        if first in self._names:
+            at = self._names.index(first)
+            rest = self._names[at + 1 :] + self._names[:at]
+        else:
+            rest = list(self._names)
+        if not rest:
+            return
+        at = 0
+        for size in (*_FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1)):
+            if at >= len(rest):
+                break
+            self._chunks.append(_Chunk(rest[at : at + size]))
+            at += size
+        self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
+        self._thread = threading.Thread(
+            target=self._run, name="runtime-cache-lazy-read-ahead", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Read nothing more (``build_all`` reads the rest its own way)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        for chunk in self._chunks:
+            with self._lock:
+                if self._stop.is_set() or self._held > MAX_HELD:
+                    break
+                chunk.started = True
+            found: dict[str, Read] = {}
+            try:
+                found = self._read(chunk.names)
+            except Exception:  # the caller fetches these itself, and sees the error then
+                found = {}
+            finally:
+                with self._lock:
+                    chunk.found = found
+                    self._held += sum(_size(read) for read in found.values())
+                chunk.done.set()
+        for chunk in self._chunks:  # never leave a waiter behind
+            chunk.done.set()
+
+    def _read(self, names: list[str]) -> dict[str, Read]:
+        plans = {name: self._plan_of(name) for name in names}
+        wanted = [k for plan in plans.values() if plan.keys is not None for k in plan.keys]
+        found = self._cache.get_many_views(wanted) if wanted else {}
+        out: dict[str, Read] = {}
+        for name, plan in plans.items():
+            keys = [str(k) for k in plan.keys or ()]
+            if keys and all(k in found for k in keys):
+                digests = [binary_digest(found[k]) for k in keys]
+                out[name] = (plan, {k: found[k] for k in keys}, digests)
+        return out
+
+    def take(self, name: str) -> Read | None:
+        """What was read for ``name`` (waiting for its chunk if it is being read), or
+        ``None``: not read ahead, not found, or not yet reached (fetch it yourself)."""
+        chunk = self._where.get(name)
+        if chunk is None or os.getpid() != self._pid:
+            return None  # a forked child has no reading thread
+        with self._lock:
+            if not chunk.started:
+                chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
+                del self._where[name]
+                return None
+        chunk.done.wait()
+        with self._lock:
+            read = chunk.found.pop(name, None)
+            if read is not None:
+                self._held -= _size(read)
+            return read
+
+    @property
+    def held(self) -> int:
+        """Bytes read ahead and not yet taken."""
+        with self._lock:
+            return self._held
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stop.is_set() else "reading"
+        return f"ReadAhead({len(self._names)} programs, {state})"
+
+
+def _size(read: Read) -> int:
+    return sum(len(value) for value in read[1].values())

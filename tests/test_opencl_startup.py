@@ -1,0 +1,211 @@
+"""A process's first cached program: the registry, the default backend's import, read-ahead.
+
+On real PoCL (or the driver under test) and a real ``dir://`` cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from opencl_support import generated_sources, opencl_context, run_kernel
+
+import runtime_cache as rc
+from runtime_cache import registry as reg
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
+from runtime_cache.opencl.child import child_path
+from runtime_cache.opencl.prefetch import ReadAhead
+
+
+class Elsewhere(MemoryBackend):
+    scheme = "elsewhere"
+
+
+def test_a_builtin_scheme_resolves_from_the_own_distribution() -> None:
+    fresh = reg.Registry()
+    assert fresh.resolve("memory") is MemoryBackend
+    assert fresh.resolve("DIR") is DirectoryBackend
+    assert not fresh._discovered  # nobody else's entry points were read
+    assert {"dir", "memory", "redis"} <= set(fresh.names())  # discovery still works
+
+
+def test_a_registration_made_first_still_wins() -> None:
+    fresh = reg.Registry()
+    fresh.register("dir", Elsewhere, replace=True)
+    assert fresh.resolve("dir") is Elsewhere
+    with pytest.raises(rc.errors.UnknownBackendError):
+        reg.Registry().resolve("no-such-scheme")
+
+
+def _imports(tmp_path: Path, env: dict[str, str]) -> str:
+    code = (
+        f"import sys; sys.path[:] = {child_path()!r}\n"
+        "import runtime_cache.opencl\n"
+        "print('runtime_cache.backends.directory' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_importing_the_opencl_consumer_imports_the_default_backend(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if k != "RUNTIME_CACHE"}
+    assert _imports(tmp_path, base) == "True"  # the embedded default: dir://
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": f"dir://{tmp_path}/c"}) == "True"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "memory://"}) == "False"
+    # A setting that cannot open is left for get_cache() to report: the import works.
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "no-such-scheme://x"}) == "False"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "off"}) == "False"
+
+
+# ------------------------------------------------------------------------------ read-ahead
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    return opencl_context()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> rc.Cache:
+    reset_opencl_stats()
+    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
+
+
+def _works(ctx: Any, module: OpenCLModule, names: list[str]) -> None:
+    data = np.arange(16, dtype=np.float32)
+    for name in names:
+        i = int(name[1:])
+        out = run_kernel(ctx, module.kernel(name), data)
+        np.testing.assert_array_equal(out, data * (i + 2) + 3)
+
+
+@pytest.mark.opencl
+def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
+    sources = generated_sources(40, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    calls: list[tuple[int, int]] = []
+    views = cache.get_many_views
+
+    def counted(keys: Any) -> Any:  # the real call, counted
+        keys = list(keys)
+        calls.append((threading.get_ident(), len(keys)))
+        return views(keys)
+
+    cache.get_many_views = counted  # type: ignore[method-assign]
+    names = list(sources)
+    module.program(names[5])  # the first asked for: read ahead from the next one on
+    for name in names[6:] + names[:5]:
+        module.program(name)
+    stats = opencl_stats()
+    assert (stats.binary_loads, stats.source_builds) == (40, 0)
+    # Each entry read once; the read-ahead thread read several programs per backend call.
+    assert sum(count for _, count in calls) == 40
+    me = threading.get_ident()
+    assert any(who != me and count > 1 for who, count in calls)
+    _works(ctx, module, names)
+
+
+@pytest.mark.opencl
+def test_a_tampered_entry_read_ahead_is_still_refused(ctx: Any, cache: rc.Cache) -> None:
+    sources = generated_sources(6, salt=3)
+    first = OpenCLModule(ctx, sources, cache=cache)
+    first.build_all()
+    victim = first._plan("k4").keys
+    assert victim is not None
+    blob = cache.backend.get(str(victim[0]))
+    assert blob is not None
+    torn = bytearray(blob)
+    torn[-1] ^= 0xFF
+    cache.backend.set(str(victim[0]), bytes(torn))  # the checksum no longer matches
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    for name in sources:
+        module.program(name)
+    stats = opencl_stats()
+    assert stats.binary_loads == 5 and stats.source_builds == 1
+    assert cache.stats().corrupt == 1
+    _works(ctx, module, list(sources))
+
+
+@pytest.mark.opencl
+def test_build_all_after_a_lazy_program_stops_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
+    sources = generated_sources(30, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    module.program("k0")
+    assert module.build_all() == 0
+    assert opencl_stats().binary_loads == 30
+    _works(ctx, module, ["k0", "k29"])
+
+
+def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
+    cache = rc.Cache(MemoryBackend())
+    plans: dict[str, Any] = {}
+
+    class Plan:
+        def __init__(self, name: str) -> None:
+            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+    for i in range(40):
+        plans[f"p{i}"] = Plan(f"p{i}")
+        cache.put(plans[f"p{i}"].keys[0], f"value {i}".encode())
+    gate, entered = threading.Event(), threading.Event()
+
+    def plan_of(name: str) -> Any:
+        entered.set()
+        gate.wait(10)
+        return plans[name]
+
+    ahead = ReadAhead(cache, list(plans), plan_of)
+    ahead.start("p0")
+    assert entered.wait(10)  # the thread is on its first chunk (p1, p2)
+    # Nothing read yet (the thread waits on its first plan): p39 is not reached, so the
+    # caller reads it itself, at once; a program in the chunk being read waits for it.
+    assert ahead.take("p39") is None
+    gate.set()
+    got = ahead.take("p1")
+    assert got is not None and bytes(got[1][str(plans["p1"].keys[0])]) == b"value 1"
+    assert ahead.take("p1") is None  # handed out once
+    assert ahead.take("p0") is None  # the first is the caller's own
+    assert all(ahead.take(f"p{i}") is not None for i in range(2, 39))
+
+
+def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime_cache.opencl import prefetch
+
+    cache = rc.Cache(MemoryBackend())
+    plans: dict[str, Any] = {}
+
+    class Plan:
+        def __init__(self, name: str) -> None:
+            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+    for i in range(30):
+        plans[f"p{i}"] = Plan(f"p{i}")
+        cache.put(plans[f"p{i}"].keys[0], bytes(1000))
+    monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__)
+    ahead.start("p0")
+    assert ahead._thread is not None
+    ahead._thread.join(10)  # it stopped on its own, holding the first chunk
+    assert ahead.held == 2000
+    assert ahead.take("p1") is not None and ahead.take("p2") is not None
+    assert all(ahead.take(f"p{i}") is None for i in range(3, 30))  # left to the caller
+    assert ahead.held == 0
