@@ -199,8 +199,18 @@ def build_claimed(
                         local.running = False
             return queue.pop(0) if queue else None
 
-        def own() -> None:
+        failed: list[Exception] = []  # build errors here: raised once every claim was built
+
+        def build_mine(name: str) -> None:
             assert build_here is not None
+            try:
+                build_here(name)
+            except Exception as exc:  # the other programs still get built
+                failed.append(exc)
+            finally:
+                claims.done(name)
+
+        def own() -> None:
             try:
                 while True:
                     with claiming:
@@ -208,10 +218,7 @@ def build_claimed(
                         if name is None:
                             active[0] -= 1
                             return
-                    try:
-                        build_here(name)
-                    finally:
-                        claims.done(name)
+                    build_mine(name)
             except BaseException:
                 with claiming:
                     active[0] -= 1
@@ -222,16 +229,15 @@ def build_claimed(
             return taken
         with ThreadPoolExecutor(max_workers=1) as pool:
             mine = pool.submit(own)
-            build_many(handed, next_name)  # not ``taken``: this process builds the rest
-            mine.result()
-        # Claims set aside after this process's own builder ended: no builder is left.
-        left = list(spare)
-        spare.clear()
-        for name in left:
             try:
-                build_here(name)
+                build_many(handed, next_name)  # not ``taken``: this process builds the rest
             finally:
-                claims.done(name)
+                mine.result()
+                # Claims set aside after this process's own builder ended: none is left.
+                while spare:
+                    build_mine(spare.popleft())
+        if failed:
+            raise failed[0]
         return taken
 
     def run(_: int) -> None:
