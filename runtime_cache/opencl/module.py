@@ -163,7 +163,7 @@ class OpenCLModule:
             if found is not None:
                 return found
             cache = self.cache
-            ahead = self._ahead
+            ahead = self._read_ahead(cache, name)
             read = ahead.take(name) if ahead is not None else None
             plan, found, digests = read if read is not None else (self._plan(name), None, None)
             if self._driver is not None:
@@ -174,19 +174,17 @@ class OpenCLModule:
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)
-                    self._read_ahead(cache, name)
                     return loaded
             self._build_from_source(name)
             return self._programs[name]
 
-    def _read_ahead(self, cache: Cache, name: str) -> None:
-        """Start reading the other programs' entries ahead (see :mod:`.prefetch`), once
-        the module's first program ``name`` has loaded from the cache: not before, so the
-        thread does not compete with that first load."""
+    def _read_ahead(self, cache: Cache, name: str) -> ReadAhead | None:
+        """The module's read-ahead, started by its first ``program()`` (see :mod:`.prefetch`)."""
         with self._lock:
-            if self._ahead is None and len(self.sources) > 1 and list(self._programs) == [name]:
+            if self._ahead is None and len(self.sources) > 1 and not self._programs:
                 self._ahead = ReadAhead(cache, list(self.sources), self._plan)
                 self._ahead.start(name)
+            return self._ahead
 
     def kernel(self, name: str) -> Any:
         """Return a new ``pyopencl.Kernel`` for ``name``.
