@@ -165,13 +165,22 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     cpu = time.process_time() - cpu
     assert len(kernels) == n or side.startswith("fill")
     stats = opencl_stats()
+    counts: dict[str, int] = {}
+    if side in ("lazy", "all", "carry"):
+        import runtime_cache as rc
+
+        cache = rc.get_cache().stats()
+        counts = {"cache_misses": cache.misses, "cache_errors": cache.errors}
     return {
+        **counts,
         "seconds": seconds,
         "cpu_seconds": cpu,
         "first": first,
         "first_cpu": first_cpu,
         "source_builds": stats.source_builds,
         "binary_loads": stats.binary_loads,
+        "rejected_binaries": stats.rejected_binaries,
+        "vetted": stats.vetted,
         "device": device_fingerprint(devices[0]),
     }
 
