@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--platform", default="0", help="PYOPENCL_TEST / PYOPENCL_CTX")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--label", default=None, help="what --checkout is, for the table")
     args = parser.parse_args(argv)
     tests = args.tests.resolve()
     results: dict[str, Any] = {}
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "limit": args.limit,
         "keyword": args.keyword,
         "platform": args.platform,
+        "checkout": args.label or args.checkout.resolve().name,
         "results": results,
     }
     if args.json:

@@ -311,6 +311,7 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
             "warm source builds / loads",
         ]
         limit = f", the first {run['limit']} tests of each module" if run.get("limit") else ""
+        limit += f", code: {run['checkout']}" if run.get("checkout") else ""
         title = (
             f"`{run['_file']}`: pyopencl {run['pyopencl']}, medians of {run['rounds']} "
             f"rotated round(s){limit}, on {run['results'][next(iter(run['results']))]['device']}"
