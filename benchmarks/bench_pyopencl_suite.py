@@ -66,7 +66,9 @@ code = pytest.main(["-q", "-p", "no:cacheprovider", *ids])
 run_end = time.perf_counter()
 out = {"code": int(code), "run_seconds": run_end - run_start}
 if mode != "baseline":
-    from runtime_cache.opencl import flush, opencl_stats
+    import runtime_cache.opencl as rco
+    from runtime_cache.opencl import opencl_stats
+    flush = getattr(rco, "flush", lambda timeout: True)  # a checkout from before it
     out["flushed"] = flush(600.0)
     out["flush_seconds"] = time.perf_counter() - run_end
     s = opencl_stats()
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--platform", default="0", help="PYOPENCL_TEST / PYOPENCL_CTX")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--label", default=None, help="what --checkout is, for the table")
     args = parser.parse_args(argv)
     tests = args.tests.resolve()
     results: dict[str, Any] = {}
@@ -187,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "limit": args.limit,
         "keyword": args.keyword,
         "platform": args.platform,
+        "checkout": args.label or args.checkout.resolve().name,
         "results": results,
     }
     if args.json:

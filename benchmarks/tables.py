@@ -307,6 +307,7 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
             rows.append(
                 [
                     f"`{module}`",
+                    len(row["runs"]["baseline"]),
                     row["tests"],
                     row["programs"],
                     _num(row["baseline_run_seconds"]),
@@ -321,8 +322,9 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
             )
         head = [
             "module",
+            "rounds",
             "tests",
-            "programs",
+            "programs built",
             "no cache (s)",
             "cold (s)",
             "cold / no cache",
@@ -333,9 +335,10 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
             "warm source builds / loads",
         ]
         limit = f", the first {run['limit']} tests of each module" if run.get("limit") else ""
+        limit += f", code: {run['checkout']}" if run.get("checkout") else ""
         title = (
-            f"`{run['_file']}`: pyopencl {run['pyopencl']}, medians of {run['rounds']} "
-            f"rotated round(s){limit}, on {run['results'][next(iter(run['results']))]['device']}"
+            f"`{run['_file']}`: pyopencl {run['pyopencl']}, medians of rotated rounds"
+            f"{limit}, on {run['results'][next(iter(run['results']))]['device']}"
             f" ({run['results'][next(iter(run['results']))]['platform_version'].split('  ')[0]})"
         )
         out.append(title + "\n\n" + grid(head, rows))
