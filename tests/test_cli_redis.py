@@ -83,8 +83,8 @@ def test_a_server_that_is_down_is_an_error_not_an_empty_cache(
 
     require_redis("redis-server")  # the redis extra is what is under test here
     url = f"redis://127.0.0.1:{free_port()}/0?timeout=500ms&connect_timeout=200ms"
-    code = main(["--cache", url, "ls", "--json"])
+    code = main(["--cache", url, "--secret", "test-secret", "ls", "--json"])
     captured = capsys.readouterr()
     assert code == 1
     assert captured.out == ""
-    assert "error" in captured.err
+    assert "error" in captured.err and "secret" not in captured.err  # the server, not trust
