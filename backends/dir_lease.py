@@ -136,7 +136,8 @@ class DirLease(Lease):
                 os.close(folder)
 
     def __del__(self) -> None:
-        for fd in (self._fd, self._folder):
+        # A lease refused in __init__ (a bad ttl) never set its descriptors.
+        for fd in (getattr(self, "_fd", None), getattr(self, "_folder", None)):
             if fd is not None:
                 try:
                     os.close(fd)
