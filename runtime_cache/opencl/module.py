@@ -30,14 +30,14 @@ from .program import (
     source_build,
     store_binaries,
 )
-from .program_files import ProgramFiles, with_driver_files
+from .program_files import ProgramFiles
 from .progress import BuildProgress, ProgressCallback
-from .sharing import build_shared, shares_builds
+from .sharing import shares_builds
 from .worker_builds import (
     PROCESS_THRESHOLD,
     BuildHooks,
-    build_claims,
     build_in_workers,
+    build_module_shared,
     default_workers,
 )
 
@@ -282,23 +282,15 @@ class OpenCLModule:
         first = next((k[0] for k in keys.values() if k), None)
         if first is not None and shares_builds(self.cache, first):
             # Other processes may be building the same module: share the work (see .sharing).
-            built: list[str] = []
-            hooks = self._hooks(cold=True)
-            # Others' driver files are added before their binaries load (see .program_files).
-            load = with_driver_files(
-                hooks.program_files,
-                keys,
-                lambda names: self._load_cached(names, count) if names else [],
-            )
-            build_shared(
-                self.cache,
+            return build_module_shared(
+                self._hooks(cold=True),
                 keys,
                 to_build,
-                lambda claims: built.extend(build_claims(hooks, claims, count, processes)),
-                load,
+                count,
+                processes,
+                lambda names: self._load_cached(names, count),
                 self._longest_build,
             )
-            return len(built)
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
                 self._build_from_source(name)

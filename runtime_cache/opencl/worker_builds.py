@@ -19,14 +19,15 @@ from .counters import counters
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
 from .program import load_from_binaries, read_binaries, source_build, store_binaries
-from .program_files import ProgramFiles
-from .sharing import Claims, build_claimed
+from .program_files import ProgramFiles, with_driver_files
+from .sharing import Claims, build_claimed, build_shared
 
 __all__ = [
     "PROCESS_THRESHOLD",
     "BuildHooks",
     "build_claims",
     "build_in_workers",
+    "build_module_shared",
     "default_workers",
 ]
 
@@ -179,3 +180,35 @@ def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
         hooks.adopt(name, program, seconds)
 
     return build
+
+
+def build_module_shared(
+    hooks: BuildHooks,
+    keys: dict[str, list[str]],
+    to_build: list[str],
+    workers: int,
+    processes: bool,
+    load_cached: Callable[[list[str]], list[str]],
+    longest_build: Callable[[], float],
+) -> int:
+    """Build ``to_build`` with the other processes that may be building the same module.
+
+    Each program is claimed under a lease (see :mod:`.sharing`); claims go to
+    :func:`build_claims`, and what others stored is loaded with
+    ``load_cached(names)`` (which returns the names it could not load), after
+    their driver files are added (see :mod:`.program_files`). Returns how many
+    programs this process built.
+    """
+    built: list[str] = []
+    load = with_driver_files(
+        hooks.program_files, keys, lambda names: load_cached(names) if names else []
+    )
+    build_shared(
+        hooks.cache,
+        keys,
+        to_build,
+        lambda claims: built.extend(build_claims(hooks, claims, workers, processes)),
+        load,
+        longest_build,
+    )
+    return len(built)
