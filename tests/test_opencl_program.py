@@ -19,7 +19,7 @@ from runtime_cache.opencl import (
     recapture_binaries,
     reset_opencl_stats,
 )
-from runtime_cache.opencl.program import plan_program
+from runtime_cache.opencl.program import evict, plan_program
 
 pytestmark = pytest.mark.opencl
 
@@ -93,6 +93,18 @@ def test_driver_rejected_binary_is_evicted_and_rebuilt(
     assert cache.get(plan.keys[0]) == _binary(ctx, program)
     build_program(ctx, SCALE_SRC, cache=cache)
     assert opencl_stats().binary_loads == 1
+
+
+def test_eviction_keeps_an_entry_stored_since_the_refused_read(ctx: Any, cache: rc.Cache) -> None:
+    plan = plan_program(ctx, SCALE_SRC)
+    assert plan.keys is not None
+    key = plan.keys[0]
+    cache.put(key, b"the binary another process stored since")
+    evict(cache, plan, "refused here", [b"the binary this process read and refused"])
+    assert cache.get(key) == b"the binary another process stored since"  # kept
+    evict(cache, plan, "refused here", [b"the binary another process stored since"])
+    assert cache.get(key) is None  # the refused bytes themselves are deleted
+    assert opencl_stats().rejected_binaries == 2
 
 
 def test_flipped_bits_pass_the_codec_but_the_driver_rejects_them(ctx: Any, cache: rc.Cache) -> None:

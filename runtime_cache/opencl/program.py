@@ -18,6 +18,7 @@ from typing import Any
 import xxhash
 
 from ..cache import Cache
+from ..errors import CorruptEntryError, NewerFormatError, RejectedEntryError
 from ..keys import make_key, module_id_from_sources
 from ..provider import get_cache
 from ._driver import (
@@ -104,8 +105,15 @@ def plan_program(
     return ProgramPlan(source, tokens, text, devs, keys)
 
 
-def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
-    """Delete a program's entries that the driver refused, with one warning."""
+def evict(
+    cache: Cache, plan: ProgramPlan, reason: str, binaries: Sequence[Binary] | None = None
+) -> None:
+    """Delete a program's entries that the driver refused, with one warning.
+
+    With the refused ``binaries`` (one per key), each entry is deleted only
+    while it still holds that binary: one that another process stored since
+    this one read it is kept (compare-and-delete).
+    """
     assert plan.keys is not None
     counters.add(rejected_binaries=1)
     log.warning(
@@ -114,8 +122,29 @@ def evict(cache: Cache, plan: ProgramPlan, reason: str) -> None:
         ", ".join(str(k) for k in plan.keys),
         reason,
     )
-    for key in plan.keys:
-        cache.delete(key)
+    if binaries is None or len(binaries) != len(plan.keys):
+        for key in plan.keys:
+            cache.delete(key)
+        return
+    for key, binary in zip(plan.keys, binaries, strict=True):
+        _evict_if_held(cache, str(key), bytes(binary))
+
+
+def _evict_if_held(cache: Cache, skey: str, binary: bytes) -> None:
+    try:
+        blob = cache.backend.peek(skey)
+        if blob is None:
+            return
+        try:
+            held: bytes | None = bytes(cache.check(skey, blob).entry().value)
+        except (RejectedEntryError, NewerFormatError):
+            return  # not this process's to judge: the read path counts and keeps it
+        except CorruptEntryError:
+            held = None  # damaged bytes: gone either way
+        if held is None or held == binary:
+            cache.backend.delete_if(skey, blob)
+    except Exception as exc:  # advisory: a failing store only keeps the entry
+        log.debug("runtime-cache: could not evict %s: %s", skey, exc)
 
 
 def load_from_binaries(
@@ -195,7 +224,7 @@ def load_cached(
         digests = [binary_digest(b) for b in binaries]
     program = load_from_binaries(context, plan, binaries, digests)
     if program is None:
-        evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed")
+        evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)
         return None
     counters.add(binary_loads=1)
     remember(program, plan, cache, binaries, 0.0, digests)
