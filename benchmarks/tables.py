@@ -427,4 +427,38 @@ def floor(runs: Sequence[Run]) -> str:
             f"{_load(run.get('load_average_end'))} at the end"
         )
         out.append(title + "\n\n" + grid(head, rows))
+        against_source = _against_source(run)
+        if against_source:
+            out.append(against_source)
     return "\n\n".join(out)
+
+
+def _against_source(run: Run) -> str:
+    """The same run's sides against the driver cache alone (``source``), where it ran."""
+    rows = []
+    for n, res in dict(run["results"]).items():
+        ratios = res["ratios"]
+        if "lazy/source" not in ratios:
+            continue
+        rows.append(
+            [
+                n,
+                f"{res['median_seconds']['source'] * 1000:.1f}",
+                *(
+                    f"{ratios[k]['median']:.3f} ({_interval(ratios[k])})"
+                    for k in ("lazy/source", "all/source", "floor/source")
+                ),
+            ]
+        )
+    if not rows:
+        return ""
+    head = [
+        "programs",
+        "driver cache alone: warm source builds (ms)",
+        "lazy + driver cache / driver cache alone",
+        "`build_all()` + driver cache / driver cache alone",
+        "floor / driver cache alone (the least a binary cache can reach)",
+    ]
+    return f"`{run['_file']}`, the same rounds against the driver cache alone\n\n" + grid(
+        head, rows
+    )

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,7 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
 
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
+    ahead.go()
     assert entered.wait(10)  # the thread is on its first chunk (p1, p2)
     # Nothing read yet (the thread waits on its first plan): p39 is not reached, so the
     # caller reads it itself, at once; a program in the chunk being read waits for it.
@@ -203,9 +205,54 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
+    ahead.go()
     assert ahead._thread is not None
     ahead._thread.join(10)  # it stopped on its own, holding the first chunk
     assert ahead.held == 2000
     assert ahead.take("p1") is not None and ahead.take("p2") is not None
     assert all(ahead.take(f"p{i}") is None for i in range(3, 30))  # left to the caller
     assert ahead.held == 0
+
+
+def test_read_ahead_waits_for_the_driver_and_stays_one_chunk_ahead() -> None:
+    """Nothing is read before ``go()``; chunk ``i + 1`` only once chunk ``i`` is reached."""
+    cache = rc.Cache(MemoryBackend())
+    plans: dict[str, Any] = {}
+    planned: list[str] = []
+
+    class Plan:
+        def __init__(self, name: str) -> None:
+            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+    for i in range(40):
+        plans[f"p{i}"] = Plan(f"p{i}")
+        cache.put(plans[f"p{i}"].keys[0], f"value {i}".encode())
+
+    def plan_of(name: str) -> Any:
+        planned.append(name)
+        return plans[name]
+
+    ahead = ReadAhead(cache, list(plans), plan_of)
+    ahead.start("p0")
+    time.sleep(0.2)
+    assert planned == []  # the caller has not entered the driver yet
+    ahead.go()
+    deadline = time.monotonic() + 10
+    while len(planned) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    got = ahead.take("p1")  # the first chunk (p1, p2), waited for if still being read
+    assert got is not None
+    while len(planned) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert planned == [f"p{i}" for i in range(1, 7)]  # chunks 0 and 1, not chunk 2
+    assert ahead.take("p3") is not None  # chunk 1 reached: chunk 2 (p7..p14) is read
+    while len(planned) < 14 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert planned == [f"p{i}" for i in range(1, 15)]
+    assert ahead.take("p14") is not None
+    ahead.stop()
+    assert ahead._thread is not None
+    ahead._thread.join(10)
+    assert not ahead._thread.is_alive()

@@ -174,9 +174,11 @@ class OpenCLModule:
             plan, found, digests = read if read is not None else (self._plan(name), None, None)
             if self._driver is not None:
                 self._driver.restore(cache)
+            if plan.keys is not None and found is None:
+                found = cache.get_many_views(plan.keys)
+            if ahead is not None:
+                ahead.go()  # the driver's build below runs without the GIL
             if plan.keys is not None:
-                if found is None:
-                    found = cache.get_many_views(plan.keys)
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)

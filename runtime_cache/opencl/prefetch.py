@@ -9,6 +9,12 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
+The thread keeps out of the caller's way, because both need the GIL: it starts
+reading only when the caller hands its first binary to the driver (:meth:`ReadAhead.go`;
+the driver's build runs without the GIL), and it reads one chunk ahead of the caller:
+chunk ``i + 1`` once the caller has taken a program of chunk ``i``. A process's first
+program therefore pays for the thread's start and nothing of its reading.
+
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
 checks each binary as it would any other (digest, crash guard, vetting).
@@ -24,7 +30,7 @@ from ..cache import Cache
 from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
-__all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
+__all__ = ["CHUNK", "IDLE_SECONDS", "MAX_HELD", "ReadAhead"]
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so the second program's entries are ready soon after the first program's load.
@@ -34,6 +40,9 @@ _FIRST_CHUNKS = (2, 4, 8)
 #: has not reached are then read one at a time, when asked for (a module whose caller
 #: asks for few of many programs does not hold every binary in memory).
 MAX_HELD = 64 << 20
+#: Seconds the thread waits for the caller to reach its chunk before it stops reading
+#: (the caller then reads the rest itself), so a module left unused ends its thread.
+IDLE_SECONDS = 30.0
 
 #: What was read for one program: its plan, the entries found under its keys, and the
 #: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
@@ -41,7 +50,8 @@ Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
 
 
 class _Chunk:
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, index: int, names: list[str]) -> None:
+        self.index = index
         self.names = names
         self.started = False
         self.done = threading.Event()
@@ -67,6 +77,9 @@ class ReadAhead:
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
+        self._go = threading.Event()  # set when the caller first enters the driver
+        self._reached = -1  # the highest chunk the caller has taken a program from
+        self._moved = threading.Condition(self._lock)  # _reached or _stop changed
 
     def start(self, first: str) -> None:
         """Read ahead every program but ``first``, in order from the one after it."""
@@ -81,7 +94,7 @@ class ReadAhead:
         for size in (*_FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1)):
             if at >= len(rest):
                 break
-            self._chunks.append(_Chunk(rest[at : at + size]))
+            self._chunks.append(_Chunk(len(self._chunks), rest[at : at + size]))
             at += size
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
         self._thread = threading.Thread(
@@ -89,13 +102,32 @@ class ReadAhead:
         )
         self._thread.start()
 
+    def go(self) -> None:
+        """Start reading: the caller is about to hand a binary to the driver."""
+        self._go.set()
+
     def stop(self) -> None:
         """Read nothing more (``build_all`` reads the rest its own way)."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            self._moved.notify_all()
+        self._go.set()
 
     def _run(self) -> None:
-        for chunk in self._chunks:
+        if self._go.wait(IDLE_SECONDS):
+            self._read_chunks()
+        for chunk in self._chunks:  # never leave a waiter behind
+            chunk.done.set()
+
+    def _read_chunks(self) -> None:
+        for index, chunk in enumerate(self._chunks):
             with self._lock:
+                while (
+                    self._reached < index - 1 and not self._stop.is_set() and self._held <= MAX_HELD
+                ):
+                    # one chunk ahead of the caller, no further
+                    if not self._moved.wait(IDLE_SECONDS):
+                        self._stop.set()
                 if self._stop.is_set() or self._held > MAX_HELD:
                     break
                 chunk.started = True
@@ -109,8 +141,6 @@ class ReadAhead:
                     chunk.found = found
                     self._held += sum(_size(read) for read in found.values())
                 chunk.done.set()
-        for chunk in self._chunks:  # never leave a waiter behind
-            chunk.done.set()
 
     def _read(self, names: list[str]) -> dict[str, Read]:
         plans = {name: self._plan_of(name) for name in names}
@@ -131,6 +161,9 @@ class ReadAhead:
         if chunk is None or os.getpid() != self._pid:
             return None  # a forked child has no reading thread
         with self._lock:
+            if chunk.index > self._reached:
+                self._reached = chunk.index
+                self._moved.notify_all()
             if not chunk.started:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
