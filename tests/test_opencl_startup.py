@@ -214,8 +214,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     assert ahead.held == 0
 
 
-def test_read_ahead_waits_for_the_driver_and_stays_one_chunk_ahead() -> None:
-    """Nothing is read before ``go()``; chunk ``i + 1`` only once chunk ``i`` is reached."""
+def test_read_ahead_waits_for_the_driver_and_for_the_second_program() -> None:
+    """Nothing is read before ``go()``; past the first chunk only once it is taken from."""
     cache = rc.Cache(MemoryBackend())
     plans: dict[str, Any] = {}
     planned: list[str] = []
@@ -232,27 +232,24 @@ def test_read_ahead_waits_for_the_driver_and_stays_one_chunk_ahead() -> None:
         planned.append(name)
         return plans[name]
 
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(planned) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     time.sleep(0.2)
     assert planned == []  # the caller has not entered the driver yet
     ahead.go()
-    deadline = time.monotonic() + 10
-    while len(planned) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    got = ahead.take("p1")  # the first chunk (p1, p2), waited for if still being read
-    assert got is not None
-    while len(planned) < 6 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)
-    assert planned == [f"p{i}" for i in range(1, 7)]  # chunks 0 and 1, not chunk 2
-    assert ahead.take("p3") is not None  # chunk 1 reached: chunk 2 (p7..p14) is read
-    while len(planned) < 14 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)
-    assert planned == [f"p{i}" for i in range(1, 15)]
-    assert ahead.take("p14") is not None
-    ahead.stop()
+    wait_for(2)
+    assert planned == ["p1", "p2"]  # the first chunk only
+    got = ahead.take("p1")
+    assert got is not None and bytes(got[1][str(plans["p1"].keys[0])]) == b"value 1"
+    wait_for(39)
+    assert planned == [f"p{i}" for i in range(1, 40)]
+    assert all(ahead.take(f"p{i}") is not None for i in range(2, 40))
     assert ahead._thread is not None
     ahead._thread.join(10)
     assert not ahead._thread.is_alive()

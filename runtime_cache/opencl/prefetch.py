@@ -9,11 +9,11 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The thread keeps out of the caller's way, because both need the GIL: it starts
-reading only when the caller hands its first binary to the driver (:meth:`ReadAhead.go`;
-the driver's build runs without the GIL), and it reads one chunk ahead of the caller:
-chunk ``i + 1`` once the caller has taken a program of chunk ``i``. A process's first
-program therefore pays for the thread's start and nothing of its reading.
+The thread keeps out of the first program's way, because both need the GIL: it
+starts reading only when the caller hands its first binary to the driver
+(:meth:`ReadAhead.go`; the driver's build runs without the GIL), and it reads past
+the first chunk (two programs) only once the caller comes back for one of them. A
+process's first program therefore pays for the thread's start and one small read.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -123,9 +123,12 @@ class ReadAhead:
         for index, chunk in enumerate(self._chunks):
             with self._lock:
                 while (
-                    self._reached < index - 1 and not self._stop.is_set() and self._held <= MAX_HELD
+                    index > 0
+                    and self._reached < 0
+                    and not self._stop.is_set()
+                    and self._held <= MAX_HELD
                 ):
-                    # one chunk ahead of the caller, no further
+                    # past the first chunk once the caller has come back for a program
                     if not self._moved.wait(IDLE_SECONDS):
                         self._stop.set()
                 if self._stop.is_set() or self._held > MAX_HELD:
