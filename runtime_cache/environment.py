@@ -18,6 +18,7 @@ __all__ = [
     "ENV_SECRET_FILE",
     "default_directory",
     "fallback_directory",
+    "fallback_name",
     "read",
     "read_secret",
     "read_secret_file",
@@ -43,12 +44,18 @@ def read(name: str) -> str | None:
     return value or None
 
 
+def fallback_name(kind: str) -> str:
+    """The name of :func:`fallback_directory`'s folder, ``runtime-cache-<uid>-<kind>``
+    (no file system access, unlike finding the temporary folder)."""
+    getuid = getattr(os, "getuid", None)
+    user = getuid() if getuid is not None else os.getpid()
+    return f"runtime-cache-{user}-{kind}"
+
+
 def fallback_directory(kind: str) -> str:
     """Where ``kind`` (``"cache"`` or ``"state"``) goes when the home folder is unusable:
     ``<temporary folder>/runtime-cache-<uid>-<kind>``, private to this user."""
-    getuid = getattr(os, "getuid", None)
-    user = getuid() if getuid is not None else os.getpid()
-    return os.path.join(tempfile.gettempdir(), f"runtime-cache-{user}-{kind}")
+    return os.path.join(tempfile.gettempdir(), fallback_name(kind))
 
 
 def warn_no_home(reason: str) -> None:

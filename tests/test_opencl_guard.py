@@ -109,3 +109,22 @@ def test_dead_process_digests_are_blocklisted_until_the_driver_makes_them(tmp_pa
     again = LoadGuard(str(tmp_path))
     assert not again.blocked(["aaaa"]) and again.blocked(["bbbb"])
     again.close()
+
+
+def test_a_planted_temporary_guard_folder_turns_the_guard_off(tmp_path: Path) -> None:
+    """The private temporary folder's name, made writable by others first: not used."""
+    from runtime_cache import environment
+    from runtime_cache.opencl.guard import LoadGuard
+
+    planted = tmp_path / environment.fallback_name("state")
+    planted.mkdir()
+    planted.chmod(0o777)  # as if another user had made it for us
+    guard = LoadGuard(str(planted / "opencl-guard"))
+    assert guard.known(["x"]) is False  # started: refused the folder, kept no files
+    assert guard._fd is None
+    assert not list((planted / "opencl-guard").glob("*.loading"))
+    planted.chmod(0o700)
+    mine = LoadGuard(str(planted / "opencl-guard"))
+    mine.known(["x"])
+    assert mine._fd is not None  # a private folder of this user's own is used
+    mine.close()

@@ -206,8 +206,7 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
     ahead.go()
-    assert ahead._thread is not None
-    ahead._thread.join(10)  # it stopped on its own, holding the first chunk
+    assert ahead.join(10)  # it stopped on its own, holding the first chunk
     assert ahead.held == 2000
     assert ahead.take("p1") is not None and ahead.take("p2") is not None
     assert all(ahead.take(f"p{i}") is None for i in range(3, 30))  # left to the caller
@@ -250,6 +249,4 @@ def test_read_ahead_waits_for_the_driver_and_for_the_second_program() -> None:
     wait_for(39)
     assert planned == [f"p{i}" for i in range(1, 40)]
     assert all(ahead.take(f"p{i}") is not None for i in range(2, 40))
-    assert ahead._thread is not None
-    ahead._thread.join(10)
-    assert not ahead._thread.is_alive()
+    assert ahead.join(10)

@@ -109,7 +109,9 @@ class LoadGuard:
         (outside the home folder) not this user's own."""
         os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        if folder.startswith(environment.fallback_directory("state") + os.sep):
+        # Named like the private temporary folder (telling by name: finding the temporary
+        # folder itself writes a probe file there, a cost in every process's first load).
+        if os.path.basename(os.path.dirname(folder)) == environment.fallback_name("state"):
             # A shared temporary folder: another user may have made this path first.
             info = os.lstat(os.path.dirname(folder))
             if info.st_uid != os.getuid() or info.st_mode & 0o022:

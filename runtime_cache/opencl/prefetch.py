@@ -22,8 +22,10 @@ checks each binary as it would any other (digest, crash guard, vetting).
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..cache import Cache
@@ -43,6 +45,8 @@ MAX_HELD = 64 << 20
 #: Seconds the thread waits for the caller to reach its chunk before it stops reading
 #: (the caller then reads the rest itself), so a module left unused ends its thread.
 IDLE_SECONDS = 30.0
+#: The thread's pause between two programs' plans (see ``ReadAhead._read``).
+YIELD_SECONDS = 20e-6
 
 #: What was read for one program: its plan, the entries found under its keys, and the
 #: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
@@ -76,7 +80,7 @@ class ReadAhead:
         self._stop = threading.Event()
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
-        self._thread: threading.Thread | None = None
+        self._finished = threading.Event()  # set when the thread ends
         self._go = threading.Event()  # set when the caller first enters the driver
         self._reached = -1  # the highest chunk the caller has taken a program from
         self._moved = threading.Condition(self._lock)  # _reached or _stop changed
@@ -97,10 +101,14 @@ class ReadAhead:
             self._chunks.append(_Chunk(len(self._chunks), rest[at : at + size]))
             at += size
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
-        self._thread = threading.Thread(
-            target=self._run, name="runtime-cache-lazy-read-ahead", daemon=True
-        )
-        self._thread.start()
+        # A bare thread: threading.Thread.start() waits until the new thread runs, which
+        # costs the caller a GIL hand-over (a third of a millisecond) in its first program.
+        # Like a daemon thread, it does not hold up the interpreter's exit.
+        _thread.start_new_thread(self._run, ())
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; whether it has."""
+        return self._finished.wait(timeout)
 
     def go(self) -> None:
         """Start reading: the caller is about to hand a binary to the driver."""
@@ -114,10 +122,13 @@ class ReadAhead:
         self._go.set()
 
     def _run(self) -> None:
-        if self._go.wait(IDLE_SECONDS):
-            self._read_chunks()
-        for chunk in self._chunks:  # never leave a waiter behind
-            chunk.done.set()
+        try:
+            if self._go.wait(IDLE_SECONDS):
+                self._read_chunks()
+        finally:
+            for chunk in self._chunks:  # never leave a waiter behind
+                chunk.done.set()
+            self._finished.set()
 
     def _read_chunks(self) -> None:
         for index, chunk in enumerate(self._chunks):
@@ -146,7 +157,13 @@ class ReadAhead:
                 chunk.done.set()
 
     def _read(self, names: list[str]) -> dict[str, Read]:
-        plans = {name: self._plan_of(name) for name in names}
+        plans: dict[str, ProgramPlan] = {}
+        for name in names:
+            plans[name] = self._plan_of(name)
+            # Planning holds the GIL throughout; a short sleep between plans hands it to
+            # the caller when its driver call returns (time.sleep(0) would take it back
+            # before the caller wakes), so the caller never waits out a chunk's plans.
+            time.sleep(YIELD_SECONDS)
         wanted = [k for plan in plans.values() if plan.keys is not None for k in plan.keys]
         found = self._cache.get_many_views(wanted) if wanted else {}
         out: dict[str, Read] = {}
