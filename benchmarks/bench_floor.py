@@ -126,8 +126,8 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     # pyopencl imports these on its first build() or Kernel: the floor's build() pays the
     # first, ours (which skips that wrapper) pays it in the first Kernel. Imported here, on
     # every side, they leave pyopencl's own import costs out of every clock alike.
-    import pyopencl.characterize  # noqa: F401
-    import pyopencl.invoker  # noqa: F401
+    import pyopencl.characterize
+    import pyopencl.invoker
 
     ctx = _context()
     devices = ctx.devices
