@@ -178,7 +178,7 @@ class OpenCLModule:
                 found = cache.get_many_views(plan.keys)
             if ahead is not None:
                 ahead.go()  # the driver's build below runs without the GIL
-            if plan.keys is not None:
+            if plan.keys is not None and found is not None:
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)
