@@ -126,7 +126,15 @@ def _walk(value: Any, depth: int) -> tuple[Any, Any]:
         for k in sorted(value):  # raises TypeError for mixed key types: handled by the caller
             if type(k) is not str:
                 raise _Unsupported
-            canon, copy[k] = _walk(value[k], depth + 1)
+            item = value[k]
+            item_kind = type(item)
+            if item_kind in _SCALARS and (
+                item_kind is not int or -(2**63) <= item < 2**64
+            ):  # the scalar case, inline
+                copy[k] = item
+                pairs.append([k, item])
+                continue
+            canon, copy[k] = _walk(item, depth + 1)
             pairs.append([k, canon])
         return ["\x00dict", pairs], copy
     if kind is list or kind is tuple:
