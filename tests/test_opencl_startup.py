@@ -156,17 +156,24 @@ def test_build_all_after_a_lazy_program_stops_the_read_ahead(ctx: Any, cache: rc
     _works(ctx, module, ["k0", "k29"])
 
 
-def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
+class _Plan:
+    """A stand-in plan: only its keys matter to the read-ahead."""
+
+    def __init__(self, name: str) -> None:
+        self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+
+def _stored_plans(count: int, value: Any) -> tuple[rc.Cache, dict[str, Any]]:
+    """A memory cache holding ``value(i)`` under the key of plan ``p<i>``, and the plans."""
     cache = rc.Cache(MemoryBackend())
-    plans: dict[str, Any] = {}
+    plans: dict[str, Any] = {f"p{i}": _Plan(f"p{i}") for i in range(count)}
+    for i in range(count):
+        cache.put(plans[f"p{i}"].keys[0], value(i))
+    return cache, plans
 
-    class Plan:
-        def __init__(self, name: str) -> None:
-            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
 
-    for i in range(40):
-        plans[f"p{i}"] = Plan(f"p{i}")
-        cache.put(plans[f"p{i}"].keys[0], f"value {i}".encode())
+def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
+    cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
     gate, entered = threading.Event(), threading.Event()
 
     def plan_of(name: str) -> Any:
@@ -192,16 +199,7 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
 def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime_cache.opencl import prefetch
 
-    cache = rc.Cache(MemoryBackend())
-    plans: dict[str, Any] = {}
-
-    class Plan:
-        def __init__(self, name: str) -> None:
-            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
-
-    for i in range(30):
-        plans[f"p{i}"] = Plan(f"p{i}")
-        cache.put(plans[f"p{i}"].keys[0], bytes(1000))
+    cache, plans = _stored_plans(30, lambda i: bytes(1000))
     monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
@@ -215,17 +213,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
 
 def test_read_ahead_waits_for_the_driver_and_for_the_second_program() -> None:
     """Nothing is read before ``go()``; past the first chunk only once it is taken from."""
-    cache = rc.Cache(MemoryBackend())
-    plans: dict[str, Any] = {}
+    cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
     planned: list[str] = []
-
-    class Plan:
-        def __init__(self, name: str) -> None:
-            self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
-
-    for i in range(40):
-        plans[f"p{i}"] = Plan(f"p{i}")
-        cache.put(plans[f"p{i}"].keys[0], f"value {i}".encode())
 
     def plan_of(name: str) -> Any:
         planned.append(name)
