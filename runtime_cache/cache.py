@@ -34,10 +34,11 @@ from .codec import (
     Entry,
     Limits,
     Secret,
-    encode_entry,
+    encode_packed,
     entry_span,
     normalize_secret,
 )
+from .expected_entry import ExpectedEntries
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
@@ -97,6 +98,7 @@ class Cache(Inventory):
         self.limits = limits
         self._counters = Counters()
         self._flights = SingleFlight()
+        self._expected = ExpectedEntries()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
@@ -198,11 +200,10 @@ class Cache(Inventory):
         checked = self._read(key)
         return None if checked is None else checked.entry()
 
-    def _read(self, key: KeyLike) -> Checked | None:
-        # One read, through the one check; counts the hit or the miss.
-        skey = str(key)
+    def _fetch(self, skey: str) -> tuple[bytes, ...] | None:
+        # One read, in pieces where the backend can (the value then needs no copy);
+        # a failure or no entry counts as a miss.
         try:
-            # In pieces where the backend can: the value then needs no copy.
             pieces = self._backend.get_parts(skey, entry_span)
         except Exception as exc:
             self._counters.add(misses=1)
@@ -211,7 +212,15 @@ class Cache(Inventory):
         self._succeeded()
         if pieces is None:
             self._counters.add(misses=1)
-            return None
+        return pieces
+
+    def _read(self, key: KeyLike) -> Checked | None:
+        skey = str(key)
+        pieces = self._fetch(skey)
+        return None if pieces is None else self._screen(key, skey, pieces)
+
+    def _screen(self, key: KeyLike, skey: str, pieces: tuple[bytes, ...]) -> Checked | None:
+        # Through the one check; counts the hit or the miss.
         asked = key if isinstance(key, CacheKey) else None
         checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
         if isinstance(checked, str):
@@ -229,12 +238,23 @@ class Cache(Inventory):
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
-        checked = self._read(key)
+        skey = str(key)
+        pieces = self._fetch(skey)
+        if pieces is None:
+            return None
+        if type(key) is CacheKey:
+            # An entry as this cache writes it passes the check's quick form (expected_entry).
+            found = self._expected.match(key, skey, pieces, self._secret, self.producer, self.limits)
+            if found is not None:
+                value, saved, size = found
+                self._counters.hit(size, saved)
+                return value if type(value) is bytes else bytes(value)
+        checked = self._screen(key, skey, pieces)
         if checked is None:
             return None
-        value = checked.value
-        whole = value.obj  # a value read as a bytes of its own is returned as it is
-        return whole if type(whole) is bytes and len(whole) == len(value) else bytes(value)
+        view = checked.value
+        whole = view.obj  # a value read as a bytes of its own is returned as it is
+        return whole if type(whole) is bytes and len(whole) == len(view) else bytes(view)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (CacheKey, str)):
@@ -249,9 +269,9 @@ class Cache(Inventory):
             raise TypeError(f"put needs a CacheKey from make_key(), not {type(key).__name__}")
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"a cache value must be bytes, not {type(value).__name__}")
-        return encode_entry(
+        return encode_packed(
             str(key),
-            key.parts,
+            key.packed_parts,
             bytes(value),
             created_at=time.time(),
             build_seconds=build_seconds,

@@ -28,7 +28,15 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .entry_meta import DEFAULT_LIMITS, Entry, Limits, meta_head, time_problem, unpack_meta
+from .entry_meta import (
+    DEFAULT_LIMITS,
+    Entry,
+    Limits,
+    meta_head,
+    pack_meta,
+    time_problem,
+    unpack_meta,
+)
 from .errors import (
     CorruptEntryError,
     InvalidBundleError,
@@ -42,7 +50,9 @@ __all__ = [
     "BUNDLE_HEADER_SIZE",
     "BUNDLE_MAGIC",
     "DEFAULT_LIMITS",
+    "ENTRY_HEADER",
     "ENTRY_MAGIC",
+    "ENTRY_VERSION",
     "FLAG_SIGNED",
     "HEADER_SIZE",
     "Entry",
@@ -56,6 +66,7 @@ __all__ = [
     "decode_view",
     "encode_bundle",
     "encode_entry",
+    "encode_packed",
     "entry_span",
     "meta_head",
     "normalize_secret",
@@ -69,6 +80,8 @@ BUNDLE_VERSION = 1
 FLAG_SIGNED = 1
 _HEADER = struct.Struct("<4sBBHIQQQ")
 HEADER_SIZE = _HEADER.size
+#: The entry header, as laid out above.
+ENTRY_HEADER = _HEADER
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
 _LEN = struct.Struct("<Q")
@@ -91,26 +104,49 @@ def encode_entry(
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
-    problem = time_problem(float(created_at), float(build_seconds))
+    packed_parts = msgpack.packb(dict(parts), use_bin_type=True)
+    return encode_packed(
+        key,
+        packed_parts,
+        value,
+        created_at=created_at,
+        build_seconds=build_seconds,
+        producer=producer,
+        secret=secret,
+        extra=extra,
+    )
+
+
+def encode_packed(
+    key: str,
+    packed_parts: bytes,
+    value: bytes,
+    *,
+    created_at: float,
+    build_seconds: float = 0.0,
+    producer: str = "",
+    secret: bytes | SecretKeys | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """:func:`encode_entry` with the key's parts already packed (``CacheKey.packed_parts``)."""
+    created_at, build_seconds = float(created_at), float(build_seconds)
+    problem = time_problem(created_at, build_seconds)
     if problem is not None:
         raise InvalidValueError(problem)
     signing = signing_keys(secret)
-    meta: dict[str, Any] = {
-        "k": key,
-        "p": dict(parts),
-        "c": float(created_at),
-        "b": float(build_seconds),
-        "v": producer,
-        "n": len(value),
-    }
-    if extra:
-        meta["x"] = dict(extra)
-    meta_bytes = msgpack.packb(meta, use_bin_type=True)
-    flags = FLAG_SIGNED if signing else 0
+    meta_bytes = pack_meta(
+        key,
+        packed_parts,
+        created_at,
+        build_seconds,
+        producer,
+        len(value),
+        dict(extra) if extra else None,
+    )
     header = _HEADER.pack(
         ENTRY_MAGIC,
         ENTRY_VERSION,
-        flags,
+        FLAG_SIGNED if signing else 0,
         0,
         len(meta_bytes),
         len(value),

@@ -1,0 +1,185 @@
+"""The quick form of the one entry check, for the entries a cache writes itself.
+
+A cache mostly reads back entries that it wrote, for a key the caller holds.
+Their metadata is then known byte for byte but for three fields: it is what
+:func:`~runtime_cache.entry_meta.pack_meta` makes of the key, its packed parts,
+the cache's producer and no extras, with only the creation time, the build
+seconds and the value's length free. :class:`ExpectedEntries` accepts a blob
+whose metadata is exactly that (times in range, the length the header's),
+whose header is well formed, whose two checksums match and, when a secret is
+set, whose signature is good. It decodes no msgpack and builds no dict: that
+is what makes a hit cheap, also for a key read once.
+
+It accepts only blobs that :func:`~runtime_cache.check.check_entry` accepts,
+with the same value and build seconds: the fixed bytes pass
+:func:`~runtime_cache.entry_meta.unpack_meta` once per producer and limits
+(a sample), the key's parts are within the nesting limit (counted, or else
+checked on a sample too), and a :class:`~runtime_cache.keys.CacheKey`'s parts
+have str map keys (``make_key`` refuses others). It answers ``None`` for
+anything else (another producer, extras, a damaged or forged blob), and the
+caller then runs the full check, which says what is wrong.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import xxhash
+
+from .codec import ENTRY_HEADER, ENTRY_MAGIC, ENTRY_VERSION, FLAG_SIGNED, HEADER_SIZE
+from .entry_meta import (
+    MAX_BUILD_SECONDS,
+    MAX_CREATED_AT,
+    Limits,
+    META_TIMES,
+    meta_head,
+    openers,
+    pack_meta,
+    unpack_meta,
+)
+from .errors import CorruptEntryError
+from .keys import CacheKey
+from .signing import SIG_SIZE, SecretKeys, signed_by
+
+__all__ = ["ExpectedEntries", "Found"]
+
+#: What a good blob gives: the value (as read, or a view into the blob), its build seconds,
+#: and the blob's size.
+Found = tuple["bytes | memoryview", float, int]
+_BUILT = b"\xa1b\xcb"
+_TIMES = META_TIMES.size
+
+
+class ExpectedEntries:
+    """The quick check of one cache's own entries (see the module documentation).
+
+    Remembers the fixed bytes of up to :attr:`bound` keys' metadata; all are
+    forgotten when the cache's producer or limits change.
+    """
+
+    __slots__ = ("_by_key", "_ends", "_limits", "_producer", "_tail")
+
+    #: Keys remembered before the memo starts over.
+    bound = 4096
+
+    def __init__(self) -> None:
+        self._producer = ""
+        self._limits: Limits | None = None
+        #: The producer's bytes and the length's name: the metadata's end, but for the length.
+        self._tail: bytes | None = None
+        #: Metadata ends by value length (a cache's values take few lengths, mostly).
+        self._ends: dict[int, bytes] = {}
+        #: Storage key -> (the key's packed parts, the metadata's bytes before the times).
+        self._by_key: dict[str, tuple[bytes, bytes | None]] = {}
+
+    def _reset(self, producer: str, limits: Limits) -> None:
+        self._by_key = {}
+        self._ends = {}
+        self._producer, self._limits = producer, limits
+        try:  # the full check, once, on a sample of the fixed bytes
+            unpack_meta(pack_meta("", b"\x80", 0.0, 0.0, producer, 0), limits)
+            self._tail = b"\xa1v" + msgpack.packb(producer, use_bin_type=True) + b"\xa1n"
+        except (CorruptEntryError, TypeError, ValueError, OverflowError):
+            self._tail = None  # such entries fail the full check: no quick form
+
+    def _learn(self, skey: str, packed: bytes, limits: Limits) -> tuple[bytes, bytes | None]:
+        # The metadata's bytes before the times, for a key whose parts pack to ``packed``.
+        prefix: bytes | None = b"".join((b"\x86", meta_head(skey, packed), b"\xa1c\xcb"))
+        # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
+        # map's own and d in the parts (no other field is one). With few, it is within the
+        # nesting limit; else a sample says.
+        if openers(packed) >= limits.max_depth:
+            try:
+                unpack_meta(pack_meta(skey, packed, 0.0, 0.0, self._producer, 0), limits)
+            except CorruptEntryError:
+                prefix = None
+        if len(self._by_key) >= self.bound:
+            self._by_key = {}
+        known = self._by_key[skey] = (packed, prefix)
+        return known
+
+    def _end(self, value_len: int) -> bytes:
+        # The metadata's bytes after the times, for a value of ``value_len`` bytes.
+        end = (self._tail or b"") + msgpack.packb(value_len)
+        if len(self._ends) >= self.bound:
+            self._ends = {}
+        self._ends[value_len] = end
+        return end
+
+    def match(
+        self,
+        key: CacheKey,
+        skey: str,
+        pieces: tuple[bytes, ...],
+        secret: SecretKeys | None,
+        producer: str,
+        limits: Limits,
+    ) -> Found | None:
+        """``(value, build_seconds, blob_size)`` when ``pieces`` (as
+        :meth:`~runtime_cache.api.Backend.get_parts` returns them) are a good entry of
+        ``key`` (stored under ``skey``, its ``str``) as a cache with ``producer``
+        writes it, checked under ``limits`` and ``secret``; ``None`` when the full
+        check must judge them."""
+        if producer is not self._producer or limits is not self._limits:
+            self._reset(producer, limits)
+        if self._tail is None:
+            return None
+        count = len(pieces)
+        if count == 3:
+            blob, value, sig = pieces
+            if not (type(blob) is bytes and type(value) is bytes and type(sig) is bytes):
+                return None
+        elif count == 1:
+            blob = pieces[0]
+            if type(blob) is not bytes:
+                return None
+        else:
+            return None
+        if len(blob) < HEADER_SIZE:
+            return None
+        magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
+            ENTRY_HEADER.unpack_from(blob)
+        )
+        cut = HEADER_SIZE + meta_len
+        end = cut + value_len
+        if count == 1:
+            whole = memoryview(blob)
+            value, sig = whole[cut:end], whole[end:]  # type: ignore[assignment]
+            size = len(blob) - end
+        else:
+            size = len(sig) if len(blob) == cut and len(value) == value_len else -1
+        packed = key.packed_parts
+        known = self._by_key.get(skey)
+        if known is None or known[0] != packed:
+            known = self._learn(skey, packed, limits)
+        prefix = known[1]
+        if prefix is None:
+            return None
+        start = len(prefix)
+        if not (
+            size == (SIG_SIZE if flags == FLAG_SIGNED else 0)
+            and magic == ENTRY_MAGIC
+            and version == ENTRY_VERSION
+            and flags <= FLAG_SIGNED
+            and not reserved
+            and meta_len <= limits.max_meta_size
+            and value_len <= limits.max_value_size
+            and meta_len >= start + _TIMES
+        ):
+            return None
+        meta = blob[HEADER_SIZE:cut]
+        created, built_mark, built = META_TIMES.unpack_from(meta, start)
+        if not (
+            meta[start + _TIMES :] == (self._ends.get(value_len) or self._end(value_len))
+            and meta[:start] == prefix
+            and built_mark == _BUILT
+            and 0.0 <= created < MAX_CREATED_AT
+            and 0.0 <= built <= MAX_BUILD_SECONDS
+            and xxhash.xxh3_64_intdigest(meta) == meta_sum
+            and xxhash.xxh3_64_intdigest(value) == value_sum
+        ):
+            return None
+        if secret is not None:
+            head = blob if count == 3 else whole[:cut]
+            if not (flags and signed_by(secret, head, bytes(sig), (value,))):
+                return None
+        return value, built, len(blob) + (0 if count == 1 else value_len + len(sig))
