@@ -34,16 +34,15 @@ from .codec import (
     Entry,
     Limits,
     Secret,
-    encode_packed,
     entry_span,
     normalize_secret,
 )
-from .expected_entry import ExpectedEntries
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
 from .keys import CacheKey
 from .null import NullBackend
+from .own_entries import OwnEntries
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
 from .trust import require_secret
@@ -98,7 +97,7 @@ class Cache(Inventory):
         self.limits = limits
         self._counters = Counters()
         self._flights = SingleFlight()
-        self._expected = ExpectedEntries()
+        self._own = OwnEntries()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
@@ -243,8 +242,8 @@ class Cache(Inventory):
         if pieces is None:
             return None
         if type(key) is CacheKey:
-            # An entry as this cache writes it passes the check's quick form (expected_entry).
-            found = self._expected.match(key, skey, pieces, self._secret, self.producer, self.limits)
+            # An entry as this cache writes it passes the check's quick form (own_entries).
+            found = self._own.match(key, skey, pieces, self._secret, self.producer, self.limits)
             if found is not None:
                 value, saved, size = found
                 self._counters.hit(size, saved)
@@ -265,18 +264,14 @@ class Cache(Inventory):
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
     ) -> bytes:
-        if not isinstance(key, CacheKey):
-            raise TypeError(f"put needs a CacheKey from make_key(), not {type(key).__name__}")
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"a cache value must be bytes, not {type(value).__name__}")
-        return encode_packed(
-            str(key),
-            key.packed_parts,
-            bytes(value),
+        return self._own.encode(
+            key,
+            value,
             created_at=time.time(),
             build_seconds=build_seconds,
             producer=self.producer,
             secret=self._secret,
+            limits=self.limits,
             extra=extra,
         )
 

@@ -1,46 +1,61 @@
-"""The quick form of the one entry check, for the entries a cache writes itself.
+"""A cache's own entries: written from the key's remembered bytes, and checked quickly.
 
 A cache mostly reads back entries that it wrote, for a key the caller holds.
 Their metadata is then known byte for byte but for three fields: it is what
 :func:`~runtime_cache.entry_meta.pack_meta` makes of the key, its packed parts,
 the cache's producer and no extras, with only the creation time, the build
-seconds and the value's length free. :class:`ExpectedEntries` accepts a blob
-whose metadata is exactly that (times in range, the length the header's),
-whose header is well formed, whose two checksums match and, when a secret is
-set, whose signature is good. It decodes no msgpack and builds no dict: that
-is what makes a hit cheap, also for a key read once.
+seconds and the value's length free. :class:`OwnEntries` remembers the fixed
+bytes per key, writes entries from them (:meth:`OwnEntries.encode`, byte for
+byte :func:`~runtime_cache.codec.encode_packed`), and accepts a blob
+(:meth:`OwnEntries.match`) whose metadata is exactly those bytes (times in
+range, the header's length), whose header is well formed, whose two checksums
+match and, when a secret is set, whose signature is good. That check decodes no
+msgpack and builds no dict: it is what makes a hit cheap.
 
 It accepts only blobs that :func:`~runtime_cache.check.check_entry` accepts,
 with the same value and build seconds: the fixed bytes pass
-:func:`~runtime_cache.entry_meta.unpack_meta` once per producer and limits
-(a sample), the key's parts are within the nesting limit (counted, or else
-checked on a sample too), and a :class:`~runtime_cache.keys.CacheKey`'s parts
-have str map keys (``make_key`` refuses others). It answers ``None`` for
-anything else (another producer, extras, a damaged or forged blob), and the
+:func:`~runtime_cache.entry_meta.unpack_meta` once per producer and limits (a
+sample), the key's parts are within the nesting limit (counted, or else checked
+on a sample too), a :class:`~runtime_cache.keys.CacheKey`'s parts have str map
+keys (``make_key`` refuses others), and metadata that begins with the key and
+its parts is bound to that key (as ``check_entry`` holds). It answers ``None``
+for anything else (another producer, extras, a damaged or forged blob), and the
 caller then runs the full check, which says what is wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import msgpack
 import xxhash
 
-from .codec import ENTRY_HEADER, ENTRY_MAGIC, ENTRY_VERSION, FLAG_SIGNED, HEADER_SIZE
+from .codec import encode_packed
+from .entry_frame import (
+    ENTRY_HEADER,
+    ENTRY_MAGIC,
+    ENTRY_VERSION,
+    FLAG_SIGNED,
+    HEADER_SIZE,
+    frame_entry,
+)
 from .entry_meta import (
     MAX_BUILD_SECONDS,
     MAX_CREATED_AT,
-    Limits,
     META_TIMES,
+    Limits,
     meta_head,
     openers,
     pack_meta,
+    time_problem,
     unpack_meta,
 )
-from .errors import CorruptEntryError
+from .errors import CorruptEntryError, InvalidValueError
 from .keys import CacheKey
 from .signing import SIG_SIZE, SecretKeys, signed_by
 
-__all__ = ["ExpectedEntries", "Found"]
+__all__ = ["Found", "OwnEntries"]
 
 #: What a good blob gives: the value (as read, or a view into the blob), its build seconds,
 #: and the blob's size.
@@ -49,16 +64,16 @@ _BUILT = b"\xa1b\xcb"
 _TIMES = META_TIMES.size
 
 
-class ExpectedEntries:
-    """The quick check of one cache's own entries (see the module documentation).
+class OwnEntries:
+    """The fixed bytes of one cache's entries, per key (see the module documentation).
 
-    Remembers the fixed bytes of up to :attr:`bound` keys' metadata; all are
-    forgotten when the cache's producer or limits change.
+    Remembers up to :attr:`bound` keys; all are forgotten when the cache's
+    producer or limits change.
     """
 
     __slots__ = ("_by_key", "_ends", "_limits", "_producer", "_tail")
 
-    #: Keys remembered before the memo starts over.
+    #: Keys (and value lengths) remembered before the memo starts over.
     bound = 4096
 
     def __init__(self) -> None:
@@ -81,8 +96,11 @@ class ExpectedEntries:
         except (CorruptEntryError, TypeError, ValueError, OverflowError):
             self._tail = None  # such entries fail the full check: no quick form
 
-    def _learn(self, skey: str, packed: bytes, limits: Limits) -> tuple[bytes, bytes | None]:
+    def _prefix(self, skey: str, packed: bytes, limits: Limits) -> bytes | None:
         # The metadata's bytes before the times, for a key whose parts pack to ``packed``.
+        known = self._by_key.get(skey)
+        if known is not None and known[0] == packed:
+            return known[1]
         prefix: bytes | None = b"".join((b"\x86", meta_head(skey, packed), b"\xa1c\xcb"))
         # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
         # map's own and d in the parts (no other field is one). With few, it is within the
@@ -94,8 +112,8 @@ class ExpectedEntries:
                 prefix = None
         if len(self._by_key) >= self.bound:
             self._by_key = {}
-        known = self._by_key[skey] = (packed, prefix)
-        return known
+        self._by_key[skey] = (packed, prefix)
+        return prefix
 
     def _end(self, value_len: int) -> bytes:
         # The metadata's bytes after the times, for a value of ``value_len`` bytes.
@@ -104,6 +122,54 @@ class ExpectedEntries:
             self._ends = {}
         self._ends[value_len] = end
         return end
+
+    def encode(
+        self,
+        key: CacheKey,
+        value: bytes | bytearray | memoryview,
+        *,
+        created_at: float,
+        build_seconds: float,
+        producer: str,
+        secret: SecretKeys | None,
+        limits: Limits,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        """The entry of ``value`` under ``key``, as :func:`~runtime_cache.codec.encode_packed`
+        writes it; remembers the key's fixed bytes for :meth:`match`.
+
+        Raises :class:`TypeError` for a key that is not a ``CacheKey`` or a value
+        that is not bytes, and :class:`~runtime_cache.errors.InvalidValueError` for
+        a bad time.
+        """
+        if not isinstance(key, CacheKey):
+            raise TypeError(f"put needs a CacheKey from make_key(), not {type(key).__name__}")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a cache value must be bytes, not {type(value).__name__}")
+        value = bytes(value)
+        skey, packed = str(key), key.packed_parts
+        created_at, build_seconds = float(created_at), float(build_seconds)
+        if producer is not self._producer or limits is not self._limits:
+            self._reset(producer, limits)
+        prefix = self._prefix(skey, packed, limits)
+        if extra or prefix is None or self._tail is None:
+            return encode_packed(
+                skey,
+                packed,
+                value,
+                created_at=created_at,
+                build_seconds=build_seconds,
+                producer=producer,
+                secret=secret,
+                extra=extra,
+            )
+        problem = time_problem(created_at, build_seconds)
+        if problem is not None:
+            raise InvalidValueError(problem)
+        size = len(value)
+        times = META_TIMES.pack(created_at, _BUILT, build_seconds)
+        meta = b"".join((prefix, times, self._ends.get(size) or self._end(size)))
+        return frame_entry(meta, value, secret)
 
     def match(
         self,
@@ -124,17 +190,17 @@ class ExpectedEntries:
         if self._tail is None:
             return None
         count = len(pieces)
-        if count == 3:
+        if count == 1:
+            blob = pieces[0]
+            if type(blob) is not bytes or len(blob) < HEADER_SIZE:
+                return None
+        elif count == 3:
             blob, value, sig = pieces
             if not (type(blob) is bytes and type(value) is bytes and type(sig) is bytes):
                 return None
-        elif count == 1:
-            blob = pieces[0]
-            if type(blob) is not bytes:
+            if len(blob) < HEADER_SIZE:
                 return None
         else:
-            return None
-        if len(blob) < HEADER_SIZE:
             return None
         magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
             ENTRY_HEADER.unpack_from(blob)
@@ -144,19 +210,17 @@ class ExpectedEntries:
         if count == 1:
             whole = memoryview(blob)
             value, sig = whole[cut:end], whole[end:]  # type: ignore[assignment]
-            size = len(blob) - end
+            size = len(blob)
+            extra = size - end
         else:
-            size = len(sig) if len(blob) == cut and len(value) == value_len else -1
-        packed = key.packed_parts
-        known = self._by_key.get(skey)
-        if known is None or known[0] != packed:
-            known = self._learn(skey, packed, limits)
-        prefix = known[1]
+            size = cut + value_len + len(sig)
+            extra = len(sig) if len(blob) == cut and len(value) == value_len else -1
+        prefix = self._prefix(skey, key.packed_parts, limits)
         if prefix is None:
             return None
         start = len(prefix)
         if not (
-            size == (SIG_SIZE if flags == FLAG_SIGNED else 0)
+            extra == (SIG_SIZE if flags == FLAG_SIGNED else 0)
             and magic == ENTRY_MAGIC
             and version == ENTRY_VERSION
             and flags <= FLAG_SIGNED
@@ -182,4 +246,4 @@ class ExpectedEntries:
             head = blob if count == 3 else whole[:cut]
             if not (flags and signed_by(secret, head, bytes(sig), (value,))):
                 return None
-        return value, built, len(blob) + (0 if count == 1 else value_len + len(sig))
+        return value, built, size
