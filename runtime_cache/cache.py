@@ -264,15 +264,9 @@ class Cache(Inventory):
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
     ) -> bytes:
-        return self._own.encode(
-            key,
-            value,
-            created_at=time.time(),
-            build_seconds=build_seconds,
-            producer=self.producer,
-            secret=self._secret,
-            limits=self.limits,
-            extra=extra,
+        own = self._own
+        return own.encode(
+            key, value, time.time(), build_seconds, extra, self.producer, self._secret
         )
 
     def put(

@@ -41,6 +41,7 @@ from .entry_frame import (
     frame_entry,
 )
 from .entry_meta import (
+    DEFAULT_LIMITS,
     MAX_BUILD_SECONDS,
     MAX_CREATED_AT,
     META_TIMES,
@@ -83,8 +84,9 @@ class OwnEntries:
         self._tail: bytes | None = None
         #: Metadata ends by value length (a cache's values take few lengths, mostly).
         self._ends: dict[int, bytes] = {}
-        #: Storage key -> (the key's packed parts, the metadata's bytes before the times).
-        self._by_key: dict[str, tuple[bytes, bytes | None]] = {}
+        #: Storage key -> (the key's packed parts, the metadata's bytes before the times,
+        #: whether they pass the full check).
+        self._by_key: dict[str, tuple[bytes, bytes, bool]] = {}
 
     def _reset(self, producer: str, limits: Limits) -> None:
         self._by_key = {}
@@ -96,28 +98,32 @@ class OwnEntries:
         except (CorruptEntryError, TypeError, ValueError, OverflowError):
             self._tail = None  # such entries fail the full check: no quick form
 
-    def _prefix(self, skey: str, packed: bytes, limits: Limits) -> bytes | None:
-        # The metadata's bytes before the times, for a key whose parts pack to ``packed``.
+    def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, bool]:
+        # (packed, the metadata's bytes before the times, whether the full check passes
+        # such metadata under the limits), for a key whose parts pack to ``packed``.
         known = self._by_key.get(skey)
         if known is not None and known[0] == packed:
-            return known[1]
-        prefix: bytes | None = b"".join((b"\x86", meta_head(skey, packed), b"\xa1c\xcb"))
+            return known
+        prefix = b"".join((b"\x86", meta_head(skey, packed), b"\xa1c\xcb"))
         # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
         # map's own and d in the parts (no other field is one). With few, it is within the
         # nesting limit; else a sample says.
-        if openers(packed) >= limits.max_depth:
+        limits = self._limits or DEFAULT_LIMITS
+        within = openers(packed) < limits.max_depth
+        if not within:
             try:
                 unpack_meta(pack_meta(skey, packed, 0.0, 0.0, self._producer, 0), limits)
+                within = True
             except CorruptEntryError:
-                prefix = None
+                pass
         if len(self._by_key) >= self.bound:
             self._by_key = {}
-        self._by_key[skey] = (packed, prefix)
-        return prefix
+        known = self._by_key[skey] = (packed, prefix, within)
+        return known
 
     def _end(self, value_len: int) -> bytes:
         # The metadata's bytes after the times, for a value of ``value_len`` bytes.
-        end = (self._tail or b"") + msgpack.packb(value_len)
+        end: bytes = (self._tail or b"") + msgpack.packb(value_len)
         if len(self._ends) >= self.bound:
             self._ends = {}
         self._ends[value_len] = end
@@ -127,13 +133,11 @@ class OwnEntries:
         self,
         key: CacheKey,
         value: bytes | bytearray | memoryview,
-        *,
         created_at: float,
         build_seconds: float,
+        extra: Mapping[str, Any] | None,
         producer: str,
         secret: SecretKeys | None,
-        limits: Limits,
-        extra: Mapping[str, Any] | None = None,
     ) -> bytes:
         """The entry of ``value`` under ``key``, as :func:`~runtime_cache.codec.encode_packed`
         writes it; remembers the key's fixed bytes for :meth:`match`.
@@ -149,10 +153,10 @@ class OwnEntries:
         value = bytes(value)
         skey, packed = str(key), key.packed_parts
         created_at, build_seconds = float(created_at), float(build_seconds)
-        if producer is not self._producer or limits is not self._limits:
-            self._reset(producer, limits)
-        prefix = self._prefix(skey, packed, limits)
-        if extra or prefix is None or self._tail is None:
+        if producer is not self._producer or self._limits is None:
+            self._reset(producer, self._limits or DEFAULT_LIMITS)
+        prefix = self._prefix(skey, packed)[1]
+        if extra or self._tail is None:
             return encode_packed(
                 skey,
                 packed,
@@ -215,9 +219,13 @@ class OwnEntries:
         else:
             size = cut + value_len + len(sig)
             extra = len(sig) if len(blob) == cut and len(value) == value_len else -1
-        prefix = self._prefix(skey, key.packed_parts, limits)
-        if prefix is None:
+        packed = key.packed_parts
+        known = self._by_key.get(skey)
+        if known is None or known[0] != packed:
+            known = self._prefix(skey, packed)
+        if not known[2]:
             return None
+        prefix = known[1]
         start = len(prefix)
         if not (
             extra == (SIG_SIZE if flags == FLAG_SIGNED else 0)
