@@ -226,27 +226,27 @@ class OwnEntries:
         if not known[2]:
             return None
         prefix = known[1]
-        start = len(prefix)
+        start = HEADER_SIZE + len(prefix)
+        tail = self._ends.get(value_len) or self._end(value_len)
         if not (
             extra == (SIG_SIZE if flags == FLAG_SIGNED else 0)
             and magic == ENTRY_MAGIC
             and version == ENTRY_VERSION
             and flags <= FLAG_SIGNED
             and not reserved
+            and cut == start + _TIMES + len(tail)
             and meta_len <= limits.max_meta_size
             and value_len <= limits.max_value_size
-            and meta_len >= start + _TIMES
         ):
             return None
-        meta = blob[HEADER_SIZE:cut]
-        created, built_mark, built = META_TIMES.unpack_from(meta, start)
+        created, built_mark, built = META_TIMES.unpack_from(blob, start)
         if not (
-            meta[start + _TIMES :] == (self._ends.get(value_len) or self._end(value_len))
-            and meta[:start] == prefix
+            blob.startswith(prefix, HEADER_SIZE)
+            and blob.endswith(tail, 0, cut)
             and built_mark == _BUILT
             and 0.0 <= created < MAX_CREATED_AT
             and 0.0 <= built <= MAX_BUILD_SECONDS
-            and xxhash.xxh3_64_intdigest(meta) == meta_sum
+            and xxhash.xxh3_64_intdigest(blob[HEADER_SIZE:cut]) == meta_sum
             and xxhash.xxh3_64_intdigest(value) == value_sum
         ):
             return None
