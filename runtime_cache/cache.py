@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
 from ._version import __version__
 from .api import Backend
-from .check import Checked, check_entry, screen, screen_many
+from .batch_reads import BatchReads
+from .check import Checked, check_entry, screen
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
@@ -52,7 +53,7 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger(__name__)
 
 
-class Cache(Inventory):
+class Cache(Inventory, BatchReads):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -69,7 +70,9 @@ class Cache(Inventory):
         insecure: use a shared store without a secret, on purpose (logs one warning).
 
     Listing and bundles (:meth:`entries`, :meth:`info`, :meth:`dumps`,
-    :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`.
+    :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`, and
+    :meth:`get_many` and :meth:`get_many_views` from
+    :class:`~runtime_cache.batch_reads.BatchReads`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -238,8 +241,15 @@ class Cache(Inventory):
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
         skey = str(key)
-        pieces = self._fetch(skey)
+        try:  # as _fetch does, one call less on the hot path
+            pieces = self._backend.get_parts(skey, entry_span)
+        except Exception as exc:
+            self._counters.add(misses=1)
+            self._failed("get", exc)
+            return None
+        self._succeeded()
         if pieces is None:
+            self._counters.add(misses=1)
             return None
         if type(key) is CacheKey:
             # An entry as this cache writes it passes the check's quick form (own_entries).
@@ -307,30 +317,6 @@ class Cache(Inventory):
         self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
         self._bump()
         return True
-
-    def get_many(self, keys: Iterable[KeyLike]) -> dict[str, bytes]:
-        """Fetch many values in one backend call; returns ``{str(key): value}`` for hits."""
-        return {skey: bytes(view) for skey, view in self.get_many_views(keys).items()}
-
-    def get_many_views(self, keys: Iterable[KeyLike]) -> dict[str, memoryview]:
-        """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
-
-        Verified exactly as :meth:`get_many` does, without copying the values:
-        for consumers that hand large values straight to a driver (a view keeps
-        its whole blob alive while it lives).
-        """
-        given = list(keys)
-        wanted = [str(k) for k in given]
-        try:
-            blobs = self._backend.get_many(wanted)
-        except Exception as exc:
-            self._counters.add(misses=len(wanted))
-            self._failed("get_many", exc)
-            return {}
-        self._succeeded()
-        found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
-        self._counters.add(**counts)
-        return found
 
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there."""
