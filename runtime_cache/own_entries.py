@@ -89,14 +89,16 @@ class OwnEntries:
         self._by_key: dict[str, tuple[bytes, bytes, bool]] = {}
 
     def _reset(self, producer: str, limits: Limits) -> None:
-        self._by_key = {}
-        self._ends = {}
-        self._producer, self._limits = producer, limits
+        # Everything new before the producer and limits that say it is: a thread that sees
+        # them sees the rest (one that does not resets again).
+        tail: bytes | None = None
         try:  # the full check, once, on a sample of the fixed bytes
             unpack_meta(pack_meta("", b"\x80", 0.0, 0.0, producer, 0), limits)
-            self._tail = b"\xa1v" + msgpack.packb(producer, use_bin_type=True) + b"\xa1n"
+            tail = b"\xa1v" + msgpack.packb(producer, use_bin_type=True) + b"\xa1n"
         except (CorruptEntryError, TypeError, ValueError, OverflowError):
-            self._tail = None  # such entries fail the full check: no quick form
+            pass  # such entries fail the full check: no quick form
+        self._by_key, self._ends, self._tail = {}, {}, tail
+        self._producer, self._limits = producer, limits
 
     def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, bool]:
         # (packed, the metadata's bytes before the times, whether the full check passes
