@@ -62,6 +62,7 @@ __all__ = ["Found", "OwnEntries"]
 #: and the blob's size.
 Found = tuple["bytes | memoryview", float, int]
 _BUILT = b"\xa1b\xcb"
+_CREATED = b"\xa1c\xcb"
 _TIMES = META_TIMES.size
 
 
@@ -106,7 +107,11 @@ class OwnEntries:
         known = self._by_key.get(skey)
         if known is not None and known[0] == packed:
             return known
-        prefix = b"".join((b"\x86", meta_head(skey, packed), b"\xa1c\xcb"))
+        size = len(name := skey.encode())
+        if 32 <= size < 256:  # storage keys are "<runtime>/<purpose>/<32 hex digits>"
+            prefix = b"".join((b"\x86\xa1k\xd9", bytes((size,)), name, b"\xa1p", packed, _CREATED))
+        else:
+            prefix = b"".join((b"\x86", meta_head(skey, packed), _CREATED))
         # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
         # map's own and d in the parts (no other field is one). With few, it is within the
         # nesting limit; else a sample says.
