@@ -55,7 +55,7 @@ _SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table
 
 #: The smallest file :func:`read_parts` reads in pieces: below it, copying the part (in
 #: memory malloc keeps at hand) costs less than the extra reads (measured on Linux).
-PARTS_FROM = 128 * 1024
+PARTS_FROM = 32 * 1024
 
 
 class Junk(Exception):

@@ -22,19 +22,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
 from ._version import __version__
 from .api import Backend
-from .check import Checked, check_entry, screen, screen_many
+from .batch_reads import BatchReads
+from .check import Checked, check_entry, screen
 from .codec import (
     DEFAULT_LIMITS,
     Entry,
     Limits,
     Secret,
-    encode_entry,
     entry_span,
     normalize_secret,
 )
@@ -43,6 +43,7 @@ from .fleet import Fleet
 from .inventory import Inventory, KeyLike
 from .keys import CacheKey
 from .null import NullBackend
+from .own_entries import OwnEntries
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
 from .trust import require_secret
@@ -52,7 +53,7 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger(__name__)
 
 
-class Cache(Inventory):
+class Cache(Inventory, BatchReads):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -69,7 +70,9 @@ class Cache(Inventory):
         insecure: use a shared store without a secret, on purpose (logs one warning).
 
     Listing and bundles (:meth:`entries`, :meth:`info`, :meth:`dumps`,
-    :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`.
+    :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`, and
+    :meth:`get_many` and :meth:`get_many_views` from
+    :class:`~runtime_cache.batch_reads.BatchReads`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -97,6 +100,7 @@ class Cache(Inventory):
         self.limits = limits
         self._counters = Counters()
         self._flights = SingleFlight()
+        self._own = OwnEntries()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
@@ -198,11 +202,10 @@ class Cache(Inventory):
         checked = self._read(key)
         return None if checked is None else checked.entry()
 
-    def _read(self, key: KeyLike) -> Checked | None:
-        # One read, through the one check; counts the hit or the miss.
-        skey = str(key)
+    def _fetch(self, skey: str) -> tuple[bytes, ...] | None:
+        # One read, in pieces where the backend can (the value then needs no copy);
+        # a failure or no entry counts as a miss.
         try:
-            # In pieces where the backend can: the value then needs no copy.
             pieces = self._backend.get_parts(skey, entry_span)
         except Exception as exc:
             self._counters.add(misses=1)
@@ -211,7 +214,15 @@ class Cache(Inventory):
         self._succeeded()
         if pieces is None:
             self._counters.add(misses=1)
-            return None
+        return pieces
+
+    def _read(self, key: KeyLike) -> Checked | None:
+        skey = str(key)
+        pieces = self._fetch(skey)
+        return None if pieces is None else self._screen(key, skey, pieces)
+
+    def _screen(self, key: KeyLike, skey: str, pieces: tuple[bytes, ...]) -> Checked | None:
+        # Through the one check; counts the hit or the miss.
         asked = key if isinstance(key, CacheKey) else None
         checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
         if isinstance(checked, str):
@@ -229,12 +240,30 @@ class Cache(Inventory):
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
-        checked = self._read(key)
+        skey = str(key)
+        try:  # as _fetch does, one call less on the hot path
+            pieces = self._backend.get_parts(skey, entry_span)
+        except Exception as exc:
+            self._counters.add(misses=1)
+            self._failed("get", exc)
+            return None
+        self._succeeded()
+        if pieces is None:
+            self._counters.add(misses=1)
+            return None
+        if type(key) is CacheKey:
+            # An entry as this cache writes it passes the check's quick form (own_entries).
+            found = self._own.match(key, skey, pieces, self._secret, self.producer, self.limits)
+            if found is not None:
+                value, saved, size = found
+                self._counters.hit(size, saved)
+                return value if type(value) is bytes else bytes(value)
+        checked = self._screen(key, skey, pieces)
         if checked is None:
             return None
-        value = checked.value
-        whole = value.obj  # a value read as a bytes of its own is returned as it is
-        return whole if type(whole) is bytes and len(whole) == len(value) else bytes(value)
+        view = checked.value
+        whole = view.obj  # a value read as a bytes of its own is returned as it is
+        return whole if type(whole) is bytes and len(whole) == len(view) else bytes(view)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (CacheKey, str)):
@@ -245,19 +274,9 @@ class Cache(Inventory):
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
     ) -> bytes:
-        if not isinstance(key, CacheKey):
-            raise TypeError(f"put needs a CacheKey from make_key(), not {type(key).__name__}")
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"a cache value must be bytes, not {type(value).__name__}")
-        return encode_entry(
-            str(key),
-            key.parts,
-            bytes(value),
-            created_at=time.time(),
-            build_seconds=build_seconds,
-            producer=self.producer,
-            secret=self._secret,
-            extra=extra,
+        own = self._own
+        return own.encode(
+            key, value, time.time(), build_seconds, extra, self.producer, self._secret
         )
 
     def put(
@@ -298,30 +317,6 @@ class Cache(Inventory):
         self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
         self._bump()
         return True
-
-    def get_many(self, keys: Iterable[KeyLike]) -> dict[str, bytes]:
-        """Fetch many values in one backend call; returns ``{str(key): value}`` for hits."""
-        return {skey: bytes(view) for skey, view in self.get_many_views(keys).items()}
-
-    def get_many_views(self, keys: Iterable[KeyLike]) -> dict[str, memoryview]:
-        """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
-
-        Verified exactly as :meth:`get_many` does, without copying the values:
-        for consumers that hand large values straight to a driver (a view keeps
-        its whole blob alive while it lives).
-        """
-        given = list(keys)
-        wanted = [str(k) for k in given]
-        try:
-            blobs = self._backend.get_many(wanted)
-        except Exception as exc:
-            self._counters.add(misses=len(wanted))
-            self._failed("get_many", exc)
-            return {}
-        self._succeeded()
-        found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
-        self._counters.add(**counts)
-        return found
 
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there."""

@@ -16,7 +16,9 @@ Entry layout (all integers little-endian)::
     ...    32    HMAC-SHA256 over everything before it (only when signed)
 
 The metadata sits before the value so that listings read only the head of a
-blob. Nothing here uses pickle: metadata is msgpack of plain types only.
+blob. Nothing here uses pickle: metadata is msgpack of plain types only. The
+frame (header and signature) is :mod:`runtime_cache.entry_frame`'s, the
+metadata :mod:`runtime_cache.entry_meta`'s.
 """
 
 from __future__ import annotations
@@ -28,12 +30,29 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .entry_meta import DEFAULT_LIMITS, Entry, Limits, meta_head, time_problem, unpack_meta
+from .entry_frame import (
+    ENTRY_HEADER,
+    ENTRY_MAGIC,
+    ENTRY_VERSION,
+    FLAG_SIGNED,
+    HEADER_SIZE,
+    entry_span,
+    frame_entry,
+    parse_header,
+)
+from .entry_meta import (
+    DEFAULT_LIMITS,
+    Entry,
+    Limits,
+    meta_head,
+    pack_meta,
+    time_problem,
+    unpack_meta,
+)
 from .errors import (
     CorruptEntryError,
     InvalidBundleError,
     InvalidValueError,
-    NewerFormatError,
     SignatureError,
 )
 from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signed_by, signing_keys
@@ -42,7 +61,9 @@ __all__ = [
     "BUNDLE_HEADER_SIZE",
     "BUNDLE_MAGIC",
     "DEFAULT_LIMITS",
+    "ENTRY_HEADER",
     "ENTRY_MAGIC",
+    "ENTRY_VERSION",
     "FLAG_SIGNED",
     "HEADER_SIZE",
     "Entry",
@@ -56,23 +77,19 @@ __all__ = [
     "decode_view",
     "encode_bundle",
     "encode_entry",
+    "encode_packed",
     "entry_span",
+    "frame_entry",
     "meta_head",
     "normalize_secret",
     "verify_entry",
 ]
 
-ENTRY_MAGIC = b"RCE\x01"
 BUNDLE_MAGIC = b"RCB\x01"
-ENTRY_VERSION = 1
 BUNDLE_VERSION = 1
-FLAG_SIGNED = 1
-_HEADER = struct.Struct("<4sBBHIQQQ")
-HEADER_SIZE = _HEADER.size
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
 _LEN = struct.Struct("<Q")
-_LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of the header
 _CHECK = struct.Struct("<Q")
 
 
@@ -91,67 +108,45 @@ def encode_entry(
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
-    problem = time_problem(float(created_at), float(build_seconds))
+    packed_parts = msgpack.packb(dict(parts), use_bin_type=True)
+    return encode_packed(
+        key,
+        packed_parts,
+        value,
+        created_at=created_at,
+        build_seconds=build_seconds,
+        producer=producer,
+        secret=secret,
+        extra=extra,
+    )
+
+
+def encode_packed(
+    key: str,
+    packed_parts: bytes,
+    value: bytes,
+    *,
+    created_at: float,
+    build_seconds: float = 0.0,
+    producer: str = "",
+    secret: bytes | SecretKeys | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """:func:`encode_entry` with the key's parts already packed (``CacheKey.packed_parts``)."""
+    created_at, build_seconds = float(created_at), float(build_seconds)
+    problem = time_problem(created_at, build_seconds)
     if problem is not None:
         raise InvalidValueError(problem)
-    signing = signing_keys(secret)
-    meta: dict[str, Any] = {
-        "k": key,
-        "p": dict(parts),
-        "c": float(created_at),
-        "b": float(build_seconds),
-        "v": producer,
-        "n": len(value),
-    }
-    if extra:
-        meta["x"] = dict(extra)
-    meta_bytes = msgpack.packb(meta, use_bin_type=True)
-    flags = FLAG_SIGNED if signing else 0
-    header = _HEADER.pack(
-        ENTRY_MAGIC,
-        ENTRY_VERSION,
-        flags,
-        0,
-        len(meta_bytes),
+    meta_bytes = pack_meta(
+        key,
+        packed_parts,
+        created_at,
+        build_seconds,
+        producer,
         len(value),
-        xxhash.xxh3_64_intdigest(meta_bytes),
-        xxhash.xxh3_64_intdigest(value),
+        dict(extra) if extra else None,
     )
-    blob = b"".join((header, meta_bytes, value))
-    if signing:
-        blob += sign(signing[0], blob)
-    return blob
-
-
-def _parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
-    if len(blob) < HEADER_SIZE:
-        raise CorruptEntryError(f"entry is {len(blob)} bytes, shorter than its header")
-    magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = _HEADER.unpack_from(
-        blob
-    )
-    if (
-        magic == ENTRY_MAGIC
-        and version == ENTRY_VERSION
-        and flags <= FLAG_SIGNED
-        and not reserved
-        and meta_len <= limits.max_meta_size
-        and value_len <= limits.max_value_size
-    ):
-        return flags, meta_len, value_len, meta_sum, value_sum
-    # Something is wrong: say what, in order.
-    if magic != ENTRY_MAGIC:
-        raise CorruptEntryError("not a runtime-cache entry (bad magic)")
-    if version > ENTRY_VERSION:
-        raise NewerFormatError(f"entry format version {version} is newer than this reader's")
-    if version != ENTRY_VERSION:
-        raise CorruptEntryError(f"unsupported entry format version {version}")
-    if flags & ~FLAG_SIGNED or reserved:
-        raise CorruptEntryError(f"unknown entry flags {flags:#x}/{reserved:#x}")
-    if meta_len > limits.max_meta_size:
-        raise CorruptEntryError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
-    if value_len > limits.max_value_size:
-        raise CorruptEntryError(f"value of {value_len} bytes exceeds {limits.max_value_size}")
-    return flags, meta_len, value_len, meta_sum, value_sum
+    return frame_entry(meta_bytes, value, secret)
 
 
 def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int, bool]:
@@ -160,7 +155,7 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     Returns ``(meta, needed, signed)``; when ``head`` is too short, ``meta`` is
     empty and ``needed`` says how many bytes to read instead.
     """
-    flags, meta_len, value_len, meta_sum, _ = _parse_header(head, limits)
+    flags, meta_len, value_len, meta_sum, _ = parse_header(head, limits)
     needed = HEADER_SIZE + meta_len
     if len(head) < needed:
         return {}, needed, bool(flags & FLAG_SIGNED)
@@ -171,19 +166,6 @@ def decode_meta(head: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     if meta["n"] != value_len:
         raise CorruptEntryError("metadata size disagrees with header")
     return meta, needed, bool(flags & FLAG_SIGNED)
-
-
-def entry_span(head: bytes) -> tuple[int, int] | None:
-    """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
-
-    ``None`` when ``head`` is not the start of an entry. Unchecked: the span
-    :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
-    as a ``bytes`` of its own; :func:`decode_view` checks the pieces.
-    """
-    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
-        return None
-    meta_len, value_len = _LENGTHS.unpack_from(head, 8)
-    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len
 
 
 def decode_view(
@@ -228,7 +210,7 @@ def verify_entry(
     view = memoryview(blob)
     if not view.readonly:
         view = view.toreadonly()
-    header = _parse_header(view, limits)
+    header = parse_header(view, limits)
     meta_len, value_len = header[1], header[2]
     body_end = HEADER_SIZE + meta_len + value_len
     expected = body_end + (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
@@ -249,7 +231,7 @@ def _pieces(
     # (head, value, tail) cut where the header says, with it; else the joined blob.
     if len(pieces) == 3 and all(type(p) is bytes for p in pieces) and len(pieces[0]) >= HEADER_SIZE:
         head, value, tail = pieces
-        header = _parse_header(head, limits)  # the joined blob's header: its errors
+        header = parse_header(head, limits)  # the joined blob's header: its errors
         flags, meta_len, value_len = header[:3]
         signature = SIG_SIZE if flags & FLAG_SIGNED else 0
         if (len(head), len(value), len(tail)) == (HEADER_SIZE + meta_len, value_len, signature):

@@ -9,6 +9,7 @@ it, and knows how it begins (:func:`meta_head`).
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,12 @@ __all__ = [
     "DEFAULT_LIMITS",
     "MAX_BUILD_SECONDS",
     "MAX_CREATED_AT",
+    "META_TIMES",
     "Entry",
     "Limits",
     "meta_head",
+    "openers",
+    "pack_meta",
     "time_problem",
     "unpack_meta",
 ]
@@ -75,10 +79,20 @@ def _within_depth(value: Any, left: int) -> bool:
 _NOT_OPENERS = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
 
 
+#: Maps each byte that could open a map or array to 1, every other byte to 0.
+_OPENER_FLAGS = bytes(0 if b in _NOT_OPENERS else 1 for b in range(256))
+
+
+def openers(raw: bytes) -> int:
+    """How many bytes of ``raw`` could open a msgpack map or array: containers nested
+    ``d`` deep in it need ``d + 1`` of them."""
+    return raw.translate(_OPENER_FLAGS).count(1)
+
+
 def _check_depth(value: Any, limit: int, raw: bytes | None = None) -> None:
-    # Containers nested d deep need d + 1 opening bytes in ``raw``, so when it holds
-    # at most ``limit`` bytes that could open one, the walk cannot fail: skip it.
-    if raw is not None and len(raw.translate(None, _NOT_OPENERS)) <= limit:
+    # When ``raw`` holds at most ``limit`` bytes that could open a container, the walk
+    # cannot fail: skip it.
+    if raw is not None and openers(raw) <= limit:
         return
     if not _within_depth(value, limit):
         raise CorruptEntryError(f"metadata is nested deeper than {limit} levels")
@@ -162,6 +176,48 @@ def meta_head(key: str, packed_parts: bytes) -> bytes:
         mark = bytes((0xA0 | size,))
     elif size < 256:
         mark = bytes((0xD9, size))
-    else:
+    elif size < 65536:
         mark = b"\xda" + size.to_bytes(2, "big")  # keys are at most 1,024 characters
+    else:
+        mark = b"\xdb" + size.to_bytes(4, "big")
     return b"".join((b"\xa1k", mark, raw, b"\xa1p", packed_parts))
+
+
+#: The creation time's field name and float marker, ending :func:`meta_head` + ``b"\\xa1p"`` +
+#: parts; then the creation time, the build seconds' name and marker, and the build seconds.
+_CREATED = b"\xa1c\xcb"
+META_TIMES = struct.Struct(">d3sd")
+_BUILT = b"\xa1b\xcb"
+
+
+def pack_meta(
+    key: str,
+    packed_parts: bytes,
+    created_at: float,
+    build_seconds: float,
+    producer: str,
+    value_len: int,
+    extra: dict[str, Any] | None = None,
+) -> bytes:
+    """The metadata of an entry, byte for byte what msgpack makes of the map
+    ``{"k": key, "p": parts, "c": created_at, "b": build_seconds, "v": producer,
+    "n": value_len}`` (and ``"x": extra`` when given), from the parts already packed.
+
+    >>> meta = pack_meta("a/b/c", msgpack.packb({"i": 1}), 1.5, 0.0, "me", 3, {"f": 2})
+    >>> meta == msgpack.packb({"k": "a/b/c", "p": {"i": 1}, "c": 1.5, "b": 0.0, "v": "me",
+    ...                        "n": 3, "x": {"f": 2}}, use_bin_type=True)
+    True
+    """
+    return b"".join(
+        (
+            b"\x87" if extra else b"\x86",
+            meta_head(key, packed_parts),
+            _CREATED,
+            META_TIMES.pack(created_at, _BUILT, build_seconds),
+            b"\xa1v",
+            msgpack.packb(producer, use_bin_type=True),
+            b"\xa1n",
+            msgpack.packb(value_len),
+            b"\xa1x" + msgpack.packb(extra, use_bin_type=True) if extra else b"",
+        )
+    )

@@ -1,0 +1,105 @@
+"""An entry's frame: the fixed header before its metadata and value, the signature after.
+
+The layout is :mod:`runtime_cache.codec`'s; this module packs the frame
+around metadata already packed, parses the header and says where the value
+lies, for the codec and for the front's quick check
+(:mod:`runtime_cache.own_entries`).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+from .entry_meta import Limits
+from .errors import CorruptEntryError, NewerFormatError
+from .signing import SecretKeys, sign, signing_keys
+
+__all__ = [
+    "ENTRY_HEADER",
+    "ENTRY_MAGIC",
+    "ENTRY_VERSION",
+    "FLAG_SIGNED",
+    "HEADER_SIZE",
+    "entry_span",
+    "frame_entry",
+    "parse_header",
+]
+
+ENTRY_MAGIC = b"RCE\x01"
+ENTRY_VERSION = 1
+FLAG_SIGNED = 1
+#: The entry header: magic, version, flags, reserved, metadata and value lengths, and the
+#: xxh3-64 of the metadata and of the value.
+ENTRY_HEADER = struct.Struct("<4sBBHIQQQ")
+HEADER_SIZE = ENTRY_HEADER.size
+_LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of the header
+
+
+def frame_entry(meta: bytes, value: bytes, secret: bytes | SecretKeys | None = None) -> bytes:
+    """The entry blob of packed metadata ``meta`` and ``value``; signed with the first
+    key of ``secret`` when one is given."""
+    signing = signing_keys(secret)
+    header = ENTRY_HEADER.pack(
+        ENTRY_MAGIC,
+        ENTRY_VERSION,
+        FLAG_SIGNED if signing else 0,
+        0,
+        len(meta),
+        len(value),
+        xxhash.xxh3_64_intdigest(meta),
+        xxhash.xxh3_64_intdigest(value),
+    )
+    if signing:  # signed over the pieces: the value is copied once, into the blob
+        return b"".join((header, meta, value, sign(signing[0], header, meta, value)))
+    return b"".join((header, meta, value))
+
+
+def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
+    """``(flags, meta_len, value_len, meta_sum, value_sum)`` of an entry's header.
+
+    Raises :class:`~runtime_cache.errors.CorruptEntryError` (or
+    :class:`~runtime_cache.errors.NewerFormatError`) saying what is wrong.
+    """
+    if len(blob) < HEADER_SIZE:
+        raise CorruptEntryError(f"entry is {len(blob)} bytes, shorter than its header")
+    magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
+        ENTRY_HEADER.unpack_from(blob)
+    )
+    if (
+        magic == ENTRY_MAGIC
+        and version == ENTRY_VERSION
+        and flags <= FLAG_SIGNED
+        and not reserved
+        and meta_len <= limits.max_meta_size
+        and value_len <= limits.max_value_size
+    ):
+        return flags, meta_len, value_len, meta_sum, value_sum
+    # Something is wrong: say what, in order.
+    if magic != ENTRY_MAGIC:
+        raise CorruptEntryError("not a runtime-cache entry (bad magic)")
+    if version > ENTRY_VERSION:
+        raise NewerFormatError(f"entry format version {version} is newer than this reader's")
+    if version != ENTRY_VERSION:
+        raise CorruptEntryError(f"unsupported entry format version {version}")
+    if flags & ~FLAG_SIGNED or reserved:
+        raise CorruptEntryError(f"unknown entry flags {flags:#x}/{reserved:#x}")
+    if meta_len > limits.max_meta_size:
+        raise CorruptEntryError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
+    if value_len > limits.max_value_size:
+        raise CorruptEntryError(f"value of {value_len} bytes exceeds {limits.max_value_size}")
+    return flags, meta_len, value_len, meta_sum, value_sum
+
+
+def entry_span(head: bytes) -> tuple[int, int] | None:
+    """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
+
+    ``None`` when ``head`` is not the start of an entry. Unchecked: the span
+    :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
+    as a ``bytes`` of its own; ``codec.decode_view`` checks the pieces.
+    """
+    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
+        return None
+    meta_len, value_len = _LENGTHS.unpack_from(head, 8)
+    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len

@@ -1,0 +1,264 @@
+"""A cache's own entries: written from the key's remembered bytes, and checked quickly.
+
+A cache mostly reads back entries that it wrote, for a key the caller holds.
+Their metadata is then known byte for byte but for three fields: it is what
+:func:`~runtime_cache.entry_meta.pack_meta` makes of the key, its packed parts,
+the cache's producer and no extras, with only the creation time, the build
+seconds and the value's length free. :class:`OwnEntries` remembers the fixed
+bytes per key, writes entries from them (:meth:`OwnEntries.encode`, byte for
+byte :func:`~runtime_cache.codec.encode_packed`), and accepts a blob
+(:meth:`OwnEntries.match`) whose metadata is exactly those bytes (times in
+range, the header's length), whose header is well formed, whose two checksums
+match and, when a secret is set, whose signature is good. That check decodes no
+msgpack and builds no dict: it is what makes a hit cheap.
+
+It accepts only blobs that :func:`~runtime_cache.check.check_entry` accepts,
+with the same value and build seconds: the fixed bytes pass
+:func:`~runtime_cache.entry_meta.unpack_meta` once per producer and limits (a
+sample), the key's parts are within the nesting limit (counted, or else checked
+on a sample too), a :class:`~runtime_cache.keys.CacheKey`'s parts have str map
+keys (``make_key`` refuses others), and metadata that begins with the key and
+its parts is bound to that key (as ``check_entry`` holds). It answers ``None``
+for anything else (another producer, extras, a damaged or forged blob), and the
+caller then runs the full check, which says what is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import xxhash
+
+from .codec import encode_packed
+from .entry_frame import (
+    ENTRY_HEADER,
+    ENTRY_MAGIC,
+    ENTRY_VERSION,
+    FLAG_SIGNED,
+    HEADER_SIZE,
+    frame_entry,
+)
+from .entry_meta import (
+    DEFAULT_LIMITS,
+    MAX_BUILD_SECONDS,
+    MAX_CREATED_AT,
+    META_TIMES,
+    Limits,
+    meta_head,
+    openers,
+    pack_meta,
+    time_problem,
+    unpack_meta,
+)
+from .errors import CorruptEntryError, InvalidValueError
+from .keys import CacheKey
+from .signing import SIG_SIZE, SecretKeys, signed_by
+
+__all__ = ["Found", "OwnEntries"]
+
+#: What a good blob gives: the value (as read, or a view into the blob), its build seconds,
+#: and the blob's size.
+Found = tuple["bytes | memoryview", float, int]
+_BUILT = b"\xa1b\xcb"
+_CREATED = b"\xa1c\xcb"
+_TIMES = META_TIMES.size
+
+
+class OwnEntries:
+    """The fixed bytes of one cache's entries, per key (see the module documentation).
+
+    Remembers up to :attr:`bound` keys; all are forgotten when the cache's
+    producer or limits change.
+    """
+
+    __slots__ = ("_by_key", "_ends", "_limits", "_producer", "_tail")
+
+    #: Keys (and value lengths) remembered before the memo starts over.
+    bound = 4096
+
+    def __init__(self) -> None:
+        self._producer = ""
+        self._limits: Limits | None = None
+        #: The producer's bytes and the length's name: the metadata's end, but for the length.
+        self._tail: bytes | None = None
+        #: Metadata ends by value length (a cache's values take few lengths, mostly).
+        self._ends: dict[int, bytes] = {}
+        #: Storage key -> (the key's packed parts, the metadata's bytes before the times,
+        #: whether they pass the full check).
+        self._by_key: dict[str, tuple[bytes, bytes, bool]] = {}
+
+    def _reset(self, producer: str, limits: Limits) -> None:
+        # Everything new before the producer and limits that say it is: a thread that sees
+        # them sees the rest (one that does not resets again).
+        tail: bytes | None = None
+        try:  # the full check, once, on a sample of the fixed bytes
+            unpack_meta(pack_meta("", b"\x80", 0.0, 0.0, producer, 0), limits)
+            tail = b"\xa1v" + msgpack.packb(producer, use_bin_type=True) + b"\xa1n"
+        except (CorruptEntryError, TypeError, ValueError, OverflowError):
+            pass  # such entries fail the full check: no quick form
+        self._by_key, self._ends, self._tail = {}, {}, tail
+        self._producer, self._limits = producer, limits
+
+    def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, bool]:
+        # (packed, the metadata's bytes before the times, whether the full check passes
+        # such metadata under the limits), for a key whose parts pack to ``packed``.
+        known = self._by_key.get(skey)
+        if known is not None and known[0] == packed:
+            return known
+        size = len(name := skey.encode())
+        if 32 <= size < 256:  # storage keys are "<runtime>/<purpose>/<32 hex digits>"
+            prefix = b"".join((b"\x86\xa1k\xd9", bytes((size,)), name, b"\xa1p", packed, _CREATED))
+        else:
+            prefix = b"".join((b"\x86", meta_head(skey, packed), _CREATED))
+        # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
+        # map's own and d in the parts (no other field is one). With few, it is within the
+        # nesting limit; else a sample says.
+        limits = self._limits or DEFAULT_LIMITS
+        within = openers(packed) < limits.max_depth
+        if not within:
+            try:
+                unpack_meta(pack_meta(skey, packed, 0.0, 0.0, self._producer, 0), limits)
+                within = True
+            except CorruptEntryError:
+                pass
+        if len(self._by_key) >= self.bound:
+            self._by_key = {}
+        known = self._by_key[skey] = (packed, prefix, within)
+        return known
+
+    def _end(self, value_len: int) -> bytes:
+        # The metadata's bytes after the times, for a value of ``value_len`` bytes.
+        end: bytes = (self._tail or b"") + msgpack.packb(value_len)
+        if len(self._ends) >= self.bound:
+            self._ends = {}
+        self._ends[value_len] = end
+        return end
+
+    def encode(
+        self,
+        key: CacheKey,
+        value: bytes | bytearray | memoryview,
+        created_at: float,
+        build_seconds: float,
+        extra: Mapping[str, Any] | None,
+        producer: str,
+        secret: SecretKeys | None,
+    ) -> bytes:
+        """The entry of ``value`` under ``key``, as :func:`~runtime_cache.codec.encode_packed`
+        writes it; remembers the key's fixed bytes for :meth:`match`.
+
+        Raises :class:`TypeError` for a key that is not a ``CacheKey`` or a value
+        that is not bytes, and :class:`~runtime_cache.errors.InvalidValueError` for
+        a bad time.
+        """
+        if not isinstance(key, CacheKey):
+            raise TypeError(f"put needs a CacheKey from make_key(), not {type(key).__name__}")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a cache value must be bytes, not {type(value).__name__}")
+        value = bytes(value)
+        skey, packed = str(key), key.packed_parts
+        created_at, build_seconds = float(created_at), float(build_seconds)
+        if producer is not self._producer or self._limits is None:
+            self._reset(producer, self._limits or DEFAULT_LIMITS)
+        prefix = self._prefix(skey, packed)[1]
+        if extra or self._tail is None:
+            return encode_packed(
+                skey,
+                packed,
+                value,
+                created_at=created_at,
+                build_seconds=build_seconds,
+                producer=producer,
+                secret=secret,
+                extra=extra,
+            )
+        problem = time_problem(created_at, build_seconds)
+        if problem is not None:
+            raise InvalidValueError(problem)
+        size = len(value)
+        times = META_TIMES.pack(created_at, _BUILT, build_seconds)
+        meta = b"".join((prefix, times, self._ends.get(size) or self._end(size)))
+        return frame_entry(meta, value, secret)
+
+    def match(
+        self,
+        key: CacheKey,
+        skey: str,
+        pieces: tuple[bytes, ...],
+        secret: SecretKeys | None,
+        producer: str,
+        limits: Limits,
+    ) -> Found | None:
+        """``(value, build_seconds, blob_size)`` when ``pieces`` (as
+        :meth:`~runtime_cache.api.Backend.get_parts` returns them) are a good entry of
+        ``key`` (stored under ``skey``, its ``str``) as a cache with ``producer``
+        writes it, checked under ``limits`` and ``secret``; ``None`` when the full
+        check must judge them."""
+        if producer is not self._producer or limits is not self._limits:
+            self._reset(producer, limits)
+        if self._tail is None:
+            return None
+        count = len(pieces)
+        if count == 1:
+            blob = pieces[0]
+            if type(blob) is not bytes or len(blob) < HEADER_SIZE:
+                return None
+        elif count == 3:
+            blob, value, sig = pieces
+            if not (type(blob) is bytes and type(value) is bytes and type(sig) is bytes):
+                return None
+            if len(blob) < HEADER_SIZE:
+                return None
+        else:
+            return None
+        magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
+            ENTRY_HEADER.unpack_from(blob)
+        )
+        cut = HEADER_SIZE + meta_len
+        end = cut + value_len
+        if count == 1:
+            whole = memoryview(blob)
+            value, sig = whole[cut:end], whole[end:]  # type: ignore[assignment]
+            size = len(blob)
+            extra = size - end
+        else:
+            size = cut + value_len + len(sig)
+            extra = len(sig) if len(blob) == cut and len(value) == value_len else -1
+        packed = key.packed_parts
+        known = self._by_key.get(skey)
+        if known is None or known[0] != packed:
+            known = self._prefix(skey, packed)
+        if not known[2]:
+            return None
+        prefix = known[1]
+        start = HEADER_SIZE + len(prefix)
+        tail = self._ends.get(value_len) or self._end(value_len)
+        if not (
+            extra == (SIG_SIZE if flags == FLAG_SIGNED else 0)
+            and magic == ENTRY_MAGIC
+            and version == ENTRY_VERSION
+            and flags <= FLAG_SIGNED
+            and not reserved
+            and cut == start + _TIMES + len(tail)
+            and meta_len <= limits.max_meta_size
+            and value_len <= limits.max_value_size
+        ):
+            return None
+        created, built_mark, built = META_TIMES.unpack_from(blob, start)
+        if not (
+            blob.startswith(prefix, HEADER_SIZE)
+            and blob.endswith(tail, 0, cut)
+            and built_mark == _BUILT
+            and 0.0 <= created < MAX_CREATED_AT
+            and 0.0 <= built <= MAX_BUILD_SECONDS
+            and xxhash.xxh3_64_intdigest(blob[HEADER_SIZE:cut]) == meta_sum
+            and xxhash.xxh3_64_intdigest(value) == value_sum
+        ):
+            return None
+        if secret is not None:
+            head = blob if count == 3 else whole[:cut]
+            if not (flags and signed_by(secret, head, bytes(sig), (value,))):
+                return None
+        return value, built, size
