@@ -18,12 +18,10 @@ plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import logging
 import os
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -40,6 +38,7 @@ from .dir_fs import (
     read_to_end,
     regular_size,
 )
+from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
@@ -58,24 +57,9 @@ _TEMP_PREFIX = ".tmp-"
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
-_OPEN: weakref.WeakSet[DirectoryBackend] = weakref.WeakSet()
 T = TypeVar("T")
 #: Reads an open entry file: ``reader(fd, size, max_entry_size)``.
 Reader = Callable[[int, int, int], T]
-
-
-@atexit.register
-def _flush_all() -> None:
-    for backend in list(_OPEN):
-        backend.flush_hits()
-
-
-def _after_fork() -> None:
-    for backend in list(_OPEN):
-        backend._reopen_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 class DirectoryBackend(Backend):
@@ -147,7 +131,7 @@ class DirectoryBackend(Backend):
         self.private = not shared and only_mine(self.root_fd)
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
-        _OPEN.add(self)
+        track(self)  # hits flushed at exit, the root reopened after a fork
 
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
@@ -164,9 +148,10 @@ class DirectoryBackend(Backend):
         options = {"fsync": fsync, "track_access": track, "shared": shared}
         return cls((parsed.netloc + parsed.path) or None, max_size=cap, max_files=files, **options)
 
-    def _reopen_after_fork(self) -> None:
-        # A forked child gets fresh locks (another thread may have held ours at the
-        # fork) and its own root descriptor; the parent's unflushed hits stay the parent's.
+    def reopen_after_fork(self) -> None:
+        """In a forked child: fresh locks (another thread may have held ours at the fork)
+        and a root descriptor of its own; the parent's unflushed hits stay the parent's.
+        Called for every open backend by :mod:`.dir_open`."""
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
