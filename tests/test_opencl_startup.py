@@ -183,13 +183,12 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
 
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
-    ahead.go()
-    assert entered.wait(10)  # the thread is on its first chunk (p1, p2)
-    # Nothing read yet (the thread waits on its first plan): p39 is not reached, so the
-    # caller reads it itself, at once; a program in the chunk being read waits for it.
+    # The caller comes back for p39: the thread starts on its first chunk (p1, p2), and
+    # p39, not reached, is the caller's to read, at once.
     assert ahead.take("p39") is None
+    assert entered.wait(10)
     gate.set()
-    got = ahead.take("p1")
+    got = ahead.take("p1")  # in the chunk being read: waits for it
     assert got is not None and bytes(got[1][str(plans["p1"].keys[0])]) == b"value 1"
     assert ahead.take("p1") is None  # handed out once
     assert ahead.take("p0") is None  # the first is the caller's own
@@ -203,7 +202,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
-    ahead.go()
+    assert ahead.take("p0") is None  # the first program's own: starts nothing
+    assert ahead.take("nothing") is None  # another program: the thread starts
     assert ahead.join(10)  # it stopped on its own, holding the first chunk
     assert ahead.held == 2000
     assert ahead.take("p1") is not None and ahead.take("p2") is not None
@@ -211,8 +211,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     assert ahead.held == 0
 
 
-def test_read_ahead_waits_for_the_driver_and_for_the_second_program() -> None:
-    """Nothing is read before ``go()``; past the first chunk only once it is taken from."""
+def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> None:
+    """Nothing is read while the first program loads; then the others, in order."""
     cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
     planned: list[str] = []
 
@@ -220,22 +220,14 @@ def test_read_ahead_waits_for_the_driver_and_for_the_second_program() -> None:
         planned.append(name)
         return plans[name]
 
-    def wait_for(count: int) -> None:
-        deadline = time.monotonic() + 10
-        while len(planned) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)
-
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
+    assert ahead.take("p0") is None
     time.sleep(0.2)
-    assert planned == []  # the caller has not entered the driver yet
-    ahead.go()
-    wait_for(2)
-    assert planned == ["p1", "p2"]  # the first chunk only
-    got = ahead.take("p1")
-    assert got is not None and bytes(got[1][str(plans["p1"].keys[0])]) == b"value 1"
-    wait_for(39)
-    assert planned == [f"p{i}" for i in range(1, 40)]
-    assert all(ahead.take(f"p{i}") is not None for i in range(2, 40))
+    assert planned == []  # the first program's load has the process to itself
+    assert ahead.take("p1") is None  # not read yet: the caller reads it itself
     assert ahead.join(10)
+    assert planned == [f"p{i}" for i in range(2, 40)]  # the rest, from the next one on
+    got = ahead.take("p2")
+    assert got is not None and bytes(got[1][str(plans["p2"].keys[0])]) == b"value 2"
+    assert all(ahead.take(f"p{i}") is not None for i in range(3, 40))

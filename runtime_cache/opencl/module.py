@@ -176,8 +176,6 @@ class OpenCLModule:
                 self._driver.restore(cache)
             if plan.keys is not None and found is None:
                 found = cache.get_many_views(plan.keys)
-            if ahead is not None:
-                ahead.go()  # the driver's build below runs without the GIL
             if plan.keys is not None and found is not None:
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:

@@ -9,11 +9,11 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The thread keeps out of the first program's way, because both need the GIL: it
-starts reading only when the caller hands its first binary to the driver
-(:meth:`ReadAhead.go`; the driver's build runs without the GIL), and it reads past
-the first chunk (two programs) only once the caller comes back for one of them. A
-process's first program therefore pays for the thread's start and one small read.
+The thread keeps out of the first program's way, because both need the GIL (and,
+on a small machine, the same cores): it starts only when the caller comes back for
+a second program, that is once the first kernel is made. A process's first program
+therefore costs what it costs without a read-ahead; the second is read by the caller
+itself while the thread reads on from the third.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -32,7 +32,7 @@ from ..cache import Cache
 from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
-__all__ = ["CHUNK", "IDLE_SECONDS", "MAX_HELD", "ReadAhead"]
+__all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so the second program's entries are ready soon after the first program's load.
@@ -42,9 +42,6 @@ _FIRST_CHUNKS = (2, 4, 8)
 #: has not reached are then read one at a time, when asked for (a module whose caller
 #: asks for few of many programs does not hold every binary in memory).
 MAX_HELD = 64 << 20
-#: Seconds the thread waits for the caller to reach its chunk before it stops reading
-#: (the caller then reads the rest itself), so a module left unused ends its thread.
-IDLE_SECONDS = 30.0
 #: The thread's pause between two programs' plans (see ``ReadAhead._read``).
 YIELD_SECONDS = 20e-6
 
@@ -54,8 +51,7 @@ Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
 
 
 class _Chunk:
-    def __init__(self, index: int, names: list[str]) -> None:
-        self.index = index
+    def __init__(self, names: list[str]) -> None:
         self.names = names
         self.started = False
         self.done = threading.Event()
@@ -77,84 +73,73 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._chunks: list[_Chunk] = []
         self._where: dict[str, _Chunk] = {}
+        self._first: str | None = None
+        self._begun = False
         self._stop = threading.Event()
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
-        self._finished = threading.Event()  # set when the thread ends
-        self._go = threading.Event()  # set when the caller first enters the driver
-        self._reached = -1  # the highest chunk the caller has taken a program from
-        self._moved = threading.Condition(self._lock)  # _reached or _stop changed
+        self._finished = threading.Event()  # set when the thread ends (or never starts)
 
     def start(self, first: str) -> None:
-        """Read ahead every program but ``first``, in order from the one after it."""
+        """Plan to read every program but ``first``, in order from the one after it; the
+        thread starts when the caller asks for another program (:meth:`take`)."""
+        self._first = first
         if first in self._names:
             at = self._names.index(first)
             rest = self._names[at + 1 :] + self._names[:at]
         else:
             rest = list(self._names)
-        if not rest:
-            return
         at = 0
         for size in (*_FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1)):
             if at >= len(rest):
                 break
-            self._chunks.append(_Chunk(len(self._chunks), rest[at : at + size]))
+            self._chunks.append(_Chunk(rest[at : at + size]))
             at += size
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
+        if not self._chunks:
+            self._finished.set()
+
+    def _begin(self) -> None:
+        with self._lock:
+            if self._begun or self._stop.is_set() or not self._chunks:
+                return
+            self._begun = True
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
-        # costs the caller a GIL hand-over (a third of a millisecond) in its first program.
-        # Like a daemon thread, it does not hold up the interpreter's exit.
+        # costs the caller a GIL hand-over. Like a daemon thread, it does not hold up the
+        # interpreter's exit.
         _thread.start_new_thread(self._run, ())
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end; whether it has."""
-        return self._finished.wait(timeout)
-
-    def go(self) -> None:
-        """Start reading: the caller is about to hand a binary to the driver."""
-        self._go.set()
+        """Wait for the thread to end; whether it has (``True`` if it never started)."""
+        with self._lock:
+            begun = self._begun
+        return self._finished.wait(timeout) if begun else True
 
     def stop(self) -> None:
         """Read nothing more (``build_all`` reads the rest its own way)."""
-        with self._lock:
-            self._stop.set()
-            self._moved.notify_all()
-        self._go.set()
+        self._stop.set()
 
     def _run(self) -> None:
         try:
-            if self._go.wait(IDLE_SECONDS):
-                self._read_chunks()
+            for chunk in self._chunks:
+                with self._lock:
+                    if self._stop.is_set() or self._held > MAX_HELD:
+                        break
+                    chunk.started = True
+                found: dict[str, Read] = {}
+                try:
+                    found = self._read(chunk.names)
+                except Exception:  # the caller fetches these itself, and sees the error then
+                    found = {}
+                finally:
+                    with self._lock:
+                        chunk.found = found
+                        self._held += sum(_size(read) for read in found.values())
+                    chunk.done.set()
         finally:
             for chunk in self._chunks:  # never leave a waiter behind
                 chunk.done.set()
             self._finished.set()
-
-    def _read_chunks(self) -> None:
-        for index, chunk in enumerate(self._chunks):
-            with self._lock:
-                while (
-                    index > 0
-                    and self._reached < 0
-                    and not self._stop.is_set()
-                    and self._held <= MAX_HELD
-                ):
-                    # past the first chunk once the caller has come back for a program
-                    if not self._moved.wait(IDLE_SECONDS):
-                        self._stop.set()
-                if self._stop.is_set() or self._held > MAX_HELD:
-                    break
-                chunk.started = True
-            found: dict[str, Read] = {}
-            try:
-                found = self._read(chunk.names)
-            except Exception:  # the caller fetches these itself, and sees the error then
-                found = {}
-            finally:
-                with self._lock:
-                    chunk.found = found
-                    self._held += sum(_size(read) for read in found.values())
-                chunk.done.set()
 
     def _read(self, names: list[str]) -> dict[str, Read]:
         plans: dict[str, ProgramPlan] = {}
@@ -177,17 +162,18 @@ class ReadAhead:
     def take(self, name: str) -> Read | None:
         """What was read for ``name`` (waiting for its chunk if it is being read), or
         ``None``: not read ahead, not found, or not yet reached (fetch it yourself)."""
-        chunk = self._where.get(name)
-        if chunk is None or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             return None  # a forked child has no reading thread
+        chunk = self._where.get(name)
         with self._lock:
-            if chunk.index > self._reached:
-                self._reached = chunk.index
-                self._moved.notify_all()
-            if not chunk.started:
+            if chunk is not None and not chunk.started:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
-                return None
+                chunk = None
+        if name != self._first:
+            self._begin()  # the caller is past its first program: read the others now
+        if chunk is None:
+            return None
         chunk.done.wait()
         with self._lock:
             read = chunk.found.pop(name, None)
