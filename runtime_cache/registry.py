@@ -223,6 +223,7 @@ class Registry:
             raise InvalidURLError(f"{exc} in backend URL {redact_url(url)}") from None
         if insecure:
             backend.insecure = True
+        backend.opened_from = url
         return backend
 
 
