@@ -20,12 +20,13 @@ other process would refuse it, as it must.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ..api import Backend
 from ..cache import Cache
 from ..errors import InvalidURLError
-from ..registry import open_backend, registry
+from ..registry import open_backend
 
 __all__ = ["open_spec", "reopen_spec"]
 
@@ -70,6 +71,12 @@ def reopen_spec(cache: Cache) -> Spec | None:
     return _backend_spec(backend)
 
 
+def _backend_class(module: str, name: str) -> Any:
+    # Imported, not looked up in the registry: a checkout run through PYTHONPATH has the
+    # package but not its entry points.
+    return getattr(importlib.import_module(f"runtime_cache.backends.{module}"), name)
+
+
 def open_spec(spec: Spec) -> Backend:
     """Open the backend that ``spec`` (from :func:`reopen_spec`) describes.
 
@@ -82,7 +89,7 @@ def open_spec(spec: Spec) -> Backend:
         options = spec.get("options")
         if not isinstance(spec["dir"], str) or not isinstance(options, dict):
             raise InvalidURLError("malformed dir spec")
-        folder: Any = registry.resolve("dir")
+        folder: Any = _backend_class("directory", "DirectoryBackend")
         backend: Backend = folder(spec["dir"], **options)
         backend.insecure = bool(spec.get("insecure", False))
         return backend
@@ -90,7 +97,7 @@ def open_spec(spec: Spec) -> Backend:
         tiers = spec["tiers"]
         if not isinstance(tiers, list) or not tiers:
             raise InvalidURLError("malformed tiered spec")
-        tiered: Any = registry.resolve("tiered")
+        tiered: Any = _backend_class("tiered", "TieredBackend")
         opened: Backend = tiered([open_spec(t) for t in tiers])
         return opened
     url = spec.get("url")
