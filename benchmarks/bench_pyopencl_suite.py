@@ -167,6 +167,9 @@ def run(
     for line in done.stdout.splitlines():
         if line.startswith("EXIT "):
             result.update(json.loads(line[len("EXIT ") :]))
+    errors = [r["error"] for r in detached if "error" in r]
+    if errors:
+        raise SystemExit(f"{mode}: the detached store failed: {errors}")
     if detached:
         result["detached"] = detached
         result["detached_seconds"] = sum(r.get("seconds", 0.0) for r in detached)
