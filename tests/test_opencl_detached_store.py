@@ -27,10 +27,11 @@ from runtime_cache.opencl.reopen import open_spec, reopen_spec
 from runtime_cache.opencl.wire import write_message
 
 pytestmark = pytest.mark.opencl
+pytest_plugins = ["redis_servers"]
 
 SECRET = "detached-test-secret"
 
-# argv: kind (dir | shared | memory), cache folder, how many programs, salt.
+# argv: kind (dir | shared | memory | url), cache folder (or URL), how many programs, salt.
 APP = textwrap.dedent(
     """
     import atexit, json, sys
@@ -42,6 +43,8 @@ APP = textwrap.dedent(
     kind, folder, count, salt = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if kind == "memory":
         cache = rc.Cache(MemoryBackend())
+    elif kind == "url":
+        cache = rc.Cache(rc.open_backend(folder), secret=sys.stdin.read().strip())
     elif kind == "shared":
         cache = rc.Cache(DirectoryBackend(folder, shared=True), secret=sys.stdin.read().strip())
     else:
@@ -68,7 +71,7 @@ def _opencl() -> None:
 
 
 def _app(
-    runs: Path, kind: str, folder: Path, count: int, salt: str, stdin: str = "", **env: str
+    runs: Path, kind: str, folder: Path | str, count: int, salt: str, stdin: str = "", **env: str
 ) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", APP, kind, str(folder), str(count), salt],
@@ -195,3 +198,16 @@ def test_a_killed_detached_store_leaves_no_partial_entry(tmp_path: Path) -> None
     assert warm["loads"] == len(stored) and warm["builds"] == count - len(stored)
     assert wait_for_detached_stores(timeout=180, folder=str(runs))
     assert len(_keys(folder)) == count
+
+
+def test_a_redis_store_is_reopened_from_its_url(tmp_path: Path, redis_server: Any) -> None:
+    if not is_pocl():
+        pytest.skip("auto mode hands off at once only on a driver that compiles on read-back")
+    runs, salt = tmp_path / "runs", f"{os.getpid()}{time.time_ns() % 100000}"
+    url = f"{redis_server.url}?namespace=detached{salt}"
+    cold = _app(runs, "url", url, 1, salt, stdin=SECRET)
+    assert cold["handed_off"] == 1
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    assert detached_runs(str(runs))[0]["stored"] == 1
+    warm = _app(runs, "url", url, 1, salt, stdin=SECRET)
+    assert warm["builds"] == 0 and warm["loads"] == 1

@@ -13,7 +13,7 @@ same keys, in the same store (:mod:`.reopen`), signed with the same secret
 (handed over its stdin, never on its command line); see
 :mod:`.detached_worker`.
 
-When: ``RUNTIME_CACHE_OPENCL_DETACH`` is ``auto`` (the default: for a driver
+When (on POSIX systems): ``RUNTIME_CACHE_OPENCL_DETACH`` is ``auto`` (the default: for a driver
 known to compile on read-back, PoCL, at once; for another, once the first
 read-back at exit took over :data:`SLOW_READ_SECONDS`), ``1`` (always) or ``0``
 (never: the flush at exit stores them in this process, as
@@ -78,7 +78,10 @@ _MODES.update({"0": "off", "off": "off", "never": "off"})
 
 
 def detach_mode() -> str:
-    """``"auto"``, ``"always"`` or ``"off"``, from ``RUNTIME_CACHE_OPENCL_DETACH``."""
+    """``"auto"``, ``"always"`` or ``"off"``, from ``RUNTIME_CACHE_OPENCL_DETACH``
+    (always ``"off"`` where processes cannot be detached the POSIX way)."""
+    if os.name != "posix":
+        return "off"
     text = os.environ.get(ENV_DETACH, "").strip().lower()
     mode = _MODES.get(text)
     if mode is None:
@@ -188,6 +191,9 @@ def _prepare(folder: str) -> None:
                 _KEEP_RECORDS_SECONDS
             ):
                 os.unlink(path)
+            elif name.endswith(".running") and name[:-8].isdigit():
+                if not _alive(int(name[:-8])):  # killed: its record never came
+                    os.unlink(path)
             elif name == "detached.log" and os.stat(path).st_size > _LOG_LIMIT:
                 os.truncate(path, 0)
         except OSError:
