@@ -26,8 +26,11 @@ For both:
   caller stores the program itself, so memory never grows without limit.
 * An error while storing is counted (``opencl_stats().store_errors``) and
   logged, never raised into the caller: the program is simply not stored.
-* At exit the queue is flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``
-  (default 60, checked between programs); what is left is counted
+* At exit the queued programs are handed to a detached process where reading
+  them back is slow and the store can be reopened there (:mod:`.detached_store`:
+  ``opencl_stats().stores_handed_off``), so the process exits at once; the rest
+  are flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS`` (default 60,
+  checked between programs); what is left is counted
   (``opencl_stats().stores_dropped``), logged, and built again by a later run.
 * A forked child starts with an empty queue: the parent's programs stay the
   parent's to store.
