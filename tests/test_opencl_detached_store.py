@@ -211,3 +211,14 @@ def test_a_redis_store_is_reopened_from_its_url(tmp_path: Path, redis_server: An
     assert detached_runs(str(runs))[0]["stored"] == 1
     warm = _app(runs, "url", url, 1, salt, stdin=SECRET)
     assert warm["builds"] == 0 and warm["loads"] == 1
+
+
+def test_a_records_folder_others_can_write_keeps_the_store_in_the_process(
+    tmp_path: Path,
+) -> None:
+    runs, folder = tmp_path / "runs", tmp_path / "cache"
+    runs.mkdir()
+    runs.chmod(0o777)  # whoever writes there could swap the jobs file
+    result = _app(runs, "dir", folder, 1, str(os.getpid()))
+    assert result["handed_off"] == 0 and result["stores"] == 1
+    assert not list(runs.iterdir())

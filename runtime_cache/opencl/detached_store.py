@@ -73,6 +73,7 @@ _DEFAULT_DETACHED_SECONDS = 900.0
 #: Records of finished runs older than this are removed when a new run starts.
 _KEEP_RECORDS_SECONDS = 7 * 86400.0
 _LOG_LIMIT = 1 << 20
+_started: list[subprocess.Popen[bytes]] = []
 _MODES = {"auto": "auto", "": "auto", "1": "always", "always": "always", "on": "always"}
 _MODES.update({"0": "off", "off": "off", "never": "off"})
 
@@ -182,7 +183,12 @@ def detached_runs(folder: str | None = None) -> list[dict[str, Any]]:
 
 
 def _prepare(folder: str) -> None:
+    """Make ``folder`` (private), refuse one that others could write, and tidy it."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.stat(folder)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        # The jobs file there says what gets built and stored under our keys.
+        raise PermissionError(f"{folder} is not private to this user")
     now = time.time()
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
@@ -276,5 +282,6 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
         child.kill()
         _remove(jobs_path)
         return False
+    _started.append(child)  # not waited for: kept so that no warning says it still runs
     log.debug("runtime-cache: %d programs handed to detached store %d", len(jobs), child.pid)
     return True
