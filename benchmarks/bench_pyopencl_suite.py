@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N tests of each module")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k for every module")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--round-offset", type=int, default=0, help="start the rotation here (to add rounds later)"
+    )
     parser.add_argument("--platform", default="0", help="PYOPENCL_TEST / PYOPENCL_CTX")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--label", default=None, help="what --checkout is, for the table")
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 order = (
                     ["baseline", "cold"]
-                    if (index + MODULES.index(module)) % 2 == 0
+                    if (index + args.round_offset + MODULES.index(module)) % 2 == 0
                     else [
                         "cold",
                         "baseline",
