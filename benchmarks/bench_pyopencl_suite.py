@@ -257,6 +257,13 @@ def summarize(rows: dict[str, list[dict[str, Any]]], tests: int) -> dict[str, An
         out["cold_process_seconds"] / out["baseline_process_seconds"]
     )
     cold = rows["cold"]
+    # Per round (baseline and cold ran side by side): the ratio of each pair, and its median.
+    pairs = [
+        c["process_seconds"] / b["process_seconds"]
+        for b, c in zip(rows["baseline"], cold, strict=True)
+    ]
+    out["cold_process_over_baseline_per_round"] = pairs
+    out["cold_process_over_baseline_paired"] = median(pairs)
     out["cold_exit_seconds"] = median(r.get("exit_seconds", 0.0) for r in cold)
     out["detached_seconds"] = median(r.get("detached_seconds", 0.0) for r in cold)
     out["detached_cpu_seconds"] = median(r.get("detached_cpu_seconds", 0.0) for r in cold)
