@@ -96,6 +96,8 @@ def test_a_program_built_in_a_process_that_exits_is_stored_after_it(tmp_path: Pa
     runs, folder, salt = tmp_path / "runs", tmp_path / "cache", str(os.getpid())
     cold = _app(runs, "dir", folder, 2, salt)
     assert cold["builds"] == 2 and cold["handed_off"] == 2 and cold["stores"] == 0
+    # Recorded by the app itself before it exits: a waiter cannot miss a store still starting.
+    assert list(runs.glob("*.running")) or list(runs.glob("*.json"))
     assert wait_for_detached_stores(timeout=180, folder=str(runs))
     (record,) = detached_runs(str(runs))
     assert record["programs"] == 2 and record["stored"] == 2, record

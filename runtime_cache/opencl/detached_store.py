@@ -60,6 +60,7 @@ __all__ = [
     "hand_off",
     "runs_folder",
     "wait_for_detached_stores",
+    "write_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,14 @@ def _job(plan: ProgramPlan, seconds: float) -> list[Any]:
     return [plan.source, options, plan.options_text, fingerprints, module_id, keys, seconds]
 
 
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Write a detached store's record (JSON) at ``path``, whole or not at all."""
+    temp = f"{path}.tmp"
+    with open(temp, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(temp, path)
+
+
 def _remove(path: str) -> None:
     if path:
         try:
@@ -282,6 +291,13 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
         child.kill()
         _remove(jobs_path)
         return False
+    # Written here, not only by the child: whoever waits right after this process exits
+    # must see it running before the child has even started up.
+    try:
+        record = {"pid": child.pid, "started": time.time(), "programs": len(jobs)}
+        write_record(os.path.join(folder, f"{child.pid}.running"), record)
+    except OSError as exc:
+        log.debug("runtime-cache: no record for the detached store (%s)", exc)
     _started.append(child)  # not waited for: kept so that no warning says it still runs
     log.debug("runtime-cache: %d programs handed to detached store %d", len(jobs), child.pid)
     return True

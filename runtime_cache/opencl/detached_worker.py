@@ -35,19 +35,12 @@ from typing import Any
 import msgpack
 
 from ..cache import Cache
-from .detached_store import runs_folder
+from .detached_store import runs_folder, write_record
 from .wire import read_message
 
 __all__ = ["main"]
 
 _GRACE_SECONDS = 30
-
-
-def _write_record(path: str, record: dict[str, Any]) -> None:
-    temp = f"{path}.tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-    os.replace(temp, path)
 
 
 def _open_devices(fingerprints: list[Any]) -> tuple[Any, list[Any]] | None:
@@ -142,7 +135,7 @@ def main() -> int:
     signal.alarm(int(float(message.get("seconds", 900))) + _GRACE_SECONDS)
     folder = runs_folder()
     running = os.path.join(folder, f"{pid}.running")
-    _write_record(running, record)
+    write_record(running, record)
     try:
         _run(message, record)
     except Exception as exc:  # recorded, and the exit status says it
@@ -150,7 +143,7 @@ def main() -> int:
     finally:
         record["seconds"] = time.perf_counter() - clock
         record["cpu_seconds"] = time.process_time() - cpu
-        _write_record(os.path.join(folder, f"{pid}.json"), record)
+        write_record(os.path.join(folder, f"{pid}.json"), record)
         os.unlink(running)
     print(
         f"runtime-cache detached store {pid}: {record['stored']} of {record['programs']} "
