@@ -9,9 +9,14 @@ Each module of pyopencl's test suite (from the sdist of the installed version:
 * ``warm``: ``install()`` on the cache that ``cold`` just filled.
 
 Rounds rotate the order of baseline and cold (warm follows its cold run), because the
-machine is noisy. Each process times the test run itself (``pytest.main``) and, apart,
-the flush of the background store that follows it (``runtime_cache.opencl.flush``) and
-the whole process. It records ``opencl_stats()``. PoCL's own kernel cache gets a fresh
+machine is noisy. Each process times the test run itself (``pytest.main``) and the whole
+process, exit included: the figure that counts is the cold process against the baseline
+process. A cold process stores what it built at exit (``install()``'s deferred store: on
+PoCL it hands the programs to a detached process, :mod:`runtime_cache.opencl.detached_store`);
+its ``exit_seconds`` is the time from the end of the tests to that store's end. The
+detached store's own seconds and CPU seconds are recorded apart (its ``<pid>.json``), and
+the benchmark waits for it to finish before the warm run and before the next timed
+process. It records ``opencl_stats()``. PoCL's own kernel cache gets a fresh
 folder per process, and ``RUNTIME_CACHE_OPENCL_ICD=off`` keeps the platform list the
 same with and without runtime-cache, so ``PYOPENCL_TEST`` picks the same device.
 
@@ -51,14 +56,21 @@ MODULES = [
 ]
 
 CHILD = r"""
-import json, sys, time
+import atexit, json, sys, time
 started = time.perf_counter()
 mode, folder, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
 if mode != "baseline":
     import runtime_cache as rc
     from runtime_cache.backends.directory import DirectoryBackend
-    from runtime_cache.opencl import install
+    from runtime_cache.opencl import install, opencl_stats
     install(rc.Cache(DirectoryBackend(folder)))
+
+    def at_exit():  # registered first, so it runs after install()'s own store at exit
+        s = opencl_stats()
+        stats = {k: getattr(s, k) for k in s.__dataclass_fields__}
+        print("EXIT " + json.dumps({"exit_seconds": time.perf_counter() - run_end, "stats": stats}))
+
+    atexit.register(at_exit)
 import pyopencl as cl
 import pytest
 run_start = time.perf_counter()
@@ -66,18 +78,25 @@ code = pytest.main(["-q", "-p", "no:cacheprovider", *ids])
 run_end = time.perf_counter()
 out = {"code": int(code), "run_seconds": run_end - run_start}
 if mode != "baseline":
-    import runtime_cache.opencl as rco
-    from runtime_cache.opencl import opencl_stats
-    flush = getattr(rco, "flush", lambda timeout: True)  # a checkout from before it
-    out["flushed"] = flush(600.0)
-    out["flush_seconds"] = time.perf_counter() - run_end
     s = opencl_stats()
     out["stats"] = {k: getattr(s, k) for k in s.__dataclass_fields__}
 platform = cl.get_platforms()[0]
 out["platform"] = platform.version
 out["device"] = platform.get_devices()[0].name
-print("RESULT " + json.dumps(out))
+print("RESULT " + json.dumps(out), flush=True)
 """
+
+
+def wait_detached(folder: Path, timeout: float = 1800.0) -> list[dict[str, Any]]:
+    """Wait for the detached stores a cold process left (their ``<pid>.running`` files in
+    ``folder``), then return their records (``<pid>.json``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = [int(p.stem) for p in folder.glob("*.running") if p.stem.isdigit()]
+        if not [pid for pid in running if Path(f"/proc/{pid}").exists()]:
+            break
+        time.sleep(0.1)
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
 
 
 def collect(
@@ -117,7 +136,9 @@ def run(
         PYOPENCL_CTX=platform,
         POCL_CACHE_DIR=str(scratch / "pocl"),
         RUNTIME_CACHE_GUARD_DIR=str(cache.parent / "guard"),
+        RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(scratch / "detached"),
     )
+    detached: list[dict[str, Any]] = []
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -129,6 +150,11 @@ def run(
             timeout=3600,
             check=False,
         )
+        ended = time.perf_counter()
+        # Before the next timed process, and before PoCL's folder goes: the detached
+        # store builds there too.
+        detached = wait_detached(scratch / "detached")
+        waited = time.perf_counter() - ended
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
@@ -137,7 +163,18 @@ def run(
             f"{mode}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
         )
     result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    result["process_seconds"] = time.perf_counter() - started
+    result["process_seconds"] = ended - started
+    for line in done.stdout.splitlines():
+        if line.startswith("EXIT "):
+            result.update(json.loads(line[len("EXIT ") :]))
+    errors = [r["error"] for r in detached if "error" in r]
+    if errors:
+        raise SystemExit(f"{mode}: the detached store failed: {errors}")
+    if detached:
+        result["detached"] = detached
+        result["detached_seconds"] = sum(r.get("seconds", 0.0) for r in detached)
+        result["detached_cpu_seconds"] = sum(r.get("cpu_seconds", 0.0) for r in detached)
+        result["detached_wait_seconds"] = waited
     return result
 
 
@@ -150,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N tests of each module")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k for every module")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--round-offset", type=int, default=0, help="start the rotation here (to add rounds later)"
+    )
     parser.add_argument("--platform", default="0", help="PYOPENCL_TEST / PYOPENCL_CTX")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--label", default=None, help="what --checkout is, for the table")
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 order = (
                     ["baseline", "cold"]
-                    if (index + MODULES.index(module)) % 2 == 0
+                    if (index + args.round_offset + MODULES.index(module)) % 2 == 0
                     else [
                         "cold",
                         "baseline",
@@ -216,8 +256,21 @@ def summarize(rows: dict[str, list[dict[str, Any]]], tests: int) -> dict[str, An
     out["cold_process_over_baseline"] = (
         out["cold_process_seconds"] / out["baseline_process_seconds"]
     )
-    out["cold_flush_seconds"] = median(r.get("flush_seconds", 0.0) for r in rows["cold"])
-    last_cold, last_warm = rows["cold"][-1]["stats"], rows["warm"][-1]["stats"]
+    cold = rows["cold"]
+    # Per round (baseline and cold ran side by side): the ratio of each pair, and its median.
+    pairs = [
+        c["process_seconds"] / b["process_seconds"]
+        for b, c in zip(rows["baseline"], cold, strict=True)
+    ]
+    out["cold_process_over_baseline_per_round"] = pairs
+    out["cold_process_over_baseline_paired"] = median(pairs)
+    out["cold_exit_seconds"] = median(r.get("exit_seconds", 0.0) for r in cold)
+    out["detached_seconds"] = median(r.get("detached_seconds", 0.0) for r in cold)
+    out["detached_cpu_seconds"] = median(r.get("detached_cpu_seconds", 0.0) for r in cold)
+    out["detached_stored"] = sum(d.get("stored", 0) for r in cold for d in r.get("detached", []))
+    last_cold, last_warm = cold[-1]["stats"], rows["warm"][-1]["stats"]
+    out["cold_handed_off"] = last_cold.get("stores_handed_off", 0)
+    out["cold_stores_dropped"] = last_cold.get("stores_dropped", 0)
     out["programs"] = last_cold["source_builds"] + last_cold["binary_loads"]
     out["cold_uncacheable"] = last_cold["uncacheable"]
     out["warm_uncacheable"] = last_warm["uncacheable"]
@@ -233,7 +286,11 @@ def show(module: str, row: dict[str, Any]) -> None:
     print(
         f"{module:26s} tests {row['tests']:4d} programs {row['programs']:5d}  "
         f"baseline {row['baseline_run_seconds']:7.2f}s cold {row['cold_run_seconds']:7.2f}s "
-        f"(x{row['cold_over_baseline']:.3f}; flush after {row['cold_flush_seconds']:.1f}s) "
+        f"(x{row['cold_over_baseline']:.3f}) process baseline "
+        f"{row['baseline_process_seconds']:7.2f}s cold {row['cold_process_seconds']:7.2f}s "
+        f"(x{row['cold_process_over_baseline']:.3f}; exit {row['cold_exit_seconds']:.2f}s, "
+        f"{row['cold_handed_off']} handed off; detached {row['detached_seconds']:.1f}s, "
+        f"{row['detached_cpu_seconds']:.1f}s CPU) "
         f"warm {row['warm_run_seconds']:7.2f}s (x{row['warm_over_baseline']:.3f})  "
         f"uncacheable cold/warm {row['cold_uncacheable']}/{row['warm_uncacheable']} "
         f"warm builds {row['warm_source_builds']} loads {row['warm_binary_loads']} "

@@ -299,11 +299,19 @@ def warm_ab(runs: Sequence[Run]) -> str:
 
 
 def pyopencl_suite(runs: Sequence[Run]) -> str:
-    """``bench_pyopencl_suite.py``: per test module, cold and warm against no cache at all."""
+    """``bench_pyopencl_suite.py``: per test module, cold and warm against no cache at all;
+    the whole process (exit included) beside the test run, and the detached store apart."""
     out = []
     for run in runs:
         rows = []
         for module, row in dict(run["results"]).items():
+            # Before the detached store, the exit stored in the process (cold_flush_seconds).
+            exit_seconds = row.get("cold_exit_seconds", row.get("cold_flush_seconds"))
+            detached = (
+                f"{_num(row['detached_seconds'])} / {_num(row['detached_cpu_seconds'])}"
+                if "detached_seconds" in row
+                else "n/a"
+            )
             rows.append(
                 [
                     f"`{module}`",
@@ -313,7 +321,16 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
                     _num(row["baseline_run_seconds"]),
                     _num(row["cold_run_seconds"]),
                     _num(row["cold_over_baseline"]),
-                    _num(row["cold_flush_seconds"]),
+                    _num(row["baseline_process_seconds"]),
+                    _num(row["cold_process_seconds"]),
+                    _num(row["cold_process_over_baseline"])
+                    + (
+                        f" (per round {_num(row['cold_process_over_baseline_paired'])})"
+                        if "cold_process_over_baseline_paired" in row
+                        else ""
+                    ),
+                    _num(exit_seconds),
+                    detached,
                     _num(row["warm_run_seconds"]),
                     _num(row["warm_over_baseline"]),
                     f"{row['cold_uncacheable']} / {row['warm_uncacheable']}",
@@ -325,12 +342,16 @@ def pyopencl_suite(runs: Sequence[Run]) -> str:
             "rounds",
             "tests",
             "programs built",
-            "no cache (s)",
-            "cold (s)",
-            "cold / no cache",
-            "store after the run (s)",
-            "warm (s)",
-            "warm / no cache",
+            "no cache: tests (s)",
+            "cold: tests (s)",
+            "cold / no cache, tests",
+            "no cache: process (s)",
+            "cold: process (s)",
+            "cold / no cache, process (median of per-round ratios)",
+            "cold: exit (s)",
+            "detached store after exit: s / CPU s",
+            "warm: tests (s)",
+            "warm / no cache, tests",
             "uncacheable cold / warm",
             "warm source builds / loads",
         ]

@@ -105,6 +105,9 @@ class Backend(abc.ABC):
     shared: bool = False
     #: Set by ``insecure=1`` in the URL (or by hand): a shared store used unsigned on purpose.
     insecure: bool = False
+    #: The URL :func:`~runtime_cache.open_backend` opened this backend from (``None`` when
+    #: made in code): how another process reopens the same store (it may hold a password).
+    opened_from: str | None = None
 
     @classmethod
     def from_url(cls, url: str) -> Backend:

@@ -44,6 +44,7 @@ from .inventory import Inventory, KeyLike
 from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
+from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
 from .trust import require_secret
@@ -126,6 +127,12 @@ class Cache(Inventory, BatchReads):
     def signed(self) -> bool:
         """Whether a secret is set (entries are signed and verified)."""
         return self._secret is not None
+
+    def secret_keys(self) -> SecretKeys | None:
+        """The secret's keys (the first signs), or ``None``: for a child process that
+        stores into this cache on its behalf. Hand them over a pipe, never on a
+        command line or in a log."""
+        return self._secret
 
     @property
     def generation(self) -> int:

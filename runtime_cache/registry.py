@@ -210,7 +210,7 @@ class Registry:
         """Open a backend from a URL; a comma-separated list opens tiers, fastest first."""
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
-        insecure = False
+        insecure, given = False, url
         if "," in url:  # each tier comes back here with its own options
             scheme = "tiered"
         else:
@@ -223,6 +223,7 @@ class Registry:
             raise InvalidURLError(f"{exc} in backend URL {redact_url(url)}") from None
         if insecure:
             backend.insecure = True
+        backend.opened_from = given
         return backend
 
 

@@ -169,14 +169,15 @@ def _exit_run(folder: Path, salt: str, **env: str) -> tuple[float, str]:
 def test_the_flush_at_exit_stores_the_queue_and_is_bounded(tmp_path: Path) -> None:
     folder = tmp_path / "cache"
     salt = str(os.getpid())
-    # Deferred: the flush at exit stores it.
-    _exit_run(folder, salt)
+    # Deferred, and not handed to a detached store: the flush at exit stores it.
+    _exit_run(folder, salt, RUNTIME_CACHE_OPENCL_DETACH="0")
     assert len(list(DirectoryBackend(folder).keys())) == 1
     # A flush bound of 0 s: exit does not wait; what is left is logged and counted.
     seconds, err = _exit_run(
         tmp_path / "other",
         salt + "1",
         RUNTIME_CACHE_OPENCL_FLUSH_SECONDS="0",
+        RUNTIME_CACHE_OPENCL_DETACH="0",
     )
     assert "were not stored" in err
     assert not list(DirectoryBackend(tmp_path / "other").keys())

@@ -8,7 +8,8 @@ the binaries; every later run (any process sharing the cache) loads them.
   all at once in parallel, and exports/imports pre-compiled bundles.
 * :func:`install` / :func:`uninstall` route pyopencl's own ``Program.build``
   (and the kernels pyopencl generates) through the cache; :func:`flush` waits
-  for its background store.
+  for its background store, and :func:`wait_for_detached_stores` for the
+  detached process that stores what is left at exit (:mod:`.detached_store`).
 * :func:`prepare_driver_cache` (or ``RUNTIME_CACHE_DRIVER_CACHE=1``, which runs
   it on import) points the drivers at folders whose JIT output travels through
   the cache too (:mod:`.driver_cache`).
@@ -30,6 +31,7 @@ from __future__ import annotations
 from ..provider import preload_default_backend
 from .capture import recapture_binaries
 from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
+from .detached_store import detached_runs, wait_for_detached_stores
 from .devices import NoWorkingDeviceError, choose_device
 from .driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
 from .driver_cache import driver_cache_enabled
@@ -54,6 +56,7 @@ __all__ = [
     "OpenCLStats",
     "build_program",
     "choose_device",
+    "detached_runs",
     "device_fingerprint",
     "flush",
     "install",
@@ -64,6 +67,7 @@ __all__ = [
     "recapture_binaries",
     "reset_opencl_stats",
     "uninstall",
+    "wait_for_detached_stores",
 ]
 
 if driver_cache_enabled():

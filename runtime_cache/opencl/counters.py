@@ -34,7 +34,9 @@ class OpenCLStats:
     :mod:`runtime_cache.opencl.program_files`). ``store_errors`` counts programs
     whose binaries :func:`install`'s background store failed to read or
     store, and ``stores_dropped`` those still queued when the flush at exit
-    ran out of time (:mod:`runtime_cache.opencl.write_behind`).
+    ran out of time (:mod:`runtime_cache.opencl.write_behind`); ``stores_handed_off``
+    those handed at exit to a detached process that stores them after this one has
+    exited (:mod:`runtime_cache.opencl.detached_store`).
     """
 
     binary_loads: int = 0
@@ -51,6 +53,7 @@ class OpenCLStats:
     driver_files_dropped: int = 0
     store_errors: int = 0
     stores_dropped: int = 0
+    stores_handed_off: int = 0
 
 
 counters = Counters(OpenCLStats)

@@ -11,7 +11,9 @@ raises pyopencl's own error with the build log. :func:`uninstall` restores
 the original method.
 
 The binaries of a program built from source are read back and stored later
-(:mod:`.write_behind`: at :func:`flush` or at exit, by default), so the build
+(:mod:`.write_behind`: at :func:`flush` or at exit, by default; at exit, on a
+driver that compiles for that read, by a detached process, :mod:`.detached_store`),
+so the build
 returns as soon as the driver has built it; ``install(store="inline")``
 stores them before the build returns. An explicit ``Program.build(cache_dir=...)`` (a folder) is
 honoured: that call goes to pyopencl's own binary cache in that folder, and
@@ -162,8 +164,10 @@ def flush(timeout: float | None = None) -> bool:
 
     They are read back and stored in the calling thread, so call it when no
     other thread is using OpenCL (after start-up, say). Returns ``False`` if
-    ``timeout`` (seconds) ran out first. At exit this happens by itself,
-    within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
+    ``timeout`` (seconds) ran out first. At exit this happens by itself: in a
+    detached process where the read-back is slow (see :mod:`.detached_store`;
+    :func:`~runtime_cache.opencl.wait_for_detached_stores` waits for it), else
+    here within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
     """
     return write_behind.flush(timeout)
 

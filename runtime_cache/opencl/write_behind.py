@@ -26,8 +26,11 @@ For both:
   caller stores the program itself, so memory never grows without limit.
 * An error while storing is counted (``opencl_stats().store_errors``) and
   logged, never raised into the caller: the program is simply not stored.
-* At exit the queue is flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``
-  (default 60, checked between programs); what is left is counted
+* At exit the queued programs are handed to a detached process where reading
+  them back is slow and the store can be reopened there (:mod:`.detached_store`:
+  ``opencl_stats().stores_handed_off``), so the process exits at once; the rest
+  are flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS`` (default 60,
+  checked between programs); what is left is counted
   (``opencl_stats().stores_dropped``), logged, and built again by a later run.
 * A forked child starts with an empty queue: the parent's programs stay the
   parent's to store.
@@ -47,6 +50,7 @@ from typing import Any
 from ..cache import Cache
 from ._driver import import_pyopencl
 from .counters import counters
+from .detached_store import SLOW_READ_SECONDS, compiles_on_read, detach_mode, hand_off
 from .plan import ProgramPlan
 from .program import store_binaries
 from .readback import read_binaries_released
@@ -207,8 +211,11 @@ class WriteBehind:
         return dropped
 
     def flush_at_exit(self) -> None:
-        """Flush within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``, then stop; count what is left."""
+        """Hand the queued programs to a detached store where reading them back is slow
+        (:mod:`.detached_store`); flush the rest within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``,
+        then stop; count what is left."""
         bound = flush_seconds()
+        self.detach()
         left = self.pending()
         dropped = self.close(bound)
         if dropped:
@@ -221,6 +228,49 @@ class WriteBehind:
                 ENV_FLUSH_SECONDS,
                 bound,
             )
+
+    def detach(self) -> int:
+        """Hand the queued programs to one detached process per cache, as
+        ``RUNTIME_CACHE_OPENCL_DETACH`` says (see :mod:`.detached_store`); return
+        how many were handed off. Those it cannot hand off stay queued."""
+        mode = detach_mode()
+        if mode == "off":
+            return 0
+        with self._cond:  # taken out, still counted busy: the background thread skips them
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        if jobs and mode == "auto" and not compiles_on_read(jobs[0].plan.devices):
+            first = jobs.pop(0)  # stored here, timed: is a read-back slow on this driver?
+            started = time.perf_counter()
+            self._store(first)
+            if time.perf_counter() - started < SLOW_READ_SECONDS:
+                self._requeue(jobs)
+                return 0
+        kept: list[_Job] = []
+        handed = 0
+        for group in _by_cache(jobs):
+            if hand_off(group[0].cache, [(j.plan, j.seconds) for j in group]):
+                handed += len(group)
+                self._release(group)
+            else:
+                kept += group
+        self._requeue(kept)
+        if handed:
+            counters.add(stores_handed_off=handed)
+            log.info("runtime-cache: %d programs' binaries handed to a detached store", handed)
+        return handed
+
+    def _requeue(self, jobs: list[_Job]) -> None:
+        with self._cond:
+            self._jobs.extendleft(reversed(jobs))
+            self._cond.notify_all()
+
+    def _release(self, jobs: list[_Job]) -> None:
+        with self._cond:
+            for job in jobs:
+                self._queued.discard(str(job.plan.keys[0]) if job.plan.keys else "")
+            self._busy -= len(jobs)
+            self._cond.notify_all()
 
     def _reset_after_fork(self) -> None:
         self._cond = threading.Condition()
@@ -257,6 +307,13 @@ class WriteBehind:
                     self._cond.wait(store_delay() - quiet)
                 job = self._jobs.popleft()
             self._store(job)
+
+
+def _by_cache(jobs: list[_Job]) -> list[list[_Job]]:
+    groups: dict[int, list[_Job]] = {}
+    for job in jobs:
+        groups.setdefault(id(job.cache), []).append(job)
+    return list(groups.values())
 
 
 #: The queue :func:`install` uses.

@@ -1,0 +1,160 @@
+"""The detached store's process: ``python -m runtime_cache.opencl.detached_worker``.
+
+See :mod:`.detached_store` for when it starts.
+
+Its stdin carries one message (:mod:`.wire`): ``{"spec", "secret", "producer",
+"jobs", "seconds", "cwd"}``: the store to open (:func:`.reopen.open_spec`),
+its secret's keys or ``None``, the producer label, the path of a private file
+of jobs (read, then removed), the bound on this process's life, and the
+parent's working folder. Each job is ``[source, options, options text,
+device fingerprints, module id, keys, build seconds]``.
+
+For each program, unless its entries are all stored already (by another
+run, say), it opens the devices by fingerprint, plans the keys again and
+goes on only if they are the parent's keys (the same source, options,
+headers and devices), builds the program from source in the parent's
+working folder (relative ``-I`` paths resolve as they did there), reads the
+binaries back, and stores them through a :class:`~runtime_cache.Cache` with
+the parent's secret: the same checks, the same refusal of an unsigned shared
+store, the same atomic writes. It stops between programs once ``seconds``
+have passed, and ``SIGALRM`` ends it shortly after that whatever it is
+doing: an entry is written whole or not at all. It writes
+``<pid>.running`` in :func:`.detached_store.runs_folder` while it works and
+``<pid>.json`` (what it did) when done, and one line to its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import msgpack
+
+from ..cache import Cache
+from .detached_store import runs_folder, write_record
+from .wire import read_message
+
+__all__ = ["main"]
+
+_GRACE_SECONDS = 30
+
+
+def _open_devices(fingerprints: list[Any]) -> tuple[Any, list[Any]] | None:
+    from ._driver import import_pyopencl
+    from .fingerprint import device_fingerprint
+
+    cl = import_pyopencl()
+    available = [d for p in cl.get_platforms() for d in p.get_devices()]
+    chosen = []
+    for wanted in fingerprints:
+        match = next((d for d in available if device_fingerprint(d) == wanted), None)
+        if match is None:
+            return None
+        chosen.append(match)
+    return cl.Context(chosen), chosen
+
+
+def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> str:
+    """Build, read back and store one program; return what became of it."""
+    from ._driver import import_pyopencl, read_binaries
+    from .program import plan_program, source_build, store_binaries
+
+    source, options, _, _, module_id, keys, seconds = job
+    context, devices = opened
+    plan = plan_program(context, source, options, devices=devices, module_id=module_id)
+    if plan.keys is None or [str(k) for k in plan.keys] != list(keys):
+        return "changed"
+    try:
+        program, _ = source_build(context, plan)
+        binaries = read_binaries(import_pyopencl(), program, plan.devices)
+    except Exception:  # the parent built it: a failure here is this process's own
+        return "failed"
+    return "stored" if store_binaries(cache, plan, program, binaries, float(seconds)) else "failed"
+
+
+def _store_all(cache: Cache, jobs: list[Any], deadline: float, record: dict[str, Any]) -> None:
+    contexts: dict[str, tuple[Any, list[Any]] | None] = {}
+    for done, job in enumerate(jobs):
+        if time.monotonic() >= deadline:
+            record["left"] = len(jobs) - done
+            return
+        keys = list(job[5])
+        found = cache.get_many_views(keys)
+        if all(k in found for k in keys):
+            outcome = "present"
+        else:
+            which = json.dumps(job[3], sort_keys=True)
+            if which not in contexts:
+                contexts[which] = _open_devices(job[3])
+            opened = contexts[which]
+            outcome = "failed" if opened is None else _store_one(cache, opened, job)
+        record[outcome] += 1
+
+
+def _run(message: dict[str, Any], record: dict[str, Any]) -> None:
+    from .reopen import open_spec
+
+    path = str(message["jobs"])
+    try:
+        with open(path, "rb") as handle:
+            jobs = msgpack.unpackb(handle.read(), raw=False)
+    finally:
+        os.unlink(path)
+    record["programs"] = len(jobs)
+    try:
+        os.chdir(str(message.get("cwd") or "."))
+    except OSError:
+        pass
+    secret = message.get("secret")
+    cache = Cache(open_spec(message["spec"]), secret=secret, producer=message.get("producer"))
+    try:
+        _store_all(cache, jobs, time.monotonic() + float(message["seconds"]), record)
+    finally:
+        cache.close()
+
+
+def main() -> int:
+    """Store the jobs the parent handed over on stdin; 0 when all went as planned."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    sys.stdout = sys.stderr  # driver chatter goes to the log
+    started, clock, cpu = time.time(), time.perf_counter(), time.process_time()
+    pid = os.getpid()
+    record: dict[str, Any] = {"pid": pid, "started": started, "programs": 0, "left": 0}
+    record.update(stored=0, present=0, changed=0, failed=0)
+    try:
+        message = read_message(sys.stdin.buffer)
+    except EOFError:
+        return 1
+    signal.alarm(int(float(message.get("seconds", 900))) + _GRACE_SECONDS)
+    folder = runs_folder()
+    running = os.path.join(folder, f"{pid}.running")
+    write_record(running, record)
+    try:
+        _run(message, record)
+    except Exception as exc:  # recorded, and the exit status says it
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        record["seconds"] = time.perf_counter() - clock
+        record["cpu_seconds"] = time.process_time() - cpu
+        write_record(os.path.join(folder, f"{pid}.json"), record)
+        os.unlink(running)
+    print(
+        f"runtime-cache detached store {pid}: {record['stored']} of {record['programs']} "
+        f"programs stored, {record['present']} already there, {record['changed']} changed, "
+        f"{record['failed']} failed, {record['left']} left, in {record['seconds']:.1f} s "
+        f"({record['cpu_seconds']:.1f} s CPU){'; ' + record['error'] if 'error' in record else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1 if "error" in record else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""install()'s stores left at exit, handed to a detached process (opencl.detached_store):
+stored after the app exits, whole or not at all, with the same trust rules; in-process where the
+store cannot be reopened."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from opencl_support import is_pocl, opencl_device
+
+import runtime_cache as rc
+from runtime_cache.backends import CallbackBackend, MemoryBackend, TieredBackend
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.opencl import detached_runs, device_fingerprint, wait_for_detached_stores
+from runtime_cache.opencl.child import python_command
+from runtime_cache.opencl.reopen import open_spec, reopen_spec
+from runtime_cache.opencl.wire import write_message
+
+pytestmark = pytest.mark.opencl
+pytest_plugins = ["redis_servers"]
+
+SECRET = "detached-test-secret"
+
+# argv: kind (dir | shared | memory | url), cache folder (or URL), how many programs, salt.
+APP = textwrap.dedent(
+    """
+    import atexit, json, sys
+    import pyopencl as cl
+    import runtime_cache as rc
+    from runtime_cache.backends import MemoryBackend
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import choose_device, install, opencl_stats
+    kind, folder, count, salt = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if kind == "memory":
+        cache = rc.Cache(MemoryBackend())
+    elif kind == "url":
+        cache = rc.Cache(rc.open_backend(folder), secret=sys.stdin.read().strip())
+    elif kind == "shared":
+        cache = rc.Cache(DirectoryBackend(folder, shared=True), secret=sys.stdin.read().strip())
+    else:
+        cache = rc.Cache(DirectoryBackend(folder))
+
+    def report():  # registered before install()'s own handler, so it runs after it
+        s = opencl_stats()
+        print(json.dumps({"handed_off": s.stores_handed_off, "builds": s.source_builds,
+                          "loads": s.binary_loads, "stores": cache.stats().stores}), flush=True)
+
+    atexit.register(report)
+    install(cache)
+    ctx = cl.Context([choose_device()])
+    for i in range(count):
+        src = "__kernel void d%d(__global int *a) { a[get_global_id(0)] = %d + %s; }" % (i, i, salt)
+        cl.Program(ctx, src).build()
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def _opencl() -> None:
+    opencl_device()
+
+
+def _app(
+    runs: Path, kind: str, folder: Path | str, count: int, salt: str, stdin: str = "", **env: str
+) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", APP, kind, str(folder), str(count), salt],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(runs), **env),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _keys(folder: Path, shared: bool = False) -> list[str]:
+    return list(DirectoryBackend(folder, shared=shared).keys())
+
+
+def test_a_program_built_in_a_process_that_exits_is_stored_after_it(tmp_path: Path) -> None:
+    if not is_pocl():
+        pytest.skip("auto mode hands off at once only on a driver that compiles on read-back")
+    runs, folder, salt = tmp_path / "runs", tmp_path / "cache", str(os.getpid())
+    cold = _app(runs, "dir", folder, 2, salt)
+    assert cold["builds"] == 2 and cold["handed_off"] == 2 and cold["stores"] == 0
+    # Recorded by the app itself before it exits: a waiter cannot miss a store still starting.
+    assert list(runs.glob("*.running")) or list(runs.glob("*.json"))
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    (record,) = detached_runs(str(runs))
+    assert record["programs"] == 2 and record["stored"] == 2, record
+    assert record["failed"] == record["changed"] == record["left"] == 0
+    assert len(_keys(folder)) == 2
+    warm = _app(runs, "dir", folder, 2, salt)
+    assert warm["builds"] == 0 and warm["loads"] == 2 and warm["handed_off"] == 0
+    assert not list(runs.glob("*.jobs")), "the jobs file is removed once read"
+
+
+def test_never_detach_keeps_the_bounded_flush_in_the_process(tmp_path: Path) -> None:
+    runs, folder = tmp_path / "runs", tmp_path / "cache"
+    result = _app(runs, "dir", folder, 1, str(os.getpid()), RUNTIME_CACHE_OPENCL_DETACH="0")
+    assert result["handed_off"] == 0 and result["stores"] == 1
+    assert not detached_runs(str(runs)) and len(_keys(folder)) == 1
+
+
+def test_a_memory_cache_is_stored_in_the_process(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    result = _app(runs, "memory", tmp_path / "unused", 1, str(os.getpid()))
+    assert result["handed_off"] == 0 and result["stores"] == 1
+    assert not detached_runs(str(runs))
+
+
+def test_only_stores_another_process_can_open_have_a_spec(tmp_path: Path) -> None:
+    assert reopen_spec(rc.Cache(MemoryBackend())) is None
+    assert reopen_spec(rc.Cache(CallbackBackend(lambda k: None, lambda k, v: None))) is None
+    assert reopen_spec(rc.Cache(None)) is None
+    folder = DirectoryBackend(tmp_path / "d", max_size="1MB")
+    spec = reopen_spec(rc.Cache(TieredBackend([MemoryBackend(), folder])))
+    assert spec == {"tiers": [reopen_spec(rc.Cache(folder))]}
+    opened = open_spec(reopen_spec(rc.Cache(folder)) or {})
+    assert isinstance(opened, DirectoryBackend)
+    assert opened.root == folder.root and opened.max_size == folder.max_size
+    # Unsigned only by Cache(insecure=True): the other process would (rightly) refuse it.
+    shared = DirectoryBackend(tmp_path / "s", shared=True)
+    assert reopen_spec(rc.Cache(shared, insecure=True)) is None
+    assert reopen_spec(rc.Cache(shared, secret=SECRET)) is not None
+
+
+def test_an_unsigned_shared_store_is_refused_by_the_detached_store(tmp_path: Path) -> None:
+    runs, folder = tmp_path / "runs", tmp_path / "shared"
+    DirectoryBackend(folder, shared=True)
+    runs.mkdir()
+    jobs = runs / "x.jobs"
+    fingerprint = device_fingerprint(opencl_device())
+    job = ["__kernel void u(__global int *a) { a[0] = 1; }", [], "", [fingerprint], "m", ["k"], 0.1]
+    jobs.write_bytes(msgpack.packb([job], use_bin_type=True))
+    spec = {"dir": str(folder), "options": {"shared": True}, "insecure": False}
+    child = subprocess.Popen(
+        python_command("runtime_cache.opencl.detached_worker"),
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=runs,
+        env=dict(os.environ, RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(runs)),
+    )
+    assert child.stdin is not None
+    message = {"spec": spec, "secret": None, "producer": "t", "jobs": str(jobs), "seconds": 60}
+    write_message(child.stdin, message)
+    child.stdin.close()
+    assert child.wait(timeout=120) == 1
+    (record,) = detached_runs(str(runs))
+    assert "InsecureStoreError" in record["error"] and record["stored"] == 0
+    assert not _keys(folder, shared=True) and not jobs.exists()
+
+
+def test_a_signed_shared_store_is_signed_by_the_detached_store(tmp_path: Path) -> None:
+    if not is_pocl():
+        pytest.skip("auto mode hands off at once only on a driver that compiles on read-back")
+    runs, folder, salt = tmp_path / "runs", tmp_path / "shared", str(os.getpid())
+    cold = _app(runs, "shared", folder, 1, salt, stdin=SECRET)
+    assert cold["handed_off"] == 1
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    (key,) = _keys(folder, shared=True)
+    assert rc.Cache(DirectoryBackend(folder, shared=True), secret=SECRET).get(key)
+    other = rc.Cache(DirectoryBackend(folder, shared=True), secret="another secret")
+    assert other.get(key) is None  # signed with the parent's secret, and checked
+    assert SECRET not in (runs / "detached.log").read_text(errors="replace")
+
+
+def test_a_killed_detached_store_leaves_no_partial_entry(tmp_path: Path) -> None:
+    if not is_pocl():
+        pytest.skip("auto mode hands off at once only on a driver that compiles on read-back")
+    runs, folder, salt = tmp_path / "runs", tmp_path / "cache", str(os.getpid())
+    count = 6
+    assert _app(runs, "dir", folder, count, salt)["handed_off"] == count
+    deadline = time.monotonic() + 120
+    while not _keys(folder) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (running,) = runs.glob("*.running")
+    os.kill(int(running.stem), signal.SIGKILL)
+    assert wait_for_detached_stores(timeout=30, folder=str(runs))
+    stored = _keys(folder)
+    assert 0 < len(stored) < count, "killed mid-way"
+    cache = rc.Cache(DirectoryBackend(folder))
+    assert all(cache.get(key) for key in stored), "every entry is whole"
+    assert cache.stats().corrupt == 0
+    # The next run loads what was stored and builds (then hands off) the rest.
+    warm = _app(runs, "dir", folder, count, salt)
+    assert warm["loads"] == len(stored) and warm["builds"] == count - len(stored)
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    assert len(_keys(folder)) == count
+
+
+def test_a_redis_store_is_reopened_from_its_url(tmp_path: Path, redis_server: Any) -> None:
+    if not is_pocl():
+        pytest.skip("auto mode hands off at once only on a driver that compiles on read-back")
+    runs, salt = tmp_path / "runs", f"{os.getpid()}{time.time_ns() % 100000}"
+    url = f"{redis_server.url}?namespace=detached{salt}"
+    cold = _app(runs, "url", url, 1, salt, stdin=SECRET)
+    assert cold["handed_off"] == 1
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    assert detached_runs(str(runs))[0]["stored"] == 1
+    warm = _app(runs, "url", url, 1, salt, stdin=SECRET)
+    assert warm["builds"] == 0 and warm["loads"] == 1
+
+
+def test_a_records_folder_others_can_write_keeps_the_store_in_the_process(
+    tmp_path: Path,
+) -> None:
+    runs, folder = tmp_path / "runs", tmp_path / "cache"
+    runs.mkdir()
+    runs.chmod(0o777)  # whoever writes there could swap the jobs file
+    result = _app(runs, "dir", folder, 1, str(os.getpid()))
+    assert result["handed_off"] == 0 and result["stores"] == 1
+    assert not list(runs.iterdir())
