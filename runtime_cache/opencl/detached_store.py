@@ -45,6 +45,7 @@ from .. import environment
 from ..cache import Cache
 from .child import python_command
 from .fingerprint import device_fingerprint
+from .guard import process_alive
 from .plan import ProgramPlan
 from .wire import write_message
 
@@ -120,23 +121,13 @@ def runs_folder() -> str:
     return folder or os.path.join(environment.state_directory(), "opencl-detached")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _running(folder: str) -> list[int]:
     try:
         names = os.listdir(folder)
     except OSError:
         return []
     pids = [int(n.split(".")[0]) for n in names if n.endswith(".running") and n[:-8].isdigit()]
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if process_alive(pid)]
 
 
 def wait_for_detached_stores(timeout: float | None = None, folder: str | None = None) -> bool:
@@ -199,7 +190,7 @@ def _prepare(folder: str) -> None:
             ):
                 os.unlink(path)
             elif name.endswith(".running") and name[:-8].isdigit():
-                if not _alive(int(name[:-8])):  # killed: its record never came
+                if not process_alive(int(name[:-8])):  # killed: its record never came
                     os.unlink(path)
             elif name == "detached.log" and os.stat(path).st_size > _LOG_LIMIT:
                 os.truncate(path, 0)

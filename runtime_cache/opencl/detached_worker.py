@@ -43,21 +43,6 @@ __all__ = ["main"]
 _GRACE_SECONDS = 30
 
 
-def _open_devices(fingerprints: list[Any]) -> tuple[Any, list[Any]] | None:
-    from ._driver import import_pyopencl
-    from .fingerprint import device_fingerprint
-
-    cl = import_pyopencl()
-    available = [d for p in cl.get_platforms() for d in p.get_devices()]
-    chosen = []
-    for wanted in fingerprints:
-        match = next((d for d in available if device_fingerprint(d) == wanted), None)
-        if match is None:
-            return None
-        chosen.append(match)
-    return cl.Context(chosen), chosen
-
-
 def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> str:
     """Build, read back and store one program; return what became of it."""
     from ._driver import import_pyopencl, read_binaries
@@ -89,7 +74,9 @@ def _store_all(cache: Cache, jobs: list[Any], deadline: float, record: dict[str,
         else:
             which = json.dumps(job[3], sort_keys=True)
             if which not in contexts:
-                contexts[which] = _open_devices(job[3])
+                from .fingerprint import open_devices
+
+                contexts[which] = open_devices(job[3])
             opened = contexts[which]
             outcome = "failed" if opened is None else _store_one(cache, opened, job)
         record[outcome] += 1

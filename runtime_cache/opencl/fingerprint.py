@@ -11,7 +11,7 @@ from typing import Any
 
 from ._driver import import_pyopencl
 
-__all__ = ["device_fingerprint"]
+__all__ = ["device_fingerprint", "open_devices"]
 
 _memo: dict[int, dict[str, Any]] = {}
 _memo_lock = threading.Lock()
@@ -86,3 +86,18 @@ def device_fingerprint(device: Any) -> dict[str, Any]:
         with _memo_lock:
             _memo[handle] = found
     return dict(found)
+
+
+def open_devices(fingerprints: list[dict[str, Any]]) -> tuple[Any, list[Any]] | None:
+    """A context on the devices whose fingerprints are ``fingerprints``, and those devices
+    in that order; ``None`` when one of them is not here (a child process opening its
+    parent's devices)."""
+    cl = import_pyopencl()
+    available = [d for p in cl.get_platforms() for d in p.get_devices()]
+    chosen = []
+    for wanted in fingerprints:
+        match = next((d for d in available if device_fingerprint(d) == wanted), None)
+        if match is None:
+            return None
+        chosen.append(match)
+    return cl.Context(chosen), chosen

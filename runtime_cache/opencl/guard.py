@@ -40,7 +40,15 @@ import xxhash
 
 from .. import environment
 
-__all__ = ["Binary", "LoadGuard", "binary_digest", "binding", "bindings", "guard"]
+__all__ = [
+    "Binary",
+    "LoadGuard",
+    "binary_digest",
+    "binding",
+    "bindings",
+    "guard",
+    "process_alive",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +82,8 @@ def bindings(keys: Sequence[object] | None, digests: Sequence[str]) -> list[str]
     return [binding(k, d) for k, d in zip(keys, digests, strict=True)]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -157,7 +166,7 @@ class LoadGuard:
             if suffix != "loading" or not pid_text.isdigit():
                 continue
             pid = int(pid_text)
-            if pid == os.getpid() or _alive(pid):
+            if pid == os.getpid() or process_alive(pid):
                 continue
             path = os.path.join(folder, name)
             try:

@@ -34,21 +34,6 @@ from .wire import read_message, write_message
 __all__ = ["main", "read_message", "scratch_usable", "write_message"]
 
 
-def _open(fingerprints: list[dict[str, Any]]) -> tuple[Any, list[Any]] | None:
-    from ._driver import import_pyopencl
-    from .fingerprint import device_fingerprint
-
-    cl = import_pyopencl()
-    available = [d for p in cl.get_platforms() for d in p.get_devices()]
-    chosen = []
-    for wanted in fingerprints:
-        match = next((d for d in available if device_fingerprint(d) == wanted), None)
-        if match is None:
-            return None
-        chosen.append(match)
-    return cl.Context(chosen), chosen
-
-
 def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     from ._driver import driver_options_text, import_pyopencl, original_build, read_binaries
 
@@ -188,7 +173,9 @@ def main() -> int:
     # Driver chatter must not corrupt the protocol stream.
     sys.stdout = sys.stderr
     try:
-        opened = _open(read_message(stdin))
+        from .fingerprint import open_devices
+
+        opened = open_devices(read_message(stdin))
     except EOFError:
         return 0
     write_message(stdout, opened is not None)
