@@ -129,3 +129,22 @@ def test_module_id_from_sources() -> None:
     assert rc.module_id_from_sources("src") != rc.module_id_from_sources(b"src")
     with pytest.raises(TypeError):
         rc.module_id_from_sources(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {"b": "kernel void b() {}", "a": b"kernel void a() {}", "": ""},
+        {f"k{i}": f"kernel void k{i}() {{}}" * i for i in range(100)},
+        {"only": "x"},
+        {"n": 1},  # not a source: the general walk
+    ],
+)
+def test_module_ids_hash_the_canonical_form(sources: dict[str, object]) -> None:
+    """However a module id is computed, it is the digest of the canonical bytes."""
+    import xxhash
+
+    from runtime_cache.keys import canonical_bytes, module_id_from_sources
+
+    expected = xxhash.xxh3_64_hexdigest(canonical_bytes({"sources": dict(sources)}))
+    assert module_id_from_sources(sources) == f"module@{expected}"  # type: ignore[arg-type]
