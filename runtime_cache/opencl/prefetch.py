@@ -74,6 +74,7 @@ class ReadAhead:
         self._chunks: list[_Chunk] = []
         self._where: dict[str, _Chunk] = {}
         self._first: str | None = None
+        self._laid_out = False
         self._begun = False
         self._stop = threading.Event()
         self._held = 0  # bytes read and not yet taken
@@ -81,9 +82,13 @@ class ReadAhead:
         self._finished = threading.Event()  # set when the thread ends (or never starts)
 
     def start(self, first: str) -> None:
-        """Plan to read every program but ``first``, in order from the one after it; the
-        thread starts when the caller asks for another program (:meth:`take`)."""
+        """Read every program but ``first``, in order from the one after it, once the
+        caller asks for another program (:meth:`take`); nothing is done before that."""
         self._first = first
+
+    def _lay_out(self) -> None:
+        # The chunks, made when the caller first comes back (under the lock).
+        first = self._first
         if first in self._names:
             at = self._names.index(first)
             rest = self._names[at + 1 :] + self._names[:at]
@@ -96,8 +101,7 @@ class ReadAhead:
             self._chunks.append(_Chunk(rest[at : at + size]))
             at += size
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
-        if not self._chunks:
-            self._finished.set()
+        self._laid_out = True
 
     def _begin(self) -> None:
         with self._lock:
@@ -162,16 +166,17 @@ class ReadAhead:
     def take(self, name: str) -> Read | None:
         """What was read for ``name`` (waiting for its chunk if it is being read), or
         ``None``: not read ahead, not found, or not yet reached (fetch it yourself)."""
-        if os.getpid() != self._pid:
-            return None  # a forked child has no reading thread
-        chunk = self._where.get(name)
+        if os.getpid() != self._pid or name == self._first:
+            return None  # a forked child has no reading thread; the first is the caller's
         with self._lock:
+            if not self._laid_out:
+                self._lay_out()
+            chunk = self._where.get(name)
             if chunk is not None and not chunk.started:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
                 chunk = None
-        if name != self._first:
-            self._begin()  # the caller is past its first program: read the others now
+        self._begin()  # the caller is past its first program: read the others now
         if chunk is None:
             return None
         chunk.done.wait()
