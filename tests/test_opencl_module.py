@@ -57,6 +57,20 @@ def test_lazy_build_then_second_module_hits(ctx: Any, cache: rc.Cache) -> None:
         again.kernel("missing")
 
 
+def test_programs_from_binaries_carry_their_source(ctx: Any, cache: rc.Cache) -> None:
+    """A loaded program has its source, as a source build does, so pyopencl's Kernel() finds
+    it instead of asking the driver for a kernel named "_source"."""
+    OpenCLModule(ctx, SOURCES, cache=cache).build_all()
+    again = OpenCLModule(ctx, SOURCES, cache=cache)
+    lazy = again.program("scale")
+    assert again.build_all() == 0
+    assert opencl_stats().binary_loads == 2
+    assert lazy._source == SCALE_SRC
+    assert again.program("shift")._source == SHIFT_SRC
+    assert again.kernel("scale")._source == SCALE_SRC  # pyopencl copies it into the kernel
+    _check(ctx, again)
+
+
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_build_all_in_parallel(ctx: Any, cache: rc.Cache, processes: bool) -> None:
     sources = generated_sources(4, salt=1 if processes else 2)

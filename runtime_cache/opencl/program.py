@@ -173,6 +173,11 @@ def load_from_binaries(
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
+    # pyopencl's Kernel() reads its program's ``_source``. A program made from binaries has
+    # none, so the read falls back to Program.__getattr__, which tries (and fails) to make a
+    # kernel named "_source" in the driver: 20-30 µs a kernel on CPU drivers. Ours carries
+    # its source, as a program built from source does.
+    program._source = plan.source
     # Loaded without harm: known from now on under these keys (no I/O if it already was).
     guard.vouch(bindings(plan.keys, digests))
     return program
