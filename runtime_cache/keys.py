@@ -26,6 +26,8 @@ __all__ = [
     "KEY_SCHEMA_VERSION",
     "CacheKey",
     "canonical_bytes",
+    "encode_parts",
+    "encoded_part",
     "make_key",
     "module_id_from_sources",
 ]
@@ -98,6 +100,40 @@ def _prepare(parts: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
 def canonical_bytes(parts: Mapping[str, Any]) -> bytes:
     """Return the canonical msgpack encoding that a key's digest is taken over."""
     return _prepare(parts)[0]
+
+
+_PACKER = msgpack.Packer(use_bin_type=True)
+#: The encoding's bytes before its pairs: ``["runtime-cache-key", version, ["\x00dict", [``.
+_HEAD = b"".join(
+    (
+        _PACKER.pack_array_header(3),
+        _PACKER.pack("runtime-cache-key"),
+        _PACKER.pack(KEY_SCHEMA_VERSION),
+        _PACKER.pack_array_header(2),
+        _PACKER.pack("\x00dict"),
+    )
+)
+
+
+def encoded_part(name: str, value: Any) -> tuple[bytes, Any]:
+    """One key part's bytes in :func:`canonical_bytes`, and a private copy of its value.
+
+    The encoding holds the parts as ``[name, value]`` pairs sorted by name, and a
+    pair's bytes do not depend on the others: :func:`encode_parts` splices them.
+    Raises ``TypeError`` naming the part for a value keys cannot hold.
+    """
+    try:
+        canon, copy = _walk(value, 1)
+    except (_Unsupported, TypeError):
+        canon, copy = _canonical(value, f"parts.{name}", 1), _plain(value)
+    packed: bytes = msgpack.packb([name, canon], use_bin_type=True)
+    return packed, copy
+
+
+def encode_parts(pairs: Mapping[str, bytes]) -> bytes:
+    """:func:`canonical_bytes` of the parts whose :func:`encoded_part` bytes are ``pairs``."""
+    names = sorted(pairs)
+    return b"".join((_HEAD, _PACKER.pack_array_header(len(names)), *(pairs[n] for n in names)))
 
 
 class _Unsupported(Exception):

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..bundles import LoadResult
 from ..cache import Cache
+from ..key_template import KeyTemplate
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
@@ -24,6 +25,7 @@ from .program import (
     ProgramPlan,
     evict,
     fetch,
+    key_templates,
     options_text,
     plan_program,
     read_binaries,
@@ -94,6 +96,7 @@ class OpenCLModule:
         self._name_locks: dict[str, threading.Lock] = {}
         self._cached: set[str] = set()
         self._options_text: str | None = None
+        self._templates: list[KeyTemplate] | None = None  # made with the first plan
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
         self._ahead: ReadAhead | None = None  # the first program() reads the others ahead
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
@@ -119,8 +122,10 @@ class OpenCLModule:
             if plan is None:
                 if name not in self.sources:
                     raise KeyError(f"no kernel {name!r} in module {self.module_id}")
-                if self._options_text is None:
-                    self._options_text = options_text(self.context, self.options)
+                if self._templates is None:
+                    self._options_text = text = options_text(self.context, self.options)
+                    devices = list(self.context.devices)
+                    self._templates = key_templates(devices, self.module_id, text)
                 plan = plan_program(
                     self.context,
                     self.sources[name],
@@ -128,6 +133,7 @@ class OpenCLModule:
                     module_id=self.module_id,
                     program=name,
                     options_text=self._options_text,
+                    templates=self._templates,
                 )
                 self._plans[name] = plan
             return plan

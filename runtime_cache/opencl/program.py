@@ -19,6 +19,7 @@ import xxhash
 
 from ..cache import Cache
 from ..errors import CorruptEntryError, NewerFormatError, RejectedEntryError
+from ..key_template import KeyTemplate
 from ..keys import make_key, module_id_from_sources
 from ..provider import get_cache
 from ._driver import (
@@ -44,6 +45,7 @@ __all__ = [
     "ProgramPlan",
     "build_program",
     "create_and_build",
+    "key_templates",
     "load_cached",
     "load_from_binaries",
     "options_text",
@@ -71,11 +73,13 @@ def plan_program(
     module_id: str | None = None,
     program: str | None = None,
     options_text: str | None = None,
+    templates: Sequence[KeyTemplate] | None = None,
 ) -> ProgramPlan:
     """Work out the cache keys of one program, one per device (no cache access).
 
     ``options_text`` is the driver's option string when the caller already has it
-    (a module computes it once for all its programs).
+    (a module computes it once for all its programs); ``templates`` are
+    :func:`key_templates` of the same module id, option string and devices.
     """
     cl = import_pyopencl()
     tokens = normalize_options(options)
@@ -91,6 +95,9 @@ def plan_program(
         extra["includes"] = headers
     if program is not None:
         extra["program"] = program
+    if templates is not None and len(templates) == len(devs):
+        del extra["options"]  # a template's own
+        return ProgramPlan(source, tokens, text, devs, [t.key(**extra) for t in templates])
     mid = module_id or module_id_from_sources(data, name="program")
     keys = [
         make_key(
@@ -103,6 +110,21 @@ def plan_program(
         for dev in devs
     ]
     return ProgramPlan(source, tokens, text, devs, keys)
+
+
+def key_templates(devices: Sequence[Any], module_id: str, options_text: str) -> list[KeyTemplate]:
+    """The key template of each device's programs of one module, built with one option
+    string: ``plan_program(..., templates=)`` then makes the same keys faster."""
+    return [
+        KeyTemplate(
+            module_id=module_id,
+            runtime=RUNTIME,
+            purpose=PURPOSE,
+            device=device_fingerprint(dev),
+            options=options_text,
+        )
+        for dev in devices
+    ]
 
 
 def evict(

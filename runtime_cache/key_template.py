@@ -1,0 +1,76 @@
+"""Many keys that share most of their parts: :class:`KeyTemplate`.
+
+A module's programs differ in a few key parts (the program's name, its source
+digest) and share the rest (module id, runtime, purpose, device fingerprint,
+options). :func:`~runtime_cache.keys.make_key` walks and encodes every part of
+every key; a template walks and encodes the shared parts once, so each key
+costs the encoding of its own parts, one hash and the key object.
+
+The keys are byte for byte the ones ``make_key`` gives for the same parts: the
+canonical encoding is a list of ``[name, value]`` pairs sorted by name, and a
+pair's bytes do not depend on its neighbours
+(:func:`~runtime_cache.keys.encoded_part`).
+
+>>> from runtime_cache.keys import make_key
+>>> template = KeyTemplate(module_id="m@1", runtime="opencl", purpose="p", device={"n": "N"})
+>>> template.key(program="scale") == make_key(
+...     module_id="m@1", runtime="opencl", purpose="p", device={"n": "N"}, program="scale")
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xxhash
+
+from .keys import CacheKey, encode_parts, encoded_part, make_key
+
+__all__ = ["KeyTemplate"]
+
+
+class KeyTemplate:
+    """Makes :class:`~runtime_cache.keys.CacheKey` objects that share most of their parts.
+
+    The arguments are :func:`~runtime_cache.keys.make_key`'s, less the parts that
+    differ from key to key, which :meth:`key` takes. A bad shared part raises
+    here what ``make_key`` would raise.
+    """
+
+    def __init__(
+        self, *, module_id: str, runtime: str, purpose: str, device: Any = None, **shared: Any
+    ) -> None:
+        parts: dict[str, Any] = {
+            "module_id": module_id,
+            "runtime": runtime,
+            "purpose": purpose,
+            "device": device,
+            **shared,
+        }
+        probe = make_key(**parts)  # checks the parts as make_key does
+        self._runtime, self._purpose = probe.runtime, probe.purpose
+        self._shared = parts
+        self._pairs: dict[str, bytes] = {}
+        self._copies: dict[str, Any] = {}
+        for name, value in parts.items():
+            self._pairs[name], self._copies[name] = encoded_part(name, value)
+
+    def key(self, **parts: Any) -> CacheKey:
+        """The key of the shared parts plus ``parts``: ``make_key`` of them all.
+
+        A part that would override a shared one, or that ``make_key`` would refuse,
+        goes through ``make_key`` itself (which then raises, naming the part).
+        """
+        if any(name in self._pairs for name in parts):
+            return make_key(**{**self._shared, **parts})
+        pairs = dict(self._pairs)
+        copies = dict(self._copies)
+        for name, value in parts.items():
+            try:
+                pairs[name], copies[name] = encoded_part(name, value)
+            except TypeError:
+                return make_key(**{**self._shared, **parts})
+        digest = xxhash.xxh3_128_hexdigest(encode_parts(pairs))
+        # In name order, as make_key keeps them: an entry's metadata holds their msgpack.
+        ordered = {name: copies[name] for name in sorted(copies)}
+        return CacheKey(self._runtime, self._purpose, digest, ordered)

@@ -1,0 +1,80 @@
+"""KeyTemplate makes exactly make_key's keys, parts and metadata bytes, faster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime_cache.key_template import KeyTemplate
+from runtime_cache.keys import canonical_bytes, encode_parts, encoded_part, make_key
+
+DEVICE = {"vendor": "V", "name": "N", "driver": "1.0", "limits": [1, 2.5, {"a": None}]}
+SHARED: dict[str, Any] = {
+    "module_id": "m@1",
+    "runtime": "opencl",
+    "purpose": "program-binary",
+    "device": DEVICE,
+    "options": "-cl-fast-relaxed-math",
+}
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
+values = st.recursive(
+    st.one_of(scalars, st.floats()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _same(a: Any, b: Any) -> None:
+    assert str(a) == str(b)
+    assert a.parts == b.parts
+    assert a.packed_parts == b.packed_parts  # what an entry's metadata holds, byte for byte
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=6), values, min_size=1, max_size=4))
+def test_template_keys_are_make_keys(extra: dict[str, Any]) -> None:
+    extra = {k: v for k, v in extra.items() if k not in SHARED}
+    _same(KeyTemplate(**SHARED).key(**extra), make_key(**SHARED, **extra))
+
+
+def test_program_keys_and_overrides() -> None:
+    template = KeyTemplate(**SHARED)
+    for name in ("scale", "", "é", "z" * 300):
+        _same(
+            template.key(program=name, source="ab" * 16),
+            make_key(**SHARED, program=name, source="ab" * 16),
+        )
+    _same(template.key(includes=[["a.h", "d1"]]), make_key(**SHARED, includes=[["a.h", "d1"]]))
+    # A part that overrides a shared one gives make_key's key of the override.
+    _same(template.key(options="-O0"), make_key(**{**SHARED, "options": "-O0"}))
+    _same(template.key(), make_key(**SHARED))
+
+
+def test_bad_parts_are_refused_as_make_key_refuses_them() -> None:
+    template = KeyTemplate(**SHARED)
+    with pytest.raises(TypeError, match=r"parts\.bad"):
+        template.key(bad=object())
+    with pytest.raises(TypeError, match="64 bits"):
+        template.key(big=2**70)
+    with pytest.raises(ValueError):
+        KeyTemplate(**{**SHARED, "runtime": "bad name"})
+    with pytest.raises(TypeError):
+        KeyTemplate(**{**SHARED, "module_id": ""})
+
+
+def test_encoded_parts_splice_into_the_canonical_bytes() -> None:
+    parts = {**SHARED, "program": "k", "nan": float("nan"), "nested": {"b": 1, "a": [b"x"]}}
+    pairs = {name: encoded_part(name, value)[0] for name, value in parts.items()}
+    assert encode_parts(pairs) == canonical_bytes(parts)
