@@ -9,7 +9,6 @@ from typing import Any
 
 from ..bundles import LoadResult
 from ..cache import Cache
-from ..key_template import KeyTemplate
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl
@@ -18,6 +17,7 @@ from .cached_load import CONCURRENT_LOADS, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
+from .module_plans import ModulePlans
 from .parallel import build_in_threads
 from .precompiled import load_bundle, pack_built
 from .prefetch import ReadAhead
@@ -25,9 +25,6 @@ from .program import (
     ProgramPlan,
     evict,
     fetch,
-    key_templates,
-    options_text,
-    plan_program,
     read_binaries,
     source_build,
     store_binaries,
@@ -91,12 +88,10 @@ class OpenCLModule:
         self._cache = cache
         self._programs: dict[str, Any] = {}
         self._seconds: dict[str, float] = {}
-        self._plans: dict[str, ProgramPlan] = {}
+        self._plans = ModulePlans(context, self.sources, self.options, self.module_id)
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
         self._cached: set[str] = set()
-        self._options_text: str | None = None
-        self._templates: list[KeyTemplate] | None = None  # made with the first plan
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
         self._ahead: ReadAhead | None = None  # the first program() reads the others ahead
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
@@ -117,26 +112,7 @@ class OpenCLModule:
             return sorted(self._programs)
 
     def _plan(self, name: str) -> ProgramPlan:
-        with self._lock:
-            plan = self._plans.get(name)
-            if plan is None:
-                if name not in self.sources:
-                    raise KeyError(f"no kernel {name!r} in module {self.module_id}")
-                if self._templates is None:
-                    self._options_text = text = options_text(self.context, self.options)
-                    devices = list(self.context.devices)
-                    self._templates = key_templates(devices, self.module_id, text)
-                plan = plan_program(
-                    self.context,
-                    self.sources[name],
-                    self.options,
-                    module_id=self.module_id,
-                    program=name,
-                    options_text=self._options_text,
-                    templates=self._templates,
-                )
-                self._plans[name] = plan
-            return plan
+        return self._plans.plan(name)
 
     def _name_lock(self, name: str) -> threading.Lock:
         with self._lock:
