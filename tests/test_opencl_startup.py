@@ -123,6 +123,34 @@ def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache:
 
 
 @pytest.mark.opencl
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_read_ahead_can_be_turned_off(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    sources = generated_sources(6, salt=3)  # what _works expects
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    monkeypatch.setenv("RUNTIME_CACHE_OPENCL_READ_AHEAD", value)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    calls: list[tuple[int, int]] = []
+    views = cache.get_many_views
+
+    def counted(keys: Any) -> Any:  # the real call, counted
+        keys = list(keys)
+        calls.append((threading.get_ident(), len(keys)))
+        return views(keys)
+
+    cache.get_many_views = counted  # type: ignore[method-assign]
+    names = list(sources)
+    for name in names:
+        module.program(name)
+    assert module._ahead is None
+    assert calls == [(threading.get_ident(), 1)] * 6  # one program at a time, on this thread
+    assert (opencl_stats().binary_loads, opencl_stats().source_builds) == (6, 0)
+    _works(ctx, module, names)
+
+
+@pytest.mark.opencl
 def test_a_tampered_entry_read_ahead_is_still_refused(ctx: Any, cache: rc.Cache) -> None:
     sources = generated_sources(6, salt=3)
     first = OpenCLModule(ctx, sources, cache=cache)

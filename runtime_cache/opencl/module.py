@@ -20,7 +20,7 @@ from .includes import Options, normalize_options
 from .module_plans import ModulePlans
 from .parallel import build_in_threads
 from .precompiled import load_bundle, pack_built
-from .prefetch import ReadAhead
+from .prefetch import ReadAhead, read_ahead_enabled
 from .program import (
     ProgramPlan,
     evict,
@@ -169,7 +169,12 @@ class OpenCLModule:
     def _read_ahead(self, cache: Cache, name: str) -> ReadAhead | None:
         """The module's read-ahead, started by its first ``program()`` (see :mod:`.prefetch`)."""
         with self._lock:
-            if self._ahead is None and len(self.sources) > 1 and not self._programs:
+            if (
+                self._ahead is None
+                and len(self.sources) > 1
+                and not self._programs
+                and read_ahead_enabled()
+            ):
                 self._ahead = ReadAhead(cache, list(self.sources), self._plan)
                 self._ahead.start(name)
             return self._ahead

@@ -32,7 +32,11 @@ from ..cache import Cache
 from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
-__all__ = ["CHUNK", "MAX_HELD", "ReadAhead"]
+__all__ = ["CHUNK", "ENV_READ_AHEAD", "MAX_HELD", "ReadAhead", "read_ahead_enabled"]
+
+#: ``0`` (or ``off``, ``no``, ``false``) turns the read-ahead thread off: each program's
+#: entries are then read on the caller's thread when it asks for the program.
+ENV_READ_AHEAD = "RUNTIME_CACHE_OPENCL_READ_AHEAD"
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so the second program's entries are ready soon after the first program's load.
@@ -48,6 +52,12 @@ YIELD_SECONDS = 20e-6
 #: What was read for one program: its plan, the entries found under its keys, and the
 #: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
 Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
+
+
+def read_ahead_enabled() -> bool:
+    """Whether a module's first ``program()`` may start a read-ahead (``ENV_READ_AHEAD``)."""
+    value = os.environ.get(ENV_READ_AHEAD, "").strip().lower()
+    return value not in ("0", "off", "no", "false")
 
 
 class _Chunk:
