@@ -94,12 +94,8 @@ def _works(ctx: Any, module: OpenCLModule, names: list[str]) -> None:
         np.testing.assert_array_equal(out, data * (i + 2) + 3)
 
 
-@pytest.mark.opencl
-def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
-    sources = generated_sources(40, salt=3)
-    OpenCLModule(ctx, sources, cache=cache).build_all()
-    reset_opencl_stats()
-    module = OpenCLModule(ctx, sources, cache=cache)
+def _count_reads(cache: rc.Cache) -> list[tuple[int, int]]:
+    """Record (thread, number of keys) of each real ``get_many_views`` call on ``cache``."""
     calls: list[tuple[int, int]] = []
     views = cache.get_many_views
 
@@ -109,6 +105,16 @@ def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache:
         return views(keys)
 
     cache.get_many_views = counted  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.opencl
+def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
+    sources = generated_sources(40, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    calls = _count_reads(cache)
     names = list(sources)
     module.program(names[5])  # the first asked for: read ahead from the next one on
     for name in names[6:] + names[:5]:
@@ -132,15 +138,7 @@ def test_read_ahead_can_be_turned_off(
     reset_opencl_stats()
     monkeypatch.setenv("RUNTIME_CACHE_OPENCL_READ_AHEAD", value)
     module = OpenCLModule(ctx, sources, cache=cache)
-    calls: list[tuple[int, int]] = []
-    views = cache.get_many_views
-
-    def counted(keys: Any) -> Any:  # the real call, counted
-        keys = list(keys)
-        calls.append((threading.get_ident(), len(keys)))
-        return views(keys)
-
-    cache.get_many_views = counted  # type: ignore[method-assign]
+    calls = _count_reads(cache)
     names = list(sources)
     for name in names:
         module.program(name)
