@@ -94,6 +94,15 @@ def _works(ctx: Any, module: OpenCLModule, names: list[str]) -> None:
         np.testing.assert_array_equal(out, data * (i + 2) + 3)
 
 
+def _warm(ctx: Any, cache: rc.Cache, count: int) -> tuple[dict[str, str], OpenCLModule]:
+    """``count`` programs (the sources _works checks) stored in ``cache``, and a new module
+    of them that has loaded nothing yet; the counters reset."""
+    sources = generated_sources(count, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    return sources, OpenCLModule(ctx, sources, cache=cache)
+
+
 def _count_reads(cache: rc.Cache) -> list[tuple[int, int]]:
     """Record (thread, number of keys) of each real ``get_many_views`` call on ``cache``."""
     calls: list[tuple[int, int]] = []
@@ -110,10 +119,7 @@ def _count_reads(cache: rc.Cache) -> list[tuple[int, int]]:
 
 @pytest.mark.opencl
 def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
-    sources = generated_sources(40, salt=3)
-    OpenCLModule(ctx, sources, cache=cache).build_all()
-    reset_opencl_stats()
-    module = OpenCLModule(ctx, sources, cache=cache)
+    sources, module = _warm(ctx, cache, 40)
     calls = _count_reads(cache)
     names = list(sources)
     module.program(names[5])  # the first asked for: read ahead from the next one on
@@ -133,11 +139,8 @@ def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache:
 def test_read_ahead_can_be_turned_off(
     ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    sources = generated_sources(6, salt=3)  # what _works expects
-    OpenCLModule(ctx, sources, cache=cache).build_all()
-    reset_opencl_stats()
     monkeypatch.setenv("RUNTIME_CACHE_OPENCL_READ_AHEAD", value)
-    module = OpenCLModule(ctx, sources, cache=cache)
+    sources, module = _warm(ctx, cache, 6)
     calls = _count_reads(cache)
     names = list(sources)
     for name in names:
@@ -172,10 +175,7 @@ def test_a_tampered_entry_read_ahead_is_still_refused(ctx: Any, cache: rc.Cache)
 
 @pytest.mark.opencl
 def test_build_all_after_a_lazy_program_stops_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
-    sources = generated_sources(30, salt=3)
-    OpenCLModule(ctx, sources, cache=cache).build_all()
-    reset_opencl_stats()
-    module = OpenCLModule(ctx, sources, cache=cache)
+    _, module = _warm(ctx, cache, 30)
     module.program("k0")
     assert module.build_all() == 0
     assert opencl_stats().binary_loads == 30
