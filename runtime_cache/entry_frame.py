@@ -99,7 +99,8 @@ def entry_span(head: bytes) -> tuple[int, int] | None:
     :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
     as a ``bytes`` of its own; ``codec.decode_view`` checks the pieces.
     """
-    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
+    if len(head) < HEADER_SIZE or not head.startswith(ENTRY_MAGIC):
         return None
     meta_len, value_len = _LENGTHS.unpack_from(head, 8)
-    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len
+    start = HEADER_SIZE + meta_len
+    return start, start + value_len
