@@ -72,9 +72,9 @@ _xxh3 = xxhash.xxh3_64_intdigest
 #: signature's, the metadata's bytes after the times, and where the times lie.
 _Shape = tuple[int, int, int, bytes, int]
 #: A header and metadata that passed the quick form's checks for a key: those bytes, the
-#: key's packed parts, the value's length, the signature's, the value's checksum, and the
-#: build seconds.
-_Seen = tuple[bytes, bytes, int, int, int, float]
+#: key's packed parts, the value's length, the signature's, the value's checksum, the
+#: build seconds, and the whole entry's size.
+_Seen = tuple[bytes, bytes, int, int, int, float, int]
 
 
 class OwnEntries:
@@ -228,6 +228,8 @@ class OwnEntries:
         # Every check of the quick form that reads the header and metadata alone; what
         # passes is remembered for ``skey``, so that the same bytes read again need only
         # the value's checks.
+        if type(head) is not bytes:
+            return None
         shape = self._shapes.get(head[: _LEAD.size]) or self._shape(head, limits)
         if shape is None:
             return None
@@ -251,7 +253,7 @@ class OwnEntries:
         ):
             return None
         checked = head if len(head) == cut else head[:cut]
-        seen = (checked, packed, value_len, sig_len, value_sum, built)
+        seen = (checked, packed, value_len, sig_len, value_sum, built, cut + value_len + sig_len)
         if len(self._seen) >= self.bound:
             self._seen = {}
         self._seen[skey] = seen
@@ -274,36 +276,42 @@ class OwnEntries:
         # Few steps, each in C where it can be: this is every hit's cost.
         if producer is not self._producer or limits is not self._limits:
             self._reset(producer, limits)
-        head = pieces[0]
-        if type(head) is not bytes:
-            return None
-        # The header and metadata as last checked for this key, byte for byte, or checked now.
+        # The header and metadata as last checked for this key, byte for byte, or checked now;
+        # then the value's length, checksum and signature.
         seen = self._seen.get(skey)
-        if seen is None or not head.startswith(seen[0]) or seen[1] != key.packed_parts:
-            seen = self._check_head(key, skey, head, limits)
-            if seen is None:
-                return None
-        checked_head, _, value_len, sig_len, value_sum, built = seen
-        cut = len(checked_head)
-        size = cut + value_len + sig_len
         if len(pieces) == 3:
-            value, sig = pieces[1], pieces[2]
+            head, value, sig = pieces
+            if seen is None or head != seen[0] or seen[1] != key.packed_parts:
+                seen = self._check_head(key, skey, head, limits)
+                if seen is None or len(head) != len(seen[0]):
+                    return None
+            _, _, value_len, sig_len, value_sum, built, size = seen
             if not (
-                len(head) == cut
-                and len(value) == value_len
+                len(value) == value_len
                 and len(sig) == sig_len
                 and type(value) is bytes is type(sig)
+                and _xxh3(value) == value_sum
             ):
                 return None
-        elif len(pieces) == 1 and len(head) == size:
-            whole = memoryview(head)
-            value, sig = whole[cut : cut + value_len], whole[cut + value_len :]  # type: ignore[assignment]
-        else:
-            return None
-        if _xxh3(value) != value_sum:
-            return None
-        if secret is not None:
-            signed = head if len(pieces) == 3 else whole[:cut]
-            if not (sig_len and signed_by(secret, signed, bytes(sig), (value,))):
+            if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
                 return None
-        return value, built, size
+            return value, built, size
+        if len(pieces) != 1 or type(blob := pieces[0]) is not bytes:
+            return None
+        if seen is None or not blob.startswith(seen[0]) or seen[1] != key.packed_parts:
+            seen = self._check_head(key, skey, blob, limits)
+            if seen is None:
+                return None
+        _, _, value_len, sig_len, value_sum, built, size = seen
+        cut = size - value_len - sig_len
+        if len(blob) != size:
+            return None
+        whole = memoryview(blob)
+        view = whole[cut : cut + value_len]
+        if _xxh3(view) != value_sum:
+            return None
+        if secret is not None and not (
+            sig_len and signed_by(secret, whole[:cut], bytes(whole[cut + value_len :]), (view,))
+        ):
+            return None
+        return view, built, size
