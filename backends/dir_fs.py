@@ -238,8 +238,7 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     """
     if size >= PARTS_FROM:
         head = os.read(fd, SPAN_HEAD)
-        where = span(head) if len(head) == SPAN_HEAD else None
-        if where is not None:
+        if len(head) == SPAN_HEAD and (where := span(head)) is not None:
             start, end = where
             # One byte more than is left shows a file that grew since fstat.
             if end == size and 0 <= start <= SPAN_HEAD and start <= end:

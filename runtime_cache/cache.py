@@ -215,17 +215,14 @@ class Cache(Inventory, BatchReads):
         try:
             pieces = self._backend.get_parts(skey, entry_span)
         except Exception as exc:
-            self._get_failed(exc)
+            self._counters.add(misses=1)
+            self._failed("get", exc)
             return None
-        self._policy.succeeded()
+        if self._policy.failing_sides:  # (a call saved on every hit)
+            self._policy.succeeded()
         if pieces is None:
             self._counters.add(misses=1)
         return pieces
-
-    def _get_failed(self, exc: Exception) -> None:
-        # A failed read: a miss (raised again when strict).
-        self._counters.add(misses=1)
-        self._failed("get", exc)
 
     def _read(self, key: KeyLike) -> Checked | None:
         skey = str(key)
@@ -252,15 +249,8 @@ class Cache(Inventory, BatchReads):
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
         skey = str(key)
-        try:  # _fetch, inline: this is the hot path
-            pieces = self._backend.get_parts(skey, entry_span)
-        except Exception as exc:
-            self._get_failed(exc)
-            return None
-        if self._policy.failing_sides:
-            self._policy.succeeded()
+        pieces = self._fetch(skey)
         if pieces is None:
-            self._counters.add(misses=1)
             return None
         if type(key) is CacheKey:
             # An entry as this cache writes it passes the check's quick form (own_entries).
