@@ -179,7 +179,7 @@ class OwnEntries:
         created_at, build_seconds = float(created_at), float(build_seconds)
         if producer is not self._producer or self._limits is None:
             self._reset(producer, self._limits or DEFAULT_LIMITS)
-        prefix = self._prefix(skey, packed)[1]
+        known = self._prefix(skey, packed)
         if extra or self._tail is None:
             return encode_packed(
                 skey,
@@ -196,9 +196,18 @@ class OwnEntries:
             raise InvalidValueError(problem)
         size = len(value)
         times = META_TIMES.pack(created_at, _BUILT, build_seconds)
-        meta = b"".join((prefix, times, self._ends.get(size) or self._end(size)))
+        meta = b"".join((known[1], times, self._ends.get(size) or self._end(size)))
         blob = frame_entry(meta, value, secret)
-        self._check_head(key, skey, blob, self._limits or DEFAULT_LIMITS)  # read back soon, maybe
+        limits = self._limits or DEFAULT_LIMITS
+        if known[2] and len(meta) <= limits.max_meta_size and size <= limits.max_value_size:
+            # What _check_head finds in these bytes (made so; times checked above), for a
+            # read of them that may follow.
+            cut = HEADER_SIZE + len(meta)
+            value_sum = _SUMS.unpack_from(blob, _LEAD.size)[1]
+            sig_len = len(blob) - cut - size
+            self._remember(
+                skey, (blob[:cut], packed, size, sig_len, value_sum, build_seconds, len(blob))
+            )
         return blob
 
     def _shape(self, head: bytes, limits: Limits) -> _Shape | None:
@@ -253,7 +262,11 @@ class OwnEntries:
         ):
             return None
         checked = head if len(head) == cut else head[:cut]
-        seen = (checked, packed, value_len, sig_len, value_sum, built, cut + value_len + sig_len)
+        return self._remember(
+            skey, (checked, packed, value_len, sig_len, value_sum, built, cut + value_len + sig_len)
+        )
+
+    def _remember(self, skey: str, seen: _Seen) -> _Seen:
         if len(self._seen) >= self.bound:
             self._seen = {}
         self._seen[skey] = seen

@@ -316,3 +316,45 @@ def test_pieces_of_other_types_go_to_the_full_check() -> None:
     ):
         assert own.match(key, str(key), pieces, None, "p 1", LIMITS) is None  # type: ignore[arg-type]
     assert _quick(own, key, (head, value, sig)) == (b"v" * 100, 0.0)
+
+
+@settings(max_examples=200)
+@given(
+    extra_parts=st.dictionaries(st.sampled_from(["a", "b", "options"]), PLAIN, max_size=3),
+    size=st.sampled_from([0, 5, 300, 70_000]),
+    created=st.floats(0, 2**33),
+    built=st.floats(0, 1e8),
+    signed=st.booleans(),
+    limits=st.sampled_from(
+        [
+            LIMITS,
+            codec.Limits(max_depth=2),
+            codec.Limits(max_meta_size=150),
+            codec.Limits(max_value_size=100),
+        ]
+    ),
+)
+def test_a_put_remembers_what_reading_its_bytes_would(
+    extra_parts: dict[str, object],
+    size: int,
+    created: float,
+    built: float,
+    signed: bool,
+    limits: codec.Limits,
+) -> None:
+    # A put remembers its entry's header without reading it back: exactly what the quick
+    # check would remember after reading those bytes, and nothing where it would refuse them.
+    key = _key(**extra_parts)
+    secret = (b"k",) if signed else None
+    writer = OwnEntries()
+    writer.match(key, str(key), (b"",), None, "p 1", limits)  # (nothing:) sets its limits
+    blob = writer.encode(key, b"v" * size, created, built, None, "p 1", secret)
+    reader = OwnEntries()
+    reader.match(key, str(key), (b"",), None, "p 1", limits)
+    start = (codec.entry_span(blob) or (0, 0))[0]
+    assert writer._seen.get(str(key)) == reader._check_head(key, str(key), blob[:start], limits)
+    for split in (False, True):
+        found = writer.match(key, str(key), _pieces(blob, split), secret, "p 1", limits)
+        if found is not None:  # then the full check under those limits agrees
+            checked = check_entry(str(key), blob, secret=secret, limits=limits, key=key)
+            assert (bytes(found[0]), found[1]) == (bytes(checked.value), checked.meta["b"])
