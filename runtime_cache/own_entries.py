@@ -10,7 +10,10 @@ byte :func:`~runtime_cache.codec.encode_packed`), and accepts a blob
 (:meth:`OwnEntries.match`) whose metadata is exactly those bytes (times in
 range, the header's length), whose header is well formed, whose two checksums
 match and, when a secret is set, whose signature is good. That check decodes no
-msgpack and builds no dict: it is what makes a hit cheap.
+msgpack and builds no dict: it is what makes a hit cheap. The header and metadata
+that passed it are remembered per key (as is what a put wrote): the same bytes read
+again pass those checks again, so only the value's length, its checksum (against
+that header) and the signature are checked.
 
 It accepts only blobs that :func:`~runtime_cache.check.check_entry` accepts,
 with the same value and build seconds: the fixed bytes pass
