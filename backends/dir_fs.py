@@ -238,13 +238,16 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     """
     if size >= PARTS_FROM:
         head = os.read(fd, SPAN_HEAD)
-        where = span(head) if len(head) == SPAN_HEAD else None
-        if where is not None:
+        if len(head) == SPAN_HEAD and (where := span(head)) is not None:
             start, end = where
-            if 0 <= start <= min(end, SPAN_HEAD) and end <= size:
-                # One byte more than is left shows a file that grew since fstat.
-                middle = os.pread(fd, end - start + (end == size), start)
-                tail = os.pread(fd, size - end + 1, end) if end < size else b""
+            # One byte more than is left shows a file that grew since fstat.
+            if end == size and 0 <= start <= SPAN_HEAD and start <= end:
+                middle = os.pread(fd, end - start + 1, start)
+                if len(middle) == end - start:
+                    return head[:start], middle, b""
+            elif 0 <= start <= SPAN_HEAD and start <= end < size:
+                middle = os.pread(fd, end - start, start)
+                tail = os.pread(fd, size - end + 1, end)
                 if len(middle) == end - start and len(tail) == size - end:
                     return head[:start], middle, tail
         os.lseek(fd, 0, os.SEEK_SET)

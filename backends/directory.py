@@ -58,8 +58,8 @@ _TEMP_PREFIX = ".tmp-"
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
 T = TypeVar("T")
-#: Reads an open entry file: ``reader(fd, size, max_entry_size)``.
-Reader = Callable[[int, int, int], T]
+#: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
+Reader = Callable[..., T]
 
 
 class DirectoryBackend(Backend):
@@ -217,7 +217,7 @@ class DirectoryBackend(Backend):
         return self._read(key, self.track_access, read_to_end)
 
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
-        return self._read(key, self.track_access, lambda fd, n, cap: read_parts(fd, n, cap, span))
+        return self._read(key, self.track_access, read_parts, span)
 
     def peek(self, key: str) -> bytes | None:
         return self._read(key, False, read_to_end)
@@ -230,14 +230,17 @@ class DirectoryBackend(Backend):
                 found[key] = value
         return found
 
-    def _read(self, key: str, count_use: bool, reader: Reader[T]) -> T | None:
-        rel = self._rel(key)
+    def _read(
+        self, key: str, count_use: bool, reader: Reader[T], span: Span | None = None
+    ) -> T | None:
+        rel = self._rels.get(key) or self._rel(key)
         opened = self._open(rel)
         if opened is None:
             return None
         fd, size = opened
+        cap = self.max_entry_size
         try:
-            data = reader(fd, size, self.max_entry_size)
+            data = reader(fd, size, cap) if span is None else reader(fd, size, cap, span)
             if count_use:
                 self._touch(fd, key)
         except Junk as exc:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,12 +63,15 @@ def measure(put: Op, get: Get, keys: list[str], value: bytes) -> tuple[float, fl
     return median(puts), median(gets)
 
 
-def paired(root: Path, keys: list[rc.CacheKey], value: bytes) -> tuple[Times, Times]:
-    """(puts, gets) seconds of the raw directory backend, and of the front over another one.
+def paired(root: Path, keys: list[rc.CacheKey], value: bytes) -> tuple[Times, Times, Times]:
+    """(puts, gets) seconds of the raw directory backend, and of the front over another one;
+    then (gets, gets) of both again, the front through a second ``Cache`` over its folder.
 
     Both run on one thread, one operation each in turn, the first of each pair
     alternating, so that a slow spell of the machine falls on both. The raw
-    backend stores the blob the front stores for the same key.
+    backend stores the blob the front stores for the same key. The second
+    ``Cache`` (and a second raw backend) have read nothing yet: each of their
+    gets is their first of that entry, as in a process that did not write it.
     """
     raw = DirectoryBackend(root / "raw", max_size=None)
     front = rc.Cache(DirectoryBackend(root / "front", max_size=None))
@@ -77,21 +82,34 @@ def paired(root: Path, keys: list[rc.CacheKey], value: bytes) -> tuple[Times, Ti
     ]
     raw_times: Times = ([], [])
     front_times: Times = ([], [])
-    for op in (0, 1):
+    cold_times: Times = ([], [])
+    other: rc.Cache | None = None
+    for op in (0, 1, 2):
+        if op == 2:  # both open afresh: neither has seen these keys
+            raw.close()
+            raw = DirectoryBackend(root / "raw", max_size=None)
+            other = rc.Cache(DirectoryBackend(root / "front", max_size=None))
         for i, (key, skey, blob) in enumerate(zip(keys, skeys, blobs, strict=True)):
             raw_call: tuple[Any, ...] = (raw.set, skey, blob) if op == 0 else (raw.get, skey)
-            front_call: tuple[Any, ...] = (front.put, key, value) if op == 0 else (front.get, key)
+            front_call: tuple[Any, ...] = (
+                (front.put, key, value) if op == 0 else ((other or front).get, key)
+            )
             if i % 2:
                 f = _clock(*front_call)
                 r = _clock(*raw_call)
             else:
                 r = _clock(*raw_call)
                 f = _clock(*front_call)
-            raw_times[op].append(r)
-            front_times[op].append(f)
-    raw.close()
-    front.close()
-    return raw_times, front_times
+            if op < 2:
+                raw_times[op].append(r)
+                front_times[op].append(f)
+            else:
+                cold_times[0].append(r)
+                cold_times[1].append(f)
+    for closing in (raw, front, other):
+        if closing is not None:
+            closing.close()
+    return raw_times, front_times, cold_times
 
 
 def others(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
@@ -111,11 +129,13 @@ def others(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
 ORDER = ("memory", RAW, "dir (no access tracking)", FRONT, "diskcache")
 
 
-def run_size(size_name: str, rounds: int) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+def run_size(
+    size_name: str, rounds: int, processes: int
+) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """The rows of one value size, and the front's paired ratios to the raw backend."""
     value = os.urandom(SIZES[size_name])
     runs: dict[str, list[tuple[float, float]]] = {}
-    ratios: dict[str, list[float]] = {"get": [], "put": []}
+    ratios: dict[str, list[float]] = {"get": [], "put": [], "get_cold": []}
     for round_no in range(rounds):
         keys = [
             rc.make_key(module_id="bench", runtime="bench", purpose="b", i=f"{round_no}-{i}")
@@ -126,7 +146,7 @@ def run_size(size_name: str, rounds: int) -> tuple[dict[str, dict[str, float]], 
             gc.collect()
             gc.disable()
             try:
-                (raw_put, raw_get), (front_put, front_get) = paired(Path(tmp), keys, value)
+                (raw_put, raw_get), (front_put, front_get), cold = paired(Path(tmp), keys, value)
                 for name, (put, get, close) in others(Path(tmp)).items():
                     runs.setdefault(name, []).append(measure(put, get, skeys, value))
                     close()
@@ -140,6 +160,7 @@ def run_size(size_name: str, rounds: int) -> tuple[dict[str, dict[str, float]], 
             runs.setdefault(name, []).append(pair)
         ratios["put"].append(pairs[FRONT][0] / pairs[RAW][0])
         ratios["get"].append(pairs[FRONT][1] / pairs[RAW][1])
+        ratios["get_cold"].append(median(cold[1]) / median(cold[0]))
     rows = {
         name: {
             "put_us": median(p for p, _ in runs[name]) * 1e6,
@@ -151,11 +172,67 @@ def run_size(size_name: str, rounds: int) -> tuple[dict[str, dict[str, float]], 
     front = {
         "get": median(ratios["get"]),
         "put": median(ratios["put"]),
+        "get_cold": median(ratios["get_cold"]),
         "get_rounds": [round(r, 4) for r in ratios["get"]],
         "put_rounds": [round(r, 4) for r in ratios["put"]],
+        "get_cold_rounds": [round(r, 4) for r in ratios["get_cold"]],
         "stored_bytes": len(blob),
+        **first_reads(value, processes),
     }
     return rows, front
+
+
+#: A fresh process's first get of an entry, raw and through the front, in the order argv[3]
+#: names (after the imports and the opening of both, which are not timed).
+_FIRST_READ = """
+import json, sys, time
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+root, order = sys.argv[1], sys.argv[2]
+raw = DirectoryBackend(root + "/raw", max_size=None)
+front = rc.Cache(DirectoryBackend(root + "/front", max_size=None))
+key = rc.make_key(module_id="bench", runtime="bench", purpose="b", i="first")
+calls = {"raw": (raw.get, str(key)), "front": (front.get, key)}
+seconds = {}
+for name in order.split(","):
+    fn, arg = calls[name]
+    start = time.perf_counter()
+    found = fn(arg)
+    seconds[name] = time.perf_counter() - start
+    assert found is not None
+print(json.dumps(seconds))
+"""
+
+
+def first_reads(value: bytes, processes: int) -> dict[str, Any]:
+    """A fresh process's first get, raw and through the front, each in ``processes``
+    processes (the order alternating): medians in microseconds, and of the ratios."""
+    if processes <= 0:
+        return {}
+    key = rc.make_key(module_id="bench", runtime="bench", purpose="b", i="first")
+    raw_us: list[float] = []
+    front_us: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="rc-bench-first-") as tmp:
+        front = rc.Cache(DirectoryBackend(Path(tmp) / "front", max_size=None))
+        front.put(key, value)
+        blob = front.backend.get(str(key))
+        front.close()
+        raw = DirectoryBackend(Path(tmp) / "raw", max_size=None)
+        raw.set(str(key), blob or b"")
+        raw.close()
+        for i in range(processes):
+            order = "raw,front" if i % 2 == 0 else "front,raw"
+            command = [sys.executable, "-I", "-c", _FIRST_READ, tmp, order]
+            done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, check=True)
+            seconds = json.loads(done.stdout)
+            raw_us.append(seconds["raw"] * 1e6)
+            front_us.append(seconds["front"] * 1e6)
+    return {
+        "first_read_raw_us": median(raw_us),
+        "first_read_front_us": median(front_us),
+        "first_read": median(f / r for f, r in zip(front_us, raw_us, strict=True)),
+        "first_read_processes": processes,
+    }
 
 
 def main() -> int:
@@ -163,11 +240,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, e.g. 64KiB")
     parser.add_argument("--json", default=str(RESULTS / "bench_backends.json"))
+    parser.add_argument(
+        "--processes", type=int, default=9, help="fresh processes timing a first read (0: none)"
+    )
     args = parser.parse_args()
     results: dict[str, dict[str, dict[str, float]]] = {}
     front_over_raw: dict[str, dict[str, Any]] = {}
     for size_name in args.sizes.split(","):
-        results[size_name], front_over_raw[size_name] = run_size(size_name, args.rounds)
+        results[size_name], front_over_raw[size_name] = run_size(
+            size_name, args.rounds, args.processes
+        )
     print(f"{'size':<7} {'backend':<26} {'put µs':>10} {'get µs':>10} {'get / diskcache':>16}")
     for size_name, rows in results.items():
         peer = rows["diskcache"]["get_us"]
@@ -179,7 +261,11 @@ def main() -> int:
             )
     print("front / raw dir, paired in each round (median of the rounds):")
     for size_name, ratio in front_over_raw.items():
-        print(f"{size_name:<7} get {ratio['get']:.3f}x  put {ratio['put']:.3f}x")
+        print(
+            f"{size_name:<7} get {ratio['get']:.3f}x  put {ratio['put']:.3f}x  "
+            f"get by another Cache {ratio['get_cold']:.3f}x  "
+            f"a fresh process's first get {ratio.get('first_read', math.nan):.3f}x"
+        )
     meta = {**machine_info(), "rounds": args.rounds}
     output = {"meta": meta, "results": results, "front_over_raw": front_over_raw}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

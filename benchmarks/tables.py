@@ -112,20 +112,37 @@ def backends(run: Run) -> str:
     if not front:
         return table
     paired = [
-        [size, r.get("stored_bytes"), r["get"], r["put"], len(r.get("get_rounds", []))]
+        [size, r.get("stored_bytes"), r["get"], r.get("get_cold"), r["put"], len(r["get_rounds"])]
         for size, r in front.items()
     ]
-    head = ["value size", "stored (bytes)", "get: front / raw", "put: front / raw", "rounds"]
+    head = ["value size", "stored (bytes)", "get: front / raw", "get, first read: front / raw"]
+    head += ["put: front / raw", "rounds"]
     intro = (
         "The front's cost: `dir via Cache front` over raw `dir`, timed in the same run, one "
         "operation each in turn on the same keys. Raw `dir` stores the very bytes the front "
         "stores (header, metadata and value); each ratio is the median over the rounds of the "
-        "round's ratio of medians."
+        "round's ratio of medians. `get` reads through the `Cache` that wrote the entries; "
+        "`get, first read` through a second `Cache` (and a second raw backend) that has not "
+        "seen them, as a process that did not write them."
     )
     load = run.get("meta", {}).get("load_average_1m")
     if load is not None:
         intro += f" Load average (1 min) when the run started: {load}."
-    return f"{table}\n\n{intro}\n\n{grid(head, paired, right=1)}"
+    out = f"{table}\n\n{intro}\n\n{grid(head, paired, right=1)}"
+    first = [
+        [size, r["first_read_raw_us"], r["first_read_front_us"], r["first_read"]]
+        for size, r in front.items()
+        if "first_read" in r
+    ]
+    if first:
+        processes = next(r["first_read_processes"] for r in front.values() if "first_read" in r)
+        head = ["value size", "raw (µs)", "front (µs)", "front / raw"]
+        out += (
+            f"\n\nA fresh process's first get, after its imports and opening the cache: "
+            f"medians of {processes} processes, the order of raw and front alternating.\n\n"
+            f"{grid(head, first, right=1)}"
+        )
+    return out
 
 
 def cli(run: Run) -> str:

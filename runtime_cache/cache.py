@@ -218,7 +218,8 @@ class Cache(Inventory, BatchReads):
             self._counters.add(misses=1)
             self._failed("get", exc)
             return None
-        self._succeeded()
+        if self._policy.failing_sides:  # (a call saved on every hit)
+            self._policy.succeeded()
         if pieces is None:
             self._counters.add(misses=1)
         return pieces

@@ -34,7 +34,7 @@ FLAG_SIGNED = 1
 #: xxh3-64 of the metadata and of the value.
 ENTRY_HEADER = struct.Struct("<4sBBHIQQQ")
 HEADER_SIZE = ENTRY_HEADER.size
-_LENGTHS = struct.Struct("<IQ")  # metadata and value lengths, at offset 8 of the header
+_LENGTHS = struct.Struct("<4s4xIQ")  # the magic, and the metadata and value lengths
 
 
 def frame_entry(meta: bytes, value: bytes, secret: bytes | SecretKeys | None = None) -> bytes:
@@ -99,7 +99,11 @@ def entry_span(head: bytes) -> tuple[int, int] | None:
     :meth:`~runtime_cache.api.Backend.get_parts` cuts at, so the value is read
     as a ``bytes`` of its own; ``codec.decode_view`` checks the pieces.
     """
-    if len(head) < HEADER_SIZE or head[:4] != ENTRY_MAGIC:
+    if len(head) < HEADER_SIZE:
         return None
-    meta_len, value_len = _LENGTHS.unpack_from(head, 8)
-    return HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len
+    magic, meta_len, value_len = _LENGTHS.unpack_from(head)
+    return (
+        None
+        if magic != ENTRY_MAGIC
+        else (HEADER_SIZE + meta_len, HEADER_SIZE + meta_len + value_len)
+    )

@@ -60,6 +60,9 @@ class FailurePolicy:
         self.errors = 0
         self._lock = threading.Lock()
         self._failing: set[str] = set()
+        #: The sides (``"read"``, ``"write"``) whose last call failed: a hot path calls
+        #: :meth:`succeeded` only when this is not empty.
+        self.failing_sides = self._failing
 
     @staticmethod
     def side(op: str) -> str:

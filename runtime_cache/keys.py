@@ -260,7 +260,12 @@ class CacheKey:
         if not isinstance(parts["module_id"], str) or not parts["module_id"]:
             raise TypeError("key part 'module_id' must be a non-empty str")
         packed, copy = _prepare(parts)
-        return cls(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
+        key = cls(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
+        # Every read and write asks for these: made now, not through cached_property's lock.
+        made = key.__dict__
+        made["_storage_key"] = f"{runtime}/{purpose}/{key.digest}"
+        made["_packed_parts"] = msgpack.packb(copy, use_bin_type=True)
+        return key
 
 
 def make_key(

@@ -10,7 +10,10 @@ byte :func:`~runtime_cache.codec.encode_packed`), and accepts a blob
 (:meth:`OwnEntries.match`) whose metadata is exactly those bytes (times in
 range, the header's length), whose header is well formed, whose two checksums
 match and, when a secret is set, whose signature is good. That check decodes no
-msgpack and builds no dict: it is what makes a hit cheap.
+msgpack and builds no dict: it is what makes a hit cheap. The header and metadata
+that passed it are remembered per key (as is what a put wrote): the same bytes read
+again pass those checks again, so only the value's length, its checksum (against
+that header) and the signature are checked.
 
 It accepts only blobs that :func:`~runtime_cache.check.check_entry` accepts,
 with the same value and build seconds: the fixed bytes pass
@@ -25,6 +28,7 @@ caller then runs the full check, which says what is wrong.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +37,6 @@ import xxhash
 
 from .codec import encode_packed
 from .entry_frame import (
-    ENTRY_HEADER,
     ENTRY_MAGIC,
     ENTRY_VERSION,
     FLAG_SIGNED,
@@ -64,6 +67,17 @@ Found = tuple["bytes | memoryview", float, int]
 _BUILT = b"\xa1b\xcb"
 _CREATED = b"\xa1c\xcb"
 _TIMES = META_TIMES.size
+#: The header's fixed fields (magic to the value's length), and its two checksums after them.
+_LEAD = struct.Struct("<4sBBHIQ")
+_SUMS = struct.Struct("<QQ")
+_xxh3 = xxhash.xxh3_64_intdigest
+#: What a good header's fixed fields give: where the value starts, its length, the
+#: signature's, the metadata's bytes after the times, and where the times lie.
+_Shape = tuple[int, int, int, bytes, int]
+#: A header and metadata that passed the quick form's checks for a key: those bytes, the
+#: key's packed parts, the value's length, the signature's, the value's checksum, the
+#: build seconds, and the whole entry's size.
+_Seen = tuple[bytes, bytes, int, int, int, float, int]
 
 
 class OwnEntries:
@@ -73,7 +87,7 @@ class OwnEntries:
     producer or limits change.
     """
 
-    __slots__ = ("_by_key", "_ends", "_limits", "_producer", "_tail")
+    __slots__ = ("_by_key", "_ends", "_limits", "_producer", "_seen", "_shapes", "_tail")
 
     #: Keys (and value lengths) remembered before the memo starts over.
     bound = 4096
@@ -86,8 +100,12 @@ class OwnEntries:
         #: Metadata ends by value length (a cache's values take few lengths, mostly).
         self._ends: dict[int, bytes] = {}
         #: Storage key -> (the key's packed parts, the metadata's bytes before the times,
-        #: whether they pass the full check).
-        self._by_key: dict[str, tuple[bytes, bytes, bool]] = {}
+        #: where the times lie when they pass the full check, else 0).
+        self._by_key: dict[str, tuple[bytes, bytes, int]] = {}
+        #: A good header's fields from the magic to the value's length -> its shape.
+        self._shapes: dict[bytes, _Shape] = {}
+        #: Storage key -> the header and metadata last checked for it (see ``_Seen``).
+        self._seen: dict[str, _Seen] = {}
 
     def _reset(self, producer: str, limits: Limits) -> None:
         # Everything new before the producer and limits that say it is: a thread that sees
@@ -99,11 +117,13 @@ class OwnEntries:
         except (CorruptEntryError, TypeError, ValueError, OverflowError):
             pass  # such entries fail the full check: no quick form
         self._by_key, self._ends, self._tail = {}, {}, tail
+        self._shapes, self._seen = {}, {}
         self._producer, self._limits = producer, limits
 
-    def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, bool]:
-        # (packed, the metadata's bytes before the times, whether the full check passes
-        # such metadata under the limits), for a key whose parts pack to ``packed``.
+    def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, int]:
+        # (packed, the metadata's bytes before the times, where the times lie in the blob
+        # when the full check passes such metadata under the limits, else 0), for a key
+        # whose parts pack to ``packed``.
         known = self._by_key.get(skey)
         if known is not None and known[0] == packed:
             return known
@@ -125,7 +145,7 @@ class OwnEntries:
                 pass
         if len(self._by_key) >= self.bound:
             self._by_key = {}
-        known = self._by_key[skey] = (packed, prefix, within)
+        known = self._by_key[skey] = (packed, prefix, HEADER_SIZE + len(prefix) if within else 0)
         return known
 
     def _end(self, value_len: int) -> bytes:
@@ -162,7 +182,7 @@ class OwnEntries:
         created_at, build_seconds = float(created_at), float(build_seconds)
         if producer is not self._producer or self._limits is None:
             self._reset(producer, self._limits or DEFAULT_LIMITS)
-        prefix = self._prefix(skey, packed)[1]
+        known = self._prefix(skey, packed)
         if extra or self._tail is None:
             return encode_packed(
                 skey,
@@ -179,8 +199,81 @@ class OwnEntries:
             raise InvalidValueError(problem)
         size = len(value)
         times = META_TIMES.pack(created_at, _BUILT, build_seconds)
-        meta = b"".join((prefix, times, self._ends.get(size) or self._end(size)))
-        return frame_entry(meta, value, secret)
+        meta = b"".join((known[1], times, self._ends.get(size) or self._end(size)))
+        blob = frame_entry(meta, value, secret)
+        limits = self._limits or DEFAULT_LIMITS
+        if known[2] and len(meta) <= limits.max_meta_size and size <= limits.max_value_size:
+            # What _check_head finds in these bytes (made so; times checked above), for a
+            # read of them that may follow.
+            cut = HEADER_SIZE + len(meta)
+            value_sum = _SUMS.unpack_from(blob, _LEAD.size)[1]
+            sig_len = len(blob) - cut - size
+            self._remember(
+                skey, (blob[:cut], packed, size, sig_len, value_sum, build_seconds, len(blob))
+            )
+        return blob
+
+    def _shape(self, head: bytes, limits: Limits) -> _Shape | None:
+        # What the header ``head`` begins with gives, when it is good under ``limits`` and
+        # entries of this producer have a quick form; else None.
+        if len(head) < HEADER_SIZE or self._tail is None:
+            return None
+        magic, version, flags, reserved, meta_len, value_len = _LEAD.unpack_from(head)
+        if not (
+            magic == ENTRY_MAGIC
+            and version == ENTRY_VERSION
+            and flags <= FLAG_SIGNED
+            and not reserved
+            and meta_len <= limits.max_meta_size
+            and value_len <= limits.max_value_size
+        ):
+            return None
+        tail = self._ends.get(value_len) or self._end(value_len)
+        cut = HEADER_SIZE + meta_len
+        shape = (cut, value_len, SIG_SIZE if flags else 0, tail, cut - _TIMES - len(tail))
+        if len(self._shapes) >= self.bound:
+            self._shapes = {}
+        self._shapes[head[: _LEAD.size]] = shape
+        return shape
+
+    def _check_head(self, key: CacheKey, skey: str, head: bytes, limits: Limits) -> _Seen | None:
+        # Every check of the quick form that reads the header and metadata alone; what
+        # passes is remembered for ``skey``, so that the same bytes read again need only
+        # the value's checks.
+        if type(head) is not bytes:
+            return None
+        shape = self._shapes.get(head[: _LEAD.size]) or self._shape(head, limits)
+        if shape is None:
+            return None
+        cut, value_len, sig_len, tail, at = shape
+        packed = key.packed_parts
+        known = self._by_key.get(skey)
+        if known is None or known[0] != packed:
+            known = self._prefix(skey, packed)
+        # The times lie where this key's metadata puts them (0: not within the limits).
+        if known[2] != at or len(head) < cut:
+            return None
+        created, built_mark, built = META_TIMES.unpack_from(head, at)
+        meta_sum, value_sum = _SUMS.unpack_from(head, _LEAD.size)
+        if not (
+            head.startswith(known[1], HEADER_SIZE)
+            and head.endswith(tail, 0, cut)
+            and built_mark == _BUILT
+            and 0.0 <= created < MAX_CREATED_AT
+            and 0.0 <= built <= MAX_BUILD_SECONDS
+            and _xxh3(memoryview(head)[HEADER_SIZE:cut]) == meta_sum
+        ):
+            return None
+        checked = head if len(head) == cut else head[:cut]
+        return self._remember(
+            skey, (checked, packed, value_len, sig_len, value_sum, built, cut + value_len + sig_len)
+        )
+
+    def _remember(self, skey: str, seen: _Seen) -> _Seen:
+        if len(self._seen) >= self.bound:
+            self._seen = {}
+        self._seen[skey] = seen
+        return seen
 
     def match(
         self,
@@ -196,69 +289,45 @@ class OwnEntries:
         ``key`` (stored under ``skey``, its ``str``) as a cache with ``producer``
         writes it, checked under ``limits`` and ``secret``; ``None`` when the full
         check must judge them."""
+        # Few steps, each in C where it can be: this is every hit's cost.
         if producer is not self._producer or limits is not self._limits:
             self._reset(producer, limits)
-        if self._tail is None:
-            return None
-        count = len(pieces)
-        if count == 1:
-            blob = pieces[0]
-            if type(blob) is not bytes or len(blob) < HEADER_SIZE:
+        # The header and metadata as last checked for this key, byte for byte, or checked now;
+        # then the value's length, checksum and signature.
+        seen = self._seen.get(skey)
+        if len(pieces) == 3:
+            head, value, sig = pieces
+            if seen is None or head != seen[0] or seen[1] != key.packed_parts:
+                seen = self._check_head(key, skey, head, limits)
+                if seen is None or len(head) != len(seen[0]):
+                    return None
+            _, _, value_len, sig_len, value_sum, built, size = seen
+            if not (
+                len(value) == value_len
+                and len(sig) == sig_len
+                and type(value) is bytes is type(sig)
+                and _xxh3(value) == value_sum
+            ):
                 return None
-        elif count == 3:
-            blob, value, sig = pieces
-            if not (type(blob) is bytes and type(value) is bytes and type(sig) is bytes):
+            if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
                 return None
-            if len(blob) < HEADER_SIZE:
+            return value, built, size
+        if len(pieces) != 1 or type(blob := pieces[0]) is not bytes:
+            return None
+        if seen is None or not blob.startswith(seen[0]) or seen[1] != key.packed_parts:
+            seen = self._check_head(key, skey, blob, limits)
+            if seen is None:
                 return None
-        else:
+        _, _, value_len, sig_len, value_sum, built, size = seen
+        cut = size - value_len - sig_len
+        if len(blob) != size:
             return None
-        magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
-            ENTRY_HEADER.unpack_from(blob)
-        )
-        cut = HEADER_SIZE + meta_len
-        end = cut + value_len
-        if count == 1:
-            whole = memoryview(blob)
-            value, sig = whole[cut:end], whole[end:]  # type: ignore[assignment]
-            size = len(blob)
-            extra = size - end
-        else:
-            size = cut + value_len + len(sig)
-            extra = len(sig) if len(blob) == cut and len(value) == value_len else -1
-        packed = key.packed_parts
-        known = self._by_key.get(skey)
-        if known is None or known[0] != packed:
-            known = self._prefix(skey, packed)
-        if not known[2]:
+        whole = memoryview(blob)
+        view = whole[cut : cut + value_len]
+        if _xxh3(view) != value_sum:
             return None
-        prefix = known[1]
-        start = HEADER_SIZE + len(prefix)
-        tail = self._ends.get(value_len) or self._end(value_len)
-        if not (
-            extra == (SIG_SIZE if flags == FLAG_SIGNED else 0)
-            and magic == ENTRY_MAGIC
-            and version == ENTRY_VERSION
-            and flags <= FLAG_SIGNED
-            and not reserved
-            and cut == start + _TIMES + len(tail)
-            and meta_len <= limits.max_meta_size
-            and value_len <= limits.max_value_size
+        if secret is not None and not (
+            sig_len and signed_by(secret, whole[:cut], bytes(whole[cut + value_len :]), (view,))
         ):
             return None
-        created, built_mark, built = META_TIMES.unpack_from(blob, start)
-        if not (
-            blob.startswith(prefix, HEADER_SIZE)
-            and blob.endswith(tail, 0, cut)
-            and built_mark == _BUILT
-            and 0.0 <= created < MAX_CREATED_AT
-            and 0.0 <= built <= MAX_BUILD_SECONDS
-            and xxhash.xxh3_64_intdigest(blob[HEADER_SIZE:cut]) == meta_sum
-            and xxhash.xxh3_64_intdigest(value) == value_sum
-        ):
-            return None
-        if secret is not None:
-            head = blob if count == 3 else whole[:cut]
-            if not (flags and signed_by(secret, head, bytes(sig), (value,))):
-                return None
-        return value, built, size
+        return view, built, size

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from operator import itemgetter
 from typing import Any, Generic, TypeVar, overload
 
 __all__ = ["CacheStats", "Counters", "EntryInfo", "jsonable"]
@@ -87,6 +89,9 @@ class Counters(Generic[S]):
         self._kind = kind
         self._lock = threading.Lock()
         self._values: dict[str, float] = {f.name: 0 for f in fields(kind)}
+        #: Hits not yet added to the counters: ``(bytes_read, seconds_saved)`` each. A
+        #: deque's append and popleft are atomic, so :meth:`hit` takes no lock.
+        self._hits: deque[tuple[int, float]] = deque()
 
     def add(self, **amounts: float) -> None:
         """Add to one or more counters atomically."""
@@ -96,15 +101,27 @@ class Counters(Generic[S]):
 
     def hit(self, bytes_read: int, seconds_saved: float) -> None:
         """Count one hit: ``add(hits=1, bytes_read=..., seconds_saved=...)``, on the hot path."""
-        with self._lock:
+        hits = self._hits
+        hits.append((bytes_read, seconds_saved))
+        if len(hits) >= 256:
+            with self._lock:
+                self._fold()
+
+    def _fold(self) -> None:
+        # Under the lock: move the pending hits into the counters. Only this pops, and it
+        # pops as many as it saw: another thread's append is never lost.
+        hits = self._hits
+        if hits:
+            done = [hits.popleft() for _ in range(len(hits))]
             values = self._values
-            values["hits"] += 1
-            values["bytes_read"] += bytes_read
-            values["seconds_saved"] += seconds_saved
+            values["hits"] += len(done)
+            values["bytes_read"] += sum(map(itemgetter(0), done))
+            values["seconds_saved"] += sum(map(itemgetter(1), done))
 
     def snapshot(self) -> S:
         """A frozen copy of the counters."""
         with self._lock:
+            self._fold()
             values = dict(self._values)
         converted: dict[str, Any] = {
             f.name: float(values[f.name]) if f.type in ("float", float) else int(values[f.name])
@@ -116,6 +133,7 @@ class Counters(Generic[S]):
     def reset(self) -> None:
         """Set every counter back to zero."""
         with self._lock:
+            self._fold()
             for name in self._values:
                 self._values[name] = 0
 

@@ -5,6 +5,8 @@ Every check stays: these tests damage, forge and cut entries on the fast paths."
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from pathlib import Path
 
 import msgpack
@@ -77,19 +79,38 @@ def test_damage_read_in_pieces_is_caught(tmp_path: Path, where: str) -> None:
         assert stats.corrupt == 1 and not path.exists()
 
 
-def test_a_file_that_changed_size_is_read_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("secret", [None, b"s3cret"])
+def test_a_file_that_changed_size_is_read_whole(tmp_path: Path, secret: bytes | None) -> None:
     path = tmp_path / "f"
-    data = codec.encode_entry("t/x/" + "0" * 32, {}, os.urandom(BIG), created_at=1.0)
+    data = codec.encode_entry("t/x/" + "0" * 32, {}, os.urandom(BIG), created_at=1.0, secret=secret)
     path.write_bytes(data + b"grown")
     fd = os.open(path, os.O_RDONLY)
     try:
         # fstat said len(data): the file grew since, so the pieces are not trusted.
         assert read_parts(fd, len(data), 1 << 30, codec.entry_span) == (data + b"grown",)
-        # A span out of range, or none at all: the whole file.
-        for span in (lambda h: (5, 1 << 40), lambda h: (9000, 9001), lambda h: None):
+        # A span out of range, backwards, or none at all: the whole file.
+        for span in (
+            lambda h: (5, 1 << 40),
+            lambda h: (9000, 9001),
+            lambda h: (-1, 10),
+            lambda h: (100, 50),
+            lambda h: None,
+        ):
             assert read_parts(fd, len(data) + 5, 1 << 30, span) == (data + b"grown",)
+        # The size fstat gave: the pieces, the value on its own (read from a fresh open).
+        os.lseek(fd, 0, os.SEEK_SET)
+        start, end = codec.entry_span(data) or (0, 0)
+        pieces = read_parts(fd, len(data) + 5, 1 << 30, lambda h: (start, end))
+        assert pieces == (data[:start], data[start:end], data[end:] + b"grown")
     finally:
         os.close(fd)
+
+
+def test_a_span_needs_a_whole_header() -> None:
+    blob = codec.encode_entry("t/x/" + "0" * 32, {}, b"v", created_at=1.0)
+    assert codec.entry_span(blob) == (len(blob) - 1, len(blob))
+    assert codec.entry_span(blob[: codec.HEADER_SIZE - 1]) is None
+    assert codec.entry_span(b"RCB\x01" + blob[4:]) is None
 
 
 @given(cuts=st.lists(st.integers(0, 600), min_size=2, max_size=2), signed=st.booleans())
@@ -181,6 +202,42 @@ def test_counters_hit_is_add() -> None:
     counters.add(hits=1, bytes_read=10, seconds_saved=1.5)
     stats = counters.snapshot()
     assert (stats.hits, stats.bytes_read, stats.seconds_saved) == (2, 20, 3.0)
+
+
+def test_hits_counted_from_many_threads_are_all_there() -> None:
+    # Hits go to a queue without the lock, and join the counters in batches: none is lost,
+    # and a snapshot or a reset sees the ones still queued.
+    counters = Counters()
+    counters.hit(5, 0.25)
+    assert counters.snapshot().hits == 1  # below a batch: a snapshot folds it in
+    counters.reset()
+    assert counters.snapshot().hits == 0
+    counters.hit(5, 0.25)
+    counters.reset()  # a queued hit is cleared with the rest
+    assert counters.snapshot().hits == 0
+
+    def count(n: int) -> None:
+        for i in range(n):
+            counters.hit(i % 7, 0.5)
+            if i % 97 == 0:
+                counters.add(misses=1)
+
+    threads = [threading.Thread(target=count, args=(5_000,)) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        for t in threads:
+            t.start()
+        seen = [counters.snapshot().hits for _ in range(50)]  # snapshots while they count
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    stats = counters.snapshot()
+    per_thread = sum(i % 7 for i in range(5_000))
+    assert (stats.hits, stats.bytes_read, stats.seconds_saved) == (40_000, 8 * per_thread, 20_000.0)
+    assert stats.misses == 8 * len(range(0, 5_000, 97))
+    assert seen == sorted(seen) and seen[-1] <= 40_000
 
 
 def test_get_returns_bytes_from_every_backend() -> None:

@@ -220,3 +220,141 @@ def test_a_front_hit_counts_and_returns_bytes(tmp_path: Path, backend: str, size
     stored = store.get(str(key))
     assert stored is not None
     assert (stats.hits, stats.bytes_read, stats.seconds_saved) == (2, 2 * len(stored), 2.5)
+
+
+@settings(max_examples=300)
+@given(
+    rng=st.randoms(use_true_random=False),
+    split=st.booleans(),
+    signed=st.booleans(),
+    fix_sums=st.booleans(),
+    size=st.sampled_from([0, 7, 300]),
+)
+def test_a_remembered_header_checks_the_value_and_signature_still(
+    rng: random.Random, split: bool, signed: bool, fix_sums: bool, size: int
+) -> None:
+    # A header read once is remembered per key: the same bytes again skip the header's
+    # checks, never the value's checksum, length or signature, nor the key's binding.
+    own = OwnEntries()
+    secret = (b"k",) if signed else None
+    key = _key(rng.randrange(3))
+    value = bytes(rng.randrange(256) for _ in range(size))
+    good = own.encode(key, value, 1.5, 2.5, None, "p 1", secret)
+    fresh = OwnEntries()
+    assert _quick(fresh, key, _pieces(good, split), secret) == (value, 2.5)  # now remembered
+    assert _quick(own, key, _pieces(good, split), secret) == (value, 2.5)  # remembered at put
+    bad = mutate(good, rng)
+    if fix_sums:
+        bad = rechecksum(bad)
+    pieces = _pieces(bad, split) if codec.entry_span(bad) is not None else (bad,)
+    for reader in (own, fresh, OwnEntries()):
+        quick = _quick(reader, key, pieces, secret)
+        if quick is not None:
+            assert quick == _full(key, (bad,), secret) == _full(key, pieces, secret)
+        assert _quick(reader, _key("other"), pieces, secret) is None
+
+
+def _flip(blob: bytes, at: int) -> bytes:
+    return blob[:at] + bytes([blob[at] ^ 1]) + blob[at + 1 :]
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("signed", [False, True])
+def test_damage_after_a_remembered_header_is_refused(split: bool, signed: bool) -> None:
+    own = OwnEntries()
+    secret = (b"k",) if signed else None
+    key = _key()
+    value = os.urandom(500)
+    good = own.encode(key, value, 1.0, 0.5, None, "p 1", secret)
+    assert _quick(own, key, _pieces(good, split), secret) == (value, 0.5)
+    start = (codec.entry_span(good) or (0, 0))[0]
+    cases = {
+        "a flipped bit in the value": _flip(good, start),
+        "the last byte cut": good[:-1],
+        "a byte more": good + b"\x00",
+        "a flipped bit in the times": _flip(good, start - 30),  # the creation time's first byte
+    }
+    if signed:
+        cases["a flipped bit in the signature"] = _flip(good, len(good) - 1)
+        unsigned = own.encode(key, value, 1.0, 0.5, None, "p 1", None)
+        cases["the same entry unsigned"] = unsigned
+    for name, bad in cases.items():
+        pieces = _pieces(bad, split) if len(bad) == len(good) else (bad,)
+        assert _quick(own, key, pieces, secret) is None, name
+        assert _full(key, (bad,), secret) is None, name
+    # Another key's entry with the same header shape: never served for this key.
+    other = _key("other")
+    transplanted = OwnEntries().encode(other, value, 1.0, 0.5, None, "p 1", secret)
+    assert _quick(own, key, _pieces(transplanted, split), secret) is None
+    assert _quick(own, key, _pieces(good, split), secret) == (value, 0.5)  # still good
+
+
+def test_a_new_value_length_for_a_key_is_checked_afresh() -> None:
+    own = OwnEntries()
+    key = _key()
+    for size in (10, 300, 70_000, 10):
+        value = os.urandom(size)
+        blob = own.encode(key, value, 1.0, 0.0, None, "p 1", None)
+        reader = OwnEntries()
+        for split in (False, True):
+            assert _quick(own, key, _pieces(blob, split)) == (value, 0.0)
+            assert _quick(reader, key, _pieces(blob, split)) == (value, 0.0)
+
+
+def test_pieces_of_other_types_go_to_the_full_check() -> None:
+    own = OwnEntries()
+    key = _key()
+    blob = own.encode(key, b"v" * 100, 1.0, 0.0, None, "p 1", None)
+    head, value, sig = _pieces(blob, True)
+    for pieces in (
+        (memoryview(blob),),
+        (bytearray(blob),),
+        (head, bytearray(value), sig),
+        (head, memoryview(value), sig),
+        (head, value),
+        (head, value, sig, b""),
+    ):
+        assert own.match(key, str(key), pieces, None, "p 1", LIMITS) is None  # type: ignore[arg-type]
+    assert _quick(own, key, (head, value, sig)) == (b"v" * 100, 0.0)
+
+
+@settings(max_examples=200)
+@given(
+    extra_parts=st.dictionaries(st.sampled_from(["a", "b", "options"]), PLAIN, max_size=3),
+    size=st.sampled_from([0, 5, 300, 70_000]),
+    created=st.floats(0, 2**33),
+    built=st.floats(0, 1e8),
+    signed=st.booleans(),
+    limits=st.sampled_from(
+        [
+            LIMITS,
+            codec.Limits(max_depth=2),
+            codec.Limits(max_meta_size=150),
+            codec.Limits(max_value_size=100),
+        ]
+    ),
+)
+def test_a_put_remembers_what_reading_its_bytes_would(
+    extra_parts: dict[str, object],
+    size: int,
+    created: float,
+    built: float,
+    signed: bool,
+    limits: codec.Limits,
+) -> None:
+    # A put remembers its entry's header without reading it back: exactly what the quick
+    # check would remember after reading those bytes, and nothing where it would refuse them.
+    key = _key(**extra_parts)
+    secret = (b"k",) if signed else None
+    writer = OwnEntries()
+    writer.match(key, str(key), (b"",), None, "p 1", limits)  # (nothing:) sets its limits
+    blob = writer.encode(key, b"v" * size, created, built, None, "p 1", secret)
+    reader = OwnEntries()
+    reader.match(key, str(key), (b"",), None, "p 1", limits)
+    start = (codec.entry_span(blob) or (0, 0))[0]
+    assert writer._seen.get(str(key)) == reader._check_head(key, str(key), blob[:start], limits)
+    for split in (False, True):
+        found = writer.match(key, str(key), _pieces(blob, split), secret, "p 1", limits)
+        if found is not None:  # then the full check under those limits agrees
+            checked = check_entry(str(key), blob, secret=secret, limits=limits, key=key)
+            assert (bytes(found[0]), found[1]) == (bytes(checked.value), checked.meta["b"])

@@ -185,6 +185,24 @@ def check_entry(blob: bytes, original: bytes | None = None) -> None:
         raise ContractViolation("the cache served a value other than the one stored")
     if value is not None and len(infos) > 1:
         raise ContractViolation("one stored blob was listed as several entries")
+    # A cache that has read this key's sample entry remembers its header (the quick check
+    # then checks the value alone when the same header comes back): the same answer.
+    backend.set(str(key), sample_entry())
+    if cache.get(key) != b"binary":
+        raise ContractViolation("the sample entry was not served")
+    backend.set(str(key), blob)
+    cache.reset_stats()
+    try:
+        again = cache.get(key)
+    except Exception as exc:
+        raise ContractViolation(f"Cache.get raised {type(exc).__name__}: {exc}") from exc
+    seen = cache.stats()
+    if again != value or (seen.hits, seen.corrupt, seen.rejected) != (
+        stats.hits,
+        stats.corrupt,
+        stats.rejected,
+    ):
+        raise ContractViolation("a cache that had read the key's entry judged it otherwise")
 
 
 def _newer(blob: bytes) -> bool:
