@@ -73,4 +73,4 @@ class KeyTemplate:
         digest = xxhash.xxh3_128_hexdigest(encode_parts(pairs))
         # In name order, as make_key keeps them: an entry's metadata holds their msgpack.
         ordered = {name: copies[name] for name in sorted(copies)}
-        return CacheKey(self._runtime, self._purpose, digest, ordered)
+        return CacheKey.made(self._runtime, self._purpose, digest, ordered)

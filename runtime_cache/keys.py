@@ -260,11 +260,17 @@ class CacheKey:
         if not isinstance(parts["module_id"], str) or not parts["module_id"]:
             raise TypeError("key part 'module_id' must be a non-empty str")
         packed, copy = _prepare(parts)
-        key = cls(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
-        # Every read and write asks for these: made now, not through cached_property's lock.
+        return cls.made(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
+
+    @classmethod
+    def made(cls, runtime: str, purpose: str, digest: str, parts: Mapping[str, Any]) -> CacheKey:
+        """The key of checked ``parts`` (a private copy, in name order) and their ``digest``,
+        with its storage string and packed parts made now: every read and write asks for
+        them, and this spares them ``cached_property``'s lock."""
+        key = cls(runtime, purpose, digest, parts)
         made = key.__dict__
-        made["_storage_key"] = f"{runtime}/{purpose}/{key.digest}"
-        made["_packed_parts"] = msgpack.packb(copy, use_bin_type=True)
+        made["_storage_key"] = f"{runtime}/{purpose}/{digest}"
+        made["_packed_parts"] = msgpack.packb(parts, use_bin_type=True)
         return key
 
 
