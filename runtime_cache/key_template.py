@@ -22,11 +22,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import xxhash
 
 from .keys import CacheKey, encode_parts, encoded_part, make_key
 
 __all__ = ["KeyTemplate"]
+
+_PACKER = msgpack.Packer(use_bin_type=True)
+
+
+def _pack(value: Any) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 class KeyTemplate:
@@ -52,8 +60,11 @@ class KeyTemplate:
         self._shared = parts
         self._pairs: dict[str, bytes] = {}
         self._copies: dict[str, Any] = {}
+        #: Each part as the metadata's msgpack map holds it: its name, then its copy.
+        self._meta: dict[str, bytes] = {}
         for name, value in parts.items():
             self._pairs[name], self._copies[name] = encoded_part(name, value)
+            self._meta[name] = _pack(name) + _pack(self._copies[name])
 
     def key(self, **parts: Any) -> CacheKey:
         """The key of the shared parts plus ``parts``: ``make_key`` of them all.
@@ -65,12 +76,16 @@ class KeyTemplate:
             return make_key(**{**self._shared, **parts})
         pairs = dict(self._pairs)
         copies = dict(self._copies)
+        meta = dict(self._meta)
         for name, value in parts.items():
             try:
                 pairs[name], copies[name] = encoded_part(name, value)
             except TypeError:
                 return make_key(**{**self._shared, **parts})
+            meta[name] = _pack(name) + _pack(copies[name])
         digest = xxhash.xxh3_128_hexdigest(encode_parts(pairs))
         # In name order, as make_key keeps them: an entry's metadata holds their msgpack.
-        ordered = {name: copies[name] for name in sorted(copies)}
-        return CacheKey.made(self._runtime, self._purpose, digest, ordered)
+        names = sorted(copies)
+        ordered = {name: copies[name] for name in names}
+        packed = b"".join((_PACKER.pack_map_header(len(names)), *(meta[n] for n in names)))
+        return CacheKey.made(self._runtime, self._purpose, digest, ordered, packed)

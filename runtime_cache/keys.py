@@ -263,14 +263,24 @@ class CacheKey:
         return cls.made(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
 
     @classmethod
-    def made(cls, runtime: str, purpose: str, digest: str, parts: Mapping[str, Any]) -> CacheKey:
+    def made(
+        cls,
+        runtime: str,
+        purpose: str,
+        digest: str,
+        parts: Mapping[str, Any],
+        packed_parts: bytes | None = None,
+    ) -> CacheKey:
         """The key of checked ``parts`` (a private copy, in name order) and their ``digest``,
-        with its storage string and packed parts made now: every read and write asks for
-        them, and this spares them ``cached_property``'s lock."""
+        with its storage string and packed parts (``packed_parts``: msgpack of ``parts``,
+        when the caller has it) made now: every read and write asks for them, and this
+        spares them ``cached_property``'s lock."""
         key = cls(runtime, purpose, digest, parts)
         made = key.__dict__
         made["_storage_key"] = f"{runtime}/{purpose}/{digest}"
-        made["_packed_parts"] = msgpack.packb(parts, use_bin_type=True)
+        if packed_parts is None:
+            packed_parts = msgpack.packb(parts, use_bin_type=True)
+        made["_packed_parts"] = packed_parts
         return key
 
 
