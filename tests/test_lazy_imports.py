@@ -47,15 +47,19 @@ HEAVY = [
     "runtime_cache.opencl.write_behind",
 ]
 
+#: Modules of others that a process needs only for some paths.
+OTHERS = ("hashlib", "hmac", "platformdirs")
+
 
 def _child(tmp_path: Path, statement: str, **env: str) -> dict[str, Any]:
     """Run ``statement`` in a fresh interpreter; return its ``result`` (JSON) and modules."""
     code = (
         "import json, sys\n"
+        f"OTHERS = {OTHERS!r}\n"
         f"sys.path[:] = {child_path()!r}\n"
         "result = None\n"
         f"{statement}\n"
-        "mods = sorted(m for m in sys.modules if m.startswith('runtime_cache'))\n"
+        "mods = sorted(m for m in sys.modules if m.startswith(('runtime_cache', *OTHERS)))\n"
         "print(json.dumps({'modules': mods, 'result': result}))\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CACHE")}
@@ -94,6 +98,32 @@ def test_install_without_a_build_loads_none_of_the_machinery(tmp_path: Path) -> 
     assert out["result"] == [True, True, True, False]
     loaded = set(out["modules"]) - {"runtime_cache.opencl.write_behind"}  # flush() asked for it
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def _front(backend: str, secret: str | None = None) -> str:
+    return (
+        "import runtime_cache as rc\n"
+        "from runtime_cache.backends import DirectoryBackend, MemoryBackend\n"
+        f"cache = rc.Cache({backend}, secret={secret!r})\n"
+        "key = rc.make_key(module_id='m', runtime='r', purpose='p', device=None)\n"
+        "cache.put(key, b'v')\n"
+        "result = cache.get(key).decode()"
+    )
+
+
+def test_the_front_loads_without_the_rarer_paths(tmp_path: Path) -> None:
+    rarer = {"runtime_cache.bundles", "runtime_cache.listing", "runtime_cache.cli", *OTHERS}
+    out = _child(tmp_path, _front("MemoryBackend()"))
+    assert out["result"] == "v"
+    assert not set(out["modules"]) & rarer, sorted(set(out["modules"]) & rarer)
+    # The directory backend (its upkeep may take a lease, which hashes: not checked here).
+    out = _child(tmp_path, _front(f"DirectoryBackend({str(tmp_path / 'c')!r})"))
+    assert out["result"] == "v"
+    rarer -= {"hashlib", "hmac"}
+    assert not set(out["modules"]) & rarer, sorted(set(out["modules"]) & rarer)
+    # A secret brings HMAC-SHA256 in, and its entries still check.
+    out = _child(tmp_path, _front("MemoryBackend()", secret="s"))
+    assert out["result"] == "v" and {"hashlib", "hmac"} <= set(out["modules"])
 
 
 def test_every_exported_name_resolves_in_a_fresh_process(tmp_path: Path) -> None:

@@ -66,6 +66,8 @@ def driver_cache_wanted(flag: bool | None = None) -> bool:
 
 
 def _restore_driver_cache(context: Any, store: Cache) -> None:
+    if _driver is None:  # the driver cache is off: leave its module unimported
+        return
     from .driver_cache import DriverCaches
 
     with _lock:
