@@ -10,6 +10,8 @@ import os
 import tempfile
 import threading
 
+import platformdirs
+
 __all__ = [
     "ENV_CACHE",
     "ENV_SECRET",
@@ -71,8 +73,6 @@ def warn_no_home(reason: str) -> None:
 def default_directory() -> str:
     """The embedded default cache folder: ``platformdirs.user_cache_dir("runtime-cache")``,
     or :func:`fallback_directory` when there is no home folder (no ``HOME``, no passwd entry)."""
-    import platformdirs  # here, not at import: only opening the default cache needs it
-
     try:
         return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
     except RuntimeError as exc:  # no HOME and no passwd entry
@@ -84,8 +84,6 @@ def state_directory() -> str:
     """The folder for state such as the OpenCL crash guard's:
     ``platformdirs.user_state_dir("runtime-cache")``, or :func:`fallback_directory`
     (with :func:`warn_no_home`) when there is no home folder."""
-    import platformdirs
-
     try:
         return platformdirs.user_state_dir("runtime-cache", appauthor=False)
     except RuntimeError as exc:

@@ -8,17 +8,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .api import Backend, StoredItem
+from .bundles import LoadResult, good_blobs, merge_bundle
 from .codec import Entry, Limits, SecretKeys, encode_bundle
 from .errors import CorruptEntryError
 from .keys import CacheKey
+from .listing import OnProgress, OnSkip, list_entries, read_info
 from .stats import CacheStats, Counters, EntryInfo
-
-if TYPE_CHECKING:  # the work modules load at the first listing or bundle, not with Cache
-    from .bundles import LoadResult
-    from .listing import OnProgress, OnSkip
 
 __all__ = ["Inventory", "KeyLike"]
 
@@ -72,8 +70,6 @@ class Inventory:
         ``on_skip(key, reason)`` when given. Use
         :func:`runtime_cache.maintenance.verify` to find and remove bad ones.
         """
-        from .listing import list_entries
-
         return list_entries(
             self.backend, self.limits, self._failed, runtime, purpose, module_id, on_skip
         )
@@ -84,8 +80,6 @@ class Inventory:
         Raises :class:`CorruptEntryError` when the entry's head does not decode
         or holds another key. The signature is not checked (see :meth:`decode`).
         """
-        from .listing import read_info
-
         skey = str(key)
         stored = next((item for item in self.backend.scan(skey) if item.key == skey), None)
         try:
@@ -114,8 +108,6 @@ class Inventory:
         total)`` is told; corrupt or unreadable entries are left out and told
         to ``on_skip(key, reason)``.
         """
-        from .bundles import good_blobs
-
         generation = self._generation
         if keys is not None:
             wanted = [str(k) for k in keys]
@@ -144,8 +136,6 @@ class Inventory:
         (the result's ``withheld``). The result is an ``int`` with the details
         of a :class:`~runtime_cache.bundles.LoadResult`.
         """
-        from .bundles import merge_bundle
-
         result = merge_bundle(
             data,
             self.backend,

@@ -6,6 +6,8 @@ The first key signs; any key verifies. An empty or blank key is an error, never
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Sequence
 
 from .errors import InvalidSecretError
@@ -60,10 +62,6 @@ def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:
 
 def sign(secret: bytes, data: bytes | memoryview, *more: bytes | memoryview) -> bytes:
     """HMAC-SHA256 of ``data`` (followed by each of ``more``) under one key."""
-    # Imported here: hashlib loads OpenSSL, which a process without a secret never needs.
-    import hashlib
-    import hmac
-
     mac = hmac.new(secret, data, hashlib.sha256)
     for chunk in more:
         mac.update(chunk)
@@ -85,6 +83,4 @@ def signed_by(
 ) -> bool:
     """Whether ``mac`` is the signature of ``data`` (followed by each of ``more``) under any
     key of ``secret``."""
-    import hmac
-
     return any(hmac.compare_digest(sign(key, data, *more), mac) for key in signing_keys(secret))

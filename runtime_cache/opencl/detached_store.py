@@ -30,6 +30,7 @@ reads the records.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -155,8 +156,6 @@ def detached_runs(folder: str | None = None) -> list[dict[str, Any]]:
     handed over, ``stored``, ``present`` (stored already), ``changed`` (a key that
     no longer matches, e.g. an edited header), ``failed``, ``left`` (over the time
     bound), ``seconds`` and ``cpu_seconds``, and ``error`` when it could not start."""
-    import json  # here: a process that only hands programs off never reads JSON
-
     where = folder or runs_folder()
     records: list[dict[str, Any]] = []
     try:
@@ -210,8 +209,6 @@ def _job(plan: ProgramPlan, seconds: float) -> list[Any]:
 
 def write_record(path: str, record: dict[str, Any]) -> None:
     """Write a detached store's record (JSON) at ``path``, whole or not at all."""
-    import json
-
     temp = f"{path}.tmp"
     with open(temp, "w", encoding="utf-8") as handle:
         json.dump(record, handle)
