@@ -8,6 +8,11 @@ Each module of pyopencl's test suite (from the sdist of the installed version:
 * ``cold``: ``install()`` on a fresh, empty ``dir://`` cache;
 * ``warm``: ``install()`` on the cache that ``cold`` just filled.
 
+The cache is the process-wide one, as an app gets it: ``install()`` with no argument, and
+``RUNTIME_CACHE=dir://<folder>`` (runs before 2026-12-01's g17imp passed
+``rc.Cache(DirectoryBackend(folder))`` to ``install()``, which imported the cache's front
+and backend up front; the same code runs either way once a program is built).
+
 Rounds rotate the order of baseline and cold (warm follows its cold run), because the
 machine is noisy. Each process times the test run itself (``pytest.main``) and the whole
 process, exit included: the figure that counts is the cold process against the baseline
@@ -58,12 +63,10 @@ MODULES = [
 CHILD = r"""
 import atexit, json, sys, time
 started = time.perf_counter()
-mode, folder, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+mode, ids = sys.argv[1], sys.argv[2:]
 if mode != "baseline":
-    import runtime_cache as rc
-    from runtime_cache.backends.directory import DirectoryBackend
     from runtime_cache.opencl import install, opencl_stats
-    install(rc.Cache(DirectoryBackend(folder)))
+    install()  # the process-wide cache, as an app gets it: RUNTIME_CACHE is dir://<cache>
 
     def at_exit():  # registered first, so it runs after install()'s own store at exit
         s = opencl_stats()
@@ -138,11 +141,13 @@ def run(
         RUNTIME_CACHE_GUARD_DIR=str(cache.parent / "guard"),
         RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(scratch / "detached"),
     )
+    if mode != "baseline":
+        env["RUNTIME_CACHE"] = f"dir://{cache.resolve()}"
     detached: list[dict[str, Any]] = []
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-c", CHILD, mode, str(cache), *ids],
+            [sys.executable, "-c", CHILD, mode, *ids],
             cwd=tests,
             env=env,
             capture_output=True,

@@ -12,16 +12,21 @@ Quick start::
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from . import errors
 from ._version import __version__
-from .api import Backend, StoredItem
-from .cache import Cache
-from .codec import Entry, Limits
-from .keys import CacheKey, make_key, module_id_from_sources
-from .provider import cache_provider, get_cache, reset_cache_provider, set_cache_provider
-from .registry import open_backend, register_backend
 from .source_tree import attach_backends
-from .stats import CacheStats, EntryInfo
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
+    from .api import Backend, StoredItem
+    from .cache import Cache
+    from .codec import Entry, Limits
+    from .keys import CacheKey, make_key, module_id_from_sources
+    from .provider import cache_provider, get_cache, reset_cache_provider, set_cache_provider
+    from .registry import open_backend, register_backend
+    from .stats import CacheStats, EntryInfo
 
 # A source checkout keeps runtime_cache.backends in backends/, beside this package.
 attach_backends(__file__)
@@ -46,3 +51,38 @@ __all__ = [
     "reset_cache_provider",
     "set_cache_provider",
 ]
+
+# Exported name -> the module (in this package) that defines it. Importing this package
+# (as ``import runtime_cache.opencl`` does) loads none of them: a process pays for the
+# front, the codec and the provider only when it first uses one of these names.
+_MODULES = {
+    "Backend": "api",
+    "Cache": "cache",
+    "CacheKey": "keys",
+    "CacheStats": "stats",
+    "Entry": "codec",
+    "EntryInfo": "stats",
+    "Limits": "codec",
+    "StoredItem": "api",
+    "cache_provider": "provider",
+    "get_cache": "provider",
+    "make_key": "keys",
+    "module_id_from_sources": "keys",
+    "open_backend": "registry",
+    "register_backend": "registry",
+    "reset_cache_provider": "provider",
+    "set_cache_provider": "provider",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

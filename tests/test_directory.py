@@ -96,6 +96,8 @@ def test_symlink_is_never_followed(tmp_path: Path) -> None:
 READ_ONLY_CHILD = """
 import logging, os, sys
 import runtime_cache as rc
+for name in rc.__all__:  # its names load on first use: load them while root can read the files
+    getattr(rc, name)
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 os.setgid(65534); os.setuid(65534)  # nobody: the permission bits now apply
 cache = rc.Cache(rc.open_backend("dir://" + sys.argv[1]))

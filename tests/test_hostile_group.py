@@ -47,6 +47,8 @@ import grp, json, os, pwd, select, signal, sys, time, fcntl
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.dir_tree import rel_path
+for name in rc.__all__:  # its names load on first use: load them before the switch
+    getattr(rc, name)
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
 os.setgroups([gid]); os.setgid(gid); os.setuid(uid); os.umask(0o007)
 """

@@ -67,6 +67,7 @@ def _as_nobody(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     prelude = (
         "import logging, os, sys\nimport runtime_cache as rc\n"
         "from runtime_cache.backends.directory import DirectoryBackend\n"
+        "for name in rc.__all__:\n    getattr(rc, name)\n"  # names load on first use
         "os.setgid(65534); os.setuid(65534)\n"
     )
     return subprocess.run(

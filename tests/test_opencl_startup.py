@@ -46,10 +46,10 @@ def test_a_registration_made_first_still_wins() -> None:
         reg.Registry().resolve("no-such-scheme")
 
 
-def _imports(tmp_path: Path, env: dict[str, str]) -> str:
+def _imports(tmp_path: Path, env: dict[str, str], statement: str) -> str:
     code = (
         f"import sys; sys.path[:] = {child_path()!r}\n"
-        "import runtime_cache.opencl\n"
+        f"{statement}\n"
         "print('runtime_cache.backends.directory' in sys.modules)\n"
     )
     done = subprocess.run(
@@ -64,14 +64,19 @@ def _imports(tmp_path: Path, env: dict[str, str]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_importing_the_opencl_consumer_imports_the_default_backend(tmp_path: Path) -> None:
+def test_looking_up_a_builder_imports_the_default_backend(tmp_path: Path) -> None:
     base = {k: v for k, v in os.environ.items() if k != "RUNTIME_CACHE"}
-    assert _imports(tmp_path, base) == "True"  # the embedded default: dir://
-    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": f"dir://{tmp_path}/c"}) == "True"
-    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "memory://"}) == "False"
+    builder = "from runtime_cache.opencl import OpenCLModule"
+    assert _imports(tmp_path, base, builder) == "True"  # the embedded default: dir://
+    assert _imports(tmp_path, base, "from runtime_cache.opencl import build_program") == "True"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": f"dir://{tmp_path}/c"}, builder) == "True"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "memory://"}, builder) == "False"
     # A setting that cannot open is left for get_cache() to report: the import works.
-    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "no-such-scheme://x"}) == "False"
-    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "off"}) == "False"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "no-such-scheme://x"}, builder) == "False"
+    assert _imports(tmp_path, {**base, "RUNTIME_CACHE": "off"}, builder) == "False"
+    # The package alone, and install(), which opens the cache at the first build only.
+    alone = "import runtime_cache.opencl as o; o.install(); o.uninstall()"
+    assert _imports(tmp_path, base, alone) == "False"
 
 
 # ------------------------------------------------------------------------------ read-ahead

@@ -23,29 +23,35 @@ pyopencl is imported on first use; without it these raise
 :class:`runtime_cache.errors.MissingDependencyError`. Importing this package
 makes Intel's CPU runtime from PyPI (the ``intel`` extra) visible to the ICD
 loader, before pyopencl reads its platform list (see
-:mod:`runtime_cache.opencl.icd`).
+:mod:`runtime_cache.opencl.icd`). Importing it loads little else: each name
+below loads its module at first use (PEP 562), so a program that imports it
+and calls :func:`install` but builds nothing pays next to nothing. Looking up
+:class:`OpenCLModule` or :func:`build_program` also imports the default
+cache's backend class, so that the first program does not pay for it.
 """
 
 from __future__ import annotations
 
-from ..provider import preload_default_backend
-from .capture import recapture_binaries
-from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
-from .detached_store import detached_runs, wait_for_detached_stores
-from .devices import NoWorkingDeviceError, choose_device
-from .driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
-from .driver_cache import driver_cache_enabled
-from .driver_cache import prepare as prepare_driver_cache
-from .fingerprint import device_fingerprint
-from .icd import expose_intel_runtime
-from .install import flush, install, installed, is_installed, uninstall
-from .module import OpenCLModule
-from .program import PURPOSE, RUNTIME, build_program
+import importlib
+from typing import TYPE_CHECKING, Any
 
-# Before pyopencl's first platform query (none of the modules above makes one on import).
+from .icd import expose_intel_runtime
+from .install import driver_cache_wanted, flush, install, installed, is_installed, uninstall
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
+    from .capture import recapture_binaries
+    from .counters import OpenCLStats, opencl_stats, reset_opencl_stats
+    from .detached_store import detached_runs, wait_for_detached_stores
+    from .devices import NoWorkingDeviceError, choose_device
+    from .driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
+    from .driver_cache import driver_cache_enabled as driver_cache_enabled  # not in __all__
+    from .driver_cache import prepare as prepare_driver_cache
+    from .fingerprint import device_fingerprint
+    from .module import OpenCLModule
+    from .program import PURPOSE, RUNTIME, build_program
+
+# Before pyopencl's first platform query (nothing imported above makes one).
 expose_intel_runtime()
-# The default cache's backend class, imported now rather than at the first program.
-preload_default_backend()
 
 __all__ = [
     "DRIVER_CACHE_PURPOSE",
@@ -70,6 +76,49 @@ __all__ = [
     "wait_for_detached_stores",
 ]
 
-if driver_cache_enabled():
+# Exported name -> (module in this package, its name there). install.py is imported
+# above, not here: its module and its function share the name ``install``.
+_LAZY = {
+    "DRIVER_CACHE_PURPOSE": ("driver_cache", "PURPOSE"),
+    "PURPOSE": ("program", "PURPOSE"),
+    "RUNTIME": ("program", "RUNTIME"),
+    "NoWorkingDeviceError": ("devices", "NoWorkingDeviceError"),
+    "OpenCLModule": ("module", "OpenCLModule"),
+    "OpenCLStats": ("counters", "OpenCLStats"),
+    "build_program": ("program", "build_program"),
+    "choose_device": ("devices", "choose_device"),
+    "detached_runs": ("detached_store", "detached_runs"),
+    "device_fingerprint": ("fingerprint", "device_fingerprint"),
+    "driver_cache_enabled": ("driver_cache", "driver_cache_enabled"),
+    "opencl_stats": ("counters", "opencl_stats"),
+    "prepare_driver_cache": ("driver_cache", "prepare"),
+    "recapture_binaries": ("capture", "recapture_binaries"),
+    "reset_opencl_stats": ("counters", "reset_opencl_stats"),
+    "wait_for_detached_stores": ("detached_store", "wait_for_detached_stores"),
+}
+#: Names whose use opens the default cache: their look-up also imports its backend class.
+_OPENS_THE_CACHE = frozenset({"OpenCLModule", "build_program"})
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{where[0]}", __name__), where[1])
+    if name in _OPENS_THE_CACHE:
+        from ..provider import preload_default_backend
+
+        preload_default_backend()
+    globals()[name] = value  # later look-ups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if driver_cache_wanted():
     # The drivers read their folder variables when they start: set them as early as we can.
-    prepare_driver_cache()
+    from . import driver_cache
+
+    driver_cache.prepare()

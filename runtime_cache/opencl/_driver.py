@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingDependencyError
-from .guard import Binary
-from .includes import Options, normalize_options
+
+if TYPE_CHECKING:
+    from .guard import Binary
+    from .includes import Options
 
 __all__ = [
     "create_and_build",
@@ -56,6 +58,8 @@ def driver_options_text(cl: Any, context: Any, tokens: list[str]) -> str:
 
 def options_text(context: Any, options: Options = ()) -> str:
     """The option string the driver receives for ``options`` in ``context``."""
+    from .includes import normalize_options
+
     return driver_options_text(import_pyopencl(), context, normalize_options(options))
 
 

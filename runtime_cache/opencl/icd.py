@@ -27,8 +27,6 @@ import stat
 import tempfile
 from importlib import metadata
 
-import xxhash
-
 __all__ = ["ENV_SWITCH", "expose_intel_runtime", "intel_library"]
 
 log = logging.getLogger(__name__)
@@ -85,6 +83,8 @@ def _owned_folder(path: str) -> bool:
 
 
 def _write_folder(icds: dict[str, str]) -> str:
+    import xxhash  # here: a process without Intel's runtime never needs it at import
+
     text = "\n".join(f"{name}={body}" for name, body in sorted(icds.items()))
     digest = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
     folder = os.path.join(tempfile.gettempdir(), f"runtime-cache-icd-{os.getuid()}-{digest}")

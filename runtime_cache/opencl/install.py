@@ -25,23 +25,24 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..cache import Cache
 from ..errors import InvalidValueError
-from ..keys import module_id_from_sources
-from ..provider import get_cache
 from ._driver import import_pyopencl
-from .counters import counters
-from .driver_cache import DriverCaches, driver_cache_enabled, prepare
-from .program import fetch, plan_program
-from .write_behind import store_now, write_behind
 
-__all__ = ["flush", "install", "installed", "is_installed", "uninstall"]
+if TYPE_CHECKING:
+    from ..cache import Cache
+    from .driver_cache import DriverCaches
+
+# Importing this module and calling install() load none of the cache's machinery: a
+# process that builds nothing never pays for it. The first source build imports it.
+
+__all__ = ["driver_cache_wanted", "flush", "install", "installed", "is_installed", "uninstall"]
 
 _lock = threading.Lock()
 _original: Callable[..., Any] | None = None
@@ -52,7 +53,23 @@ STORE_MODES = ("deferred", "background", "inline")
 _driver: dict[int, DriverCaches] | None = None
 
 
+def driver_cache_wanted(flag: bool | None = None) -> bool:
+    """:func:`.driver_cache.driver_cache_enabled`, without importing that module (and
+    the cache with it) while ``flag`` is ``None`` and ``RUNTIME_CACHE_DRIVER_CACHE`` is unset."""
+    if flag is not None:
+        return bool(flag)
+    if not os.environ.get("RUNTIME_CACHE_DRIVER_CACHE", "").strip():
+        return False  # unset or empty is off; only a value needs the module to read it
+    from .driver_cache import driver_cache_enabled
+
+    return driver_cache_enabled()
+
+
 def _restore_driver_cache(context: Any, store: Cache) -> None:
+    if _driver is None:  # the driver cache is off: leave its module unimported
+        return
+    from .driver_cache import DriverCaches
+
     with _lock:
         if _driver is None:
             return
@@ -76,6 +93,12 @@ def _cached_build(
             return original(self, options, devices, cache_dir)
         if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache
             return original(self, options, devices, cache_dir)
+        from ..keys import module_id_from_sources
+        from ..provider import get_cache
+        from .counters import counters
+        from .program import fetch, plan_program
+        from .write_behind import store_now, write_behind
+
         store = _cache if _cache is not None else get_cache()
         plan = plan_program(
             context,
@@ -134,13 +157,15 @@ def install(
     global _original, _cache, _driver, _store_mode
     if store not in STORE_MODES:
         raise InvalidValueError(f"install(store={store!r}): expected one of {STORE_MODES}")
-    if driver_cache_enabled(driver_cache):
+    if driver_cache_wanted(driver_cache):
+        from .driver_cache import prepare
+
         prepare()
     cl = import_pyopencl()
     with _lock:
         _cache = cache
         _store_mode = store
-        if driver_cache_enabled(driver_cache):
+        if driver_cache_wanted(driver_cache):
             _driver = _driver if _driver is not None else {}
         if _original is None:
             _original = cl.Program.build
@@ -169,7 +194,10 @@ def flush(timeout: float | None = None) -> bool:
     :func:`~runtime_cache.opencl.wait_for_detached_stores` waits for it), else
     here within ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``.
     """
-    return write_behind.flush(timeout)
+    queue = sys.modules.get(f"{__package__}.write_behind")
+    if queue is None:
+        return True  # no build has run, so nothing was ever queued (nor imported to queue it)
+    return bool(queue.write_behind.flush(timeout))
 
 
 def is_installed() -> bool:

@@ -49,9 +49,7 @@ from typing import Any, Literal
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import Binary, binary_digest, bindings, guard
-from .parallel import start_worker, stop_worker
 from .wire import read_message, write_message
-from .worker import scratch_usable
 
 __all__ = [
     "BATCH",
@@ -181,6 +179,9 @@ class Vetter:
         except OSError as exc:  # no scratch space here: not the binaries' fault
             log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
             return [LOCAL] * len(items), None, True
+        # The child's machinery loads here: most processes never vet anything.
+        from .worker import scratch_usable
+
         try:
             outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
             failed = outcome is not None and not (all(r is True for r in outcome[0]) and outcome[2])
@@ -195,6 +196,8 @@ class Vetter:
     def _run_in(
         self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
     ) -> tuple[list[Outcome], int | None, bool] | None:
+        from .parallel import start_worker, stop_worker
+
         try:
             process = start_worker(fingerprints, env)
         except OSError as exc:
