@@ -13,8 +13,9 @@ and ``from runtime_cache.backends import DirectoryBackend`` imports only
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from runtime_cache.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
     from .callback import CallbackBackend
@@ -35,14 +36,4 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -12,11 +12,11 @@ Quick start::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import errors
 from ._version import __version__
+from .lazy_exports import lazy_exports
 from .source_tree import attach_backends
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
@@ -75,14 +75,4 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -24,6 +24,7 @@ __all__ = [
     "HEADER_SIZE",
     "entry_span",
     "frame_entry",
+    "header_fits",
     "parse_header",
 ]
 
@@ -56,6 +57,26 @@ def frame_entry(meta: bytes, value: bytes, secret: bytes | SecretKeys | None = N
     return b"".join((header, meta, value))
 
 
+def header_fits(
+    magic: bytes,
+    version: int,
+    flags: int,
+    reserved: int,
+    meta_len: int,
+    value_len: int,
+    limits: Limits,
+) -> bool:
+    """Whether a header's fixed fields are this format's and its lengths within ``limits``."""
+    return (
+        magic == ENTRY_MAGIC
+        and version == ENTRY_VERSION
+        and flags <= FLAG_SIGNED
+        and not reserved
+        and meta_len <= limits.max_meta_size
+        and value_len <= limits.max_value_size
+    )
+
+
 def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
     """``(flags, meta_len, value_len, meta_sum, value_sum)`` of an entry's header.
 
@@ -67,14 +88,7 @@ def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, in
     magic, version, flags, reserved, meta_len, value_len, meta_sum, value_sum = (
         ENTRY_HEADER.unpack_from(blob)
     )
-    if (
-        magic == ENTRY_MAGIC
-        and version == ENTRY_VERSION
-        and flags <= FLAG_SIGNED
-        and not reserved
-        and meta_len <= limits.max_meta_size
-        and value_len <= limits.max_value_size
-    ):
+    if header_fits(magic, version, flags, reserved, meta_len, value_len, limits):
         return flags, meta_len, value_len, meta_sum, value_sum
     # Something is wrong: say what, in order.
     if magic != ENTRY_MAGIC:

@@ -37,11 +37,9 @@ import xxhash
 
 from .codec import encode_packed
 from .entry_frame import (
-    ENTRY_MAGIC,
-    ENTRY_VERSION,
-    FLAG_SIGNED,
     HEADER_SIZE,
     frame_entry,
+    header_fits,
 )
 from .entry_meta import (
     DEFAULT_LIMITS,
@@ -219,14 +217,7 @@ class OwnEntries:
         if len(head) < HEADER_SIZE or self._tail is None:
             return None
         magic, version, flags, reserved, meta_len, value_len = _LEAD.unpack_from(head)
-        if not (
-            magic == ENTRY_MAGIC
-            and version == ENTRY_VERSION
-            and flags <= FLAG_SIGNED
-            and not reserved
-            and meta_len <= limits.max_meta_size
-            and value_len <= limits.max_value_size
-        ):
+        if not header_fits(magic, version, flags, reserved, meta_len, value_len, limits):
             return None
         tail = self._ends.get(value_len) or self._end(value_len)
         cut = HEADER_SIZE + meta_len

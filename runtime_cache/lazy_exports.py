@@ -1,0 +1,36 @@
+"""A package's exported names, loaded on first use (PEP 562).
+
+``runtime_cache`` and ``runtime_cache.backends`` export names defined in many
+modules; importing the package imports none of those modules, and the first
+look-up of a name imports only the module that defines it::
+
+    __getattr__, __dir__ = lazy_exports(__name__, {"Cache": "cache"}, globals())
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(
+    package: str, modules: Mapping[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of ``package`` (its ``globals()`` are
+    ``namespace``), which exports each name of ``modules`` from the submodule named there."""
+
+    def __getattr__(name: str) -> Any:
+        module = modules.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", package), name)
+        namespace[name] = value  # later look-ups skip this hook
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *namespace["__all__"]})
+
+    return __getattr__, __dir__
