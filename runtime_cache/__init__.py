@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import errors
+from . import lazy_exports as _exports
 from ._version import __version__
-from .lazy_exports import lazy_exports
 from .source_tree import attach_backends
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
@@ -75,4 +75,4 @@ _MODULES = {
 }
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())
+__getattr__, __dir__ = _exports.lazy_exports(__name__, _MODULES, globals())
