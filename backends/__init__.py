@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runtime_cache import lazy_exports as _exports
+from runtime_cache.lazy_exports import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on first use
     from .callback import CallbackBackend
@@ -36,4 +36,4 @@ _MODULES = {
 }
 
 
-__getattr__, __dir__ = _exports.lazy_exports(__name__, _MODULES, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _MODULES, globals())
