@@ -17,16 +17,24 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, modules: Mapping[str, str], namespace: dict[str, Any]
+    package: str,
+    modules: Mapping[str, str | tuple[str, str]],
+    namespace: dict[str, Any],
+    loaded: Callable[[str], None] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of ``package`` (its ``globals()`` are
-    ``namespace``), which exports each name of ``modules`` from the submodule named there."""
+    ``namespace``), which exports each name of ``modules`` from the submodule named there
+    (or, for ``(module, attribute)``, that attribute of it under the exported name).
+    ``loaded(name)``, when given, runs after a name's first look-up."""
 
     def __getattr__(name: str) -> Any:
-        module = modules.get(name)
-        if module is None:
+        where = modules.get(name)
+        if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{module}", package), name)
+        module, attribute = (where, name) if isinstance(where, str) else where
+        value = getattr(importlib.import_module(f".{module}", package), attribute)
+        if loaded is not None:
+            loaded(name)
         namespace[name] = value  # later look-ups skip this hook
         return value
 

@@ -32,9 +32,9 @@ cache's backend class, so that the first program does not pay for it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import lazy_exports as _exports
 from .icd import expose_intel_runtime
 from .install import driver_cache_wanted, flush, install, installed, is_installed, uninstall
 
@@ -100,21 +100,14 @@ _LAZY = {
 _OPENS_THE_CACHE = frozenset({"OpenCLModule", "build_program"})
 
 
-def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{where[0]}", __name__), where[1])
+def _loaded(name: str) -> None:
     if name in _OPENS_THE_CACHE:
         from ..provider import preload_default_backend
 
         preload_default_backend()
-    globals()[name] = value  # later look-ups skip this hook
-    return value
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _exports.lazy_exports(__name__, _LAZY, globals(), _loaded)
 
 
 if driver_cache_wanted():
