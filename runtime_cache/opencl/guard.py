@@ -13,8 +13,8 @@ digests to a blocklist; a
 blocklisted binary counts as rejected by the driver: it is evicted and the
 program is rebuilt from source.
 
-The same folder keeps the list of *known* binaries (``vetted``): those the
-driver made in a process of this user, or that a vetting child loaded without
+The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
+the driver made in a process of this user, or that a vetting child loaded without
 harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly.
 A binary is known under a key (:func:`binding`), not by its digest alone: the
 same bytes copied under another program's key are not known there.
@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 import xxhash
 
 from .. import environment
+from .known_list import KnownList, read_lines
 
 __all__ = [
     "Binary",
@@ -54,10 +55,8 @@ log = logging.getLogger(__name__)
 
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
-_VETTED = "vetted"
 _MAX_BLOCKED = 10_000
-#: The known list is compacted to its newest half when it grows past this many lines.
-MAX_KNOWN = 20_000
+_NOFOLLOW = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _PAGE = 4096
 
 
@@ -105,7 +104,7 @@ class LoadGuard:
         self._map: mmap.mmap | None = None
         self._used = 0
         self._blocked: set[str] = set()
-        self._known: set[str] = set()
+        self._known: KnownList | None = None
         self._loading: dict[str, int] = {}
         self.recovered = 0
 
@@ -189,8 +188,8 @@ class LoadGuard:
                     handle.write("".join(f"{d}\n" for d in found))
             except OSError:
                 pass
-        self._blocked = set(_read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
-        self._known = set(_read_lines(os.path.join(folder, _VETTED))) - self._blocked
+        self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
+        self._known = KnownList(folder)
         try:
             self._fd = os.open(
                 os.path.join(folder, f"{os.getpid()}.loading"),
@@ -225,7 +224,8 @@ class LoadGuard:
         (``marks`` from :func:`bindings`: each binary under its key)."""
         with self._lock:
             self._start()
-            return all(d in self._known for d in marks)
+            known = self._known
+            return all(d not in self._blocked and known is not None and d in known for d in marks)
 
     def vouch(self, marks: Sequence[str]) -> None:
         """Record binaries (under their keys, :func:`bindings`) as known: the driver made
@@ -237,18 +237,21 @@ class LoadGuard:
         self._record(digests, known=False)
 
     def _record(self, digests: Sequence[str], *, known: bool) -> None:
-        """Move ``digests`` onto the known list or the blocklist (and off the other one);
+        """Move ``digests`` onto the known list or the blocklist (and off the blocklist);
         append the new ones to that list's file."""
         with self._lock:
-            self._start()  # may replace the sets: take them after it
-            into, out_of = (self._known, self._blocked) if known else (self._blocked, self._known)
-            new = [d for d in dict.fromkeys(digests) if d not in into]
-            if not new:
-                return
-            into.update(new)
-            out_of.difference_update(new)
-        name, limit = (_VETTED, MAX_KNOWN) if known else (_BLOCKLIST, _MAX_BLOCKED)
-        _append(os.path.join(self.folder, name), new, limit)
+            self._start()  # may replace the lists: take them after it
+            target = self._known
+            if known:
+                self._blocked.difference_update(digests)
+                new = target.add(digests) if target is not None else []
+            else:
+                new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
+                self._blocked.update(new)  # a blocked mark is never known (see known())
+        if known and target is not None:
+            target.write(new)
+        elif not known and new:
+            _append(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
 
     def unblock(self, digests: Sequence[str]) -> None:
         """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""
@@ -344,26 +347,16 @@ class LoadGuard:
             self._ready = False
             self._folder = None
             self._blocked = set()
-            self._known = set()
+            self._known = None
             self._loading = {}
-
-
-def _read_lines(path: str) -> list[str]:
-    """The file's lines, blank ones left out (a digest line holds no space)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return []
-    # One split in C: a process's first load reads a known list of up to MAX_KNOWN lines.
-    return data.decode("ascii", "replace").split()
 
 
 def _append(path: str, digests: Sequence[str], limit: int) -> None:
     """Append lines (one ``O_APPEND`` write); keep the newest half once past ``limit`` lines."""
     data = "".join(f"{d}\n" for d in digests).encode("ascii")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _NOFOLLOW
+        fd = os.open(path, flags, 0o600)
         try:
             os.write(fd, data)
             size = os.fstat(fd).st_size
@@ -371,7 +364,7 @@ def _append(path: str, digests: Sequence[str], limit: int) -> None:
             os.close(fd)
         if size // 33 <= limit:  # a digest line is 33 bytes
             return
-        lines = _read_lines(path)
+        lines = read_lines(path)
         temp = f"{path}.{os.getpid()}.tmp"
         with open(temp, "w", encoding="ascii") as handle:
             handle.write("".join(f"{d}\n" for d in lines[-(limit // 2) :]))

@@ -1,0 +1,221 @@
+"""The crash guard's list of known binaries: a short log, and a sorted table searched in place.
+
+Every process's first cached load asks whether its binaries are known (see
+:mod:`.guard` and :mod:`.vetting`), and a machine that has loaded many programs
+knows up to :data:`MAX_KNOWN` of them. Reading the whole list into a set at the
+first load made that load slower the longer the machine had been in use: 1.1 ms
+for 3,700 marks on the H200's host, and about five times that at the cap. So the
+list is kept in two files in the guard folder:
+
+* ``vetted``, the log: marks are appended as they become known (one ``O_APPEND``
+  write per batch). It is read whole at the first lookup, and it stays short.
+* ``vetted.table``: the older marks, sorted, one fixed-width line each. It is
+  mapped read-only and binary-searched, so nothing of it is read up front and a
+  lookup costs about 15 comparisons.
+
+When the log passes :data:`LOG_LIMIT` lines, the process that appended last merges
+it into the table, holding a lock file (``vetted.lock``) so that merges take turns:
+it renames the log away (appends from then on start a new one), merges the two, and
+replaces the table in one rename. Past :data:`MAX_KNOWN` marks,
+half of the table's are dropped (the table keeps no age, so which half is arbitrary).
+A mark lost to a race or dropped is not harmful: its binary is vetted again the next
+time it is seen.
+
+A table that is not a whole number of lines, or a line that is not a mark, only
+makes lookups miss (a binary is then vetted, never trusted more); the next merge
+rewrites it. Whoever can write the guard folder can already add marks to the log,
+so the table is trusted no more and no less than the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+from collections.abc import Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: merges go unlocked (a lost mark is only vetted again)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOG", "LOG_LIMIT", "MAX_KNOWN", "TABLE", "KnownList", "read_lines"]
+
+#: The log's file name, and the sorted table's.
+LOG = "vetted"
+TABLE = "vetted.table"
+#: Lines in the log past which it is merged into the table.
+LOG_LIMIT = 512
+#: Marks kept in all; past this, half of the table's are dropped at a merge.
+MAX_KNOWN = 20_000
+#: A mark is an xxh3-128 digest in hex: 32 characters, a table line 33 bytes.
+_WIDTH = 32
+_LINE = _WIDTH + 1
+_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+_LOCK = "vetted.lock"
+
+
+def read_lines(path: str) -> list[str]:
+    """The file's lines, blank ones left out (a mark holds no space); ``[]`` if it is
+    missing, unreadable, or not a regular file (a FIFO planted there never blocks)."""
+    fd = _open_regular(path)
+    if fd is None:
+        return []
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return []
+    return data.decode("ascii", "replace").split()  # one split in C
+
+
+def _open_regular(path: str) -> int | None:
+    """``path`` opened for reading, when it is a regular file (no symlink followed)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | _FLAGS
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+class KnownList:
+    """The known marks of one guard folder: the log's, in a set, and the table's, mapped.
+
+    Lookups and :meth:`add` are not thread-safe (the guard makes them under its lock);
+    :meth:`write` may run beside them.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._log = os.path.join(folder, LOG)
+        self._table = os.path.join(folder, TABLE)
+        self._recent: set[str] = set(read_lines(self._log))
+        self._map: mmap.mmap | bytes = _map_table(self._table)
+        if len(self._recent) > LOG_LIMIT:  # a long log (one from before the table): merge it
+            try:
+                self.merge()
+                self._recent = set()
+            except OSError:
+                pass
+
+    def __contains__(self, mark: str) -> bool:
+        return mark in self._recent or self._in_table(mark)
+
+    def _in_table(self, mark: str) -> bool:
+        table = self._map
+        if len(mark) != _WIDTH or not table:
+            return False
+        wanted = mark.encode("ascii", "replace")
+        low, high = 0, len(table) // _LINE
+        while low < high:
+            middle = (low + high) // 2
+            at = middle * _LINE
+            probe = table[at : at + _WIDTH]
+            if probe < wanted:
+                low = middle + 1
+            elif probe > wanted:
+                high = middle
+            else:
+                return True
+        return False
+
+    def add(self, marks: Iterable[str]) -> list[str]:
+        """Know ``marks`` in this process; return the ones that were new (for :meth:`write`)."""
+        new = [m for m in dict.fromkeys(marks) if m not in self]
+        self._recent.update(new)
+        return new
+
+    def write(self, marks: list[str]) -> None:
+        """Append ``marks`` to the log (merging it when it has grown long); advisory: a mark
+        not written is only vetted again by the next process. Safe beside lookups."""
+        if not marks:
+            return
+        data = "".join(f"{m}\n" for m in marks).encode("ascii", "replace")
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _FLAGS
+            fd = os.open(self._log, flags, 0o600)
+            try:
+                os.write(fd, data)
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            if size // _LINE > LOG_LIMIT:
+                self.merge()
+        except OSError:
+            pass
+
+    def merge(self) -> None:
+        """Move the log's marks into the table (see the module's text); ``OSError`` on failure.
+
+        One process merges at a time (a lock file), so no merge undoes another's."""
+        with _merging(os.path.join(self.folder, _LOCK)):
+            taken = f"{self._log}.{os.getpid()}.merging"
+            try:
+                os.rename(self._log, taken)  # appends from now on start a new log
+            except FileNotFoundError:
+                return  # another process merged it
+            try:
+                recent = [m for m in read_lines(taken) if _is_mark(m)]
+                fresh = set(recent)
+                older = [m for m in read_lines(self._table) if _is_mark(m) and m not in fresh]
+                if len(older) + len(fresh) > MAX_KNOWN:
+                    older = older[::2][: max(0, MAX_KNOWN - len(fresh))]
+                lines = sorted(set(older) | fresh)
+                temp = f"{self._table}.{os.getpid()}.tmp"
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _FLAGS
+                with os.fdopen(os.open(temp, flags, 0o600), "wb") as handle:
+                    handle.write("".join(f"{m}\n" for m in lines).encode("ascii"))
+                os.replace(temp, self._table)
+            finally:
+                try:
+                    os.unlink(taken)
+                except OSError:
+                    pass
+        self._map = _map_table(self._table)
+
+    def close(self) -> None:
+        """Unmap the table (this list then knows only its log's marks)."""
+        if isinstance(self._map, mmap.mmap):
+            self._map.close()
+        self._map = b""
+
+
+@contextlib.contextmanager
+def _merging(path: str) -> Iterator[None]:
+    """Hold the merge lock (an ``flock`` on ``path``; it ends with the process)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _FLAGS, 0o600)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_mark(line: str) -> bool:
+    return len(line) == _WIDTH and not line.strip("0123456789abcdef")
+
+
+def _map_table(path: str) -> mmap.mmap | bytes:
+    """The table mapped read-only, or ``b""`` (none, empty, not a regular file, or not
+    whole lines)."""
+    fd = _open_regular(path)
+    if fd is None:
+        return b""
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or size % _LINE:
+            return b""
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return b""
+    finally:
+        os.close(fd)
