@@ -3,22 +3,20 @@
 A module whose programs are asked for one at a time (``OpenCLModule.program``, the
 way TVM-style modules and ``install()`` use it) would pay one backend call, and one
 key plan, per program on the caller's thread. :class:`ReadAhead` moves that work
-off the caller's thread: once the first program is asked for, it plans the keys
+to one background thread: when the first program is asked for, it plans the keys
 of the module's other programs and fetches their entries, a chunk of programs per
 backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The reading is split in two, to keep out of the caller's way (both need the GIL):
-
-* the *head*, the next two programs, is read when the first program's entries are in
-  hand and its binaries go to the driver (:meth:`ReadAhead.begin`). A process's first
-  binary load is its slowest (2-3 ms on PoCL 3.1 and on the H200) and holds no GIL,
-  so the head is read while the driver works, and the second program is ready when
-  the caller comes back for it;
-* the *rest*, from the caller's next :meth:`ReadAhead.take` on: by then the first
-  kernel is made, which the rest's reading would otherwise slow (on the H200 a whole
-  module's reading ran into the first ``pyopencl.Kernel``, about 1.5 ms at 100 programs).
+The thread starts when the first program's entries are in hand and its binaries go
+to the driver (:meth:`ReadAhead.begin`). Both the caller and the thread need the GIL,
+and the driver call is where the caller lets go of it longest: a process's first
+binary load is its slowest (2-3 ms on PoCL 3.1 and on the H200), long enough to plan
+and read most of a small module. Started any
+earlier, the thread would slow the caller's own first read; started when the caller
+comes back for a second program (as before), the second program's entries were not
+ready and it paid for the thread's start (about 0.7 ms on the H200).
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -74,7 +72,7 @@ class _Chunk:
 
 
 class ReadAhead:
-    """Reads the entries of a module's programs on background threads, a chunk at a time.
+    """Reads the entries of a module's programs on one background thread, a chunk at a time.
 
     ``names`` are the module's programs in order; ``plan_of(name)`` plans one.
     """
@@ -90,24 +88,23 @@ class ReadAhead:
         self._where: dict[str, _Chunk] = {}
         self._first: str | None = None
         self._laid_out = False
-        self._head_begun = False
-        self._rest_begun = False
+        self._begun = False
         self._stop = threading.Event()
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
-        self._threads: list[threading.Event] = []  # each set when its thread ends
+        self._finished = threading.Event()  # set when the thread ends (or never starts)
 
     def start(self, first: str) -> None:
-        """Read every program but ``first``, in order from the one after it: the head from
-        :meth:`begin` on, the rest from the caller's next :meth:`take` (nothing before)."""
+        """Read every program but ``first``, in order from the one after it, from
+        :meth:`begin` on (or from the caller's next :meth:`take`); nothing is done before."""
         self._first = first
 
     def begin(self) -> None:
-        """Read the head now (once): the caller has ``first``'s entries and loads them."""
+        """Start reading (once): the caller has ``first``'s entries and is about to load them."""
         with self._lock:
             if not self._laid_out:
                 self._lay_out()
-        self._spawn(head=True)
+        self._begin()
 
     def _lay_out(self) -> None:
         # The chunks, made when the thread begins or the caller first comes back (under the lock).
@@ -126,44 +123,29 @@ class ReadAhead:
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
         self._laid_out = True
 
-    def _spawn(self, *, head: bool) -> None:
-        """Start the thread that reads the head (``head``) or the rest, once each."""
+    def _begin(self) -> None:
         with self._lock:
-            if self._stop.is_set() or not self._chunks:
+            if self._begun or self._stop.is_set() or not self._chunks:
                 return
-            if head:
-                if self._head_begun or self._rest_begun:
-                    return
-                self._head_begun = True
-                chunks = self._chunks[:1]
-            else:
-                if self._rest_begun:
-                    return
-                self._rest_begun = True
-                chunks = self._chunks[1:] if self._head_begun else self._chunks
-            if not chunks:
-                return
-            ended = threading.Event()
-            self._threads.append(ended)
+            self._begun = True
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
         # costs the caller a GIL hand-over. Like a daemon thread, it does not hold up the
         # interpreter's exit.
-        _thread.start_new_thread(self._run, (chunks, ended))
+        _thread.start_new_thread(self._run, ())
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the reading threads begun so far to end; whether they have (``True``
-        if none began). ``timeout`` applies to each."""
+        """Wait for the thread to end; whether it has (``True`` if it never started)."""
         with self._lock:
-            threads = list(self._threads)
-        return all(ended.wait(timeout) for ended in threads)
+            begun = self._begun
+        return self._finished.wait(timeout) if begun else True
 
     def stop(self) -> None:
         """Read nothing more (``build_all`` reads the rest its own way)."""
         self._stop.set()
 
-    def _run(self, chunks: list[_Chunk], ended: threading.Event) -> None:
+    def _run(self) -> None:
         try:
-            for chunk in chunks:
+            for chunk in self._chunks:
                 with self._lock:
                     if self._stop.is_set() or self._held > MAX_HELD:
                         break
@@ -179,9 +161,9 @@ class ReadAhead:
                         self._held += sum(_size(read) for read in found.values())
                     chunk.done.set()
         finally:
-            for chunk in chunks:  # never leave a waiter behind
+            for chunk in self._chunks:  # never leave a waiter behind
                 chunk.done.set()
-            ended.set()
+            self._finished.set()
 
     def _read(self, names: list[str]) -> dict[str, Read]:
         plans: dict[str, ProgramPlan] = {}
@@ -214,7 +196,7 @@ class ReadAhead:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
                 chunk = None
-        self._spawn(head=False)  # the caller is past its first kernel: read the rest now
+        self._begin()  # the caller is past its first program: read the others now, if not yet
         if chunk is None:
             return None
         chunk.done.wait()
