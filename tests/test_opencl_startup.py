@@ -140,24 +140,6 @@ def test_lazy_programs_after_the_first_come_from_the_read_ahead(ctx: Any, cache:
 
 
 @pytest.mark.opencl
-def test_the_read_ahead_reads_while_the_first_program_loads(ctx: Any, cache: rc.Cache) -> None:
-    sources, module = _warm(ctx, cache, 12)
-    calls = _count_reads(cache)
-    names = list(sources)
-    module.program(names[0])
-    ahead = module._ahead
-    assert ahead is not None and ahead.join(10)  # begun by the first program, and done
-    me = threading.get_ident()
-    assert [count for who, count in calls if who == me] == [1]  # the first program's own
-    assert sum(count for who, count in calls if who != me) == 11  # the others, ahead
-    for name in names[1:]:
-        module.program(name)
-    assert [count for who, count in calls if who == me] == [1]  # nothing read again
-    assert (opencl_stats().binary_loads, opencl_stats().source_builds) == (12, 0)
-    _works(ctx, module, names)
-
-
-@pytest.mark.opencl
 @pytest.mark.parametrize("value", ["0", "off"])
 def test_read_ahead_can_be_turned_off(
     ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch, value: str
@@ -260,9 +242,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     assert ahead.held == 0
 
 
-def test_read_ahead_begins_when_told_to_or_when_the_caller_comes_back() -> None:
-    """Nothing is read before ``begin()`` or the caller's next ``take()``; then the others,
-    in order."""
+def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> None:
+    """Nothing is read while the first program loads; then the others, in order."""
     cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
     planned: list[str] = []
 
@@ -281,14 +262,3 @@ def test_read_ahead_begins_when_told_to_or_when_the_caller_comes_back() -> None:
     got = ahead.take("p2")
     assert got is not None and bytes(got[1][str(plans["p2"].keys[0])]) == b"value 2"
     assert all(ahead.take(f"p{i}") is not None for i in range(3, 40))
-
-    planned.clear()
-    told = ReadAhead(cache, list(plans), plan_of)
-    told.start("p5")
-    time.sleep(0.1)
-    assert planned == []
-    told.begin()
-    told.begin()  # once
-    assert told.join(10)
-    assert planned == [f"p{i}" for i in (*range(6, 40), *range(5))]
-    assert told.take("p6") is not None and told.take("p4") is not None

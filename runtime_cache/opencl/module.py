@@ -158,8 +158,6 @@ class OpenCLModule:
                 self._driver.restore(cache)
             if plan.keys is not None and found is None:
                 found = cache.get_many_views(plan.keys)
-            if ahead is not None and read is None:
-                ahead.begin()  # while this thread is in the driver (see .prefetch)
             if plan.keys is not None and found is not None:
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:

@@ -9,14 +9,11 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The thread starts when the first program's entries are in hand and its binaries go
-to the driver (:meth:`ReadAhead.begin`). Both the caller and the thread need the GIL,
-and the driver call is where the caller lets go of it longest: a process's first
-binary load is its slowest (2-3 ms on PoCL 3.1 and on the H200), long enough to plan
-and read most of a small module. Started any
-earlier, the thread would slow the caller's own first read; started when the caller
-comes back for a second program (as before), the second program's entries were not
-ready and it paid for the thread's start (about 0.7 ms on the H200).
+The thread keeps out of the first program's way, because both need the GIL (and,
+on a small machine, the same cores): it starts only when the caller comes back for
+a second program, that is once the first kernel is made. A process's first program
+therefore costs what it costs without a read-ahead; the second is read by the caller
+itself while the thread reads on from the third.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -95,19 +92,12 @@ class ReadAhead:
         self._finished = threading.Event()  # set when the thread ends (or never starts)
 
     def start(self, first: str) -> None:
-        """Read every program but ``first``, in order from the one after it, from
-        :meth:`begin` on (or from the caller's next :meth:`take`); nothing is done before."""
+        """Read every program but ``first``, in order from the one after it, once the
+        caller asks for another program (:meth:`take`); nothing is done before that."""
         self._first = first
 
-    def begin(self) -> None:
-        """Start reading (once): the caller has ``first``'s entries and is about to load them."""
-        with self._lock:
-            if not self._laid_out:
-                self._lay_out()
-        self._begin()
-
     def _lay_out(self) -> None:
-        # The chunks, made when the thread begins or the caller first comes back (under the lock).
+        # The chunks, made when the caller first comes back (under the lock).
         first = self._first
         if first in self._names:
             at = self._names.index(first)
@@ -196,7 +186,7 @@ class ReadAhead:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
                 chunk = None
-        self._begin()  # the caller is past its first program: read the others now, if not yet
+        self._begin()  # the caller is past its first program: read the others now
         if chunk is None:
             return None
         chunk.done.wait()
