@@ -65,6 +65,7 @@ def platform_key(run: Mapping[str, Any]) -> tuple[str, ...]:
             str(device.get("name")),
             str(device.get("platform_version")),
             str(run.get("driver_cache")),
+            f"known {int(run.get('known_marks') or 0)}",  # a guard with a full known list
         )
     if kind == "demo":
         driver = run.get("driver", {})

@@ -460,7 +460,13 @@ def floor(runs: Sequence[Run]) -> str:
         )
         title = (
             f"`{run['_file']}`: {driver} on {labels.device_name(device)}, "
-            f"driver cache {mode}, {run['rounds']} rounds, load average "
+            f"driver cache {mode}, {run['rounds']} rounds, "
+            + (
+                f"{run['known_marks']:,} marks on the crash guard's known list, "
+                if run.get("known_marks")
+                else ""
+            )
+            + "load average "
             f"{_load(run.get('load_average_start'))} at the start, "
             f"{_load(run.get('load_average_end'))} at the end"
         )
