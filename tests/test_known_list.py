@@ -140,6 +140,30 @@ def test_processes_merging_at_once_leave_a_whole_sorted_table(tmp_path: Path) ->
     assert all(m not in reader for m in _marks(100, salt="never"))
 
 
+def test_a_merge_never_waits_long_for_a_lock_held_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+    import time
+
+    monkeypatch.setattr(known_list, "LOG_LIMIT", 5)
+    monkeypatch.setattr(known_list, "LOCK_WAIT", 0.2)
+    holder = os.open(tmp_path / "vetted.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a stopped process that holds the lock
+    try:
+        lists = KnownList(str(tmp_path))
+        marks = _marks(12)
+        started = time.monotonic()
+        lists.write(lists.add(marks))
+        assert time.monotonic() - started < 5
+        assert not (tmp_path / TABLE).exists()  # no merge: the log keeps the marks
+        assert all(m in KnownList(str(tmp_path)) for m in marks)
+    finally:
+        os.close(holder)
+    lists.write(lists.add(_marks(3, salt="later")))  # the next write merges
+    assert len(_table_is_whole_and_sorted(tmp_path)) == 15
+
+
 def test_the_guard_knows_marks_from_the_table_and_a_blocked_one_never(tmp_path: Path) -> None:
     marks = _marks(600)
     (tmp_path / TABLE).write_bytes("".join(f"{m}\n" for m in sorted(marks)).encode())

@@ -33,6 +33,7 @@ import contextlib
 import mmap
 import os
 import stat
+import time
 from collections.abc import Iterable, Iterator
 
 try:
@@ -40,7 +41,7 @@ try:
 except ImportError:  # not POSIX: merges go unlocked (a lost mark is only vetted again)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOG", "LOG_LIMIT", "MAX_KNOWN", "TABLE", "KnownList", "read_lines"]
+__all__ = ["LOCK_WAIT", "LOG", "LOG_LIMIT", "MAX_KNOWN", "TABLE", "KnownList", "read_lines"]
 
 #: The log's file name, and the sorted table's.
 LOG = "vetted"
@@ -54,6 +55,8 @@ _WIDTH = 32
 _LINE = _WIDTH + 1
 _FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _LOCK = "vetted.lock"
+#: Seconds a merge waits for another's lock before it leaves the log as it is.
+LOCK_WAIT = 1.0
 
 
 def read_lines(path: str) -> list[str]:
@@ -101,8 +104,8 @@ class KnownList:
         self._map: mmap.mmap | bytes = _map_table(self._table)
         if len(self._recent) > LOG_LIMIT:  # a long log (one from before the table): merge it
             try:
-                self.merge()
-                self._recent = set()
+                if self.merge():
+                    self._recent = set()  # all in the table now
             except OSError:
                 pass
 
@@ -152,16 +155,20 @@ class KnownList:
         except OSError:
             pass
 
-    def merge(self) -> None:
-        """Move the log's marks into the table (see the module's text); ``OSError`` on failure.
+    def merge(self) -> bool:
+        """Move the log's marks into the table (see the module's text); whether this call did.
+        ``OSError`` on failure.
 
-        One process merges at a time (a lock file), so no merge undoes another's."""
-        with _merging(os.path.join(self.folder, _LOCK)):
+        One process merges at a time (a lock file), so no merge undoes another's; a lock
+        held past :data:`LOCK_WAIT` seconds (a stopped process) skips this merge."""
+        with _merging(os.path.join(self.folder, _LOCK)) as locked:
+            if not locked:
+                return False  # the log grows a little longer; the next write tries again
             taken = f"{self._log}.{os.getpid()}.merging"
             try:
                 os.rename(self._log, taken)  # appends from now on start a new log
             except FileNotFoundError:
-                return  # another process merged it
+                return False  # another process merged it
             try:
                 recent = [m for m in read_lines(taken) if _is_mark(m)]
                 fresh = set(recent)
@@ -180,6 +187,7 @@ class KnownList:
                 except OSError:
                     pass
         self._map = _map_table(self._table)
+        return True
 
     def close(self) -> None:
         """Unmap the table (this list then knows only its log's marks)."""
@@ -189,13 +197,25 @@ class KnownList:
 
 
 @contextlib.contextmanager
-def _merging(path: str) -> Iterator[None]:
-    """Hold the merge lock (an ``flock`` on ``path``; it ends with the process)."""
+def _merging(path: str) -> Iterator[bool]:
+    """Hold the merge lock (an ``flock`` on ``path``, released with the process); yields
+    whether it was taken within :data:`LOCK_WAIT` seconds (never waits longer)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _FLAGS, 0o600)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        if fcntl is None:
+            yield True
+            return
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.005)
+        yield True
     finally:
         os.close(fd)
 
