@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +100,33 @@ def test_a_damaged_table_only_makes_lookups_miss_and_the_next_merge_rewrites_it(
     lists.write(lists.add(marks))
     _table_is_whole_and_sorted(tmp_path)
     assert all(m in KnownList(str(tmp_path)) for m in marks)
+
+
+def test_a_huge_table_is_not_read_and_a_failed_merge_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(known_list, "LOG_LIMIT", 5)
+    monkeypatch.setattr(known_list, "MAX_KNOWN", 10)
+    (tmp_path / TABLE).write_bytes((b"f" * 32 + b"\n") * 40)  # past twice the cap
+    lists = KnownList(str(tmp_path))
+    marks = _marks(8)
+    lists.write(lists.add(marks))
+    assert _table_is_whole_and_sorted(tmp_path) == sorted(marks)  # rewritten without it
+
+    real_fdopen = os.fdopen
+
+    def no_space(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "w" in mode:
+            os.close(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fdopen(fd, mode, *args, **kwargs)
+
+    monkeypatch.setattr(known_list.os, "fdopen", no_space)
+    more = _marks(8, salt="more")
+    lists.write(lists.add(more))  # the log is written; its merge fails
+    assert not [n for n in os.listdir(tmp_path) if n.endswith((".tmp", ".merging"))]
+    assert _table_is_whole_and_sorted(tmp_path) == sorted(marks)  # the good table is kept
+    assert all(m in lists for m in more)  # still known in this process
 
 
 def test_a_planted_fifo_or_symlink_never_blocks_or_is_followed(tmp_path: Path) -> None:

@@ -169,23 +169,23 @@ class KnownList:
                 os.rename(self._log, taken)  # appends from now on start a new log
             except FileNotFoundError:
                 return False  # another process merged it
+            temp = f"{self._table}.{os.getpid()}.tmp"
             try:
-                recent = [m for m in read_lines(taken) if _is_mark(m)]
-                fresh = set(recent)
-                older = [m for m in read_lines(self._table) if _is_mark(m) and m not in fresh]
+                fresh = {m for m in read_lines(taken) if _is_mark(m)}
+                older = [m for m in _table_lines(self._table) if m not in fresh]
                 if len(older) + len(fresh) > MAX_KNOWN:
                     older = older[::2][: max(0, MAX_KNOWN - len(fresh))]
                 lines = sorted(set(older) | fresh)
-                temp = f"{self._table}.{os.getpid()}.tmp"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _FLAGS
                 with os.fdopen(os.open(temp, flags, 0o600), "wb") as handle:
                     handle.write("".join(f"{m}\n" for m in lines).encode("ascii"))
                 os.replace(temp, self._table)
             finally:
-                try:
-                    os.unlink(taken)
-                except OSError:
-                    pass
+                for leftover in (taken, temp):  # a failed write (a full disk) leaves no file
+                    try:
+                        os.unlink(leftover)
+                    except OSError:
+                        pass
         self._map = _map_table(self._table)
         return True
 
@@ -218,6 +218,16 @@ def _merging(path: str) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _table_lines(path: str) -> list[str]:
+    """The table's marks; none from a file far past the cap (planted, or not ours)."""
+    try:
+        if os.lstat(path).st_size > 2 * MAX_KNOWN * _LINE:
+            return []
+    except OSError:
+        return []
+    return [m for m in read_lines(path) if _is_mark(m)]
 
 
 def _is_mark(line: str) -> bool:
