@@ -19,6 +19,13 @@ def _marks(count: int, salt: str = "") -> list[str]:
     return [binding(f"key-{salt}{i}", f"digest-{i}") for i in range(count)]
 
 
+def _limits(monkeypatch: pytest.MonkeyPatch, log: int, cap: int | None = None) -> None:
+    """Merge the log past ``log`` lines, and keep at most ``cap`` marks (small, for tests)."""
+    monkeypatch.setattr(known_list, "LOG_LIMIT", log)
+    if cap is not None:
+        monkeypatch.setattr(known_list, "MAX_KNOWN", cap)
+
+
 def _table_is_whole_and_sorted(folder: Path) -> list[str]:
     data = (folder / TABLE).read_bytes()
     assert len(data) % 33 == 0
@@ -43,7 +50,7 @@ def test_marks_written_by_one_list_are_known_to_the_next(tmp_path: Path) -> None
 def test_a_long_log_is_merged_into_the_table_and_nothing_is_read_up_front(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 50)
+    _limits(monkeypatch, log=50)
     writer = KnownList(str(tmp_path))
     marks = _marks(120)
     for start in range(0, 120, 10):
@@ -61,7 +68,7 @@ def test_a_long_log_is_merged_into_the_table_and_nothing_is_read_up_front(
 def test_an_old_long_log_is_merged_by_the_first_process_that_reads_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 50)
+    _limits(monkeypatch, log=50)
     marks = _marks(200)
     (tmp_path / LOG).write_text("".join(f"{m}\n" for m in marks))
     first = KnownList(str(tmp_path))
@@ -73,8 +80,7 @@ def test_an_old_long_log_is_merged_by_the_first_process_that_reads_it(
 def test_the_table_keeps_at_most_max_known_marks_and_all_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 20)
-    monkeypatch.setattr(known_list, "MAX_KNOWN", 100)
+    _limits(monkeypatch, log=20, cap=100)
     writer = KnownList(str(tmp_path))
     marks = _marks(400)
     for start in range(0, 400, 25):
@@ -92,7 +98,7 @@ def test_the_table_keeps_at_most_max_known_marks_and_all_new_ones(
 def test_a_damaged_table_only_makes_lookups_miss_and_the_next_merge_rewrites_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: bytes
 ) -> None:
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 5)
+    _limits(monkeypatch, log=5)
     (tmp_path / TABLE).write_bytes(damage)
     lists = KnownList(str(tmp_path))
     assert _marks(1, salt="x")[0] not in lists
@@ -105,8 +111,7 @@ def test_a_damaged_table_only_makes_lookups_miss_and_the_next_merge_rewrites_it(
 def test_a_huge_table_is_not_read_and_a_failed_merge_leaves_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 5)
-    monkeypatch.setattr(known_list, "MAX_KNOWN", 10)
+    _limits(monkeypatch, log=5, cap=10)
     (tmp_path / TABLE).write_bytes((b"f" * 32 + b"\n") * 40)  # past twice the cap
     lists = KnownList(str(tmp_path))
     marks = _marks(8)
@@ -175,7 +180,7 @@ def test_a_merge_never_waits_long_for_a_lock_held_elsewhere(
     import fcntl
     import time
 
-    monkeypatch.setattr(known_list, "LOG_LIMIT", 5)
+    _limits(monkeypatch, log=5)
     monkeypatch.setattr(known_list, "LOCK_WAIT", 0.2)
     holder = os.open(tmp_path / "vetted.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(holder, fcntl.LOCK_EX)  # a stopped process that holds the lock
