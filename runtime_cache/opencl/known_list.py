@@ -16,10 +16,11 @@ of start-up at 19,900. So the list is kept in two files in the guard folder:
 When the log passes :data:`LOG_LIMIT` lines, the process that appended last merges
 it into the table, holding a lock file (``vetted.lock``) so that merges take turns:
 it renames the log away (appends from then on start a new one), merges the two, and
-replaces the table in one rename. Past :data:`MAX_KNOWN` marks,
+replaces the table in one rename. A writer whose log was renamed away while it wrote
+writes its marks again to the new log, so no mark is lost to a merge. Past :data:`MAX_KNOWN` marks,
 half of the table's are dropped (the table keeps no age, so which half is arbitrary).
-A mark lost to a race or dropped is not harmful: its binary is vetted again the next
-time it is seen.
+A mark dropped (or not written: a full disk) is not harmful: its binary is vetted
+again the next time it is seen.
 
 A table that is not a whole number of lines, or a line that is not a mark, only
 makes lookups miss (a binary is then vetted, never trusted more); the next merge
@@ -142,15 +143,20 @@ class KnownList:
         if not marks:
             return
         data = "".join(f"{m}\n" for m in marks).encode("ascii", "replace")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _FLAGS
         try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _FLAGS
-            fd = os.open(self._log, flags, 0o600)
-            try:
-                os.write(fd, data)
-                size = os.fstat(fd).st_size
-            finally:
-                os.close(fd)
-            if size // _LINE > LOG_LIMIT:
+            for _ in range(3):
+                fd = os.open(self._log, flags, 0o600)
+                try:
+                    os.write(fd, data)
+                    info = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                # A merge that renamed the log away after this open may have read it before
+                # the write: then write again to the new log (a mark twice is harmless).
+                if _same_file(self._log, info):
+                    break
+            if info.st_size // _LINE > LOG_LIMIT:
                 self.merge()
         except OSError:
             pass
@@ -218,6 +224,15 @@ def _merging(path: str) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _same_file(path: str, info: os.stat_result) -> bool:
+    """Whether ``path`` still names the file ``info`` describes."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
 
 def _table_lines(path: str) -> list[str]:
