@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 import xxhash
 
 from .. import environment
-from .known_list import KnownList, read_lines
+from .known_list import OPEN_FLAGS, KnownList, read_lines
 
 __all__ = [
     "Binary",
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
 _MAX_BLOCKED = 10_000
-_NOFOLLOW = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _PAGE = 4096
 
 
@@ -355,7 +354,7 @@ def _append(path: str, digests: Sequence[str], limit: int) -> None:
     """Append lines (one ``O_APPEND`` write); keep the newest half once past ``limit`` lines."""
     data = "".join(f"{d}\n" for d in digests).encode("ascii")
     try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _NOFOLLOW
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
         fd = os.open(path, flags, 0o600)
         try:
             os.write(fd, data)

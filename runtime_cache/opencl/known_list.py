@@ -17,8 +17,9 @@ When the log passes :data:`LOG_LIMIT` lines, the process that appended last merg
 it into the table, holding a lock file (``vetted.lock``) so that merges take turns:
 it renames the log away (appends from then on start a new one), merges the two, and
 replaces the table in one rename. A writer whose log was renamed away while it wrote
-writes its marks again to the new log, so no mark is lost to a merge. Past :data:`MAX_KNOWN` marks,
-half of the table's are dropped (the table keeps no age, so which half is arbitrary).
+writes its marks again to the new log, so no mark is lost to a merge. Past
+:data:`MAX_KNOWN` marks, half of the table's are dropped (the table keeps no age, so
+which half is arbitrary).
 A mark dropped (or not written: a full disk) is not harmful: its binary is vetted
 again the next time it is seen.
 
@@ -42,7 +43,16 @@ try:
 except ImportError:  # not POSIX: merges go unlocked (a lost mark is only vetted again)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_WAIT", "LOG", "LOG_LIMIT", "MAX_KNOWN", "TABLE", "KnownList", "read_lines"]
+__all__ = [
+    "LOCK_WAIT",
+    "LOG",
+    "LOG_LIMIT",
+    "MAX_KNOWN",
+    "OPEN_FLAGS",
+    "TABLE",
+    "KnownList",
+    "read_lines",
+]
 
 #: The log's file name, and the sorted table's.
 LOG = "vetted"
@@ -54,7 +64,8 @@ MAX_KNOWN = 20_000
 #: A mark is an xxh3-128 digest in hex: 32 characters, a table line 33 bytes.
 _WIDTH = 32
 _LINE = _WIDTH + 1
-_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+#: Added to every open of the guard's files: no link followed, not inherited by children.
+OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _LOCK = "vetted.lock"
 #: Seconds a merge waits for another's lock before it leaves the log as it is.
 LOCK_WAIT = 1.0
@@ -76,7 +87,7 @@ def read_lines(path: str) -> list[str]:
 
 def _open_regular(path: str) -> int | None:
     """``path`` opened for reading, when it is a regular file (no symlink followed)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | _FLAGS
+    flags = os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS
     try:
         fd = os.open(path, flags)
     except OSError:
@@ -143,7 +154,7 @@ class KnownList:
         if not marks:
             return
         data = "".join(f"{m}\n" for m in marks).encode("ascii", "replace")
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _FLAGS
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
         try:
             for _ in range(3):
                 fd = os.open(self._log, flags, 0o600)
@@ -182,7 +193,7 @@ class KnownList:
                 if len(older) + len(fresh) > MAX_KNOWN:
                     older = older[::2][: max(0, MAX_KNOWN - len(fresh))]
                 lines = sorted(set(older) | fresh)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _FLAGS
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | OPEN_FLAGS
                 with os.fdopen(os.open(temp, flags, 0o600), "wb") as handle:
                     handle.write("".join(f"{m}\n" for m in lines).encode("ascii"))
                 os.replace(temp, self._table)
@@ -195,18 +206,12 @@ class KnownList:
         self._map = _map_table(self._table)
         return True
 
-    def close(self) -> None:
-        """Unmap the table (this list then knows only its log's marks)."""
-        if isinstance(self._map, mmap.mmap):
-            self._map.close()
-        self._map = b""
-
 
 @contextlib.contextmanager
 def _merging(path: str) -> Iterator[bool]:
     """Hold the merge lock (an ``flock`` on ``path``, released with the process); yields
     whether it was taken within :data:`LOCK_WAIT` seconds (never waits longer)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _FLAGS, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS, 0o600)
     try:
         if fcntl is None:
             yield True
