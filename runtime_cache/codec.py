@@ -27,7 +27,6 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import msgpack
 import xxhash
 
 from .entry_frame import (
@@ -55,6 +54,7 @@ from .errors import (
     InvalidValueError,
     SignatureError,
 )
+from .packing import packb
 from .signing import SIG_SIZE, Secret, SecretKeys, normalize_secret, sign, signed_by, signing_keys
 
 __all__ = [
@@ -108,7 +108,7 @@ def encode_entry(
 
     Raises :class:`InvalidValueError` for a non-finite or out-of-range time.
     """
-    packed_parts = msgpack.packb(dict(parts), use_bin_type=True)
+    packed_parts = packb(dict(parts))
     return encode_packed(
         key,
         packed_parts,

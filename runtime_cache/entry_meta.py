@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from .errors import CorruptEntryError
+from .packing import packb
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -215,9 +216,9 @@ def pack_meta(
             _CREATED,
             META_TIMES.pack(created_at, _BUILT, build_seconds),
             b"\xa1v",
-            msgpack.packb(producer, use_bin_type=True),
+            packb(producer),
             b"\xa1n",
-            msgpack.packb(value_len),
-            b"\xa1x" + msgpack.packb(extra, use_bin_type=True) if extra else b"",
+            packb(value_len),
+            b"\xa1x" + packb(extra) if extra else b"",
         )
     )

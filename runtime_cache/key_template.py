@@ -25,16 +25,15 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .keys import CacheKey, encode_parts, encoded_part, make_key
+from .keys import CacheKey, check_named_parts, encode_parts, encoded_part, make_key
+from .packing import packb
 
 __all__ = ["KeyTemplate"]
 
 _PACKER = msgpack.Packer(use_bin_type=True)
 
 
-def _pack(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
-    return packed
+_pack = packb
 
 
 class KeyTemplate:
@@ -55,8 +54,8 @@ class KeyTemplate:
             "device": device,
             **shared,
         }
-        probe = make_key(**parts)  # checks the parts as make_key does
-        self._runtime, self._purpose = probe.runtime, probe.purpose
+        check_named_parts(parts)  # the rest is checked as each part is encoded, below
+        self._runtime, self._purpose = runtime, purpose
         self._shared = parts
         self._pairs: dict[str, bytes] = {}
         self._copies: dict[str, Any] = {}

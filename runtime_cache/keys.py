@@ -22,10 +22,13 @@ from typing import Any
 import msgpack
 import xxhash
 
+from .packing import packb
+
 __all__ = [
     "KEY_SCHEMA_VERSION",
     "CacheKey",
     "canonical_bytes",
+    "check_named_parts",
     "encode_parts",
     "encoded_part",
     "make_key",
@@ -91,9 +94,7 @@ def _prepare(parts: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
         # Subclasses of built-in types, or a bad part: the slow walk names the part.
         body = _canonical(dict(parts), "parts", 0)
         copy = _plain(parts)
-    packed: bytes = msgpack.packb(
-        ["runtime-cache-key", KEY_SCHEMA_VERSION, body], use_bin_type=True
-    )
+    packed: bytes = packb(["runtime-cache-key", KEY_SCHEMA_VERSION, body])
     return packed, copy
 
 
@@ -126,7 +127,7 @@ def encoded_part(name: str, value: Any) -> tuple[bytes, Any]:
         canon, copy = _walk(value, 1)
     except (_Unsupported, TypeError):
         canon, copy = _canonical(value, f"parts.{name}", 1), _plain(value)
-    packed: bytes = msgpack.packb([name, canon], use_bin_type=True)
+    packed: bytes = packb([name, canon])
     return packed, copy
 
 
@@ -222,7 +223,7 @@ class CacheKey:
 
     @cached_property
     def _packed_parts(self) -> bytes:
-        packed: bytes = msgpack.packb(self._parts, use_bin_type=True)
+        packed: bytes = packb(self._parts)
         return packed
 
     @property
@@ -238,7 +239,7 @@ class CacheKey:
         encoding, not a key derivation. Anything else is hashed in full.
         """
         try:
-            if msgpack.packb(parts, use_bin_type=True) == self._packed_parts:
+            if packb(parts) == self._packed_parts:
                 return True
             return str(CacheKey.from_parts(parts)) == str(self)
         except (TypeError, ValueError, OverflowError):
@@ -247,20 +248,9 @@ class CacheKey:
     @classmethod
     def from_parts(cls, parts: Mapping[str, Any]) -> CacheKey:
         """Rebuild a key from its parts (as kept in an entry's metadata)."""
-        missing = [name for name in _RESERVED if name not in parts]
-        if missing:
-            raise TypeError(f"key parts lack {', '.join(missing)}")
-        runtime, purpose = parts["runtime"], parts["purpose"]
-        for name, value in (("runtime", runtime), ("purpose", purpose)):
-            if not isinstance(value, str) or not _NAME.match(value):
-                raise ValueError(
-                    f"{name} must be 1-64 characters of letters, digits, '.', '_', '+' "
-                    f"or '-', not starting with '.': {value!r}"
-                )
-        if not isinstance(parts["module_id"], str) or not parts["module_id"]:
-            raise TypeError("key part 'module_id' must be a non-empty str")
+        check_named_parts(parts)
         packed, copy = _prepare(parts)
-        return cls.made(runtime, purpose, xxhash.xxh3_128_hexdigest(packed), copy)
+        return cls.made(parts["runtime"], parts["purpose"], xxhash.xxh3_128_hexdigest(packed), copy)
 
     @classmethod
     def made(
@@ -279,9 +269,28 @@ class CacheKey:
         made = key.__dict__
         made["_storage_key"] = f"{runtime}/{purpose}/{digest}"
         if packed_parts is None:
-            packed_parts = msgpack.packb(parts, use_bin_type=True)
+            packed_parts = packb(parts)
         made["_packed_parts"] = packed_parts
         return key
+
+
+def check_named_parts(parts: Mapping[str, Any]) -> None:
+    """Check the parts every key has: ``module_id`` (a non-empty str), and ``runtime`` and
+    ``purpose`` (1-64 characters of letters, digits, ``.``, ``_``, ``+`` or ``-``, not
+    starting with ``.``); ``device`` must be present. Raises ``TypeError`` or ``ValueError``
+    as :func:`make_key` does."""
+    missing = [name for name in _RESERVED if name not in parts]
+    if missing:
+        raise TypeError(f"key parts lack {', '.join(missing)}")
+    for name in ("runtime", "purpose"):
+        value = parts[name]
+        if not isinstance(value, str) or not _NAME.match(value):
+            raise ValueError(
+                f"{name} must be 1-64 characters of letters, digits, '.', '_', '+' "
+                f"or '-', not starting with '.': {value!r}"
+            )
+    if not isinstance(parts["module_id"], str) or not parts["module_id"]:
+        raise TypeError("key part 'module_id' must be a non-empty str")
 
 
 def make_key(
@@ -341,7 +350,5 @@ def _flat_sources_bytes(body: Any) -> bytes | None:
             return None
     pairs = [[name, body[name]] for name in sorted(body)]
     canon = ["\x00dict", [["sources", ["\x00dict", pairs]]]]
-    packed: bytes = msgpack.packb(
-        ["runtime-cache-key", KEY_SCHEMA_VERSION, canon], use_bin_type=True
-    )
+    packed: bytes = packb(["runtime-cache-key", KEY_SCHEMA_VERSION, canon])
     return packed

@@ -32,7 +32,6 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-import msgpack
 import xxhash
 
 from .codec import encode_packed
@@ -55,6 +54,7 @@ from .entry_meta import (
 )
 from .errors import CorruptEntryError, InvalidValueError
 from .keys import CacheKey
+from .packing import packb
 from .signing import SIG_SIZE, SecretKeys, signed_by
 
 __all__ = ["Found", "OwnEntries"]
@@ -111,7 +111,7 @@ class OwnEntries:
         tail: bytes | None = None
         try:  # the full check, once, on a sample of the fixed bytes
             unpack_meta(pack_meta("", b"\x80", 0.0, 0.0, producer, 0), limits)
-            tail = b"\xa1v" + msgpack.packb(producer, use_bin_type=True) + b"\xa1n"
+            tail = b"\xa1v" + packb(producer) + b"\xa1n"
         except (CorruptEntryError, TypeError, ValueError, OverflowError):
             pass  # such entries fail the full check: no quick form
         self._by_key, self._ends, self._tail = {}, {}, tail
@@ -148,7 +148,7 @@ class OwnEntries:
 
     def _end(self, value_len: int) -> bytes:
         # The metadata's bytes after the times, for a value of ``value_len`` bytes.
-        end: bytes = (self._tail or b"") + msgpack.packb(value_len)
+        end: bytes = (self._tail or b"") + packb(value_len)
         if len(self._ends) >= self.bound:
             self._ends = {}
         self._ends[value_len] = end

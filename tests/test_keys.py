@@ -148,3 +148,34 @@ def test_module_ids_hash_the_canonical_form(sources: dict[str, object]) -> None:
 
     expected = xxhash.xxh3_64_hexdigest(canonical_bytes({"sources": dict(sources)}))
     assert module_id_from_sources(sources) == f"module@{expected}"  # type: ignore[arg-type]
+
+
+def test_the_reused_packer_encodes_as_msgpack_does_on_every_thread() -> None:
+    """Keys encode on one packer per thread: the bytes are msgpack.packb's, a value the
+    packer refuses leaves nothing behind for the next call, and threads do not mix."""
+    import threading
+
+    import msgpack
+
+    from runtime_cache.packing import packb
+
+    values = [{"a": [1, 2.5, None, True]}, "x" * 300_000, b"\x00\xff", [{"n": -(2**63)}]]
+    assert [packb(v) for v in values] == [msgpack.packb(v, use_bin_type=True) for v in values]
+    with pytest.raises(TypeError):
+        packb({"bad": object()})
+    assert packb([1, "after"]) == msgpack.packb([1, "after"], use_bin_type=True)
+
+    wrong: list[object] = []
+
+    def encode(seed: int) -> None:
+        for i in range(2000):
+            value = {"seed": seed, "i": i, "text": "t" * (i % 50)}
+            if packb(value) != msgpack.packb(value, use_bin_type=True):
+                wrong.append(value)
+
+    threads = [threading.Thread(target=encode, args=(s,)) for s in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

@@ -114,8 +114,12 @@ class LoadGuard:
     def _open_folder(folder: str) -> list[str]:
         """Make ``folder`` (private) and list it; ``OSError`` when it is unusable or
         (outside the home folder) not this user's own."""
-        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:  # the first use on this machine: make it (two mkdirs)
+            os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            names = os.listdir(folder)
         # Named like the private temporary folder (telling by name: finding the temporary
         # folder itself writes a probe file there, a cost in every process's first load).
         if os.path.basename(os.path.dirname(folder)) == environment.fallback_name("state"):
@@ -123,7 +127,7 @@ class LoadGuard:
             info = os.lstat(os.path.dirname(folder))
             if info.st_uid != os.getuid() or info.st_mode & 0o022:
                 raise OSError(f"{os.path.dirname(folder)} is not a private folder of this user")
-        return os.listdir(folder)
+        return names
 
     @property
     def folder(self) -> str:
