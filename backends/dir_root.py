@@ -52,17 +52,17 @@ class Modes:
         )
 
 
-def _not_a_folder(root: Path) -> BackendError:
+def _not_a_folder(root: str | Path) -> BackendError:
     return BackendError(f"cache root {root} is not a directory")
 
 
-def _failed(root: Path, exc: OSError) -> BackendError:
+def _failed(root: str | Path, exc: OSError) -> BackendError:
     if exc.errno in _READ_ONLY:
         return ReadOnlyBackendError(f"open of {root}: read-only or no permission ({exc.strerror})")
     return BackendError(f"open of {root}: {exc.strerror or exc}")
 
 
-def open_root(root: Path, modes: Modes) -> int:
+def open_root(root: str | Path, modes: Modes) -> int:
     """Open (creating it if missing) the root folder; return its descriptor.
 
     Raises :class:`BackendError` ("is not a directory") when ``root`` names a file.
@@ -91,7 +91,7 @@ def open_root(root: Path, modes: Modes) -> int:
         raise _failed(root, exc) from exc
 
 
-def owner_check(root_fd: int, root: Path, shared: bool) -> set[int] | None:
+def owner_check(root_fd: int, root: str | Path, shared: bool) -> set[int] | None:
     """Refuse a root others may write unless ``shared``; return the group's uids when shared.
 
     A root that another user (not root) owns, or that its group or anyone may

@@ -99,7 +99,9 @@ class DirectoryBackend(Backend):
     ) -> None:
         # Absolute once, here: a later os.chdir must not move the cache.
         root = os.path.expanduser(os.fspath(path)) if path else default_directory()
-        self.root = Path(os.path.abspath(root))
+        # Kept as text: a Path is made only when asked for (``root``), off the open's path.
+        self._root_text = os.path.abspath(root)
+        self._root_path: Path | None = None
         self.max_size = None if max_size is None else parse_size(max_size)
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
@@ -117,9 +119,9 @@ class DirectoryBackend(Backend):
         self._rels: dict[str, str] = {}
         self.modes = Modes.for_cache(shared)
         #: The descriptor of the root folder that everything is opened under.
-        self.root_fd = open_root(self.root, self.modes)
+        self.root_fd = open_root(self._root_text, self.modes)
         try:
-            members = owner_check(self.root_fd, self.root, shared)
+            members = owner_check(self.root_fd, self._root_text, shared)
         except BaseException:
             os.close(self.root_fd)
             raise
@@ -161,6 +163,13 @@ class DirectoryBackend(Backend):
         old, self.root_fd = self.root_fd, fd
         self._journal.dir_fd = fd
         os.close(old)
+
+    @property
+    def root(self) -> Path:
+        """The root folder, absolute (as given, or the default)."""
+        if self._root_path is None:
+            self._root_path = Path(self._root_text)
+        return self._root_path
 
     @property
     def read_only(self) -> bool:
@@ -388,7 +397,7 @@ class DirectoryBackend(Backend):
             self.flush_hits()
 
     def __repr__(self) -> str:
-        return f"<DirectoryBackend {str(self.root)!r}>"
+        return f"<DirectoryBackend {self._root_text!r}>"
 
     def __del__(self) -> None:
         with contextlib.suppress(AttributeError, OSError):

@@ -89,8 +89,13 @@ class BackendURL:
             raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
         try:
             parts: SplitResult = urlsplit(url)
-            options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
-            _ = parts.port  # a non-numeric or out-of-range port fails here, not at first use
+            options = (
+                dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+                if parts.query
+                else {}
+            )
+            if ":" in parts.netloc:  # a port (or IPv6 host): checked here, not at first use
+                _ = parts.port
         except ValueError as exc:
             raise InvalidURLError(
                 f"cannot parse backend URL {redact_url(url)}: {redact(str(exc))}"
