@@ -10,6 +10,7 @@ import datetime
 import math
 import os
 import platform
+import random
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,6 +52,13 @@ def median(values: Iterable[float]) -> float:
     """The median of ``values``; NaN when there are none (a phase that was skipped)."""
     numbers = list(values)
     return statistics.median(numbers) if numbers else math.nan
+
+
+def interval(values: list[float], seed: int = 1) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``values`` (2,000 resamples, seeded)."""
+    rng = random.Random(seed)
+    meds = sorted(median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return meds[50], meds[1949]
 
 
 def kernel_sources(n: int, salt: str) -> dict[str, str]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -56,7 +55,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
 
-from _common import RESULTS, kernel_sources, machine_info, median  # noqa: E402
+from _common import RESULTS, kernel_sources, machine_info  # noqa: E402
+from floor_stats import print_report, summarize  # noqa: E402
 
 #: What each side's clock covers (written into the JSON).
 TIMED = {
@@ -206,13 +206,6 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- parent side
-def interval(values: list[float], seed: int = 1) -> list[float]:
-    """A bootstrap 95% interval of the median of ``values``."""
-    rng = random.Random(seed)
-    meds = sorted(median(rng.choices(values, k=len(values))) for _ in range(2000))
-    return [meds[50], meds[1949]]
-
-
 class Runner:
     """Starts the child processes of one run, each with the environment its side needs."""
 
@@ -289,43 +282,6 @@ def fill_known_list(folder: Path, count: int) -> None:
     marks = (xxhash.xxh3_128_hexdigest(f"other binary {i}".encode()) for i in range(count))
     with open(folder / "vetted", "a", encoding="ascii") as log:
         log.write("".join(f"{m}\n" for m in marks))
-
-
-def _paired(a: list[float], b: list[float]) -> dict[str, Any]:
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    return {"median": median(ratios), "interval_95": interval(ratios), "per_round": ratios}
-
-
-def summarize(
-    times: dict[str, list[float]],
-    cpu: dict[str, list[float]],
-    firsts: dict[str, list[float]],
-    first_cpu: dict[str, list[float]],
-    pairs: list[tuple[str, str]],
-) -> dict[str, Any]:
-    """Medians per side, paired ratios per pair, and the start-up difference."""
-    out: dict[str, Any] = {
-        "median_seconds": {s: median(v) for s, v in times.items()},
-        "seconds": times,
-        "median_cpu_seconds": {s: median(v) for s, v in cpu.items()},
-        "cpu_seconds": cpu,
-        "ratios": {f"{a}/{b}": _paired(times[a], times[b]) for a, b in pairs},
-        "cpu_ratios": {f"{a}/{b}": _paired(cpu[a], cpu[b]) for a, b in pairs},
-    }
-    if firsts.get("lazy") and firsts.get("floor"):
-        diffs = [x - y for x, y in zip(firsts["lazy"], firsts["floor"], strict=True)]
-        out["first_seconds"] = firsts
-        out["startup"] = {
-            "median_ms": median(diffs) * 1000,
-            "interval_95_ms": [v * 1000 for v in interval(diffs)],
-            "per_round_ms": [d * 1000 for d in diffs],
-            "lazy_first_median_ms": median(firsts["lazy"]) * 1000,
-            "floor_first_median_ms": median(firsts["floor"]) * 1000,
-        }
-        cpu_diffs = [x - y for x, y in zip(first_cpu["lazy"], first_cpu["floor"], strict=True)]
-        out["startup"]["cpu_median_ms"] = median(cpu_diffs) * 1000
-        out["startup"]["cpu_interval_95_ms"] = [v * 1000 for v in interval(cpu_diffs)]
-    return out
 
 
 def main() -> int:
@@ -414,25 +370,7 @@ def main() -> int:
         )
         for n in ns
     }
-    print(f"\n{device.get('name')} | {device.get('platform_version')} | driver cache {mode}")
-    print(f"{'n':>4} {'side':8} {'median ms':>10}")
-    for n in ns:
-        for side in sides:
-            print(f"{n:>4} {side:8} {results[str(n)]['median_seconds'][side] * 1000:10.2f}")
-        for pair, row in results[str(n)]["ratios"].items():
-            low, high = row["interval_95"]
-            c = results[str(n)]["cpu_ratios"][pair]
-            print(
-                f"{n:>4} {pair:14} {row['median']:.3f} [{low:.3f}, {high:.3f}]"
-                f"   cpu {c['median']:.3f} [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]"
-            )
-        if "startup" in results[str(n)]:
-            s = results[str(n)]["startup"]
-            low, high = s["interval_95_ms"]
-            print(
-                f"{n:>4} start-up {s['median_ms']:.2f} ms [{low:.2f}, {high:.2f}]"
-                f"   cpu {s['cpu_median_ms']:.2f} ms"
-            )
+    print_report(results, device, mode, ns, sides)
     label = args.machine or str(device.get("name", "device")).split()[0].lower()
     suffix = "" if mode == "off" else f"-driver-cache-{mode}"
     out = Path(args.json) if args.json else RESULTS / f"floor-{label}{suffix}.json"

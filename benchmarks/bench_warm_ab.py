@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import machine_info, median
+from _common import interval, machine_info, median
 
 CHILD = r"""
 import json, sys, time
@@ -89,13 +88,6 @@ def run(side: Path, cache: Path, guard: Path, n: int, mode: str, index: int) -> 
         raise SystemExit(f"{side}: exit {done.returncode}\n{done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def interval(ratios: list[float], seed: int = 1) -> tuple[float, float]:
-    """A bootstrap 95% interval of the median of ``ratios``."""
-    rng = random.Random(seed)
-    meds = sorted(median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
-    return meds[50], meds[1949]
 
 
 HERE = Path(__file__).resolve().parent
