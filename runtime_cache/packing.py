@@ -16,9 +16,12 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["packb"]
+__all__ = ["KEEP_BELOW", "packb"]
 
 _local = threading.local()
+#: A value whose encoding is larger than this grew its packer's buffer: the packer is
+#: dropped afterwards, so that no thread keeps a large buffer for the rest of its life.
+KEEP_BELOW = 1 << 20
 
 
 def packb(value: Any) -> bytes:
@@ -31,4 +34,6 @@ def packb(value: Any) -> bytes:
     if packer is None:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
     packed: bytes = packer.pack(value)
+    if len(packed) > KEEP_BELOW:
+        _local.packer = None
     return packed

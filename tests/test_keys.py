@@ -161,6 +161,11 @@ def test_the_reused_packer_encodes_as_msgpack_does_on_every_thread() -> None:
 
     values = [{"a": [1, 2.5, None, True]}, "x" * 300_000, b"\x00\xff", [{"n": -(2**63)}]]
     assert [packb(v) for v in values] == [msgpack.packb(v, use_bin_type=True) for v in values]
+    import runtime_cache.packing as packing
+
+    big = "y" * (packing.KEEP_BELOW + 1)
+    assert packb(big) == msgpack.packb(big, use_bin_type=True)
+    assert getattr(packing._local, "packer", None) is None  # its grown buffer is let go
     with pytest.raises(TypeError):
         packb({"bad": object()})
     assert packb([1, "after"]) == msgpack.packb([1, "after"], use_bin_type=True)
