@@ -101,6 +101,8 @@ class DirectoryBackend(Backend):
         root = os.path.expanduser(os.fspath(path)) if path else default_directory()
         # Kept as text: a Path is made only when asked for (``root``), off the open's path.
         self._root_text = os.path.abspath(root)
+        if not isinstance(self._root_text, str):
+            raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
         self._root_path: Path | None = None
         self.max_size = None if max_size is None else parse_size(max_size)
         if max_files is None and self.max_size is not None:

@@ -32,8 +32,12 @@ def packb(value: Any) -> bytes:
     """
     packer = getattr(_local, "packer", None)
     if packer is None:
-        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+        packer = msgpack.Packer(use_bin_type=True)
+    # Taken out while it packs: a call made from inside this one (a dict subclass's items()
+    # that makes a key) gets a packer of its own. Put back only after a success that left
+    # its buffer small; one that raised or grew large is dropped.
+    _local.packer = None
     packed: bytes = packer.pack(value)
-    if len(packed) > KEEP_BELOW:
-        _local.packer = None
+    if len(packed) <= KEEP_BELOW:
+        _local.packer = packer
     return packed

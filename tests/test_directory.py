@@ -227,3 +227,10 @@ def test_peek_is_not_a_use(tmp_path: Path) -> None:
     backend.get(KEY)
     (item,) = list(backend.scan())
     assert item.hits == 1 and item.last_access is not None and item.last_access > 1000.0
+
+
+def test_a_bytes_path_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    where = os.fsencode(tmp_path / "as-bytes")
+    with pytest.raises(TypeError, match="must be text"):
+        DirectoryBackend(where)  # type: ignore[arg-type]
+    assert not os.path.exists(where)

@@ -169,6 +169,19 @@ def test_the_reused_packer_encodes_as_msgpack_does_on_every_thread() -> None:
     with pytest.raises(TypeError):
         packb({"bad": object()})
     assert packb([1, "after"]) == msgpack.packb([1, "after"], use_bin_type=True)
+    with pytest.raises(TypeError):
+        packb(["y" * (packing.KEEP_BELOW + 1), object()])  # grew the buffer, then failed
+    assert getattr(packing._local, "packer", None) is None
+
+    class Nested(dict):  # type: ignore[type-arg]
+        """A dict subclass: msgpack calls its items(), which packs too (makes a key)."""
+
+        def items(self):  # type: ignore[no-untyped-def]
+            packb({"inner": 1})
+            return super().items()
+
+    outer = {"outer": [1, 2, 3], "d": Nested(z=1)}
+    assert packb(outer) == msgpack.packb(outer, use_bin_type=True)
 
     wrong: list[object] = []
 
