@@ -30,14 +30,7 @@ from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, pars
 from runtime_cache.environment import default_directory
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
-from .dir_fs import (
-    NOFOLLOW,
-    Junk,
-    open_beneath,
-    read_parts,
-    read_to_end,
-    regular_size,
-)
+from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, rel_path, walk
@@ -103,7 +96,6 @@ class DirectoryBackend(Backend):
         self._root_text = os.path.abspath(root)
         if not isinstance(self._root_text, str):
             raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
-        self._root_path: Path | None = None
         self.max_size = None if max_size is None else parse_size(max_size)
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
@@ -169,9 +161,7 @@ class DirectoryBackend(Backend):
     @property
     def root(self) -> Path:
         """The root folder, absolute (as given, or the default)."""
-        if self._root_path is None:
-            self._root_path = Path(self._root_text)
-        return self._root_path
+        return Path(self._root_text)
 
     @property
     def read_only(self) -> bool:

@@ -33,9 +33,6 @@ __all__ = ["KeyTemplate"]
 _PACKER = msgpack.Packer(use_bin_type=True)
 
 
-_pack = packb
-
-
 class KeyTemplate:
     """Makes :class:`~runtime_cache.keys.CacheKey` objects that share most of their parts.
 
@@ -63,7 +60,7 @@ class KeyTemplate:
         self._meta: dict[str, bytes] = {}
         for name, value in parts.items():
             self._pairs[name], self._copies[name] = encoded_part(name, value)
-            self._meta[name] = _pack(name) + _pack(self._copies[name])
+            self._meta[name] = packb(name) + packb(self._copies[name])
 
     def key(self, **parts: Any) -> CacheKey:
         """The key of the shared parts plus ``parts``: ``make_key`` of them all.
@@ -81,7 +78,7 @@ class KeyTemplate:
                 pairs[name], copies[name] = encoded_part(name, value)
             except TypeError:
                 return make_key(**{**self._shared, **parts})
-            meta[name] = _pack(name) + _pack(copies[name])
+            meta[name] = packb(name) + packb(copies[name])
         digest = xxhash.xxh3_128_hexdigest(encode_parts(pairs))
         # In name order, as make_key keeps them: an entry's metadata holds their msgpack.
         names = sorted(copies)
