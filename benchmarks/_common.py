@@ -1,4 +1,5 @@
-"""What every benchmark script records beside its figures: the machine, the date, medians.
+"""What every benchmark script shares: the machine and the date, medians, its JSON, and
+how it runs a side in a fresh child process of itself.
 
 The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path`` and
 they import it as ``_common``.
@@ -6,13 +7,17 @@ they import it as ``_common``.
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import json
 import math
 import os
 import platform
 import random
 import statistics
-from collections.abc import Iterable
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +80,35 @@ def kernel_sources(n: int, salt: str) -> dict[str, str]:
             f"    a[g] = x + {i}.0f;\n}}\n"
         )
     return sources
+
+
+def write_json(path: str | Path, record: Mapping[str, Any], indent: int = 2) -> Path:
+    """Write ``record`` as JSON to ``path``, making its folder first; return the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=indent) + "\n", encoding="utf-8")
+    return out
+
+
+def add_child_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hidden arguments with which a script runs one side in a child of itself
+    (:func:`run_child`): ``--child SIDE``, ``--salt`` and ``--dir``."""
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+
+
+def run_child(
+    script: str, side: str, n: int, salt: str, folder: Path, env: Mapping[str, str]
+) -> Any:
+    """Run ``script --child side --n n --salt salt --dir folder`` in a fresh process, in
+    ``folder`` (never a checkout, whose source tree must not shadow the install); return
+    the JSON its last line of output holds. A failing child stops the run with its error."""
+    command = [sys.executable, str(Path(script).resolve()), "--child", side]
+    command += ["--n", str(n), "--salt", salt, "--dir", str(folder)]
+    done = subprocess.run(
+        command, cwd=folder, env=dict(env), capture_output=True, text=True, timeout=900, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"side {side} (n={n}) failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, machine_info, median
+from _common import RESULTS, machine_info, median, write_json
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -268,9 +268,7 @@ def main() -> int:
         )
     meta = {**machine_info(), "rounds": args.rounds}
     output = {"meta": meta, "results": results, "front_over_raw": front_over_raw}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(output, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, output)}")
     return 0
 
 

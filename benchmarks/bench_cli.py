@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import resource
 import shutil
@@ -31,7 +30,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from _common import machine_info, median
+from _common import machine_info, median, write_json
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -144,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = f"  (CPU {row['median_cpu_s']:.3f} s)" if "median_cpu_s" in row else ""
         print(f"{label.ljust(width)}  {row['median_s']:.3f} s{cpu}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+        write_json(args.json, {"meta": meta, "results": results})
     return 0
 
 

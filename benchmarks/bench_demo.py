@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, machine_info
+from _common import RESULTS, machine_info, write_json
 
 
 def driver_info(spec: str | None) -> dict[str, Any]:
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     demo["cache"] = "dir://<a fresh temporary folder>"  # the path itself says nothing
     result = {"benchmark": "demo", **machine_info(), "driver": driver, "demo": demo}
     out = Path(args.out) if args.out else RESULTS / f"demo-{args.label or label_for(driver)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     cold, warm = demo["cold"], demo["warm"]
     print(f"{driver['device']} ({driver['platform_version']})")
     for phase in cold["phases"]:

@@ -52,7 +52,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _common import kernel_sources
+from _common import kernel_sources, write_json
 
 HERE = Path(__file__).resolve().parent
 SECRET = "bench-secret"
@@ -402,9 +402,7 @@ def main() -> int:
         "ratios": ratios,
         "acceptance": acceptance,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, result, indent=1)}")
     return 0
 
 

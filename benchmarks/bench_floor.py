@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
 
-from _common import RESULTS, kernel_sources, machine_info  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    add_child_arguments,
+    kernel_sources,
+    machine_info,
+    run_child,
+    write_json,
+)
 from floor_stats import print_report, summarize  # noqa: E402
 
 #: What each side's clock covers (written into the JSON).
@@ -248,24 +254,11 @@ class Runner:
 
     def run(self, side: str, n: int, salt: str) -> dict[str, Any]:
         env, fresh = self._driver_env(side)
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", side]
-        command += ["--n", str(n), "--salt", salt, "--dir", str(self.top)]
         try:
-            done = subprocess.run(
-                command,
-                cwd=self.top,  # never a checkout: its source tree must not shadow the install
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
+            result: dict[str, Any] = run_child(__file__, side, n, salt, self.top, env)
         finally:
             if fresh is not None:
                 shutil.rmtree(fresh, ignore_errors=True)
-        if done.returncode != 0:
-            raise SystemExit(f"side {side} (n={n}) failed:\n{done.stderr[-4000:]}")
-        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         if side in ("lazy", "all", "carry"):
             assert result["source_builds"] == 0 and result["binary_loads"] == n, result
         return result
@@ -305,9 +298,7 @@ def main() -> int:
         help="marks already on the crash guard's known list, as on a machine long in use "
         "(its cap is 20000; default 0: a new guard folder)",
     )
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    add_child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, int(args.n), args.salt, args.dir)))
@@ -391,9 +382,7 @@ def main() -> int:
         "wall_seconds": time.time() - started,
         "results": results,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(out, record)}")
     return 0
 
 

@@ -47,7 +47,6 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
 
-from _common import kernel_sources, machine_info, median  # noqa: E402
+from _common import (  # noqa: E402
+    add_child_arguments,
+    kernel_sources,
+    machine_info,
+    median,
+    run_child,
+    write_json,
+)
 
 
 # ----------------------------------------------------------------------------- child side
@@ -228,12 +234,8 @@ def _driver_env(on: bool, folder: Path) -> dict[str, str]:
 
 def _run(phase: str, n: int, salt: str, folder: Path, env: dict[str, str]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", phase]
-    command += ["--n", str(n), "--salt", salt, "--dir", str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"phase {phase} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = run_child(__file__, phase, n, salt, folder, env)
+    return result
 
 
 def main() -> int:
@@ -252,9 +254,7 @@ def main() -> int:
     parser.add_argument(
         "--pocl-scratch", default=None, help="POCL_CACHE_DIR for every phase (e.g. on a tmpfs)"
     )
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    add_child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.n, args.salt, args.dir)))
@@ -434,9 +434,7 @@ def main() -> int:
     }
     label = args.label or ("pocl" if is_pocl else str(device.get("vendor", "device")).split()[0])
     out = Path(args.out) if args.out else HERE / "results" / f"opencl-{label.lower()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {write_json(out, result)}")
     return 0
 
 

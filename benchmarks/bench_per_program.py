@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _common and bench_floor, also when a child runs this file
 
-from _common import RESULTS, kernel_sources, machine_info, median  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    add_child_arguments,
+    kernel_sources,
+    machine_info,
+    median,
+    run_child,
+    write_json,
+)
 
 NO_READ_AHEAD = "lazy-no-read-ahead"
 
@@ -90,13 +97,7 @@ def run_side(side: str, n: int, salt: str, top: Path, env: dict[str, str]) -> li
     if base == NO_READ_AHEAD:
         env["RUNTIME_CACHE_OPENCL_READ_AHEAD"] = "0"
     kind = "floor" if base == "floor" else "fill" if base == "fill" else "lazy"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", kind]
-    command += ["--n", str(n), "--salt", salt, "--dir", str(top)]
-    # cwd: never a checkout, whose source tree must not shadow the install.
-    done = subprocess.run(command, cwd=top, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"side {side} failed:\n{done.stderr[-4000:]}")
-    marks: list[float] = json.loads(done.stdout.strip().splitlines()[-1])
+    marks: list[float] = run_child(__file__, kind, n, salt, top, env)
     return marks
 
 
@@ -147,9 +148,7 @@ def main() -> int:
     parser.add_argument("--known", type=int, default=0, help="marks on the known list first")
     parser.add_argument("--machine", default="this-machine", help="a label for the JSON")
     parser.add_argument("--json", default=None, help="results path")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--salt", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    add_child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.n, args.salt, args.dir)))
@@ -201,9 +200,7 @@ def main() -> int:
         "marks": marks,
     }
     out = Path(args.json) if args.json else RESULTS / "history" / f"per-program-{args.machine}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(out, record)}")
     return 0
 
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import machine_info, median
+from _common import machine_info, median, write_json
 
 HERE = Path(__file__).resolve().parent
 MODULES = [
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     if args.json:
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, payload)
     return 0
 
 

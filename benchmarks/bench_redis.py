@@ -17,7 +17,6 @@ persistence, and stops it at the end. Rows:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_info, median
+from _common import machine_info, median, write_json
 from redis_servers import running_server
 
 import runtime_cache as rc
@@ -154,9 +153,7 @@ def main() -> int:
         "redis_py": redis.__version__,
         "transport": "loopback TCP",
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    print(f"\nwrote {write_json(args.json, {'meta': meta, 'results': results})}")
     return 0
 
 

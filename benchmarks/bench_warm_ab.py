@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import interval, machine_info, median
+from _common import interval, machine_info, median, write_json
 
 CHILD = r"""
 import json, sys, time
@@ -154,8 +154,7 @@ def main() -> int:
         "b_label": args.label_b,
         "results": summary,
     }
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, record)}")
     return 0
 
 

@@ -30,7 +30,6 @@ Writes benchmarks/results/crash_harness.json unless ``--out`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
-from _common import machine_info
+from _common import machine_info, write_json
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -259,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(args)
     logging.disable(logging.WARNING)
     result = run(opts.trials, opts.writers, opts.seed)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(opts.out, result)
     names = [
         "trials",
         "processes_killed",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
-from _common import machine_info
+from _common import machine_info, write_json
 
 import runtime_cache as rc
 
@@ -286,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     cap = None if opts.cap_mb is None else opts.cap_mb << 20
     result = run(opts.backend, opts.processes, opts.threads, opts.seconds, cap)
     out = opts.out or Path(__file__).parent / "results" / f"stress-{opts.backend}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     for name, value in result.items():
         if name != "per_process":
             print(f"{name:<22} {value}")
