@@ -119,6 +119,16 @@ def _context() -> Any:
     return cl.Context([device])
 
 
+def store_floor_binaries(module: Any, bins: Path, names: list[str]) -> None:
+    """Write the binaries the floor loads into ``bins``: each program's, one file each."""
+    import pyopencl as cl
+
+    bins.mkdir(exist_ok=True)
+    for name in names:
+        binary = module.program(name).get_info(cl.program_info.BINARIES)[0]
+        (bins / f"{name}.bin").write_bytes(bytes(binary))
+
+
 def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     """Run one side in this (fresh) process; return its numbers."""
     import pyopencl as cl
@@ -149,10 +159,7 @@ def child(side: str, n: int, salt: str, folder: str) -> dict[str, Any]:
     if side.startswith("fill"):
         module = OpenCLModule(ctx, sources, driver_cache=side == "fill-carry")
         module.build_all()
-        bins.mkdir(exist_ok=True)
-        for name in names:
-            binary = module.program(name).get_info(cl.program_info.BINARIES)[0]
-            (bins / f"{name}.bin").write_bytes(bytes(binary))
+        store_floor_binaries(module, bins, names)
         if side == "fill-carry":
             module.capture_driver_cache()
         seconds = 0.0

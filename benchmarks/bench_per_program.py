@@ -56,7 +56,7 @@ def child(side: str, n: int, salt: str, folder: str) -> list[float]:
     import pyopencl as cl
     import pyopencl.characterize  # pyopencl imports these on its first build: untimed here
     import pyopencl.invoker
-    from bench_floor import _context
+    from bench_floor import _context, store_floor_binaries
 
     from runtime_cache.opencl import OpenCLModule
 
@@ -69,10 +69,7 @@ def child(side: str, n: int, salt: str, folder: str) -> list[float]:
     if side == "fill":
         module = OpenCLModule(ctx, sources)
         module.build_all()
-        bins.mkdir(exist_ok=True)
-        for name in names:
-            binary = module.program(name).get_info(cl.program_info.BINARIES)[0]
-            (bins / f"{name}.bin").write_bytes(bytes(binary))
+        store_floor_binaries(module, bins, names)
     elif side == "floor":
         started = time.perf_counter()
         for name in names:
