@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -38,6 +39,15 @@ settings.register_profile(
     "explore", settings.get_profile("runtime-cache"), max_examples=1500, derandomize=False
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "runtime-cache"))
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    """A context on the OpenCL device under test, one per test module (skips without one,
+    or fails when ``RUNTIME_CACHE_REQUIRE_OPENCL=1``)."""
+    from opencl_support import opencl_context
+
+    return opencl_context()
 
 
 def need(what: str, env: str, reason: str) -> None:

@@ -27,7 +27,6 @@ from fuzz.targets import mutate, rechecksum, rechecksum_bundle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opencl_kernels import scale_works
-from opencl_support import opencl_context
 
 import runtime_cache as rc
 from runtime_cache import codec
@@ -35,11 +34,6 @@ from runtime_cache.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.opencl
 # The conftest profile, with fewer examples: each one loads programs on a real driver.
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_support import SCALE_SRC, SHIFT_SRC, generated_sources, opencl_context, run_kernel
+from opencl_support import SCALE_SRC, SHIFT_SRC, generated_sources, run_kernel
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -20,11 +20,6 @@ from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
 pytestmark = pytest.mark.opencl
 
 SOURCES = {"scale": SCALE_SRC, "shift": SHIFT_SRC}
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture

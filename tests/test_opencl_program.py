@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_support import SCALE_SRC, opencl_context, run_kernel
+from opencl_support import SCALE_SRC, run_kernel
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
@@ -22,11 +22,6 @@ from runtime_cache.opencl import (
 from runtime_cache.opencl.program import evict, plan_program
 
 pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture

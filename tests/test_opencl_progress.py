@@ -9,18 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_support import generated_sources, opencl_context, run_kernel
+from opencl_support import generated_sources, run_kernel
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.opencl import OpenCLModule
 
 pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture

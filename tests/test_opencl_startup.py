@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_support import generated_sources, opencl_context, run_kernel
+from opencl_support import generated_sources, run_kernel
 
 import runtime_cache as rc
 from runtime_cache import registry as reg
@@ -80,11 +80,6 @@ def test_looking_up_a_builder_imports_the_default_backend(tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------ read-ahead
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
-
-
 @pytest.fixture
 def cache(tmp_path: Path) -> rc.Cache:
     reset_opencl_stats()

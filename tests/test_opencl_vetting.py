@@ -17,17 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 from opencl_kernels import SCALE_SRC, run_kernel, scale_works
-from opencl_support import driver, fresh_guard, opencl_context
+from opencl_support import driver, fresh_guard
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture(autouse=True)

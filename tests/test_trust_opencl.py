@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from opencl_kernels import SCALE_SRC, SHIFT_SRC, run_kernel
-from opencl_support import fresh_guard, opencl_context
+from opencl_support import fresh_guard
 
 import runtime_cache as rc
 from runtime_cache import codec
@@ -37,11 +37,6 @@ __kernel void scale(__global float *a, const float f) {
 }
 """
 SECRET = "fleet secret"
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Any:
-    return opencl_context()
 
 
 @pytest.fixture(autouse=True)
