@@ -31,6 +31,8 @@ from .packing import packb
 __all__ = ["KeyTemplate"]
 
 _PACKER = msgpack.Packer(use_bin_type=True)
+#: The msgpack header of a two-item list: a part's ``[name, value]`` pair in the encoding.
+_PAIR = _PACKER.pack_array_header(2)
 
 
 class KeyTemplate:
@@ -70,10 +72,14 @@ class KeyTemplate:
         """
         if any(name in self._pairs for name in parts):
             return make_key(**{**self._shared, **parts})
-        pairs = dict(self._pairs)
-        copies = dict(self._copies)
-        meta = dict(self._meta)
+        pairs = self._pairs.copy()
+        copies = self._copies.copy()
+        meta = self._meta.copy()
         for name, value in parts.items():
+            if type(value) is str:  # a digest or a name: its pair is its metadata, in a list
+                meta[name] = item = _PACKER.pack(name) + _PACKER.pack(value)
+                pairs[name], copies[name] = _PAIR + item, value
+                continue
             try:
                 pairs[name], copies[name] = encoded_part(name, value)
             except TypeError:

@@ -265,12 +265,19 @@ class CacheKey:
         with its storage string and packed parts (``packed_parts``: msgpack of ``parts``,
         when the caller has it) made now: every read and write asks for them, and this
         spares them ``cached_property``'s lock."""
-        key = cls(runtime, purpose, digest, parts)
-        made = key.__dict__
-        made["_storage_key"] = f"{runtime}/{purpose}/{digest}"
         if packed_parts is None:
             packed_parts = packb(parts)
-        made["_packed_parts"] = packed_parts
+        # The fields set as the frozen dataclass's __init__ sets them, without its four
+        # object.__setattr__ calls: a key is made per program on a process's first loads.
+        key = object.__new__(cls)
+        key.__dict__.update(
+            runtime=runtime,
+            purpose=purpose,
+            digest=digest,
+            _parts=parts,
+            _storage_key=f"{runtime}/{purpose}/{digest}",
+            _packed_parts=packed_parts,
+        )
         return key
 
 

@@ -207,3 +207,17 @@ def test_the_guard_knows_marks_from_the_table_and_a_blocked_one_never(tmp_path: 
     guard.vouch([marks[0]])  # the driver made it after all: off the blocklist, known
     assert guard.known(marks[:1])
     guard.close()
+
+
+def test_standing_answers_blocked_known_and_unknown_in_one_look_up(tmp_path: Path) -> None:
+    from runtime_cache.opencl.guard import BLOCKED, KNOWN, UNKNOWN
+
+    marks = _marks(3)
+    guard = LoadGuard(str(tmp_path))
+    guard.vouch(marks[:2])
+    assert guard.standing(marks[:2], ["d0", "d1"]) == KNOWN
+    assert guard.standing(marks, ["d0", "d1", "d2"]) == UNKNOWN  # one of three not known
+    guard.block(["d1"])  # a known binary whose bytes later killed a process: blocked wins
+    assert guard.standing(marks[:2], ["d0", "d1"]) == BLOCKED
+    assert guard.standing(marks[:1], ["d0"]) == KNOWN
+    guard.close()

@@ -74,8 +74,14 @@ def test_unknown_binaries_are_vetted_once_then_loaded_directly(
     program = build_program(ctx, SCALE_SRC, cache=cache)
     assert opencl_stats().vetted == 1 and vetter.started == started + 1
     assert opencl_stats().binary_loads == 2 and scale_works(ctx, program, 3)
-    build_program(ctx, SCALE_SRC, cache=cache)  # known now
+    from runtime_cache.opencl.guard import guard
+
+    vouched: list[object] = []
+    vouch = guard.vouch
+    monkeypatch.setattr(guard, "vouch", lambda marks: vouched.append(marks) or vouch(marks))
+    build_program(ctx, SCALE_SRC, cache=cache)  # known now: loaded with nothing to record
     assert opencl_stats().vetted == 1 and opencl_stats().binary_loads == 3
+    assert vouched == []
     known = (tmp_path / "guard-elsewhere" / "vetted").read_text().split()
     assert len(known) == 1
 

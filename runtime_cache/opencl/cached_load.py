@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cache import Cache
-from .guard import Binary, binary_digest
+from .guard import KNOWN, Binary, binary_digest
 from .plan import ProgramPlan
 from .program import load_cached
 from .read_ahead import drain, read_ahead
-from .vetting import needs_vetting, vet_unknown
+from .vetting import screen_binaries, vet_unknown
 
 __all__ = ["CONCURRENT_LOADS", "LOAD_CHUNK", "concurrent_loads", "load_cached_programs"]
 
@@ -27,8 +27,9 @@ LOAD_CHUNK = 4
 #: threads gain; NVIDIA's driver serializes the loads, and two threads were slower than one.
 CONCURRENT_LOADS = {"Portable Computing Language": 2}
 
-#: ``(name, plan, binaries or None when missing, their digests, whether to vet them first)``
-Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool]
+#: ``(name, plan, binaries or None when missing, their digests, whether to vet them first,
+#: whether they are known)``
+Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool, bool]
 
 
 def concurrent_loads(context: Any) -> int:
@@ -59,9 +60,13 @@ def load_cached_programs(
     """
 
     def load_one(
-        name: str, plan: ProgramPlan, binaries: Sequence[Binary], digests: list[str] | None
+        name: str,
+        plan: ProgramPlan,
+        binaries: Sequence[Binary],
+        digests: list[str] | None,
+        known: bool = False,
     ) -> bool:
-        program = load_cached(context, plan, cache, binaries, digests)
+        program = load_cached(context, plan, cache, binaries, digests, known=known)
         if program is None:
             return False
         adopt(name, program)
@@ -81,11 +86,11 @@ def load_cached_programs(
             binaries = [found.get(str(k)) for k in plan.keys or ()]
             ready: list[Binary] = [b for b in binaries if b is not None]
             if not ready or len(ready) != len(binaries):
-                fetched.append((name, plan, None, [], False))
+                fetched.append((name, plan, None, [], False, False))
                 continue
             digests = [binary_digest(b) for b in ready]
-            vet = needs_vetting(digests, trusted=cache.signed, keys=plan.keys)
-            fetched.append((name, plan, ready, digests, vet))
+            vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
+            fetched.append((name, plan, ready, digests, vet, standing == KNOWN))
         return fetched
 
     lock = threading.Lock()
@@ -93,8 +98,8 @@ def load_cached_programs(
     def load(batch: list[Fetched]) -> None:
         if gate is not None:
             gate.join()
-        for name, plan, ready, digests, vet in batch:
-            if ready is not None and not vet and load_one(name, plan, ready, digests):
+        for name, plan, ready, digests, vet, known in batch:
+            if ready is not None and not vet and load_one(name, plan, ready, digests, known):
                 continue
             with lock:
                 if ready is not None and vet:

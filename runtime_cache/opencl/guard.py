@@ -42,6 +42,9 @@ from .. import environment
 from .known_list import OPEN_FLAGS, KnownList, read_lines
 
 __all__ = [
+    "BLOCKED",
+    "KNOWN",
+    "UNKNOWN",
     "Binary",
     "LoadGuard",
     "binary_digest",
@@ -58,6 +61,9 @@ _BLOCKLIST = "blocklist"
 _MAX_BLOCKED = 10_000
 _PAGE = 4096
 
+
+#: A binary's standing with the guard (:meth:`LoadGuard.standing`).
+KNOWN, BLOCKED, UNKNOWN = "known", "blocked", "unknown"
 
 #: A program binary as the cache hands it over: bytes, or a view into a stored entry.
 Binary = bytes | memoryview
@@ -229,6 +235,21 @@ class LoadGuard:
             self._start()
             known = self._known
             return all(d not in self._blocked and known is not None and d in known for d in marks)
+
+    def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
+        """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
+        loading; else :data:`KNOWN` if every one is known under its key (``marks``, from
+        :func:`bindings`); else :data:`UNKNOWN`. One look-up serves both questions: a
+        known binary's load then needs no :meth:`vouch` (nothing new to record)."""
+        with self._lock:
+            self._start()
+            blocked = self._blocked
+            if any(d in blocked for d in digests):
+                return BLOCKED
+            known = self._known
+            if known is not None and all(m not in blocked and m in known for m in marks):
+                return KNOWN
+            return UNKNOWN
 
     def vouch(self, marks: Sequence[str]) -> None:
         """Record binaries (under their keys, :func:`bindings`) as known: the driver made

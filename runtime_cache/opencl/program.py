@@ -33,10 +33,10 @@ from ._driver import (
 from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import Binary, binary_digest, bindings, guard
+from .guard import KNOWN, Binary, binary_digest, bindings, guard
 from .includes import Options, include_digests, normalize_options
 from .plan import ProgramPlan
-from .vetting import needs_vetting, vet_unknown
+from .vetting import screen_binaries, vet_unknown
 
 __all__ = [
     "PURPOSE",
@@ -174,10 +174,15 @@ def load_from_binaries(
     plan: ProgramPlan,
     binaries: Sequence[Binary],
     digests: Sequence[str] | None = None,
+    *,
+    known: bool = False,
 ) -> Any | None:
     """Create and build a program from ``binaries``; ``None`` when the driver refuses them.
 
     ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
+    ``known``: the caller found them known under these keys
+    (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), so a load records
+    nothing new (the blocklist is still asked: it may have grown since).
     """
     cl = import_pyopencl()
     if len(binaries) != len(plan.devices) or not all(binaries):
@@ -200,8 +205,8 @@ def load_from_binaries(
     # kernel named "_source" in the driver: 20-30 µs a kernel on CPU drivers. Ours carries
     # its source, as a program built from source does.
     program._source = plan.source
-    # Loaded without harm: known from now on under these keys (no I/O if it already was).
-    guard.vouch(bindings(plan.keys, digests))
+    if not known:  # loaded without harm: known from now on under these keys
+        guard.vouch(bindings(plan.keys, digests))
     return program
 
 
@@ -229,11 +234,12 @@ def fetch(
     if digests is None or len(digests) != len(ready):
         digests = [binary_digest(b) for b in ready]
     signed = cache.signed
-    if vet and needs_vetting(digests, trusted=signed, keys=plan.keys):  # tried in a child first
+    unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys)
+    if vet and unknown:  # tried in a child first
         item = (ready, plan.options, plan.options_text)
         if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:
             return None  # could not vet here: a local miss, nothing evicted
-    return load_cached(context, plan, cache, ready, digests)
+    return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)
 
 
 def load_cached(
@@ -242,14 +248,17 @@ def load_cached(
     cache: Cache,
     binaries: Sequence[Binary],
     digests: Sequence[str] | None = None,
+    *,
+    known: bool = False,
 ) -> Any | None:
     """Load a program from binaries fetched from ``cache``; evict them if the driver refuses.
 
     Returns the program, or ``None`` after evicting the entries (build from source then).
+    ``known``: as :func:`load_from_binaries` takes it.
     """
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
-    program = load_from_binaries(context, plan, binaries, digests)
+    program = load_from_binaries(context, plan, binaries, digests, known=known)
     if program is None:
         evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)
         return None

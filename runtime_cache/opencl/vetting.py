@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import Binary, binary_digest, bindings, guard
+from .guard import UNKNOWN, Binary, binary_digest, bindings, guard
 from .wire import read_message, write_message
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "LOCAL",
     "Vetter",
     "needs_vetting",
+    "screen_binaries",
     "vet_unknown",
     "vetter",
 ]
@@ -246,9 +247,17 @@ def needs_vetting(
     """Whether binaries with these digests (stored under ``keys``) must be tried in a child
     before this process loads them: they come from an unsigned source and are neither
     known under these keys nor blocklisted."""
-    if trusted or not _enabled():
-        return False
-    return not guard.known(bindings(keys, digests)) and not guard.blocked(digests)
+    return screen_binaries(digests, trusted=trusted, keys=keys)[0]
+
+
+def screen_binaries(
+    digests: Sequence[str], *, trusted: bool, keys: Sequence[object] | None = None
+) -> tuple[bool, str]:
+    """``(vet first, standing)``: :func:`needs_vetting`, and the binaries' standing with
+    the crash guard (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), from one
+    look-up. A loader given a known standing records nothing after the load."""
+    standing = guard.standing(bindings(keys, digests), digests)
+    return standing == UNKNOWN and not trusted and _enabled(), standing
 
 
 def vet_unknown(
