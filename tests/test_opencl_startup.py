@@ -225,15 +225,16 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     from runtime_cache.opencl import prefetch
 
     cache, plans = _stored_plans(30, lambda i: bytes(1000))
-    monkeypatch.setattr(prefetch, "MAX_HELD", 1500)  # passed by the first chunk's 2000 bytes
+    # Chunks of 1, 2, 4... programs: passed by the first two chunks' 3000 bytes.
+    monkeypatch.setattr(prefetch, "MAX_HELD", 1500)
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
     assert ahead.take("p0") is None  # the first program's own: starts nothing
     assert ahead.take("nothing") is None  # another program: the thread starts
-    assert ahead.join(10)  # it stopped on its own, holding the first chunk
-    assert ahead.held == 2000
-    assert ahead.take("p1") is not None and ahead.take("p2") is not None
-    assert all(ahead.take(f"p{i}") is None for i in range(3, 30))  # left to the caller
+    assert ahead.join(10)  # it stopped on its own, holding the first two chunks
+    assert ahead.held == 3000
+    assert all(ahead.take(f"p{i}") is not None for i in (1, 2, 3))
+    assert all(ahead.take(f"p{i}") is None for i in range(4, 30))  # left to the caller
     assert ahead.held == 0
 
 
