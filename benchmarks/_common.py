@@ -98,6 +98,18 @@ def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
 
 
+def child_env(top: Path, platform: str | None) -> dict[str, str]:
+    """The environment of a run's children: this one's without ``RUNTIME_CACHE*``, with the
+    default cache and the crash guard in ``top`` and ``BENCH_PLATFORM`` when given. Children
+    write bytecode (``PYTHONDONTWRITEBYTECODE`` dropped), as an installed package has it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CACHE")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update(RUNTIME_CACHE=f"dir://{top / 'cache'}", RUNTIME_CACHE_GUARD_DIR=str(top / "guard"))
+    if platform is not None:
+        env["BENCH_PLATFORM"] = platform
+    return env
+
+
 def run_child(
     script: str, side: str, n: int, salt: str, folder: Path, env: Mapping[str, str]
 ) -> Any:

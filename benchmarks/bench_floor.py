@@ -58,6 +58,7 @@ sys.path.insert(0, str(HERE))  # _common, also when a child runs this file
 from _common import (  # noqa: E402
     RESULTS,
     add_child_arguments,
+    child_env,
     kernel_sources,
     machine_info,
     run_child,
@@ -231,15 +232,7 @@ class Runner:
 
     def __init__(self, top: Path, mode: str, scratch: Path, platform: str | None) -> None:
         self.top, self.mode, self.scratch = top, mode, scratch
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CACHE")}
-        # An installed package has its bytecode: a child must not compile what it imports.
-        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
-        self.env.update(
-            RUNTIME_CACHE=f"dir://{top / 'cache'}",
-            RUNTIME_CACHE_GUARD_DIR=str(top / "guard"),
-        )
-        if platform is not None:
-            self.env["BENCH_PLATFORM"] = platform
+        self.env = child_env(top, platform)
         self.warm_driver = scratch / "driver-warm"
 
     def _driver_env(self, side: str) -> tuple[dict[str, str], Path | None]:

@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))  # _common and bench_floor, also when a child runs
 from _common import (  # noqa: E402
     RESULTS,
     add_child_arguments,
+    child_env,
     kernel_sources,
     machine_info,
     median,
@@ -158,19 +159,10 @@ def main() -> int:
     if sides[0] != "floor":
         raise SystemExit("--sides must begin with floor")
     top = Path(tempfile.mkdtemp(prefix="bench-per-program-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CACHE")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = child_env(top, args.platform)
     driver = top / "driver"
-    env.update(
-        RUNTIME_CACHE=f"dir://{top / 'cache'}",
-        RUNTIME_CACHE_GUARD_DIR=str(top / "guard"),
-        POCL_KERNEL_CACHE="1",
-        POCL_CACHE_DIR=str(driver),
-        CUDA_CACHE_PATH=str(driver),
-    )
+    env.update(POCL_KERNEL_CACHE="1", POCL_CACHE_DIR=str(driver), CUDA_CACHE_PATH=str(driver))
     env.pop("CUDA_CACHE_DISABLE", None)
-    if args.platform is not None:
-        env["BENCH_PLATFORM"] = args.platform
     salt = uuid.uuid4().hex[:8]
     marks: dict[str, list[list[float]]] = {side: [] for side in sides}
     started = time.time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +56,17 @@ def need(what: str, env: str, reason: str) -> None:
     if os.environ.get(env) == "1":
         pytest.fail(f"{what} is required ({env}=1) but unavailable: {reason}")
     pytest.skip(f"{what} unavailable: {reason}")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> rc.Cache:
+    """A ``dir://`` cache in the test's own folder, with the OpenCL counters at zero (a test
+    module may define its own ``cache``, which then wins)."""
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import reset_opencl_stats
+
+    reset_opencl_stats()
+    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,14 +9,12 @@ import pytest
 from opencl_support import opencl_context
 
 import runtime_cache as rc
-from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.opencl import (
     flush,
     install,
     installed,
     is_installed,
     opencl_stats,
-    reset_opencl_stats,
     uninstall,
 )
 
@@ -29,12 +26,6 @@ try:
     HAVE_MAKO = True
 except ImportError:
     HAVE_MAKO = False
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> rc.Cache:
-    reset_opencl_stats()
-    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
 
 
 def _workload(ctx: Any) -> dict[str, np.ndarray]:

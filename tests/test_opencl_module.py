@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,12 +19,6 @@ from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
 pytestmark = pytest.mark.opencl
 
 SOURCES = {"scale": SCALE_SRC, "shift": SHIFT_SRC}
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> rc.Cache:
-    reset_opencl_stats()
-    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
 
 
 def _check(ctx: Any, module: OpenCLModule) -> None:

@@ -11,7 +11,6 @@ import pytest
 from opencl_support import SCALE_SRC, run_kernel
 
 import runtime_cache as rc
-from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.opencl import (
     build_program,
     device_fingerprint,
@@ -22,12 +21,6 @@ from runtime_cache.opencl import (
 from runtime_cache.opencl.program import evict, plan_program
 
 pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> rc.Cache:
-    reset_opencl_stats()
-    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
 
 
 def _binary(ctx: Any, program: Any) -> bytes:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,15 +11,9 @@ import pytest
 from opencl_support import generated_sources, run_kernel
 
 import runtime_cache as rc
-from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.opencl import OpenCLModule
 
 pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> rc.Cache:
-    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
 
 
 class Recorder:

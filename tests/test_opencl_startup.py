@@ -80,12 +80,6 @@ def test_looking_up_a_builder_imports_the_default_backend(tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------ read-ahead
-@pytest.fixture
-def cache(tmp_path: Path) -> rc.Cache:
-    reset_opencl_stats()
-    return rc.Cache(DirectoryBackend(tmp_path / "cache"))
-
-
 def _works(ctx: Any, module: OpenCLModule, names: list[str]) -> None:
     data = np.arange(16, dtype=np.float32)
     for name in names:
