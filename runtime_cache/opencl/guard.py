@@ -224,17 +224,12 @@ class LoadGuard:
 
     def blocked(self, digests: Sequence[str]) -> bool:
         """Whether any of these binaries once killed a process while loading."""
-        with self._lock:
-            self._start()
-            return any(d in self._blocked for d in digests)
+        return self.standing((), digests) == BLOCKED
 
     def known(self, marks: Sequence[str]) -> bool:
         """Whether every one of these binaries is known to load here without harm
         (``marks`` from :func:`bindings`: each binary under its key)."""
-        with self._lock:
-            self._start()
-            known = self._known
-            return all(d not in self._blocked and known is not None and d in known for d in marks)
+        return self.standing(marks, ()) == KNOWN
 
     def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
         """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
@@ -247,7 +242,7 @@ class LoadGuard:
             if any(d in blocked for d in digests):
                 return BLOCKED
             known = self._known
-            if known is not None and all(m not in blocked and m in known for m in marks):
+            if all(m not in blocked and known is not None and m in known for m in marks):
                 return KNOWN
             return UNKNOWN
 

@@ -39,9 +39,11 @@ __all__ = ["CHUNK", "ENV_READ_AHEAD", "MAX_HELD", "ReadAhead", "read_ahead_enabl
 ENV_READ_AHEAD = "RUNTIME_CACHE_OPENCL_READ_AHEAD"
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
-#: so that a program asked for early waits for few others' reads (the fourth program
-#: waited for four with chunks of 2, 4, 8: on the H200, a 12-program module's fourth cost
-#: 0.57 ms over the floor's, against 0.11 ms with chunks of 1, 2, 4, 8).
+#: so that a program asked for early waits for few others' reads. The first chunk, the
+#: second program alone, is mostly the caller's own (it asks for it before the thread
+#: starts), so in-order calls see chunks of 2, 4, 8 from the third program; with first
+#: chunks of 2, 4, 8 the fourth waited for four reads (on the H200, 12 programs: 0.57 ms
+#: over the floor's program, against 0.11 ms now).
 CHUNK = 16
 _FIRST_CHUNKS = (1, 2, 4, 8)
 #: Bytes read ahead and not yet taken at which the thread stops reading; the programs it
