@@ -50,6 +50,8 @@ _TEMP_PREFIX = ".tmp-"
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
+#: The default ``max_size``: 2GB, as a number (opening a cache then parses no size text).
+DEFAULT_MAX_SIZE = 2 * 1000**3
 T = TypeVar("T")
 #: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
 Reader = Callable[..., T]
@@ -82,7 +84,7 @@ class DirectoryBackend(Backend):
         self,
         path: str | os.PathLike[str] | None = None,
         *,
-        max_size: int | str | None = "2GB",
+        max_size: int | str | None = DEFAULT_MAX_SIZE,
         max_files: int | None = None,
         fsync: bool = False,
         track_access: bool = True,
@@ -133,13 +135,15 @@ class DirectoryBackend(Backend):
     def from_url(cls, url: str) -> DirectoryBackend:
         """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``."""
         parsed = BackendURL.parse(url)
-        max_size = parsed.pop("max_size", "2GB")
+        max_size = parsed.pop("max_size")
         max_files = parsed.pop("max_files", "")
         fsync = parsed.pop_bool("fsync", False)
         track = parsed.pop_bool("track_access", True)
         shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
-        cap = None if (max_size or "").lower() in ("", "none", "0") else max_size
+        cap: int | str | None = DEFAULT_MAX_SIZE if max_size is None else max_size
+        if max_size is not None and max_size.lower() in ("", "none", "0"):
+            cap = None
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}
         return cls((parsed.netloc + parsed.path) or None, max_size=cap, max_files=files, **options)

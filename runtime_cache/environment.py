@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import threading
 
@@ -84,6 +85,12 @@ def state_directory() -> str:
     """The folder for state such as the OpenCL crash guard's:
     ``platformdirs.user_state_dir("runtime-cache")``, or :func:`fallback_directory`
     (with :func:`warn_no_home`) when there is no home folder."""
+    if sys.platform == "linux" and not os.environ.get("XDG_STATE_HOME", "").strip():
+        # The XDG default that platformdirs gives here, without its classes: this runs in
+        # every process's first OpenCL load, where platformdirs took 0.15 ms (2-core box).
+        home = os.path.expanduser("~")
+        if os.path.isabs(home) and home != "/":
+            return os.path.join(home, ".local", "state", "runtime-cache")
     try:
         return platformdirs.user_state_dir("runtime-cache", appauthor=False)
     except RuntimeError as exc:

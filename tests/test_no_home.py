@@ -140,3 +140,22 @@ def test_a_relative_dir_url_stays_where_it_was_opened(
     assert backend.get("k/one") == b"value"
     assert not (elsewhere / "relative").exists()
     assert rc.open_backend("dir://../relative/cache").get("k/one") == b"value"
+
+
+@pytest.mark.parametrize("home", ["/home/someone", "/tmp/a b/", "/tmp//x", "/"])
+@pytest.mark.parametrize("xdg", [None, "", "  ", "/srv/state", "relative/state"])
+def test_state_directory_is_platformdirs_user_state_dir(
+    monkeypatch: pytest.MonkeyPatch, home: str, xdg: str | None
+) -> None:
+    """The guard's folder: the quick XDG default on Linux is platformdirs' answer."""
+    import platformdirs
+
+    from runtime_cache import environment
+
+    monkeypatch.setenv("HOME", home)
+    if xdg is None:
+        monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_STATE_HOME", xdg)
+    expected = platformdirs.user_state_dir("runtime-cache", appauthor=False)
+    assert environment.state_directory() == expected

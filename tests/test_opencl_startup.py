@@ -203,9 +203,10 @@ def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one()
 
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
-    # The caller comes back for p39: the thread starts on its first chunk (p1, p2), and
-    # p39, not reached, is the caller's to read, at once.
+    # The caller comes back for p39: not reached, it is the caller's to read, at once;
+    # once read (begin), the thread starts on its first chunk.
     assert ahead.take("p39") is None
+    ahead.begin()
     assert entered.wait(10)
     gate.set()
     got = ahead.take("p1")  # in the chunk being read: waits for it
@@ -224,7 +225,8 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
     ahead = ReadAhead(cache, list(plans), plans.__getitem__)
     ahead.start("p0")
     assert ahead.take("p0") is None  # the first program's own: starts nothing
-    assert ahead.take("nothing") is None  # another program: the thread starts
+    assert ahead.take("nothing") is None  # another program, read by the caller
+    ahead.begin()  # then the thread starts
     assert ahead.join(10)  # it stopped on its own, holding the first two chunks
     assert ahead.held == 3000
     assert all(ahead.take(f"p{i}") is not None for i in (1, 2, 3))
@@ -244,11 +246,25 @@ def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> 
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     assert ahead.take("p0") is None
+    ahead.begin()  # the first program's own read: starts nothing
     time.sleep(0.2)
-    assert planned == []  # the first program's load has the process to itself
+    assert planned == [] and not ahead.begun  # the first program has the process to itself
     assert ahead.take("p1") is None  # not read yet: the caller reads it itself
-    assert ahead.join(10)
+    assert not ahead.begun  # nor while the caller reads it
+    ahead.begin()  # the caller's read is done: the thread reads on
+    assert ahead.begun and ahead.join(10)
     assert planned == [f"p{i}" for i in range(2, 40)]  # the rest, from the next one on
     got = ahead.take("p2")
     assert got is not None and bytes(got[1][str(plans["p2"].keys[0])]) == b"value 2"
     assert all(ahead.take(f"p{i}") is not None for i in range(3, 40))
+
+
+def test_read_ahead_with_nothing_left_to_read_starts_no_thread() -> None:
+    """Two programs: the caller reads the second itself, and no thread starts for nothing."""
+    cache, plans = _stored_plans(2, lambda i: f"value {i}".encode())
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__)
+    ahead.start("p0")
+    assert ahead.take("p0") is None
+    assert ahead.take("p1") is None  # the caller's to read
+    ahead.begin()
+    assert not ahead.begun

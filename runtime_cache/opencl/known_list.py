@@ -77,12 +77,16 @@ def read_lines(path: str) -> list[str]:
     fd = _open_regular(path)
     if fd is None:
         return []
+    # Plain reads, no buffered file object: this runs in every process's first load.
+    chunks: list[bytes] = []
     try:
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read()
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
     except OSError:
         return []
-    return data.decode("ascii", "replace").split()  # one split in C
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", "replace").split()  # one split in C
 
 
 def _open_regular(path: str) -> int | None:

@@ -158,6 +158,8 @@ class OpenCLModule:
                 self._driver.restore(cache)
             if plan.keys is not None and found is None:
                 found = cache.get_many_views(plan.keys)
+            if ahead is not None:
+                ahead.begin()  # reads on while the driver takes this one (see .prefetch)
             if plan.keys is not None and found is not None:
                 loaded = fetch(self.context, plan, cache, found, digests=digests)
                 if loaded is not None:

@@ -9,11 +9,14 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The thread keeps out of the first program's way, because both need the GIL (and,
-on a small machine, the same cores): it starts only when the caller comes back for
-a second program, that is once the first kernel is made. A process's first program
-therefore costs what it costs without a read-ahead; the second is read by the caller
-itself while the thread reads on from the third.
+The thread keeps out of the caller's way, because both need the GIL (and, on a small
+machine, the same cores). It does not start with the first program: a process's first
+program costs what it costs without a read-ahead. The caller reads the second program
+itself and then calls :meth:`ReadAhead.begin`, just before it hands that program to the
+driver: the thread starts then, and reads from the third program on while the driver
+loads the second, without the GIL. Started any earlier, the new thread took the GIL
+from the caller's own read of the second program (on the 2-core box that program cost
+about 1 ms more than the floor's). A module with nothing left to read starts no thread.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -97,7 +100,8 @@ class ReadAhead:
 
     def start(self, first: str) -> None:
         """Read every program but ``first``, in order from the one after it, once the
-        caller asks for another program (:meth:`take`); nothing is done before that."""
+        caller has asked for another program (:meth:`take`) and read it (:meth:`begin`);
+        nothing is done before that."""
         self._first = first
 
     def _lay_out(self) -> None:
@@ -117,9 +121,17 @@ class ReadAhead:
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
         self._laid_out = True
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
+        """Start the thread, when the caller has come back for a program after the first
+        (:meth:`take`) and there is something left to read; otherwise do nothing. The
+        caller calls it after its own read, just before its driver call."""
         with self._lock:
-            if self._begun or self._stop.is_set() or not self._chunks:
+            if (
+                self._begun
+                or not self._laid_out
+                or self._stop.is_set()
+                or not any(chunk.names for chunk in self._chunks)
+            ):
                 return
             self._begun = True
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
@@ -144,6 +156,9 @@ class ReadAhead:
                     if self._stop.is_set() or self._held > MAX_HELD:
                         break
                     chunk.started = True
+                    if not chunk.names:  # all taken by the caller before the thread began
+                        chunk.done.set()
+                        continue
                 found: dict[str, Read] = {}
                 try:
                     found = self._read(chunk.names)
@@ -190,7 +205,6 @@ class ReadAhead:
                 chunk.names.remove(name)  # not reached yet: the caller reads it, not the thread
                 del self._where[name]
                 chunk = None
-        self._begin()  # the caller is past its first program: read the others now
         if chunk is None:
             return None
         chunk.done.wait()
@@ -199,6 +213,12 @@ class ReadAhead:
             if read is not None:
                 self._held -= _size(read)
             return read
+
+    @property
+    def begun(self) -> bool:
+        """Whether the thread has been started."""
+        with self._lock:
+            return self._begun
 
     @property
     def held(self) -> int:
