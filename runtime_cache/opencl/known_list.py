@@ -74,31 +74,38 @@ LOCK_WAIT = 1.0
 def read_lines(path: str) -> list[str]:
     """The file's lines, blank ones left out (a mark holds no space); ``[]`` if it is
     missing, unreadable, or not a regular file (a FIFO planted there never blocks)."""
-    fd = _open_regular(path)
-    if fd is None:
+    opened = _open_regular(path)
+    if opened is None:
         return []
-    # Plain reads, no buffered file object: this runs in every process's first load.
-    chunks: list[bytes] = []
+    fd, size = opened
+    # Plain reads of the size fstat gave (a larger buffer costs an allocation of its own),
+    # no buffered file object: this runs in every process's first load.
     try:
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
+        data = os.read(fd, size + 1)
+        if len(data) > size:  # it grew since: read on
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            data = b"".join(chunks)
     except OSError:
         return []
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii", "replace").split()  # one split in C
+    return data.decode("ascii", "replace").split()  # one split in C
 
 
-def _open_regular(path: str) -> int | None:
-    """``path`` opened for reading, when it is a regular file (no symlink followed)."""
+def _open_regular(path: str) -> tuple[int, int] | None:
+    """``path`` opened for reading, and its size, when it is a regular file (no symlink
+    followed)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS
     try:
         fd = os.open(path, flags)
     except OSError:
         return None
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            return fd, info.st_size
     except OSError:
         pass
     os.close(fd)
@@ -261,11 +268,11 @@ def _is_mark(line: str) -> bool:
 def _map_table(path: str) -> mmap.mmap | bytes:
     """The table mapped read-only, or ``b""`` (none, empty, not a regular file, or not
     whole lines)."""
-    fd = _open_regular(path)
-    if fd is None:
+    opened = _open_regular(path)
+    if opened is None:
         return b""
+    fd, size = opened
     try:
-        size = os.fstat(fd).st_size
         if size == 0 or size % _LINE:
             return b""
         return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
