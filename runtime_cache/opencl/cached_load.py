@@ -107,7 +107,7 @@ def load_cached_programs(
                 else:
                     left.append(name)
 
-    loaders = min(workers, concurrent_loads(context))
+    loaders = min(workers, concurrent_loads(context), len(chunks))  # a thread per chunk at most
     drain(read_ahead(chunks, fetch_chunk, background=workers > 1), load, loaders)
     if unknown:
         devices = list(context.devices)
