@@ -85,7 +85,8 @@ def state_directory() -> str:
     """The folder for state such as the OpenCL crash guard's:
     ``platformdirs.user_state_dir("runtime-cache")``, or :func:`fallback_directory`
     (with :func:`warn_no_home`) when there is no home folder."""
-    if sys.platform == "linux" and not os.environ.get("XDG_STATE_HOME", "").strip():
+    linux = sys.platform == "linux" and not hasattr(sys, "getandroidapilevel")  # not Android
+    if linux and not os.environ.get("XDG_STATE_HOME", "").strip():
         # The XDG default that platformdirs gives here, without its classes: this runs in
         # every process's first OpenCL load, where platformdirs took 0.15 ms (2-core box).
         home = os.path.expanduser("~")

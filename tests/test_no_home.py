@@ -142,20 +142,42 @@ def test_a_relative_dir_url_stays_where_it_was_opened(
     assert rc.open_backend("dir://../relative/cache").get("k/one") == b"value"
 
 
-@pytest.mark.parametrize("home", ["/home/someone", "/tmp/a b/", "/tmp//x", "/"])
+@pytest.mark.parametrize(
+    "home", [None, "", "relative", "/home/someone", "/tmp/a b/", "/tmp//x", "/"]
+)
 @pytest.mark.parametrize("xdg", [None, "", "  ", "/srv/state", "relative/state"])
 def test_state_directory_is_platformdirs_user_state_dir(
-    monkeypatch: pytest.MonkeyPatch, home: str, xdg: str | None
+    monkeypatch: pytest.MonkeyPatch, home: str | None, xdg: str | None
 ) -> None:
     """The guard's folder: the quick XDG default on Linux is platformdirs' answer."""
     import platformdirs
 
     from runtime_cache import environment
 
-    monkeypatch.setenv("HOME", home)
+    if home is None:
+        monkeypatch.delenv("HOME", raising=False)
+    else:
+        monkeypatch.setenv("HOME", home)
     if xdg is None:
         monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     else:
         monkeypatch.setenv("XDG_STATE_HOME", xdg)
     expected = platformdirs.user_state_dir("runtime-cache", appauthor=False)
     assert environment.state_directory() == expected
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the quick path is Linux's")
+def test_state_directory_on_linux_needs_no_platformdirs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a home and no XDG_STATE_HOME, the guard's folder is found without platformdirs
+    (a process's first OpenCL load pays for its classes otherwise)."""
+    import platformdirs
+
+    from runtime_cache import environment
+
+    def refuse(*args: object, **kwargs: object) -> str:
+        raise AssertionError("platformdirs asked")
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setattr(platformdirs, "user_state_dir", refuse)
+    assert environment.state_directory() == "/home/someone/.local/state/runtime-cache"

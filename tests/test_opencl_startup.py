@@ -259,6 +259,57 @@ def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> 
     assert all(ahead.take(f"p{i}") is not None for i in range(3, 40))
 
 
+def test_read_ahead_skips_a_chunk_the_caller_emptied() -> None:
+    """Programs taken by the caller before the thread began leave an empty chunk: skipped."""
+    cache, plans = _stored_plans(4, lambda i: f"value {i}".encode())
+    planned: list[str] = []
+
+    def plan_of(name: str) -> Any:
+        planned.append(name)
+        return plans[name]
+
+    ahead = ReadAhead(cache, list(plans), plan_of)
+    ahead.start("p0")
+    assert ahead.take("p0") is None and ahead.take("p1") is None  # chunks: [p2], [p3]
+    assert ahead.take("p2") is None  # not started: the caller's, and its chunk is empty
+    ahead.begin()
+    assert ahead.begun and ahead.join(10)
+    assert planned == ["p3"]
+    got = ahead.take("p3")
+    assert got is not None and bytes(got[1][str(plans["p3"].keys[0])]) == b"value 3"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_read_ahead_in_a_forked_child_starts_nothing_and_never_waits() -> None:
+    """A child forked while the parent's thread held the read-ahead's lock: the child's
+    program() calls take() and begin(), and neither touches that lock or starts a thread."""
+    cache, plans = _stored_plans(6, lambda i: f"value {i}".encode())
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__)
+    ahead.start("p0")
+    assert ahead.take("p0") is None
+    with ahead._lock:  # as if the parent's thread held it at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if neither call blocks or starts a thread
+            code = 1
+            try:
+                ok = ahead.take("p1") is None
+                ahead.begin()
+                code = 0 if ok and not ahead._begun else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child blocked in take() or begin()")
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_read_ahead_with_nothing_left_to_read_starts_no_thread() -> None:
     """Two programs: the caller reads the second itself, and no thread starts for nothing."""
     cache, plans = _stored_plans(2, lambda i: f"value {i}".encode())

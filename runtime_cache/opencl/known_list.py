@@ -82,7 +82,7 @@ def read_lines(path: str) -> list[str]:
     # no buffered file object: this runs in every process's first load.
     try:
         data = os.read(fd, size + 1)
-        if len(data) > size:  # it grew since: read on
+        if len(data) != size:  # it grew since, or a short read: read on to the end
             chunks = [data]
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
