@@ -192,6 +192,17 @@ def _stored_plans(count: int, value: Any) -> tuple[rc.Cache, dict[str, Any]]:
     return cache, plans
 
 
+def _noting_plans(plans: dict[str, Any]) -> tuple[list[str], Any]:
+    """A ``plan_of`` for ``plans`` that notes each name it plans, and the list it notes in."""
+    planned: list[str] = []
+
+    def plan_of(name: str) -> Any:
+        planned.append(name)
+        return plans[name]
+
+    return planned, plan_of
+
+
 def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
     cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
     gate, entered = threading.Event(), threading.Event()
@@ -237,12 +248,7 @@ def test_read_ahead_stops_when_it_holds_too_much(monkeypatch: pytest.MonkeyPatch
 def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> None:
     """Nothing is read while the first program loads; then the others, in order."""
     cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
-    planned: list[str] = []
-
-    def plan_of(name: str) -> Any:
-        planned.append(name)
-        return plans[name]
-
+    planned, plan_of = _noting_plans(plans)
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     assert ahead.take("p0") is None
@@ -262,12 +268,7 @@ def test_read_ahead_starts_when_the_caller_comes_back_for_a_second_program() -> 
 def test_read_ahead_skips_a_chunk_the_caller_emptied() -> None:
     """Programs taken by the caller before the thread began leave an empty chunk: skipped."""
     cache, plans = _stored_plans(4, lambda i: f"value {i}".encode())
-    planned: list[str] = []
-
-    def plan_of(name: str) -> Any:
-        planned.append(name)
-        return plans[name]
-
+    planned, plan_of = _noting_plans(plans)
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     assert ahead.take("p0") is None and ahead.take("p1") is None  # chunks: [p2], [p3]
