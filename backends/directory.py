@@ -141,9 +141,8 @@ class DirectoryBackend(Backend):
         track = parsed.pop_bool("track_access", True)
         shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
-        cap: int | str | None = DEFAULT_MAX_SIZE if max_size is None else max_size
-        if max_size is not None and max_size.lower() in ("", "none", "0"):
-            cap = None
+        off = max_size is not None and max_size.lower() in ("", "none", "0")
+        cap = None if off else (max_size or DEFAULT_MAX_SIZE)  # absent: the default
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}
         return cls((parsed.netloc + parsed.path) or None, max_size=cap, max_files=files, **options)

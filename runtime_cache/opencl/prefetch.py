@@ -128,8 +128,10 @@ class ReadAhead:
         """Start the thread, when the caller has come back for a program after the first
         (:meth:`take`) and there is something left to read; otherwise do nothing. The
         caller calls it after its own read, just before its driver call."""
-        if os.getpid() != self._pid:
-            return  # a forked child: the lock may be the parent thread's, and take() reads nothing
+        if self._begun or os.getpid() != self._pid:
+            # Begun (asked again on every later program: no lock for that), or a forked
+            # child: the lock may be the parent thread's, and take() reads nothing there.
+            return
         with self._lock:
             if (
                 self._begun
