@@ -311,6 +311,36 @@ def test_read_ahead_in_a_forked_child_starts_nothing_and_never_waits() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_waits_for_the_chunk_being_read() -> None:
+    """The thread plans under a lock (a module's plans do, while reading #include files).
+    A fork at that moment would leave the child that lock held for ever, so the fork
+    waits until the chunk is read, and the child finds the lock free."""
+    cache, plans = _stored_plans(6, lambda i: f"value {i}".encode())
+    held, entered, go_on = threading.Lock(), threading.Event(), threading.Event()
+
+    def plan_of(name: str) -> Any:
+        with held:
+            entered.set()
+            go_on.wait(10)
+            return plans[name]
+
+    ahead = ReadAhead(cache, list(plans), plan_of)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    ahead.begin()
+    assert entered.wait(10)
+    threading.Timer(0.3, go_on.set).start()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the plan lock is free here
+        os._exit(0 if held.acquire(timeout=2) else 1)
+    assert time.monotonic() - started >= 0.2  # the fork waited for the read
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert ahead.join(10)
+
+
 def test_read_ahead_with_nothing_left_to_read_starts_no_thread() -> None:
     """Two programs: the caller reads the second itself, and no thread starts for nothing."""
     cache, plans = _stored_plans(2, lambda i: f"value {i}".encode())

@@ -39,7 +39,15 @@ from collections.abc import Iterator, Sequence
 import xxhash
 
 from .. import environment
-from .known_list import OPEN_FLAGS, KnownList, read_lines
+from .guard_files import (
+    append_lines,
+    dead_marks,
+    open_folder,
+    open_mark_file,
+    replace_lines,
+    reserve,
+)
+from .known_list import KnownList, read_lines
 
 __all__ = [
     "BLOCKED",
@@ -118,22 +126,11 @@ class LoadGuard:
 
     @staticmethod
     def _open_folder(folder: str) -> list[str]:
-        """Make ``folder`` (private) and list it; ``OSError`` when it is unusable or
-        (outside the home folder) not this user's own."""
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:  # the first use on this machine: make it (two mkdirs)
-            os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            names = os.listdir(folder)
-        # Named like the private temporary folder (telling by name: finding the temporary
-        # folder itself writes a probe file there, a cost in every process's first load).
-        if os.path.basename(os.path.dirname(folder)) == environment.fallback_name("state"):
-            # A shared temporary folder: another user may have made this path first.
-            info = os.lstat(os.path.dirname(folder))
-            if info.st_uid != os.getuid() or info.st_mode & 0o022:
-                raise OSError(f"{os.path.dirname(folder)} is not a private folder of this user")
-        return names
+        # A shared temporary folder's (telling by name: finding the temporary folder
+        # itself writes a probe file there, a cost in every process's first load):
+        # another user may have made the path first, so its parent is checked too.
+        shared = os.path.basename(os.path.dirname(folder)) == environment.fallback_name("state")
+        return open_folder(folder, private_parent=shared)
 
     @property
     def folder(self) -> str:
@@ -168,22 +165,7 @@ class LoadGuard:
             except OSError as again:
                 log.debug("runtime-cache: load guard off (%s)", again)
                 return
-        found: list[str] = []
-        for name in names:
-            pid_text, _, suffix = name.partition(".")
-            if suffix != "loading" or not pid_text.isdigit():
-                continue
-            pid = int(pid_text)
-            if pid == os.getpid() or process_alive(pid):
-                continue
-            path = os.path.join(folder, name)
-            try:
-                with open(path, encoding="ascii", errors="replace") as handle:
-                    text = handle.read().replace("\0", "")
-                found.extend(line.strip() for line in text.splitlines() if line.strip())
-                os.unlink(path)
-            except OSError:
-                continue
+        found = dead_marks(folder, names, process_alive)
         blocklist = os.path.join(folder, _BLOCKLIST)
         if found:
             self.recovered = len(found)
@@ -192,23 +174,12 @@ class LoadGuard:
                 "they are blocklisted and will be rebuilt from source",
                 len(found),
             )
-            try:
-                with open(blocklist, "a", encoding="ascii") as handle:
-                    handle.write("".join(f"{d}\n" for d in found))
-            except OSError:
-                pass
+            append_lines(blocklist, found, _MAX_BLOCKED)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
         self._known = KnownList(folder)
-        try:
-            self._fd = os.open(
-                os.path.join(folder, f"{os.getpid()}.loading"),
-                os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                0o600,
-            )
-        except OSError:
-            self._fd = None
-            return
-        self._map_file(_PAGE)
+        self._fd = open_mark_file(folder)
+        if self._fd is not None:
+            self._map_file(_PAGE)
 
     def _map_file(self, size: int) -> None:
         """Map (or re-map, larger) this process's file; without a map, writes use pwrite."""
@@ -216,6 +187,8 @@ class LoadGuard:
         if self._map is not None:
             self._map.close()
             self._map = None
+        if not reserve(self._fd, size):  # a full disk: a write to the map would fault
+            return
         try:
             os.ftruncate(self._fd, size)
             self._map = mmap.mmap(self._fd, size)  # shared, read-write
@@ -270,7 +243,7 @@ class LoadGuard:
         if known and target is not None:
             target.write(new)
         elif not known and new:
-            _append(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
+            append_lines(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
 
     def unblock(self, digests: Sequence[str]) -> None:
         """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""
@@ -280,15 +253,8 @@ class LoadGuard:
             if not gone:
                 return
             self._blocked -= gone
-            data = "".join(f"{d}\n" for d in sorted(self._blocked))
-        path = os.path.join(self.folder, _BLOCKLIST)
-        temp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(temp, "w", encoding="ascii") as handle:
-                handle.write(data)
-            os.replace(temp, path)
-        except OSError:
-            pass
+            lines = sorted(self._blocked)
+        replace_lines(os.path.join(self.folder, _BLOCKLIST), lines)
 
     def _write(self) -> None:
         if self._fd is None:
@@ -368,28 +334,6 @@ class LoadGuard:
             self._blocked = set()
             self._known = None
             self._loading = {}
-
-
-def _append(path: str, digests: Sequence[str], limit: int) -> None:
-    """Append lines (one ``O_APPEND`` write); keep the newest half once past ``limit`` lines."""
-    data = "".join(f"{d}\n" for d in digests).encode("ascii")
-    try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
-        fd = os.open(path, flags, 0o600)
-        try:
-            os.write(fd, data)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        if size // 33 <= limit:  # a digest line is 33 bytes
-            return
-        lines = read_lines(path)
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "w", encoding="ascii") as handle:
-            handle.write("".join(f"{d}\n" for d in lines[-(limit // 2) :]))
-        os.replace(temp, path)
-    except OSError:
-        pass  # advisory: a binary not recorded is vetted again next time
 
 
 guard = LoadGuard()

@@ -48,6 +48,7 @@ __all__ = [
     "LOG",
     "LOG_LIMIT",
     "MAX_KNOWN",
+    "MAX_LIST_BYTES",
     "OPEN_FLAGS",
     "TABLE",
     "KnownList",
@@ -64,6 +65,9 @@ MAX_KNOWN = 20_000
 #: A mark is an xxh3-128 digest in hex: 32 characters, a table line 33 bytes.
 _WIDTH = 32
 _LINE = _WIDTH + 1
+#: The largest list file read (the log merges at 512 lines, the blocklist keeps 10,000,
+#: of 33 bytes each); a larger one, or one that grows past it while read, reads as empty.
+MAX_LIST_BYTES = 4 << 20
 #: Added to every open of the guard's files: no link followed, not inherited by children.
 OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _LOCK = "vetted.lock"
@@ -71,9 +75,10 @@ _LOCK = "vetted.lock"
 LOCK_WAIT = 1.0
 
 
-def read_lines(path: str) -> list[str]:
+def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
     """The file's lines, blank ones left out (a mark holds no space); ``[]`` if it is
-    missing, unreadable, or not a regular file (a FIFO planted there never blocks)."""
+    missing, unreadable, larger than ``limit`` bytes, or not a regular file (a FIFO
+    planted there never blocks)."""
     opened = _open_regular(path)
     if opened is None:
         return []
@@ -81,11 +86,17 @@ def read_lines(path: str) -> list[str]:
     # Plain reads of the size fstat gave (a larger buffer costs an allocation of its own),
     # no buffered file object: this runs in every process's first load.
     try:
+        if size > limit:
+            return []
         data = os.read(fd, size + 1)
         if len(data) != size:  # it grew since, or a short read: read on to the end
             chunks = [data]
+            total = len(data)
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
+                total += len(chunk)
+                if total > limit:
+                    return []
             data = b"".join(chunks)
     except OSError:
         return []

@@ -26,10 +26,11 @@ checks each binary as it would any other (digest, crash guard, vetting).
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ..cache import Cache
 from .guard import Binary, binary_digest
@@ -59,6 +60,62 @@ YIELD_SECONDS = 20e-6
 #: What was read for one program: its plan, the entries found under its keys, and the
 #: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
 Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
+
+
+class _ForkGate:
+    """Holds ``fork()`` back while a read-ahead thread is inside the cache.
+
+    A child has only the thread that forked; a lock that a reading thread held at the
+    fork (a module's plan lock while it reads ``#include`` files, the cache's, the
+    backend's) would stay locked there for ever. So ``fork()`` waits until no thread is
+    in :meth:`reading` (a chunk's read), and no thread enters one until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """The span of one chunk's read on a read-ahead thread."""
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        """Wait for the reads in progress; hold the gate shut through the fork."""
+        self._cond.acquire()
+        self._forking = True
+        while self._inside:
+            self._cond.wait()
+
+    def after_fork_in_parent(self) -> None:
+        """Open the gate again."""
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        """A fresh gate: the child has none of the parent's reading threads."""
+        self.__init__()  # type: ignore[misc]
+
+
+_gate = _ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_gate.before_fork,
+        after_in_parent=_gate.after_fork_in_parent,
+        after_in_child=_gate.after_fork_in_child,
+    )
 
 
 def read_ahead_enabled() -> bool:
@@ -168,7 +225,8 @@ class ReadAhead:
                         continue
                 found: dict[str, Read] = {}
                 try:
-                    found = self._read(chunk.names)
+                    with _gate.reading():
+                        found = self._read(chunk.names)
                 except Exception:  # the caller fetches these itself, and sees the error then
                     found = {}
                 finally:

@@ -1,0 +1,192 @@
+"""The crash guard's folder under attack and on a full disk: nothing planted there hangs,
+crashes or writes through, and a full disk leaves the guard off, never a dead process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runtime_cache.opencl.guard import LoadGuard
+from runtime_cache.opencl.guard_files import append_lines, dead_marks, reserve
+from runtime_cache.opencl.known_list import MAX_LIST_BYTES, read_lines
+
+D1, D2 = "a" * 32, "b" * 32
+
+
+def _folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "guard"
+    folder.mkdir(mode=0o700)
+    return folder
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], stdout=-1)
+    return int(done.stdout)
+
+
+def _in_child(folder: Path, code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh process whose guard folder is ``folder``."""
+    env = {**os.environ, "RUNTIME_CACHE_GUARD_DIR": str(folder)}
+    return subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        env=env,
+        cwd=folder.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_under_the_guards_names_never_block(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    os.mkfifo(folder / f"{_dead_pid()}.loading")
+    os.mkfifo(folder / "blocklist")
+    os.mkfifo(folder / "vetted")
+    (folder / f"{_dead_pid()}.loading").write_text(f"{D1}\n")  # a dead process's marks
+    done = _in_child(
+        folder,
+        "from runtime_cache.opencl.guard import guard\n"
+        f"print(guard.standing([], [{D1!r}]), guard.recovered)\n"
+        f"with guard.loading([{D2!r}]): pass\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["blocked", "1"]  # the readable file's digest, in memory
+    assert (folder / "blocklist").is_fifo()  # not written through
+
+
+def test_links_planted_under_the_guards_names_are_never_followed(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    secret = tmp_path / "secret"
+    secret.write_text("root:hash:1:2\n")
+    dead = _dead_pid()
+    (folder / "blocklist").symlink_to(victim)
+    (folder / f"{dead}.loading").symlink_to(secret)
+    (folder / f"{_dead_pid()}.loading").write_text(f"{D1}\n")
+    done = _in_child(
+        folder,
+        "import os\n"
+        "from runtime_cache.opencl.guard import guard\n"
+        "mine = os.path.join(guard.folder, f'{os.getpid()}.loading')\n"
+        f"os.symlink({str(victim)!r}, mine)\n"
+        f"with guard.loading([{D2!r}]): pass\n"
+        f"guard.block([{D2!r}]); guard.unblock([{D2!r}])\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "precious\n" and secret.read_text() == "root:hash:1:2\n"
+    assert "root:hash" not in "".join(p.read_text() for p in folder.iterdir() if p.is_file())
+
+
+def test_odd_names_and_huge_files_are_skipped(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    for name in ("2147483648", "99999999999999999999", "\u00b2", "-1", "12a"):
+        (folder / f"{name}.loading").write_text(f"{D1}\n")
+    with open(folder / "vetted", "wb") as handle:  # sparse: no disk, a huge size
+        handle.truncate(MAX_LIST_BYTES * 256)
+    guard = LoadGuard(str(folder))
+    try:
+        assert guard.standing([D2], [D1]) == "unknown"
+        assert guard.recovered == 0
+        with guard.loading([D2]):
+            assert (folder / f"{os.getpid()}.loading").read_bytes().startswith(D2.encode())
+    finally:
+        guard.close()
+    assert read_lines(str(folder / "vetted")) == []
+
+
+def test_a_list_past_its_limit_reads_as_empty(tmp_path: Path) -> None:
+    path = tmp_path / "list"
+    path.write_text(f"{D1}\n" * 40)
+    assert read_lines(str(path)) == [D1] * 40
+    assert read_lines(str(path), limit=33 * 40 - 1) == []
+
+
+def test_dead_marks_takes_only_gone_processes_files(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    (tmp_path / f"{dead}.loading").write_text(f"{D1}\n\0\0\0")
+    (tmp_path / f"{os.getpid()}.loading").write_text(f"{D2}\n")
+    names = os.listdir(tmp_path)
+    assert dead_marks(str(tmp_path), names, lambda pid: pid != dead) == [D1]
+    assert sorted(os.listdir(tmp_path)) == [f"{os.getpid()}.loading"]
+
+
+def test_append_lines_writes_only_to_a_regular_file(tmp_path: Path) -> None:
+    path = tmp_path / "blocklist"
+    append_lines(str(path), [D1], 10)
+    append_lines(str(path), [D2], 10)
+    assert read_lines(str(path)) == [D1, D2]
+    append_lines(str(path), [f"{i:032x}" for i in range(20)], 10)  # past the limit: halved
+    assert read_lines(str(path)) == [f"{i:032x}" for i in range(15, 20)]
+    os.unlink(path)
+    os.mkdir(path)  # not a file: nothing written, nothing raised
+    append_lines(str(path), [D1], 10)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="needs POSIX owners")
+def test_a_guard_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    folder.chmod(0o777)
+    guard = LoadGuard(str(folder))
+    try:
+        assert guard.standing([D1], []) == "unknown"
+        assert guard._fd is None and not list(folder.iterdir())
+    finally:
+        guard.close()
+    folder.chmod(0o700)
+    mine = LoadGuard(str(folder))
+    try:
+        mine.standing([D1], [])
+        assert mine._fd is not None
+    finally:
+        mine.close()
+
+
+def _mount_full_tmpfs(where: Path) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
+    if done.returncode != 0:
+        return False
+    (where / "guard").mkdir(mode=0o700)
+    try:  # fill it
+        with open(where / "filler", "wb") as handle:
+            while True:
+                handle.write(bytes(4096))
+                handle.flush()
+    except OSError:
+        pass
+    return True
+
+
+def test_a_full_disk_leaves_the_guard_unmapped_not_the_process_dead(tmp_path: Path) -> None:
+    """A write into a mapped page that has no disk block behind it kills the process
+    with SIGBUS; the guard reserves the page first, and goes without a map if it can't."""
+    where = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
+    if not _mount_full_tmpfs(where):
+        pytest.skip("needs root and a tmpfs mount to fill a file system")
+    try:
+        done = _in_child(
+            where / "guard",
+            "from runtime_cache.opencl.guard import guard\n"
+            f"with guard.loading([{D1!r}]): print('loading')\n"
+            "print('mapped' if guard._map is not None else 'not mapped')\n",
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["loading", "not", "mapped"]
+    finally:
+        subprocess.run(["umount", "-l", str(where)])
+
+
+def test_reserve_says_whether_the_disk_gave_the_space(tmp_path: Path) -> None:
+    with open(tmp_path / "file", "wb") as handle:
+        assert reserve(handle.fileno(), 4096) or not hasattr(os, "posix_fallocate")
+        assert os.fstat(handle.fileno()).st_size >= 4096 or not hasattr(os, "posix_fallocate")
