@@ -315,18 +315,26 @@ class DirectoryBackend(Backend):
     def delete(self, key: str) -> bool:
         rel = self._rel(key)
         try:
-            return delete_entry(self.root_fd, rel)
+            removed = delete_entry(self.root_fd, rel)
         except OSError as exc:
             raise self._error("delete", exc, rel) from exc
+        self._forget_hits(key, removed)
+        return removed
+
+    def _forget_hits(self, key: str, removed: bool) -> None:
+        if removed and self.track_access:  # a later entry under the key has no hits yet
+            self._journal.forget(key)
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete ``key`` only if its file holds exactly ``expected`` (renamed aside, checked
         again, removed; a newer file that took its place is put back); return whether it did."""
         rel = self._rel(key)
         try:
-            return delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)
+            removed = delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)
         except OSError as exc:
             raise self._error("delete", exc, rel) from exc
+        self._forget_hits(key, removed)
+        return removed
 
     # --------------------------------------------------------------- listing
     def _listing(self, prefix: str) -> list[Found]:

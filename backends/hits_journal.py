@@ -2,7 +2,8 @@
 
 Each process counts hits in memory and appends them as lines
 ``"<count> <unix time> <key>\\n"`` with one ``O_APPEND`` write per batch, so
-lines from many processes never interleave. Readers sum the lines. Counts are
+lines from many processes never interleave. Readers sum the lines. Removing an
+entry appends ``"- <unix time> <key>\\n"``: its count starts again from zero. Counts are
 advisory: losing a batch (a crash, a full disk) never loses an entry.
 
 The journal is opened relative to the cache's root descriptor with
@@ -73,7 +74,17 @@ class HitsJournal:
         if not pending or not self.writable:
             return
         now = time.time()
-        data = "".join(f"{n} {now:.3f} {k}\n" for k, n in pending.items()).encode()
+        self._append("".join(f"{n} {now:.3f} {k}\n" for k, n in pending.items()).encode())
+
+    def forget(self, key: str) -> None:
+        """Count ``key``'s hits from zero again: its entry was removed (a later entry under
+        the key starts with none). Appends a ``-`` line that readers take as a reset."""
+        with self._lock:
+            self._pending.pop(key, None)
+        if self.writable:
+            self._append(f"- {time.time():.3f} {key}\n".encode())
+
+    def _append(self, data: bytes) -> None:
         try:
             fd = os.open(self.name, _APPEND, self.mode, dir_fd=self.dir_fd)
             try:
@@ -106,7 +117,12 @@ class HitsJournal:
                 os.close(fd)
         for line in raw.decode("utf-8", "replace").splitlines():
             fields = line.split(" ", 2)
-            if len(fields) != 3 or not fields[0].isdigit():
+            if len(fields) != 3:
+                continue
+            if fields[0] == "-":  # the entry was removed: its count starts again
+                counts.pop(fields[2], None)
+                continue
+            if not fields[0].isdigit():
                 continue
             try:
                 when = float(fields[1])

@@ -162,6 +162,27 @@ def test_hits_shared_across_instances(tmp_path: Path) -> None:
     assert item.hits == 4 and item.last_access is not None
 
 
+@pytest.mark.parametrize("remove", ["delete", "delete_if"])
+def test_a_removed_entrys_hits_do_not_pass_to_the_next_under_its_key(
+    tmp_path: Path, remove: str
+) -> None:
+    a = DirectoryBackend(tmp_path)
+    a.set(KEY, b"v")
+    for _ in range(3):
+        a.get(KEY)
+    a.flush_hits()
+    b = DirectoryBackend(tmp_path)  # another process, with hits of its own not yet flushed
+    b.get(KEY)
+    assert b.delete(KEY) if remove == "delete" else b.delete_if(KEY, b"v")
+    b.set(KEY, b"w")  # a new entry under the key (an import after `rm`)
+    b.get(KEY)
+    # Unflushed, the new hit is b's own; the three old ones and b's first are gone.
+    assert [next(iter(x.scan())).hits for x in (a, b, DirectoryBackend(tmp_path))] == [0, 1, 0]
+    b.flush_hits()
+    (item,) = list(DirectoryBackend(tmp_path).scan())
+    assert item.hits == 1
+
+
 def test_stale_temp_files_cleaned(tmp_path: Path) -> None:
     backend = DirectoryBackend(tmp_path)
     backend.set(KEY, b"v")
