@@ -62,7 +62,8 @@ class DirectoryBackend(Backend):
 
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
-        max_size: cap on the disk the entries take (int or ``"500MB"``), ``None`` for no cap.
+        max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0 (in
+            any spelling: ``"0B"``, ``"0.0"``) for no cap, as in the URL.
         max_files: cap on the number of entry files; by default ``max_size / 4 KiB``
             (at least 1024).
         fsync: fsync each file before it is renamed into place (durable on
@@ -98,7 +99,7 @@ class DirectoryBackend(Backend):
         self._root_text = os.path.abspath(root)
         if not isinstance(self._root_text, str):
             raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
-        self.max_size = None if max_size is None else parse_size(max_size)
+        self.max_size = (None if max_size is None else parse_size(max_size)) or None
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
         self.max_files = max_files
@@ -141,7 +142,7 @@ class DirectoryBackend(Backend):
         track = parsed.pop_bool("track_access", True)
         shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
-        off = max_size is not None and max_size.lower() in ("", "none", "0")
+        off = max_size is not None and max_size.lower() in ("", "none")  # and 0, as above
         cap = None if off else (max_size or DEFAULT_MAX_SIZE)  # absent: the default
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}

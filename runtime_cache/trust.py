@@ -39,7 +39,7 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
             f"refusing to use {backend!r} without a secret: others can write it, so they "
             "could plant binaries that this process would run. Set RUNTIME_CACHE_SECRET "
             "(or RUNTIME_CACHE_SECRET_FILE; --secret or --secret-file on the command line; "
-            "secret= in code), or add insecure=1 to the URL "
+            "the secret argument in code), or add insecure=1 to the URL "
             "to use it unsigned on purpose"
         )
     with _lock:

@@ -7,7 +7,9 @@ there (CI sets both).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,10 @@ import runtime_cache as rc
 os.environ.setdefault("POCL_KERNEL_CACHE", "0")
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 # The OpenCL crash guard keeps its files in a folder private to this test run.
-os.environ.setdefault("RUNTIME_CACHE_GUARD_DIR", tempfile.mkdtemp(prefix="rc-guard-"))
+if "RUNTIME_CACHE_GUARD_DIR" not in os.environ:
+    _guard_dir = tempfile.mkdtemp(prefix="rc-guard-")
+    os.environ["RUNTIME_CACHE_GUARD_DIR"] = _guard_dir
+    atexit.register(shutil.rmtree, _guard_dir, True)  # after the guard's own exit hook
 
 
 # One hypothesis profile for every property test: the same examples on every run (a CI failure

@@ -130,6 +130,10 @@ def test_text_report_of_a_real_run(kept_run: tuple[dict[str, Any], str]) -> None
     for name in PHASES:
         assert f"  {name} " in text
     assert "kept (see `runtime-cache ls`)" in text
+    carried = kept_run[0]["warm"]["driver_cache"]
+    if kept_run[0].get("carry_driver_cache"):  # says "carried" only when it was
+        assert ("carried by runtime-cache" in text) == carried["carried"]
+        assert ("none to carry" in text) != carried["carried"]
 
 
 @opencl

@@ -255,3 +255,21 @@ def test_a_bytes_path_is_refused_before_anything_is_made(tmp_path: Path) -> None
     with pytest.raises(TypeError, match="must be text"):
         DirectoryBackend(where)  # type: ignore[arg-type]
     assert not os.path.exists(where)
+
+
+@pytest.mark.parametrize("spelling", ["", "none", "NONE", "0", "0B", "0.0", "00", "0KB"])
+def test_every_spelling_of_zero_max_size_means_no_cap(tmp_path: Path, spelling: str) -> None:
+    """One meaning for 0 however it is written (a 0-byte cap would keep nothing)."""
+    assert DirectoryBackend.from_url(f"dir://{tmp_path}?max_size={spelling}").max_size is None
+    if spelling[:1].isdigit():
+        assert DirectoryBackend(tmp_path, max_size=spelling).max_size is None
+
+
+def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> None:
+    from runtime_cache.api import parse_size
+    from runtime_cache.backends.directory import DEFAULT_MAX_SIZE
+
+    assert DirectoryBackend.from_url(f"dir://{tmp_path}").max_size == DEFAULT_MAX_SIZE
+    assert DirectoryBackend(tmp_path, max_size=0).max_size is None
+    url = f"dir://{tmp_path}?max_size=5MB"
+    assert DirectoryBackend.from_url(url).max_size == parse_size("5MB")

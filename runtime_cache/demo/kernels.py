@@ -5,8 +5,10 @@ model compilers do, so every layer is its own program with its own compile.
 ``TILE`` (outputs per work item) comes in through the build options
 (``-DTILE=n``), so each tile size is another build of the same source.
 
-Every output sums its terms in one fixed order whatever ``TILE`` and the local
-size are, so a tuned model gives the same bits as an untuned one.
+Every output sums its terms in one fixed order in the source whatever ``TILE`` and
+the local size are. A driver may still compile each tile size's arithmetic its own way
+(Intel's CPU runtime gave other last bits for other tiles), so only runs with the same tiles (a cold
+run and the warm run that reads its records) are sure to match bit for bit.
 """
 
 from __future__ import annotations

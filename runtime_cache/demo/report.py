@@ -68,7 +68,9 @@ def format_text(result: dict[str, Any]) -> str:
         f"warm: {warm['tuned_layers']} tuned, {warm['cache_stats']['hits']} cache hits"
     )
     carried = warm.get("driver_cache")
-    if result.get("carry_driver_cache") and carried:
+    if result.get("carry_driver_cache") and carried and not carried.get("carried", True):
+        lines.append("driver cache: none to carry (this driver keeps no cache runtime-cache knows)")
+    elif result.get("carry_driver_cache") and carried:
         where = (
             "a new, empty folder" if result.get("fresh_driver_cache") else "the cold run's folder"
         )
