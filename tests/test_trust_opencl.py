@@ -212,6 +212,30 @@ def test_another_kernels_binary_is_rejected_never_raised(ctx: Any, tmp_path: Pat
     assert opencl_stats().rejected_binaries == 1
 
 
+def test_program_never_returns_another_kernels_program(ctx: Any, tmp_path: Path) -> None:
+    """As above, asked through ``program()`` (no kernel made): the binary loads cleanly, so
+    only the kernels it holds tell; it is evicted and the program built from source."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl import OpenCLModule, opencl_stats
+
+    store = rc.open_backend(f"dir://{tmp_path / 'own'}")
+    cache = rc.Cache(store)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+    module.build_all()
+    shift = store.get(str(_victim_key(ctx, module, "shift")))
+    assert shift is not None
+    target = _victim_key(ctx, module, "scale")
+    store.set(str(target), _transplant(shift, target, rewrite_parts=True))
+    again = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+    program = again.program("scale")
+    assert program.get_info(cl.program_info.KERNEL_NAMES).split(";") == ["scale"]
+    assert again.program("scale") is program  # checked once
+    assert opencl_stats().rejected_binaries == 1
+    assert opencl_stats().source_builds == 3  # the first module's two, and this one
+    assert np.array_equal(_scale(ctx, again), EXPECTED)
+
+
 @pytest.fixture
 def full_scratch() -> Iterator[Path]:
     """A real full disk: a tiny tmpfs, filled (needs root to mount)."""

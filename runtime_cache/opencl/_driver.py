@@ -20,6 +20,7 @@ __all__ = [
     "create_and_build",
     "driver_options_text",
     "import_pyopencl",
+    "kernel_names",
     "options_text",
     "original_build",
     "read_binaries",
@@ -85,6 +86,17 @@ def create_and_build(
     else:
         raw._build(options=options_text.encode("utf-8"), devices=list(devices))
     return program
+
+
+def kernel_names(program: Any) -> list[str] | None:
+    """The kernels ``program`` holds (``CL_PROGRAM_KERNEL_NAMES``); ``None`` where the driver
+    cannot say."""
+    cl = import_pyopencl()
+    try:
+        names = program.get_info(cl.program_info.KERNEL_NAMES)
+    except Exception:  # an OpenCL 1.1 driver, or a program the driver cannot list
+        return None
+    return [n for n in str(names).split(";") if n]
 
 
 def read_binaries(cl: Any, program: Any, devices: Sequence[Any]) -> list[bytes]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -11,7 +12,7 @@ from ..bundles import LoadResult
 from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
-from ._driver import import_pyopencl
+from ._driver import import_pyopencl, kernel_names
 from .bundle import unpack_programs
 from .cached_load import CONCURRENT_LOADS, load_cached_programs
 from .counters import counters
@@ -21,14 +22,7 @@ from .module_plans import ModulePlans
 from .parallel import build_in_threads
 from .precompiled import load_bundle, pack_built
 from .prefetch import ReadAhead, read_ahead_enabled
-from .program import (
-    ProgramPlan,
-    evict,
-    fetch,
-    read_binaries,
-    source_build,
-    store_binaries,
-)
+from .program import ProgramPlan, evict, fetch, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles
 from .progress import BuildProgress, ProgressCallback
 from .sharing import shares_builds
@@ -92,6 +86,7 @@ class OpenCLModule:
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
         self._cached: set[str] = set()
+        self._holds: set[str] = set()  # of _cached: seen to hold their kernel (program())
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
         self._ahead: ReadAhead | None = None  # the first program() reads the others ahead
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
@@ -140,7 +135,21 @@ class OpenCLModule:
 
     # ------------------------------------------------------------------ programs
     def program(self, name: str) -> Any:
-        """Return the built ``pyopencl.Program`` of kernel ``name``, building it on first use."""
+        """Return the built ``pyopencl.Program`` of kernel ``name``, building it on first use.
+
+        One made from cached binaries is checked to hold kernel ``name`` (another
+        program's binary stored under its key is evicted and built from source)."""
+        program = self._load(name)
+        with self._lock:
+            unseen = name in self._cached and name not in self._holds
+        names = kernel_names(program) if unseen else None  # None: nothing to check
+        if names is not None and name not in names and self._reject(name, program):
+            program = self._load(name)
+        with self._lock:
+            self._holds.add(name)
+        return program
+
+    def _load(self, name: str) -> Any:
         with self._lock:
             found = self._programs.get(name)
         if found is not None:
@@ -187,13 +196,13 @@ class OpenCLModule:
         Kernels hold their arguments, so they are not thread-safe: keep one per thread.
         """
         cl = import_pyopencl()
-        program = self.program(name)
+        program = self._load(name)  # cl.Kernel checks that it holds the kernel
         try:
             return cl.Kernel(program, name)
         except Exception:
             if not self._reject(name, program):
                 raise
-        return cl.Kernel(self.program(name), name)
+        return cl.Kernel(self._load(name), name)
 
     def _reject(self, name: str, program: Any) -> bool:
         """A program from cached binaries that lacks kernel ``name`` (another program's
@@ -205,6 +214,7 @@ class OpenCLModule:
             del self._programs[name]
             self._seconds.pop(name, None)
             self._cached.discard(name)
+            self._holds.discard(name)
         plan = self._plan(name)
         if plan.keys is not None:
             evict(self.cache, plan, f"the program lacks kernel {name!r}")
@@ -304,10 +314,7 @@ class OpenCLModule:
         self, names: list[str], workers: int, gate: threading.Thread | None = None
     ) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build."""
-
-        def adopt(name: str, program: Any) -> None:
-            self._adopt(name, program, 0.0, cached=True)
-
+        adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
         return load_cached_programs(
             self.context, self.cache, names, workers, self._plan, adopt, gate
         )
@@ -382,10 +389,7 @@ class OpenCLModule:
         with self._lock:
             pending = [n for n in self.sources if n not in self._programs]
         plans = {name: self._plan(name) for name in pending}
-
-        def adopt(name: str, program: Any, seconds: float) -> None:
-            self._adopt(name, program, seconds, cached=True)
-
+        adopt = functools.partial(self._adopt, cached=True)
         return load_bundle(self.context, cache, entries, plans, adopt)
 
     def recapture_binaries(self) -> int:
