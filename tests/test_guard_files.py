@@ -82,7 +82,8 @@ def test_links_planted_under_the_guards_names_are_never_followed(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     assert victim.read_text() == "precious\n" and secret.read_text() == "root:hash:1:2\n"
-    assert "root:hash" not in "".join(p.read_text() for p in folder.iterdir() if p.is_file())
+    files = [p for p in folder.iterdir() if p.is_file() and not p.is_symlink()]
+    assert "root:hash" not in "".join(p.read_text() for p in files)
 
 
 def test_odd_names_and_huge_files_are_skipped(tmp_path: Path) -> None:
@@ -190,3 +191,38 @@ def test_reserve_says_whether_the_disk_gave_the_space(tmp_path: Path) -> None:
     with open(tmp_path / "file", "wb") as handle:
         assert reserve(handle.fileno(), 4096) or not hasattr(os, "posix_fallocate")
         assert os.fstat(handle.fileno()).st_size >= 4096 or not hasattr(os, "posix_fallocate")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "win32", reason="needs flock")
+def test_a_mark_file_whose_lock_is_held_is_a_live_process(tmp_path: Path) -> None:
+    """Another pid namespace (a container) or host sharing the folder: its pid means nothing
+    here, but its lock on its mark file does. Held: left alone; released (it died): taken."""
+    folder = _folder(tmp_path)
+    name = f"{_dead_pid()}.loading"  # no such process here
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys\n"
+            f"fd = os.open({str(folder / name)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            f"os.write(fd, b'{D1}\\n'); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True); sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        live = LoadGuard(str(folder))
+        assert not live.blocked([D1]) and (folder / name).exists()
+        live.close()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+    after = LoadGuard(str(folder))
+    try:
+        assert after.blocked([D1]) and not (folder / name).exists()
+    finally:
+        after.close()

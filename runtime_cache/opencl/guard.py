@@ -7,10 +7,10 @@ that, and without a guard every restart would load the same entry and crash
 again. So, while binaries load, this process keeps their digests in its own
 file, ``<pid>.loading``, in the guard folder. The file is mapped into memory
 (``MAP_SHARED``), so marking a load costs a memory write, not a system call, and
-what was written survives the process's death in the kernel's page cache. The
-next process that finds the file of a process that is gone moves those
-digests to a blocklist; a
-blocklisted binary counts as rejected by the driver: it is evicted and the
+what was written survives the process's death in the kernel's page cache. A
+process holds a lock on its file while it lives (:mod:`.guard_files`); the next
+process that finds the file of a process that is gone (it can take the lock)
+moves those digests to a blocklist; a blocklisted binary counts as rejected by the driver: it is evicted and the
 program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those

@@ -9,7 +9,11 @@ a list anew through a fresh temporary file. The folder itself must be this
 user's own and not writable by others (:func:`open_folder`): on a folder that
 another user can write, these names could point anywhere.
 
-The mark file is reserved on disk before it is mapped (:func:`reserve`): a write
+A process holds an exclusive ``flock`` on its own mark file while it lives, and
+another process takes a mark file for a dead process's only when it can lock it:
+that holds across pid namespaces (containers) and hosts that share the folder,
+where asking the local kernel about the pid does not (without ``fcntl``, the pid
+is asked). The mark file is reserved on disk before it is mapped (:func:`reserve`): a write
 into a mapped page with no disk block behind it (a full disk, a quota) kills the
 process with ``SIGBUS``, where a write call only fails.
 """
@@ -21,6 +25,11 @@ import stat
 from collections.abc import Callable, Sequence
 
 from .known_list import MAX_LIST_BYTES, OPEN_FLAGS, read_lines
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: a process is told alive by its pid alone
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "MAX_LIST_BYTES",
@@ -64,41 +73,78 @@ def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
 
 def dead_marks(folder: str, names: Sequence[str], alive: Callable[[int], bool]) -> list[str]:
     """The digests in the ``<pid>.loading`` files of processes that are gone; those
-    files are removed. Names that are no pid are left alone; a file that is not a
-    regular file of at most :data:`~.known_list.MAX_LIST_BYTES` holds nothing."""
+    files are removed. A file whose lock is held belongs to a live process (``alive(pid)``
+    decides where there are no locks). Names that are no pid are left alone; a file that
+    is not a regular file of at most :data:`~.known_list.MAX_LIST_BYTES` holds nothing."""
     found: list[str] = []
     for name in names:
         pid_text, _, suffix = name.partition(".")
         if suffix != "loading" or not (pid_text.isascii() and pid_text.isdigit()):
             continue
         pid = int(pid_text)
-        if pid > _MAX_PID or pid == os.getpid() or alive(pid):
+        if pid > _MAX_PID or pid == os.getpid():
             continue
         path = os.path.join(folder, name)
-        lines = read_lines(path)
-        found.extend(line.replace("\0", "") for line in lines)
+        held, told = _lock_if_dead(path)
+        if held is None and (told or alive(pid)):
+            continue  # alive (or not a regular file: left alone)
         try:
+            lines = read_lines(path)
+            found.extend(line.replace("\0", "") for line in lines)
             os.unlink(path)
         except OSError:
-            continue
+            pass
+        finally:
+            if held is not None:
+                os.close(held)  # and the lock with it
     return [d for d in found if d]
+
+
+def _lock_if_dead(path: str) -> tuple[int | None, bool]:
+    # (the file, opened and locked), True: its process is gone. (None, True): a live
+    # process holds it, or it is no regular file. (None, False): no locks here, ask the pid.
+    if fcntl is None:
+        return None, False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
+    except OSError:
+        return None, True
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, True
+        told = True
+    except BlockingIOError:  # held: a live process's, in this namespace or another
+        told = True
+    except OSError:  # no locks on this file system
+        told = False
+    os.close(fd)
+    return None, told
 
 
 def open_mark_file(folder: str) -> int | None:
     """This process's ``<pid>.loading``, made afresh (what was there is removed first:
-    a file a process of the same pid left, or anything planted); ``None`` if it cannot."""
+    a file a process of the same pid left, or anything planted) and locked for as long as
+    the process lives; ``None`` if it cannot."""
     path = os.path.join(folder, f"{os.getpid()}.loading")
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK | OPEN_FLAGS
     for _ in range(2):
         try:
-            return os.open(path, flags, 0o600)
+            fd = os.open(path, flags, 0o600)
         except FileExistsError:
             try:
                 os.unlink(path)
             except OSError:
                 return None
+            continue
         except OSError:
             return None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a file system without locks: others ask the pid
+                pass
+        return fd
     return None
 
 
