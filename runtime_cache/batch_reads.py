@@ -35,7 +35,9 @@ class _Host(Protocol):
 
     def _discard(self, skey: str, blob: bytes) -> None: ...
 
-    def get_many_views(self, keys: Iterable[KeyLike]) -> dict[str, memoryview]: ...
+    def get_many_views(
+        self, keys: Iterable[KeyLike], *, count_misses: bool = True
+    ) -> dict[str, memoryview]: ...
 
 
 class BatchReads:
@@ -45,22 +47,29 @@ class BatchReads:
         """Fetch many values in one backend call; returns ``{str(key): value}`` for hits."""
         return {skey: bytes(view) for skey, view in self.get_many_views(keys).items()}
 
-    def get_many_views(self: _Host, keys: Iterable[KeyLike]) -> dict[str, memoryview]:
+    def get_many_views(
+        self: _Host, keys: Iterable[KeyLike], *, count_misses: bool = True
+    ) -> dict[str, memoryview]:
         """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
 
         Verified exactly as :meth:`get_many` does, without copying the values:
         for consumers that hand large values straight to a driver (a view keeps
-        its whole blob alive while it lives).
+        its whole blob alive while it lives). ``count_misses=False`` for a read
+        ahead of need, whose caller reads again what was missing and counts it
+        then: keys not found are not counted as misses here (rejected and
+        corrupt entries still are, under those names).
         """
         given = list(keys)
         wanted = [str(k) for k in given]
         try:
             blobs = self.backend.get_many(wanted)
         except Exception as exc:
-            self._counters.add(misses=len(wanted))
+            self._counters.add(misses=len(wanted) if count_misses else 0)
             self._failed("get_many", exc)
             return {}
         self._succeeded()
         found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
+        if not count_misses:
+            counts["misses"] = 0
         self._counters.add(**counts)
         return found

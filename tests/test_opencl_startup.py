@@ -102,10 +102,10 @@ def _count_reads(cache: rc.Cache) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
     views = cache.get_many_views
 
-    def counted(keys: Any) -> Any:  # the real call, counted
+    def counted(keys: Any, **options: Any) -> Any:  # the real call, counted
         keys = list(keys)
         calls.append((threading.get_ident(), len(keys)))
-        return views(keys)
+        return views(keys, **options)
 
     cache.get_many_views = counted  # type: ignore[method-assign]
     return calls
@@ -158,13 +158,30 @@ def test_a_tampered_entry_read_ahead_is_still_refused(ctx: Any, cache: rc.Cache)
     torn[-1] ^= 0xFF
     cache.backend.set(str(victim[0]), bytes(torn))  # the checksum no longer matches
     reset_opencl_stats()
+    misses = cache.stats().misses
     module = OpenCLModule(ctx, sources, cache=cache)
     for name in sources:
         module.program(name)
     stats = opencl_stats()
     assert stats.binary_loads == 5 and stats.source_builds == 1
     assert cache.stats().corrupt == 1
+    assert cache.stats().misses - misses == 1  # once: not by the thread, then by the caller
     _works(ctx, module, list(sources))
+
+
+@pytest.mark.opencl
+def test_a_missing_entry_read_ahead_counts_one_miss(ctx: Any, cache: rc.Cache) -> None:
+    sources = generated_sources(6, salt=3)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    victim = module._plan("k4").keys
+    assert victim is not None and cache.delete(victim[0])
+    before = cache.stats()
+    for name in sources:
+        module.program(name)
+    after = cache.stats()
+    assert module._ahead is not None and module._ahead.begun  # k4 was read ahead, and missed
+    assert (after.hits - before.hits, after.misses - before.misses) == (5, 1)
 
 
 @pytest.mark.opencl

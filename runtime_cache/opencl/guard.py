@@ -10,8 +10,8 @@ file, ``<pid>.loading``, in the guard folder. The file is mapped into memory
 what was written survives the process's death in the kernel's page cache. A
 process holds a lock on its file while it lives (:mod:`.guard_files`); the next
 process that finds the file of a process that is gone (it can take the lock)
-moves those digests to a blocklist; a blocklisted binary counts as rejected by the driver: it is evicted and the
-program is rebuilt from source.
+moves those digests to a blocklist; a blocklisted binary counts as rejected by
+the driver: it is evicted and the program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without

@@ -248,7 +248,8 @@ class ReadAhead:
             # before the caller wakes), so the caller never waits out a chunk's plans.
             time.sleep(YIELD_SECONDS)
         wanted = [k for plan in plans.values() if plan.keys is not None for k in plan.keys]
-        found = self._cache.get_many_views(wanted) if wanted else {}
+        # Misses are the caller's to count: it reads again what was not found here.
+        found = self._cache.get_many_views(wanted, count_misses=False) if wanted else {}
         out: dict[str, Read] = {}
         for name, plan in plans.items():
             keys = [str(k) for k in plan.keys or ()]
