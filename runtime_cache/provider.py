@@ -25,6 +25,7 @@ from .registry import open_backend, registry
 from .urls import redact_url
 
 __all__ = [
+    "OFF",
     "Provider",
     "cache_provider",
     "get_cache",
@@ -41,6 +42,10 @@ _current: Cache | None = None
 _explicit = False
 
 
+#: ``RUNTIME_CACHE`` values (and provider strings) that turn caching off.
+OFF = ("off", "none", "0", "false", "disabled")
+
+
 def _to_cache(provider: Provider) -> Cache:
     secret = environment.read_secret()
     if provider is None:
@@ -50,7 +55,7 @@ def _to_cache(provider: Provider) -> Cache:
     if isinstance(provider, Backend):
         return Cache(provider, secret=secret)
     if isinstance(provider, str):
-        if provider.strip().lower() in ("off", "none", "0", "false", "disabled"):
+        if provider.strip().lower() in OFF:
             return Cache(None)
         return Cache(open_backend(provider), secret=secret)
     raise TypeError(

@@ -47,7 +47,7 @@ def test_reference_lists_the_same_options_as_help(
     section = _sections((DOCS / "cli.md").read_text(encoding="utf-8"))[command]
     in_help = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", help_text)) - {"--help"}
     in_docs = set(re.findall(r"`(--[a-z][\w-]*)`", section))
-    assert in_docs == in_help - {"--cache", "--secret", "--secret-file"}  # global: own table
+    assert in_docs == in_help - {"--cache", "--secret", "--secret-file", "--verbose"}  # global
     description = " ".join(help_text.split("\n\n")[1].split())
     assert description in " ".join(section.split())
 
@@ -56,7 +56,7 @@ def test_global_options_are_documented(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["--help"]) == 0
     help_text = capsys.readouterr().out
     reference = (DOCS / "cli.md").read_text(encoding="utf-8")
-    for option in ("--cache", "--secret", "--secret-file", "--version"):
+    for option in ("--cache", "--secret", "--secret-file", "--verbose", "--version"):
         assert option in help_text and f"`{option}`" in reference
     for command in _commands():
         assert command in help_text and f"## `{command}`" in reference

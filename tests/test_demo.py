@@ -208,6 +208,13 @@ def test_unusable_cache_is_a_clean_error(url: str, message: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("other", ["--driver-cache", "--no-carry-driver-cache"])
+def test_a_fresh_driver_cache_that_nothing_would_fill_is_refused(other: str) -> None:
+    done = _demo("--tiny", "--fresh-driver-cache", other, "--cache", "dir:///nonexistent/x")
+    assert done.returncode == 2 and "--fresh-driver-cache needs" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 # ---------------------------------------------------------------------- in process
 def _engine(model_name: str, cache: rc.Cache) -> Any:
     from runtime_cache.demo.engine import Engine

@@ -84,8 +84,15 @@ def plugins() -> dict[str, str]:
 
 
 def _global_options() -> argparse.ArgumentParser:
-    """--cache and --secret, accepted before or after the subcommand."""
+    """--cache, --secret and --verbose, accepted before or after the subcommand."""
     common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also print the library's warnings (the command reports errors itself)",
+    )
     common.add_argument(
         "--cache",
         metavar="URL",
@@ -135,12 +142,6 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         ),
     )
     parser.add_argument("--version", action="version", version=f"runtime-cache {__version__}")
-    parser.add_argument(
-        "--verbose",
-        "-v",
-        action="store_true",
-        help="also print the library's warnings (the command reports errors itself)",
-    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format="%(message)s")
     logger = logging.getLogger("runtime_cache")
     saved_level = logger.level
-    logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
+    logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
     try:
         return _run(args)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -60,10 +61,15 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
         return Cache(open_backend(url), strict=True, secret=secret)
     provider = get_cache()
     if not provider.enabled:
-        raise UsageError(
-            "caching is off (RUNTIME_CACHE=off, or the default cache could not be opened); "
-            "pass --cache URL"
+        from ..provider import OFF
+
+        chosen = os.environ.get("RUNTIME_CACHE", "")
+        reason = (
+            f"RUNTIME_CACHE={chosen.strip()}"
+            if chosen.strip().lower() in OFF
+            else "the cache could not be opened"
         )
+        raise UsageError(f"caching is off ({reason}); pass --cache URL")
     return Cache(provider.backend, strict=True, secret=secret)
 
 
@@ -134,8 +140,8 @@ def resolve_key(cache: Cache, text: str) -> str:
     if not matches:
         raise KeyNotFound(text)
     if len(matches) > 1:
-        shown = ", ".join(sorted(matches)[:5])
-        raise UsageError(f"{text!r} matches {len(matches)} keys ({shown}...); type more digits")
+        shown = ", ".join(sorted(matches)[:5]) + (", ..." if len(matches) > 5 else "")
+        raise UsageError(f"{text!r} matches {len(matches)} keys ({shown}); type more digits")
     return matches[0]
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from .. import environment
 from ..cache import Cache
 from ..errors import RuntimeCacheError
+from ..provider import OFF
 from ..urls import redact
 from .report import compare, format_text
 
@@ -148,7 +149,7 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
     shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redact(url)
     schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
-    if url.strip().lower() in ("off", "none", "0", "false", "disabled"):
+    if url.strip().lower() in OFF:
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
     if schemes == {"memory"}:
         raise DemoError(
@@ -263,7 +264,12 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     keep = bool(getattr(args, "keep", False))
     driver_cache = bool(getattr(args, "driver_cache", False))
     carry = bool(getattr(args, "carry_driver_cache", True)) and not driver_cache
-    fresh = bool(getattr(args, "fresh_driver_cache", False)) and carry
+    fresh = bool(getattr(args, "fresh_driver_cache", False))
+    if fresh and not carry:  # a new folder that nothing fills: say so, not a silent no-op
+        raise DemoError(
+            "--fresh-driver-cache needs runtime-cache to carry the driver's cache: leave out "
+            "--driver-cache and --no-carry-driver-cache"
+        )
     url, shown = _cache_url(args)
     secret = _secret(args)
     cache = _open(url, secret)
