@@ -181,3 +181,21 @@ def test_state_directory_on_linux_needs_no_platformdirs(monkeypatch: pytest.Monk
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setattr(platformdirs, "user_state_dir", refuse)
     assert environment.state_directory() == "/home/someone/.local/state/runtime-cache"
+
+
+def test_the_cli_says_when_the_default_folder_moved(tmp_path: Path) -> None:
+    """A default cache folder that cannot be used (here a file stands in its place): the
+    command works on the temporary one, and says so even without -v."""
+    (tmp_path / "runtime-cache").write_text("not a folder")
+    env = {k: v for k, v in os.environ.items() if k != "RUNTIME_CACHE"}
+    env.update(XDG_CACHE_HOME=str(tmp_path), TMPDIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_cache", "ls"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no usable home folder" in done.stderr and "not a directory" in done.stderr

@@ -193,12 +193,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # confuse a one-shot command unless asked for.
     logging.basicConfig(format="%(message)s")
     logger = logging.getLogger("runtime_cache")
-    saved_level = logger.level
+    # Except where the cache lives: a default folder that moved to a temporary one (no
+    # usable home folder) is said always, or `ls` would show another cache without a word.
+    where = logging.getLogger("runtime_cache.environment")
+    saved = logger.level, where.level
     logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
+    where.setLevel(logging.WARNING)
     try:
         return _run(args)
-    finally:
-        logger.setLevel(saved_level)  # main() may run inside a host process (tests, notebooks)
+    finally:  # main() may run inside a host process (tests, notebooks)
+        logger.setLevel(saved[0])
+        where.setLevel(saved[1])
 
 
 def _run(args: argparse.Namespace) -> int:
