@@ -220,15 +220,25 @@ def _noting_plans(plans: dict[str, Any]) -> tuple[list[str], Any]:
     return planned, plan_of
 
 
-def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
-    cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
-    gate, entered = threading.Event(), threading.Event()
+def _held_plans(
+    plans: dict[str, Any], held: threading.Lock
+) -> tuple[Any, threading.Event, threading.Event]:
+    """A ``plan_of`` that, holding ``held``, says it has begun (``entered``) and waits for
+    ``go_on`` before it plans; and those two events."""
+    entered, go_on = threading.Event(), threading.Event()
 
     def plan_of(name: str) -> Any:
-        entered.set()
-        gate.wait(10)
-        return plans[name]
+        with held:
+            entered.set()
+            go_on.wait(10)
+            return plans[name]
 
+    return plan_of, entered, go_on
+
+
+def test_read_ahead_hands_out_each_program_once_and_never_blocks_an_unread_one() -> None:
+    cache, plans = _stored_plans(40, lambda i: f"value {i}".encode())
+    plan_of, entered, gate = _held_plans(plans, threading.Lock())
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     # The caller comes back for p39: not reached, it is the caller's to read, at once;
@@ -334,14 +344,8 @@ def test_a_fork_waits_for_the_chunk_being_read() -> None:
     A fork at that moment would leave the child that lock held for ever, so the fork
     waits until the chunk is read, and the child finds the lock free."""
     cache, plans = _stored_plans(6, lambda i: f"value {i}".encode())
-    held, entered, go_on = threading.Lock(), threading.Event(), threading.Event()
-
-    def plan_of(name: str) -> Any:
-        with held:
-            entered.set()
-            go_on.wait(10)
-            return plans[name]
-
+    held = threading.Lock()
+    plan_of, entered, go_on = _held_plans(plans, held)
     ahead = ReadAhead(cache, list(plans), plan_of)
     ahead.start("p0")
     assert ahead.take("p1") is None

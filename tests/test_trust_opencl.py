@@ -194,10 +194,10 @@ def test_transplant_of_the_victims_own_entry(
     assert codec.decode_entry(moved).value not in driver_inputs[before:]
 
 
-def test_another_kernels_binary_is_rejected_never_raised(ctx: Any, tmp_path: Path) -> None:
-    """The shift program's entry copied under the scale key, parts and all, in a private
-    folder: the binary is known, but not under this key, and lacks the kernel asked for."""
-    from runtime_cache.opencl import OpenCLModule, opencl_stats
+def _shift_under_scale(ctx: Any, tmp_path: Path) -> Any:
+    """A new module over a private folder where the shift program's entry was copied under
+    the scale key, parts and all: the binary is known, but not under this key."""
+    from runtime_cache.opencl import OpenCLModule
 
     store = rc.open_backend(f"dir://{tmp_path / 'own'}")
     cache = rc.Cache(store)
@@ -207,8 +207,15 @@ def test_another_kernels_binary_is_rejected_never_raised(ctx: Any, tmp_path: Pat
     assert shift is not None
     target = _victim_key(ctx, module, "scale")
     store.set(str(target), _transplant(shift, target, rewrite_parts=True))
-    again = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
-    assert np.array_equal(_scale(ctx, again), EXPECTED)  # never INVALID_KERNEL_NAME
+    return OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+
+
+def test_another_kernels_binary_is_rejected_never_raised(ctx: Any, tmp_path: Path) -> None:
+    """The copied binary lacks the kernel asked for: rejected, never INVALID_KERNEL_NAME."""
+    from runtime_cache.opencl import opencl_stats
+
+    again = _shift_under_scale(ctx, tmp_path)
+    assert np.array_equal(_scale(ctx, again), EXPECTED)
     assert opencl_stats().rejected_binaries == 1
 
 
@@ -217,17 +224,9 @@ def test_program_never_returns_another_kernels_program(ctx: Any, tmp_path: Path)
     only the kernels it holds tell; it is evicted and the program built from source."""
     import pyopencl as cl
 
-    from runtime_cache.opencl import OpenCLModule, opencl_stats
+    from runtime_cache.opencl import opencl_stats
 
-    store = rc.open_backend(f"dir://{tmp_path / 'own'}")
-    cache = rc.Cache(store)
-    module = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
-    module.build_all()
-    shift = store.get(str(_victim_key(ctx, module, "shift")))
-    assert shift is not None
-    target = _victim_key(ctx, module, "scale")
-    store.set(str(target), _transplant(shift, target, rewrite_parts=True))
-    again = OpenCLModule(ctx, {"scale": SCALE_SRC, "shift": SHIFT_SRC}, cache=cache)
+    again = _shift_under_scale(ctx, tmp_path)
     program = again.program("scale")
     assert program.get_info(cl.program_info.KERNEL_NAMES).split(";") == ["scale"]
     assert again.program("scale") is program  # checked once
