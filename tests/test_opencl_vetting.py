@@ -184,9 +184,11 @@ def test_binaries_that_crash_the_driver_only_ever_crash_the_vetting_child(
     out = _child(FLIP_CHILD, tmp_path)
     taken, vetted, failures, crashed = map(int, out.split("result", 1)[1].split())
     assert taken == vetted and taken + failures == 12
-    if driver().startswith(("PoCL", "Intel")):
-        # Seen with these seeds: PoCL 3.0 and 3.1 crashed on 5-7 of them, Intel's CPU
-        # runtime on 1; NVIDIA refuses such binaries without crashing.
+    if driver().startswith("PoCL"):
+        # Seen with these seeds: PoCL 3.0 and 3.1 crashed on 5-7 of them, on Intel Xeon and
+        # AMD EPYC hosts. Intel's CPU runtime crashed on 1 on an Intel Xeon and on none on an
+        # AMD EPYC (its binaries are compiled for the CPU at hand, so the same flips land
+        # elsewhere); NVIDIA refuses such binaries without crashing.
         assert crashed >= 1
 
 
