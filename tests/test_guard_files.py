@@ -75,7 +75,7 @@ def test_links_planted_under_the_guards_names_are_never_followed(tmp_path: Path)
         folder,
         "import os\n"
         "from runtime_cache.opencl.guard import guard\n"
-        "mine = os.path.join(guard.folder, f'{os.getpid()}.loading')\n"
+        "mine = os.path.join(guard.folder, f'{os.getpid()}.loading')  # an old-style name\n"
         f"os.symlink({str(victim)!r}, mine)\n"
         f"with guard.loading([{D2!r}]): pass\n"
         f"guard.block([{D2!r}]); guard.unblock([{D2!r}])\n",
@@ -97,7 +97,8 @@ def test_odd_names_and_huge_files_are_skipped(tmp_path: Path) -> None:
         assert guard.standing([D2], [D1]) == "unknown"
         assert guard.recovered == 0
         with guard.loading([D2]):
-            assert (folder / f"{os.getpid()}.loading").read_bytes().startswith(D2.encode())
+            (mine,) = folder.glob(f"{os.getpid()}.*.loading")
+            assert mine.read_bytes().startswith(D2.encode())
     finally:
         guard.close()
     assert read_lines(str(folder / "vetted")) == []
@@ -112,10 +113,12 @@ def test_a_list_past_its_limit_reads_as_empty(tmp_path: Path) -> None:
 
 def test_dead_marks_takes_only_gone_processes_files(tmp_path: Path) -> None:
     dead = _dead_pid()
-    (tmp_path / f"{dead}.loading").write_text(f"{D1}\n\0\0\0")
-    (tmp_path / f"{os.getpid()}.loading").write_text(f"{D2}\n")
+    (tmp_path / f"{dead}.loading").write_text(f"{D1}\n\0\0\0")  # old-style: by its pid
+    (tmp_path / f"{os.getpid()}.loading").write_text(f"{D2}\n")  # this pid: can't tell
+    (tmp_path / f"{os.getpid()}.0badf00d.loading").write_text("cccc\n")  # unlocked: gone
+    (tmp_path / f".{dead}.12345678.new").write_text("")  # half-made, nobody holds it
     names = os.listdir(tmp_path)
-    assert dead_marks(str(tmp_path), names, lambda pid: pid != dead) == [D1]
+    assert sorted(dead_marks(str(tmp_path), names, lambda pid: pid != dead)) == sorted([D1, "cccc"])
     assert sorted(os.listdir(tmp_path)) == [f"{os.getpid()}.loading"]
 
 

@@ -29,6 +29,7 @@ ctx)`` has the same signature as the built-in commands (see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -75,6 +76,9 @@ _USAGE_ERRORS = (
 )
 
 
+VERBOSE = "also print the library's warnings (the command reports errors itself)"
+
+
 def plugins() -> dict[str, str]:
     """Plug-in command names to ``"module:function"`` targets, read without importing them."""
     found = dict(BUILTIN_PLUGINS)
@@ -87,11 +91,7 @@ def _global_options() -> argparse.ArgumentParser:
     """--cache, --secret and --verbose, accepted before or after the subcommand."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--verbose",
-        "-v",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="also print the library's warnings (the command reports errors itself)",
+        "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=VERBOSE
     )
     common.add_argument(
         "--cache",
@@ -179,6 +179,12 @@ def _add_plugin(sub: Any, name: str, target: str) -> None:
     add_parser = getattr(module, attr or "add_parser", None)
     if callable(add_parser):
         add_parser(sub)
+    command = sub.choices.get(name)
+    if command is not None:  # -v after a plug-in's name too, unless it has its own
+        with contextlib.suppress(argparse.ArgumentError):
+            command.add_argument(
+                "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=VERBOSE
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -96,7 +96,7 @@ def kernel_names(program: Any) -> list[str] | None:
         names = program.get_info(cl.program_info.KERNEL_NAMES)
     except Exception:  # an OpenCL 1.1 driver, or a program the driver cannot list
         return None
-    return [n for n in str(names).split(";") if n]
+    return [n for n in str(names).split(";") if n] or None  # none listed: can't tell
 
 
 def read_binaries(cl: Any, program: Any, devices: Sequence[Any]) -> list[bytes]:

@@ -5,7 +5,7 @@ Some drivers do not reject a bad program binary: they crash inside
 some re-checksummed forgeries). No fallback inside the process can catch
 that, and without a guard every restart would load the same entry and crash
 again. So, while binaries load, this process keeps their digests in its own
-file, ``<pid>.loading``, in the guard folder. The file is mapped into memory
+file, ``<pid>.<token>.loading``, in the guard folder. The file is mapped into memory
 (``MAP_SHARED``), so marking a load costs a memory write, not a system call, and
 what was written survives the process's death in the kernel's page cache. A
 process holds a lock on its file while it lives (:mod:`.guard_files`); the next
@@ -119,6 +119,7 @@ class LoadGuard:
         self._blocked: set[str] = set()
         self._known: KnownList | None = None
         self._loading: dict[str, int] = {}
+        self._mark: str | None = None  # this process's mark file's name
         self.recovered = 0
 
     def _folder_given(self) -> bool:
@@ -153,7 +154,7 @@ class LoadGuard:
             names = self._open_folder(folder)
         except OSError as exc:
             if self._folder_given():
-                log.debug("runtime-cache: load guard off (%s)", exc)
+                log.warning("runtime-cache: OpenCL crash guard off (%s)", exc)
                 return
             # A read-only home: keep the guard in a private temporary folder instead.
             environment.warn_no_home(str(exc))
@@ -165,7 +166,7 @@ class LoadGuard:
             except OSError as again:
                 log.debug("runtime-cache: load guard off (%s)", again)
                 return
-        found = dead_marks(folder, names, process_alive)
+        found = dead_marks(folder, names, process_alive, self._mark)
         blocklist = os.path.join(folder, _BLOCKLIST)
         if found:
             self.recovered = len(found)
@@ -177,8 +178,9 @@ class LoadGuard:
             append_lines(blocklist, found, _MAX_BLOCKED)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
         self._known = KnownList(folder)
-        self._fd = open_mark_file(folder)
-        if self._fd is not None:
+        opened = open_mark_file(folder)
+        if opened is not None:
+            self._fd, self._mark = opened
             self._map_file(_PAGE)
 
     def _map_file(self, size: int) -> None:
@@ -303,12 +305,12 @@ class LoadGuard:
                 self._map = None
             self._used = 0
             if self._fd is not None:
+                if self._mark is not None:  # while still locked: never seen as a dead one's
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.folder, self._mark))
+                    self._mark = None
                 os.close(self._fd)
                 self._fd = None
-                try:
-                    os.unlink(os.path.join(self.folder, f"{os.getpid()}.loading"))
-                except OSError:
-                    pass
 
     def after_fork(self) -> None:
         """In a forked child: drop the parent's file and state without touching them."""
@@ -322,6 +324,7 @@ class LoadGuard:
         self._map = None
         self._used = 0
         self._fd = None
+        self._mark = None  # the parent's, which it still holds
         self._ready = False
         self._loading = {}
 

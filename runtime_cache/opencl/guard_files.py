@@ -1,7 +1,7 @@
 """The crash guard's files, opened so that nothing planted in its folder can hurt.
 
-The guard (:mod:`.guard`) keeps its files in one folder: ``<pid>.loading``, one a
-process, and the ``blocklist``. Everything here opens them without following a
+The guard (:mod:`.guard`) keeps its files in one folder: ``<pid>.<token>.loading``,
+one a process, and the ``blocklist``. Everything here opens them without following a
 symbolic link and without blocking (a FIFO planted under one of these names is
 skipped), reads only regular files of at most
 :data:`~.known_list.MAX_LIST_BYTES`, and writes
@@ -71,33 +71,56 @@ def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
     return names
 
 
-def dead_marks(folder: str, names: Sequence[str], alive: Callable[[int], bool]) -> list[str]:
-    """The digests in the ``<pid>.loading`` files of processes that are gone; those
-    files are removed. A file whose lock is held belongs to a live process (``alive(pid)``
-    decides where there are no locks). Names that are no pid are left alone; a file that
-    is not a regular file of at most :data:`~.known_list.MAX_LIST_BYTES` holds nothing."""
+def dead_marks(
+    folder: str, names: Sequence[str], alive: Callable[[int], bool], own: str | None = None
+) -> list[str]:
+    """The digests in the mark files of processes that are gone; those files are removed.
+
+    A mark file is ``<pid>.<token>.loading``; its process holds a lock on it while it
+    lives, so a file that can be locked is a dead process's, whatever its pid (another
+    container's pid 1, or this process's own pid reused). Where the file system has no
+    locks, and for a ``<pid>.loading`` of an earlier version (which held none), the pid
+    is asked (``alive``). ``own`` is this process's own file. Names that are no pid are left
+    alone; a file that is not a regular file of at most
+    :data:`~.known_list.MAX_LIST_BYTES` holds nothing. A half-made mark file
+    (``.<pid>.<token>.new``) that nobody holds is removed.
+    """
     found: list[str] = []
     for name in names:
-        pid_text, _, suffix = name.partition(".")
-        if suffix != "loading" or not (pid_text.isascii() and pid_text.isdigit()):
+        parts = name.split(".")
+        pid_text = parts[0] or (parts[1] if len(parts) == 4 else "")
+        if not (pid_text.isascii() and pid_text.isdigit()) or int(pid_text) > _MAX_PID:
             continue
         pid = int(pid_text)
-        if pid > _MAX_PID or pid == os.getpid():
-            continue
         path = os.path.join(folder, name)
-        held, told = _lock_if_dead(path)
-        if held is None and (told or alive(pid)):
-            continue  # alive (or not a regular file: left alone)
-        try:
-            lines = read_lines(path)
-            found.extend(line.replace("\0", "") for line in lines)
-            os.unlink(path)
-        except OSError:
-            pass
-        finally:
+        if len(parts) == 4 and parts[0] == "" and parts[3] == "new":  # a half-made one
+            held, _ = _lock_if_dead(path)
             if held is not None:
-                os.close(held)  # and the lock with it
+                _remove(path, held)
+            continue
+        if parts[-1] != "loading" or len(parts) not in (2, 3) or name == own:
+            continue
+        held, told = _lock_if_dead(path)
+        if held is None and told:
+            continue  # a live process holds it (or it is no regular file)
+        by_pid = len(parts) == 2 or not told  # no lock to tell by: ask the pid
+        if by_pid and (pid == os.getpid() or alive(pid)):
+            if held is not None:
+                os.close(held)
+            continue
+        found.extend(line.replace("\0", "") for line in read_lines(path))
+        _remove(path, held)
     return [d for d in found if d]
+
+
+def _remove(path: str, held: int | None) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        if held is not None:
+            os.close(held)  # and the lock with it
 
 
 def _lock_if_dead(path: str) -> tuple[int | None, bool]:
@@ -122,30 +145,33 @@ def _lock_if_dead(path: str) -> tuple[int | None, bool]:
     return None, told
 
 
-def open_mark_file(folder: str) -> int | None:
-    """This process's ``<pid>.loading``, made afresh (what was there is removed first:
-    a file a process of the same pid left, or anything planted) and locked for as long as
-    the process lives; ``None`` if it cannot."""
-    path = os.path.join(folder, f"{os.getpid()}.loading")
+def open_mark_file(folder: str) -> tuple[int, str] | None:
+    """This process's mark file, ``<pid>.<token>.loading`` (a random token: a process of
+    the same pid in another container, or an earlier one, has another name), locked for
+    as long as the process lives; its descriptor and name, or ``None`` if it cannot.
+
+    It is made and locked under a hidden name and renamed into place, so no other
+    process ever sees it unlocked (and takes it for a dead process's)."""
+    pid = os.getpid()
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK | OPEN_FLAGS
-    for _ in range(2):
-        try:
-            fd = os.open(path, flags, 0o600)
-        except FileExistsError:
-            try:
-                os.unlink(path)
-            except OSError:
-                return None
-            continue
-        except OSError:
-            return None
+    token = os.urandom(4).hex()
+    name = f"{pid}.{token}.loading"
+    temp = os.path.join(folder, f".{pid}.{token}.new")
+    try:
+        fd = os.open(temp, flags, 0o600)
+    except OSError:
+        return None
+    try:
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a file system without locks: others ask the pid
                 pass
-        return fd
-    return None
+        os.rename(temp, os.path.join(folder, name))
+    except OSError:
+        _remove(temp, fd)
+        return None
+    return fd, name
 
 
 def reserve(fd: int, size: int) -> bool:
@@ -184,15 +210,11 @@ def append_lines(path: str, lines: Sequence[str], limit: int) -> None:
 
 def replace_lines(path: str, lines: Sequence[str]) -> None:
     """Write the list at ``path`` anew, through a fresh temporary file and one rename."""
-    temp = f"{path}.{os.getpid()}.tmp"
+    temp = f"{path}.{os.urandom(6).hex()}.tmp"  # random: no two writers share one
     data = "".join(f"{d}\n" for d in lines).encode("ascii")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK | OPEN_FLAGS
     try:
-        try:
-            fd = os.open(temp, flags, 0o600)
-        except FileExistsError:  # a leftover of a process of the same pid
-            os.unlink(temp)
-            fd = os.open(temp, flags, 0o600)
+        fd = os.open(temp, flags, 0o600)
         try:
             os.write(fd, data)
         finally:

@@ -143,7 +143,8 @@ class OpenCLModule:
         with self._lock:
             unseen = name in self._cached and name not in self._holds
         names = kernel_names(program) if unseen else None  # None: nothing to check
-        if names is not None and name not in names and self._reject(name, program):
+        if names is not None and name not in names:
+            self._reject(name, program)  # (or another thread did, first)
             program = self._load(name)
         with self._lock:
             self._holds.add(name)

@@ -54,6 +54,8 @@ _FIRST_CHUNKS = (1, 2, 4, 8)
 #: has not reached are then read one at a time, when asked for (a module whose caller
 #: asks for few of many programs does not hold every binary in memory).
 MAX_HELD = 64 << 20
+#: Seconds a ``fork()`` waits for read-ahead reads in progress (see ``_ForkGate``).
+FORK_WAIT = 10.0
 #: The thread's pause between two programs' plans (see ``ReadAhead._read``).
 YIELD_SECONDS = 20e-6
 
@@ -65,38 +67,47 @@ Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
 class _ForkGate:
     """Holds ``fork()`` back while a read-ahead thread is inside the cache.
 
-    A child has only the thread that forked; a lock that a reading thread held at the
-    fork (a module's plan lock while it reads ``#include`` files, the cache's, the
-    backend's) would stay locked there for ever. So ``fork()`` waits until no thread is
-    in :meth:`reading` (a chunk's read), and no thread enters one until it is done.
+    A child has only the thread that forked; a lock that a reading thread held at the fork
+    (a module's plan lock while it reads ``#include`` files, the cache's, the backend's)
+    would stay locked there for ever. So ``fork()`` waits until no other thread is in
+    :meth:`reading` (a chunk's read), at most :data:`FORK_WAIT` seconds, and no thread
+    enters one until it is done. A fork from inside a read (a backend that forks) does
+    not wait for itself.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._inside = 0
+        self._inside: dict[int, int] = {}  # reads in progress, per thread
         self._forking = False
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """The span of one chunk's read on a read-ahead thread."""
+        me = threading.get_ident()
         with self._cond:
             while self._forking:
                 self._cond.wait()
-            self._inside += 1
+            self._inside[me] = self._inside.get(me, 0) + 1
         try:
             yield
         finally:
             with self._cond:
-                self._inside -= 1
-                if not self._inside:
+                self._inside[me] -= 1
+                if not self._inside[me]:
+                    del self._inside[me]
                     self._cond.notify_all()
 
     def before_fork(self) -> None:
-        """Wait for the reads in progress; hold the gate shut through the fork."""
+        """Wait for other threads' reads in progress; hold the gate shut through the fork."""
+        me = threading.get_ident()
         self._cond.acquire()
         self._forking = True
-        while self._inside:
-            self._cond.wait()
+        deadline = time.monotonic() + FORK_WAIT
+        while any(who != me for who in self._inside):
+            left = deadline - time.monotonic()
+            if left <= 0:  # a read that hangs (a dead network file system): fork anyway
+                break
+            self._cond.wait(left)
 
     def after_fork_in_parent(self) -> None:
         """Open the gate again."""
