@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -233,6 +234,43 @@ def test_program_never_returns_another_kernels_program(ctx: Any, tmp_path: Path)
     assert opencl_stats().rejected_binaries == 1
     assert opencl_stats().source_builds == 3  # the first module's two, and this one
     assert np.array_equal(_scale(ctx, again), EXPECTED)
+
+
+def test_program_from_two_threads_at_once_is_the_rebuilt_one(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both threads get the loaded program before either has checked it; the check is
+    slowed so that they overlap. Both must end with the rebuilt program."""
+    import time
+
+    import pyopencl as cl
+
+    from runtime_cache.opencl import module as module_code
+
+    real, real_evict = module_code.kernel_names, module_code.evict
+
+    def slow(program: Any) -> Any:
+        time.sleep(0.2)
+        return real(program)
+
+    def slow_evict(*args: Any, **kwargs: Any) -> Any:  # a wide window before the eviction
+        time.sleep(0.5)
+        return real_evict(*args, **kwargs)
+
+    monkeypatch.setattr(module_code, "kernel_names", slow)
+    monkeypatch.setattr(module_code, "evict", slow_evict)
+    again = _shift_under_scale(ctx, tmp_path)
+    out: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, again.program("scale")))
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    names = [out[i].get_info(cl.program_info.KERNEL_NAMES) for i in range(2)]
+    assert names == ["scale", "scale"]
 
 
 @pytest.fixture

@@ -141,14 +141,21 @@ class OpenCLModule:
         program's binary stored under its key is evicted and built from source)."""
         program = self._load(name)
         with self._lock:
-            unseen = name in self._cached and name not in self._holds
-        names = kernel_names(program) if unseen else None  # None: nothing to check
-        if names is not None and name not in names:
-            self._reject(name, program)  # (or another thread did, first)
-            program = self._load(name)
-        with self._lock:
-            self._holds.add(name)
-        return program
+            if name not in self._cached or name in self._holds:
+                return program
+        with self._name_lock(name):  # one check at a time; no other load adopts meanwhile
+            for _ in range(3):  # (a rebuild, or another thread's, comes from source)
+                with self._lock:
+                    program = self._programs.get(name, program)
+                    if name not in self._cached or name in self._holds:
+                        return program
+                names = kernel_names(program)  # None: the driver can't tell
+                if names is None or name in names:
+                    break
+                self._reject(name, program)
+            with self._lock:
+                self._holds.add(name)
+                return self._programs.get(name, program)
 
     def _load(self, name: str) -> Any:
         with self._lock:
@@ -282,14 +289,10 @@ class OpenCLModule:
         first = next((k[0] for k in keys.values() if k), None)
         if first is not None and shares_builds(self.cache, first):
             # Other processes may be building the same module: share the work (see .sharing).
+            load = functools.partial(self._load_cached, workers=count)
+            hooks = self._hooks(cold=True)
             return build_module_shared(
-                self._hooks(cold=True),
-                keys,
-                to_build,
-                count,
-                processes,
-                lambda names: self._load_cached(names, count),
-                self._longest_build,
+                hooks, keys, to_build, count, processes, load, self._longest_build
             )
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
