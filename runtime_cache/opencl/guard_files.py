@@ -176,12 +176,15 @@ def open_mark_file(folder: str) -> tuple[int, str] | None:
 
 def reserve(fd: int, size: int) -> bool:
     """Give the file at ``fd`` ``size`` bytes of disk, so that writes into a map of it
-    cannot fault; whether it did (not: a full disk, a quota, no such call)."""
+    cannot fault; whether it did (not: a full disk, a quota). On a copy-on-write file
+    system (btrfs, ZFS) a later write may still need new blocks: there a full disk can
+    still fault a write into the map."""
     fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is None:
-        return False
     try:
-        fallocate(fd, 0, size)
+        if fallocate is not None:
+            fallocate(fd, 0, size)
+        elif os.pwrite(fd, bytes(size), 0) != size:  # (macOS) zeros written take the blocks
+            return False
     except OSError:
         return False
     return True
