@@ -23,7 +23,10 @@ HEADER = """\
 
 `runtime-cache` inspects and maintains a cache from the shell. It works on any
 backend: pass `--cache URL`, or let it use the same cache as your app
-(`RUNTIME_CACHE`, else the embedded default folder).
+(`RUNTIME_CACHE`, else the embedded default folder). The commands that only read
+(`ls`, `show`, `stats`, `verify` without `--repair`, `export`) never create a `dir://`
+folder that is not there: they say "no cache at PATH" and exit 1, so a mistyped path
+leaves nothing behind.
 
 """
 

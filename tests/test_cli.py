@@ -118,10 +118,22 @@ def test_ls_table_shows_short_keys_and_device(run: Run, cache: rc.Cache) -> None
     assert str(keys[1]) in out
 
 
-def test_ls_empty_cache(run: Run) -> None:
+def test_ls_empty_cache(run: Run, cache: rc.Cache) -> None:
     code, out = run("ls")[:2]
     assert code == 0 and out.startswith("no entries\nsigned:  no")
     assert run.listing() == []
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["stats"], ["show", "abc"], ["verify"], ["export", "-"]])
+def test_a_command_that_only_reads_creates_no_cache_folder(
+    run: Run, root: Path, argv: list[str]
+) -> None:
+    """A mistyped --cache folder: said so, and nothing made there (verify --repair, rm and
+    the other commands that write may make it)."""
+    code, _, err = run(*argv)
+    assert code == 1 and f"no cache at {root}" in err
+    assert not root.exists()
+    assert run("verify", "--repair")[0] == 0 and root.is_dir()
 
 
 def test_show_by_digest_prefix_never_prints_the_value(run: Run, cache: rc.Cache) -> None:

@@ -297,7 +297,7 @@ def test_bad_cache_urls_name_the_problem(tmp_path: Path) -> None:
     done = cli("--cache", "dir://user:hunter2@host/srv/cache", "ls")
     assert done.returncode == 2 and "takes no host" in done.stderr
     assert "hunter2" not in done.stderr
-    done = cli("--cache", f"dir://{tmp_path}/c?fsync=maybe", "ls")
+    done = cli("--cache", f"dir://{tmp_path}?fsync=maybe", "ls")  # (a folder that exists)
     assert done.returncode == 2 and "not a boolean" in done.stderr
     done = cli("prune", "--max-size", "5XB")
     assert done.returncode == 2 and "not a size" in done.stderr

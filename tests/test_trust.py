@@ -222,6 +222,8 @@ def test_secrets_from_the_environment_and_a_file(
     monkeypatch.delenv("RUNTIME_CACHE_SECRET")
     secret_file.write_text("cli-file\n", encoding="utf-8")
     url = f"dir://{tmp_path / 'c'}?shared=1"
+    (tmp_path / "c").mkdir()  # (`ls` on a folder that is not there creates none)
+    (tmp_path / "private").mkdir()
     capsys.readouterr()
     assert main(["--cache", url, "ls"]) == 2  # a shared folder without a secret: a usage error
     assert "insecure=1" in capsys.readouterr().err

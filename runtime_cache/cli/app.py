@@ -48,7 +48,14 @@ from ..errors import (
 )
 from ..urls import redact
 from . import bundles, inspect, maintain
-from .context import CommandContext, Handler, UsageError, open_cache, resolve_secret
+from .context import (
+    CommandContext,
+    Handler,
+    UsageError,
+    missing_folder,
+    open_cache,
+    resolve_secret,
+)
 from .fmt import clean
 
 __all__ = [
@@ -222,6 +229,10 @@ def _run(args: argparse.Namespace) -> int:
     except RuntimeCacheError as exc:
         return _fail(str(exc), 2)
     ctx = CommandContext(url=args.cache, secret=keys)
+    reads_only = getattr(args, "reads_only", False) and not getattr(args, "repair", False)
+    absent = missing_folder(args.cache) if reads_only else None
+    if absent is not None:  # a typo'd folder: say so, and make nothing there
+        return _fail(f"no cache at {absent} (a command that only reads creates none)", 1)
     try:
         if getattr(args, "needs_cache", False):
             try:

@@ -68,6 +68,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     export.add_argument("file", metavar="FILE", help="bundle to write ('-' for stdout)")
+    export.set_defaults(reads_only=True)
     filters(export)
     add_json(export)
 

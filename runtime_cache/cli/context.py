@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .. import environment
+from ..api import BackendURL
 from ..cache import Cache
+from ..errors import RuntimeCacheError
 from .fmt import clean
 
 __all__ = [
@@ -43,6 +45,23 @@ def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[s
     if secret is not None:
         return [key.strip() for key in secret.split(",")]
     return environment.read_secret()
+
+
+def missing_folder(url: str | None) -> str | None:
+    """The folder a ``dir://`` ``url`` names, when it does not exist (``None`` otherwise,
+    and for other URLs or the default cache): what a command that only reads reports
+    instead of creating it."""
+    if not url or "," in url or not url.strip().lower().startswith("dir://"):
+        return None
+    try:
+        parsed = BackendURL.parse(url.strip())
+    except RuntimeCacheError:
+        return None  # opening it reports the error
+    path = parsed.netloc + parsed.path
+    if not path:
+        return None  # dir://: the default folder
+    folder = os.path.abspath(os.path.expanduser(path))
+    return None if os.path.lexists(folder) else folder
 
 
 def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:

@@ -85,6 +85,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     filters(ls)
+    ls.set_defaults(reads_only=True)
     ls.add_argument(
         "--sort",
         choices=sorted(SORTS),
@@ -107,6 +108,7 @@ def add_parsers(add: AddCommand) -> None:
             "runtime-cache show 3f2a91c0d4e5 --raw kernel.bin",
         ],
     )
+    show.set_defaults(reads_only=True)
     show.add_argument(
         "key", help="a whole key, a unique prefix of one, or of its digest as ls shows it"
     )
@@ -124,6 +126,7 @@ def add_parsers(add: AddCommand) -> None:
             "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
         ],
     )
+    stats.set_defaults(reads_only=True)
     filters(stats)
     add_json(stats)
 

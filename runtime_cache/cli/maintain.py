@@ -93,6 +93,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     verify_cmd.add_argument("--repair", action="store_true", help="remove the bad entries")
+    verify_cmd.set_defaults(reads_only=True)  # unless --repair
     add_json(verify_cmd)
 
 
