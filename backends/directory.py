@@ -62,8 +62,7 @@ class DirectoryBackend(Backend):
 
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
-        max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0 (in
-            any spelling: ``"0B"``, ``"0.0"``) for no cap, as in the URL.
+        max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0: no cap.
         max_files: cap on the number of entry files; by default ``max_size / 4 KiB``
             (at least 1024).
         fsync: fsync each file before it is renamed into place (durable on
@@ -258,16 +257,7 @@ class DirectoryBackend(Backend):
         return data
 
     def head(self, key: str, size: int) -> bytes | None:
-        rel = self._rel(key)
-        opened = self._open(rel)
-        if opened is None:
-            return None
-        try:
-            return os.read(opened[0], size)
-        except OSError as exc:
-            raise self._error("read", exc, rel) from exc
-        finally:
-            os.close(opened[0])
+        return self._read(key, False, lambda fd, _size, _cap: os.read(fd, size))
 
     def _touch(self, fd: int, key: str) -> None:
         if not self._read_only:
@@ -314,27 +304,22 @@ class DirectoryBackend(Backend):
         return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self.root_fd)
 
     def delete(self, key: str) -> bool:
-        rel = self._rel(key)
-        try:
-            removed = delete_entry(self.root_fd, rel)
-        except OSError as exc:
-            raise self._error("delete", exc, rel) from exc
-        self._forget_hits(key, removed)
-        return removed
-
-    def _forget_hits(self, key: str, removed: bool) -> None:
-        if removed and self.track_access:  # a later entry under the key has no hits yet
-            self._journal.forget(key)
+        return self._remove(key, lambda rel: delete_entry(self.root_fd, rel))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete ``key`` only if its file holds exactly ``expected`` (renamed aside, checked
         again, removed; a newer file that took its place is put back); return whether it did."""
+        cap, blob = self.max_entry_size, bytes(expected)
+        return self._remove(key, lambda rel: delete_if(self.root_fd, rel, blob, cap))
+
+    def _remove(self, key: str, remove: Callable[[str], bool]) -> bool:
         rel = self._rel(key)
         try:
-            removed = delete_if(self.root_fd, rel, bytes(expected), self.max_entry_size)
+            removed = remove(rel)
         except OSError as exc:
             raise self._error("delete", exc, rel) from exc
-        self._forget_hits(key, removed)
+        if removed and self.track_access:  # a later entry under the key has no hits yet
+            self._journal.forget(key)
         return removed
 
     # --------------------------------------------------------------- listing

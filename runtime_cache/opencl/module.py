@@ -8,19 +8,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..bundles import LoadResult
 from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
-from .bundle import unpack_programs
 from .cached_load import CONCURRENT_LOADS, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
+from .module_bundles import PrecompiledPrograms
 from .module_plans import ModulePlans
 from .parallel import build_in_threads
-from .precompiled import load_bundle, pack_built
 from .prefetch import ReadAhead, read_ahead_enabled
 from .program import ProgramPlan, evict, fetch, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles
@@ -40,7 +38,7 @@ __all__ = ["CONCURRENT_LOADS", "PROCESS_THRESHOLD", "OpenCLModule"]
 log = logging.getLogger(__name__)
 
 
-class OpenCLModule:
+class OpenCLModule(PrecompiledPrograms):
     """A set of OpenCL kernels, one ``cl_program`` per kernel function, built lazily.
 
     ``sources`` maps each kernel function name to the source of its program.
@@ -352,57 +350,3 @@ class OpenCLModule:
     def _is_built(self, name: str) -> bool:
         with self._lock:
             return name in self._programs
-
-    # ------------------------------------------------------------------ bundles
-    def supports_precompiled_programs(self) -> bool:
-        """Whether binaries can be read back: every device of the context has a compiler."""
-        return all(bool(d.compiler_available) for d in self.context.devices)
-
-    def get_precompiled_programs(self) -> bytes:
-        """Return a bundle of every program's binaries, tagged with device fingerprints.
-
-        Builds whatever is missing first. Programs that cannot be cached (an
-        unresolvable ``#include``) are left out and later built from source.
-        """
-        self.build_all()
-        with self._lock:
-            programs = dict(self._programs)
-            seconds = dict(self._seconds)
-        return pack_built(programs, seconds, self._plan)
-
-    def set_precompiled_programs(self, data: bytes) -> LoadResult:
-        """Load programs from a bundle; return how many programs it supplied.
-
-        Entries for another device, other options, or a module whose sources
-        differ do not match this module's keys and are ignored; those programs
-        are built from source later. Programs already built are kept. A
-        malformed blob raises :class:`~runtime_cache.errors.InvalidBundleError`
-        and leaves the module as it was. Accepted binaries are also stored in
-        the cache, so other processes find them. Unless the cache's secret
-        signed them, binaries not known on this machine are first tried in a
-        child process (:mod:`runtime_cache.opencl.vetting`), so one that crashes
-        the driver is built from source instead of reaching this process.
-
-        The result is an ``int`` with details (:class:`~runtime_cache.bundles.LoadResult`):
-        ``unsigned`` counts programs no secret of the cache verified, and
-        ``withheld`` those of them not stored because the cache is shared
-        (others would run them): they are used by this module only.
-        """
-        entries = unpack_programs(data)
-        cache = self.cache
-        with self._lock:
-            pending = [n for n in self.sources if n not in self._programs]
-        plans = {name: self._plan(name) for name in pending}
-        adopt = functools.partial(self._adopt, cached=True)
-        return load_bundle(self.context, cache, entries, plans, adopt)
-
-    def recapture_binaries(self) -> int:
-        """Re-read every built program's binaries after first launch; re-store changed ones.
-
-        See :func:`runtime_cache.opencl.recapture_binaries` for when to call it.
-        """
-        from .capture import recapture_binaries
-
-        with self._lock:
-            programs = list(self._programs.values())
-        return sum(recapture_binaries(p) for p in programs)
