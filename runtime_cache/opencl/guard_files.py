@@ -89,9 +89,9 @@ def dead_marks(
     for name in names:
         parts = name.split(".")
         pid_text = parts[0] or (parts[1] if len(parts) == 4 else "")
-        if not (pid_text.isascii() and pid_text.isdigit()) or int(pid_text) > _MAX_PID:
+        pid = int(pid_text) if pid_text.isascii() and pid_text.isdigit() else _MAX_PID + 1
+        if pid > _MAX_PID:
             continue
-        pid = int(pid_text)
         path = os.path.join(folder, name)
         if len(parts) == 4 and parts[0] == "" and parts[3] == "new":  # a half-made one
             held, _ = _lock_if_dead(path)
