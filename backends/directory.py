@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
-from runtime_cache.environment import default_directory
+from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
@@ -92,12 +92,8 @@ class DirectoryBackend(Backend):
         shared: bool = False,
         max_entry_size: int = MAX_ENTRY_SIZE,
     ) -> None:
-        # Absolute once, here: a later os.chdir must not move the cache.
-        root = os.path.expanduser(os.fspath(path)) if path else default_directory()
         # Kept as text: a Path is made only when asked for (``root``), off the open's path.
-        self._root_text = os.path.abspath(root)
-        if not isinstance(self._root_text, str):
-            raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
+        self._root_text = cache_folder(path)
         self.max_size = (None if max_size is None else parse_size(max_size)) or None
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
@@ -133,7 +129,8 @@ class DirectoryBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
-        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``."""
+        """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``
+        (``%XX`` escapes in the path decoded: :meth:`BackendURL.folder`)."""
         parsed = BackendURL.parse(url)
         max_size = parsed.pop("max_size")
         max_files = parsed.pop("max_files", "")
@@ -145,7 +142,7 @@ class DirectoryBackend(Backend):
         cap = None if off else (max_size or DEFAULT_MAX_SIZE)  # absent: the default
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}
-        return cls((parsed.netloc + parsed.path) or None, max_size=cap, max_files=files, **options)
+        return cls(parsed.folder(), max_size=cap, max_files=files, **options)
 
     def reopen_after_fork(self) -> None:
         """In a forked child: fresh locks (another thread may have held ours at the fork)

@@ -17,6 +17,7 @@ __all__ = [
     "ENV_CACHE",
     "ENV_SECRET",
     "ENV_SECRET_FILE",
+    "cache_folder",
     "default_directory",
     "fallback_directory",
     "fallback_name",
@@ -79,6 +80,16 @@ def default_directory() -> str:
     except RuntimeError as exc:  # no HOME and no passwd entry
         warn_no_home(str(exc))
         return fallback_directory("cache")
+
+
+def cache_folder(path: str | os.PathLike[str] | None) -> str:
+    """The absolute folder a ``dir://`` cache at ``path`` opens: ``~`` expanded, and
+    :func:`default_directory` for ``None``. Fixed once, at the open, so that a later
+    ``os.chdir`` does not move the cache."""
+    root = os.path.expanduser(os.fspath(path)) if path else default_directory()
+    if not isinstance(root, str):
+        raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
+    return os.path.abspath(root)
 
 
 def state_directory() -> str:

@@ -22,7 +22,7 @@ from .api import Backend
 from .cache import Cache
 from .errors import RuntimeCacheError
 from .registry import open_backend, registry
-from .urls import redact_url
+from .urls import folder_url, redact_url
 
 __all__ = [
     "OFF",
@@ -83,7 +83,7 @@ def _embedded() -> Cache:
     except RuntimeCacheError as exc:
         environment.warn_no_home(str(exc))
     try:
-        return _to_cache(f"dir://{environment.fallback_directory('cache')}")
+        return _to_cache(folder_url(environment.fallback_directory("cache")))
     except RuntimeCacheError as exc:
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)
         return _to_cache("memory://")

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 from .errors import InvalidURLError, InvalidValueError
 from .units import parse_bool
 
-__all__ = ["BackendURL", "redact", "redact_url"]
+__all__ = ["BackendURL", "folder_url", "redact", "redact_url"]
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before the host, so a raw
 # "@" inside a password is hidden too. Whitespace, "," (tier separator) and "/"
@@ -32,6 +32,17 @@ _SECRET_OPTION = re.compile(
 )
 #: Schemes whose URL names a local folder: a host there is a mistake, not a place.
 _LOCAL_SCHEMES = frozenset({"dir"})
+
+
+def folder_url(path: str) -> str:
+    """The ``dir://`` URL of the folder ``path``, escaped so that
+    :meth:`BackendURL.folder` gives ``path`` back (a ``%``, ``?`` or ``#`` in a folder's
+    name is not read as an escape, the query or a fragment).
+
+    >>> folder_url("/tmp/50% off?")
+    'dir:///tmp/50%25%20off%3F'
+    """
+    return "dir://" + quote(path, safe="/~", errors="surrogateescape")
 
 
 def _hide_userinfo(match: re.Match[str]) -> str:
@@ -110,6 +121,23 @@ class BackendURL:
                 f"{redact_url(url)} (write {scheme}:///absolute/path)"
             )
         return cls(scheme, parts.netloc, parts.path, options, url)
+
+    def folder(self) -> str | None:
+        """The local folder a ``dir://``-style URL names, with its ``%XX`` escapes decoded
+        as a ``file://`` URL's path is (``dir:///srv/my%20cache`` is ``/srv/my cache``;
+        bytes that are not UTF-8 name the folder those bytes name, as ``os.fsdecode``
+        has them); ``None`` when it names none (plain ``dir://``: the default folder).
+        A path that decodes to a NUL byte is an :class:`InvalidURLError`.
+
+        >>> BackendURL.parse("dir:///srv/my%20cache?max_size=1GB").folder()
+        '/srv/my cache'
+        """
+        path = unquote(self.netloc + self.path, errors="surrogateescape")
+        if "\x00" in path:
+            raise InvalidURLError(
+                f"a folder's path may not hold a NUL byte (%00): {redact_url(self.raw)}"
+            )
+        return path or None
 
     def pop(self, name: str, default: str | None = None) -> str | None:
         """Take the option ``name`` out of the query, returning ``default`` if absent."""

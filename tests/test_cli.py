@@ -136,6 +136,15 @@ def test_a_command_that_only_reads_creates_no_cache_folder(
     assert run("verify", "--repair")[0] == 0 and root.is_dir()
 
 
+def test_a_missing_folder_is_named_with_its_escapes_decoded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The folder reported is the one the backend would open: ``%20`` is a space."""
+    code, _, err = Run(capsys, f"dir://{tmp_path}/my%20cache")("ls")
+    assert code == 1 and f"no cache at {tmp_path / 'my cache'} " in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_show_by_digest_prefix_never_prints_the_value(run: Run, cache: rc.Cache) -> None:
     k = key(1)
     cache.put(k, b"SECRET-BINARY" * 10, build_seconds=1.5, extra={"compiler": "clang 17"})

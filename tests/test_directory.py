@@ -273,3 +273,32 @@ def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> No
     assert DirectoryBackend(tmp_path, max_size=0).max_size is None
     url = f"dir://{tmp_path}?max_size=5MB"
     assert DirectoryBackend.from_url(url).max_size == parse_size("5MB")
+
+
+@pytest.mark.parametrize("name", ["my cache", "50% off?", "a#b", "caf\u00e9", "x\udcffy"])
+def test_a_dir_url_names_its_folder_with_escapes_decoded(tmp_path: Path, name: str) -> None:
+    """``%XX`` in a ``dir://`` path is an escape, as in a ``file://`` URL; folder_url()
+    escapes any folder name so that the URL opens that very folder."""
+    from runtime_cache.urls import folder_url
+
+    folder = tmp_path / name
+    opened = DirectoryBackend.from_url(folder_url(str(folder)) + "?max_size=none")
+    assert opened.root == folder and folder.is_dir()
+    opened.set("k/v/" + "0" * 32, b"x")
+    assert DirectoryBackend(folder).get("k/v/" + "0" * 32) == b"x"
+    opened.close()
+
+
+def test_a_dir_url_is_decoded_once_and_refuses_a_nul(tmp_path: Path) -> None:
+    from runtime_cache.errors import InvalidURLError
+    from runtime_cache.registry import open_backend
+
+    spaced = open_backend(f"dir://{tmp_path}/my%20cache")
+    assert spaced.root == tmp_path / "my cache"  # type: ignore[attr-defined]
+    twice = open_backend(f"dir://{tmp_path}/a%2520b")  # %25 is "%": decoded once only
+    assert twice.root == tmp_path / "a%20b"  # type: ignore[attr-defined]
+    bare = open_backend(f"dir://{tmp_path}/100%")  # a "%" that starts no escape stays
+    assert bare.root == tmp_path / "100%"  # type: ignore[attr-defined]
+    with pytest.raises(InvalidURLError, match="NUL"):
+        open_backend(f"dir://{tmp_path}/x%00y")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["100%", "a%20b", "my cache"]

@@ -54,13 +54,12 @@ def missing_folder(url: str | None) -> str | None:
     if not url or "," in url or not url.strip().lower().startswith("dir://"):
         return None
     try:
-        parsed = BackendURL.parse(url.strip())
+        path = BackendURL.parse(url.strip()).folder()
     except RuntimeCacheError:
         return None  # opening it reports the error
-    path = parsed.netloc + parsed.path
-    if not path:
+    if path is None:
         return None  # dir://: the default folder
-    folder = os.path.abspath(os.path.expanduser(path))
+    folder = environment.cache_folder(path)  # the folder the backend opens
     return None if os.path.lexists(folder) else folder
 
 
