@@ -4,6 +4,7 @@ compare-and-delete, newer formats kept (issue 13)."""
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import struct
 import time
@@ -15,6 +16,7 @@ import xxhash
 
 import runtime_cache as rc
 from runtime_cache import codec
+from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.cli import main
 from runtime_cache.errors import InsecureStoreError, InvalidSecretError
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["redis_servers"]
 
 ROOT = Path(__file__).resolve().parent.parent
+SECRET = "ls-secret-0123456789abcdef"
 
 
 def _key(i: int, **extra: object) -> rc.CacheKey:
@@ -233,6 +236,34 @@ def test_secrets_from_the_environment_and_a_file(
     assert '"signed": true' in capsys.readouterr().out
     assert main(["--cache", f"dir://{tmp_path / 'private'}", "ls"]) == 0
     assert "signed:  no" in capsys.readouterr().out
+
+
+def test_ls_and_stats_with_a_secret_count_the_entries_that_carry_no_signature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator with the secret sees that reads will reject some entries, before any
+    read does (the header's flag is counted; verify checks the signatures themselves)."""
+    root = tmp_path / "c"
+    plain = rc.Cache(DirectoryBackend(root))
+    for i in range(2):
+        plain.put(rc.make_key(module_id=f"old{i}", runtime="r", purpose="p"), b"unsigned")
+    signed = rc.Cache(DirectoryBackend(root), secret=SECRET)
+    signed.put(rc.make_key(module_id="new", runtime="r", purpose="p"), b"signed")
+    url = f"dir://{root}"
+    capsys.readouterr()
+    assert main(["--cache", url, "--secret", SECRET, "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "2 entries carry no signature: reads reject them" in out
+    assert main(["--cache", url, "--secret", SECRET, "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overall"]["unsigned"] == 2
+    assert main(["--cache", url, "--secret", SECRET, "ls", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unsigned"] == 2
+    assert main(["--cache", url, "stats"]) == 0  # no secret: nothing is rejected, none said
+    assert "no signature" not in capsys.readouterr().out
+    assert main(["--cache", url, "--secret", SECRET, "verify", "--repair"]) == 1
+    capsys.readouterr()
+    assert main(["--cache", url, "--secret", SECRET, "ls"]) == 0
+    assert "no signature" not in capsys.readouterr().out
 
 
 # --------------------------------------------------------------- unsigned bundles

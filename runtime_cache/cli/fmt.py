@@ -202,8 +202,16 @@ class Progress:
             self.stream.flush()
 
 
-def signed_line(signed: bool) -> str:
-    """One line saying whether the cache is signed (for ``ls`` and ``stats``)."""
-    if signed:
-        return "signed:  yes (a secret signs what is written; unsigned entries are rejected)"
-    return "signed:  no (no secret: entries are neither signed nor checked for a signature)"
+def signed_line(signed: bool, unsigned: int = 0) -> str:
+    """Whether the cache is signed (for ``ls`` and ``stats``); with a secret, also how many
+    of the listed entries carry no signature (reads reject those)."""
+    if not signed:
+        return "signed:  no (no secret: entries are neither signed nor checked for a signature)"
+    line = "signed:  yes (a secret signs what is written; unsigned entries are rejected)"
+    if unsigned:
+        them = "it" if unsigned == 1 else "them"
+        line += (
+            f"\n         {count(unsigned, 'entry carries', 'entries carry')} no signature: "
+            f"reads reject {them}, verify --repair deletes {them}"
+        )
+    return line

@@ -147,6 +147,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
             "skipped": len(skipped),
             "skipped_entries": skipped.as_json(),
             "signed": ctx.cache.signed,
+            "unsigned": _unsigned(infos),
         }
         ctx.out.write(json.dumps(listing, default=_json_default) + "\n")
         return code
@@ -174,9 +175,14 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
         total = sum(info.stored_size for info in infos)
         entries = count(len(infos), "entry", "entries")
         print(f"\n{entries}, {human_size(total)} stored", file=ctx.out)
-    print(signed_line(ctx.cache.signed), file=ctx.out)
+    print(signed_line(ctx.cache.signed, _unsigned(infos)), file=ctx.out)
     skipped.report(ctx)
     return code
+
+
+def _unsigned(infos: list[EntryInfo]) -> int:
+    """How many of ``infos`` carry no signature (their header says so; nothing is verified)."""
+    return sum(not info.signed for info in infos)
 
 
 def _json_default(value: Any) -> Any:
@@ -314,7 +320,7 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
         {"runtime": rt, "purpose": pp, **group_stats(items)}
         for (rt, pp), items in sorted(groups.items())
     ]
-    overall = {**group_stats(infos), "skipped": len(skipped)}
+    overall = {**group_stats(infos), "skipped": len(skipped), "unsigned": _unsigned(infos)}
     code = 1 if skipped else 0
     if args.json:
         ctx.emit_json(
@@ -345,6 +351,6 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
         "saved:  hits x build time",
         file=ctx.out,
     )
-    print(signed_line(ctx.cache.signed), file=ctx.out)
+    print(signed_line(ctx.cache.signed, overall["unsigned"]), file=ctx.out)
     skipped.report(ctx)
     return code
