@@ -112,7 +112,10 @@ class Backend(abc.ABC):
     @classmethod
     def from_url(cls, url: str) -> Backend:
         """Create a backend from a URL such as ``"memory://?max_size=64MB"``."""
-        raise InvalidURLError(f"{cls.__name__} cannot be opened from a URL: {url!r}")
+        raise InvalidURLError(
+            f"{cls.__name__} cannot be opened from a URL ({redact_url(url)}): make it in "
+            f"Python and pass it to Cache({cls.__name__}(...))"
+        )
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:

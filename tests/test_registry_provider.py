@@ -93,6 +93,12 @@ def test_bad_options_are_typed(url: str) -> None:
         rc.open_backend(url)
 
 
+def test_a_backend_made_only_in_code_says_how_to_make_it() -> None:
+    """callback:// is a known scheme, but its functions cannot come from a URL."""
+    with pytest.raises(InvalidURLError, match=r"make it in Python .*Cache\(CallbackBackend"):
+        rc.open_backend("callback://anything")
+
+
 def test_memory_url_options() -> None:
     backend = rc.open_backend("memory://?max_size=1KiB")
     assert isinstance(backend, MemoryBackend) and backend.max_size == 1024
