@@ -36,7 +36,11 @@ class _Host(Protocol):
     def _discard(self, skey: str, blob: bytes) -> None: ...
 
     def get_many_views(
-        self, keys: Iterable[KeyLike], *, count_misses: bool = True
+        self,
+        keys: Iterable[KeyLike],
+        *,
+        count_misses: bool = True,
+        defer_hits: dict[str, tuple[int, float]] | None = None,
     ) -> dict[str, memoryview]: ...
 
 
@@ -48,7 +52,11 @@ class BatchReads:
         return {skey: bytes(view) for skey, view in self.get_many_views(keys).items()}
 
     def get_many_views(
-        self: _Host, keys: Iterable[KeyLike], *, count_misses: bool = True
+        self: _Host,
+        keys: Iterable[KeyLike],
+        *,
+        count_misses: bool = True,
+        defer_hits: dict[str, tuple[int, float]] | None = None,
     ) -> dict[str, memoryview]:
         """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
 
@@ -57,7 +65,10 @@ class BatchReads:
         its whole blob alive while it lives). ``count_misses=False`` for a read
         ahead of need, whose caller reads again what was missing and counts it
         then: keys not found are not counted as misses here (rejected and
-        corrupt entries still are, under those names).
+        corrupt entries still are, under those names). ``defer_hits``, a dict, is for
+        the same reader: hits are then not counted here either; each found key's ``(bytes
+        read, seconds saved)`` goes into it, for :meth:`count_hits` when the value is
+        used (a value read ahead and never used is no hit).
         """
         given = list(keys)
         wanted = [str(k) for k in given]
@@ -68,8 +79,18 @@ class BatchReads:
             self._failed("get_many", exc)
             return {}
         self._succeeded()
-        found, counts = screen_many(wanted, given, blobs, self._secret, self.limits, self._discard)
+        found, counts = screen_many(
+            wanted, given, blobs, self._secret, self.limits, self._discard, defer_hits
+        )
         if not count_misses:
             counts["misses"] = 0
+        if defer_hits is not None:
+            del counts["hits"], counts["bytes_read"], counts["seconds_saved"]
         self._counters.add(**counts)
         return found
+
+    def count_hits(self: _Host, tally: Iterable[tuple[int, float]]) -> None:
+        """Count a hit for each ``(bytes read, seconds saved)`` in ``tally``: values that
+        :meth:`get_many_views` read with ``defer_hits`` and that are used now."""
+        for size, saved in tally:
+            self._counters.hit(size, saved)

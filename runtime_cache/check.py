@@ -169,12 +169,14 @@ def screen_many(
     secret: SecretKeys | None,
     limits: Limits,
     discard: Callable[[str, bytes], None],
+    tally: dict[str, tuple[int, float]] | None = None,
 ) -> tuple[dict[str, memoryview], dict[str, float]]:
     """:func:`screen` over a batch: the values that passed, by storage key, and the
     counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
 
     ``asked`` holds what the caller asked for, one per ``wanted`` key: a
     :class:`~runtime_cache.keys.CacheKey` makes the parts check one comparison.
+    ``tally``, when given, gets each passed key's ``(bytes read, seconds saved)``.
     """
     found: dict[str, memoryview] = {}
     counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
@@ -196,5 +198,7 @@ def screen_many(
         read += len(blob)
         saved += checked.meta["b"]
         found[skey] = checked.value
+        if tally is not None:
+            tally[skey] = (len(blob), checked.meta["b"])
     counts.update(hits=len(found), bytes_read=read, seconds_saved=saved)
     return found, counts

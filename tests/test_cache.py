@@ -267,6 +267,24 @@ def _iter_keys(n: int) -> Iterator[rc.CacheKey]:
     return (key(i) for i in range(n))
 
 
+def test_hits_of_values_read_ahead_are_counted_when_used() -> None:
+    """get_many_views(defer_hits=...) counts no hit; count_hits() counts those used."""
+    cache = rc.Cache(MemoryBackend())
+    keys = [rc.make_key(module_id="m", runtime="r", purpose="p", i=i) for i in range(3)]
+    for i, k in enumerate(keys):
+        cache.put(k, bytes([i]) * 100, build_seconds=2.0)
+    tally: dict[str, tuple[int, float]] = {}
+    missing = rc.make_key(module_id="m", runtime="r", purpose="p", i=9)
+    views = cache.get_many_views([*keys, missing], count_misses=False, defer_hits=tally)
+    assert sorted(views) == sorted(tally) == sorted(map(str, keys))
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.bytes_read, stats.seconds_saved) == (0, 0, 0, 0.0)
+    cache.count_hits([tally[str(keys[0])], tally[str(keys[2])]])
+    stats = cache.stats()
+    assert (stats.hits, stats.seconds_saved) == (2, 4.0)
+    assert stats.bytes_read == tally[str(keys[0])][0] + tally[str(keys[2])][0] > 200
+
+
 def test_get_many_and_put_many() -> None:
     cache = rc.Cache(MemoryBackend())
     assert cache.put_many({k: b"v" for k in _iter_keys(10)})

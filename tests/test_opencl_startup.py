@@ -188,6 +188,28 @@ def test_a_missing_entry_read_ahead_counts_one_miss(ctx: Any, cache: rc.Cache) -
 
 
 @pytest.mark.opencl
+def test_a_program_read_ahead_and_never_asked_for_is_no_hit(ctx: Any, cache: rc.Cache) -> None:
+    """Hits, bytes read and seconds saved count the programs taken, not those read ahead."""
+    sources = generated_sources(8, salt=5)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    before = cache.stats()
+    names = list(sources)
+    module.program(names[0])
+    module.program(names[1])  # the thread begins and reads the other six
+    assert module._ahead is not None and module._ahead.begun and module._ahead.join(30)
+    assert module._ahead.held > 0  # six programs read, none taken yet
+    after = cache.stats()
+    assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)
+    one_read = (after.bytes_read - before.bytes_read) / 2
+    module.program(names[4])  # taken from what was read ahead: counted now
+    taken = cache.stats()
+    assert taken.hits - before.hits == 3
+    assert taken.bytes_read - before.bytes_read == pytest.approx(3 * one_read, rel=0.05)
+    assert taken.seconds_saved > after.seconds_saved
+
+
+@pytest.mark.opencl
 def test_build_all_after_a_lazy_program_stops_the_read_ahead(ctx: Any, cache: rc.Cache) -> None:
     _, module = _warm(ctx, cache, 30)
     module.program("k0")
