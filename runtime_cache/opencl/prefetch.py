@@ -76,8 +76,15 @@ class _ForkGate:
     """
 
     def __init__(self) -> None:
+        self._cond: threading.Condition
+        self._inside: dict[int, int]  # reads in progress, per thread
+        self._forking: bool
+        self._reset()
+
+    def _reset(self) -> None:
+        # A new lock (in a child, the parent's is held through the fork), no reads going on.
         self._cond = threading.Condition(threading.Lock())
-        self._inside: dict[int, int] = {}  # reads in progress, per thread
+        self._inside = {}
         self._forking = False
 
     @contextlib.contextmanager
@@ -117,7 +124,7 @@ class _ForkGate:
 
     def after_fork_in_child(self) -> None:
         """A fresh gate: the child has none of the parent's reading threads."""
-        self.__init__()  # type: ignore[misc]
+        self._reset()
 
 
 _gate = _ForkGate()
