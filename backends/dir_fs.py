@@ -16,10 +16,13 @@ caller's bound is read (:func:`read_regular`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import stat
 import sys
+import time
 
 from runtime_cache.api import SPAN_HEAD, Span
 
@@ -36,11 +39,13 @@ __all__ = [
     "make_folders",
     "open_beneath",
     "open_folder",
+    "own_leftover",
     "read_parts",
     "read_regular",
     "read_to_end",
     "read_umask",
     "regular_size",
+    "remove_tree",
     "set_aside",
 ]
 
@@ -51,6 +56,23 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
+
+
+#: Seconds :func:`set_aside` spends removing a folder found at a name; the rest waits.
+JUNK_SECONDS = 0.2
+#: The names the backend gives its own temporary files and the names it sets aside: a
+#: prefix and 16 random hex digits (and, as earlier builds named them, ``.tmp-PID-THREAD-N``
+#: and ``.tmp-hits-PID``). Only these are ever removed as leftovers.
+_OWN_LEFTOVER = re.compile(
+    r"\.(?:(?:tmp-(?:hits-)?|junk-|del-)[0-9a-f]{16}|tmp-[0-9]+-[0-9]+-[0-9]+|tmp-hits-[0-9]+)"
+)
+
+
+def own_leftover(name: str) -> bool:
+    """Whether ``name`` is one the backend gives its temporary files or what it sets aside
+    (``.tmp-``, ``.tmp-hits-``, ``.junk-`` or ``.del-``, then 16 hex digits): a file named
+    so by anyone else (``.tmp-notes.txt``) is never taken for a leftover."""
+    return _OWN_LEFTOVER.fullmatch(name) is not None
 
 
 #: The smallest file :func:`read_parts` reads in pieces: below it, copying the part (in
@@ -113,7 +135,7 @@ def open_beneath(root_fd: int, rel: str, flags: int, mode: int = 0) -> int:
     flags |= NOFOLLOW
     if _openat2 is not None:
         ref, size = _how(flags, mode if flags & os.O_CREAT else 0)
-        fd: int = _openat2(_SYS_OPENAT2, root_fd, rel.encode(), ref, size)  # type: ignore[operator]
+        fd: int = _openat2(_SYS_OPENAT2, root_fd, os.fsencode(rel), ref, size)  # type: ignore[operator]
         if fd < 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code), rel)
@@ -263,12 +285,13 @@ def read_regular(fd: int, limit: int) -> bytes:
     return read_to_end(fd, regular_size(fd, limit), limit)
 
 
-def set_aside(dir_fd: int, name: str, prefix: str) -> bool:
+def set_aside(dir_fd: int, name: str, prefix: str, seconds: float = JUNK_SECONDS) -> bool:
     """Remove whatever sits at ``name`` in ``dir_fd`` (a link, a FIFO, a folder); never follow it.
 
-    A folder is first renamed to a fresh hidden name, so the entry's name is free
-    at once, then removed without following links inside it. Returns whether
-    the name is free now.
+    A folder is first renamed to a fresh hidden name (``prefix`` and 16 hex digits), so
+    the entry's name is free at once, then removed by :func:`remove_tree` for at most
+    ``seconds``; what is left keeps such names, for a later vacuum. Returns whether the
+    name is free now.
     """
     try:
         os.unlink(name, dir_fd=dir_fd)
@@ -285,10 +308,47 @@ def set_aside(dir_fd: int, name: str, prefix: str) -> bool:
         os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError:
         return False
-    import shutil
+    remove_tree(dir_fd, aside, prefix, time.monotonic() + seconds)
+    return True
 
-    # fd-based (Python 3.11+): never follows a link inside
-    shutil.rmtree(aside, dir_fd=dir_fd, ignore_errors=True)  # type: ignore[call-arg]
+
+def remove_tree(dir_fd: int, name: str, prefix: str, deadline: float) -> bool:
+    """Remove the folder ``name`` in ``dir_fd`` and all it holds, until ``deadline``
+    (``time.monotonic()``); return whether it is gone.
+
+    No link is followed, and nothing recurses: each folder found inside is first moved
+    up beside ``name`` (under ``prefix`` and 16 hex digits) and removed in its turn, so
+    a tree nested thousands deep holds no stack and no descriptor per level. A tree
+    too large for the time left stays, as folders of such names.
+    """
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        try:
+            fd = os.open(current, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if time.monotonic() > deadline:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        moved = f"{prefix}{os.urandom(8).hex()}"
+                        try:
+                            os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=dir_fd)
+                        except OSError:
+                            continue
+                        pending.append(moved)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.name, dir_fd=fd)
+        except OSError:
+            pass  # a folder that cannot be listed: left for a later turn
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(current, dir_fd=dir_fd)
     return True
 
 

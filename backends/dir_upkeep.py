@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .dir_fs import NOFOLLOW, open_folder, set_aside
+from .dir_fs import JUNK_SECONDS, NOFOLLOW, open_folder, own_leftover, set_aside
 from .dir_tree import walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
 from .temp_files import remove_if_orphaned
@@ -29,12 +29,13 @@ __all__ = ["Upkeep"]
 _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 _TEMP_MAX_AGE = 300.0
 _LOCK_FLAGS = os.O_RDWR | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_ASIDE = (".junk-", ".del-")
 _MARKER = ".vacuumed"
 _LOCK = ".evict.lock"
 #: Seconds the eviction a write sets off may walk, and as many to remove files; the
 #: next write's turn goes on from there.
 WRITE_BUDGET = 1.0
+#: Seconds one vacuum may take at most (see :meth:`Upkeep.vacuum`).
+VACUUM_SECONDS = 0.5
 
 
 class Upkeep:
@@ -200,11 +201,13 @@ class Upkeep:
             os.close(fd)
 
     # --------------------------------------------------------------- vacuum
-    def vacuum(self) -> int:
+    def vacuum(self, seconds: float = VACUUM_SECONDS) -> int:
         """Remove dead writers' temp files, old names set aside and stale lease files;
-        compact the journal."""
+        compact the journal. The walk stops after ``seconds`` (a tree someone filled with
+        folders costs each vacuum that long at most); the next vacuum walks it again."""
         removed = 0
         now = time.time()
+        deadline = time.monotonic() + seconds
         stack = [""]
         root_fd = self.backend.root_fd
         while stack:
@@ -217,13 +220,19 @@ class Upkeep:
                 with os.scandir(fd) as it:
                     listing = list(it)
                 for entry in listing:
+                    if time.monotonic() > deadline:
+                        stack.clear()  # the rest waits for the next vacuum
+                        break
                     name = entry.name
-                    if name.startswith(".tmp-"):
+                    if not name.startswith("."):
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(f"{rel}/{name}" if rel else name)
+                    elif not own_leftover(name):
+                        continue  # not a name of ours: never removed (a user's .tmp-notes)
+                    elif name.startswith(".tmp-"):
                         removed += remove_if_orphaned(name, _TEMP_MAX_AGE, now, dir_fd=fd)
-                    elif name.startswith(_ASIDE):
-                        removed += self._remove_old(fd, name, now)
-                    elif not name.startswith(".") and entry.is_dir(follow_symlinks=False):
-                        stack.append(f"{rel}/{name}" if rel else name)
+                    else:
+                        removed += self._remove_old(fd, name, now, deadline)
             finally:
                 os.close(fd)
         removed += self._vacuum_locks(root_fd, now)
@@ -274,12 +283,15 @@ class Upkeep:
         return removed
 
     @staticmethod
-    def _remove_old(fd: int, name: str, now: float) -> bool:
+    def _remove_old(fd: int, name: str, now: float, deadline: float) -> bool:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
             return False
-        return st.st_mtime < now - _TEMP_MAX_AGE and set_aside(fd, name, ".junk-")
+        if st.st_mtime >= now - _TEMP_MAX_AGE:
+            return False
+        left = max(0.0, deadline - time.monotonic())
+        return set_aside(fd, name, ".junk-", min(left, JUNK_SECONDS))
 
     def _touch_marker(self) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW

@@ -34,7 +34,7 @@ from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regul
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, rel_path, walk
-from .dir_upkeep import Upkeep
+from .dir_upkeep import VACUUM_SECONDS, Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
@@ -358,13 +358,15 @@ class DirectoryBackend(Backend):
         """Evictions skipped for want of the lock, and stale locks broken."""
         return self._upkeep.locks
 
-    def vacuum(self) -> int:
+    def vacuum(self, seconds: float = VACUUM_SECONDS) -> int:
         """Remove temp files that dead writers left, and compact the hits journal.
 
         A temp file whose writer is gone (its lock is free) goes at once; where
-        the file system has no locks, one not written for 5 minutes goes.
+        the file system has no locks, one not written for 5 minutes goes. Only
+        names the backend gives its own files are removed; the walk stops after
+        ``seconds``, and the next vacuum goes on.
         """
-        return self._upkeep.vacuum()
+        return self._upkeep.vacuum(seconds)
 
     def compact_hits(self) -> None:
         """Rewrite the hits journal as one line per live key once it passes 1 MiB."""

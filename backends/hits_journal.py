@@ -14,6 +14,7 @@ huge file is not read.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import threading
@@ -24,6 +25,9 @@ from .dir_fs import NOFOLLOW, create_new
 __all__ = ["HitsJournal"]
 
 _MAX_READ = 64 << 20
+#: The most hits a line may add (more digits: junk), and the most any key shows.
+_MAX_DIGITS = 12
+MAX_HITS = 1 << 53
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
 
 
@@ -122,14 +126,18 @@ class HitsJournal:
             if fields[0] == "-":  # the entry was removed: its count starts again
                 counts.pop(fields[2], None)
                 continue
-            if not fields[0].isdigit():
+            hits = fields[0]
+            # ASCII digits only ("²".isdigit() holds, and int() refuses it), and few of them.
+            if not (hits.isascii() and hits.isdigit()) or len(hits) > _MAX_DIGITS:
                 continue
             try:
                 when = float(fields[1])
             except ValueError:
                 continue
+            if not math.isfinite(when):
+                continue
             n, last = counts.get(fields[2], (0, 0.0))
-            counts[fields[2]] = (n + int(fields[0]), max(last, when))
+            counts[fields[2]] = (min(n + int(hits), MAX_HITS), max(last, when))
         with self._lock:
             for key, n in self._pending.items():
                 old, last = counts.get(key, (0, 0.0))

@@ -69,10 +69,13 @@ def _default() -> Cache:
         return _embedded()
     try:
         return _to_cache(url)
-    except RuntimeCacheError as exc:
-        # A bad setting must not crash the app: run on without a cache, loudly.
+    except Exception as exc:
+        # A bad setting, or a folder someone filled with junk, must not crash the app: run
+        # on without a cache, loudly (a RuntimeCacheError is the expected kind; any other
+        # is a bug of ours, named by its type).
         where = redact_url(url)
-        log.error("runtime-cache: cannot open cache %s (%s); caching is off", where, exc)
+        kind = "" if isinstance(exc, RuntimeCacheError) else f"{type(exc).__name__}: "
+        log.error("runtime-cache: cannot open cache %s (%s%s); caching is off", where, kind, exc)
         return Cache(None)
 
 
@@ -82,9 +85,11 @@ def _embedded() -> Cache:
         return _to_cache("dir://")
     except RuntimeCacheError as exc:
         environment.warn_no_home(str(exc))
+    except Exception as exc:  # never the app's crash (see _default)
+        log.error("runtime-cache: cannot open the default cache (%s: %s)", type(exc).__name__, exc)
     try:
         return _to_cache(folder_url(environment.fallback_directory("cache")))
-    except RuntimeCacheError as exc:
+    except Exception as exc:
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)
         return _to_cache("memory://")
 

@@ -1,0 +1,190 @@
+"""What a dir:// cache does with things it did not make: odd names, junk journals, deep trees.
+
+From an adversarial review: each of these made ``get_cache()`` (or a CLI command) raise an
+untyped error, or removed a user's own file. One user here; tests/test_hostile_group.py has
+the two-user cases.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.dir_fs import own_leftover, remove_tree
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.cli import main
+
+
+def _key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i}", runtime="junk", purpose="test")
+
+
+def _filled(root: Path, n: int = 3) -> list[rc.CacheKey]:
+    cache = rc.Cache(DirectoryBackend(root))
+    keys = [_key(i) for i in range(n)]
+    for i, k in enumerate(keys):
+        cache.put(k, bytes([i]) * 64, build_seconds=1.5)
+    cache.close()
+    return keys
+
+
+def _open_again(root: Path, monkeypatch: pytest.MonkeyPatch) -> rc.Cache:
+    """The app's start-up: the default cache, with the hourly vacuum due."""
+    (root / ".vacuumed").unlink(missing_ok=True)
+    monkeypatch.setenv("RUNTIME_CACHE", f"dir://{root}")
+    rc.reset_cache_provider()
+    return rc.get_cache()
+
+
+def test_a_folder_name_that_is_not_utf8_is_walked_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "c"
+    keys = _filled(root)
+    os.mkdir(os.fsencode(root) + b"/\xff")  # a name os.fsdecode gives as '\udcff'
+    os.mkdir(os.fsencode(root) + b"/junk/\xfe")
+    cache = _open_again(root, monkeypatch)
+    assert cache.enabled and all(cache.get(k) == bytes([i]) * 64 for i, k in enumerate(keys))
+    assert sorted(cache.backend.keys()) == sorted(map(str, keys))
+    capsys.readouterr()
+    assert main(["--cache", f"dir://{root}", "ls"]) == 0
+    assert main(["--cache", f"dir://{root}", "verify"]) == 0
+    assert "checked 3 entries" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "\u00b2 1.0 {key}",  # str.isdigit() holds, int() refuses
+        "9" * 5000 + " 1.0 {key}",  # past int()'s digit limit
+        "9" * 400 + " 1.0 {key}",  # a float overflow in hits x build seconds
+        "3 nan {key}",
+        "3 inf {key}",
+        "- x",
+        "",
+    ],
+)
+def test_junk_in_the_hits_journal_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], line: str
+) -> None:
+    root = tmp_path / "c"
+    keys = _filled(root)
+    with open(root / ".hits", "a", encoding="utf-8") as journal:
+        journal.write(line.format(key=keys[0]) + "\n" + "4 1.0 " + str(keys[1]) + "\n")
+        journal.write("\n" * (1 << 20))  # past the size at which the journal is compacted
+    cache = _open_again(root, monkeypatch)  # compacts: reads every line
+    assert cache.enabled and cache.get(keys[0]) is not None
+    capsys.readouterr()
+    assert main(["--cache", f"dir://{root}", "stats", "--json"]) == 0
+    overall = json.loads(capsys.readouterr().out)["overall"]
+    assert overall["hits"] >= 4 and overall["seconds_saved"] < float("inf")
+    assert os.path.getsize(root / ".hits") < 1 << 20  # compacted
+
+
+def _nest(top: Path, depth: int) -> None:
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):  # relative to a descriptor: no path grows past PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            (child := os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), os.close(fd))
+            fd = child
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_nested_thousands_deep_is_removed_without_recursion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "c"
+    keys = _filled(root)
+    folder = next(root.rglob("*.rce")).parent
+    _nest(folder / ".junk-0123456789abcdef", 3000)  # set aside by an earlier turn
+    os.utime(folder / ".junk-0123456789abcdef", (1, 1))
+    entry = next(folder.glob("*.rce"))
+    entry.unlink()
+    _nest(entry, 3000)  # a folder where an entry belongs
+    cache = _open_again(root, monkeypatch)
+    assert cache.enabled
+    assert cache.get(keys[0]) is None or cache.get(keys[0]) == bytes(64)
+    for _ in range(50):  # each vacuum removes what its time allows; the rest waits
+        if not [p for p in folder.iterdir() if p.name.startswith(".junk-")]:
+            break
+        os.utime(folder, None)
+        for junk in folder.glob(".junk-*"):
+            os.utime(junk, (1, 1))
+        cache.backend.vacuum()  # type: ignore[attr-defined]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".junk-")]
+    cache.put(keys[0], b"again")
+    assert cache.get(keys[0]) == b"again"
+
+
+def test_remove_tree_stops_at_its_deadline_and_leaves_the_rest_named_as_its_own(
+    tmp_path: Path,
+) -> None:
+    _nest(tmp_path / "top", 50)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert remove_tree(fd, "top", ".junk-", time.monotonic() - 1) is False
+        left = [p.name for p in tmp_path.iterdir()]
+        assert left and all(name == "top" or own_leftover(name) for name in left)
+        for name in left:
+            assert remove_tree(fd, name, ".junk-", time.monotonic() + 60)
+    finally:
+        os.close(fd)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_vacuum_stops_at_its_budget_and_the_next_one_goes_on(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    backend.set("junk/test/" + "0" * 32, b"v")
+    folder = next(tmp_path.rglob("*.rce")).parent
+    stale = folder / ".tmp-0123456789abcdef"
+    stale.write_bytes(b"left by a dead writer")
+    assert backend.vacuum(seconds=0.0) == 0 and stale.exists()  # out of time at once
+    assert backend.vacuum() == 1 and not stale.exists()
+
+
+def test_files_that_only_look_like_leftovers_are_never_removed(tmp_path: Path) -> None:
+    """A cache opened on a folder that holds other files (``dir://~`` by mistake)."""
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    backend.set("junk/test/" + "0" * 32, b"v")
+    folder = next(tmp_path.rglob("*.rce")).parent
+    theirs = [
+        tmp_path / ".tmp-notes.txt",
+        folder / ".tmp-draft",
+        folder / ".junk-food",
+        tmp_path / ".del-me",
+    ]
+    ours = [folder / ".tmp-0123456789abcdef", tmp_path / ".tmp-12-34-56"]
+    for path in theirs + ours:
+        path.write_text("x")
+        os.utime(path, (1, 1))
+    assert backend.vacuum() == len(ours)
+    assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
+
+
+def test_a_backend_that_raises_something_unexpected_turns_caching_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """get_cache() never raises: a bug of ours in an open is logged with its type."""
+
+    def broken(cls: type, url: str) -> DirectoryBackend:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(DirectoryBackend, "from_url", classmethod(broken))
+    monkeypatch.setenv("RUNTIME_CACHE", "dir:///nowhere")
+    rc.reset_cache_provider()
+    with caplog.at_level(logging.ERROR, logger="runtime_cache"):
+        assert not rc.get_cache().enabled
+    assert "RecursionError" in caplog.text and "caching is off" in caplog.text
+    monkeypatch.delenv("RUNTIME_CACHE")
+    rc.reset_cache_provider()
+    assert rc.get_cache().enabled is not None  # the embedded default: broken too, no raise
