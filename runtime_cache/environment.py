@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 import tempfile
 import threading
 
 import platformdirs
+
+from .errors import BackendError
 
 __all__ = [
     "ENV_CACHE",
@@ -21,6 +24,7 @@ __all__ = [
     "default_directory",
     "fallback_directory",
     "fallback_name",
+    "private_fallback",
     "read",
     "read_secret",
     "read_secret_file",
@@ -60,6 +64,25 @@ def fallback_directory(kind: str) -> str:
     return os.path.join(tempfile.gettempdir(), fallback_name(kind))
 
 
+def private_fallback(kind: str) -> str:
+    """:func:`fallback_directory` of ``kind``, made (``0700``) if missing, after checking
+    that it is this user's own real folder: the temporary folder is everyone's, so another
+    user may have put a link, or a folder of theirs, at that name first. Raises
+    ``OSError`` when it is not (the caller then uses no folder at all)."""
+    path = fallback_directory(kind)
+    try:
+        os.mkdir(path, 0o700)  # never follows a link at that name
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    geteuid = getattr(os, "geteuid", None)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{path} is a link or a file, not a folder of this user's")
+    if geteuid is not None and (info.st_uid != geteuid() or info.st_mode & 0o077):
+        raise OSError(f"{path} is not this user's private folder")
+    return path
+
+
 def warn_no_home(reason: str) -> None:
     """Warn, once per process, that the home folder is unusable and temporary folders serve."""
     if not _warned.is_set():
@@ -74,12 +97,16 @@ def warn_no_home(reason: str) -> None:
 
 def default_directory() -> str:
     """The embedded default cache folder: ``platformdirs.user_cache_dir("runtime-cache")``,
-    or :func:`fallback_directory` when there is no home folder (no ``HOME``, no passwd entry)."""
+    or :func:`private_fallback` when there is no home folder (no ``HOME``, no passwd entry);
+    :class:`~runtime_cache.errors.BackendError` when that is not this user's own either."""
     try:
         return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
     except RuntimeError as exc:  # no HOME and no passwd entry
         warn_no_home(str(exc))
-        return fallback_directory("cache")
+    try:
+        return private_fallback("cache")
+    except OSError as exc:
+        raise BackendError(f"no cache folder of this user's own: {exc}") from None
 
 
 def cache_folder(path: str | os.PathLike[str] | None) -> str:

@@ -88,7 +88,7 @@ def _embedded() -> Cache:
     except Exception as exc:  # never the app's crash (see _default)
         log.error("runtime-cache: cannot open the default cache (%s: %s)", type(exc).__name__, exc)
     try:
-        return _to_cache(folder_url(environment.fallback_directory("cache")))
+        return _to_cache(folder_url(environment.private_fallback("cache")))
     except Exception as exc:
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)
         return _to_cache("memory://")

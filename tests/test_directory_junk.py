@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,10 +101,23 @@ def _nest(top: Path, depth: int) -> None:
         os.close(fd)
 
 
+@pytest.fixture
+def deep_clean(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, whatever a failing test left nested in it removed without recursion
+    (pytest's own clean-up recurses, and would fail on it in a later session)."""
+    yield tmp_path
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(fd):
+            remove_tree(fd, name, ".junk-", time.monotonic() + 60)
+    finally:
+        os.close(fd)
+
+
 def test_a_tree_nested_thousands_deep_is_removed_without_recursion(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    deep_clean: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = tmp_path / "c"
+    root = deep_clean / "c"
     keys = _filled(root)
     folder = next(root.rglob("*.rce")).parent
     _nest(folder / ".junk-0123456789abcdef", 3000)  # set aside by an earlier turn
@@ -127,8 +141,9 @@ def test_a_tree_nested_thousands_deep_is_removed_without_recursion(
 
 
 def test_remove_tree_stops_at_its_deadline_and_leaves_the_rest_named_as_its_own(
-    tmp_path: Path,
+    deep_clean: Path,
 ) -> None:
+    tmp_path = deep_clean
     _nest(tmp_path / "top", 50)
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -81,6 +81,29 @@ def test_get_cache_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> No
     assert "Traceback" not in done.stderr
 
 
+def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int) -> None:
+    """Another user (root here) puts a link at the temporary folder this user would take,
+    to a folder of this user's: the cache must not open there (its vacuum would clean it)."""
+    victim = Path(tempfile.mkdtemp(prefix="rc-victim-"))
+    planted = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-cache"
+    try:
+        notes = victim / ".tmp-0123456789abcdef"
+        notes.write_text("the user's own file")
+        os.utime(notes, (1, 1))
+        os.chown(notes, fresh_uid, fresh_uid)
+        os.chown(victim, fresh_uid, fresh_uid)
+        planted.symlink_to(victim)
+        done = _as_user(fresh_uid, [sys.executable, "-c", SCRIPT, "plain"], _env())
+        assert done.returncode == 0, done.stderr
+        assert "MemoryBackend" in done.stdout and str(victim) not in done.stdout
+        assert notes.read_text() == "the user's own file"
+        assert sorted(p.name for p in victim.iterdir()) == [notes.name]
+        assert "Traceback" not in done.stderr
+    finally:
+        planted.unlink(missing_ok=True)
+        shutil.rmtree(victim, ignore_errors=True)
+
+
 @pytest.mark.opencl
 def test_build_program_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> None:
     from opencl_support import opencl_device
