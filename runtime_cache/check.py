@@ -16,8 +16,9 @@ Outcomes are typed, and each read path maps them to the same counters:
 * :class:`~runtime_cache.errors.NewerFormatError`: a miss; the entry is kept
   (a newer version of the library wrote it, during a rolling upgrade);
 * :class:`~runtime_cache.errors.RejectedEntryError` (a bad signature, a key
-  mismatch): a ``rejected`` miss; the entry is kept, since whoever owns it may
-  hold another secret, and the next store replaces it;
+  mismatch, an entry past this reader's limits): a ``rejected`` miss; the entry is
+  kept, since whoever owns it may hold another secret (or larger limits), and the
+  next store replaces it;
 * any other :class:`~runtime_cache.errors.CorruptEntryError`: a ``corrupt``
   miss; the front removes exactly the bytes it judged bad
   (:meth:`~runtime_cache.api.Backend.delete_if`).

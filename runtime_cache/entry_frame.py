@@ -13,7 +13,7 @@ import struct
 import xxhash
 
 from .entry_meta import Limits
-from .errors import CorruptEntryError, NewerFormatError
+from .errors import CorruptEntryError, NewerFormatError, OverLimitError
 from .signing import SecretKeys, sign, signing_keys
 
 __all__ = [
@@ -100,9 +100,9 @@ def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, in
     if flags & ~FLAG_SIGNED or reserved:
         raise CorruptEntryError(f"unknown entry flags {flags:#x}/{reserved:#x}")
     if meta_len > limits.max_meta_size:
-        raise CorruptEntryError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
+        raise OverLimitError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
     if value_len > limits.max_value_size:
-        raise CorruptEntryError(f"value of {value_len} bytes exceeds {limits.max_value_size}")
+        raise OverLimitError(f"value of {value_len} bytes exceeds {limits.max_value_size}")
     return flags, meta_len, value_len, meta_sum, value_sum
 
 

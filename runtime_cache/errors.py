@@ -20,11 +20,17 @@ class CorruptEntryError(RuntimeCacheError, ValueError):
 
 
 class RejectedEntryError(CorruptEntryError):
-    """An entry that decodes but must not be used here: it is not the one its key names.
+    """An entry that must not be used here, though it may be good for someone else: it is
+    not the one its key names, or it is larger than this reader's limits.
 
     The front counts it as ``rejected`` and keeps it (another fleet member, with
-    another secret, may own it); see :mod:`runtime_cache.check`.
+    another secret or larger limits, may own it); see :mod:`runtime_cache.check`.
     """
+
+
+class OverLimitError(RejectedEntryError):
+    """An entry whose metadata or value is larger than this reader's ``Limits`` allow:
+    refused here, kept for the readers whose limits allow it."""
 
 
 class SignatureError(RejectedEntryError):
@@ -111,6 +117,7 @@ __all__ = [
     "KeyMismatchError",
     "MissingDependencyError",
     "NewerFormatError",
+    "OverLimitError",
     "ReadOnlyBackendError",
     "RejectedEntryError",
     "RuntimeCacheError",

@@ -52,6 +52,24 @@ def test_signed_entries() -> None:
         codec.decode_entry(bytes(forged), secret=b"s3cret")
 
 
+def test_an_entry_past_a_readers_limits_is_refused_there_and_kept_for_others() -> None:
+    """A process with smaller limits must not delete what the others read (it used to call
+    the entry corrupt and remove it)."""
+    import runtime_cache as rc
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.errors import OverLimitError
+
+    backend = MemoryBackend()
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    rc.Cache(backend).put(key, b"v" * 1000)
+    small = rc.Cache(backend, limits=codec.Limits(max_value_size=100))
+    assert small.get(key) is None and small.get_many([key]) == {}
+    assert (small.stats().rejected, small.stats().corrupt) == (2, 0)
+    assert rc.Cache(backend).get(key) == b"v" * 1000  # still there for the others
+    with pytest.raises(OverLimitError, match="exceeds"):
+        codec.decode_entry(backend.get(str(key)) or b"", limits=codec.Limits(max_value_size=100))
+
+
 def test_limits_enforced() -> None:
     small = codec.Limits(max_value_size=10)
     with pytest.raises(CorruptEntryError, match="exceeds"):
