@@ -25,8 +25,8 @@ HEADER = """\
 backend: pass `--cache URL`, or let it use the same cache as your app
 (`RUNTIME_CACHE`, else the embedded default folder). The commands that only read
 (`ls`, `show`, `stats`, `verify` without `--repair`, `export`) never create a `dir://`
-folder that is not there: they say "no cache at PATH" and exit 1, so a mistyped path
-leaves nothing behind.
+folder that is not there, whether `--cache`, a tier of it, `RUNTIME_CACHE` or the default
+names it: they say "no cache at PATH" and exit 1, so a mistyped path leaves nothing behind.
 
 """
 

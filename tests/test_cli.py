@@ -136,6 +136,42 @@ def test_a_command_that_only_reads_creates_no_cache_folder(
     assert run("verify", "--repair")[0] == 0 and root.is_dir()
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["memory://,dir://{root}", "dir://{root} ", "dir://{root}, memory://"],
+    ids=["a tier", "a trailing space", "a first tier, stripped"],
+)
+def test_no_cache_folder_is_made_for_a_tier_or_an_odd_spelling(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str
+) -> None:
+    """The folder checked is the folder the registry would open: each tier, stripped; a
+    single URL as written (a trailing space is part of its path)."""
+    root = tmp_path / "nothing-here"
+    code, _, err = Run(capsys, url.format(root=root))("ls")
+    assert code == 1 and "no cache at" in err and "nothing-here" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_cache_folder_is_made_from_the_environment_or_the_default(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE", f"dir://{tmp_path / 'from-env'}")
+    capsys.readouterr()
+    assert main(["ls"]) == 1
+    assert f"no cache at {tmp_path / 'from-env'}" in capsys.readouterr().err
+    monkeypatch.delenv("RUNTIME_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read again
+    assert main(["stats"]) == 1
+    assert f"no cache at {tmp_path / 'xdg' / 'runtime-cache'}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_a_missing_folder_is_named_with_its_escapes_decoded(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

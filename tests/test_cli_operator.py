@@ -436,6 +436,7 @@ def test_verify_and_prune_draw_a_progress_bar_on_a_terminal_only(
 
 def test_a_tier_that_cannot_be_listed_makes_maintenance_say_so(tmp_path: Path) -> None:
     url = f"dir://{tmp_path / 'near'},redis://:pw@127.0.0.1:1/0?insecure=1"
+    (tmp_path / "near").mkdir(mode=0o700)  # (a command that only reads makes no tier folder)
     for command in (["ls"], ["verify"], ["stats"], ["export", str(tmp_path / "x.rcb")]):
         done = subprocess.run(
             [sys.executable, "-m", "runtime_cache", "--cache", url, *command],

@@ -48,19 +48,43 @@ def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[s
 
 
 def missing_folder(url: str | None) -> str | None:
-    """The folder a ``dir://`` ``url`` names, when it does not exist (``None`` otherwise,
-    and for other URLs or the default cache): what a command that only reads reports
-    instead of creating it."""
-    if not url or "," in url or not url.strip().lower().startswith("dir://"):
+    """The first folder that a ``dir://`` cache (or a ``dir://`` tier) of ``url`` names and
+    that does not exist, or ``None``: what a command that only reads reports instead of
+    creating it. ``url`` ``None`` is the cache the app would use: ``RUNTIME_CACHE``, else the
+    embedded default folder (missing only when the temporary one it falls back to is too)."""
+    if url is None:
+        url = environment.read(environment.ENV_CACHE)
+        if url is None:
+            return _missing_default()
+    from ..provider import OFF
+
+    if url.strip().lower() in OFF:
         return None
+    # As the registry opens them: a list of tiers, each stripped; else the URL as it is.
+    for tier in [part.strip() for part in url.split(",")] if "," in url else [url]:
+        if not tier.lower().startswith("dir://"):
+            continue
+        try:
+            path = BackendURL.parse(tier).folder()
+        except RuntimeCacheError:
+            return None  # opening it reports the error
+        if path is None:
+            absent = _missing_default()
+        else:
+            folder = environment.cache_folder(path)  # the folder the backend opens
+            absent = None if os.path.lexists(folder) else folder
+        if absent is not None:
+            return absent
+    return None
+
+
+def _missing_default() -> str | None:
     try:
-        path = BackendURL.parse(url.strip()).folder()
+        folder = environment.default_directory()
     except RuntimeCacheError:
         return None  # opening it reports the error
-    if path is None:
-        return None  # dir://: the default folder
-    folder = environment.cache_folder(path)  # the folder the backend opens
-    return None if os.path.lexists(folder) else folder
+    fallback = environment.fallback_directory("cache")
+    return None if os.path.lexists(folder) or os.path.lexists(fallback) else folder
 
 
 def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
