@@ -63,7 +63,7 @@ class DirectoryBackend(Backend):
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
         max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0: no cap.
-        max_files: cap on the number of entry files; by default ``max_size / 4 KiB``
+        max_files: cap on the number of entry files (0: none); by default ``max_size / 4 KiB``
             (at least 1024).
         fsync: fsync each file before it is renamed into place (durable on
             power loss, slower).
@@ -97,7 +97,7 @@ class DirectoryBackend(Backend):
         self.max_size = (None if max_size is None else parse_size(max_size)) or None
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
-        self.max_files = max_files
+        self.max_files = max_files or None  # 0, as for max_size: no cap (a 0 cap keeps nothing)
         self.fsync = fsync
         self.track_access = track_access
         self.shared = shared

@@ -265,6 +265,15 @@ def test_every_spelling_of_zero_max_size_means_no_cap(tmp_path: Path, spelling: 
         assert DirectoryBackend(tmp_path, max_size=spelling).max_size is None
 
 
+def test_max_files_zero_means_no_cap_on_the_count(tmp_path: Path) -> None:
+    """Like max_size=0 (a cap of 0 files kept nothing: each put was evicted at once)."""
+    backend = DirectoryBackend.from_url(f"dir://{tmp_path}?max_files=0&max_size=1GB")
+    assert backend.max_files is None
+    for i in range(3):
+        backend.set(f"k/v/{i:032x}", b"x")
+    assert len(list(backend.keys())) == 3
+
+
 def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> None:
     from runtime_cache.api import parse_size
     from runtime_cache.backends.directory import DEFAULT_MAX_SIZE

@@ -260,6 +260,9 @@ def test_ls_and_stats_with_a_secret_count_the_entries_that_carry_no_signature(
     assert json.loads(capsys.readouterr().out)["unsigned"] == 2
     assert main(["--cache", url, "stats"]) == 0  # no secret: nothing is rejected, none said
     assert "no signature" not in capsys.readouterr().out
+    assert main(["--cache", url, "--secret", SECRET, "verify"]) == 1
+    said = capsys.readouterr().out
+    assert "2 entries are unsigned (stored without a secret): reads reject them" in said
     assert main(["--cache", url, "--secret", SECRET, "verify", "--repair"]) == 1
     capsys.readouterr()
     assert main(["--cache", url, "--secret", SECRET, "ls"]) == 0

@@ -257,12 +257,16 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
             f"kept {report.newer} entries in a newer format (a newer version reads them)",
             file=ctx.out,
         )
-    if report.unsigned and not args.repair:
-        where = "the cache is unsigned" if unsigned_cache else f"{report.unsigned} are unsigned"
+    if report.unsigned and not args.repair and unsigned_cache:
         print(
-            f"{where}: it was filled without a secret, so --repair would delete "
-            f"{'everything' if unsigned_cache else 'them'}; check it without --secret, or "
-            "fill it again with the secret set",
+            "the cache is unsigned: it was filled without a secret, so --repair would delete "
+            "everything; check it without --secret, or fill it again with the secret set",
+            file=ctx.out,
+        )
+    elif report.unsigned and not args.repair:
+        print(
+            f"{count(report.unsigned, 'entry is', 'entries are')} unsigned (stored without a "
+            "secret): reads reject them, and --repair would delete them",
             file=ctx.out,
         )
     elif report.bad and not args.repair:
