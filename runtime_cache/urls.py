@@ -12,6 +12,7 @@ the password included, and the value of ``password=``-like query options.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
@@ -41,7 +42,14 @@ def folder_url(path: str) -> str:
 
     >>> folder_url("/tmp/50% off?")
     'dir:///tmp/50%25%20off%3F'
+
+    A relative ``path`` that starts with ``~`` names a folder of that name here, not a
+    home folder; an empty one is a ``ValueError`` (``dir://`` alone is the default folder).
     """
+    if not path:
+        raise ValueError("folder_url needs a folder's path (dir:// alone is the default)")
+    if path.startswith("~"):
+        path = "./" + path  # not expanded as a home folder
     return "dir://" + quote(path, safe="/~", errors="surrogateescape")
 
 
@@ -137,6 +145,12 @@ class BackendURL:
             raise InvalidURLError(
                 f"a folder's path may not hold a NUL byte (%00): {redact_url(self.raw)}"
             )
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError:  # a lone surrogate given as text: no file name
+            raise InvalidURLError(
+                f"a folder's path must be text a file name can hold: {redact_url(self.raw)}"
+            ) from None
         return path or None
 
     def pop(self, name: str, default: str | None = None) -> str | None:

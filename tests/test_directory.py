@@ -298,6 +298,19 @@ def test_a_dir_url_names_its_folder_with_escapes_decoded(tmp_path: Path, name: s
     opened.close()
 
 
+def test_folder_url_of_a_tilde_name_is_that_folder_not_a_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime_cache.urls import folder_url
+
+    monkeypatch.chdir(tmp_path)
+    opened = DirectoryBackend.from_url(folder_url("~root"))
+    assert opened.root == tmp_path / "~root"
+    opened.close()
+    with pytest.raises(ValueError, match="default"):
+        folder_url("")
+
+
 def test_a_dir_url_is_decoded_once_and_refuses_a_nul(tmp_path: Path) -> None:
     from runtime_cache.errors import InvalidURLError
     from runtime_cache.registry import open_backend
@@ -310,4 +323,6 @@ def test_a_dir_url_is_decoded_once_and_refuses_a_nul(tmp_path: Path) -> None:
     assert bare.root == tmp_path / "100%"  # type: ignore[attr-defined]
     with pytest.raises(InvalidURLError, match="NUL"):
         open_backend(f"dir://{tmp_path}/x%00y")
+    with pytest.raises(InvalidURLError, match="file name"):
+        open_backend(f"dir://{tmp_path}/x\ud800y")  # a lone surrogate, given as text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["100%", "a%20b", "my cache"]
