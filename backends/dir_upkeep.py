@@ -85,6 +85,7 @@ class Upkeep:
         # Stops at the deadline; the bool says whether the walk was complete.
         limit = self.backend.max_entry_size
         items: list[Candidate] = []
+        linked: set[tuple[int, int]] = set()  # files with more than one name, counted once
         for seen, found in enumerate(walk(self.backend.root_fd)):
             if deadline is not None and seen % 1024 == 1023 and time.monotonic() > deadline:
                 return items, False
@@ -95,10 +96,12 @@ class Upkeep:
                 continue
             if self.members is not None and st.st_uid not in self.members:
                 continue  # not a group member's: not ours to count or evict
+            disk = disk_bytes(st)
+            if st.st_nlink > 1:  # the backend never links: someone made names of one file
+                disk = 0 if (st.st_dev, st.st_ino) in linked else disk
+                linked.add((st.st_dev, st.st_ino))
             items.append(
-                Candidate(
-                    st.st_mtime_ns, st.st_ino, found.folder, found.name, disk_bytes(st), st.st_uid
-                )
+                Candidate(st.st_mtime_ns, st.st_ino, found.folder, found.name, disk, st.st_uid)
             )
         return items, True
 

@@ -266,3 +266,19 @@ def test_entry_size_bound_covers_the_codecs_largest_entry() -> None:
     limits = Limits()
     largest = HEADER_SIZE + limits.max_meta_size + limits.max_value_size + SIG_SIZE
     assert largest <= MAX_ENTRY_SIZE <= 2 * largest
+
+
+def test_hard_links_to_one_entry_count_its_disk_once(tmp_path: Path) -> None:
+    """Someone who can write the folder links one entry under hundreds of names: the names
+    cost no disk, so the cap must not evict real entries for them (50 of 50 kept)."""
+    backend = DirectoryBackend(tmp_path, max_size="1MB")
+    keys = [f"safe/test/{i:032x}" for i in range(50)]
+    for k in keys:
+        backend.set(k, os.urandom(8000))
+    newest = path_of(tmp_path, keys[-1])
+    for i in range(600):
+        link = path_of(tmp_path, f"safe/test/{i + 1000:032x}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.link(newest, link)
+    backend.enforce_size()
+    assert all(backend.get(k) is not None for k in keys)
