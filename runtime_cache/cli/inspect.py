@@ -1,4 +1,4 @@
-"""Looking at a cache without changing it: ``ls``, ``show`` and ``stats``.
+"""Looking at a cache's entries without changing them: ``ls``, ``show`` and ``stats``.
 
 Each handler takes the parsed arguments and a
 :class:`~runtime_cache.cli.context.CommandContext` and returns an exit code:
