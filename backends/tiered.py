@@ -137,7 +137,9 @@ class TieredBackend(Backend):
 
         ``opener`` opens each tier's URL; it defaults to
         :func:`runtime_cache.registry.open_backend` (imported here, not at module
-        level, since backends depend only on the contract).
+        level, since backends depend only on the contract). A tier this machine cannot
+        open now (a :class:`BackendError`: a folder it may not make, a full disk) is left
+        out, with a warning; when no tier opens, the first such error is raised.
         """
         if opener is None:
             from runtime_cache.registry import open_backend
@@ -152,13 +154,20 @@ class TieredBackend(Backend):
         if any(p.lower().startswith("tiered://") for p in parts):
             raise InvalidURLError(f"tiers cannot nest: {redact_url(url)}")
         opened: list[Backend] = []
+        failed: BackendError | None = None
         try:
             for part in parts:
-                opened.append(opener(part))
+                try:
+                    opened.append(opener(part))
+                except BackendError as exc:  # this machine cannot open it now: left out
+                    log.warning("runtime-cache: tier %s left out: %s", redact_url(part), exc)
+                    failed = failed or exc
         except BaseException:
             for backend in opened:
                 backend.close()
             raise
+        if not opened and failed is not None:
+            raise failed
         return cls(opened)
 
     @property

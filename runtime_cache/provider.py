@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from . import environment
 from .api import Backend
 from .cache import Cache
-from .errors import RuntimeCacheError
+from .errors import BackendError, RuntimeCacheError
 from .registry import open_backend, registry
 from .urls import folder_url, redact_url
 
@@ -119,12 +119,23 @@ def set_cache_provider(provider: Provider) -> Cache:
     Call it once at startup. It wins over ``RUNTIME_CACHE`` and the default.
     Returns the :class:`Cache` now in use.
 
+    A URL that is wrong wherever it runs (a typo, an unknown option or scheme, a
+    shared store without a secret) raises, so the mistake shows at once. A store
+    this machine cannot open now (a folder it may not create, a full or read-only
+    disk) is logged as an error and caching is off, as for ``RUNTIME_CACHE``: the
+    cache never stops the app.
+
     Example::
 
         rc.set_cache_provider("dir:///var/cache/myapp")
     """
     global _current, _explicit
-    cache = _to_cache(provider)
+    try:
+        cache = _to_cache(provider)
+    except BackendError as exc:
+        where = redact_url(provider) if isinstance(provider, str) else repr(provider)
+        log.error("runtime-cache: cannot open cache %s (%s); caching is off", where, exc)
+        cache = Cache(None)
     with _lock:
         _current, _explicit = cache, True
     return cache

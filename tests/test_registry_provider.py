@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -185,3 +186,34 @@ def test_backend_base_defaults() -> None:
     with pytest.raises(InvalidURLError):
         Minimal.from_url("minimal://")
     assert os.environ.get("RUNTIME_CACHE", "").startswith("dir://")  # the autouse isolation
+
+
+def test_a_store_this_machine_cannot_open_turns_caching_off_not_the_app(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """set_cache_provider() raises for a wrong URL, but not for a folder it cannot make."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with caplog.at_level(logging.ERROR, logger="runtime_cache"):
+        cache = rc.set_cache_provider(f"dir://{blocker}/cache")
+    assert not cache.enabled and rc.get_cache() is cache
+    assert "caching is off" in caplog.text and "not a directory" in caplog.text
+    with pytest.raises(InvalidURLError):
+        rc.set_cache_provider(f"dir://{tmp_path}?max_sise=1GB")  # a typo: said at once
+
+
+def test_a_tier_that_cannot_open_is_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from runtime_cache.backends.tiered import TieredBackend
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        cache = rc.set_cache_provider(f"memory://,dir://{blocker}/cache")
+    assert isinstance(cache.backend, TieredBackend)
+    assert [type(t).__name__ for t in cache.backend.tiers] == ["MemoryBackend"]
+    assert "left out" in caplog.text
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.put(key, b"v") and cache.get(key) == b"v"
+    assert not rc.set_cache_provider(f"dir://{blocker}/a,dir://{blocker}/b").enabled
