@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
@@ -131,6 +131,13 @@ class DirectoryBackend(Backend):
     def from_url(cls, url: str) -> DirectoryBackend:
         """Open from ``dir:///abs/path?max_size=..&fsync=0|1&track_access=0|1&shared=0|1``
         (``%XX`` escapes in the path decoded: :meth:`BackendURL.folder`)."""
+        folder, settings = cls.url_settings(url)
+        return cls(folder, **settings)
+
+    @staticmethod
+    def url_settings(url: str) -> tuple[str | None, dict[str, Any]]:
+        """The folder and the keyword arguments that ``url`` gives, checked, with nothing
+        opened: :class:`InvalidURLError` (or ``InvalidValueError``) when it is wrong."""
         parsed = BackendURL.parse(url)
         max_size = parsed.pop("max_size")
         max_files = parsed.pop("max_files", "")
@@ -139,10 +146,10 @@ class DirectoryBackend(Backend):
         shared = parsed.pop_bool("shared", False)
         parsed.reject_unknown()
         off = max_size is not None and max_size.lower() in ("", "none")  # and 0, as above
-        cap = None if off else (max_size or DEFAULT_MAX_SIZE)  # absent: the default
+        cap = None if off else parse_size(max_size or DEFAULT_MAX_SIZE)  # absent: the default
         files = parse_size(max_files) if max_files else None
         options = {"fsync": fsync, "track_access": track, "shared": shared}
-        return cls(parsed.folder(), max_size=cap, max_files=files, **options)
+        return parsed.folder(), {"max_size": cap, "max_files": files, **options}
 
     def reopen_after_fork(self) -> None:
         """In a forked child: fresh locks (another thread may have held ours at the fork)

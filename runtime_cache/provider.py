@@ -22,7 +22,7 @@ from .api import Backend
 from .cache import Cache
 from .errors import BackendError, RuntimeCacheError
 from .registry import open_backend, registry
-from .urls import folder_url, redact_url
+from .urls import folder_url, redact, redact_url
 
 __all__ = [
     "OFF",
@@ -40,6 +40,7 @@ Provider = str | Backend | Cache | None
 _lock = threading.RLock()
 _current: Cache | None = None
 _explicit = False
+_open_error: str | None = None  # why RUNTIME_CACHE's cache could not be opened
 
 
 #: ``RUNTIME_CACHE`` values (and provider strings) that turn caching off.
@@ -73,9 +74,11 @@ def _default() -> Cache:
         # A bad setting, or a folder someone filled with junk, must not crash the app: run
         # on without a cache, loudly (a RuntimeCacheError is the expected kind; any other
         # is a bug of ours, named by its type).
+        global _open_error
         where = redact_url(url)
         kind = "" if isinstance(exc, RuntimeCacheError) else f"{type(exc).__name__}: "
         log.error("runtime-cache: cannot open cache %s (%s%s); caching is off", where, kind, exc)
+        _open_error = f"{kind}{exc}"
         return Cache(None)
 
 
@@ -141,11 +144,17 @@ def set_cache_provider(provider: Provider) -> Cache:
     return cache
 
 
+def open_error() -> str | None:
+    """Why the cache ``RUNTIME_CACHE`` names could not be opened (caching is then off), or
+    ``None``: for a command line to say, after the log line."""
+    return redact(_open_error) if _open_error is not None else None
+
+
 def reset_cache_provider() -> None:
     """Forget any provider set, so the next :func:`get_cache` reads the environment again."""
-    global _current, _explicit
+    global _current, _explicit, _open_error
     with _lock:
-        _current, _explicit = None, False
+        _current, _explicit, _open_error = None, False, None
 
 
 def get_cache() -> Cache:

@@ -214,7 +214,7 @@ class Registry:
         if "," in url:  # each tier comes back here with its own options
             scheme = "tiered"
         else:
-            url, insecure = _take_insecure(url)
+            url, insecure = take_insecure(url)
             scheme = BackendURL.parse(url).scheme
         try:
             backend = self.resolve(scheme).from_url(url)
@@ -230,8 +230,9 @@ class Registry:
 registry = Registry()
 
 
-def _take_insecure(url: str) -> tuple[str, bool]:
-    """Take ``insecure=1`` (see :mod:`runtime_cache.trust`) out of a URL's query."""
+def take_insecure(url: str) -> tuple[str, bool]:
+    """Take ``insecure=1`` (see :mod:`runtime_cache.trust`) out of a URL's query: the URL
+    its backend is opened from, and whether it was there."""
     head, mark, query = url.partition("?")
     if not mark:
         return url, False

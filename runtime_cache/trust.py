@@ -12,10 +12,12 @@ otherwise.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 
 from .api import Backend
+from .environment import ENV_SECRET, ENV_SECRET_FILE
 from .errors import InsecureStoreError
 
 __all__ = ["INSECURE_OPTION", "require_secret"]
@@ -35,12 +37,21 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
     if signed or not backend.shared:
         return
     if not (insecure or backend.insecure):
+        if any(os.environ.get(name, "").strip() for name in (ENV_SECRET, ENV_SECRET_FILE)):
+            # The variable is set, so this Cache was made in code without secret=.
+            how = (
+                f"{ENV_SECRET} is set, but Cache(backend) does not read it (get_cache() and "
+                "the command line do): pass Cache(backend, secret=...)"
+            )
+        else:
+            how = (
+                f"Set {ENV_SECRET} (or {ENV_SECRET_FILE}; --secret or --secret-file on the "
+                "command line; Cache(backend, secret=...) in code)"
+            )
         raise InsecureStoreError(
             f"refusing to use {backend!r} without a secret: others can write it, so they "
-            "could plant binaries that this process would run. Set RUNTIME_CACHE_SECRET "
-            "(or RUNTIME_CACHE_SECRET_FILE; --secret or --secret-file on the command line; "
-            "the secret argument in code), or add insecure=1 to the URL "
-            "to use it unsigned on purpose"
+            f"could plant binaries that this process would run. {how}, or add insecure=1 "
+            "to the URL to use it unsigned on purpose"
         )
     with _lock:
         try:

@@ -172,6 +172,29 @@ def test_no_cache_folder_is_made_from_the_environment_or_the_default(
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_typo_in_a_url_option_is_said_before_a_missing_folder(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = Run(capsys, f"dir://{tmp_path / 'nothing'}?max_sise=1GB")("ls")
+    assert code == 2 and "unknown option(s) max_sise" in err
+    code, _, err = Run(capsys, f"dir://{tmp_path / 'nothing'}?insecure=1")("ls")
+    assert code == 1 and "no cache at" in err  # insecure= is the registry's, not a typo
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_caching_off_says_why_the_environments_cache_did_not_open(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "team").mkdir()
+    monkeypatch.setenv("RUNTIME_CACHE", f"memory://,dir://{tmp_path / 'team'}?shared=1")
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
+    capsys.readouterr()
+    assert main(["ls"]) == 2
+    err = capsys.readouterr().err
+    assert "could not be opened (refusing to use" in err and "without a secret" in err
+    assert err.count("refusing") == 1  # said once: the log line is the command's to say
+
+
 def test_a_missing_folder_is_named_with_its_escapes_decoded(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -269,6 +269,19 @@ def test_ls_and_stats_with_a_secret_count_the_entries_that_carry_no_signature(
     assert "no signature" not in capsys.readouterr().out
 
 
+def test_a_cache_made_in_code_says_it_does_not_read_the_secret_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variable set, Cache(backend) without secret=: the message must not say "set it"."""
+    shared = DirectoryBackend(tmp_path / "s", shared=True)
+    with pytest.raises(InsecureStoreError, match="Set RUNTIME_CACHE_SECRET"):
+        rc.Cache(shared)
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", SECRET)
+    with pytest.raises(InsecureStoreError, match=r"is set, but Cache\(backend\) does not read"):
+        rc.Cache(shared)
+    assert rc.Cache(shared, secret=SECRET).signed
+
+
 # --------------------------------------------------------------- unsigned bundles
 def test_an_unsigned_bundle_is_reported_and_never_written_to_a_shared_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

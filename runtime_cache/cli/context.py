@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ from typing import Any, TextIO
 from .. import environment
 from ..api import BackendURL
 from ..cache import Cache
-from ..errors import RuntimeCacheError
+from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
 from .fmt import clean
 
 __all__ = [
@@ -65,9 +66,9 @@ def missing_folder(url: str | None) -> str | None:
         if not tier.lower().startswith("dir://"):
             continue
         try:
-            path = BackendURL.parse(tier).folder()
+            path = _dir_folder(tier)
         except RuntimeCacheError:
-            return None  # opening it reports the error
+            return None  # a URL that is wrong: opening it says so (a typo before a folder)
         if path is None:
             absent = _missing_default()
         else:
@@ -76,6 +77,22 @@ def missing_folder(url: str | None) -> str | None:
         if absent is not None:
             return absent
     return None
+
+
+def _dir_folder(url: str) -> str | None:
+    """The folder of a ``dir://`` ``url`` whose options are checked too, as the registry
+    would open it (``insecure=`` taken out first); raises what opening it would."""
+    from ..registry import registry, take_insecure
+
+    bare = take_insecure(url)[0]
+    settings = getattr(registry.resolve("dir"), "url_settings", None)
+    if settings is None:  # another dir:// backend registered: its folder as the URL says
+        return BackendURL.parse(bare).folder()
+    try:
+        folder: str | None = settings(bare)[0]
+    except InvalidValueError as exc:  # a bad size: for whoever wrote the URL, a URL error
+        raise InvalidURLError(str(exc)) from None
+    return folder
 
 
 def _missing_default() -> str | None:
@@ -101,17 +118,26 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
         secret = resolve_secret(secret)
     if url:
         return Cache(open_backend(url), strict=True, secret=secret)
-    provider = get_cache()
+    quiet = logging.getLogger("runtime_cache.provider")  # its error is this command's to say
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        provider = get_cache()
+    finally:
+        quiet.setLevel(level)
     if not provider.enabled:
-        from ..provider import OFF
+        from ..provider import OFF, open_error
 
         chosen = os.environ.get("RUNTIME_CACHE", "")
-        reason = (
-            f"RUNTIME_CACHE={chosen.strip()}"
-            if chosen.strip().lower() in OFF
-            else "the cache could not be opened"
+        if chosen.strip().lower() in OFF:
+            raise UsageError(f"caching is off (RUNTIME_CACHE={chosen.strip()}); pass --cache URL")
+        why = open_error()
+        raise UsageError(
+            f"caching is off: the cache RUNTIME_CACHE names could not be opened ({why}); "
+            "fix that, or pass --cache URL"
+            if why
+            else "caching is off (the cache could not be opened); pass --cache URL"
         )
-        raise UsageError(f"caching is off ({reason}); pass --cache URL")
     return Cache(provider.backend, strict=True, secret=secret)
 
 
