@@ -123,6 +123,25 @@ def test_keep_leaves_programs_and_records_listable(kept_run: tuple[dict[str, Any
 
 
 @opencl
+def test_a_run_whose_cache_stored_nothing_claims_no_speed_up(
+    kept_run: tuple[dict[str, Any], str],
+) -> None:
+    """As on a full disk: the report must not print a speed-up, entries "0 ()", or a driver
+    cache "carried" that was never stored (a new-user review saw all three)."""
+    import copy
+
+    result = copy.deepcopy(kept_run[0])
+    result["warm"]["cache_stats"]["hits"] = 0
+    result["entries"] = {"count": 0, "bytes": 0, "by_purpose": {}}
+    text = format_text(result)
+    assert "faster" not in text and "no cache hits: no speed-up from the cache" in text
+    assert "cache entries: none stored" in text and "()" not in text
+    if result["warm"]["driver_cache"]["carried"]:
+        assert "driver cache: not carried (its entry was not stored" in text
+        assert "carried by runtime-cache" not in text
+
+
+@opencl
 def test_text_report_of_a_real_run(kept_run: tuple[dict[str, Any], str]) -> None:
     text = format_text(kept_run[0])
     assert "time to first inference" in text

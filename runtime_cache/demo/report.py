@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..opencl.driver_cache import PURPOSE as DRIVER_CACHE_PURPOSE
 from ..units import format_size
 from .phases import PHASES
 
@@ -48,10 +49,12 @@ def format_text(result: dict[str, Any]) -> str:
     for name in PHASES:
         lines.append(f"  {name:<24}{cold['phases'][name]:>9.2f}s{warm['phases'][name]:>9.2f}s")
     speedup = result["speedup"]
+    served = warm["cache_stats"]["hits"] > 0  # no hits: whatever the clock says, not ours
     lines.append(
         f"  {'time to first inference':<24}{cold['time_to_first_inference_s']:>9.2f}s"
         f"{warm['time_to_first_inference_s']:>9.2f}s"
-        + (f"   {speedup:.1f}x faster" if speedup else "")
+        + (f"   {speedup:.1f}x faster" if speedup and served else "")
+        + ("   (no cache hits: no speed-up from the cache)" if not served else "")
     )
     lines.append(f"  {'process wall time':<24}{cold['wall_s']:>9.2f}s{warm['wall_s']:>9.2f}s")
     lines.append("")
@@ -68,8 +71,15 @@ def format_text(result: dict[str, Any]) -> str:
         f"warm: {warm['tuned_layers']} tuned, {warm['cache_stats']['hits']} cache hits"
     )
     carried = warm.get("driver_cache")
+    entries = result.get("entries")
+    stored = bool(entries and entries["by_purpose"].get(DRIVER_CACHE_PURPOSE))
     if result.get("carry_driver_cache") and carried and not carried.get("carried", True):
         lines.append("driver cache: none to carry (this driver keeps no cache runtime-cache knows)")
+    elif result.get("carry_driver_cache") and carried and not stored:
+        lines.append(
+            "driver cache: not carried (its entry was not stored; "
+            f"{carried['restored_files']} files restored)"
+        )
     elif result.get("carry_driver_cache") and carried:
         where = (
             "a new, empty folder" if result.get("fresh_driver_cache") else "the cold run's folder"
@@ -78,8 +88,9 @@ def format_text(result: dict[str, Any]) -> str:
             f"driver cache: carried by runtime-cache; warm run in {where}, "
             f"{carried['restored_files']} files restored"
         )
-    entries = result.get("entries")
-    if entries:
+    if entries is not None and not entries["count"]:
+        lines.append("cache entries: none stored")
+    elif entries:
         kinds = ", ".join(f"{n} {purpose}" for purpose, n in sorted(entries["by_purpose"].items()))
         fate = (
             "kept (see `runtime-cache ls`)" if result.get("kept") else "removed (--keep keeps them)"
