@@ -10,6 +10,7 @@ Other users are real too: children switch to user ``nobody`` with ``os.setuid``.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import random
@@ -405,3 +406,29 @@ def test_hostile_keys_on_redis(tmp_path: Path) -> None:
         # Binary-safe keys under our prefix: nothing else in the database was touched.
         assert sorted(backend.keys()) == sorted(k for k in HOSTILE_KEYS if k and k != "\udcff")
         backend.close()
+
+
+def test_import_onto_a_full_disk_keeps_the_entries_that_fit(
+    small_tmpfs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle whose first entry does not fit: the smaller ones after it are still written
+    (the import used to stop at the first failed write, with 0 written)."""
+    from runtime_cache.cli import main
+
+    source = rc.Cache(rc.open_backend("memory://?max_size=64MB"))
+    source.put(rc.make_key(module_id="big", runtime="r", purpose="p"), os.urandom(2 << 20))
+    small = [rc.make_key(module_id=f"s{i}", runtime="r", purpose="p") for i in range(5)]
+    for k in small:
+        source.put(k, os.urandom(1000))
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(source.dumps())
+    url = f"dir://{small_tmpfs / 'c'}?max_size=none"
+    capsys.readouterr()
+    assert main(["--cache", url, "import", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "imported 5 of 6 entries" in out and "not written: 1 entry" in out
+    target = rc.Cache(rc.open_backend(url))
+    assert all(target.get(k) is not None for k in small)
+    assert main(["--cache", url, "import", "--json", str(bundle)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["not_written"] == 1 and "full" in report["write_errors"][0]

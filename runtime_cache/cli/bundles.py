@@ -21,18 +21,20 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from ..bundles import DUMP_BATCH
+from ..bundles import DUMP_BATCH, LoadResult
+from ..cache import Cache
 from ..codec import (
     BUNDLE_HEADER_SIZE,
     BUNDLE_MAGIC,
     FLAG_SIGNED,
     Limits,
+    SecretKeys,
     bundle_count,
     decode_bundle,
     encode_bundle,
     normalize_secret,
 )
-from ..errors import InvalidBundleError
+from ..errors import BackendError, InvalidBundleError, ReadOnlyBackendError
 from ..signing import SIG_SIZE
 from .context import CommandContext, Handler, Skipped
 from .fmt import Progress, clean, human_size
@@ -241,14 +243,23 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     before = cache.stats()
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = unsigned = withheld = 0
+    failures: list[str] = []  # entries the backend could not write (a full disk)
+    overwrite = not args.keep_existing
     for start in range(0, len(blobs), DUMP_BATCH):
         batch = blobs[start : start + DUMP_BATCH]
         # Re-framed per batch so each step is one backend round trip; the whole
-        # bundle's checksum and signature were checked above.
-        result = cache.loads(encode_bundle(batch, secret=secret), overwrite=not args.keep_existing)
-        accepted += result
-        unsigned += result.unsigned
-        withheld += result.withheld
+        # bundle's checksum and signature were checked above. A batch the backend
+        # fails is written again one entry at a time: the entries that fit are kept.
+        try:
+            parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
+        except ReadOnlyBackendError:
+            raise  # nothing will be written: said once
+        except BackendError:
+            parts = _one_by_one(cache, batch, secret, overwrite, failures)
+        for result in parts:
+            accepted += result
+            unsigned += result.unsigned
+            withheld += result.withheld
         progress.step(advance=len(batch))
     progress.close()
     after = cache.stats()
@@ -263,6 +274,8 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld,
         "unsigned": unsigned,
         "withheld_unsigned": withheld,
+        "not_written": len(failures),
+        "write_errors": failures[:5],
     }
     if args.json:
         ctx.emit_json(report)
@@ -277,4 +290,29 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
             print(f"{unsigned} entries are unsigned (no secret checked them)", file=ctx.out)
         if withheld:
             print(f"not written: {withheld} unsigned entries to a shared store", file=ctx.out)
-    return 1 if rejected or corrupt or withheld else 0
+        if failures:
+            print(
+                f"not written: {fmt_count(len(failures), 'entry', 'entries')} the cache "
+                f"could not store ({clean(failures[0])})",
+                file=ctx.out,
+            )
+    return 1 if rejected or corrupt or withheld or failures else 0
+
+
+def _one_by_one(
+    cache: Cache,
+    batch: list[bytes],
+    secret: SecretKeys | None,
+    overwrite: bool,
+    failures: list[str],
+) -> list[LoadResult]:
+    """Load ``batch`` an entry at a time; each the backend fails goes into ``failures``."""
+    results = []
+    for item in batch:
+        try:
+            results.append(cache.loads(encode_bundle([item], secret=secret), overwrite=overwrite))
+        except ReadOnlyBackendError:
+            raise
+        except BackendError as exc:
+            failures.append(str(exc))
+    return results
