@@ -136,7 +136,7 @@ def only_mine(root_fd: int) -> bool:
 def backend_error(root: Path, op: str, exc: OSError, name: str = "") -> BackendError:
     """The typed error for ``exc`` raised by ``op`` on ``name`` under ``root`` (or in it)."""
     where = f"{op} of {root / name}" if name else f"{op} in {root}"
-    if op in ("write", "open") and exc.errno in _READ_ONLY:
+    if (op in ("write", "open") and exc.errno in _READ_ONLY) or exc.errno == errno.EROFS:
         return ReadOnlyBackendError(f"{where}: read-only or no permission ({exc.strerror})")
     if exc.errno in _FULL:
         return BackendError(f"{where}: disk full ({exc.strerror})")

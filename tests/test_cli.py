@@ -195,6 +195,20 @@ def test_caching_off_says_why_the_environments_cache_did_not_open(
     assert err.count("refusing") == 1  # said once: the log line is the command's to say
 
 
+@pytest.mark.parametrize("argv", [["--cache", "", "ls"], ["--cache", " ", "stats"]])
+def test_an_empty_cache_option_is_a_usage_error_not_the_default(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """``--cache "$UNSET"`` must not quietly work on the app's default cache."""
+    assert main(argv) == 2
+    assert "--cache needs a URL" in capsys.readouterr().err
+
+
+def test_an_empty_secret_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cache", "memory://", "--secret", "", "ls"]) == 2
+    assert "may not be empty" in capsys.readouterr().err
+
+
 def test_a_missing_folder_is_named_with_its_escapes_decoded(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -110,6 +110,8 @@ def test_read_only_mount_serves_reads_and_logs_once(
     assert len(warnings) == 2, [r.getMessage() for r in warnings]  # backend once, front once
     with pytest.raises(ReadOnlyBackendError):
         DirectoryBackend(small_tmpfs).set("a/b", b"x")
+    with pytest.raises(ReadOnlyBackendError):  # a delete there says read-only too
+        DirectoryBackend(small_tmpfs).delete(str(key(0)))
 
 
 def test_full_disk_skips_stores_keeps_entries_and_recovers(

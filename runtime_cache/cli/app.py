@@ -41,6 +41,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import (
     InsecureStoreError,
+    InvalidSecretError,
     InvalidURLError,
     InvalidValueError,
     RuntimeCacheError,
@@ -80,6 +81,7 @@ _USAGE_ERRORS = (
     InvalidValueError,
     UnknownBackendError,
     InsecureStoreError,  # a missing secret is a setting to give, like a bad URL option
+    InvalidSecretError,  # --secret "" as much as an empty --secret-file
 )
 
 
@@ -224,6 +226,8 @@ def _run(args: argparse.Namespace) -> int:
     args.secret = getattr(args, "secret", None)
     args.secret_file = getattr(args, "secret_file", None)
     handler: Handler = args.handler
+    if args.cache is not None and not args.cache.strip():  # --cache "$UNSET_VARIABLE"
+        return _fail("--cache needs a URL, such as dir:///path or redis://host:6379/0", 2)
     try:
         keys = resolve_secret(args.secret, args.secret_file)
     except RuntimeCacheError as exc:

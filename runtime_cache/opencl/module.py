@@ -248,7 +248,8 @@ class OpenCLModule(PrecompiledPrograms):
         ``on_progress(done, total)`` is called each time one of the ``total``
         programs this call makes ready is loaded or built (from the loading
         and building threads, one call at a time); the last call is always
-        ``(total, total)``. See :class:`~runtime_cache.opencl.progress.BuildProgress`.
+        ``(total, total)``; with nothing left to make ready it is not called. See
+        :class:`~runtime_cache.opencl.progress.BuildProgress`.
         """
         with self._lock:
             missing = [n for n in self.sources if n not in self._programs]
