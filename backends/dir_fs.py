@@ -16,7 +16,6 @@ caller's bound is read (:func:`read_regular`).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
@@ -314,42 +313,54 @@ def set_aside(dir_fd: int, name: str, prefix: str, seconds: float = JUNK_SECONDS
 
 def remove_tree(dir_fd: int, name: str, prefix: str, deadline: float) -> bool:
     """Remove the folder ``name`` in ``dir_fd`` and all it holds, until ``deadline``
-    (``time.monotonic()``); return whether it is gone.
+    (``time.monotonic()``); return whether it is all gone.
 
     No link is followed, and nothing recurses: each folder found inside is first moved
     up beside ``name`` (under ``prefix`` and 16 hex digits) and removed in its turn, so
     a tree nested thousands deep holds no stack and no descriptor per level. A tree
-    too large for the time left stays, as folders of such names.
+    too large for the time left, or parts of it this process may not remove, stay, as
+    folders of such names.
     """
     pending = [name]
+    complete = True
     while pending:
+        if time.monotonic() > deadline:
+            return False
         current = pending.pop()
         try:
             fd = os.open(current, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=dir_fd)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file or a link by now
+                try:
+                    os.unlink(current, dir_fd=dir_fd)
+                    continue
+                except OSError:
+                    pass
+            complete = False
             continue
         try:
             with os.scandir(fd) as entries:
                 for entry in entries:
                     if time.monotonic() > deadline:
                         return False
-                    if entry.is_dir(follow_symlinks=False):
-                        moved = f"{prefix}{os.urandom(8).hex()}"
-                        try:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            moved = f"{prefix}{os.urandom(8).hex()}"
                             os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=dir_fd)
-                        except OSError:
-                            continue
-                        pending.append(moved)
-                    else:
-                        with contextlib.suppress(OSError):
+                            pending.append(moved)
+                        else:
                             os.unlink(entry.name, dir_fd=fd)
+                    except OSError:
+                        complete = False
         except OSError:
-            pass  # a folder that cannot be listed: left for a later turn
+            complete = False  # a folder that cannot be listed: left for a later turn
         finally:
             os.close(fd)
-        with contextlib.suppress(OSError):
+        try:
             os.rmdir(current, dir_fd=dir_fd)
-    return True
+        except OSError:
+            complete = False
+    return complete
 
 
 def read_umask() -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from runtime_cache.errors import InvalidKeyError
 
 from .dir_fs import open_folder
 
-__all__ = ["SUFFIX", "Found", "key_of", "rel_path", "walk"]
+__all__ = ["SUFFIX", "Found", "key_of", "keys_until", "rel_path", "walk"]
 
 SUFFIX = ".rce"
 _COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
@@ -125,3 +126,14 @@ def walk(root_fd: int, prefix: str = "") -> Iterator[Found]:
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+
+
+def keys_until(root_fd: int, deadline: float | None) -> set[str] | None:
+    """Every key under ``root_fd``, or ``None`` when the walk would run past ``deadline``
+    (``time.monotonic()``; ``None``: no bound)."""
+    keys = set()
+    for found in walk(root_fd):
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        keys.add(found.key)
+    return keys

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import random
 import stat
 import threading
 import time
@@ -206,8 +207,10 @@ class Upkeep:
     # --------------------------------------------------------------- vacuum
     def vacuum(self, seconds: float = VACUUM_SECONDS) -> int:
         """Remove dead writers' temp files, old names set aside and stale lease files;
-        compact the journal. The walk stops after ``seconds`` (a tree someone filled with
-        folders costs each vacuum that long at most); the next vacuum walks it again."""
+        compact the journal. The walk, the lease files and the compaction together stop
+        after about ``seconds`` (a tree someone filled with folders costs each vacuum that
+        long); folders are walked in a random order, so that later vacuums reach what this
+        one did not."""
         removed = 0
         now = time.time()
         deadline = time.monotonic() + seconds
@@ -230,6 +233,9 @@ class Upkeep:
                     if not name.startswith("."):
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(f"{rel}/{name}" if rel else name)
+                            # A random next folder: a walk cut short covers another part.
+                            pick = random.randrange(len(stack))
+                            stack[pick], stack[-1] = stack[-1], stack[pick]
                     elif not own_leftover(name):
                         continue  # not a name of ours: never removed (a user's .tmp-notes)
                     elif name.startswith(".tmp-"):
@@ -238,13 +244,13 @@ class Upkeep:
                         removed += self._remove_old(fd, name, now, deadline)
             finally:
                 os.close(fd)
-        removed += self._vacuum_locks(root_fd, now)
-        self.backend.compact_hits()
+        removed += self._vacuum_locks(root_fd, now, deadline)
+        self.backend.compact_hits(deadline)
         self._touch_marker()
         return removed
 
     @staticmethod
-    def _vacuum_locks(root_fd: int, now: float) -> int:
+    def _vacuum_locks(root_fd: int, now: float, deadline: float) -> int:
         """Remove lease files no one holds and no one touched lately (killed holders leave
         them). Each is locked first and unlinked while locked, as a release does, so a
         taker that opened it meanwhile sees another file and tries again."""
@@ -262,6 +268,8 @@ class Upkeep:
         removed = 0
         try:
             for name in os.listdir(fd):
+                if time.monotonic() > deadline:
+                    break
                 if not name.endswith(".lock"):
                     continue
                 try:

@@ -33,7 +33,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
-from .dir_tree import Found, rel_path, walk
+from .dir_tree import Found, keys_until, rel_path, walk
 from .dir_upkeep import VACUUM_SECONDS, Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
 from .eviction import LockStats
@@ -375,9 +375,11 @@ class DirectoryBackend(Backend):
         """
         return self._upkeep.vacuum(seconds)
 
-    def compact_hits(self) -> None:
-        """Rewrite the hits journal as one line per live key once it passes 1 MiB."""
-        self._journal.compact(set(self.keys()), f"{_TEMP_PREFIX}hits-")
+    def compact_hits(self, deadline: float | None = None) -> None:
+        """Rewrite the hits journal as one line per live key once it passes 1 MiB; the
+        keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
+        live = lambda: keys_until(self.root_fd, deadline)  # noqa: E731 - asked only if large
+        self._journal.compact(live, f"{_TEMP_PREFIX}hits-")
 
     def lease(self, key: str, ttl: float) -> Lease:
         """An ``flock`` on ``<root>/.locks/<digest>.lock`` (see :mod:`.dir_lease`)."""

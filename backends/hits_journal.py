@@ -19,6 +19,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 
 from .dir_fs import NOFOLLOW, create_new
 
@@ -26,8 +27,8 @@ __all__ = ["HitsJournal"]
 
 _MAX_READ = 64 << 20
 #: The most hits a line may add (more digits: junk), and the most any key shows.
-_MAX_DIGITS = 12
-MAX_HITS = 1 << 53
+_MAX_DIGITS = 16
+MAX_HITS = 1 << 53  # 16 digits: what compaction writes, a reader takes
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
 
 
@@ -144,13 +145,16 @@ class HitsJournal:
                 counts[key] = (old + n, last)
         return counts
 
-    def compact(self, live: set[str], temp_prefix: str, min_size: int = 1 << 20) -> None:
+    def compact(
+        self, live: Callable[[], set[str] | None], temp_prefix: str, min_size: int = 1 << 20
+    ) -> None:
         """Rewrite the journal as one line per live key once it exceeds ``min_size`` bytes.
 
-        The new journal is written to a fresh temp file (``O_EXCL``, a random name
-        starting with ``temp_prefix``), then renamed over the old one, which also
-        replaces anything planted there. Appends racing with the rewrite may be
-        lost; counts are advisory.
+        ``live()`` lists the keys that still have entries (asked only when the journal
+        is that large; ``None``: not now, compact another time). The new journal is
+        written to a fresh temp file (``O_EXCL``, a random name starting with
+        ``temp_prefix``), then renamed over the old one, which also replaces anything
+        planted there. Appends racing with the rewrite may be lost; counts are advisory.
         """
         try:
             st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
@@ -158,7 +162,10 @@ class HitsJournal:
             return
         if stat.S_ISREG(st.st_mode) and st.st_size < min_size:
             return
-        counts = {k: v for k, v in self.read().items() if k in live}
+        keys = live()
+        if keys is None:
+            return
+        counts = {k: v for k, v in self.read().items() if k in keys}
         data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items()).encode()
         try:
             fd, temp = create_new(self.dir_fd, temp_prefix, self.mode, self.chmod)

@@ -22,6 +22,7 @@ __all__ = [
     "ENV_SECRET_FILE",
     "cache_folder",
     "default_directory",
+    "default_folder_named",
     "fallback_directory",
     "fallback_name",
     "private_fallback",
@@ -93,6 +94,15 @@ def warn_no_home(reason: str) -> None:
             reason,
             fallback_directory("")[:-1],
         )
+
+
+def default_folder_named() -> str:
+    """The folder :func:`default_directory` would give, found without touching the file
+    system (nothing made, nothing checked): for a command that must not create it."""
+    try:
+        return platformdirs.user_cache_dir("runtime-cache", appauthor=False)
+    except RuntimeError:  # no HOME and no passwd entry
+        return fallback_directory("cache")
 
 
 def default_directory() -> str:

@@ -16,6 +16,7 @@ from .errors import (
     BackendUnavailableError,
     InvalidKeyError,
     NewerFormatError,
+    OverLimitError,
     RuntimeCacheError,
     SignatureError,
 )
@@ -31,7 +32,9 @@ class VerifyReport:
     ``checked`` entries were read; ``bad`` ones failed with a reason
     (``unsigned`` of them only for lack of a signature, while a secret is
     set); ``removed`` of them were deleted. ``newer`` entries are in a newer
-    format and are kept (a newer version of the library reads them).
+    format and are kept (a newer version of the library reads them); ``over_limit``
+    ones are larger than this cache's ``limits`` allow, and are kept as well (a
+    process with larger limits reads them).
     ``skipped`` names could not be read at all (a name that is no key, a file
     the backend cannot open), with the reason; they are never deleted.
     """
@@ -42,6 +45,7 @@ class VerifyReport:
     unsigned: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     newer: int = 0
+    over_limit: int = 0
 
     @property
     def ok(self) -> bool:
@@ -109,6 +113,8 @@ def verify(
             cache.decode(skey, blob)
         except NewerFormatError:
             report.newer += 1
+        except OverLimitError:
+            report.over_limit += 1
         except RuntimeCacheError as exc:
             report.bad.append((skey, str(exc)))
             if isinstance(exc, SignatureError) and _unsigned(cache, blob):

@@ -93,7 +93,9 @@ def _embedded() -> Cache:
     try:
         return _to_cache(folder_url(environment.private_fallback("cache")))
     except Exception as exc:
+        global _open_error
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)
+        _open_error = f"no cache folder could be opened, the cache is in memory: {exc}"
         return _to_cache("memory://")
 
 

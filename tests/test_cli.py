@@ -170,6 +170,13 @@ def test_no_cache_folder_is_made_from_the_environment_or_the_default(
     assert f"no cache at {tmp_path / 'xdg' / 'runtime-cache'}" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]
     assert list((tmp_path / "tmp").iterdir()) == []
+    # A temporary fallback folder from another time changes nothing while the home works.
+    import os
+
+    (tmp_path / "tmp" / f"runtime-cache-{os.getuid()}-cache").mkdir(mode=0o700)
+    assert main(["ls"]) == 1
+    assert f"no cache at {tmp_path / 'xdg' / 'runtime-cache'}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]
 
 
 def test_a_typo_in_a_url_option_is_said_before_a_missing_folder(

@@ -66,6 +66,11 @@ def test_an_entry_past_a_readers_limits_is_refused_there_and_kept_for_others() -
     assert small.get(key) is None and small.get_many([key]) == {}
     assert (small.stats().rejected, small.stats().corrupt) == (2, 0)
     assert rc.Cache(backend).get(key) == b"v" * 1000  # still there for the others
+    from runtime_cache.maintenance import verify
+
+    report = verify(small, repair=True)  # not bad either: kept, and said so
+    assert (report.over_limit, report.bad, report.removed) == (1, [], 0)
+    assert rc.Cache(backend).get(key) == b"v" * 1000
     with pytest.raises(OverLimitError, match="exceeds"):
         codec.decode_entry(backend.get(str(key)) or b"", limits=codec.Limits(max_value_size=100))
 

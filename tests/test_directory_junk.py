@@ -157,14 +157,50 @@ def test_remove_tree_stops_at_its_deadline_and_leaves_the_rest_named_as_its_own(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_vacuum_stops_at_its_budget_and_the_next_one_goes_on(tmp_path: Path) -> None:
+def test_a_vacuum_stops_at_its_budget_and_later_ones_reach_the_rest(tmp_path: Path) -> None:
+    """A tree larger than one vacuum's budget: each walks folders in a random order, so a
+    leftover in any folder is removed by some later vacuum (each used to start over in the
+    same order and never reach the last folders)."""
     backend = DirectoryBackend(tmp_path, max_size=None)
-    backend.set("junk/test/" + "0" * 32, b"v")
-    folder = next(tmp_path.rglob("*.rce")).parent
-    stale = folder / ".tmp-0123456789abcdef"
+    for i in range(40):
+        for j in range(30):
+            (tmp_path / "junk" / f"f{i:02d}" / f"g{j:02d}").mkdir(parents=True)
+    stale = tmp_path / "junk" / "f39" / "g29" / ".tmp-0123456789abcdef"
     stale.write_bytes(b"left by a dead writer")
     assert backend.vacuum(seconds=0.0) == 0 and stale.exists()  # out of time at once
-    assert backend.vacuum() == 1 and not stale.exists()
+    for _ in range(2000):  # each about a millisecond of walking
+        if backend.vacuum(seconds=0.001):
+            break
+    assert not stale.exists()
+
+
+def test_a_large_journal_is_compacted_only_when_its_keys_can_be_listed_in_time(
+    tmp_path: Path,
+) -> None:
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    backend.set("junk/test/" + "0" * 32, b"v")
+    with open(tmp_path / ".hits", "a", encoding="ascii") as journal:
+        journal.write(("1 1.0 junk/test/" + "f" * 32 + "\n") * 30000)  # a removed key's
+    size = os.path.getsize(tmp_path / ".hits")
+    backend.compact_hits(deadline=time.monotonic() - 1)  # no time to list the keys
+    assert os.path.getsize(tmp_path / ".hits") == size
+    backend.compact_hits(deadline=time.monotonic() + 60)
+    assert os.path.getsize(tmp_path / ".hits") < 100
+
+
+def test_remove_tree_keeps_its_deadline_and_says_what_it_left(deep_clean: Path) -> None:
+    top = deep_clean / "top"
+    for i in range(2000):
+        (top / f"d{i}").mkdir(parents=True)
+    fd = os.open(deep_clean, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert remove_tree(fd, "top", ".junk-", time.monotonic() - 1) is False
+        assert top.is_dir()  # nothing done past the deadline
+        (deep_clean / "link").symlink_to(deep_clean / "elsewhere")
+        assert remove_tree(fd, "link", ".junk-", time.monotonic() + 60)  # unlinked, unfollowed
+        assert not (deep_clean / "link").is_symlink()
+    finally:
+        os.close(fd)
 
 
 def test_files_that_only_look_like_leftovers_are_never_removed(tmp_path: Path) -> None:
@@ -187,7 +223,9 @@ def test_files_that_only_look_like_leftovers_are_never_removed(tmp_path: Path) -
 
 
 def test_a_backend_that_raises_something_unexpected_turns_caching_off(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """get_cache() never raises: a bug of ours in an open is logged with its type."""
 
@@ -202,4 +240,8 @@ def test_a_backend_that_raises_something_unexpected_turns_caching_off(
     assert "RecursionError" in caplog.text and "caching is off" in caplog.text
     monkeypatch.delenv("RUNTIME_CACHE")
     rc.reset_cache_provider()
-    assert rc.get_cache().enabled is not None  # the embedded default: broken too, no raise
+    fallback = rc.get_cache()  # the embedded default and its fallback broken too: memory
+    assert fallback.enabled and type(fallback.backend).__name__ == "MemoryBackend"
+    rc.reset_cache_provider()
+    assert main(["ls"]) == 2  # never an empty listing of a cache in memory
+    assert "no cache folder could be opened" in capsys.readouterr().err

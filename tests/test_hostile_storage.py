@@ -434,3 +434,4 @@ def test_import_onto_a_full_disk_keeps_the_entries_that_fit(
     assert main(["--cache", url, "import", "--json", str(bundle)]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["not_written"] == 1 and "full" in report["write_errors"][0]
+    assert report["accepted"] == 5 and report["kept_existing"] == 0  # each entry once

@@ -104,6 +104,16 @@ def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int)
         shutil.rmtree(victim, ignore_errors=True)
 
 
+def test_ls_without_home_makes_no_temporary_folder(fresh_uid: int) -> None:
+    """With no home, the default is the temporary folder: a command that only reads names
+    it and makes nothing (the check itself used to make it)."""
+    done = _as_user(fresh_uid, [sys.executable, "-m", "runtime_cache", "ls"], _env())
+    folder = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-cache"
+    assert done.returncode == 1, done.stderr
+    assert f"no cache at {folder}" in done.stderr and not folder.exists()
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.opencl
 def test_build_program_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> None:
     from opencl_support import opencl_device

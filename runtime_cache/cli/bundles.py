@@ -34,7 +34,12 @@ from ..codec import (
     encode_bundle,
     normalize_secret,
 )
-from ..errors import BackendError, InvalidBundleError, ReadOnlyBackendError
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidBundleError,
+    ReadOnlyBackendError,
+)
 from ..signing import SIG_SIZE
 from .context import CommandContext, Handler, Skipped
 from .fmt import Progress, clean, human_size
@@ -252,9 +257,9 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         # fails is written again one entry at a time: the entries that fit are kept.
         try:
             parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
-        except ReadOnlyBackendError:
-            raise  # nothing will be written: said once
-        except BackendError:
+        except BackendError as exc:
+            if not _some_may_fit(exc):
+                raise  # read-only, or the server is down: nothing will be written, said once
             parts = _one_by_one(cache, batch, secret, overwrite, failures)
         for result in parts:
             accepted += result
@@ -271,7 +276,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "accepted": accepted,
         "rejected_signature": rejected,
         "corrupt": corrupt,
-        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld,
+        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld - len(failures),
         "unsigned": unsigned,
         "withheld_unsigned": withheld,
         "not_written": len(failures),
@@ -311,8 +316,14 @@ def _one_by_one(
     for item in batch:
         try:
             results.append(cache.loads(encode_bundle([item], secret=secret), overwrite=overwrite))
-        except ReadOnlyBackendError:
-            raise
         except BackendError as exc:
+            if not _some_may_fit(exc):
+                raise
             failures.append(str(exc))
     return results
+
+
+def _some_may_fit(exc: BackendError) -> bool:
+    """Whether a failed write may still leave room for smaller entries: a full disk, not a
+    read-only store or a server that is down."""
+    return not isinstance(exc, (ReadOnlyBackendError, BackendUnavailableError))

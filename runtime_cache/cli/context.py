@@ -96,12 +96,23 @@ def _dir_folder(url: str) -> str | None:
 
 
 def _missing_default() -> str | None:
-    try:
-        folder = environment.default_directory()
-    except RuntimeCacheError:
-        return None  # opening it reports the error
-    fallback = environment.fallback_directory("cache")
-    return None if os.path.lexists(folder) or os.path.lexists(fallback) else folder
+    # The embedded default as the provider opens it: the user cache folder, made if it can
+    # be (a home folder that cannot take it: the temporary folder instead). Nothing made here.
+    folder = environment.default_folder_named()
+    if os.path.lexists(folder):
+        return None
+    if not _could_make(folder):
+        fallback = environment.fallback_directory("cache")
+        return None if os.path.lexists(fallback) else fallback
+    return folder
+
+
+def _could_make(folder: str) -> bool:
+    """Whether this user could make ``folder``: its nearest existing parent is writable."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return bool(parent) and os.access(parent, os.W_OK | os.X_OK)
 
 
 def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
@@ -111,7 +122,7 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     The returned cache is strict, so a failing backend is reported instead of
     looking empty.
     """
-    from ..provider import get_cache
+    from ..provider import get_cache, open_error
     from ..registry import open_backend
 
     if isinstance(secret, str):
@@ -126,7 +137,7 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     finally:
         quiet.setLevel(level)
     if not provider.enabled:
-        from ..provider import OFF, open_error
+        from ..provider import OFF
 
         chosen = os.environ.get("RUNTIME_CACHE", "")
         if chosen.strip().lower() in OFF:
@@ -138,6 +149,9 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
             if why
             else "caching is off (the cache could not be opened); pass --cache URL"
         )
+    why = open_error()  # a cache in memory, as the provider's last resort: not the app's
+    if why is not None:
+        raise UsageError(f"{why}; pass --cache URL")
     return Cache(provider.backend, strict=True, secret=secret)
 
 

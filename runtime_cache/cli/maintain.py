@@ -236,6 +236,7 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "removed": report.removed,
                 "unsigned": report.unsigned,
                 "newer_format_kept": report.newer,
+                "over_limit_kept": report.over_limit,
                 "skipped": [{"key": k, "reason": r} for k, r in report.skipped],
                 "ok": report.ok,
                 "signatures_checked": ctx.cache.signed,
@@ -255,6 +256,12 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     if report.newer:
         print(
             f"kept {report.newer} entries in a newer format (a newer version reads them)",
+            file=ctx.out,
+        )
+    if report.over_limit:
+        print(
+            f"kept {report.over_limit} entries larger than this reader's limits "
+            "(a process with larger limits reads them)",
             file=ctx.out,
         )
     if report.unsigned and not args.repair and unsigned_cache:
