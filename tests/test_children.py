@@ -76,7 +76,7 @@ def test_vetting_children_do_not_run_the_planted_module(planted: Path) -> None:
     ctx = opencl_context()
     program = cl.Program(ctx, SCALE_SRC).build()
     vetter = Vetter()
-    assert vetter.vet(ctx.devices, [(program.binaries, [], "")]) == [True]
+    assert vetter.vet(ctx.devices, [(program.binaries, [], "", "")]) == [True]
     assert vetter.started == 1
     assert not planted.exists()
 

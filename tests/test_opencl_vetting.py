@@ -86,6 +86,60 @@ def test_unknown_binaries_are_vetted_once_then_loaded_directly(
     assert len(known) == 1
 
 
+LONG_BOUND_SRC = """
+// a loop bound passed by value, 8 bytes wide: a driver may take a buffer for it
+__kernel void fill(__global float *a, const long n, __local float *scratch) {
+    for (long i = get_global_id(0); i < n; i += get_global_size(0)) a[i] = 2.0f;
+}
+"""
+
+
+def test_a_good_kernel_with_an_8_byte_value_argument_passes_vetting(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial launch gives a by-value argument zero bytes, as its source declares it: it
+    used to get the buffer (PoCL takes one for a long), so n was the buffer's handle, the
+    good kernel overran its buffer in the child, and it was blocklisted and evicted."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl import build_program, opencl_stats
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, LONG_BOUND_SRC, cache=cache)
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    program = build_program(ctx, LONG_BOUND_SRC, cache=cache)
+    stats = opencl_stats()
+    assert (stats.vetted, stats.vet_failures, stats.rejected_binaries) == (1, 0, 0)
+    assert stats.binary_loads == 1 and stats.source_builds == 1  # the first build only
+    queue = cl.CommandQueue(ctx)
+    out = np.zeros(256, np.float32)
+    buffer = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
+    program.fill(queue, (64,), None, buffer, np.int64(256), cl.LocalMemory(256))
+    cl.enqueue_copy(queue, out, buffer)
+    assert (out == 2.0).all()
+
+
+def test_argument_kinds_read_from_the_source() -> None:
+    from runtime_cache.opencl.kernel_args import argument_kinds
+
+    source = """
+    /* kernel void commented(global int *x) {} */
+    __kernel __attribute__((reqd_work_group_size(64, 1, 1)))
+    void a(__global const float4 *restrict x, __constant int *c, local int *l, uint n,
+           read_only image2d_t img, sampler_t s) {}
+    kernel void b(void) {}
+    #if A
+    kernel void twice(global int *x) {}
+    #else
+    kernel void twice(int x) {}
+    #endif
+    """
+    assert argument_kinds(source) == {
+        "a": ["buffer", "buffer", "local", "value", "other", "other"],
+        "b": [],
+    }
+
+
 def test_a_signed_cache_is_trusted_without_a_child(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

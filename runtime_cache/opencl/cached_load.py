@@ -111,7 +111,7 @@ def load_cached_programs(
     drain(read_ahead(chunks, fetch_chunk, background=workers > 1), load, loaders)
     if unknown:
         devices = list(context.devices)
-        items = [(ready, plan.options, plan.options_text) for _, plan, ready in unknown]
+        items = [(r, plan.options, plan.options_text, plan.source) for _, plan, r in unknown]
         keys = [plan.keys for _, plan, _ in unknown]
         may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
         left += [

@@ -22,9 +22,10 @@ from ._driver import import_pyopencl, read_binaries
 from .bundle import pack_programs
 from .capture import remember
 from .counters import counters
+from .guard import Binary
 from .plan import ProgramPlan
 from .program import load_from_binaries, store_binaries
-from .vetting import vet_unknown
+from .vetting import Item, vet_unknown
 
 __all__ = ["load_bundle", "match_programs", "pack_built"]
 
@@ -89,7 +90,7 @@ def load_bundle(
     unsigned = [name for name, (_, _, signed) in complete.items() if not signed]
     load = vet_unknown(
         list(context.devices),
-        [(complete[n][0], plans[n].options, plans[n].options_text) for n in unsigned],
+        [_item(complete[n][0], plans[n]) for n in unsigned],
         trusted=False,
         keys=[plans[n].keys for n in unsigned],
     )
@@ -148,3 +149,8 @@ def pack_built(
         took = seconds.get(name, 0.0)
         items.extend((k, b, took) for k, b in zip(plan.keys, binaries, strict=True))
     return pack_programs(items)
+
+
+def _item(binaries: Sequence[Binary], plan: ProgramPlan) -> Item:
+    """What a vetting child is given of one program."""
+    return (binaries, plan.options, plan.options_text, plan.source)

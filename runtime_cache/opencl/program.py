@@ -236,7 +236,7 @@ def fetch(
     signed = cache.signed
     unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys)
     if vet and unknown:  # tried in a child first
-        item = (ready, plan.options, plan.options_text)
+        item = (ready, plan.options, plan.options_text, plan.source)
         if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:
             return None  # could not vet here: a local miss, nothing evicted
     return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)

@@ -71,8 +71,9 @@ LOAD_TIMEOUT = 120.0
 #: Programs per child below which a batch is not spread over more children.
 BATCH = 8
 
-#: ``(binaries, options, options text)`` of one program.
-Item = tuple[Sequence[Binary], list[str], str]
+#: ``(binaries, options, options text, source)`` of one program (the source tells the
+#: child each kernel argument's kind: see :mod:`.kernel_args`).
+Item = tuple[Sequence[Binary], list[str], str, str | bytes]
 #: The outcome of a child that could not vet for reasons of its own (a full disk...).
 LOCAL: Literal["local"] = "local"
 #: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``None`` no child.
@@ -217,12 +218,14 @@ class Vetter:
         self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
         replies: list[Outcome] = []
-        for binaries, options, options_text in items:
+        for binaries, options, options_text, source in items:
             watchdog = threading.Timer(LOAD_TIMEOUT, process.kill)
             watchdog.daemon = True
             watchdog.start()
             try:
-                write_message(process.stdin, ["load", "", list(binaries), options, options_text])
+                text = source if isinstance(source, str) else source.decode("utf-8", "replace")
+                job = ["load", "", list(binaries), options, options_text, text]
+                write_message(process.stdin, job)
                 reply = read_message(process.stdout)[1]
                 replies.append(LOCAL if reply == LOCAL else reply is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):

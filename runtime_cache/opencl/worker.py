@@ -63,18 +63,28 @@ _LAUNCH_SIZES = (1, 64)
 _SCALAR_SIZES = (4, 8, 2, 1, 16, 32, 64, 128, 256)
 
 
-def _fill_args(cl: Any, kernel: Any, buffer: Any) -> bool:
+def _fill_args(cl: Any, kernel: Any, buffer: Any, kinds: list[str] | None) -> bool:
     """Give every argument a harmless value: a zeroed buffer, local memory, or zero bytes.
 
-    Binaries carry no argument info, but the driver checks each argument's kind
-    and size, so the first value it takes fits. ``False`` when none fits (images,
-    samplers): that kernel is created but not launched.
+    ``kinds`` are the arguments' kinds as the source declares them
+    (:func:`.kernel_args.argument_kinds`). Without them (no source, a kernel made by
+    a macro), the first value the driver takes is used: binaries carry no argument
+    info, and most drivers check each argument's kind and size. ``False`` when none
+    fits (images, samplers): that kernel is created but not launched.
     """
     import numpy as np
 
+    from .kernel_args import BUFFER, LOCAL, VALUE
+
+    if kinds is not None and len(kinds) != kernel.num_args:
+        kinds = None  # the source says otherwise than the binary: guess as before
+    scalars = [np.zeros(size, np.uint8) for size in _SCALAR_SIZES]
+    by_kind = {BUFFER: [buffer], LOCAL: [cl.LocalMemory(1024)], VALUE: scalars}
     for index in range(kernel.num_args):
-        candidates = [buffer, cl.LocalMemory(1024)]
-        candidates += [np.zeros(size, np.uint8) for size in _SCALAR_SIZES]
+        if kinds is None:
+            candidates = [buffer, cl.LocalMemory(1024), *scalars]
+        else:
+            candidates = by_kind.get(kinds[index], [])  # an image or a sampler: none
         for value in candidates:
             try:
                 kernel.set_arg(index, value)
@@ -90,8 +100,10 @@ def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
     import numpy as np
 
     from ._driver import create_and_build
+    from .kernel_args import argument_kinds
 
-    _, binaries, options, options_text = job
+    _, binaries, options, options_text, *rest = job
+    kinds = argument_kinds(rest[0]) if rest and isinstance(rest[0], str) else {}
     program = create_and_build(cl, context, devices, binaries, options, options_text)
     # Some drivers (PoCL, Mali) compile a kernel only at its first launch, and may crash
     # there on a bad binary. PoCL compiles a work-group function per local size, with a
@@ -104,7 +116,7 @@ def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
     for device in devices:
         queue = cl.CommandQueue(context, device)
         for kernel in kernels:
-            if _fill_args(cl, kernel, buffer):
+            if _fill_args(cl, kernel, buffer, kinds.get(kernel.function_name)):
                 for size in _LAUNCH_SIZES:
                     cl.enqueue_nd_range_kernel(queue, kernel, (size,), None)
         queue.finish()
