@@ -18,7 +18,15 @@ from .codec import Limits, SecretKeys, decode_bundle
 from .errors import CorruptEntryError, RejectedEntryError
 from .listing import OnProgress, OnSkip
 
-__all__ = ["DUMP_BATCH", "LoadResult", "Screened", "good_blobs", "merge_bundle", "screen_bundle"]
+__all__ = [
+    "CODE_PURPOSES",
+    "DUMP_BATCH",
+    "LoadResult",
+    "Screened",
+    "good_blobs",
+    "merge_bundle",
+    "screen_bundle",
+]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +160,17 @@ def good_blobs(
     return found
 
 
+#: Purposes whose values a consumer runs as native code with no check of its own (the
+#: OpenCL driver-cache carrier's files, ``runtime_cache.opencl.driver_cache.PURPOSE``):
+#: a bundle brings them only signed, whatever store it is loaded into.
+CODE_PURPOSES = frozenset({"driver-cache"})
+
+
+def _purpose(skey: str) -> str:
+    parts = skey.split("/")
+    return parts[1] if len(parts) == 3 else ""
+
+
 def merge_bundle(
     data: bytes,
     backend: Backend,
@@ -164,8 +183,9 @@ def merge_bundle(
 ) -> LoadResult:
     """Screen a bundle's entries and ``store`` those accepted (``Cache.loads``).
 
-    Unsigned entries (no ``secret``) are never stored in a shared backend: they
-    are counted as ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing.
+    Unsigned entries (no ``secret``) are never stored in a shared backend, and
+    unsigned entries of :data:`CODE_PURPOSES` in none: they are counted as
+    ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing.
     """
     blobs = decode_bundle(data, secret=secret, limits=limits)
     screened = screen_bundle(blobs, secret, limits)
@@ -178,8 +198,19 @@ def merge_bundle(
             failed("get_many", exc)
             present = set()
         accepted = {k: v for k, v in accepted.items() if k not in present}
+    if accepted and secret is None:
+        code = [k for k in accepted if _purpose(k) in CODE_PURPOSES]
+        for skey in code:  # native code that nothing checks after: only ever signed
+            del accepted[skey]
+        if code:
+            withheld += len(code)
+            log.warning(
+                "runtime-cache: not writing %d unsigned bundle entries that hold native code "
+                "(a driver's cache files): sign the bundle to carry them",
+                len(code),
+            )
     if accepted and secret is None and backend.shared:
-        withheld, accepted = len(accepted), {}
+        withheld, accepted = withheld + len(accepted), {}
         log.warning(
             "runtime-cache: not writing %d unsigned bundle entries to the shared store %r",
             withheld,

@@ -283,6 +283,23 @@ def test_a_cache_made_in_code_says_it_does_not_read_the_secret_variable(
 
 
 # --------------------------------------------------------------- unsigned bundles
+def test_an_unsigned_bundle_never_brings_native_code_even_into_a_private_store() -> None:
+    """A driver's cache files are loaded with no check of ours: from a bundle, only signed
+    (an adversarial review ran its own library in the victim through one)."""
+    drv = rc.make_key(module_id="m", runtime="opencl", purpose="driver-cache")
+    prog = rc.make_key(module_id="m", runtime="opencl", purpose="program-binary")
+    source = rc.Cache(MemoryBackend())
+    source.put(drv, b"files")
+    source.put(prog, b"binary")
+    private = rc.Cache(MemoryBackend())
+    result = private.loads(source.dumps())
+    assert (int(result), result.withheld) == (1, 1)
+    assert private.get(prog) == b"binary" and private.get(drv) is None
+    signer = rc.Cache(MemoryBackend(), secret=SECRET)
+    signer.put(drv, b"files")
+    trusting = rc.Cache(MemoryBackend(), secret=SECRET)
+    assert int(trusting.loads(signer.dumps())) == 1 and trusting.get(drv) == b"files"
+
 def test_an_unsigned_bundle_is_reported_and_never_written_to_a_shared_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
