@@ -236,6 +236,34 @@ def test_program_never_returns_another_kernels_program(ctx: Any, tmp_path: Path)
     assert np.array_equal(_scale(ctx, again), EXPECTED)
 
 
+def test_build_program_never_returns_a_program_without_its_kernels(
+    ctx: Any, tmp_path: Path
+) -> None:
+    """build_program() (and install(), through the same check) is asked for no kernel: a
+    program that holds none of its source's kernels is evicted and built from source (it was
+    served, and marked known, on every run)."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl import build_program, opencl_stats
+    from runtime_cache.opencl.program import plan_program
+
+    store = rc.open_backend(f"dir://{tmp_path / 'own'}")
+    cache = rc.Cache(store)
+    for source in (SCALE_SRC, SHIFT_SRC):
+        build_program(ctx, source, cache=cache, module_id="m")
+    scale_keys = plan_program(ctx, SCALE_SRC, module_id="m").keys
+    shift_keys = plan_program(ctx, SHIFT_SRC, module_id="m").keys
+    assert scale_keys is not None and shift_keys is not None
+    shift = store.get(str(shift_keys[0]))
+    assert shift is not None
+    store.set(str(scale_keys[0]), _transplant(shift, scale_keys[0], rewrite_parts=True))
+    for _ in range(2):  # the second run loads the rebuilt program from the cache
+        program = build_program(ctx, SCALE_SRC, cache=cache, module_id="m")
+        assert program.get_info(cl.program_info.KERNEL_NAMES).split(";") == ["scale"]
+    stats = opencl_stats()
+    assert (stats.rejected_binaries, stats.source_builds, stats.binary_loads) == (1, 3, 2)
+
+
 def test_program_from_two_threads_at_once_is_the_rebuilt_one(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,7 +96,7 @@ def _cached_build(
         from ..keys import module_id_from_sources
         from ..provider import get_cache
         from .counters import counters
-        from .program import fetch, plan_program
+        from .program import fetch, holds_its_kernels, plan_program
         from .write_behind import store_now, write_behind
 
         store = _cache if _cache is not None else get_cache()
@@ -113,7 +113,7 @@ def _cached_build(
             _restore_driver_cache(context, store)
             started = time.perf_counter()
             loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
-            if loaded is not None:
+            if loaded is not None and holds_its_kernels(store, plan, loaded):
                 self._prg = loaded._prg
                 self._build_duration_info = (
                     "runtime-cache retrieval",

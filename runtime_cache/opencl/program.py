@@ -26,6 +26,7 @@ from ._driver import (
     create_and_build,
     driver_options_text,
     import_pyopencl,
+    kernel_names,
     options_text,
     original_build,
     read_binaries,
@@ -35,6 +36,7 @@ from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
 from .includes import Options, include_digests, normalize_options
+from .kernel_args import argument_kinds
 from .plan import ProgramPlan
 from .vetting import screen_binaries, vet_unknown
 
@@ -242,6 +244,21 @@ def fetch(
     return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)
 
 
+def holds_its_kernels(cache: Cache, plan: ProgramPlan, program: Any) -> bool:
+    """Whether ``program``, loaded from cached binaries, holds a kernel that its source
+    declares; when it holds none (another program's binary under this key, in a store
+    nothing signs), its entries are evicted and ``False`` returned. ``True`` when the
+    source or the driver cannot tell. (``OpenCLModule`` checks the kernel it is asked for.)
+    """
+    source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
+    declared = argument_kinds(source)
+    names = kernel_names(program) if declared else None
+    if names is None or set(declared) & set(names):
+        return True
+    evict(cache, plan, "the program holds none of the kernels its source declares")
+    return False
+
+
 def load_cached(
     context: Any,
     plan: ProgramPlan,
@@ -332,7 +349,7 @@ def build_program(
         counters.add(uncacheable=1)
     else:
         program = fetch(context, plan, store, store.get_many_views(plan.keys))
-        if program is not None:
+        if program is not None and holds_its_kernels(store, plan, program):
             return program
     program, seconds = source_build(context, plan)
     if plan.keys is not None:
