@@ -262,6 +262,8 @@ class RedisBackend(Backend):
         return self.prefix + key
 
     def _strip(self, raw: bytes) -> str | None:
+        # The name under this prefix, or None (not ours). A name whose first component holds
+        # a ":" belongs to a namespace nested in this one, or is a lease: see _own_name.
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -301,7 +303,11 @@ class RedisBackend(Backend):
         else:
             raw = client.scan_iter(match=match, count=1000, _type="string")
         found = (self._strip(k) for k in raw)
-        return list(dict.fromkeys(k for k in found if k is not None and k.startswith(prefix)))
+        return list(
+            dict.fromkeys(
+                k for k in found if k is not None and k.startswith(prefix) and _own_name(k)
+            )
+        )
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run("keys", lambda c: self._scan_keys(c, prefix)))
@@ -347,10 +353,13 @@ class RedisBackend(Backend):
         return self._run("head", read)
 
     def lease(self, key: str, ttl: float) -> Lease:
-        """A lease under ``lease:<prefix><key>``, outside the prefix so listings never see it."""
+        """A lease under ``<prefix>lease:<key>``: inside the namespace, so a Redis user
+        limited to it (an ACL on ``<prefix>*``) can take it; listings leave it out (its
+        first component holds a ``:``)."""
         from .redis_lease import RedisLease
 
-        return RedisLease(self._run, "lease:" + self._full(key), key, ttl)
+        self._full(key)  # the key rules of entries
+        return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl)
 
     def _sizes(self, client: Any, keys: list[str]) -> list[StoredItem]:
         items: list[StoredItem] = []
@@ -390,3 +399,11 @@ class RedisBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.name} prefix={self.prefix!r} {self.breaker.state}>"
+
+
+def _own_name(name: str) -> bool:
+    """Whether ``name`` (under this backend's prefix) is an entry of this namespace: a name
+    whose first ``/`` component holds a ``:`` is a lease (``lease:...``) or belongs to a
+    namespace nested in this one (``namespace=team`` must not list, clear or repair
+    ``team:ml``'s entries). Cache keys (``runtime/purpose/digest``) never hold one there."""
+    return ":" not in name.partition("/")[0]

@@ -3,7 +3,9 @@
 The holder renews the expiry every ``ttl / 3`` seconds while its build runs, and
 both renewal and release compare the token first (in one Lua script), so a
 holder whose lease expired never extends or deletes the next holder's. A killed
-holder stops renewing, and its lease expires after at most ``ttl`` seconds.
+holder stops renewing, and its lease expires after at most ``ttl`` seconds. Whatever else
+sits at a lease's name (another type, no expiry, an expiry far past ``ttl``) is removed
+when a lease is taken, so a planted key holds nobody off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ __all__ = ["RedisLease"]
 
 Runner = Callable[[str, Callable[[Any], Any]], Any]
 
+#: Take the lease: ``SET NX PX``, after removing what cannot be a live lease at its name (a
+#: key of another type, or one that never expires or expires far later than a lease may:
+#: planted, it would hold every process off until its wait gave up).
+_TAKE = (
+    "local t = redis.call('type', KEYS[1])['ok'] "
+    "if t ~= 'none' then "
+    "  local left = redis.call('pttl', KEYS[1]) "
+    "  if t ~= 'string' or left < 0 or left > tonumber(ARGV[2]) * 10 then "
+    "    redis.call('del', KEYS[1]) end end "
+    "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"
+)
 _RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
@@ -46,7 +59,7 @@ class RedisLease(Lease):
 
     def _take(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
-        return bool(self._run("lease", lambda c: c.set(name, token, nx=True, px=ms)))
+        return bool(self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms)))
 
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms

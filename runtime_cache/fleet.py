@@ -24,6 +24,7 @@ The fleet does no I/O itself: leases and reads go through the backend.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,6 +35,9 @@ from .keys import CacheKey
 from .stats import CacheStats, Counters
 
 __all__ = ["Fleet", "LeasePolicy", "present"]
+
+log = logging.getLogger(__name__)
+_lease_failed = threading.Event()  # a lease failure has been logged in this process
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,15 @@ def try_acquire(lease: Lease) -> bool | None:
     """
     try:
         return lease.acquire()
-    except Exception:
+    except Exception as exc:
+        # Said once per process: every later build goes on without a lease the same way.
+        if not _lease_failed.is_set():
+            _lease_failed.set()
+            log.warning(
+                "runtime-cache: cannot take a build lease (%s); building without one, so "
+                "other processes may build the same programs",
+                exc,
+            )
         return None
 
 

@@ -193,3 +193,80 @@ def test_tls_options_reach_redis_py() -> None:
     assert "pw" not in repr(backend) and "pw" not in backend.name  # never log a password
     with pytest.raises(InvalidURLError):  # TLS options need rediss://
         rc.open_backend("redis://cache.example:6379/0?ssl_cert_reqs=none")
+
+
+def test_a_namespace_never_lists_or_clears_one_nested_in_it(
+    redis_server: RedisProcess, unique_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """namespace=team must not see team:ml's entries (its clear and verify --repair deleted
+    them), nor the leases kept beside its entries."""
+    from runtime_cache.cli import main
+
+    outer = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}team:&insecure=1"))
+    inner = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}team:ml:&insecure=1"))
+    mine = rc.make_key(module_id="outer", runtime="demo", purpose="t")
+    theirs = [rc.make_key(module_id=f"inner{i}", runtime="demo", purpose="t") for i in range(2)]
+    outer.put(mine, b"outer")
+    for k in theirs:
+        inner.put(k, b"inner")
+    lease = outer.backend.lease(str(mine), 30.0)
+    assert lease.acquire()
+    assert list(outer.backend.keys()) == [str(mine)]
+    url = f"{redis_server.url}?prefix={unique_prefix}team:&insecure=1"
+    assert main(["--cache", url, "verify", "--repair"]) == 0
+    assert main(["--cache", url, "clear", "--yes"]) == 0
+    capsys.readouterr()
+    assert outer.get(mine) is None and all(inner.get(k) == b"inner" for k in theirs)
+    assert lease.renew()  # the lease survived the clear
+    lease.release()
+    _drop(inner.backend)
+
+
+@pytest.mark.parametrize("plant", ["no expiry", "a list", "a day"])
+def test_a_key_planted_at_a_lease_holds_nobody_off(
+    redis_server: RedisProcess, unique_prefix: str, plant: str
+) -> None:
+    import redis
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    direct = redis.Redis(port=redis_server.port)
+    name = f"{unique_prefix}lease:demo/t/abc"
+    if plant == "no expiry":
+        direct.set(name, b"forever")
+    elif plant == "a list":
+        direct.rpush(name, b"x")
+    else:
+        direct.set(name, b"long", px=86_400_000)
+    lease = backend.lease("demo/t/abc", 30.0)
+    assert lease.acquire()  # taken at once: the planted key could never have expired in time
+    assert 0 < direct.pttl(name) <= 30_000
+    assert not backend.lease("demo/t/abc", 30.0).acquire()  # a live lease stays a lease
+    lease.release()
+    direct.close()
+    _drop(backend)
+
+
+def test_a_redis_user_limited_to_its_namespace_takes_leases(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """An ACL on <prefix>* (least privilege): leases live inside the namespace, so they work;
+    they used to fail, and every process built everything, with nothing said."""
+    import redis
+
+    direct = redis.Redis(port=redis_server.port)
+    user = f"u{unique_prefix[:-1]}"
+    direct.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=[f"{unique_prefix}*"], commands=["+@all"]
+    )
+    try:
+        url = f"redis://{user}:pw@127.0.0.1:{redis_server.port}/0?prefix={unique_prefix}"
+        backend = _open(url)
+        lease = backend.lease("demo/t/abc", 30.0)
+        assert lease.acquire() and lease.renew()
+        lease.release()
+        backend.set("demo/t/abc", b"v")
+        assert backend.get("demo/t/abc") == b"v"
+        _drop(backend)
+    finally:
+        direct.acl_deluser(user)
+        direct.close()
