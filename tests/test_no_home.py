@@ -68,7 +68,7 @@ def fresh_uid() -> int:
         pytest.skip(f"uid {UID} has a passwd entry here")
     except KeyError:
         pass
-    for kind in ("cache", "state"):
+    for kind in ("cache", "state", "driver"):
         shutil.rmtree(Path(tempfile.gettempdir()) / f"runtime-cache-{UID}-{kind}", True)
     return UID
 
@@ -102,6 +102,14 @@ def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int)
     finally:
         planted.unlink(missing_ok=True)
         shutil.rmtree(victim, ignore_errors=True)
+
+
+def test_the_driver_cache_switched_on_without_home_warns_not_raises(fresh_uid: int) -> None:
+    script = "import runtime_cache.opencl, os; print('driver', os.environ.get('POCL_CACHE_DIR'))"
+    done = _as_user(fresh_uid, [sys.executable, "-c", script], _env(RUNTIME_CACHE_DRIVER_CACHE="1"))
+    assert done.returncode == 0, done.stderr
+    assert f"runtime-cache-{fresh_uid}-driver" in done.stdout
+    assert "Traceback" not in done.stderr
 
 
 def test_ls_without_home_makes_no_temporary_folder(fresh_uid: int) -> None:

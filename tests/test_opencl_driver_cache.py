@@ -285,6 +285,48 @@ def test_a_set_that_crashed_a_process_is_dropped(
     assert not (tmp_path / "driver" / "pocl" / "CRASH").exists()
 
 
+def test_a_set_that_crashed_a_process_is_also_removed_from_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restored by the run that crashed, its files stay where the driver loads them: the
+    crash repeated on every later run, after the entry itself was gone."""
+    ctx = opencl_context()
+    pocl = tmp_path / "driver" / "pocl"
+    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(tmp_path / "driver"))
+    monkeypatch.setenv("POCL_CACHE_DIR", str(pocl))
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
+    cache = rc.Cache(MemoryBackend())
+    session = DriverCacheSession(cache, ctx.devices[0], "crashy2", driver="pocl")
+    assert session.key is not None
+    value = pack_padded([("CRASH/x.so", True, b"boom")])
+    cache.put(session.key, value)
+    (pocl / "CRASH").mkdir(parents=True, mode=0o700)
+    (pocl / "CRASH" / "x.so").write_bytes(b"boom")  # what the crashed run restored
+    (pocl / "OTHER.so").write_bytes(b"the driver's own")
+    guard.block([binary_digest(value)])
+    assert session.restore() == 0
+    assert not (pocl / "CRASH" / "x.so").exists() and (pocl / "OTHER.so").exists()
+
+
+def test_a_driver_folder_others_can_write_is_neither_restored_nor_captured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = opencl_context()
+    root = tmp_path / "driver"
+    (root / "pocl").mkdir(parents=True)
+    os.chmod(root / "pocl", 0o777)  # as in a 1777 folder where another user made it
+    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(root))
+    monkeypatch.setenv("POCL_CACHE_DIR", str(root / "pocl"))
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
+    cache = rc.Cache(MemoryBackend())
+    session = DriverCacheSession(cache, ctx.devices[0], "shared-folder", driver="pocl")
+    assert session.key is not None
+    cache.put(session.key, pack_padded([("K/x.so", True, b"lib")]))
+    assert session.restore() == 0 and not (root / "pocl" / "K").exists()
+    (root / "pocl" / "planted.so").write_bytes(b"someone else's")
+    assert session.capture() is False
+
+
 def test_restore_adds_only_missing_files_and_capture_stores_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import environment
 from ..cache import Cache
 from ..errors import CorruptEntryError
 from ..keys import CacheKey, make_key
@@ -47,6 +48,8 @@ from .driver_files import (
     DriverFile,
     add_missing,
     pack_files,
+    private_folder,
+    remove_files,
     restore_indexed,
     snapshot,
     sweep_temporaries,
@@ -103,7 +106,11 @@ def _root() -> str:
         return os.path.abspath(os.path.expanduser(env))
     import platformdirs
 
-    return os.path.join(platformdirs.user_cache_dir("runtime-cache-driver", appauthor=False))
+    try:
+        return platformdirs.user_cache_dir("runtime-cache-driver", appauthor=False)
+    except RuntimeError as exc:  # no HOME and no passwd entry: one warning, as for the cache
+        environment.warn_no_home(str(exc))
+        return environment.fallback_directory("driver")
 
 
 def prepare() -> dict[str, str]:
@@ -243,15 +250,19 @@ class DriverCacheSession:
             self._harvest = not per_module and bool(snapshot(folder))
             return 0
         digest = binary_digest(value)
-        if guard.blocked([digest]):
-            log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
-            self.cache.delete(key)
-            return 0
         try:
             files = unpack_files(value)
         except CorruptEntryError as exc:
             log.warning("runtime-cache: a driver-cache entry is malformed (%s); dropping it", exc)
             self.cache.delete(key)
+            return 0
+        if guard.blocked([digest]):
+            log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
+            self.cache.delete(key)
+            remove_files(folder, files)  # restored earlier: the driver would load them again
+            return 0
+        if not private_folder(folder):
+            log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
             return 0
         self._mine = {name for name, _, _ in files}
         added = add_missing(folder, files) if per_module else restore_indexed(folder, files)
@@ -271,8 +282,8 @@ class DriverCacheSession:
         with self._lock:
             if self.key is None or self.folder is None or not self._restore_done:
                 return False
-            if not trusted_source(self.cache):
-                return False  # nobody could restore them from here
+            if not trusted_source(self.cache) or not private_folder(self.folder):
+                return False  # nobody could restore them from here, or others wrote them
             now = snapshot(self.folder)
             # Sizes, not times: PoCL rewrites a program's files on each load.
             changed = {n for n, s in now.items() if self._baseline.get(n, (-1,))[0] != s[0]}

@@ -30,6 +30,8 @@ __all__ = [
     "add_missing",
     "capture_build",
     "pack_files",
+    "private_folder",
+    "remove_files",
     "restore_indexed",
     "snapshot",
     "sweep_temporaries",
@@ -267,3 +269,36 @@ def sweep_temporaries(folders: Mapping[str, bool]) -> int:
                 except OSError:
                     continue
     return removed
+
+
+def private_folder(folder: str) -> bool:
+    """Whether ``folder`` and the folder above it are this user's own and writable by no
+    one else (or not made yet): only then are a driver's files restored into it or
+    packed from it, since anyone who could write there could plant links or libraries."""
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:  # not POSIX: no owners to check
+        return True
+    for path in (folder, os.path.dirname(folder)):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                info = os.stat(path)  # a link the user made to their own folder is theirs
+            except OSError:
+                return False
+            if os.lstat(path).st_uid not in (geteuid(), 0):
+                return False  # a link someone else put there
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != geteuid() or info.st_mode & 0o022:
+            return False
+    return True
+
+
+def remove_files(folder: str, files: Sequence[DriverFile]) -> None:
+    """Remove ``files`` (as :func:`unpack_files` gives them) from ``folder``, where they are."""
+    for name, _, _ in files:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
