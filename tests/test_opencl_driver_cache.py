@@ -308,6 +308,36 @@ def test_a_set_that_crashed_a_process_is_also_removed_from_the_folder(
     assert not (pocl / "CRASH" / "x.so").exists() and (pocl / "OTHER.so").exists()
 
 
+def test_restored_files_stop_taking_the_blame_once_the_process_lived_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A healthy app killed long after its loads (a container stopped) must not have its
+    good driver-cache set dropped by the next start."""
+    import time
+
+    from runtime_cache.opencl import driver_cache as carrier
+
+    monkeypatch.setattr(carrier, "SETTLE_AFTER", 0.2)
+    ctx = opencl_context()
+    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(tmp_path / "driver"))
+    monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "driver" / "pocl"))
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
+    cache = rc.Cache(MemoryBackend())
+    session = DriverCacheSession(cache, ctx.devices[0], "lives-on", driver="pocl")
+    assert session.key is not None
+    value = pack_padded([("K/x.so", True, b"lib")])
+    cache.put(session.key, value)
+    assert session.restore() == 1
+    digest = binary_digest(value)
+    assert digest in guard._loading  # blamed while the programs load
+    for _ in range(50):
+        if digest not in guard._loading:
+            break
+        time.sleep(0.05)
+    assert digest not in guard._loading
+    session.settle()  # settling again (at exit) is harmless
+
+
 def test_a_driver_folder_others_can_write_is_neither_restored_nor_captured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -76,6 +76,10 @@ log = logging.getLogger(__name__)
 
 PURPOSE = "driver-cache"
 ENV_SWITCH = "RUNTIME_CACHE_DRIVER_CACHE"
+#: Seconds after a restore at which its files stop taking the blame for a crash, if the
+#: process has not settled them sooner (a driver that trips over its cache files does it
+#: while loading the programs or at their first launch, within seconds).
+SETTLE_AFTER = 60.0
 ENV_DIR = "RUNTIME_CACHE_DRIVER_DIR"
 
 
@@ -213,6 +217,7 @@ class DriverCacheSession:
         self._restore_done = False
         self._lock = threading.Lock()
         self._watch = contextlib.ExitStack()
+        self._settling = threading.Lock()  # settle() runs from a timer too
         _live.add(self)
 
     @property
@@ -271,11 +276,18 @@ class DriverCacheSession:
         # Until the module's programs loaded and ran, a crash is blamed on these files
         # (not while they are written: a kill then is no fault of theirs).
         self._watch.enter_context(guard.loading([digest]))
+        # A process that lives on past the loads and first launches did not crash on these
+        # files: one killed later (a container stopped, the OOM killer) must not drop them.
+        timer = threading.Timer(SETTLE_AFTER, self.settle)
+        timer.daemon = True
+        timer.start()
+        self._watch.callback(timer.cancel)
         return added
 
     def settle(self) -> None:
         """The module's programs loaded and ran: restored files no longer take the blame."""
-        self._watch.close()
+        with self._settling:
+            self._watch.close()
 
     def capture(self) -> bool:
         """Store the files the driver added since the restore; return whether it stored."""
