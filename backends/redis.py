@@ -25,6 +25,7 @@ down, timeout; these open the circuit breaker) or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,8 +68,14 @@ def _import_redis() -> Any:
 
 
 #: Compare-and-delete, run atomically by the server.
+#: Delete a key while it holds the value whose SHA-1 is ARGV[1]: the digest is sent, not the
+#: value (a planted 500 MB value, sent back whole, timed out and opened the breaker). A key
+#: of another type is no entry: it goes too.
 _DELETE_IF = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+    "local t = redis.call('TYPE', KEYS[1])['ok'] "
+    "if t == 'none' then return 0 end "
+    "if t ~= 'string' or redis.sha1hex(redis.call('GET', KEYS[1])) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) end return 0"
 )
 
 
@@ -276,7 +283,7 @@ class RedisBackend(Backend):
     # -------------------------------------------------------------- contract
     def get(self, key: str) -> bytes | None:
         full = self._full(key)
-        value: bytes | None = self._run("get", lambda c: c.get(full))
+        value: bytes | None = self._run("get", lambda c: _get_string(c, full))
         return value
 
     def set(self, key: str, value: bytes) -> None:
@@ -288,9 +295,10 @@ class RedisBackend(Backend):
         return bool(self._run("delete", lambda c: c.delete(full)))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
-        """Remove ``key`` only if it holds ``expected``: one Lua script, atomic on the server."""
-        full, data = self._full(key), bytes(expected)
-        return bool(self._run("delete_if", lambda c: c.eval(_DELETE_IF, 1, full, data)))
+        """Remove ``key`` only if it holds ``expected`` (compared by SHA-1 on the server, in
+        one Lua script), or holds something other than a string."""
+        full, digest = self._full(key), hashlib.sha1(expected).hexdigest()
+        return bool(self._run("delete_if", lambda c: c.eval(_DELETE_IF, 1, full, digest)))
 
     def _scan_keys(self, client: Any, prefix: str) -> list[str]:
         match = (self.prefix + prefix).translate(_GLOB) + "*"
@@ -407,3 +415,17 @@ def _own_name(name: str) -> bool:
     namespace nested in this one (``namespace=team`` must not list, clear or repair
     ``team:ml``'s entries). Cache keys (``runtime/purpose/digest``) never hold one there."""
     return ":" not in name.partition("/")[0]
+
+
+def _get_string(client: Any, name: str) -> bytes | None:
+    """``GET``, where a key of another type (a list planted at an entry's name) is a miss,
+    not an error: an error would count as an outage, logged and counted on every read."""
+    import redis
+
+    try:
+        value: bytes | None = client.get(name)
+    except redis.ResponseError as exc:
+        if str(exc).startswith("WRONGTYPE"):
+            return None
+        raise
+    return value

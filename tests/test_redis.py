@@ -270,3 +270,37 @@ def test_a_redis_user_limited_to_its_namespace_takes_leases(
     finally:
         direct.acl_deluser(user)
         direct.close()
+
+
+def test_a_key_of_another_type_at_an_entry_is_a_quiet_miss(
+    redis_server: RedisProcess, unique_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A list planted at an entry's name: a miss on every read, no outage logged or counted
+    (it was 100 warnings and 100 errors for 100 reads), and the next store replaces it."""
+    import logging
+
+    import redis
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&insecure=1")
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    direct = redis.Redis(port=redis_server.port)
+    direct.rpush(f"{unique_prefix}{key}", b"x")
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert all(cache.get(key) is None for _ in range(20))
+    assert cache.stats().errors == 0 and "WRONGTYPE" not in caplog.text
+    assert cache.put(key, b"v") and cache.get(key) == b"v"
+    direct.close()
+    _drop(backend)
+
+
+def test_delete_if_sends_a_digest_and_removes_only_those_bytes(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend.set("demo/t/a", b"judged bad")
+    assert not backend.delete_if("demo/t/a", b"something else")
+    assert backend.get("demo/t/a") == b"judged bad"
+    assert backend.delete_if("demo/t/a", b"judged bad")
+    assert backend.get("demo/t/a") is None and not backend.delete_if("demo/t/a", b"judged bad")
+    _drop(backend)
