@@ -97,6 +97,22 @@ def test_background_store_once_the_caller_is_quiet(
         install(cache, store="later")
 
 
+def test_a_store_the_cache_refuses_is_counted_too(tmp_path: Path) -> None:
+    """Not strict (as apps run): the failed write is no exception, but still a store error."""
+    import pyopencl as cl
+
+    reset_opencl_stats()
+
+    def refuse(key: str, value: bytes) -> None:
+        raise OSError("disk full")
+
+    lenient = rc.Cache(CallbackBackend(lambda key: None, refuse))
+    with installed(lenient):
+        cl.Program(opencl_context(), SRC % (os.getpid() + 3)).build()
+        assert flush(120.0)
+    assert opencl_stats().store_errors == 1 and lenient.stats().errors == 1
+
+
 def test_an_error_on_the_store_thread_is_counted_not_raised(tmp_path: Path) -> None:
     import pyopencl as cl
 

@@ -282,7 +282,8 @@ class WriteBehind:
 
     def _store(self, job: _Job) -> None:
         try:
-            store_now(job.cache, job.plan, job.program, job.seconds)
+            if not store_now(job.cache, job.plan, job.program, job.seconds) and job.cache.enabled:
+                counters.add(store_errors=1)  # refused (a full or read-only store): counted too
         except Exception as exc:  # the caller's build succeeded: never its error
             counters.add(store_errors=1)
             log.warning("runtime-cache: storing a program's binaries failed: %s", exc)
