@@ -434,6 +434,28 @@ def test_verify_and_prune_draw_a_progress_bar_on_a_terminal_only(
         assert "5/5" not in plain.stderr  # not a terminal: no bar
 
 
+def test_an_import_whose_remote_tier_takes_nothing_says_so(tmp_path: Path) -> None:
+    """The near tier took the entries, the remote one (down) none: not a plain success."""
+    source = rc.Cache(rc.open_backend("memory://"), secret="s3cret-0123456789")
+    for i in range(3):
+        source.put(rc.make_key(module_id=f"m{i}", runtime="r", purpose="p"), b"v")
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(source.dumps())
+    (tmp_path / "near").mkdir(mode=0o700)
+    url = f"dir://{tmp_path / 'near'},redis://127.0.0.1:1/0"
+    command = ["--cache", url, "--secret", "s3cret-0123456789", "import", "--json", str(bundle)]
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_cache", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["accepted"] == 3 and sum(report["tiers_not_written"].values()) >= 1
+
+
 def test_a_tier_that_cannot_be_listed_makes_maintenance_say_so(tmp_path: Path) -> None:
     url = f"dir://{tmp_path / 'near'},redis://:pw@127.0.0.1:1/0?insecure=1"
     (tmp_path / "near").mkdir(mode=0o700)  # (a command that only reads makes no tier folder)

@@ -246,6 +246,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(f"runtime-cache: {clean(args.file)} is not a valid bundle: {exc}", file=ctx.err)
         return 1
     before = cache.stats()
+    tiers_before = _tier_losses(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = unsigned = withheld = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
@@ -267,6 +268,11 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
             withheld += result.withheld
         progress.step(advance=len(batch))
     progress.close()
+    flush = getattr(cache.backend, "flush", None)
+    if callable(flush):
+        flush(_FLUSH_SECONDS)  # a tier written in the background: its outcome is known now
+    lost = {t: n - tiers_before.get(t, 0) for t, n in _tier_losses(cache).items()}
+    lost = {t: n for t, n in lost.items() if n > 0}
     after = cache.stats()
     rejected = after.rejected - before.rejected
     corrupt = after.corrupt - before.corrupt
@@ -281,6 +287,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "withheld_unsigned": withheld,
         "not_written": len(failures),
         "write_errors": failures[:5],
+        "tiers_not_written": lost,
     }
     if args.json:
         ctx.emit_json(report)
@@ -301,7 +308,21 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"could not store ({clean(failures[0])})",
                 file=ctx.out,
             )
-    return 1 if rejected or corrupt or withheld or failures else 0
+        for tier, count in lost.items():
+            print(f"not written to the tier {clean(tier)}: {count} writes failed", file=ctx.out)
+    return 1 if rejected or corrupt or withheld or failures or lost else 0
+
+
+#: Seconds an import waits for a tier's background writes before it reports.
+_FLUSH_SECONDS = 30.0
+
+
+def _tier_losses(cache: Cache) -> dict[str, int]:
+    """Per tier of a tiered backend, the writes it has failed or dropped so far."""
+    stats = getattr(cache.backend, "tier_stats", None)
+    if not callable(stats):
+        return {}
+    return {s.backend: s.errors + s.queued_failed + s.queued_dropped for s in stats() if s.remote}
 
 
 def _one_by_one(
