@@ -44,6 +44,7 @@ from runtime_cache.units import parse_duration
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
+from .redis_scripts import DELETE_IF, get_string, own_name
 
 __all__ = ["RedisBackend"]
 
@@ -68,17 +69,6 @@ def _import_redis() -> Any:
 
 
 #: Compare-and-delete, run atomically by the server.
-#: Delete a key while it holds the value whose SHA-1 is ARGV[1]: the digest is sent, not the
-#: value (a planted 500 MB value, sent back whole, timed out and opened the breaker). A key
-#: of another type is no entry: it goes too.
-_DELETE_IF = (
-    "local t = redis.call('TYPE', KEYS[1])['ok'] "
-    "if t == 'none' then return 0 end "
-    "if t ~= 'string' or redis.sha1hex(redis.call('GET', KEYS[1])) == ARGV[1] then "
-    "return redis.call('DEL', KEYS[1]) end return 0"
-)
-
-
 class RedisBackend(Backend):
     """Values in Redis (standalone or cluster), pooled, with timeouts and a circuit breaker.
 
@@ -270,7 +260,7 @@ class RedisBackend(Backend):
 
     def _strip(self, raw: bytes) -> str | None:
         # The name under this prefix, or None (not ours). A name whose first component holds
-        # a ":" belongs to a namespace nested in this one, or is a lease: see _own_name.
+        # a ":" is a nested namespace's, or a lease: see redis_scripts.own_name.
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -283,7 +273,7 @@ class RedisBackend(Backend):
     # -------------------------------------------------------------- contract
     def get(self, key: str) -> bytes | None:
         full = self._full(key)
-        value: bytes | None = self._run("get", lambda c: _get_string(c, full))
+        value: bytes | None = self._run("get", lambda c: get_string(c, full))
         return value
 
     def set(self, key: str, value: bytes) -> None:
@@ -298,7 +288,7 @@ class RedisBackend(Backend):
         """Remove ``key`` only if it holds ``expected`` (compared by SHA-1 on the server, in
         one Lua script), or holds something other than a string."""
         full, digest = self._full(key), hashlib.sha1(expected).hexdigest()
-        return bool(self._run("delete_if", lambda c: c.eval(_DELETE_IF, 1, full, digest)))
+        return bool(self._run("delete_if", lambda c: c.eval(DELETE_IF, 1, full, digest)))
 
     def _scan_keys(self, client: Any, prefix: str) -> list[str]:
         match = (self.prefix + prefix).translate(_GLOB) + "*"
@@ -313,7 +303,7 @@ class RedisBackend(Backend):
         found = (self._strip(k) for k in raw)
         return list(
             dict.fromkeys(
-                k for k in found if k is not None and k.startswith(prefix) and _own_name(k)
+                k for k in found if k is not None and k.startswith(prefix) and own_name(k)
             )
         )
 
@@ -407,25 +397,3 @@ class RedisBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.name} prefix={self.prefix!r} {self.breaker.state}>"
-
-
-def _own_name(name: str) -> bool:
-    """Whether ``name`` (under this backend's prefix) is an entry of this namespace: a name
-    whose first ``/`` component holds a ``:`` is a lease (``lease:...``) or belongs to a
-    namespace nested in this one (``namespace=team`` must not list, clear or repair
-    ``team:ml``'s entries). Cache keys (``runtime/purpose/digest``) never hold one there."""
-    return ":" not in name.partition("/")[0]
-
-
-def _get_string(client: Any, name: str) -> bytes | None:
-    """``GET``, where a key of another type (a list planted at an entry's name) is a miss,
-    not an error: an error would count as an outage, logged and counted on every read."""
-    import redis
-
-    try:
-        value: bytes | None = client.get(name)
-    except redis.ResponseError as exc:
-        if str(exc).startswith("WRONGTYPE"):
-            return None
-        raise
-    return value

@@ -267,18 +267,30 @@ def test_the_users_own_driver_cache_is_left_alone(tmp_path: Path) -> None:
     assert snapshot(str(home / ".cache" / "pocl")) == before
 
 
-def test_a_set_that_crashed_a_process_is_dropped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _pocl_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, files: list[Any]
+) -> tuple[rc.Cache, DriverCacheSession, bytes]:
+    """A session over a memory cache whose entry holds ``files``, the driver pointed at
+    ``tmp_path/driver/pocl``."""
     ctx = opencl_context()
     monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(tmp_path / "driver"))
     monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "driver" / "pocl"))
     monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
     cache = rc.Cache(MemoryBackend())
-    session = DriverCacheSession(cache, ctx.devices[0], "crashy", driver="pocl")
+    session = DriverCacheSession(cache, ctx.devices[0], name, driver="pocl")
     assert session.key is not None
-    value = pack_padded([("CRASH/x.so", True, b"boom")])
+    value = pack_padded(files)
     cache.put(session.key, value)
+    return cache, session, value
+
+
+def test_a_set_that_crashed_a_process_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, session, value = _pocl_session(
+        tmp_path, monkeypatch, "crashy", [("CRASH/x.so", True, b"boom")]
+    )
+    assert session.key is not None
     guard.block([binary_digest(value)])
     assert session.restore() == 0
     assert cache.get(session.key) is None
@@ -290,16 +302,10 @@ def test_a_set_that_crashed_a_process_is_also_removed_from_the_folder(
 ) -> None:
     """Restored by the run that crashed, its files stay where the driver loads them: the
     crash repeated on every later run, after the entry itself was gone."""
-    ctx = opencl_context()
     pocl = tmp_path / "driver" / "pocl"
-    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(tmp_path / "driver"))
-    monkeypatch.setenv("POCL_CACHE_DIR", str(pocl))
-    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
-    cache = rc.Cache(MemoryBackend())
-    session = DriverCacheSession(cache, ctx.devices[0], "crashy2", driver="pocl")
-    assert session.key is not None
-    value = pack_padded([("CRASH/x.so", True, b"boom")])
-    cache.put(session.key, value)
+    _, session, value = _pocl_session(
+        tmp_path, monkeypatch, "crashy2", [("CRASH/x.so", True, b"boom")]
+    )
     (pocl / "CRASH").mkdir(parents=True, mode=0o700)
     (pocl / "CRASH" / "x.so").write_bytes(b"boom")  # what the crashed run restored
     (pocl / "OTHER.so").write_bytes(b"the driver's own")
@@ -318,15 +324,7 @@ def test_restored_files_stop_taking_the_blame_once_the_process_lived_on(
     from runtime_cache.opencl import driver_cache as carrier
 
     monkeypatch.setattr(carrier, "SETTLE_AFTER", 0.2)
-    ctx = opencl_context()
-    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_DIR", str(tmp_path / "driver"))
-    monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "driver" / "pocl"))
-    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
-    cache = rc.Cache(MemoryBackend())
-    session = DriverCacheSession(cache, ctx.devices[0], "lives-on", driver="pocl")
-    assert session.key is not None
-    value = pack_padded([("K/x.so", True, b"lib")])
-    cache.put(session.key, value)
+    _, session, value = _pocl_session(tmp_path, monkeypatch, "lives-on", [("K/x.so", True, b"lib")])
     assert session.restore() == 1
     digest = binary_digest(value)
     assert digest in guard._loading  # blamed while the programs load

@@ -188,12 +188,18 @@ def test_backend_base_defaults() -> None:
     assert os.environ.get("RUNTIME_CACHE", "").startswith("dir://")  # the autouse isolation
 
 
+def _a_file(tmp_path: Path) -> Path:
+    """A file where a cache folder's parent would be: no folder can be made under it."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    return blocker
+
+
 def test_a_store_this_machine_cannot_open_turns_caching_off_not_the_app(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """set_cache_provider() raises for a wrong URL, but not for a folder it cannot make."""
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
+    blocker = _a_file(tmp_path)
     with caplog.at_level(logging.ERROR, logger="runtime_cache"):
         cache = rc.set_cache_provider(f"dir://{blocker}/cache")
     assert not cache.enabled and rc.get_cache() is cache
@@ -207,8 +213,7 @@ def test_a_tier_that_cannot_open_is_left_out(
 ) -> None:
     from runtime_cache.backends.tiered import TieredBackend
 
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
+    blocker = _a_file(tmp_path)
     with caplog.at_level(logging.WARNING, logger="runtime_cache"):
         cache = rc.set_cache_provider(f"memory://,dir://{blocker}/cache")
     assert isinstance(cache.backend, TieredBackend)
