@@ -300,6 +300,7 @@ def test_an_unsigned_bundle_never_brings_native_code_even_into_a_private_store()
     trusting = rc.Cache(MemoryBackend(), secret=SECRET)
     assert int(trusting.loads(signer.dumps())) == 1 and trusting.get(drv) == b"files"
 
+
 def test_an_unsigned_bundle_is_reported_and_never_written_to_a_shared_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
