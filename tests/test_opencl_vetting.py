@@ -119,6 +119,37 @@ def test_a_good_kernel_with_an_8_byte_value_argument_passes_vetting(
     assert (out == 2.0).all()
 
 
+def test_threads_asking_for_one_unknown_program_start_one_vetting_child(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight threads, one unknown binary: one child vets it, the others wait for its word
+    (each started a child of its own before)."""
+    import threading
+
+    from runtime_cache.opencl import build_program, opencl_stats
+    from runtime_cache.opencl.vetting import vetter
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, SCALE_SRC, cache=cache)
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    started = vetter.started
+    gate = threading.Barrier(8)
+    programs: list[Any] = []
+
+    def ask() -> None:
+        gate.wait()
+        programs.append(build_program(ctx, SCALE_SRC, cache=cache))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert len(programs) == 8 and all(scale_works(ctx, p, 3) for p in programs)
+    assert vetter.started == started + 1 and opencl_stats().vetted == 1
+    assert opencl_stats().vet_failures == 0 and opencl_stats().source_builds == 1
+
+
 def test_argument_kinds_read_from_the_source() -> None:
     from runtime_cache.opencl.kernel_args import argument_kinds
 

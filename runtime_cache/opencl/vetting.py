@@ -263,6 +263,52 @@ def screen_binaries(
     return standing == UNKNOWN and not trusted and _enabled(), standing
 
 
+class _Flight:
+    """One vetting of a set of binaries in progress, for other threads that need it too."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.outcome: Outcome = None
+
+
+_flights: dict[tuple[str, ...], _Flight] = {}
+_flights_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a child has none of the parent's vetting threads
+    os.register_at_fork(after_in_child=_flights.clear)
+
+#: A program to vet: its index among the items, its binaries' digests, and their marks.
+Entry = tuple[int, list[str], list[str]]
+Pending = list[Entry]
+
+
+def _claim(pending: Pending) -> tuple[Pending, list[tuple[Entry, _Flight]]]:
+    """Split ``pending`` into the programs this thread vets and those another thread is
+    vetting already (with its flight to wait on): eight threads asking for one unknown
+    program start one child, not eight."""
+    mine: Pending = []
+    waits: list[tuple[Entry, _Flight]] = []
+    with _flights_lock:
+        for entry in pending:
+            name = tuple(entry[2])
+            flight = _flights.get(name)
+            if flight is None:
+                _flights[name] = _Flight()
+                mine.append(entry)
+            else:
+                waits.append((entry, flight))
+    return mine, waits
+
+
+def _release(mine: Pending, results: list[Outcome] | None) -> None:
+    """Publish this thread's outcomes (``None``: it failed) to the threads that waited."""
+    with _flights_lock:
+        for position, (_, _, marks) in enumerate(mine):
+            flight = _flights.pop(tuple(marks), None)
+            if flight is not None:
+                flight.outcome = results[position] if results is not None else LOCAL
+                flight.done.set()
+
+
 def vet_unknown(
     devices: Sequence[Any],
     items: Sequence[Item],
@@ -283,24 +329,33 @@ def vet_unknown(
     if trusted or not items or not _enabled():
         return load
     per_item = list(keys) if keys is not None else [None] * len(items)
-    pending: list[tuple[int, list[str], list[str]]] = []
+    pending: Pending = []
     for index, (item, item_keys) in enumerate(zip(items, per_item, strict=True)):
         digests = [binary_digest(b) for b in item[0]]
         if needs_vetting(digests, trusted=False, keys=item_keys):
             pending.append((index, digests, bindings(item_keys, digests)))
     if not pending:
         return load
-    results = vetter.vet(devices, [items[index] for index, _, _ in pending])
-    for (index, digests, marks), ok in zip(pending, results, strict=True):
-        if ok is True:
-            guard.vouch(marks)
-            counters.add(vetted=1)
-        elif ok is False:
-            guard.block(digests)
-            counters.add(vet_failures=1)
-        elif ok == LOCAL:
-            load[index] = False
-            counters.add(vet_local=1)
+    pending, waits = _claim(pending)  # another thread vetting the same binaries: wait for it
+    results: list[Outcome] | None = None
+    try:
+        results = vetter.vet(devices, [items[i] for i, _, _ in pending]) if pending else []
+        for (index, digests, marks), ok in zip(pending, results, strict=True):
+            if ok is True:
+                guard.vouch(marks)
+                counters.add(vetted=1)
+            elif ok is False:
+                guard.block(digests)
+                counters.add(vet_failures=1)
+            elif ok == LOCAL:
+                load[index] = False
+                counters.add(vet_local=1)
+    finally:
+        _release(pending, results)  # after the guard knows: a waiter loads by what it says
+    for (index, _, _), flight in waits:
+        flight.done.wait(2 * LOAD_TIMEOUT)
+        if flight.outcome == LOCAL or not flight.done.is_set():
+            load[index] = False  # not vetted here either: a local miss
     failed = sum(1 for ok in results if ok is False)
     if failed:
         log.warning(
