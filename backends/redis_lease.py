@@ -16,18 +16,22 @@ from typing import Any
 
 from runtime_cache.api import Lease
 
-__all__ = ["RedisLease"]
+__all__ = ["MAX_TTL_MS", "RedisLease"]
 
 Runner = Callable[[str, Callable[[Any], Any]], Any]
 
+#: The longest a lease lives without renewal (a longer ``ttl`` is cut to it): a key at a
+#: lease's name that expires later than this was not set by a holder, whatever its ttl.
+MAX_TTL_MS = 3_600_000
+
 #: Take the lease: ``SET NX PX``, after removing what cannot be a live lease at its name (a
-#: key of another type, or one that never expires or expires far later than a lease may:
-#: planted, it would hold every process off until its wait gave up).
+#: key of another type, or one that never expires or expires later than any lease may,
+#: ARGV[3]: planted, it would hold every process off until its wait gave up).
 _TAKE = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "if t ~= 'none' then "
     "  local left = redis.call('pttl', KEYS[1]) "
-    "  if t ~= 'string' or left < 0 or left > tonumber(ARGV[2]) * 10 then "
+    "  if t ~= 'string' or left < 0 or left > tonumber(ARGV[3]) then "
     "    redis.call('del', KEYS[1]) end end "
     "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"
 )
@@ -55,11 +59,11 @@ class RedisLease(Lease):
         self._run = run
         self.name = name
         self._token = secrets.token_hex(16)
-        self._ms = max(1, int(self.ttl * 1000))
+        self._ms = max(1, min(int(self.ttl * 1000), MAX_TTL_MS))
 
     def _take(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
-        return bool(self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms)))
+        return bool(self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)))
 
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms

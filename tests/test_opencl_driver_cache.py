@@ -336,6 +336,23 @@ def test_restored_files_stop_taking_the_blame_once_the_process_lived_on(
     session.settle()  # settling again (at exit) is harmless
 
 
+def test_a_crashed_sets_files_are_never_removed_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pocl = tmp_path / "driver" / "pocl"
+    _, session, value = _pocl_session(
+        tmp_path, monkeypatch, "crashy3", [("CRASH/x.so", True, b"boom")]
+    )
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "x.so").write_bytes(b"the victim's")
+    pocl.mkdir(parents=True, exist_ok=True)
+    (pocl / "CRASH").symlink_to(victim)  # made by the user, say: still not followed
+    guard.block([binary_digest(value)])
+    assert session.restore() == 0
+    assert (victim / "x.so").read_bytes() == b"the victim's"
+
+
 def test_a_driver_folder_others_can_write_is_neither_restored_nor_captured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -169,6 +169,19 @@ def test_argument_kinds_read_from_the_source() -> None:
         "a": ["buffer", "buffer", "local", "value", "other", "other"],
         "b": [],
     }
+    # Arrays are pointers; a type the source does not name plainly (a macro, a typedef, a
+    # struct) leaves the kernel to the caller's guess (zero bytes for a hidden pointer, a
+    # NULL buffer, failed good kernels).
+    odd = """
+    #define GF __global float *
+    typedef __global float *gptr;
+    struct S { int a; };
+    kernel void arrays(__global float a[], __constant float c[], long n) {}
+    kernel void hidden(GF a) {}
+    kernel void named(gptr a, long n) {}
+    kernel void by_value(struct S s, __global int *o) {}
+    """
+    assert argument_kinds(odd) == {"arrays": ["buffer", "buffer", "value"]}
 
 
 def test_a_signed_cache_is_trusted_without_a_child(

@@ -246,6 +246,18 @@ def test_a_key_planted_at_a_lease_holds_nobody_off(
     _drop(backend)
 
 
+def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    holder = backend.lease("demo/t/long", 600.0)
+    assert holder.acquire()
+    assert not backend.lease("demo/t/long", 15.0).acquire()  # a live lease, not a planted key
+    assert holder.renew()
+    holder.release()
+    _drop(backend)
+
+
 def test_a_redis_user_limited_to_its_namespace_takes_leases(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:

@@ -264,6 +264,25 @@ def test_build_program_never_returns_a_program_without_its_kernels(
     assert (stats.rejected_binaries, stats.source_builds, stats.binary_loads) == (1, 3, 2)
 
 
+def test_a_source_the_preprocessor_shapes_is_never_rejected_for_its_kernels(
+    ctx: Any, tmp_path: Path
+) -> None:
+    """Kernels inside an #if not taken, or made by a macro, are not the ones compiled: the
+    check must not evict and rebuild such a program on every run."""
+    from runtime_cache.opencl import build_program, opencl_stats
+
+    source = (
+        "#ifdef NOT_SET\n__kernel void never(__global float *a) { a[0] = 1.0f; }\n#endif\n"
+        "#define KERNEL(T) __kernel void scale_##T(__global T *a) { a[get_global_id(0)] *= 2; }\n"
+        "KERNEL(float)\n"
+    )
+    cache = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'own'}"))
+    for _ in range(3):
+        build_program(ctx, source, cache=cache, module_id="shaped")
+    stats = opencl_stats()
+    assert (stats.rejected_binaries, stats.source_builds, stats.binary_loads) == (0, 1, 2)
+
+
 def test_program_from_two_threads_at_once_is_the_rebuilt_one(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -269,10 +269,12 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         progress.step(advance=len(batch))
     progress.close()
     flush = getattr(cache.backend, "flush", None)
-    if callable(flush):
-        flush(_FLUSH_SECONDS)  # a tier written in the background: its outcome is known now
+    # A tier written in the background: its outcome is known once flushed.
+    flushed = flush(_FLUSH_SECONDS) is not False if callable(flush) else True
     lost = {t: n - tiers_before.get(t, 0) for t, n in _tier_losses(cache).items()}
     lost = {t: n for t, n in lost.items() if n > 0}
+    if not flushed:
+        lost["(background writes still pending)"] = 1
     after = cache.stats()
     rejected = after.rejected - before.rejected
     corrupt = after.corrupt - before.corrupt
@@ -309,7 +311,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 file=ctx.out,
             )
         for tier, count in lost.items():
-            print(f"not written to the tier {clean(tier)}: {count} writes failed", file=ctx.out)
+            print(f"not written to the tier {clean(tier)}: {count} operations failed", file=ctx.out)
     return 1 if rejected or corrupt or withheld or failures or lost else 0
 
 
@@ -318,7 +320,8 @@ _FLUSH_SECONDS = 30.0
 
 
 def _tier_losses(cache: Cache) -> dict[str, int]:
-    """Per tier of a tiered backend, the writes it has failed or dropped so far."""
+    """Per remote tier of a tiered backend, the operations it has failed (reads among them:
+    an import reads only to keep existing entries) or writes it dropped so far."""
     stats = getattr(cache.backend, "tier_stats", None)
     if not callable(stats):
         return {}

@@ -261,13 +261,13 @@ class DriverCacheSession:
             log.warning("runtime-cache: a driver-cache entry is malformed (%s); dropping it", exc)
             self.cache.delete(key)
             return 0
+        if not private_folder(folder):
+            log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
+            return 0
         if guard.blocked([digest]):
             log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
             self.cache.delete(key)
             remove_files(folder, files)  # restored earlier: the driver would load them again
-            return 0
-        if not private_folder(folder):
-            log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
             return 0
         self._mine = {name for name, _, _ in files}
         added = add_missing(folder, files) if per_module else restore_indexed(folder, files)

@@ -298,7 +298,12 @@ def private_folder(folder: str) -> bool:
 
 
 def remove_files(folder: str, files: Sequence[DriverFile]) -> None:
-    """Remove ``files`` (as :func:`unpack_files` gives them) from ``folder``, where they are."""
+    """Remove ``files`` (as :func:`unpack_files` gives them) from ``folder``, where they are;
+    never through a link: a file whose folder resolves outside ``folder`` is left alone."""
+    top = os.path.realpath(folder)
     for name, _, _ in files:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(folder, name))
+        path = os.path.join(folder, name)
+        where = os.path.realpath(os.path.dirname(path))
+        if where == top or where.startswith(top + os.sep):
+            with contextlib.suppress(OSError):
+                os.unlink(path)

@@ -32,20 +32,31 @@ _KERNEL = re.compile(
 )
 _LOCAL = re.compile(r"\b(?:__local|local)\b")
 _NOT_PLAIN = re.compile(r"\b(?:image\w*_t|sampler_t|pipe|queue_t|clk_event_t)\b")
+#: A by-value parameter of a type the language names: a scalar or a vector of one, with
+#: qualifiers. Anything else (a typedef, a macro, a struct) is not known for sure.
+_SCALAR = re.compile(
+    r"(?:(?:const|volatile|__private|private|unsigned|signed)\s+)*"
+    r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|double|size_t|ptrdiff_t"
+    r"|intptr_t|uintptr_t)(?:2|3|4|8|16)?"
+    r"(?:\s+(?:const|volatile))*\s+[A-Za-z_]\w*"
+)
+_UNKNOWN = "unknown"
 
 
 def _kind(parameter: str) -> str:
-    if _NOT_PLAIN.search(parameter):
+    text = " ".join(parameter.split())
+    if _NOT_PLAIN.search(text):
         return OTHER
-    if "*" in parameter:
-        return LOCAL if _LOCAL.search(parameter) else BUFFER
-    return VALUE if parameter.strip() else OTHER
+    if "*" in text or "[" in text:  # a pointer, or an array parameter (a pointer too)
+        return LOCAL if _LOCAL.search(text) else BUFFER
+    return VALUE if _SCALAR.fullmatch(text) else _UNKNOWN
 
 
 def argument_kinds(source: str) -> dict[str, list[str]]:
     """Each kernel's argument kinds (:data:`BUFFER`, :data:`LOCAL`, :data:`VALUE`,
     :data:`OTHER`), by kernel name, as far as the source says them plainly; a kernel
-    declared through a macro, or twice, is left out (its caller guesses)."""
+    declared through a macro, or twice, or with a parameter of a type it does not name
+    plainly (a typedef, a macro, a struct), is left out (its caller guesses)."""
     text = _COMMENTS.sub(" ", source)
     found: dict[str, list[str]] = {}
     seen: set[str] = set()
@@ -56,5 +67,6 @@ def argument_kinds(source: str) -> dict[str, list[str]]:
             found.pop(name, None)  # declared twice (#if branches): not sure which
             continue
         seen.add(name)
-        found[name] = kinds
+        if _UNKNOWN not in kinds:
+            found[name] = kinds
     return found

@@ -11,6 +11,7 @@ refuses is evicted, logged, and replaced by a fresh source build.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -244,13 +245,20 @@ def fetch(
     return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)
 
 
+#: Preprocessor work that may change which kernels a source compiles to.
+_SHAPED = re.compile(r"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTILINE)
+
+
 def holds_its_kernels(cache: Cache, plan: ProgramPlan, program: Any) -> bool:
     """Whether ``program``, loaded from cached binaries, holds a kernel that its source
     declares; when it holds none (another program's binary under this key, in a store
     nothing signs), its entries are evicted and ``False`` returned. ``True`` when the
-    source or the driver cannot tell. (``OpenCLModule`` checks the kernel it is asked for.)
+    source (one the preprocessor shapes) or the driver cannot tell. (``OpenCLModule``
+    checks the kernel it is asked for.)
     """
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
+    if _SHAPED.search(source):
+        return True  # #if, #define or ##: the kernels compiled are not the ones written
     declared = argument_kinds(source)
     names = kernel_names(program) if declared else None
     if names is None or set(declared) & set(names):

@@ -273,8 +273,18 @@ class _Flight:
 
 _flights: dict[tuple[str, ...], _Flight] = {}
 _flights_lock = threading.Lock()
-if hasattr(os, "register_at_fork"):  # a child has none of the parent's vetting threads
-    os.register_at_fork(after_in_child=_flights.clear)
+
+
+def _forget_flights() -> None:
+    # In a forked child: none of the parent's vetting threads, and a lock of its own (another
+    # thread may have held the parent's at the fork).
+    global _flights_lock
+    _flights.clear()
+    _flights_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_flights)
 
 #: A program to vet: its index among the items, its binaries' digests, and their marks.
 Entry = tuple[int, list[str], list[str]]
