@@ -378,8 +378,7 @@ class DirectoryBackend(Backend):
     def compact_hits(self, deadline: float | None = None) -> None:
         """Rewrite the hits journal as one line per live key once it passes 1 MiB; the
         keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
-        live = lambda: keys_until(self.root_fd, deadline)  # noqa: E731 - asked only if large
-        self._journal.compact(live, f"{_TEMP_PREFIX}hits-")
+        self._journal.compact(lambda: keys_until(self.root_fd, deadline), f"{_TEMP_PREFIX}hits-")
 
     def lease(self, key: str, ttl: float) -> Lease:
         """An ``flock`` on ``<root>/.locks/<digest>.lock`` (see :mod:`.dir_lease`)."""

@@ -31,11 +31,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from runtime_cache.api import Backend, Lease, StoredItem
+from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
     BackendError,
     BackendUnavailableError,
-    InvalidKeyError,
     InvalidURLError,
     MissingDependencyError,
     ReadOnlyBackendError,
@@ -249,14 +248,7 @@ class RedisBackend(Backend):
         return result
 
     def _full(self, key: str) -> str:
-        if not isinstance(key, str) or not key:
-            raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
-        if not key.isascii():
-            try:
-                key.encode("utf-8")  # redis-py would raise UnicodeEncodeError (lone surrogates)
-            except UnicodeEncodeError:
-                raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
-        return self.prefix + key
+        return self.prefix + check_text_key(key)  # redis-py would raise on a lone surrogate
 
     def _strip(self, raw: bytes) -> str | None:
         # The name under this prefix, or None (not ours). A name whose first component holds

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
-from runtime_cache.api import Backend, Lease, StoredItem
-from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
+from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
+from runtime_cache.errors import BackendError, InvalidURLError
 from runtime_cache.failure_policy import FailurePolicy
-from runtime_cache.urls import redact_url
+from runtime_cache.urls import redact_url, tier_urls
 
 from .write_behind import WriteBehind
 
@@ -147,12 +147,7 @@ class TieredBackend(Backend):
             opener = open_backend
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
-        text = url[len("tiered://") :] if url.lower().startswith("tiered://") else url
-        parts = [p.strip() for p in text.split(",")]
-        if not parts or any(not p for p in parts):
-            raise InvalidURLError(f"empty tier in {redact_url(url)} (expected 'url,url,...')")
-        if any(p.lower().startswith("tiered://") for p in parts):
-            raise InvalidURLError(f"tiers cannot nest: {redact_url(url)}")
+        parts = tier_urls(url)
         opened: list[Backend] = []
         failed: BackendError | None = None
         try:
@@ -201,15 +196,8 @@ class TieredBackend(Backend):
             raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
 
     def _write(self, tiers: Iterable[_Tier], items: Mapping[str, bytes], op: str) -> None:
-        for key in items:
-            # Queued writes are checked here; the remote tier would reject them too late.
-            if not isinstance(key, str) or not key:
-                raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
-            if not key.isascii():
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
+        for key in items:  # queued writes are checked here: the remote tier would be too late
+            check_text_key(key)
         errors: list[Exception] = []
         tried = 0
         for tier in tiers:

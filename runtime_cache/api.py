@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
 
-from .errors import InvalidURLError
+from .errors import InvalidKeyError, InvalidURLError
 
 # Kept importable from here for code written before they moved: URL helpers live in
 # runtime_cache.urls, sizes and durations in runtime_cache.units.
@@ -52,10 +52,24 @@ __all__ = [
     "Lease",
     "Span",
     "StoredItem",
+    "check_text_key",
     "parse_duration",
     "parse_size",
     "redact_url",
 ]
+
+
+def check_text_key(key: object) -> str:
+    """``key`` if it is a non-empty ``str`` that encodes as UTF-8 (a remote store's key: no
+    lone surrogates); :class:`~runtime_cache.errors.InvalidKeyError` otherwise."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
+    return key
 
 
 #: ``span(head) -> (start, end) | None``: see :meth:`Backend.get_parts`.

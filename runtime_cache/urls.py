@@ -20,7 +20,7 @@ from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 from .errors import InvalidURLError, InvalidValueError
 from .units import parse_bool
 
-__all__ = ["BackendURL", "folder_url", "redact", "redact_url"]
+__all__ = ["BackendURL", "folder_url", "redact", "redact_url", "tier_urls"]
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before the host, so a raw
 # "@" inside a password is hidden too. Whitespace, "," (tier separator) and "/"
@@ -33,6 +33,23 @@ _SECRET_OPTION = re.compile(
 )
 #: Schemes whose URL names a local folder: a host there is a mistake, not a place.
 _LOCAL_SCHEMES = frozenset({"dir"})
+
+
+def tier_urls(url: str) -> list[str]:
+    """The URLs of a tiered cache's tiers, as it opens them: ``"memory://,dir://"`` or
+    ``"tiered://memory://,dir://"``, each stripped. :class:`InvalidURLError` for an empty
+    tier or a nested ``tiered://``.
+
+    >>> tier_urls("tiered://memory://, dir:///srv/c")
+    ['memory://', 'dir:///srv/c']
+    """
+    text = url[len("tiered://") :] if url.lower().startswith("tiered://") else url
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(not p for p in parts):
+        raise InvalidURLError(f"empty tier in {redact_url(url)} (expected 'url,url,...')")
+    if any(p.lower().startswith("tiered://") for p in parts):
+        raise InvalidURLError(f"tiers cannot nest: {redact_url(url)}")
+    return parts
 
 
 def folder_url(path: str) -> str:

@@ -16,6 +16,7 @@ from .. import environment
 from ..api import BackendURL
 from ..cache import Cache
 from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
+from ..urls import tier_urls
 from .fmt import clean
 
 __all__ = [
@@ -62,7 +63,11 @@ def missing_folder(url: str | None) -> str | None:
     if url.strip().lower() in OFF:
         return None
     # As the registry opens them: a list of tiers, each stripped; else the URL as it is.
-    for tier in [part.strip() for part in url.split(",")] if "," in url else [url]:
+    try:
+        tiers = tier_urls(url) if "," in url or url.lower().startswith("tiered://") else [url]
+    except RuntimeCacheError:
+        return None  # opening it reports the error
+    for tier in tiers:
         if not tier.lower().startswith("dir://"):
             continue
         try:
