@@ -13,7 +13,9 @@ URLs::
 Options: ``prefix`` (default ``rc:``) or ``namespace`` (``namespace=team`` means
 prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
 (default ``200ms``), ``timeout`` (per operation, default ``500ms``),
-``max_connections`` (per pool, default 64), ``backoff`` and ``max_backoff``
+``max_connections`` (per pool, default 64), ``max_entry_size`` (the largest value
+read or written, default ``64MiB``: a larger one is never sent, see
+:class:`~.redis_scripts.CappedReads`), ``backoff`` and ``max_backoff``
 (the circuit breaker's first and longest window, default ``500ms`` and
 ``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
 Unknown options are rejected.
@@ -39,11 +41,11 @@ from runtime_cache.errors import (
     MissingDependencyError,
     ReadOnlyBackendError,
 )
-from runtime_cache.units import parse_duration
+from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
-from .redis_scripts import DELETE_IF, get_string, own_name
+from .redis_scripts import DELETE_IF, CappedReads, own_name, refuse_over_cap
 
 __all__ = ["RedisBackend"]
 
@@ -51,6 +53,10 @@ T = TypeVar("T")
 _SCHEMES = ("redis", "rediss", "redis+cluster")
 _BATCH = 500  # commands per pipeline round trip in listings
 _GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+#: The largest value read or written by default, and the most one reply of ``get_many``
+#: brings (more comes in further round trips).
+MAX_ENTRY_SIZE = 64 << 20
+_REPLY_BUDGET = 32 << 20
 
 
 def _import_redis() -> Any:
@@ -79,6 +85,8 @@ class RedisBackend(Backend):
         connect_timeout: seconds to wait for a connection.
         timeout: seconds to wait for any one reply.
         max_connections: size limit of the connection pool (per node in a cluster).
+        max_entry_size: the largest value read or written, in bytes; a larger one is
+            a miss on reads (never sent over the wire) and refused on writes.
         backoff: the circuit breaker's first window after a failure.
         max_backoff: the longest window the breaker grows to.
         ssl_options: extra ``ssl_*`` arguments for redis-py (``rediss://``).
@@ -102,6 +110,7 @@ class RedisBackend(Backend):
         connect_timeout: float = 0.2,
         timeout: float = 0.5,
         max_connections: int = 64,
+        max_entry_size: int = MAX_ENTRY_SIZE,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         ssl_options: Mapping[str, str] | None = None,
@@ -117,8 +126,8 @@ class RedisBackend(Backend):
             raise InvalidURLError("a Redis Cluster has only database 0")
         if ttl is not None and ttl <= 0:
             ttl = None
-        if connect_timeout <= 0 or timeout <= 0 or max_connections < 1:
-            raise InvalidURLError("timeouts and max_connections must be positive")
+        if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
+            raise InvalidURLError("timeouts, max_connections and max_entry_size must be positive")
         self.prefix = prefix
         self.ttl = ttl
         self.connect_timeout = connect_timeout
@@ -131,6 +140,8 @@ class RedisBackend(Backend):
         host = netloc.rpartition("@")[2]  # never log a password
         self.name = f"{parsed.scheme}://{host}{parsed.path}"
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
+        self.max_entry_size = max_entry_size
+        self._reads = CappedReads(max_entry_size, _REPLY_BUDGET, self.name, self.cluster)
         errors = self._redis.exceptions
         self._unavailable: tuple[type[BaseException], ...] = (
             errors.ConnectionError,
@@ -168,6 +179,7 @@ class RedisBackend(Backend):
         if not max_connections.isdigit():
             raise InvalidURLError(f"max_connections must be a whole number: {max_connections!r}")
         options["max_connections"] = int(max_connections)
+        options["max_entry_size"] = parse_size(parsed.pop("max_entry_size", "64MiB") or "64MiB")
         if parsed.scheme == "rediss":
             options["ssl_options"] = {
                 name: value
@@ -265,11 +277,12 @@ class RedisBackend(Backend):
     # -------------------------------------------------------------- contract
     def get(self, key: str) -> bytes | None:
         full = self._full(key)
-        value: bytes | None = self._run("get", lambda c: get_string(c, full))
+        value: bytes | None = self._run("get", lambda c: self._reads.get(c, full))
         return value
 
     def set(self, key: str, value: bytes) -> None:
         full, data, px = self._full(key), bytes(value), self._px()
+        refuse_over_cap(self.name, self.max_entry_size, {key: len(data)})
         self._run("set", lambda c: c.set(full, data, px=px))
 
     def delete(self, key: str) -> bool:
@@ -308,18 +321,16 @@ class RedisBackend(Backend):
             return {}
         fulls = [self._full(k) for k in wanted]
 
-        def fetch(client: Any) -> list[bytes | None]:
-            # One round trip in standalone mode; one per node in a cluster.
-            values = client.mget_nonatomic(fulls) if self.cluster else client.mget(fulls)
-            return list(values)
-
-        values = self._run("get_many", fetch)
+        # One round trip per reply budget's worth in standalone mode; a cluster asks the
+        # sizes first, then one MGET per node (see CappedReads).
+        values = self._run("get_many", lambda c: self._reads.get_many(c, fulls))
         return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         if not items:
             return
-        pairs = [(self._full(k), bytes(v)) for k, v in items.items()]
+        cap = self.max_entry_size
+        pairs = [(self._full(k), data) for k, v in items.items() if len(data := bytes(v)) <= cap]
         px = self._px()
 
         def store(client: Any) -> None:
@@ -328,7 +339,10 @@ class RedisBackend(Backend):
                 pipe.set(full, data, px=px)
             pipe.execute()
 
-        self._run("set_many", store)
+        if pairs:
+            self._run("set_many", store)
+        # What fits is stored; the rest is refused with an error naming it.
+        refuse_over_cap(self.name, cap, {k: len(v) for k, v in items.items()})
 
     def head(self, key: str, size: int) -> bytes | None:
         full = self._full(key)

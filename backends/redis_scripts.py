@@ -1,15 +1,30 @@
 """What ``redis://`` runs on the server, and how it reads names and replies.
 
-Kept apart from :mod:`.redis` (the backend): the Lua script of a compare-and-delete, a
-``GET`` that takes a key of another type for a miss, and the test of which names under a
-prefix are this namespace's entries.
+Kept apart from :mod:`.redis` (the backend): the Lua scripts of a compare-and-delete and
+of a capped read, the reads built on them (a value over the size cap is never sent; a key
+of another type is a miss), and the test of which names under a prefix are this
+namespace's entries.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from typing import Any
 
-__all__ = ["DELETE_IF", "get_string", "own_name"]
+from runtime_cache.errors import BackendError
+
+__all__ = [
+    "DELETE_IF",
+    "READ_SMALL",
+    "SMALL",
+    "CappedReads",
+    "get_string",
+    "own_name",
+    "refuse_over_cap",
+]
+
+log = logging.getLogger(__name__)
 
 #: Delete a key while it holds the value whose SHA-1 is ARGV[1]: the digest is sent, not the
 #: value (a planted 500 MB value, sent back whole, timed out and opened the breaker). A key
@@ -20,6 +35,165 @@ DELETE_IF = (
     "if t ~= 'string' or redis.sha1hex(redis.call('GET', KEYS[1])) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0"
 )
+
+
+#: Per name of KEYS: its value if it is at most ARGV[1] bytes (and the reply stays within
+#: ARGV[2] bytes), else its size; -1 where there is no string (none, or another type).
+READ_SMALL = (
+    "local small, budget, out, total = tonumber(ARGV[1]), tonumber(ARGV[2]), {}, 0 "
+    "for i, name in ipairs(KEYS) do "
+    "local n = redis.pcall('STRLEN', name) "
+    "if type(n) ~= 'number' then out[i] = -1 "
+    "elseif n > small or total + n > budget then out[i] = n "
+    "else out[i] = redis.call('GET', name) or -1 total = total + n end end "
+    "return out"
+)
+_READ_SMALL_SHA = hashlib.sha1(READ_SMALL.encode()).hexdigest()
+#: Values up to this size come back in the script's reply: a script copies what it
+#: returns (1 KiB values: 0.2 ms for 32, against 0.45 ms asked apart; at 16 KiB the script
+#: is slower).
+SMALL = 4 << 10
+#: Values logged as over the cap, at most (each name once per process).
+_LOGGED_MAX = 1024
+
+
+class CappedReads:
+    """Reads that never bring more than ``cap`` bytes of one value over the wire, and
+    about ``budget`` bytes in one reply of ``get_many`` (the rest comes in further ones).
+
+    ``get`` is one ``GETRANGE 0 cap``: a reply of ``cap + 1`` bytes shows a value over
+    the cap. ``get_many`` first runs a Lua script that returns the small values and the
+    sizes of the others (a ``STRLEN`` pipeline on a cluster, whose scripts cannot span
+    slots, or where scripts are refused), then ``GETRANGE``s each larger value that fits
+    up to the size it had: a value swapped for a larger one in between brings one byte
+    more, not the larger value, and is a miss. A value over the cap (planted, or written
+    by a client with a larger cap) is a miss, logged once per name; a key of another type
+    is a quiet miss. Large values never pass through Lua, which copies what it returns
+    (4-5 times slower on 1 MiB).
+    """
+
+    def __init__(self, cap: int, budget: int, name: str, cluster: bool) -> None:
+        self.cap, self.budget, self.name, self.cluster = cap, max(budget, cap), name, cluster
+        self.scripts = not cluster  # a cluster's scripts cannot span slots
+        self._logged: set[str] = set()
+
+    # ------------------------------------------------------------------ the contract
+    def get(self, client: Any, full: str) -> bytes | None:
+        """The value under ``full``, or ``None`` (none, another type, or over the cap)."""
+        import redis
+
+        try:
+            value: bytes = client.getrange(full, 0, self.cap)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):
+                return None
+            raise
+        if len(value) > self.cap:
+            self._over(full, len(value), more=True)
+            return None
+        # GETRANGE answers b"" for a missing key too.
+        return value if value or client.exists(full) else None
+
+    def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
+        """The values of ``fulls`` in order (``None`` where :meth:`get` would give it)."""
+        found: dict[str, bytes | None] = {}
+        sizes = self._first(client, list(dict.fromkeys(fulls)), found)
+        while sizes:
+            taken: list[tuple[str, int]] = []
+            total = 0
+            for full, size in sizes.items():
+                if size > self.cap:
+                    found[full] = None
+                    self._over(full, size)
+                elif taken and total + size > self.budget:
+                    break
+                else:
+                    taken.append((full, size))
+                    total += size
+            found.update(self._read_sized(client, taken))
+            sizes = {f: n for f, n in sizes.items() if f not in found}
+        return [found.get(f) for f in fulls]
+
+    # ------------------------------------------------------------------ the parts
+    def _first(
+        self, client: Any, fulls: list[str], found: dict[str, bytes | None]
+    ) -> dict[str, int]:
+        # The small values into ``found`` (and the misses, as None); the others' sizes.
+        replies = self._script(client, fulls) if self.scripts else None
+        if replies is None:
+            pipe = client.pipeline(transaction=False)
+            for full in fulls:
+                pipe.strlen(full)
+            # A key of another type answers WRONGTYPE: no entry, not a failure.
+            replies = [n if isinstance(n, int) else -1 for n in pipe.execute(raise_on_error=False)]
+        sizes: dict[str, int] = {}
+        for full, reply in zip(fulls, replies, strict=True):
+            if isinstance(reply, bytes):
+                found[full] = reply
+            elif isinstance(reply, int) and reply >= 0:
+                sizes[full] = reply
+            else:
+                found[full] = None
+        return sizes
+
+    def _script(self, client: Any, fulls: list[str]) -> list[Any] | None:
+        import redis
+
+        args = (*fulls, SMALL, self.budget)
+        try:
+            try:
+                return list(client.evalsha(_READ_SMALL_SHA, len(fulls), *args))
+            except redis.exceptions.NoScriptError:
+                return list(client.eval(READ_SMALL, len(fulls), *args))
+        except redis.exceptions.ResponseError as exc:
+            refused = isinstance(exc, redis.exceptions.NoPermissionError)
+            if not refused and "unknown command" not in str(exc).lower():
+                raise
+            self.scripts = False
+            log.info("runtime-cache: %s refuses Lua scripts (%s); sizes by STRLEN", self.name, exc)
+            return None
+
+    def _read_sized(self, client: Any, taken: list[tuple[str, int]]) -> dict[str, bytes | None]:
+        # Each value up to the size it had; an empty one's name is asked for too.
+        pipe = client.pipeline(transaction=False)
+        for full, size in taken:
+            pipe.getrange(full, 0, size)
+            if not size:
+                pipe.exists(full)
+        replies = iter(pipe.execute(raise_on_error=False))
+        found: dict[str, bytes | None] = {}
+        for full, size in taken:
+            value = next(replies)
+            there = bool(next(replies)) if not size else True
+            if not isinstance(value, bytes) or len(value) > size or not there:
+                found[full] = None  # changed type or grew since its size was read, or gone
+            else:
+                found[full] = value if value or not size else None
+        return found
+
+    def _over(self, full: str, size: int, *, more: bool = False) -> None:
+        if full not in self._logged and len(self._logged) < _LOGGED_MAX:
+            self._logged.add(full)
+            log.warning(
+                "runtime-cache: %s holds %s%d bytes under %s, over the %d-byte cap "
+                "(max_entry_size); read as a miss",
+                self.name,
+                "more than " if more else "",
+                size - more,
+                full,
+                self.cap,
+            )
+
+
+def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
+    """Raise :class:`BackendError` naming the values of ``sizes`` (key: bytes) over ``cap``."""
+    over = [f"{key} ({size} bytes)" for key, size in sizes.items() if size > cap]
+    if over:
+        raise BackendError(
+            f"set on {name}: over the {cap}-byte max_entry_size, not stored: "
+            + ", ".join(over[:3])
+            + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+        )
 
 
 def own_name(name: str) -> bool:

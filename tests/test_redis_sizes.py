@@ -1,0 +1,200 @@
+"""``max_entry_size`` on a real redis-server: a value over the cap is never sent to a reader,
+``get_many`` brings large values in bounded replies, and writes over the cap are refused.
+
+Someone who can write to a shared Redis could plant 512 MB strings under every entry's name;
+each reader then pulled them whole (one ``MGET`` of a module's keys: gigabytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.errors import BackendError, InvalidURLError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisCluster, RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+pytestmark = pytest.mark.redis
+
+CAP = 1 << 20
+
+
+def _sent(client: Any) -> int:
+    """Bytes the server has sent to all its clients so far."""
+    return int(client.info("stats")["total_net_output_bytes"])
+
+
+@pytest.fixture
+def direct(redis_server: RedisProcess) -> Iterator[Any]:
+    import redis
+
+    client = redis.Redis(port=redis_server.port)
+    yield client
+    client.close()
+
+
+def _open(url: str) -> Any:
+    from runtime_cache.backends.redis import RedisBackend
+
+    backend = rc.open_backend(url)
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def test_a_value_over_the_cap_is_a_logged_miss_and_never_sent(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB")
+    assert backend.max_entry_size == CAP
+    direct.set(f"{unique_prefix}demo/t/big", os.urandom(8 * CAP))
+    backend.set("demo/t/ok", b"v" * 1000)
+    before = _sent(direct)
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert backend.get("demo/t/big") is None
+        assert backend.get_many(["demo/t/big", "demo/t/ok"]) == {"demo/t/ok": b"v" * 1000}
+        assert backend.get("demo/t/big") is None
+    # Of the 8 MiB value, a get brings the cap and a byte (that shows it is over); get_many
+    # asks its size first and brings none of it.
+    assert _sent(direct) - before < 2 * CAP + (64 << 10)
+    assert caplog.text.count("over the 1048576-byte cap") == 1  # once per name
+    cache = rc.Cache(backend, secret="fleet-secret")
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    direct.set(f"{unique_prefix}{key}", os.urandom(2 * CAP))
+    assert cache.get(key) is None
+    assert cache.stats().misses == 1 and cache.stats().errors == 0  # a miss, not an outage
+    backend.close()
+
+
+def test_get_many_brings_large_values_in_bounded_replies(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any
+) -> None:
+    from runtime_cache.backends.redis_scripts import SMALL, CappedReads
+
+    replies: list[int] = []
+
+    class Counting(CappedReads):
+        def _read_sized(self, client: Any, taken: list[tuple[str, int]]) -> Any:
+            found = super()._read_sized(client, taken)
+            replies.append(sum(len(v or b"") for v in found.values()))
+            return found
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB")
+    backend._reads = Counting(CAP, 3 * CAP, backend.name, cluster=False)
+    values = {f"demo/t/{i:02d}": os.urandom(CAP - i) for i in range(10)}
+    small = {f"demo/t/s{i}": os.urandom(SMALL - i) for i in range(5)}
+    backend.set_many({**values, **small, "demo/t/empty": b""})
+    direct.rpush(f"{unique_prefix}demo/t/list", b"x")  # another type: a miss
+    asked = [*values, *small, "demo/t/list", "demo/t/none", "demo/t/00", "demo/t/empty"]
+    found = backend.get_many(asked)
+    assert found == {**values, **small, "demo/t/empty": b""}
+    # 10 values of about 1 MiB in replies of at most 3 MiB: four, not one; the small ones
+    # came with the sizes.
+    assert len(replies) == 4 and max(replies) <= 3 * CAP and sum(replies) == sum(
+        map(len, values.values())
+    )
+    backend.close()
+
+
+def test_writes_over_the_cap_are_refused_and_the_rest_stored(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB")
+    with pytest.raises(BackendError, match="max_entry_size"):
+        backend.set("demo/t/huge", bytes(CAP + 1))
+    with pytest.raises(BackendError, match=r"demo/t/huge \(1048577 bytes\)"):
+        backend.set_many({"demo/t/a": b"1", "demo/t/huge": bytes(CAP + 1)})
+    assert backend.get("demo/t/a") == b"1" and backend.get("demo/t/huge") is None
+    assert backend.breaker.state == "closed"  # not the server's fault
+    cache = rc.Cache(backend, secret="fleet-secret")
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    assert not cache.put(key, bytes(CAP)) and cache.stats().errors == 1  # with its header
+    assert cache.put(key, bytes(CAP // 2)) and cache.get(key) == bytes(CAP // 2)
+    backend.close()
+
+
+def test_the_cap_holds_on_a_cluster(redis_cluster: RedisCluster, unique_prefix: str) -> None:
+    import redis
+
+    backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}&max_entry_size=1MiB")
+    values = {f"demo/t/{i:02d}": os.urandom(1000 + i) for i in range(30)}
+    backend.set_many(values)
+    port = int(redis_cluster.url.rsplit(":", 1)[1])
+    direct = redis.RedisCluster(host="127.0.0.1", port=port)
+    direct.set(f"{unique_prefix}demo/t/big", os.urandom(4 * CAP))
+    direct.rpush(f"{unique_prefix}demo/t/list", b"x")
+    assert backend.get("demo/t/big") is None and backend.get("demo/t/list") is None
+    found = backend.get_many([*values, "demo/t/big", "demo/t/list"])
+    assert found == values
+    direct.close()
+    backend.close()
+
+
+def test_a_user_without_scripts_reads_sizes_by_strlen(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL that allows reads and writes but no Lua: sizes come from STRLEN, said once."""
+    user = f"r{unique_prefix[:-1]}"
+    direct.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=[f"{unique_prefix}*"],
+        commands=["+@read", "+@write", "-@scripting"],
+    )
+    try:
+        port = redis_server.port
+        url = f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}&max_entry_size=1MiB"
+        backend = _open(url)
+        backend.set_many({"demo/t/a": b"1", "demo/t/b": b"2"})
+        direct.set(f"{unique_prefix}demo/t/big", os.urandom(2 * CAP))
+        before = _sent(direct)
+        with caplog.at_level(logging.INFO, logger="runtime_cache"):
+            assert backend.get("demo/t/a") == b"1" and backend.get("demo/t/big") is None
+            for _ in range(2):
+                assert backend.get_many(["demo/t/a", "demo/t/b", "demo/t/big"]) == {
+                    "demo/t/a": b"1",
+                    "demo/t/b": b"2",
+                }
+        assert _sent(direct) - before < CAP + (64 << 10)
+        assert caplog.text.count("refuses Lua scripts") == 1
+        assert backend.breaker.state == "closed"
+        backend.close()
+    finally:
+        direct.acl_deluser(user)
+
+
+def test_max_entry_size_in_the_url_is_checked() -> None:
+    with pytest.raises(InvalidURLError):
+        rc.open_backend("redis://127.0.0.1:1/0?max_entry_size=0")
+    with pytest.raises(ValueError):
+        rc.open_backend("redis://127.0.0.1:1/0?max_entry_size=lots")
+
+
+def test_a_value_swapped_for_a_larger_one_between_size_and_read_is_a_miss(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any
+) -> None:
+    """get_many reads each value up to the size it had: a swap in between brings one byte
+    more, never the new value."""
+    from runtime_cache.backends.redis_scripts import CappedReads
+
+    class Swapping(CappedReads):
+        def _first(self, client: Any, fulls: list[str], found: dict[str, Any]) -> Any:
+            sizes = super()._first(client, fulls, found)
+            direct.set(f"{unique_prefix}demo/t/a", os.urandom(CAP))  # the attacker's move
+            return sizes
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB")
+    backend._reads = Swapping(CAP, CAP, backend.name, cluster=False)
+    backend.set_many({"demo/t/a": bytes(64 << 10), "demo/t/b": b"kept"})
+    before = _sent(direct)
+    assert backend.get_many(["demo/t/a", "demo/t/b"]) == {"demo/t/b": b"kept"}
+    assert _sent(direct) - before < 80 << 10  # the sizes, and the 64 KiB and a byte
+    backend.close()
