@@ -45,13 +45,13 @@ from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
-from .redis_scripts import DELETE_IF, CappedReads, own_name, refuse_over_cap
+from .redis_deadline import connection_classes
+from .redis_scripts import DELETE_IF, CappedReads, listed_sizes, own_name, refuse_over_cap
 
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
 _SCHEMES = ("redis", "rediss", "redis+cluster")
-_BATCH = 500  # commands per pipeline round trip in listings
 _GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 #: The largest value read or written by default, and the most one reply of ``get_many``
 #: brings (more comes in further round trips).
@@ -137,6 +137,8 @@ class RedisBackend(Backend):
         netloc = parsed.netloc or "localhost:6379"
         server_scheme = "redis" if self.cluster else parsed.scheme
         self._server_url = f"{server_scheme}://{netloc}{parsed.path}"
+        self._scheme = parsed.scheme
+        self._connection_classes = connection_classes(self._redis)
         host = netloc.rpartition("@")[2]  # never log a password
         self.name = f"{parsed.scheme}://{host}{parsed.path}"
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
@@ -202,6 +204,8 @@ class RedisBackend(Backend):
             "socket_timeout": self.timeout,
             "max_connections": self.max_connections,
             "retry": retry,
+            # Each reply must keep coming (see .redis_deadline): a drip is a timeout.
+            "connection_class": self._connection_classes[self._scheme == "rediss"],
             **self._ssl_options,
         }
         if self.cluster:
@@ -365,29 +369,11 @@ class RedisBackend(Backend):
         self._full(key)  # the key rules of entries
         return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl)
 
-    def _sizes(self, client: Any, keys: list[str]) -> list[StoredItem]:
-        items: list[StoredItem] = []
-        for start in range(0, len(keys), _BATCH):
-            chunk = keys[start : start + _BATCH]
-            pipe = client.pipeline(transaction=False)
-            for key in chunk:
-                pipe.strlen(self.prefix + key)
-            # A key that changed type since SCAN answers WRONGTYPE: skipped, not fatal.
-            replies = pipe.execute(raise_on_error=False)
-            kept = [(k, n) for k, n in zip(chunk, replies, strict=True) if isinstance(n, int)]
-            chunk, sizes = [k for k, _ in kept], [n for _, n in kept]
-            empty = [k for k, n in zip(chunk, sizes, strict=True) if not n]
-            present = {k for k in empty if client.exists(self.prefix + k)}
-            items += [
-                StoredItem(k, int(n))
-                for k, n in zip(chunk, sizes, strict=True)
-                if n or k in present
-            ]
-        return items
-
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         """List keys and sizes with SCAN and STRLEN; no value is transferred."""
-        return iter(self._run("scan", lambda c: self._sizes(c, self._scan_keys(c, prefix))))
+        return iter(
+            self._run("scan", lambda c: listed_sizes(c, self.prefix, self._scan_keys(c, prefix)))
+        )
 
     def close(self) -> None:
         """Disconnect the pool; a later call connects again."""

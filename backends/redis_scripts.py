@@ -12,6 +12,7 @@ import hashlib
 import logging
 from typing import Any
 
+from runtime_cache.api import StoredItem
 from runtime_cache.errors import BackendError
 
 __all__ = [
@@ -19,7 +20,6 @@ __all__ = [
     "READ_SMALL",
     "SMALL",
     "CappedReads",
-    "get_string",
     "own_name",
     "refuse_over_cap",
 ]
@@ -185,6 +185,27 @@ class CappedReads:
             )
 
 
+#: Commands per pipeline round trip in listings.
+_BATCH = 500
+
+
+def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
+    """The sizes of ``keys`` (names under ``prefix``) by pipelined ``STRLEN``: no value is
+    sent. A key that changed type since it was listed answers WRONGTYPE: left out, not
+    fatal; an empty answer is an empty value only where the key exists."""
+    items: list[StoredItem] = []
+    for start in range(0, len(keys), _BATCH):
+        chunk = keys[start : start + _BATCH]
+        pipe = client.pipeline(transaction=False)
+        for key in chunk:
+            pipe.strlen(prefix + key)
+        replies = pipe.execute(raise_on_error=False)
+        kept = [(k, n) for k, n in zip(chunk, replies, strict=True) if isinstance(n, int)]
+        present = {k for k, n in kept if not n and client.exists(prefix + k)}
+        items += [StoredItem(k, int(n)) for k, n in kept if n or k in present]
+    return items
+
+
 def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
     """Raise :class:`BackendError` naming the values of ``sizes`` (key: bytes) over ``cap``."""
     over = [f"{key} ({size} bytes)" for key, size in sizes.items() if size > cap]
@@ -202,17 +223,3 @@ def own_name(name: str) -> bool:
     namespace nested in this one (``namespace=team`` must not list, clear or repair
     ``team:ml``'s entries). Cache keys (``runtime/purpose/digest``) never hold one there."""
     return ":" not in name.partition("/")[0]
-
-
-def get_string(client: Any, name: str) -> bytes | None:
-    """``GET``, where a key of another type (a list planted at an entry's name) is a miss,
-    not an error: an error would count as an outage, logged and counted on every read."""
-    import redis
-
-    try:
-        value: bytes | None = client.get(name)
-    except redis.ResponseError as exc:
-        if str(exc).startswith("WRONGTYPE"):
-            return None
-        raise
-    return value

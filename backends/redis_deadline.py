@@ -1,0 +1,107 @@
+"""A reply that must keep coming: ``redis://``'s guard against a server that drips.
+
+redis-py's ``socket_timeout`` bounds each ``recv``, not a reply: a server (or a link) that
+sends a byte every 0.4 s kept one ``get`` waiting for over two minutes with a 500 ms
+timeout. Here every connection's socket sits behind :class:`DeadlineSocket`, which gives a
+reply ``timeout`` for its first bytes and then as long as its bytes take at
+:data:`MIN_RATE` more. A reply that falls behind that raises ``socket.timeout``, which
+redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). A reply of
+64 MiB may so take four minutes on a slow link; a drip is cut off within about one timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["MIN_RATE", "DeadlineSocket", "connection_classes"]
+
+#: Bytes per second a reply must average after its first ``timeout``.
+MIN_RATE = 256 << 10
+
+
+class DeadlineSocket:
+    """A socket whose reads share one deadline per request (see the module's text).
+
+    A request starts at each send; its reply may take ``timeout`` plus one second per
+    :data:`MIN_RATE` bytes read so far. Everything but reading and sending passes
+    through to the socket.
+    """
+
+    def __init__(self, sock: Any, timeout: float | None) -> None:
+        self._sock = sock
+        self._base = timeout
+        self._timeout: float | None = sock.gettimeout()
+        self._start = time.monotonic()
+        self._got = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    # ---------------------------------------------------------------- the guard
+    def _begin(self) -> None:
+        self._start = time.monotonic()
+        self._got = 0
+
+    def _arm(self) -> None:
+        # The socket's timeout for the next read: what the caller set, but no later
+        # than the reply's deadline.
+        if self._base is None:
+            return
+        left = self._start + self._base + self._got / MIN_RATE - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the reply fell behind its deadline")
+        self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
+
+    # ---------------------------------------------------------------- the calls
+    def settimeout(self, value: float | None) -> None:
+        """Set the timeout of one read (still capped by the reply's deadline)."""
+        self._timeout = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        """The timeout last set (not the deadline's cap)."""
+        return self._timeout
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        """``socket.recv`` within the reply's deadline."""
+        self._arm()
+        data: bytes = self._sock.recv(size, *flags)
+        self._got += len(data)
+        return data
+
+    def recv_into(self, buffer: Any, *args: int) -> int:
+        """``socket.recv_into`` within the reply's deadline."""
+        self._arm()
+        count: int = self._sock.recv_into(buffer, *args)
+        self._got += count
+        return count
+
+    def sendall(self, data: Any, *flags: int) -> None:
+        """``socket.sendall``; a new request's reply starts its clock here."""
+        self._sock.settimeout(self._timeout)
+        self._sock.sendall(data, *flags)
+        self._begin()
+
+    def send(self, data: Any, *flags: int) -> int:
+        """``socket.send``; a new request's reply starts its clock here."""
+        self._sock.settimeout(self._timeout)
+        sent: int = self._sock.send(data, *flags)
+        self._begin()
+        return sent
+
+
+def connection_classes(redis: Any) -> tuple[type[Any], type[Any]]:
+    """redis-py's plain and TLS connection classes, each with its socket behind a
+    :class:`DeadlineSocket`."""
+
+    class _Deadline:
+        socket_timeout: float | None
+
+        def _connect(self) -> Any:
+            sock = super()._connect()  # type: ignore[misc]
+            return DeadlineSocket(sock, self.socket_timeout)
+
+    plain = type("DeadlineConnection", (_Deadline, redis.connection.Connection), {})
+    tls = type("DeadlineSSLConnection", (_Deadline, redis.connection.SSLConnection), {})
+    return plain, tls

@@ -1,0 +1,113 @@
+"""A server that answers, but a byte at a time: each reply must keep coming.
+
+redis-py's timeout bounds each read, so a reply dripped a byte every 0.2 s never timed out:
+one ``get`` waited for as long as the server liked (over 120 s seen). The server here is a
+real TCP listener that speaks just enough of the Redis protocol.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.errors import BackendUnavailableError
+
+pytestmark = pytest.mark.redis
+
+
+def _command(stream: socket.SocketIO) -> list[bytes] | None:
+    """One command (a RESP array of bulk strings) from ``stream``; None at its end."""
+    line = stream.readline()
+    if not line.startswith(b"*"):
+        return None
+    args = []
+    for _ in range(int(line[1:])):
+        length = int(stream.readline()[1:])
+        args.append(stream.read(length + 2)[:-2])
+    return args
+
+
+class DrippingServer:
+    """Accepts connections; answers ``GET``/``GETRANGE`` with a value of ``size`` bytes
+    sent one byte every ``gap`` seconds, and anything else (the client's hello) at once."""
+
+    def __init__(self, size: int, gap: float) -> None:
+        self.size, self.gap = size, gap
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stopping = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        stream = conn.makefile("rb")
+        try:
+            while (args := _command(stream)) is not None:
+                if args[0].upper() in (b"GET", b"GETRANGE"):
+                    reply = b"$%d\r\n" % self.size + b"x" * self.size + b"\r\n"
+                    for i in range(len(reply)):
+                        if self.stopping.is_set():
+                            return
+                        conn.sendall(reply[i : i + 1])
+                        time.sleep(self.gap)
+                elif args[0].upper() == b"HELLO":  # redis-py 8 speaks RESP3
+                    proto = args[1] if len(args) > 1 else b"2"
+                    conn.sendall(b"%1\r\n+proto\r\n:" + proto + b"\r\n")
+                else:
+                    conn.sendall(b"+OK\r\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.listener.close()
+
+
+@pytest.fixture
+def dripping() -> Iterator[DrippingServer]:
+    server = DrippingServer(size=100, gap=0.2)
+    yield server
+    server.close()
+
+
+def test_a_dripped_reply_is_cut_off_within_about_one_timeout(dripping: DrippingServer) -> None:
+    backend = rc.open_backend(f"redis://127.0.0.1:{dripping.port}/0?timeout=300ms&insecure=1")
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="[Tt]imeout"):
+        backend.get("demo/t/k")
+    took = time.monotonic() - started
+    # The whole reply would take 110 x 0.2 s = 22 s; each read came within the 300 ms.
+    assert took < 2.0, took
+    # Then the breaker is open: the next call costs nothing.
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError):
+        backend.get("demo/t/k")
+    assert time.monotonic() - started < 0.1
+    backend.close()
+
+
+def test_through_the_front_a_drip_is_a_miss(dripping: DrippingServer) -> None:
+    cache = rc.Cache(
+        rc.open_backend(f"redis://127.0.0.1:{dripping.port}/0?timeout=300ms&insecure=1"),
+        insecure=True,
+    )
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    started = time.monotonic()
+    assert cache.get(key) is None
+    assert time.monotonic() - started < 2.0
+    assert cache.stats().errors == 1
+    cache.close()
