@@ -325,8 +325,8 @@ class RedisBackend(Backend):
             return {}
         fulls = [self._full(k) for k in wanted]
 
-        # One round trip per reply budget's worth in standalone mode; a cluster asks the
-        # sizes first, then one MGET per node (see CappedReads).
+        # The sizes (and the small values) first, then the larger values in replies of
+        # about 32 MiB (see CappedReads).
         values = self._run("get_many", lambda c: self._reads.get_many(c, fulls))
         return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
 

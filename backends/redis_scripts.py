@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from runtime_cache.api import StoredItem
-from runtime_cache.errors import BackendError
+from runtime_cache.errors import EntryTooLargeError
 
 __all__ = [
     "DELETE_IF",
@@ -38,12 +38,14 @@ DELETE_IF = (
 
 
 #: Per name of KEYS: its value if it is at most ARGV[1] bytes (and the reply stays within
-#: ARGV[2] bytes), else its size; -1 where there is no string (none, or another type).
+#: ARGV[2] bytes), else its size; -1 where there is no string (none, or another type). Any
+#: other error (an ACL that refuses STRLEN) fails the script: never a quiet miss.
 READ_SMALL = (
     "local small, budget, out, total = tonumber(ARGV[1]), tonumber(ARGV[2]), {}, 0 "
     "for i, name in ipairs(KEYS) do "
     "local n = redis.pcall('STRLEN', name) "
-    "if type(n) ~= 'number' then out[i] = -1 "
+    "if type(n) == 'table' then "
+    "if string.sub(tostring(n.err), 1, 9) ~= 'WRONGTYPE' then return n end out[i] = -1 "
     "elseif n > small or total + n > budget then out[i] = n "
     "else out[i] = redis.call('GET', name) or -1 total = total + n end end "
     "return out"
@@ -53,8 +55,23 @@ _READ_SMALL_SHA = hashlib.sha1(READ_SMALL.encode()).hexdigest()
 #: returns (1 KiB values: 0.2 ms for 32, against 0.45 ms asked apart; at 16 KiB the script
 #: is slower).
 SMALL = 4 << 10
-#: Values logged as over the cap, at most (each name once per process).
+#: Names per script call or pipeline: one call's time on the server stays short.
+CHUNK = 1000
+#: Names remembered as over the cap, at most (each is logged once per process).
 _LOGGED_MAX = 1024
+
+
+def _wrong_type(reply: object) -> bool:
+    return isinstance(reply, Exception) and str(reply).startswith("WRONGTYPE")
+
+
+def _checked(reply: Any) -> Any:
+    # A pipeline's reply: a key of another type is a miss (None); another error is raised.
+    if isinstance(reply, Exception):
+        if _wrong_type(reply):
+            return None
+        raise reply
+    return reply
 
 
 class CappedReads:
@@ -62,19 +79,21 @@ class CappedReads:
     about ``budget`` bytes in one reply of ``get_many`` (the rest comes in further ones).
 
     ``get`` is one ``GETRANGE 0 cap``: a reply of ``cap + 1`` bytes shows a value over
-    the cap. ``get_many`` first runs a Lua script that returns the small values and the
-    sizes of the others (a ``STRLEN`` pipeline on a cluster, whose scripts cannot span
-    slots, or where scripts are refused), then ``GETRANGE``s each larger value that fits
-    up to the size it had: a value swapped for a larger one in between brings one byte
-    more, not the larger value, and is a miss. A value over the cap (planted, or written
-    by a client with a larger cap) is a miss, logged once per name; a key of another type
-    is a quiet miss. Large values never pass through Lua, which copies what it returns
-    (4-5 times slower on 1 MiB).
+    the cap (a name seen so is asked its size first from then on). ``get_many`` first
+    runs a Lua script that returns the small values and the sizes of the others (a
+    ``STRLEN`` pipeline on a cluster, whose scripts cannot span slots, or where scripts
+    are refused), then ``GETRANGE``s each larger value that fits up to the size it had:
+    a value swapped for a larger one in between brings one byte more, not the larger
+    value, and is a miss. A value over the cap (planted, or written by a client with a
+    larger cap) is a miss, logged once per name; a key of another type is a quiet miss;
+    any other error reply (an ACL that refuses a command) is raised. Large values never
+    pass through Lua, which copies what it returns (4-5 times slower on 1 MiB).
     """
 
     def __init__(self, cap: int, budget: int, name: str, cluster: bool) -> None:
-        self.cap, self.budget, self.name, self.cluster = cap, max(budget, cap), name, cluster
+        self.cap, self.budget, self.name, self.cluster = cap, budget, name, cluster
         self.scripts = not cluster  # a cluster's scripts cannot span slots
+        self.transactions = True
         self._logged: set[str] = set()
 
     # ------------------------------------------------------------------ the contract
@@ -83,21 +102,50 @@ class CappedReads:
         import redis
 
         try:
+            if full in self._logged and client.strlen(full) > self.cap:
+                return None  # still over: not sent again
             value: bytes = client.getrange(full, 0, self.cap)
+            if not value:  # no key, an empty value, or one made since: ask both at once
+                there, value = self._exists_and_read(client, full)
+                if not there:
+                    return None
         except redis.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
+            if _wrong_type(exc):
                 return None
             raise
         if len(value) > self.cap:
             self._over(full, len(value), more=True)
             return None
-        # GETRANGE answers b"" for a missing key too.
-        return value if value or client.exists(full) else None
+        return value
+
+    def _exists_and_read(self, client: Any, full: str) -> tuple[bool, bytes]:
+        # In one transaction (MULTI/EXEC), so a value made or removed in between cannot
+        # read as empty; an ACL that refuses transactions gets the two in a plain pipeline
+        # (where a value removed between the two reads as empty), said once.
+        import redis
+
+        pipe = client.pipeline(transaction=self.transactions)
+        pipe.exists(full)
+        pipe.getrange(full, 0, self.cap)
+        try:
+            there, value = pipe.execute()
+        except redis.exceptions.NoPermissionError as exc:
+            if not self.transactions or not {"'multi'", "'exec'"} & set(str(exc).split()):
+                raise
+            self.transactions = False
+            log.info(
+                "runtime-cache: %s refuses MULTI (%s); misses read in two steps", self.name, exc
+            )
+            return self._exists_and_read(client, full)
+        return bool(there), value
 
     def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
         """The values of ``fulls`` in order (``None`` where :meth:`get` would give it)."""
         found: dict[str, bytes | None] = {}
-        sizes = self._first(client, list(dict.fromkeys(fulls)), found)
+        wanted = list(dict.fromkeys(fulls))
+        sizes: dict[str, int] = {}
+        for start in range(0, len(wanted), CHUNK):
+            sizes.update(self._first(client, wanted[start : start + CHUNK], found))
         while sizes:
             taken: list[tuple[str, int]] = []
             total = 0
@@ -105,7 +153,9 @@ class CappedReads:
                 if size > self.cap:
                     found[full] = None
                     self._over(full, size)
-                elif taken and total + size > self.budget:
+                elif not size:
+                    found[full] = self.get(client, full)  # empty, or gone: asked atomically
+                elif taken and (total + size > self.budget or len(taken) >= CHUNK):
                     break
                 else:
                     taken.append((full, size))
@@ -124,8 +174,7 @@ class CappedReads:
             pipe = client.pipeline(transaction=False)
             for full in fulls:
                 pipe.strlen(full)
-            # A key of another type answers WRONGTYPE: no entry, not a failure.
-            replies = [n if isinstance(n, int) else -1 for n in pipe.execute(raise_on_error=False)]
+            replies = [_checked(n) for n in pipe.execute(raise_on_error=False)]
         sizes: dict[str, int] = {}
         for full, reply in zip(fulls, replies, strict=True):
             if isinstance(reply, bytes):
@@ -139,7 +188,7 @@ class CappedReads:
     def _script(self, client: Any, fulls: list[str]) -> list[Any] | None:
         import redis
 
-        args = (*fulls, SMALL, self.budget)
+        args = (*fulls, min(SMALL, self.cap), self.budget)
         try:
             try:
                 return list(client.evalsha(_READ_SMALL_SHA, len(fulls), *args))
@@ -154,21 +203,16 @@ class CappedReads:
             return None
 
     def _read_sized(self, client: Any, taken: list[tuple[str, int]]) -> dict[str, bytes | None]:
-        # Each value up to the size it had; an empty one's name is asked for too.
+        # Each (non-empty) value up to the size it had: one that grew since is a miss, one
+        # that is gone answers b"" and is a miss too.
         pipe = client.pipeline(transaction=False)
         for full, size in taken:
             pipe.getrange(full, 0, size)
-            if not size:
-                pipe.exists(full)
-        replies = iter(pipe.execute(raise_on_error=False))
+        replies = pipe.execute(raise_on_error=False)
         found: dict[str, bytes | None] = {}
-        for full, size in taken:
-            value = next(replies)
-            there = bool(next(replies)) if not size else True
-            if not isinstance(value, bytes) or len(value) > size or not there:
-                found[full] = None  # changed type or grew since its size was read, or gone
-            else:
-                found[full] = value if value or not size else None
+        for (full, size), reply in zip(taken, replies, strict=True):
+            value = _checked(reply)
+            found[full] = value if isinstance(value, bytes) and 0 < len(value) <= size else None
         return found
 
     def _over(self, full: str, size: int, *, more: bool = False) -> None:
@@ -207,10 +251,11 @@ def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
 
 
 def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
-    """Raise :class:`BackendError` naming the values of ``sizes`` (key: bytes) over ``cap``."""
+    """Raise :class:`EntryTooLargeError` naming the values of ``sizes`` (key: bytes) over
+    ``cap``."""
     over = [f"{key} ({size} bytes)" for key, size in sizes.items() if size > cap]
     if over:
-        raise BackendError(
+        raise EntryTooLargeError(
             f"set on {name}: over the {cap}-byte max_entry_size, not stored: "
             + ", ".join(over[:3])
             + (f" and {len(over) - 3} more" if len(over) > 3 else "")

@@ -38,6 +38,7 @@ from .codec import (
     entry_span,
     normalize_secret,
 )
+from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
@@ -311,6 +312,10 @@ class Cache(Inventory, BatchReads):
                 self._backend.set(skey, blob)
             else:
                 self._backend.set_many(blobs)
+        except EntryTooLargeError as exc:  # the value's fault, not the store's: no outage
+            self._counters.add(errors=1)
+            self._policy.refused(exc)
+            return False
         except Exception as exc:
             self._failed("set", exc)
             return False

@@ -97,6 +97,11 @@ class ReadOnlyBackendError(BackendError):
     """The backend's storage is read-only; reads still work, writes are skipped."""
 
 
+class EntryTooLargeError(BackendError):
+    """A value larger than the backend stores (its ``max_entry_size``): not stored. Not an
+    outage: the front counts it as an error and logs it once, and the backend goes on."""
+
+
 class CallbackTypeError(BackendError, TypeError):
     """A user callback of :class:`CallbackBackend` returned a value of the wrong type."""
 
@@ -107,6 +112,7 @@ __all__ = [
     "BackendUnavailableError",
     "CallbackTypeError",
     "CorruptEntryError",
+    "EntryTooLargeError",
     "InsecureStoreError",
     "InvalidBundleError",
     "InvalidKeyError",

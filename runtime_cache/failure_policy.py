@@ -60,9 +60,22 @@ class FailurePolicy:
         self.errors = 0
         self._lock = threading.Lock()
         self._failing: set[str] = set()
+        self._told_refused = False
         #: The sides (``"read"``, ``"write"``) whose last call failed: a hot path calls
         #: :meth:`succeeded` only when this is not empty.
         self.failing_sides = self._failing
+
+    def refused(self, exc: BaseException) -> None:
+        """A write the store refused for what was written, not for the store's state (a
+        value over its size cap): counted, logged once (then at debug level), never an
+        outage to recover from; re-raised when strict."""
+        with self._lock:
+            self.errors += 1
+            first = not self._told_refused
+            self._told_refused = True
+        if self.strict:
+            raise exc
+        self.log.log(logging.WARNING if first else logging.DEBUG, "runtime-cache: %s", exc)
 
     @staticmethod
     def side(op: str) -> str:
