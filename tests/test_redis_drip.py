@@ -87,7 +87,7 @@ def dripping() -> Iterator[DrippingServer]:
 def test_a_dripped_reply_is_cut_off_within_about_one_timeout(dripping: DrippingServer) -> None:
     backend = rc.open_backend(f"redis://127.0.0.1:{dripping.port}/0?timeout=300ms&insecure=1")
     started = time.monotonic()
-    with pytest.raises(BackendUnavailableError, match="[Tt]imeout"):
+    with pytest.raises(BackendUnavailableError, match=r"[Tt]imeout"):
         backend.get("demo/t/k")
     took = time.monotonic() - started
     # The whole reply would take 110 x 0.2 s = 22 s; each read came within the 300 ms.

@@ -97,8 +97,10 @@ def test_get_many_brings_large_values_in_bounded_replies(
     assert found == {**values, **small, "demo/t/empty": b""}
     # 10 values of about 1 MiB in replies of at most 3 MiB: four, not one; the small ones
     # came with the sizes.
-    assert len(replies) == 4 and max(replies) <= 3 * CAP and sum(replies) == sum(
-        map(len, values.values())
+    assert (
+        len(replies) == 4
+        and max(replies) <= 3 * CAP
+        and sum(replies) == sum(map(len, values.values()))
     )
     backend.close()
 
