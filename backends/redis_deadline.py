@@ -11,11 +11,14 @@ redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). 
 
 from __future__ import annotations
 
+import ssl
 import time
 from typing import Any
 
 __all__ = ["MIN_RATE", "DeadlineSocket", "connection_classes"]
 
+#: What a read that may not wait raises when nothing has come (TLS has its own).
+_NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError)
 #: Bytes per second a reply must average after its first ``timeout``.
 MIN_RATE = 256 << 10
 
@@ -24,8 +27,11 @@ class DeadlineSocket:
     """A socket whose reads share one deadline per request (see the module's text).
 
     A request starts at each send; its reply may take ``timeout`` plus one second per
-    :data:`MIN_RATE` bytes read so far. Everything but reading and sending passes
-    through to the socket.
+    :data:`MIN_RATE` bytes read so far. What has already arrived is always read: a
+    deadline that passed while this thread was held up elsewhere (another thread holding
+    the GIL) only stops the waiting. A poll (timeout 0: redis-py's check of a pooled
+    connection) is never cut short. Everything but reading and sending passes through to
+    the socket.
     """
 
     def __init__(self, sock: Any, timeout: float | None) -> None:
@@ -43,15 +49,24 @@ class DeadlineSocket:
         self._start = time.monotonic()
         self._got = 0
 
-    def _arm(self) -> None:
-        # The socket's timeout for the next read: what the caller set, but no later
-        # than the reply's deadline.
-        if self._base is None:
-            return
+    def _arm(self) -> bool:
+        # Set the socket's timeout for the next read: what the caller set, but no later
+        # than the reply's deadline. ``True`` once the deadline has passed: the read then
+        # takes what is already there and waits for nothing (a reply that arrived while
+        # this thread was held up elsewhere is still read). A poll (timeout 0, redis-py's
+        # check of a pooled connection) is left as it is.
+        if self._base is None or self._timeout == 0:
+            return False
         left = self._start + self._base + self._got / MIN_RATE - time.monotonic()
         if left <= 0:
-            raise TimeoutError("the reply fell behind its deadline")
+            self._sock.settimeout(0)
+            return True
         self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
+        return False
+
+    def _late(self) -> TimeoutError:
+        self._sock.settimeout(self._timeout)
+        return TimeoutError("the reply fell behind its deadline")
 
     # ---------------------------------------------------------------- the calls
     def settimeout(self, value: float | None) -> None:
@@ -65,15 +80,25 @@ class DeadlineSocket:
 
     def recv(self, size: int, *flags: int) -> bytes:
         """``socket.recv`` within the reply's deadline."""
-        self._arm()
-        data: bytes = self._sock.recv(size, *flags)
+        late = self._arm()
+        try:
+            data: bytes = self._sock.recv(size, *flags)
+        except _NOTHING_YET as exc:
+            if late:
+                raise self._late() from exc
+            raise
         self._got += len(data)
         return data
 
     def recv_into(self, buffer: Any, *args: int) -> int:
         """``socket.recv_into`` within the reply's deadline."""
-        self._arm()
-        count: int = self._sock.recv_into(buffer, *args)
+        late = self._arm()
+        try:
+            count: int = self._sock.recv_into(buffer, *args)
+        except _NOTHING_YET as exc:
+            if late:
+                raise self._late() from exc
+            raise
         self._got += count
         return count
 

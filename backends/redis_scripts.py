@@ -65,6 +65,16 @@ def _wrong_type(reply: object) -> bool:
     return isinstance(reply, Exception) and str(reply).startswith("WRONGTYPE")
 
 
+def _refused(exc: Exception) -> bool:
+    # An ACL's no (NOPERM, or inside a script "can't run this command"), or no such command.
+    import redis
+
+    text = str(exc).lower()
+    return isinstance(exc, redis.exceptions.NoPermissionError) or any(
+        words in text for words in ("can't run", "no permissions", "unknown command")
+    )
+
+
 def _checked(reply: Any) -> Any:
     # A pipeline's reply: a key of another type is a miss (None); another error is raised.
     if isinstance(reply, Exception):
@@ -120,23 +130,32 @@ class CappedReads:
 
     def _exists_and_read(self, client: Any, full: str) -> tuple[bool, bytes]:
         # In one transaction (MULTI/EXEC), so a value made or removed in between cannot
-        # read as empty; an ACL that refuses transactions gets the two in a plain pipeline
-        # (where a value removed between the two reads as empty), said once.
+        # read as empty. Where transactions fail (an ACL that refuses MULTI or EXEC, a
+        # redis-py whose cluster client has none), the two go in a plain pipeline (where
+        # a value removed in between reads as empty), said once.
         import redis
 
-        pipe = client.pipeline(transaction=self.transactions)
+        if self.transactions:
+            try:
+                pipe = client.pipeline(transaction=True)
+                pipe.exists(full)
+                pipe.getrange(full, 0, self.cap)
+                there, value = pipe.execute()
+                return bool(there), value
+            except (redis.exceptions.ResponseError, redis.exceptions.RedisClusterException) as exc:
+                cluster = isinstance(exc, redis.exceptions.RedisClusterException)
+                if _wrong_type(exc) or (cluster and "transaction" not in str(exc).lower()):
+                    raise
+                self.transactions = False
+                log.info(
+                    "runtime-cache: %s: no MULTI/EXEC (%s); misses read in two steps",
+                    self.name,
+                    exc,
+                )
+        pipe = client.pipeline(transaction=False)
         pipe.exists(full)
         pipe.getrange(full, 0, self.cap)
-        try:
-            there, value = pipe.execute()
-        except redis.exceptions.NoPermissionError as exc:
-            if not self.transactions or not {"'multi'", "'exec'"} & set(str(exc).split()):
-                raise
-            self.transactions = False
-            log.info(
-                "runtime-cache: %s refuses MULTI (%s); misses read in two steps", self.name, exc
-            )
-            return self._exists_and_read(client, full)
+        there, value = pipe.execute()
         return bool(there), value
 
     def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
@@ -195,8 +214,7 @@ class CappedReads:
             except redis.exceptions.NoScriptError:
                 return list(client.eval(READ_SMALL, len(fulls), *args))
         except redis.exceptions.ResponseError as exc:
-            refused = isinstance(exc, redis.exceptions.NoPermissionError)
-            if not refused and "unknown command" not in str(exc).lower():
+            if not _refused(exc):
                 raise
             self.scripts = False
             log.info("runtime-cache: %s refuses Lua scripts (%s); sizes by STRLEN", self.name, exc)
@@ -236,14 +254,15 @@ _BATCH = 500
 def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
     """The sizes of ``keys`` (names under ``prefix``) by pipelined ``STRLEN``: no value is
     sent. A key that changed type since it was listed answers WRONGTYPE: left out, not
-    fatal; an empty answer is an empty value only where the key exists."""
+    fatal (any other error reply, an ACL's refusal, is raised); an empty answer is an empty
+    value only where the key exists."""
     items: list[StoredItem] = []
     for start in range(0, len(keys), _BATCH):
         chunk = keys[start : start + _BATCH]
         pipe = client.pipeline(transaction=False)
         for key in chunk:
             pipe.strlen(prefix + key)
-        replies = pipe.execute(raise_on_error=False)
+        replies = [_checked(n) for n in pipe.execute(raise_on_error=False)]
         kept = [(k, n) for k, n in zip(chunk, replies, strict=True) if isinstance(n, int)]
         present = {k for k, n in kept if not n and client.exists(prefix + k)}
         items += [StoredItem(k, int(n)) for k, n in kept if n or k in present]
@@ -253,12 +272,14 @@ def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
 def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
     """Raise :class:`EntryTooLargeError` naming the values of ``sizes`` (key: bytes) over
     ``cap``."""
-    over = [f"{key} ({size} bytes)" for key, size in sizes.items() if size > cap]
+    over = {key: size for key, size in sizes.items() if size > cap}
     if over:
+        shown = [f"{key} ({size} bytes)" for key, size in list(over.items())[:3]]
         raise EntryTooLargeError(
             f"set on {name}: over the {cap}-byte max_entry_size, not stored: "
-            + ", ".join(over[:3])
-            + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+            + ", ".join(shown)
+            + (f" and {len(over) - 3} more" if len(over) > 3 else ""),
+            frozenset(over),
         )
 
 

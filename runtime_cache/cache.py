@@ -38,7 +38,6 @@ from .codec import (
     entry_span,
     normalize_secret,
 )
-from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
@@ -312,12 +311,13 @@ class Cache(Inventory, BatchReads):
                 self._backend.set(skey, blob)
             else:
                 self._backend.set_many(blobs)
-        except EntryTooLargeError as exc:  # the value's fault, not the store's: no outage
-            self._counters.add(errors=1)
-            self._policy.refused(exc)
-            return False
         except Exception as exc:
-            self._failed("set", exc)
+            self._failed("set", exc)  # (EntryTooLargeError: no outage; it names what it refused)
+            refused = getattr(exc, "refused", None)
+            blobs = {k: v for k, v in blobs.items() if refused and k not in refused}
+            if blobs:
+                self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
+                self._bump()
             return False
         self._succeeded("write")
         self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))

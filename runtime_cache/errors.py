@@ -99,7 +99,12 @@ class ReadOnlyBackendError(BackendError):
 
 class EntryTooLargeError(BackendError):
     """A value larger than the backend stores (its ``max_entry_size``): not stored. Not an
-    outage: the front counts it as an error and logs it once, and the backend goes on."""
+    outage: the front counts it as an error and logs it once, and the backend goes on.
+    ``refused`` names the keys not stored (the others of a ``set_many`` were)."""
+
+    def __init__(self, message: str, refused: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class CallbackTypeError(BackendError, TypeError):

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import InvalidKeyError
+from .errors import EntryTooLargeError, InvalidKeyError
 
 __all__ = ["WRITES", "FailurePolicy"]
 
@@ -87,7 +87,12 @@ class FailurePolicy:
         return side in self._failing
 
     def failed(self, op: str, exc: BaseException, side: str | None = None) -> None:
-        """Count a failure of ``op``; log it if it starts an outage; re-raise when strict."""
+        """Count a failure of ``op``; log it if it starts an outage; re-raise when strict.
+        A value the store refused for its size (:class:`EntryTooLargeError`) is no outage:
+        see :meth:`refused`."""
+        if isinstance(exc, EntryTooLargeError):
+            self.refused(exc)
+            return
         side = side or self.side(op)
         with self._lock:
             self.errors += 1

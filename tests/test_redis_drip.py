@@ -111,3 +111,33 @@ def test_through_the_front_a_drip_is_a_miss(dripping: DrippingServer) -> None:
     assert time.monotonic() - started < 2.0
     assert cache.stats().errors == 1
     cache.close()
+
+
+def test_what_has_arrived_is_read_after_the_deadline_and_polls_are_left_alone() -> None:
+    """A reply already in the socket's buffer is read even when this thread was held up
+    past the deadline; a poll (timeout 0, redis-py's check of a pooled connection) reports
+    "nothing yet", never a timeout; with nothing there once the deadline has passed, the
+    read is a timeout at once."""
+    from runtime_cache.backends.redis_deadline import DeadlineSocket
+
+    ours, theirs = socket.socketpair()
+    sock = DeadlineSocket(ours, 0.2)
+    sock.settimeout(0.2)
+    try:
+        sock.sendall(b"PING\r\n")
+        assert theirs.recv(64) == b"PING\r\n"
+        theirs.sendall(b"+PONG\r\n")
+        time.sleep(0.4)  # held up elsewhere: the reply came meanwhile
+        assert sock.recv(64) == b"+PONG\r\n"
+        sock.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            sock.recv(64)  # a poll, past the deadline: "nothing yet"
+        sock.settimeout(0.2)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="deadline"):
+            sock.recv(64)
+        assert time.monotonic() - started < 0.1
+        assert sock.gettimeout() == 0.2
+    finally:
+        ours.close()
+        theirs.close()

@@ -253,3 +253,129 @@ def test_an_acl_that_refuses_a_read_command_is_an_error_never_a_quiet_miss(
         backend.close()
     finally:
         direct.acl_deluser(user)
+
+
+@pytest.mark.parametrize("refused", ["-multi", "-exec", "-@transaction"])
+def test_misses_read_without_transactions_where_an_acl_refuses_them(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any, refused: str
+) -> None:
+    user = f"m{unique_prefix[:-1]}"
+    direct.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=[f"{unique_prefix}*"],
+        commands=["+@all", refused],
+    )
+    try:
+        port = redis_server.port
+        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+        backend.set("demo/t/empty", b"")
+        for _ in range(2):
+            assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
+        assert backend.breaker.state == "closed"
+        backend.close()
+    finally:
+        direct.acl_deluser(user)
+
+
+def test_a_cluster_client_without_transactions_reads_misses_in_two_steps(
+    redis_cluster: RedisCluster, unique_prefix: str
+) -> None:
+    """redis-py 5's cluster client refuses transaction=True ("transaction is deprecated in
+    cluster mode"): that is no outage."""
+    import redis
+
+    backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}")
+    client = backend._get_client()
+    plain = client.pipeline
+
+    def pipeline(transaction: bool = False, **kwargs: Any) -> Any:
+        if transaction:
+            raise redis.exceptions.RedisClusterException(
+                "transaction is deprecated in cluster mode"
+            )
+        return plain(transaction=False, **kwargs)
+
+    client.pipeline = pipeline
+    backend.set("demo/t/empty", b"")
+    assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
+    assert backend.breaker.state == "closed" and not backend._reads.transactions
+    backend.close()
+
+
+def test_an_acl_refusing_get_inside_scripts_reads_through_strlen_and_getrange(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any
+) -> None:
+    user = f"g{unique_prefix[:-1]}"
+    direct.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=[f"{unique_prefix}*"],
+        commands=["+@all", "-get"],
+    )
+    try:
+        port = redis_server.port
+        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+        values = {"demo/t/a": b"1", "demo/t/b": bytes(10_000)}
+        backend.set_many(values)
+        assert backend.get_many([*values, "demo/t/none"]) == values
+        assert not backend._reads.scripts
+        backend.close()
+    finally:
+        direct.acl_deluser(user)
+
+
+def test_a_listing_refused_strlen_is_an_error_not_an_empty_store(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any
+) -> None:
+    user = f"l{unique_prefix[:-1]}"
+    direct.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=[f"{unique_prefix}*"],
+        commands=["+@all", "-strlen"],
+    )
+    try:
+        port = redis_server.port
+        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+        backend.set("demo/t/a", b"1")
+        with pytest.raises(BackendError):
+            list(backend.scan())
+        backend.close()
+    finally:
+        direct.acl_deluser(user)
+
+
+def test_an_oversized_value_through_tiers_is_no_outage(
+    redis_server: RedisProcess, unique_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"tiered://memory://,{redis_server.url}?prefix={unique_prefix}&max_entry_size=64KiB"
+    cache = rc.Cache(rc.open_backend(url), secret="fleet-secret")
+    keys = [rc.make_key(module_id="m", runtime="demo", purpose="t", i=i) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert cache.put(keys[0], bytes(128 << 10))  # the memory tier takes it
+        assert cache.put(keys[1], b"small")
+        assert cache.backend.flush(10)
+        assert cache.put(keys[2], bytes(128 << 10))
+        assert cache.backend.flush(10)
+    assert "until it recovers" not in caplog.text
+    assert caplog.text.count("max_entry_size") == 1
+    cache.close()
+
+
+def test_a_batch_with_one_oversized_value_counts_the_others_stored(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=64KiB")
+    cache = rc.Cache(backend, secret="fleet-secret")
+    keys = [rc.make_key(module_id="m", runtime="demo", purpose="t", i=i) for i in range(3)]
+    before = cache.generation
+    assert not cache.put_many({keys[0]: b"a", keys[1]: b"b", keys[2]: bytes(128 << 10)})
+    stats = cache.stats()
+    assert stats.stores == 2 and stats.errors == 1
+    assert cache.get(keys[0]) == b"a" and cache.get(keys[2]) is None
+    assert cache.generation != before
+    cache.close()
