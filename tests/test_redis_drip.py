@@ -11,11 +11,17 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 import runtime_cache as rc
 from runtime_cache.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
 
 pytestmark = pytest.mark.redis
 
@@ -141,3 +147,23 @@ def test_what_has_arrived_is_read_after_the_deadline_and_polls_are_left_alone() 
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_not_an_outage(
+    redis_process: RedisProcess,
+) -> None:
+    """An idle server's timeout, a restart or a NAT cut closes pooled connections. redis-py
+    (5-7) checks a pooled connection with a read that may not wait; the deadline once made
+    that check say "nothing to read" and a closed connection was handed out: an outage."""
+    import redis
+
+    backend = rc.open_backend(f"{redis_process.url}?timeout=300ms&insecure=1")
+    backend.set("demo/t/k", b"v")
+    assert backend.get("demo/t/k") == b"v"
+    time.sleep(0.5)  # past the last reply's deadline
+    admin = redis.Redis(port=redis_process.port)
+    admin.client_kill_filter(_type="normal", skipme=True)
+    admin.close()
+    assert backend.get("demo/t/k") == b"v"
+    assert backend.breaker.state == "closed"
+    backend.close()
