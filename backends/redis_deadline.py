@@ -78,27 +78,24 @@ class DeadlineSocket:
         """The timeout last set (not the deadline's cap)."""
         return self._timeout
 
-    def recv(self, size: int, *flags: int) -> bytes:
-        """``socket.recv`` within the reply's deadline."""
+    def _read(self, call: Any, *args: Any) -> Any:
         late = self._arm()
         try:
-            data: bytes = self._sock.recv(size, *flags)
+            return call(*args)
         except _NOTHING_YET as exc:
             if late:
                 raise self._late() from exc
             raise
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        """``socket.recv`` within the reply's deadline."""
+        data: bytes = self._read(self._sock.recv, size, *flags)
         self._got += len(data)
         return data
 
     def recv_into(self, buffer: Any, *args: int) -> int:
         """``socket.recv_into`` within the reply's deadline."""
-        late = self._arm()
-        try:
-            count: int = self._sock.recv_into(buffer, *args)
-        except _NOTHING_YET as exc:
-            if late:
-                raise self._late() from exc
-            raise
+        count: int = self._read(self._sock.recv_into, buffer, *args)
         self._got += count
         return count
 

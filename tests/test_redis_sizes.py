@@ -7,9 +7,12 @@ each reader then pulled them whole (one ``MGET`` of a module's keys: gigabytes).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -39,6 +42,31 @@ def direct(redis_server: RedisProcess) -> Iterator[Any]:
     client = redis.Redis(port=redis_server.port)
     yield client
     client.close()
+
+
+#: ``limited(commands, query="")``: a backend logged in as a Redis user held to the test's
+#: prefix by an ACL with these ``commands`` (removed afterwards).
+Limited = Callable[..., AbstractContextManager[Any]]
+
+
+@pytest.fixture
+def limited(redis_server: RedisProcess, unique_prefix: str, direct: Any) -> Limited:
+    @contextlib.contextmanager
+    def make(commands: list[str], query: str = "") -> Iterator[Any]:
+        user = f"u{uuid.uuid4().hex[:12]}"
+        keys = [f"{unique_prefix}*"]
+        direct.acl_setuser(user, enabled=True, passwords=["+pw"], keys=keys, commands=commands)
+        try:
+            port = redis_server.port
+            backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}{query}")
+            try:
+                yield backend
+            finally:
+                backend.close()
+        finally:
+            direct.acl_deluser(user)
+
+    return make
 
 
 def _open(url: str) -> Any:
@@ -147,21 +175,10 @@ def test_the_cap_holds_on_a_cluster(redis_cluster: RedisCluster, unique_prefix: 
 
 
 def test_a_user_without_scripts_reads_sizes_by_strlen(
-    redis_server: RedisProcess, unique_prefix: str, direct: Any, caplog: pytest.LogCaptureFixture
+    limited: Limited, unique_prefix: str, direct: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An ACL that allows reads and writes but no Lua: sizes come from STRLEN, said once."""
-    user = f"r{unique_prefix[:-1]}"
-    direct.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=[f"{unique_prefix}*"],
-        commands=["+@read", "+@write", "-@scripting"],
-    )
-    try:
-        port = redis_server.port
-        url = f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}&max_entry_size=1MiB"
-        backend = _open(url)
+    with limited(["+@read", "+@write", "-@scripting"], "&max_entry_size=1MiB") as backend:
         backend.set_many({"demo/t/a": b"1", "demo/t/b": b"2"})
         direct.set(f"{unique_prefix}demo/t/big", os.urandom(2 * CAP))
         before = _sent(direct)
@@ -175,9 +192,6 @@ def test_a_user_without_scripts_reads_sizes_by_strlen(
         assert _sent(direct) - before < CAP + (64 << 10)
         assert caplog.text.count("refuses Lua scripts") == 1
         assert backend.breaker.state == "closed"
-        backend.close()
-    finally:
-        direct.acl_deluser(user)
 
 
 def test_max_entry_size_in_the_url_is_checked() -> None:
@@ -223,22 +237,12 @@ def test_a_cap_under_the_scripts_small_values_still_holds(
 @pytest.mark.parametrize("refused", ["-strlen", "-exists", "-getrange"])
 @pytest.mark.parametrize("scripts", ["+@scripting", "-@scripting"])
 def test_an_acl_that_refuses_a_read_command_is_an_error_never_a_quiet_miss(
-    redis_server: RedisProcess, unique_prefix: str, direct: Any, refused: str, scripts: str
+    limited: Limited, refused: str, scripts: str
 ) -> None:
     """A Redis user denied STRLEN, EXISTS or GETRANGE got ``{}`` from every get_many (read
     as keys of another type), and a missing key could come back as b"" when EXISTS was
     refused."""
-    user = f"a{unique_prefix[:-1]}"
-    direct.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=[f"{unique_prefix}*"],
-        commands=["+@all", scripts, refused],
-    )
-    try:
-        port = redis_server.port
-        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+    with limited(["+@all", scripts, refused]) as backend:
         backend.set_many({"demo/t/a": b"1" * 5000, "demo/t/b": b"2"})
         for call in (
             lambda: backend.get_many(["demo/t/a", "demo/t/b", "demo/t/none"]),
@@ -250,33 +254,17 @@ def test_an_acl_that_refuses_a_read_command_is_an_error_never_a_quiet_miss(
                 assert "permission" in str(exc).lower() or "can't run" in str(exc)
             else:  # only where the refused command is not needed on this path
                 assert found in ({"demo/t/a": b"1" * 5000, "demo/t/b": b"2"}, None), found
-        backend.close()
-    finally:
-        direct.acl_deluser(user)
 
 
 @pytest.mark.parametrize("refused", ["-multi", "-exec", "-@transaction"])
 def test_misses_read_without_transactions_where_an_acl_refuses_them(
-    redis_server: RedisProcess, unique_prefix: str, direct: Any, refused: str
+    limited: Limited, refused: str
 ) -> None:
-    user = f"m{unique_prefix[:-1]}"
-    direct.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=[f"{unique_prefix}*"],
-        commands=["+@all", refused],
-    )
-    try:
-        port = redis_server.port
-        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+    with limited(["+@all", refused]) as backend:
         backend.set("demo/t/empty", b"")
         for _ in range(2):
             assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
         assert backend.breaker.state == "closed"
-        backend.close()
-    finally:
-        direct.acl_deluser(user)
 
 
 def test_a_cluster_client_without_transactions_reads_misses_in_two_steps(
@@ -305,48 +293,20 @@ def test_a_cluster_client_without_transactions_reads_misses_in_two_steps(
 
 
 def test_an_acl_refusing_get_inside_scripts_reads_through_strlen_and_getrange(
-    redis_server: RedisProcess, unique_prefix: str, direct: Any
+    limited: Limited,
 ) -> None:
-    user = f"g{unique_prefix[:-1]}"
-    direct.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=[f"{unique_prefix}*"],
-        commands=["+@all", "-get"],
-    )
-    try:
-        port = redis_server.port
-        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+    with limited(["+@all", "-get"]) as backend:
         values = {"demo/t/a": b"1", "demo/t/b": bytes(10_000)}
         backend.set_many(values)
         assert backend.get_many([*values, "demo/t/none"]) == values
         assert not backend._reads.scripts
-        backend.close()
-    finally:
-        direct.acl_deluser(user)
 
 
-def test_a_listing_refused_strlen_is_an_error_not_an_empty_store(
-    redis_server: RedisProcess, unique_prefix: str, direct: Any
-) -> None:
-    user = f"l{unique_prefix[:-1]}"
-    direct.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=[f"{unique_prefix}*"],
-        commands=["+@all", "-strlen"],
-    )
-    try:
-        port = redis_server.port
-        backend = _open(f"redis://{user}:pw@127.0.0.1:{port}/0?prefix={unique_prefix}")
+def test_a_listing_refused_strlen_is_an_error_not_an_empty_store(limited: Limited) -> None:
+    with limited(["+@all", "-strlen"]) as backend:
         backend.set("demo/t/a", b"1")
         with pytest.raises(BackendError):
             list(backend.scan())
-        backend.close()
-    finally:
-        direct.acl_deluser(user)
 
 
 def test_an_oversized_value_through_tiers_is_no_outage(
