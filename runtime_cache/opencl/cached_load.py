@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from ..cache import Cache
@@ -46,12 +47,16 @@ def load_cached_programs(
     plan_of: Callable[[str], ProgramPlan],
     adopt: Callable[[str, Any], None],
     gate: threading.Thread | None = None,
+    claim: Callable[[str], AbstractContextManager[bool]] | None = None,
 ) -> list[str]:
     """Load the programs of ``names`` whose binaries are cached; return the names left to build.
 
     ``plan_of(name)`` gives each program's plan, and ``adopt(name, program)`` takes
     each one loaded. ``gate``, when given, is a thread that must end before the
-    first load (the driver's own cache files being restored).
+    first load (the driver's own cache files being restored). ``claim(name)``, when
+    given, holds the program's name while it is loaded and says whether it still needs
+    loading: a program another thread loaded meanwhile (``program()`` beside
+    ``build_all()``) is not loaded twice.
 
     A background thread fetches the entries a chunk of programs at a time
     (one backend call each) and checks them, while the loading threads hand
@@ -99,8 +104,11 @@ def load_cached_programs(
         if gate is not None:
             gate.join()
         for name, plan, ready, digests, vet, known in batch:
-            if ready is not None and not vet and load_one(name, plan, ready, digests, known):
-                continue
+            with claim(name) if claim is not None else nullcontext(True) as needed:
+                if not needed:
+                    continue
+                if ready is not None and not vet and load_one(name, plan, ready, digests, known):
+                    continue
             with lock:
                 if ready is not None and vet:
                     unknown.append((name, plan, ready))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..cache import Cache
@@ -110,6 +111,18 @@ class OpenCLModule(PrecompiledPrograms):
     def _name_lock(self, name: str) -> threading.Lock:
         with self._lock:
             return self._name_locks.setdefault(name, threading.Lock())
+
+    @contextlib.contextmanager
+    def _claim(self, name: str) -> Iterator[bool]:
+        """Hold ``name`` (as ``program()`` does while it loads or builds it); ``True`` while
+        it is still not built."""
+        with self._name_lock(name):
+            yield not self._is_built(name)
+
+    def _build_if_missing(self, name: str) -> None:
+        with self._claim(name) as needed:
+            if needed:
+                self._build_from_source(name)
 
     def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None:
         with self._lock:
@@ -295,11 +308,11 @@ class OpenCLModule(PrecompiledPrograms):
             )
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
-                self._build_from_source(name)
+                self._build_if_missing(name)
         elif processes:
             build_in_workers(self._hooks(cold=True), to_build, count)
         else:
-            build_in_threads(self._build_from_source, to_build, count)
+            build_in_threads(self._build_if_missing, to_build, count)
         self.capture_driver_cache(settle=False)
         return len(to_build)
 
@@ -319,7 +332,7 @@ class OpenCLModule(PrecompiledPrograms):
         """Load the programs whose binaries are cached; return the names left to build."""
         adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
         return load_cached_programs(
-            self.context, self.cache, names, workers, self._plan, adopt, gate
+            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claim
         )
 
     def _longest_build(self) -> float:
@@ -343,7 +356,7 @@ class OpenCLModule(PrecompiledPrograms):
             self.options,
             self._plan,
             self._adopt,
-            self._build_from_source,
+            self._build_if_missing,
             self._is_built,
             files,
         )

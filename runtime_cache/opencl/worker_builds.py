@@ -95,11 +95,16 @@ def build_in_workers(
     """
     devices = list(hooks.context.devices)
 
-    def job() -> Job | None:
-        name = next_name() if next_name is not None else None
-        return None if name is None else (name, hooks.sources[name], hooks.options)
+    given = iter(names)
 
-    jobs = job if next_name is not None else [(n, hooks.sources[n], hooks.options) for n in names]
+    def job() -> Job | None:
+        # The next name, skipping those this process built meanwhile (a program() call
+        # beside build_all() builds its program itself).
+        if next_name is not None:
+            name = next_name()
+        else:
+            name = next((n for n in given if not hooks.is_built(n)), None)
+        return None if name is None else (name, hooks.sources[name], hooks.options)
 
     files = hooks.program_files
     build_here = _timed(hooks.build_here)
@@ -129,7 +134,8 @@ def build_in_workers(
 
     env = files.worker_env if files is not None else None
     try:
-        left = build_in_processes(devices, jobs, workers, accept, env)
+        count = workers if next_name is not None else min(workers, len(names))
+        left = build_in_processes(devices, job, count, accept, env)
     except Exception as exc:  # a broken pool must not stop the build
         log.warning("runtime-cache: worker processes failed (%s); building here", exc)
         left = []
