@@ -122,10 +122,9 @@ def load_cached_programs(
         items = [(r, plan.options, plan.options_text, plan.source) for _, plan, r in unknown]
         keys = [plan.keys for _, plan, _ in unknown]
         may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
-        left += [
-            n
-            for (n, plan, ready), ok in zip(unknown, may_load, strict=True)
-            if not (ok and load_one(n, plan, ready, None))
-        ]
+        for (name, plan, ready), ok in zip(unknown, may_load, strict=True):
+            with claim(name) if claim is not None else nullcontext(True) as needed:
+                if needed and not (ok and load_one(name, plan, ready, None)):
+                    left.append(name)
     order = {name: i for i, name in enumerate(names)}
     return sorted(left, key=order.__getitem__)
