@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from ..cache import Cache
@@ -33,6 +32,36 @@ CONCURRENT_LOADS = {"Portable Computing Language": 2}
 Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool, bool]
 
 
+#: ``(lock_of, is_built)``: the lock a program's name is held by while it is loaded or
+#: built (as ``program()`` holds it), and whether it is built.
+Claim = tuple[Callable[[str], threading.Lock], Callable[[str], bool]]
+
+
+class _held:
+    """``with _held(claim, name) as needed``: holds the program's name (see :data:`Claim`);
+    ``needed`` is false when it was built meanwhile. A plain class: a generator-based
+    context manager costs more than the lock (a few µs a program)."""
+
+    __slots__ = ("_built", "_lock", "_name")
+
+    def __init__(self, claim: Claim | None, name: str) -> None:
+        self._lock: threading.Lock | None = None
+        self._built: Callable[[str], bool] | None = None
+        if claim is not None:
+            self._lock, self._built = claim[0](name), claim[1]
+        self._name = name
+
+    def __enter__(self) -> bool:
+        if self._lock is None or self._built is None:
+            return True
+        self._lock.acquire()
+        return not self._built(self._name)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+
 def concurrent_loads(context: Any) -> int:
     """How many threads load binaries at once in ``context`` (see ``CONCURRENT_LOADS``)."""
     names = {str(device.platform.name) for device in context.devices}
@@ -47,15 +76,15 @@ def load_cached_programs(
     plan_of: Callable[[str], ProgramPlan],
     adopt: Callable[[str, Any], None],
     gate: threading.Thread | None = None,
-    claim: Callable[[str], AbstractContextManager[bool]] | None = None,
+    claim: Claim | None = None,
 ) -> list[str]:
     """Load the programs of ``names`` whose binaries are cached; return the names left to build.
 
     ``plan_of(name)`` gives each program's plan, and ``adopt(name, program)`` takes
     each one loaded. ``gate``, when given, is a thread that must end before the
-    first load (the driver's own cache files being restored). ``claim(name)``, when
-    given, holds the program's name while it is loaded and says whether it still needs
-    loading: a program another thread loaded meanwhile (``program()`` beside
+    first load (the driver's own cache files being restored). ``claim``, when given
+    (see :data:`Claim`), holds each program's name while it is loaded, as ``program()``
+    does: a program another thread loaded meanwhile (``program()`` beside
     ``build_all()``) is not loaded twice.
 
     A background thread fetches the entries a chunk of programs at a time
@@ -104,7 +133,7 @@ def load_cached_programs(
         if gate is not None:
             gate.join()
         for name, plan, ready, digests, vet, known in batch:
-            with claim(name) if claim is not None else nullcontext(True) as needed:
+            with _held(claim, name) as needed:
                 if not needed:
                     continue
                 if ready is not None and not vet and load_one(name, plan, ready, digests, known):
@@ -123,7 +152,7 @@ def load_cached_programs(
         keys = [plan.keys for _, plan, _ in unknown]
         may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
         for (name, plan, ready), ok in zip(unknown, may_load, strict=True):
-            with claim(name) if claim is not None else nullcontext(True) as needed:
+            with _held(claim, name) as needed:
                 if needed and not (ok and load_one(name, plan, ready, None)):
                     left.append(name)
     order = {name: i for i, name in enumerate(names)}

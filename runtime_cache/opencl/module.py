@@ -13,7 +13,7 @@ from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
-from .cached_load import CONCURRENT_LOADS, load_cached_programs
+from .cached_load import CONCURRENT_LOADS, Claim, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
@@ -118,6 +118,10 @@ class OpenCLModule(PrecompiledPrograms):
         it is still not built."""
         with self._name_lock(name):
             yield not self._is_built(name)
+
+    @property
+    def _claims(self) -> Claim:
+        return self._name_lock, self._is_built
 
     def _build_if_missing(self, name: str) -> None:
         with self._claim(name) as needed:
@@ -332,7 +336,7 @@ class OpenCLModule(PrecompiledPrograms):
         """Load the programs whose binaries are cached; return the names left to build."""
         adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
         return load_cached_programs(
-            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claim
+            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims
         )
 
     def _longest_build(self) -> float:
