@@ -11,6 +11,7 @@ redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). 
 
 from __future__ import annotations
 
+import functools
 import ssl
 import time
 from typing import Any
@@ -113,9 +114,10 @@ class DeadlineSocket:
         return sent
 
 
+@functools.cache
 def connection_classes(redis: Any) -> tuple[type[Any], type[Any]]:
     """redis-py's plain and TLS connection classes, each with its socket behind a
-    :class:`DeadlineSocket`."""
+    :class:`DeadlineSocket` (made once per process)."""
 
     class _Deadline:
         socket_timeout: float | None

@@ -135,13 +135,16 @@ class CappedReads:
         # a value removed in between reads as empty), said once.
         import redis
 
+        def both(transaction: bool) -> tuple[bool, bytes]:
+            pipe = client.pipeline(transaction=transaction)
+            pipe.exists(full)
+            pipe.getrange(full, 0, self.cap)
+            there, value = pipe.execute()
+            return bool(there), value
+
         if self.transactions:
             try:
-                pipe = client.pipeline(transaction=True)
-                pipe.exists(full)
-                pipe.getrange(full, 0, self.cap)
-                there, value = pipe.execute()
-                return bool(there), value
+                return both(True)
             except (redis.exceptions.ResponseError, redis.exceptions.RedisClusterException) as exc:
                 cluster = isinstance(exc, redis.exceptions.RedisClusterException)
                 if _wrong_type(exc) or (cluster and "transaction" not in str(exc).lower()):
@@ -152,11 +155,7 @@ class CappedReads:
                     self.name,
                     exc,
                 )
-        pipe = client.pipeline(transaction=False)
-        pipe.exists(full)
-        pipe.getrange(full, 0, self.cap)
-        there, value = pipe.execute()
-        return bool(there), value
+        return both(False)
 
     def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
         """The values of ``fulls`` in order (``None`` where :meth:`get` would give it)."""

@@ -313,16 +313,15 @@ class Cache(Inventory, BatchReads):
                 self._backend.set_many(blobs)
         except Exception as exc:
             self._failed("set", exc)  # (EntryTooLargeError: no outage; it names what it refused)
-            refused = getattr(exc, "refused", None)
-            blobs = {k: v for k, v in blobs.items() if refused and k not in refused}
-            if blobs:
-                self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
-                self._bump()
-            return False
-        self._succeeded("write")
-        self._counters.add(stores=len(blobs), bytes_written=sum(map(len, blobs.values())))
-        self._bump()
-        return True
+            refused = getattr(exc, "refused", None) or blobs  # none named: none stored
+            stored: Mapping[str, bytes] = {k: v for k, v in blobs.items() if k not in refused}
+        else:
+            self._succeeded("write")
+            stored = blobs
+        if stored:
+            self._counters.add(stores=len(stored), bytes_written=sum(map(len, stored.values())))
+            self._bump()
+        return len(stored) == len(blobs)
 
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there."""

@@ -17,7 +17,14 @@ from .program import load_cached
 from .read_ahead import drain, read_ahead
 from .vetting import screen_binaries, vet_unknown
 
-__all__ = ["CONCURRENT_LOADS", "LOAD_CHUNK", "concurrent_loads", "load_cached_programs"]
+__all__ = [
+    "CONCURRENT_LOADS",
+    "LOAD_CHUNK",
+    "Claim",
+    "concurrent_loads",
+    "held",
+    "load_cached_programs",
+]
 
 #: ``build_all`` reads cached entries ahead in chunks of at least this many programs.
 LOAD_CHUNK = 4
@@ -37,8 +44,8 @@ Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool, bool]
 Claim = tuple[Callable[[str], threading.Lock], Callable[[str], bool]]
 
 
-class _held:
-    """``with _held(claim, name) as needed``: holds the program's name (see :data:`Claim`);
+class held:
+    """``with held(claim, name) as needed``: holds the program's name (see :data:`Claim`);
     ``needed`` is false when it was built meanwhile. A plain class: a generator-based
     context manager costs more than the lock (a few µs a program)."""
 
@@ -133,7 +140,7 @@ def load_cached_programs(
         if gate is not None:
             gate.join()
         for name, plan, ready, digests, vet, known in batch:
-            with _held(claim, name) as needed:
+            with held(claim, name) as needed:
                 if not needed:
                     continue
                 if ready is not None and not vet and load_one(name, plan, ready, digests, known):
@@ -152,7 +159,7 @@ def load_cached_programs(
         keys = [plan.keys for _, plan, _ in unknown]
         may_load = vet_unknown(devices, items, trusted=cache.signed, keys=keys)
         for (name, plan, ready), ok in zip(unknown, may_load, strict=True):
-            with _held(claim, name) as needed:
+            with held(claim, name) as needed:
                 if needed and not (ok and load_one(name, plan, ready, None)):
                     left.append(name)
     order = {name: i for i, name in enumerate(names)}

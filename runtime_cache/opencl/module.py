@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
-from .cached_load import CONCURRENT_LOADS, Claim, load_cached_programs
+from .cached_load import CONCURRENT_LOADS, Claim, held, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
@@ -112,19 +111,13 @@ class OpenCLModule(PrecompiledPrograms):
         with self._lock:
             return self._name_locks.setdefault(name, threading.Lock())
 
-    @contextlib.contextmanager
-    def _claim(self, name: str) -> Iterator[bool]:
-        """Hold ``name`` (as ``program()`` does while it loads or builds it); ``True`` while
-        it is still not built."""
-        with self._name_lock(name):
-            yield not self._is_built(name)
-
     @property
     def _claims(self) -> Claim:
+        # Held as program() holds a name while it loads or builds it (see .cached_load.held).
         return self._name_lock, self._is_built
 
     def _build_if_missing(self, name: str) -> None:
-        with self._claim(name) as needed:
+        with held(self._claims, name) as needed:
             if needed:
                 self._build_from_source(name)
 
