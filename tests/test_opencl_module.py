@@ -227,3 +227,41 @@ def test_build_all_beside_program_calls_loads_each_program_once(ctx: Any, cache:
         thread.join()
     assert sorted(module.built) == sorted(names)
     assert opencl_stats().binary_loads == 24 and opencl_stats().source_builds == 0
+
+
+def test_cold_build_all_in_workers_beside_program_calls_compiles_each_program_once(
+    ctx: Any, cache: rc.Cache
+) -> None:
+    """Cold, with app threads asking for kernels while build_all() hands programs to worker
+    processes: a program() call and a worker compiled the same program at once (12-16
+    source builds for 12 programs), since a worker's job did not hold the program's name."""
+    import threading
+
+    sources = generated_sources(12, salt=23)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    names = list(sources)
+    start = threading.Barrier(3)
+
+    def app(order: list[str]) -> None:
+        start.wait()
+        for name in order:
+            module.kernel(name)
+
+    def warm_up() -> None:
+        start.wait()
+        module.build_all(workers=2, processes=True)
+
+    orders = (names[::-1], names[5:] + names[:5])
+    threads = [threading.Thread(target=warm_up)] + [
+        threading.Thread(target=app, args=(order,)) for order in orders
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(module.built) == sorted(names)
+    assert opencl_stats().source_builds == 12
+    assert cache.stats().stores == 12
+    data = np.arange(16, dtype=np.float32)
+    out = run_kernel(ctx, module.kernel("k7"), data)
+    np.testing.assert_array_equal(out, data * 9 + 23)

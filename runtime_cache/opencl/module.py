@@ -355,6 +355,7 @@ class OpenCLModule(PrecompiledPrograms):
             self._adopt,
             self._build_if_missing,
             self._is_built,
+            self._name_lock,
             files,
         )
 

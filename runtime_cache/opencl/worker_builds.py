@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..cache import Cache
 from ._driver import import_pyopencl
+from .cached_load import held
 from .counters import counters
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
@@ -50,8 +52,10 @@ def default_workers() -> int:
 @dataclass(frozen=True)
 class BuildHooks:
     """What the builders need from a module: its programs' sources and plans, and where
-    built programs go (``adopt(name, program, seconds)``). ``program_files`` carries
-    each program's driver files (see :mod:`.program_files`), or is ``None``."""
+    built programs go (``adopt(name, program, seconds)``). ``name_lock(name)`` is the
+    lock ``program()`` holds while it loads or builds a program: a builder holds it too,
+    so the two never compile one program at once. ``program_files`` carries each
+    program's driver files (see :mod:`.program_files`), or is ``None``."""
 
     context: Any
     cache: Cache
@@ -61,6 +65,7 @@ class BuildHooks:
     adopt: Callable[[str, Any, float], None]
     build_here: Callable[[str], None]
     is_built: Callable[[str], bool]
+    name_lock: Callable[[str], threading.Lock]
     program_files: ProgramFiles | None = None
 
 
@@ -75,6 +80,41 @@ def _timed(build_here: Callable[[str], None]) -> Callable[[str], None]:
             counters.add(compile_cpu_seconds=time.thread_time() - started)
 
     return build
+
+
+class _Holding:
+    """The names whose locks (``hooks.name_lock``) a worker's job holds, by name."""
+
+    def __init__(self, hooks: BuildHooks) -> None:
+        self._hooks = hooks
+        self._held: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, name: str) -> bool:
+        """Hold ``name``'s lock (waiting for a ``program()`` call that holds it); ``False``,
+        and not held, when the program was built meanwhile."""
+        lock = self._hooks.name_lock(name)
+        lock.acquire()
+        if self._hooks.is_built(name):
+            lock.release()
+            return False
+        with self._lock:
+            self._held[name] = lock
+        return True
+
+    def release(self, name: str) -> None:
+        """Let go of ``name``'s lock, if held."""
+        with self._lock:
+            lock = self._held.pop(name, None)
+        if lock is not None:
+            lock.release()
+
+    def release_all(self) -> None:
+        """Let go of every lock still held."""
+        with self._lock:
+            locks, self._held = list(self._held.values()), {}
+        for lock in locks:
+            lock.release()
 
 
 def build_in_workers(
@@ -96,20 +136,34 @@ def build_in_workers(
     devices = list(hooks.context.devices)
 
     given = iter(names)
+    holding = _Holding(hooks)
 
     def job() -> Job | None:
-        # The next name, skipping those this process built meanwhile (a program() call
-        # beside build_all() builds its program itself).
-        if next_name is not None:
-            name = next_name()
-        else:
-            name = next((n for n in given if not hooks.is_built(n)), None)
-        return None if name is None else (name, hooks.sources[name], hooks.options)
+        # The next name, its lock held until its result is taken or handed back: a
+        # program() call beside build_all() waits for the worker's build, not compiles it
+        # too. One it built meanwhile is skipped (with ``done``: it stored the binaries).
+        while True:
+            if next_name is not None:
+                name = next_name()
+            else:
+                name = next((n for n in given if not hooks.is_built(n)), None)
+            if name is None:
+                return None
+            if holding.hold(name):
+                return name, hooks.sources[name], hooks.options
+            if next_name is not None and done is not None:
+                done(name)
 
     files = hooks.program_files
     build_here = _timed(hooks.build_here)
 
     def accept(result: WorkerResult) -> bool:
+        try:
+            return take_result(result)
+        finally:
+            holding.release(result[0])
+
+    def take_result(result: WorkerResult) -> bool:
         name, binaries, seconds, options_text, cpu, packed = result
         plan = hooks.plan_of(name)
         counters.add(compile_cpu_seconds=cpu)
@@ -140,6 +194,7 @@ def build_in_workers(
         log.warning("runtime-cache: worker processes failed (%s); building here", exc)
         left = []
     finally:
+        holding.release_all()  # jobs handed back, or lost with a worker
         if files is not None:
             files.close()
     left += [n for n in names if not hooks.is_built(n) and n not in left]
@@ -176,14 +231,18 @@ def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
         if plan.keys is None:
             hooks.build_here(name)
             return
-        before = files.own_snapshot()
-        program, seconds = source_build(hooks.context, plan)
-        packed = files.own_capture(before)
-        if packed is not None:
-            files.publish(str(plan.keys[0]), packed)
-        binaries = read_binaries(import_pyopencl(), program, plan.devices)
-        store_binaries(hooks.cache, plan, program, binaries, seconds)
-        hooks.adopt(name, program, seconds)
+        key = str(plan.keys[0])
+        with held((hooks.name_lock, hooks.is_built), name) as needed:
+            if not needed:  # a program() call beside build_all() built it meanwhile
+                return
+            before = files.own_snapshot()
+            program, seconds = source_build(hooks.context, plan)
+            packed = files.own_capture(before)
+            if packed is not None:
+                files.publish(key, packed)
+            binaries = read_binaries(import_pyopencl(), program, plan.devices)
+            store_binaries(hooks.cache, plan, program, binaries, seconds)
+            hooks.adopt(name, program, seconds)
 
     return build
 
