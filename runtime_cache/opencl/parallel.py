@@ -47,8 +47,7 @@ def _serve(
     fingerprints: list[dict[str, Any]],
     take: Callable[[], Job | None],
     on_result: Callable[[WorkerResult], bool],
-    rejected: list[str],
-    lock: threading.Lock,
+    hand_back: Callable[[str], None],
     env: Callable[[], dict[str, str]] | None = None,
 ) -> None:
     current: Job | None = take()
@@ -58,8 +57,7 @@ def _serve(
     try:
         process = start_worker(fingerprints, env() if env is not None else None)
         if process is None:
-            with lock:
-                rejected.append(current[0])
+            hand_back(current[0])
             return
         assert process.stdin is not None and process.stdout is not None
         while True:
@@ -77,13 +75,11 @@ def _serve(
             result = (job[0], binaries, float(seconds), str(options_text), float(cpu), files)
             # Loading here overlaps the parent's part (a JIT on some drivers) with the builds.
             if not on_result(result):
-                with lock:
-                    rejected.append(job[0])
+                hand_back(job[0])
     except (OSError, EOFError, ValueError, TypeError):
         # A worker that died mid-job hands that job back to the parent.
         if current is not None:
-            with lock:
-                rejected.append(current[0])
+            hand_back(current[0])
         return
     finally:
         if process is not None:
@@ -140,6 +136,7 @@ def build_in_processes(
     workers: int,
     on_result: Callable[[WorkerResult], bool],
     env: Callable[[], dict[str, str]] | None = None,
+    handed_back: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Build jobs in ``workers`` subprocesses, passing each result to ``on_result``.
 
@@ -147,8 +144,10 @@ def build_in_processes(
     when there is none left): a worker starts only once it has a job.
     ``on_result`` runs on one of ``workers`` parent threads as results arrive,
     and returns whether it took the result. ``env()``, when given, adds to each
-    worker's environment as it starts. Returns the names the parent must
-    build itself: those refused, and those no worker could build.
+    worker's environment as it starts. ``handed_back(name)``, when given, is
+    called as soon as a job comes back unbuilt (refused, or its worker failed).
+    Returns the names the parent must build itself: those refused, and those
+    no worker could build.
     """
     fingerprints = [device_fingerprint(d) for d in devices]
     pending: queue.Queue[Job] = queue.Queue()
@@ -157,11 +156,18 @@ def build_in_processes(
     take = jobs if callable(jobs) else lambda: _next(pending)
     rejected: list[str] = []
     lock = threading.Lock()
+
+    def hand_back(name: str) -> None:
+        with lock:
+            rejected.append(name)
+        if handed_back is not None:
+            handed_back(name)
+
     count = max(1, workers if callable(jobs) else min(workers, len(jobs)))
     threads = [
         threading.Thread(
             target=_serve,
-            args=(fingerprints, take, on_result, rejected, lock, env),
+            args=(fingerprints, take, on_result, hand_back, env),
             daemon=True,
         )
         for _ in range(count)

@@ -189,12 +189,12 @@ def build_in_workers(
     env = files.worker_env if files is not None else None
     try:
         count = workers if next_name is not None else min(workers, len(names))
-        left = build_in_processes(devices, job, count, accept, env)
+        left = build_in_processes(devices, job, count, accept, env, holding.release)
     except Exception as exc:  # a broken pool must not stop the build
         log.warning("runtime-cache: worker processes failed (%s); building here", exc)
         left = []
     finally:
-        holding.release_all()  # jobs handed back, or lost with a worker
+        holding.release_all()  # jobs lost with a broken pool
         if files is not None:
             files.close()
     left += [n for n in names if not hooks.is_built(n) and n not in left]
