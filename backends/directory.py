@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
-from runtime_cache.errors import BackendError, ReadOnlyBackendError
+from runtime_cache.errors import BackendError, EntryTooLargeError, ReadOnlyBackendError
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
@@ -280,6 +280,14 @@ class DirectoryBackend(Backend):
         rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
+        if len(value) > self.max_entry_size or (self.max_size and len(value) > self.max_size):
+            # A reader takes a file over max_entry_size for junk; one over max_size would
+            # first push every other entry out: refused, nothing written.
+            raise EntryTooLargeError(
+                f"{self.root}: {key!r} is {len(value)} bytes, over max_entry_size "
+                f"({self.max_entry_size}) or max_size ({self.max_size}); not stored",
+                frozenset((key,)),
+            )
         try:
             try:
                 write_entry(self.root_fd, rel, value, self.modes, self.fsync)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 from runtime_cache.api import Backend, Lease, StoredItem
-from runtime_cache.errors import InvalidKeyError
+from runtime_cache.errors import EntryTooLargeError, InvalidKeyError
 from runtime_cache.units import parse_size
 from runtime_cache.urls import BackendURL
 
@@ -42,7 +42,8 @@ class LocalLease(Lease):
 class MemoryBackend(Backend):
     """A thread-safe LRU dict of bytes, holding at most ``max_size`` bytes of values.
 
-    A value larger than ``max_size`` is not stored. It keeps hits and last
+    A value larger than ``max_size`` is refused
+    (:class:`~runtime_cache.errors.EntryTooLargeError`). It keeps hits and last
     access per key, for listings and pruning.
 
     URL: ``memory://?max_size=256MB``.
@@ -95,13 +96,17 @@ class MemoryBackend(Backend):
     def set(self, key: str, value: bytes) -> None:
         self._check(key)
         value = bytes(value)
+        if len(value) > self.max_size:
+            # Never kept; storing it would first push out every other value.
+            raise EntryTooLargeError(
+                f"memory://: {key!r} is {len(value)} bytes, over max_size "
+                f"({self.max_size} bytes); not stored",
+                frozenset((key,)),
+            )
         with self._lock:
             old = self._data.pop(key, None)
             if old is not None:
                 self._size -= len(old)
-            if len(value) > self.max_size:
-                self._access.pop(key, None)
-                return
             self._data[key] = value
             self._size += len(value)
             self._access[key] = (0, time.time())
@@ -109,10 +114,6 @@ class MemoryBackend(Backend):
                 victim, dropped = self._data.popitem(last=False)
                 self._access.pop(victim, None)
                 self._size -= len(dropped)
-
-    def set_many(self, items: Mapping[str, bytes]) -> None:
-        for key, value in items.items():
-            self.set(key, value)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         found = {}

@@ -122,7 +122,13 @@ class RedisBackend(Backend):
                 f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://)"
             )
         self.cluster = parsed.scheme == "redis+cluster"
-        if self.cluster and parsed.path not in ("", "/", "/0"):
+        database = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+        if database and not (database.isascii() and database.isdigit()):
+            # redis-py reads "/abc" and "/3/x" as database 0: a typo would share another's data
+            raise InvalidURLError(
+                f"a Redis URL's path is a database number, e.g. /0: {parsed.path!r}"
+            )
+        if self.cluster and database not in ("", "0"):
             raise InvalidURLError("a Redis Cluster has only database 0")
         if ttl is not None and ttl <= 0:
             ttl = None

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
 
-from .errors import InvalidKeyError, InvalidURLError
+from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
 
 # Kept importable from here for code written before they moved: URL helpers live in
 # runtime_cache.urls, sizes and durations in runtime_cache.units.
@@ -183,9 +183,23 @@ class Backend(abc.ABC):
         return found
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
-        """Store every ``key -> value`` pair of ``items``."""
+        """Store every ``key -> value`` pair of ``items``.
+
+        A value :meth:`set` refuses for its size does not stop the others: one
+        :class:`~runtime_cache.errors.EntryTooLargeError` naming every refused key
+        follows them."""
+        refused: set[str] = set()
+        last: EntryTooLargeError | None = None
         for key, value in items.items():
-            self.set(key, value)
+            try:
+                self.set(key, value)
+            except EntryTooLargeError as exc:
+                refused.update(exc.refused or (key,))
+                last = exc
+        if last is not None:
+            raise EntryTooLargeError(
+                f"{len(refused)} of {len(items)} values not stored: {last}", frozenset(refused)
+            )
 
     def peek(self, key: str) -> bytes | None:
         """Like :meth:`get`, but not counted as a use (no hit, no last-access bump).

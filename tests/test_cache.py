@@ -105,6 +105,22 @@ def test_backend_down_is_a_miss_and_logged_once(caplog: pytest.LogCaptureFixture
     assert cache.get(key()) == b"v"
 
 
+def test_a_value_over_the_memory_cap_is_refused_not_counted_as_stored() -> None:
+    """memory://'s stores counter said 1 for a value it never kept (over max_size)."""
+    from runtime_cache.errors import EntryTooLargeError
+
+    backend = MemoryBackend(max_size="1KB")
+    backend.set("t/p/kept", b"x" * 500)
+    with pytest.raises(EntryTooLargeError):
+        backend.set("t/p/big", b"y" * 5000)
+    assert backend.get("t/p/kept") == b"x" * 500 and backend.get("t/p/big") is None
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.get_or_build(key, lambda: b"z" * 5000) == b"z" * 5000
+    assert cache.stats().stores == 0 and cache.stats().errors == 1
+    assert list(backend.keys()) == ["t/p/kept"]
+
+
 def test_read_only_store_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     backend = FlakyBackend()
     cache = rc.Cache(backend)

@@ -18,7 +18,7 @@ import pytest
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
-from runtime_cache.errors import InvalidKeyError
+from runtime_cache.errors import EntryTooLargeError, InvalidKeyError
 
 KEY = "opencl/program-binary/3f2a" + "0" * 28
 
@@ -148,6 +148,33 @@ def test_lru_cap(tmp_path: Path) -> None:
     assert backend.total_size() <= 10 * 4096
     left = set(backend.keys())
     assert "t/p/k0" in left and "t/p/k1" not in left
+
+
+def test_a_value_over_the_cap_is_refused_and_the_cache_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One value larger than max_size pushed every other entry out, then itself (20 entries
+    to none); one over max_entry_size was written, then taken for junk and removed."""
+    backend = DirectoryBackend(tmp_path, max_size=100_000, max_entry_size=60_000)
+    for i in range(20):
+        backend.set(f"t/p/k{i}", os.urandom(4000))
+    for size in (150_000, 70_000):
+        with pytest.raises(EntryTooLargeError) as refused:
+            backend.set("t/p/big", os.urandom(size))
+        assert refused.value.refused == {"t/p/big"}
+    assert len(list(backend.keys())) == 20 and backend.get("t/p/big") is None
+    assert "not a cache entry" not in caplog.text
+    # A batch stores what fits and names what it refused; the front counts both.
+    with pytest.raises(EntryTooLargeError) as refused:
+        backend.set_many({"t/p/a": b"a", "t/p/huge": bytes(70_000), "t/p/b": b"b"})
+    assert refused.value.refused == {"t/p/huge"}
+    assert backend.get("t/p/a") == b"a" and backend.get("t/p/b") == b"b"
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.get_or_build(key, lambda: bytes(80_000)) == bytes(80_000)
+    assert cache.stats().stores == 0 and cache.stats().errors == 1
+    assert cache.get_or_build(key, lambda: b"small") == b"small"  # no outage
+    assert cache.stats().stores == 1
 
 
 def test_hits_shared_across_instances(tmp_path: Path) -> None:

@@ -107,6 +107,18 @@ def test_cluster_url_rejects_a_database() -> None:
         rc.open_backend("redis+cluster://127.0.0.1:7000/3")
 
 
+@pytest.mark.parametrize("path", ["/abc", "/3/x", "/-1", "/1.5", "/ 2", "/\u0663"])
+def test_a_database_path_that_is_not_a_number_is_rejected(path: str) -> None:
+    """redis-py reads these as database 0: a typo would have used another's data."""
+    from redis_servers import require_redis
+
+    require_redis()  # redis-py only; no server needed
+    with pytest.raises(InvalidURLError, match="database number"):
+        rc.open_backend(f"redis://127.0.0.1:6379{path}?insecure=1")
+    for good in ("", "/", "/0", "/15"):
+        assert rc.open_backend(f"redis://127.0.0.1:6379{good}?insecure=1").name
+
+
 def test_ttl_is_set_on_every_write(redis_server: RedisProcess, unique_prefix: str) -> None:
     import redis
 
