@@ -251,6 +251,44 @@ def test_show_raw_writes_the_checked_value(run: Run, cache: rc.Cache, tmp_path: 
     assert "RAWVALUE" not in out
 
 
+def _cli(root: Path, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    command = [sys.executable, "-m", "runtime_cache.cli", "--cache", f"dir://{root}", *argv]
+    return subprocess.run(command, timeout=60, check=False, **kwargs)
+
+
+def test_show_raw_dash_writes_only_the_value_to_stdout(cache: rc.Cache, root: Path) -> None:
+    """``--raw -`` made a file named ``-`` in the current folder."""
+    k = key(1)
+    cache.put(k, b"\x00RAWVALUE\xff")
+    done = _cli(root, "show", str(k), "--raw", "-", capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"\x00RAWVALUE\xff"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("argv", [["export", "-"], ["show", "<key>", "--raw", "-"]])
+def test_binary_output_is_refused_on_a_terminal(
+    cache: rc.Cache, root: Path, argv: list[str]
+) -> None:
+    """``export -`` wrote the bundle's bytes to the terminal."""
+    import pty
+
+    k = key(1)
+    cache.put(k, b"\x00RAWVALUE\xff")
+    leader, follower = pty.openpty()
+    argv = [str(k) if a == "<key>" else a for a in argv]
+    done = _cli(root, *argv, stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    os.set_blocking(leader, False)
+    try:
+        drawn = os.read(leader, 4096)
+    except (BlockingIOError, OSError):
+        drawn = b""
+    os.close(leader)
+    assert done.returncode == 2, done.stderr
+    assert b"terminal" in done.stderr and b"RAWVALUE" not in drawn and b"RCB" not in drawn
+
+
 def test_show_missing_and_ambiguous(run: Run, cache: rc.Cache) -> None:
     keys = fill(cache, 40)
     assert run("show", "opencl/program-binary/" + "0" * 32)[0] == 1

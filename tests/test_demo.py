@@ -181,6 +181,31 @@ def test_demo_on_redis(redis_server: RedisProcess) -> None:
 
 # ---------------------------------------------------------------------- clean failures
 @opencl
+@pytest.mark.parametrize("module", ["runtime_cache", "runtime_cache.demo"])
+def test_ctrl_c_during_the_cold_run_is_a_line_and_exit_130(tmp_path: Path, module: str) -> None:
+    """A Ctrl-C (SIGINT to the whole process group) printed a KeyboardInterrupt traceback,
+    or "the cold run failed with exit code -2" and exit 1."""
+    import signal
+    import time
+
+    _device()
+    argv = ["--cache", f"dir://{tmp_path}", "demo"] if module == "runtime_cache" else []
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *argv, "--tiny"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, POCL_KERNEL_CACHE="0", RUNTIME_CACHE=f"dir://{tmp_path}"),
+        start_new_session=True,
+    )
+    time.sleep(2.5)  # inside the cold run (the tiny model compiles for several seconds)
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, (out, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+
+
+@opencl
 @pytest.mark.parametrize("hidden", ["no platform", "no device"])
 def test_no_opencl_device_names_what_to_install(tmp_path: Path, hidden: str) -> None:
     pytest.importorskip("pyopencl")
@@ -351,3 +376,24 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(monkeypatch: pytest.Mon
     assert env["RUNTIME_CACHE_SECRET"] == "new,old" and "RUNTIME_CACHE_SECRET_FILE" not in env
     monkeypatch.delenv("RUNTIME_CACHE_SECRET_FILE")
     assert demo_cli._secret(argparse.Namespace()) == ["from-env"]
+
+
+def test_the_secret_may_follow_demo_as_it_follows_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runtime-cache demo --secret-file F`` was a usage error ("unrecognized arguments")."""
+    from runtime_cache.cli.app import build_parser
+    from runtime_cache.demo import cli as demo_cli
+
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET_FILE", raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text("first\nsecond\n")
+    args = build_parser().parse_args(["demo", "--secret-file", str(secret), "--tiny"])
+    assert args.secret_file == str(secret)
+    args = build_parser().parse_args(["demo", "--secret", "a,b"])
+    assert args.secret == "a,b"
+    # python -m runtime_cache.demo reads them itself
+    standalone = demo_cli.build_parser().parse_args(["--secret-file", str(secret)])
+    assert demo_cli._secret(standalone) == ["first", "second"]
+    assert demo_cli._secret(demo_cli.build_parser().parse_args(["--secret", "x"])) == ["x"]

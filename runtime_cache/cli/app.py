@@ -251,6 +251,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     except RuntimeCacheError as exc:
         return _fail(f"{type(exc).__name__}: {exc}", 1)
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's code for SIGINT
+        print("runtime-cache: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `runtime-cache ls | head`: the reader has seen enough
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again

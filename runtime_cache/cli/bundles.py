@@ -41,7 +41,7 @@ from ..errors import (
     ReadOnlyBackendError,
 )
 from ..signing import SIG_SIZE
-from .context import CommandContext, Handler, Skipped
+from .context import CommandContext, Handler, Skipped, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
@@ -101,8 +101,9 @@ def add_parsers(add: AddCommand) -> None:
 
 def _write_file(path: str, data: bytes) -> None:
     if path == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        stream = binary_stdout()
+        stream.write(data)
+        stream.flush()
         return
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
@@ -193,6 +194,8 @@ def _read_file(path: str, limit: int) -> bytes:
 
 def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
+    if args.file == "-":
+        binary_stdout()  # refused on a terminal before any work
     cache = ctx.cache
     skipped = Skipped()
     progress = Progress(0, "export", ctx.err, enabled=not args.json and ctx.is_terminal())

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from .. import environment
 from ..api import BackendURL
@@ -199,6 +199,18 @@ class CommandContext:
             return self.err.isatty()
         except (AttributeError, ValueError, OSError):
             return False
+
+
+def binary_stdout() -> BinaryIO:
+    """Standard output for binary data (a file named ``-``); :class:`UsageError` when it
+    is a terminal, where the bytes would only garble the screen."""
+    try:
+        terminal = sys.stdout.isatty()
+    except (AttributeError, ValueError, OSError):
+        terminal = False
+    if terminal:
+        raise UsageError("not writing binary data to a terminal: redirect it (> FILE) or pipe it")
+    return sys.stdout.buffer
 
 
 #: The one signature of every subcommand's handler, built-in or plug-in: it returns

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CorruptEntryError, SignatureError
 from ..stats import EntryInfo, jsonable
-from .context import CommandContext, Handler, KeyNotFound, Skipped, resolve_key
+from .context import CommandContext, Handler, KeyNotFound, Skipped, binary_stdout, resolve_key
 from .fmt import (
     clean,
     count,
@@ -112,7 +112,11 @@ def add_parsers(add: AddCommand) -> None:
     show.add_argument(
         "key", help="a whole key, a unique prefix of one, or of its digest as ls shows it"
     )
-    show.add_argument("--raw", metavar="FILE", help="also write the entry's value to FILE")
+    show.add_argument(
+        "--raw",
+        metavar="FILE",
+        help="also write the entry's value to FILE; with -, only the value, to standard output",
+    )
     add_json(show)
 
     stats = add(
@@ -233,7 +237,7 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     label, verdict, good = _signature(ctx, skey, info.signed)
     if args.raw:
         code = _write_raw(ctx, skey, args.raw)
-        if code:
+        if code or args.raw == "-":  # the value went to standard output, alone
             return code
     if args.json:
         checked = ctx.cache.signed
@@ -274,6 +278,11 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
     except CorruptEntryError as exc:
         print(f"runtime-cache: {clean(skey)}: not written, the entry is bad: {exc}", file=ctx.err)
         return 1
+    if path == "-":
+        stream = binary_stdout()
+        stream.write(entry.value)
+        stream.flush()
+        return 0
     try:
         with open(path, "wb") as handle:
             handle.write(entry.value)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,17 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="the cache to use (default: RUNTIME_CACHE, else the user cache folder); "
         "a shared one, e.g. redis://host:6379/0, needs RUNTIME_CACHE_SECRET",
+    )
+    parser.add_argument(
+        "--secret",
+        default=argparse.SUPPRESS,
+        help="the shared secret (default: RUNTIME_CACHE_SECRET; 'new,old' accepts both)",
+    )
+    parser.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="read the secret from a file, one key a line (default: RUNTIME_CACHE_SECRET_FILE)",
     )
     parser.add_argument(
         "--device",
@@ -162,7 +174,14 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
 def _secret(args: argparse.Namespace) -> list[str] | None:
     """The secret keys: the CLI's ``--secret``/``--secret-file``, else the environment."""
     keys: list[str] | None = getattr(args, "secret_keys", None)
-    return keys if keys is not None else environment.read_secret()
+    if keys is not None:
+        return keys
+    secret, secret_file = getattr(args, "secret", None), getattr(args, "secret_file", None)
+    if secret is None and secret_file is None:
+        return environment.read_secret()
+    from ..cli.context import resolve_secret  # python -m runtime_cache.demo --secret ...
+
+    return resolve_secret(secret, secret_file)
 
 
 def _open(url: str, secret: list[str] | None) -> Cache:
@@ -203,6 +222,8 @@ def _child(
     except subprocess.TimeoutExpired:
         raise DemoError(f"the {label} run took over {CHILD_TIMEOUT_S} s", code=1) from None
     wall = time.perf_counter() - started
+    if done.returncode in (-signal.SIGINT, 130):  # Ctrl-C reached the child first
+        raise KeyboardInterrupt
     if done.returncode != 0:
         tail = (done.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-15:]
         detail = ("\n" + "\n".join(tail)) if tail else " (see above)"
@@ -324,6 +345,9 @@ def run_demo(args: argparse.Namespace) -> int:
     except RuntimeCacheError as exc:  # no pyopencl, unknown backend, backend down, bad URL
         print(f"runtime-cache demo: error: {redact(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, in this process or in a run's: a line, no traceback
+        print("runtime-cache demo: interrupted", file=sys.stderr)
+        return 130
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     else:
