@@ -232,11 +232,17 @@ def _run(args: argparse.Namespace) -> int:
         keys = resolve_secret(args.secret, args.secret_file)
     except RuntimeCacheError as exc:
         return _fail(str(exc), 2)
+    try:
+        getattr(args, "check", lambda _args: None)(args)  # a usage error before anything else
+    except _USAGE_ERRORS as exc:
+        return _fail(str(exc), 2)
     ctx = CommandContext(url=args.cache, secret=keys)
-    reads_only = getattr(args, "reads_only", False) and not getattr(args, "repair", False)
-    absent = missing_folder(args.cache) if reads_only else None
-    if absent is not None:  # a typo'd folder: say so, and make nothing there
-        return _fail(f"no cache at {absent} (a command that only reads creates none)", 1)
+    # A command that only reads or removes has nothing to do in a folder that is not there:
+    # a typo'd folder is said so, and nothing is made there (import and put may make it).
+    looks = getattr(args, "reads_only", False) or getattr(args, "removes_only", False)
+    absent = missing_folder(args.cache) if looks else None
+    if absent is not None:
+        return _fail(f"no cache at {absent} (a command that only reads or removes creates none)", 1)
     try:
         if getattr(args, "needs_cache", False):
             try:

@@ -52,6 +52,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     rm.add_argument("keys", nargs="+", metavar="KEY", help="whole keys or unique digest prefixes")
+    rm.set_defaults(removes_only=True)
     add_json(rm)
 
     clear = add(
@@ -64,6 +65,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     clear.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    clear.set_defaults(removes_only=True)
     add_json(clear)
 
     prune_cmd = add(
@@ -79,6 +81,7 @@ def add_parsers(add: AddCommand) -> None:
     )
     prune_cmd.add_argument("--max-size", type=_size, metavar="SIZE", help="e.g. 500MB or 2GiB")
     prune_cmd.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m")
+    prune_cmd.set_defaults(removes_only=True, check=_prune_check)
     add_json(prune_cmd)
 
     verify_cmd = add(
@@ -93,7 +96,7 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     verify_cmd.add_argument("--repair", action="store_true", help="remove the bad entries")
-    verify_cmd.set_defaults(reads_only=True)  # unless --repair
+    verify_cmd.set_defaults(reads_only=True)  # --repair only removes
     add_json(verify_cmd)
 
 
@@ -191,10 +194,14 @@ def _progress(ctx: CommandContext, label: str, args: argparse.Namespace) -> Prog
     return Progress(0, label, ctx.err, enabled=not args.json and ctx.is_terminal())
 
 
-def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """Remove entries unused for ``--older-than``, then LRU ones over ``--max-size``."""
+def _prune_check(args: argparse.Namespace) -> None:
     if args.max_size is None and args.older_than is None:
         raise UsageError("prune needs --max-size and/or --older-than")
+
+
+def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
+    """Remove entries unused for ``--older-than``, then LRU ones over ``--max-size``."""
+    _prune_check(args)
     progress = _progress(ctx, "prune", args)
     try:
         report = prune(
