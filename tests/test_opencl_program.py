@@ -225,6 +225,76 @@ def test_recapture_restores_changed_binaries(ctx: Any, cache: rc.Cache) -> None:
     assert recapture_binaries(object()) == 0
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        '#/**/include "val.h"',
+        '#include \\\n"val.h"',
+        '#inc\\\nlude "val.h"',
+        '# /* a\n b */ include "val.h"',
+        '#include_next "val.h"',
+        '#import "val.h"',
+        '%:include "val.h"',
+        '??=include "val.h"',
+        "  #  include   <val.h>",
+    ],
+)
+def test_every_spelling_of_an_include_puts_its_header_in_the_key(
+    tmp_path: Path, spelling: str
+) -> None:
+    """Only a plain `#include "x"` line was seen: the others kept the key when the header
+    changed, so a stale binary was served."""
+    from runtime_cache.opencl.includes import include_digests
+
+    (tmp_path / "val.h").write_text("#define VAL 1\n")
+    options = ["-I", str(tmp_path)]
+    found = include_digests(spelling + "\n__kernel void k() {}\n", options)
+    assert found and found[0][0] == "val.h", found
+    (tmp_path / "val.h").write_text("#define VAL 2\n")
+    assert include_digests(spelling + "\n__kernel void k() {}\n", options) != found
+
+
+def test_an_include_that_cannot_be_hashed_makes_the_build_uncacheable(tmp_path: Path) -> None:
+    """A macro include and a header over the size limit were recorded as nothing and as
+    "absent": the key kept, whatever the header held."""
+    from runtime_cache.opencl import includes
+
+    (tmp_path / "val.h").write_text("#define VAL 1\n")
+    options = ["-I", str(tmp_path)]
+    assert includes.include_digests('#define HDR "val.h"\n#include HDR\n', options) is None
+    big = tmp_path / "big.h"
+    with open(big, "wb") as handle:
+        handle.truncate(includes._MAX_FILE_SIZE + 1)
+    assert includes.include_digests('#include "big.h"\n', options) is None
+    (tmp_path / "empty.h").write_text("")
+    assert includes.include_digests('#include "empty.h"\n', options) == [
+        ["empty.h", 0, includes.xxhash.xxh3_128_hexdigest(b"")]
+    ]
+    # Words that only look like directives cost nothing: no header, so none hashed.
+    assert includes.include_digests("// #include is not used here\n__kernel void k(){}", []) in (
+        [["is", -1, "absent"]],
+        [],
+    )
+
+
+def test_a_macro_include_is_built_from_source_when_its_header_changes(
+    ctx: Any, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """The attacker-review repro: `#define HDR "val.h"` / `#include HDR` served the binary
+    built with the old header."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    src = '#define HDR "factor.h"\n#include HDR\n'
+    src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= FACTOR; }"
+    options = ["-I", str(inc)]
+    data = np.ones(4, dtype=np.float32)
+    for factor in (3, 7):
+        (inc / "factor.h").write_text(f"#define FACTOR {factor}.0f\n")
+        program = build_program(ctx, src, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * factor)
+    assert opencl_stats().source_builds == 2 and opencl_stats().uncacheable == 2
+
+
 def test_options_and_include_scanning(tmp_path: Path) -> None:
     from runtime_cache.opencl.includes import include_digests, include_dirs, normalize_options
 

@@ -21,6 +21,15 @@ in the key through the option string; the working folder is not: the key
 records what each folder held, not where it was. Only a search past the limit
 on files (``_MAX_FILES``) makes a build uncacheable: it is built from source
 and counted in ``opencl_stats().uncacheable``, never served stale.
+
+Directives are found as the preprocessor would find them, and more: after line
+splices (a backslash-newline) are joined, both with comments taken out
+(``#/**/include``) and as written, with ``include``, ``include_next`` and
+``import``, and ``#`` spelled as ``%:`` or ``??=``. Finding a directive that is
+not one is harmless (its file is hashed, or recorded absent); missing one would
+serve a stale binary. So an include whose name is not written out (``#include
+HEADER``, a macro), or a header that exists but cannot be read whole (over
+``_MAX_FILE_SIZE``, unreadable), makes the build uncacheable too.
 """
 
 from __future__ import annotations
@@ -35,7 +44,15 @@ import xxhash
 
 __all__ = ["ABSENT", "SYSTEM_DIRS", "include_digests", "include_dirs", "normalize_options"]
 
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
+#: A directive that reads a file: its name, or (a macro) whatever follows it.
+_DIRECTIVE = re.compile(
+    rb"^[ \t]*(?:#|%:)[ \t]*(?:include_next|include|import)(?![A-Za-z0-9_])[ \t]*([^\n]*)",
+    re.MULTILINE,
+)
+_SPLICE = re.compile(rb"\\[ \t]*\r?\n")  # compilers take blanks after the backslash too
+_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
+#: A name a directive reads: ``"name"`` or ``<name>``.
+_NAMED = re.compile(rb'^("([^"\n]+)"|<([^>\n]+)>)')
 _MAX_FILES = 512
 _MAX_FILE_SIZE = 16 << 20
 #: Folders a C compiler searches by default; a driver's compiler may too.
@@ -77,14 +94,50 @@ def include_dirs(tokens: Sequence[str]) -> list[str]:
     return found
 
 
-def _read(path: str) -> bytes | None:
+class _Unreadable:
+    """A header that is there but cannot be read whole (too large, unreadable)."""
+
+
+_UNREADABLE = _Unreadable()
+
+
+def _read(path: str) -> bytes | _Unreadable | None:
+    """The file's bytes; ``None`` where there is no file; :data:`_UNREADABLE` where there
+    is one that cannot be read whole."""
     try:
-        if not os.path.isfile(path) or os.path.getsize(path) > _MAX_FILE_SIZE:
+        if not os.path.isfile(path):
             return None
+        if os.path.getsize(path) > _MAX_FILE_SIZE:
+            return _UNREADABLE
         with open(path, "rb") as handle:
-            return handle.read()
+            data = handle.read(_MAX_FILE_SIZE + 1)
     except OSError:
-        return None
+        return _UNREADABLE if os.path.lexists(path) else None
+    return _UNREADABLE if len(data) > _MAX_FILE_SIZE else data
+
+
+def _directives(text: bytes) -> Iterable[tuple[bool, str] | None]:
+    """``(quoted, name)`` of each directive of ``text`` that reads a file; ``None`` for
+    one whose name is not written out (a macro). See the module's notes."""
+    if b"??" in text:  # trigraphs: ??= is #, ??/ is a backslash
+        text = text.replace(b"??=", b"#").replace(b"??/", b"\\")
+    if b"\\" in text:
+        text = _SPLICE.sub(b"", text)
+    spellings = [text]
+    if b"/" in text:  # as written, each comment one space (as C has it), or kept to its lines
+        spellings.append(_COMMENT.sub(b" ", text))
+        spellings.append(_COMMENT.sub(lambda m: b" " + b"\n" * m.group().count(b"\n"), text))
+    found: set[tuple[bool, str] | None] = set()
+    for spelling in spellings:
+        for match in _DIRECTIVE.finditer(spelling):
+            named = _NAMED.match(match.group(1).strip())
+            if named is None:
+                found.add(None)
+                continue
+            quoted = named.group(2) is not None
+            name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
+            found.add((quoted, name.strip()))
+    return sorted(found, key=repr)
 
 
 def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | None:
@@ -96,8 +149,8 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
     cached) only past the limit on files.
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
-    if b"include" not in data:
-        return []
+    if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
+        return []  # (a splice or a trigraph could spell one)
     search = [*include_dirs(tokens), "."]
     result: list[Any] = []
     seen: set[str] = set()
@@ -112,6 +165,8 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
             content = _read(path)
             if content is None:
                 continue
+            if isinstance(content, _Unreadable):
+                return None  # a header the build may read, that cannot go into the key
             hits += 1
             if path in seen:
                 continue
@@ -124,9 +179,10 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
 
     while pending:
         text, folder = pending.pop()
-        for match in _INCLUDE.finditer(text):
-            name = match.group(2).decode("utf-8", "replace").strip()
-            quoted = match.group(1) == b'"'
+        for directive in _directives(text):
+            if directive is None:
+                return None  # #include MACRO: which file it reads is the preprocessor's to say
+            quoted, name = directive
             folders = ([folder] if quoted and folder else []) + search
             hits = probe(name, enumerate(folders))
             if hits == 0:  # not on the search path: where a driver's compiler may look next
