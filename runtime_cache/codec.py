@@ -210,7 +210,7 @@ def verify_entry(
     view = memoryview(blob)
     if not view.readonly:
         view = view.toreadonly()
-    header = parse_header(view, limits)
+    header = parse_header(view, limits, len(view))
     meta_len, value_len = header[1], header[2]
     body_end = HEADER_SIZE + meta_len + value_len
     expected = body_end + (SIG_SIZE if header[0] & FLAG_SIGNED else 0)
@@ -231,7 +231,7 @@ def _pieces(
     # (head, value, tail) cut where the header says, with it; else the joined blob.
     if len(pieces) == 3 and all(type(p) is bytes for p in pieces) and len(pieces[0]) >= HEADER_SIZE:
         head, value, tail = pieces
-        header = parse_header(head, limits)  # the joined blob's header: its errors
+        header = parse_header(head, limits, sum(map(len, pieces)))  # the joined blob's
         flags, meta_len, value_len = header[:3]
         signature = SIG_SIZE if flags & FLAG_SIGNED else 0
         if (len(head), len(value), len(tail)) == (HEADER_SIZE + meta_len, value_len, signature):

@@ -14,7 +14,7 @@ import xxhash
 
 from .entry_meta import Limits
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError
-from .signing import SecretKeys, sign, signing_keys
+from .signing import SIG_SIZE, SecretKeys, sign, signing_keys
 
 __all__ = [
     "ENTRY_HEADER",
@@ -77,11 +77,15 @@ def header_fits(
     )
 
 
-def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, int, int, int]:
+def parse_header(
+    blob: bytes | memoryview, limits: Limits, size: int | None = None
+) -> tuple[int, int, int, int, int]:
     """``(flags, meta_len, value_len, meta_sum, value_sum)`` of an entry's header.
 
     Raises :class:`~runtime_cache.errors.CorruptEntryError` (or
-    :class:`~runtime_cache.errors.NewerFormatError`) saying what is wrong.
+    :class:`~runtime_cache.errors.NewerFormatError`) saying what is wrong. With
+    ``size``, the whole entry's, lengths over ``limits`` that do not add up to it
+    are corrupt, not an entry for a reader with larger limits (kept, and read again).
     """
     if len(blob) < HEADER_SIZE:
         raise CorruptEntryError(f"entry is {len(blob)} bytes, shorter than its header")
@@ -99,6 +103,9 @@ def parse_header(blob: bytes | memoryview, limits: Limits) -> tuple[int, int, in
         raise CorruptEntryError(f"unsupported entry format version {version}")
     if flags & ~FLAG_SIGNED or reserved:
         raise CorruptEntryError(f"unknown entry flags {flags:#x}/{reserved:#x}")
+    declared = HEADER_SIZE + meta_len + value_len + (SIG_SIZE if flags & FLAG_SIGNED else 0)
+    if size is not None and size != declared:
+        raise CorruptEntryError(f"entry is {size} bytes, its header says {declared}")
     if meta_len > limits.max_meta_size:
         raise OverLimitError(f"metadata of {meta_len} bytes exceeds {limits.max_meta_size}")
     if value_len > limits.max_value_size:

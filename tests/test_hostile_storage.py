@@ -435,3 +435,29 @@ def test_import_onto_a_full_disk_keeps_the_entries_that_fit(
     report = json.loads(capsys.readouterr().out)
     assert report["not_written"] == 1 and "full" in report["write_errors"][0]
     assert report["accepted"] == 5 and report["kept_existing"] == 0  # each entry once
+
+
+def test_a_header_that_lies_about_an_over_limit_size_is_corrupt_and_removed(
+    tmp_path: Path,
+) -> None:
+    """A planted file whose header claims a 2 GiB value, over the reader's limits, was a
+    "rejected" miss: kept, and read whole again on every get (421 MiB RSS each time in the
+    attacker review, with a 400 MiB file). Lengths that do not add up to the file are
+    corruption: it is read once, and removed."""
+    import struct
+
+    from runtime_cache.codec import Limits
+
+    backend = DirectoryBackend(tmp_path)
+    cache = rc.Cache(backend, limits=Limits(max_value_size=1 << 20))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    header = struct.pack("<4sBBHIQQQ", b"RCE\x01", 1, 1, 0, 10, 2 << 30, 0, 0)
+    backend.set(str(key), header + b"\xa5" * (2 << 20))
+    assert cache.get(key) is None
+    assert cache.stats().corrupt == 1 and cache.stats().rejected == 0
+    assert backend.get(str(key)) is None  # removed: the next get reads nothing
+    # An entry whose lengths add up, over this reader's limits, is another reader's: kept.
+    big = rc.Cache(backend)
+    big.put(key, b"v" * (2 << 20))
+    assert cache.get(key) is None and cache.stats().rejected == 1
+    assert big.get(key) == b"v" * (2 << 20)
