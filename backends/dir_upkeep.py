@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .dir_fs import JUNK_SECONDS, NOFOLLOW, open_folder, own_leftover, set_aside
-from .dir_tree import walk
+from .dir_tree import Found, WalkCutShort, walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
 from .temp_files import remove_if_orphaned
 
@@ -86,25 +86,35 @@ class Upkeep:
         # Stops at the deadline; the bool says whether the walk was complete.
         limit = self.backend.max_entry_size
         items: list[Candidate] = []
-        linked: set[tuple[int, int]] = set()  # files with more than one name, counted once
-        for seen, found in enumerate(walk(self.backend.root_fd)):
-            if deadline is not None and seen % 1024 == 1023 and time.monotonic() > deadline:
-                return items, False
-            st = found.stat
-            if not found.regular or st.st_size > limit:
-                what = "not a regular file" if not found.regular else f"{st.st_size} bytes"
-                self.backend.found_junk(f"{found.folder}/{found.name}", what)
-                continue
-            if self.members is not None and st.st_uid not in self.members:
-                continue  # not a group member's: not ours to count or evict
-            disk = disk_bytes(st)
-            if st.st_nlink > 1:  # the backend never links: someone made names of one file
-                disk = 0 if (st.st_dev, st.st_ino) in linked else disk
-                linked.add((st.st_dev, st.st_ino))
-            items.append(
-                Candidate(st.st_mtime_ns, st.st_ino, found.folder, found.name, disk, st.st_uid)
-            )
+        linked: set[tuple[int, int]] = set()  # files with more than one name
+        try:
+            for found in walk(self.backend.root_fd, deadline=deadline):
+                self._consider(found, limit, linked, items)
+        except WalkCutShort:
+            return items, False
         return items, True
+
+    def _consider(
+        self, found: Found, limit: int, linked: set[tuple[int, int]], items: list[Candidate]
+    ) -> None:
+        st = found.stat
+        where = f"{found.folder}/{found.name}"
+        if st.st_nlink > 1 and found.regular:
+            # The backend never links: more names of one file are someone's flood of names.
+            # The file counts once, against max_files as against max_size (which name is
+            # its own cannot be told, so none is removed for it).
+            if (st.st_dev, st.st_ino) in linked:
+                return
+            linked.add((st.st_dev, st.st_ino))
+        if not found.regular or st.st_size > limit:
+            self.backend.found_junk(where, f"{st.st_size} bytes" if found.regular else "not a file")
+            return
+        if self.members is not None and st.st_uid not in self.members:
+            return  # not a group member's: not ours to count or evict
+        disk = disk_bytes(st)
+        items.append(
+            Candidate(st.st_mtime_ns, st.st_ino, found.folder, found.name, disk, st.st_uid)
+        )
 
     def enforce(self, wait: float, budget: float | None = None) -> int:
         """Evict down to 90% of the caps if over them; return how many files were removed.
@@ -326,10 +336,14 @@ class Upkeep:
         """Vacuum when the last one (by anyone) was over an hour ago."""
         if self.backend.read_only:
             return
+        root_fd = self.backend.root_fd
         try:
-            st = os.stat(_MARKER, dir_fd=self.backend.root_fd, follow_symlinks=False)
-            age = time.time() - st.st_mtime if stat.S_ISREG(st.st_mode) else float("inf")
+            st = os.stat(_MARKER, dir_fd=root_fd, follow_symlinks=False)
         except OSError:
-            age = float("inf")
-        if age > 3600:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # A FIFO or a folder planted there could never be touched: every open would vacuum.
+            set_aside(root_fd, _MARKER, ".junk-")
+            st = None
+        if st is None or time.time() - st.st_mtime > 3600:
             self.vacuum()

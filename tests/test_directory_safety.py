@@ -268,6 +268,57 @@ def test_entry_size_bound_covers_the_codecs_largest_entry() -> None:
     assert largest <= MAX_ENTRY_SIZE <= 2 * largest
 
 
+def test_hard_links_to_one_entry_count_once_against_max_files(tmp_path: Path) -> None:
+    """Names linked to one entry counted one file each: 5,000 of them pushed the owner's
+    recent entries out under max_files (1 of 20 kept in the attacker review)."""
+    backend = DirectoryBackend(tmp_path, max_size="10MB", max_files=2000)
+    keys = [f"safe/test/{i:032x}" for i in range(20)]
+    for k in keys:
+        backend.set(k, os.urandom(4000))
+    for i in range(2500):
+        link = path_of(tmp_path, f"safe/test/{i + 1000:032x}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.link(path_of(tmp_path, keys[0]), link)
+    backend.set("safe/test/" + "f" * 32, b"one more")
+    backend.enforce_size()
+    assert all(backend.get(k) is not None for k in keys)
+    assert backend._upkeep.usage()[1] == 21
+
+
+def test_a_walk_stops_at_its_deadline_in_folders_that_hold_no_entry(tmp_path: Path) -> None:
+    """The deadline was looked at once per entry found (every 1,024th in eviction), so a
+    member's 400,000 empty folders made each open, put and vacuum take 6-8 s."""
+    from runtime_cache.backends import dir_tree
+
+    backend = DirectoryBackend(tmp_path, max_size="10MB")
+    backend.set("safe/test/" + "a" * 32, b"x")
+    for i in range(50):
+        (tmp_path / "safe" / "zz" / str(i)).mkdir(parents=True)
+    past = time.monotonic() - 1
+    assert dir_tree.keys_until(backend.root_fd, past) is None
+    assert dir_tree.keys_until(backend.root_fd, None) == {"safe/test/" + "a" * 32}
+    assert backend._upkeep._candidates(past)[1] is False
+
+
+def test_a_planted_vacuum_marker_does_not_make_every_open_vacuum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO at .vacuumed could never be touched, so every open vacuumed."""
+    from runtime_cache.backends import dir_upkeep
+
+    DirectoryBackend(tmp_path).close()
+    (tmp_path / ".vacuumed").unlink()
+    os.mkfifo(tmp_path / ".vacuumed", 0o600)
+    runs: list[int] = []
+    vacuum = dir_upkeep.Upkeep.vacuum
+    monkeypatch.setattr(
+        dir_upkeep.Upkeep, "vacuum", lambda self, *a: runs.append(1) or vacuum(self, *a)
+    )
+    DirectoryBackend(tmp_path).close()
+    DirectoryBackend(tmp_path).close()
+    assert len(runs) == 1 and stat.S_ISREG((tmp_path / ".vacuumed").lstat().st_mode)
+
+
 def test_hard_links_to_one_entry_count_its_disk_once(tmp_path: Path) -> None:
     """Someone who can write the folder links one entry under hundreds of names: the names
     cost no disk, so the cap must not evict real entries for them (50 of 50 kept)."""
