@@ -28,7 +28,12 @@ from typing import Any, TypeVar
 
 from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
-from runtime_cache.errors import BackendError, EntryTooLargeError, ReadOnlyBackendError
+from runtime_cache.errors import (
+    BackendError,
+    EntryTooLargeError,
+    PartialReadError,
+    ReadOnlyBackendError,
+)
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
@@ -226,6 +231,29 @@ class DirectoryBackend(Backend):
 
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
         return self._read(key, self.track_access, read_parts, span)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        # One file that cannot be read (a member's 0600 file) costs its key, not the batch.
+        found: dict[str, bytes] = {}
+        failed: dict[str, BackendError] = {}
+        for key in keys:
+            try:
+                value = self.get(key)
+            except BackendError as exc:
+                failed[key] = exc
+                continue
+            if value is not None:
+                found[key] = value
+        if failed:
+            first = next(iter(failed.values()))
+            if not found:
+                raise first
+            raise PartialReadError(
+                f"{len(failed)} of {len(failed) + len(found)} read: {first}",
+                found,
+                frozenset(failed),
+            )
+        return found
 
     def peek(self, key: str) -> bytes | None:
         return self._read(key, False, read_to_end)

@@ -13,6 +13,7 @@ from typing import Protocol
 from .api import Backend
 from .check import screen_many
 from .codec import Limits, SecretKeys
+from .errors import PartialReadError
 from .inventory import KeyLike
 from .stats import CacheStats, Counters
 
@@ -74,11 +75,16 @@ class BatchReads:
         wanted = [str(k) for k in given]
         try:
             blobs = self.backend.get_many(wanted)
+        except PartialReadError as exc:  # some unreadable: an error each, the rest served
+            blobs = exc.found
+            self._counters.add(errors=len(exc.failed) - 1)
+            self._failed("get_many", exc)
         except Exception as exc:
             self._counters.add(misses=len(wanted) if count_misses else 0)
             self._failed("get_many", exc)
             return {}
-        self._succeeded()
+        else:
+            self._succeeded()
         found, counts = screen_many(
             wanted, given, blobs, self._secret, self.limits, self._discard, defer_hits
         )

@@ -107,6 +107,17 @@ class EntryTooLargeError(BackendError):
         self.refused = refused
 
 
+class PartialReadError(BackendError):
+    """A batch read that failed on some keys (an unreadable file) and read the others:
+    ``found`` holds what was read, ``failed`` names the keys that failed. The front
+    serves ``found`` and counts an error for each failed key."""
+
+    def __init__(self, message: str, found: dict[str, bytes], failed: frozenset[str]) -> None:
+        super().__init__(message)
+        self.found = found
+        self.failed = failed
+
+
 class CallbackTypeError(BackendError, TypeError):
     """A user callback of :class:`CallbackBackend` returned a value of the wrong type."""
 
@@ -129,6 +140,7 @@ __all__ = [
     "MissingDependencyError",
     "NewerFormatError",
     "OverLimitError",
+    "PartialReadError",
     "ReadOnlyBackendError",
     "RejectedEntryError",
     "RuntimeCacheError",
