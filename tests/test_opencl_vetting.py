@@ -119,6 +119,61 @@ def test_a_good_kernel_with_an_8_byte_value_argument_passes_vetting(
     assert (out == 2.0).all()
 
 
+#: Correct for the inputs its host gives (n >= 1); with n = 0, "n - 1" reads a[0xFFFFFFFF].
+LAST_TO_FRONT_SRC = (
+    "kernel void last_to_front(global int *a, uint n) "
+    "{ if (get_global_id(0) == 0) a[0] = a[n - 1]; }"
+)
+#: Correct for its host's inputs, but faults (far out of bounds) or loops (for ever) on any
+#: made-up count: the trial launch cannot tell it from a bad binary.
+FAULTS_SRC = "kernel void far(global int *a, uint n) { a[n * 400000000u] = 1; }"
+LOOPS_SRC = (
+    "kernel void spin(global int *a, ulong n) "
+    "{ for (ulong i = 0; i < n * 1000000000000UL; i++) a[i & 15] += (int)i; }"
+)
+
+
+def test_a_good_kernel_whose_count_minus_one_wraps_at_zero_passes_vetting(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeroed scalars made "n - 1" wrap: the child crashed, and the good shared entry was
+    blocklisted and evicted on every other machine (the attacker review's repro)."""
+    from runtime_cache.opencl import build_program, opencl_stats
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, LAST_TO_FRONT_SRC, cache=cache)
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    build_program(ctx, LAST_TO_FRONT_SRC, cache=cache)
+    stats = opencl_stats()
+    assert (stats.vetted, stats.vet_failures, stats.rejected_binaries) == (1, 0, 0)
+    assert stats.binary_loads == 1 and stats.source_builds == 1
+
+
+@pytest.mark.parametrize("source", [FAULTS_SRC, LOOPS_SRC], ids=["faults", "loops"])
+def test_a_trial_launch_that_fails_condemns_nothing(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """A crash or a hang in the trial launches, after the binary loaded, is "could not vet":
+    built from source this time, nothing blocklisted or evicted, and no 120 s wait (the
+    launches have LAUNCH_TIMEOUT, shortened here)."""
+    from runtime_cache.opencl import build_program, opencl_stats, reset_opencl_stats, vetting
+    from runtime_cache.opencl.guard import binary_digest, guard
+
+    monkeypatch.setattr(vetting, "LAUNCH_TIMEOUT", 3.0)
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    first = build_program(ctx, source, cache=cache)
+    (binary,) = first.get_info(__import__("pyopencl").program_info.BINARIES)
+    stored = {e.key: cache.backend.get(e.key) for e in cache.entries()}
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    reset_opencl_stats()
+    build_program(ctx, source, cache=cache)
+    stats = opencl_stats()
+    assert (stats.vet_failures, stats.rejected_binaries) == (0, 0), stats
+    assert stats.source_builds == 1  # this time, from source
+    assert not guard.blocked([binary_digest(bytes(binary))])
+    assert all(cache.backend.get(k) is not None for k in stored)  # nothing evicted
+
+
 def test_threads_asking_for_one_unknown_program_start_one_vetting_child(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

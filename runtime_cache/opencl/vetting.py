@@ -6,11 +6,14 @@ can catch that. The crash guard (:mod:`runtime_cache.opencl.guard`) stops such
 a crash from repeating after a restart; vetting stops the first one. Before
 this process loads a binary that is not *known*, a worker process
 (``python -m runtime_cache.opencl.worker``) on the same devices creates the
-program from it, builds it, and launches each kernel once, on one work-item
-with zeroed arguments, because some drivers (PoCL, Mali) compile a kernel only
-at its first launch and crash there on a bad binary. If the worker crashes,
-hangs or the driver refuses, the binary is blocklisted: the caller evicts it
-and builds from source. If the worker succeeds, the binary becomes known.
+program from it, builds it, and launches each kernel (on a zeroed buffer and
+scalars of 1), because some drivers (PoCL, Mali) compile a kernel only at its
+first launch and crash there on a bad binary. If the worker crashes, hangs or
+the driver refuses while loading, the binary is blocklisted: the caller evicts
+it and builds from source. Trouble in the launches, after the child said the
+binary loaded, condemns nothing (a good kernel on made-up arguments can fault
+or loop): "could not vet", below. If the worker succeeds, the binary becomes
+known.
 
 A child that fails for reasons of its own (no scratch space, no file
 descriptors, a missing scratch folder: it checks by writing a file and
@@ -54,6 +57,7 @@ from .wire import read_message, write_message
 __all__ = [
     "BATCH",
     "ENV_VET",
+    "LAUNCH_TIMEOUT",
     "LOAD_TIMEOUT",
     "LOCAL",
     "Vetter",
@@ -68,6 +72,10 @@ log = logging.getLogger(__name__)
 ENV_VET = "RUNTIME_CACHE_OPENCL_VET"
 #: Seconds one trial load may take before the child is killed and the binary refused.
 LOAD_TIMEOUT = 120.0
+#: Seconds the trial launches of a loaded binary may take; past them, or on a crash there,
+#: the child could not vet: the caller builds from source, and nothing is condemned (a
+#: good kernel on made-up arguments may fault or loop as a bad binary would).
+LAUNCH_TIMEOUT = 20.0
 #: Programs per child below which a batch is not spread over more children.
 BATCH = 8
 
@@ -144,6 +152,7 @@ class Vetter:
         replies: list[Outcome],
         died_on: int | None,
         clean: bool,
+        launching: bool,
         results: list[Outcome],
         groups: deque[list[int]],
     ) -> None:
@@ -154,7 +163,8 @@ class Vetter:
         passed = [group[j] for j, ok in enumerate(replies) if ok is True]
         if died_on is not None:
             self._count(crashed=1)
-            results[group[died_on]] = False
+            # Died loading: the binary's doing. Died launching: maybe the kernel's.
+            results[group[died_on]] = LOCAL if launching else False
             rest = group[died_on + 1 :]
             groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
         elif clean:
@@ -169,7 +179,7 @@ class Vetter:
 
     def _run(
         self, fingerprints: list[dict[str, Any]], items: list[Item]
-    ) -> tuple[list[Outcome], int | None, bool] | None:
+    ) -> tuple[list[Outcome], int | None, bool, bool] | None:
         """One child over ``items``: ``(replies, index it died on, clean exit)``."""
         if self._unavailable:
             return None
@@ -180,7 +190,7 @@ class Vetter:
             scratch = tempfile.mkdtemp(prefix="runtime-cache-vet-")
         except OSError as exc:  # no scratch space here: not the binaries' fault
             log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
-            return [LOCAL] * len(items), None, True
+            return [LOCAL] * len(items), None, True, False
         # The child's machinery loads here: most processes never vet anything.
         from .worker import scratch_usable
 
@@ -190,14 +200,14 @@ class Vetter:
             if failed and not scratch_usable(scratch):
                 # The child failed (or died) for want of scratch space, not for the binaries.
                 log.warning("runtime-cache: could not vet OpenCL binaries: %s is full", scratch)
-                return [LOCAL] * len(items), None, True
+                return [LOCAL] * len(items), None, True, False
             return outcome
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _run_in(
         self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
-    ) -> tuple[list[Outcome], int | None, bool] | None:
+    ) -> tuple[list[Outcome], int | None, bool, bool] | None:
         from .parallel import start_worker, stop_worker
 
         try:
@@ -205,7 +215,7 @@ class Vetter:
         except OSError as exc:
             if exc.errno in _LOCAL_ERRNOS:  # out of file descriptors, memory...: for now
                 log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
-                return [LOCAL] * len(items), None, True
+                return [LOCAL] * len(items), None, True, False
             log.debug("runtime-cache: no vetting process (%s)", exc)
             process = None
         if process is None:
@@ -217,24 +227,34 @@ class Vetter:
             return None
         self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
+        from .worker import LOADED
+
         replies: list[Outcome] = []
         for binaries, options, options_text, source in items:
             watchdog = threading.Timer(LOAD_TIMEOUT, process.kill)
             watchdog.daemon = True
             watchdog.start()
+            launching = False
             try:
                 text = source if isinstance(source, str) else source.decode("utf-8", "replace")
                 job = ["load", "", list(binaries), options, options_text, text]
                 write_message(process.stdin, job)
-                reply = read_message(process.stdout)[1]
-                replies.append(LOCAL if reply == LOCAL else reply is True)
+                reply = read_message(process.stdout)
+                if reply == [LOADED]:  # loaded: its kernels' trial launches now
+                    watchdog.cancel()
+                    launching = True
+                    watchdog = threading.Timer(LAUNCH_TIMEOUT, process.kill)
+                    watchdog.daemon = True
+                    watchdog.start()
+                    reply = read_message(process.stdout)
+                replies.append(LOCAL if reply[1] == LOCAL else reply[1] is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):
                 # The child died on this item (a driver crash), or hung and was killed.
                 stop_worker(process)
-                return replies, len(replies), False
+                return replies, len(replies), False, launching
             finally:
                 watchdog.cancel()
-        return replies, None, stop_worker(process) == 0
+        return replies, None, stop_worker(process) == 0, False
 
 
 vetter = Vetter()

@@ -26,12 +26,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .driver_files import WORKER_ENV, capture_build, snapshot
 from .wire import read_message, write_message
 
-__all__ = ["main", "read_message", "scratch_usable", "write_message"]
+__all__ = ["LOADED", "main", "read_message", "scratch_usable", "write_message"]
+
+#: What a vetting child says once a binary loaded, before its kernels' trial launches.
+LOADED = "loaded"
 
 
 def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
@@ -64,7 +68,7 @@ _SCALAR_SIZES = (4, 8, 2, 1, 16, 32, 64, 128, 256)
 
 
 def _fill_args(cl: Any, kernel: Any, buffer: Any, kinds: list[str] | None) -> bool:
-    """Give every argument a harmless value: a zeroed buffer, local memory, or zero bytes.
+    """Give every argument a harmless value: a zeroed buffer, local memory, or the value 1.
 
     ``kinds`` are the arguments' kinds as the source declares them
     (:func:`.kernel_args.argument_kinds`). Without them (no source, a kernel made by
@@ -78,7 +82,7 @@ def _fill_args(cl: Any, kernel: Any, buffer: Any, kinds: list[str] | None) -> bo
 
     if kinds is not None and len(kinds) != kernel.num_args:
         kinds = None  # the source says otherwise than the binary: guess as before
-    scalars = [np.zeros(size, np.uint8) for size in _SCALAR_SIZES]
+    scalars = [np.eye(1, size, dtype=np.uint8)[0] for size in _SCALAR_SIZES]  # 1, little-endian
     by_kind = {BUFFER: [buffer], LOCAL: [cl.LocalMemory(1024)], VALUE: scalars}
     for index in range(kernel.num_args):
         if kinds is None:
@@ -96,7 +100,14 @@ def _fill_args(cl: Any, kernel: Any, buffer: Any, kinds: list[str] | None) -> bo
     return True
 
 
-def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
+class LaunchFailed(Exception):
+    """A trial launch failed after the binary loaded: the kernel's doing on made-up
+    arguments as much as the binary's, so nothing is condemned for it."""
+
+
+def _trial(
+    cl: Any, context: Any, devices: list[Any], job: list[Any], loaded: Callable[[], None]
+) -> Any:
     import numpy as np
 
     from ._driver import create_and_build
@@ -105,21 +116,26 @@ def _trial(cl: Any, context: Any, devices: list[Any], job: list[Any]) -> Any:
     _, binaries, options, options_text, *rest = job
     kinds = argument_kinds(rest[0]) if rest and isinstance(rest[0], str) else {}
     program = create_and_build(cl, context, devices, binaries, options, options_text)
+    kernels = program.all_kernels()
+    loaded()  # the parent now knows a crash from here on is a launch's
     # Some drivers (PoCL, Mali) compile a kernel only at its first launch, and may crash
     # there on a bad binary. PoCL compiles a work-group function per local size, with a
-    # special case for one work-item: launch each kernel on zeroed arguments twice, on one
-    # work-item and on 64 with the local size the driver picks.
+    # special case for one work-item: launch each kernel twice, on one work-item and on 64
+    # with the local size the driver picks, on a zeroed buffer and scalars of 1 (a count
+    # of 0 makes "n - 1" wrap: a good kernel then reads far out of bounds, or loops on).
     zeros = np.zeros(1 << 16, np.uint8)
     flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
-    buffer = cl.Buffer(context, flags, hostbuf=zeros)
-    kernels = program.all_kernels()
-    for device in devices:
-        queue = cl.CommandQueue(context, device)
-        for kernel in kernels:
-            if _fill_args(cl, kernel, buffer, kinds.get(kernel.function_name)):
-                for size in _LAUNCH_SIZES:
-                    cl.enqueue_nd_range_kernel(queue, kernel, (size,), None)
-        queue.finish()
+    try:
+        buffer = cl.Buffer(context, flags, hostbuf=zeros)
+        for device in devices:
+            queue = cl.CommandQueue(context, device)
+            for kernel in kernels:
+                if _fill_args(cl, kernel, buffer, kinds.get(kernel.function_name)):
+                    for size in _LAUNCH_SIZES:
+                        cl.enqueue_nd_range_kernel(queue, kernel, (size,), None)
+            queue.finish()
+    except Exception as exc:
+        raise LaunchFailed(str(exc)) from exc
     return program, kernels, buffer
 
 
@@ -164,7 +180,9 @@ def _local_trouble(cl: Any, context: Any, devices: list[Any]) -> bool:
     return False
 
 
-def _load(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
+def _load(
+    context: Any, devices: list[Any], job: list[Any], loaded: Callable[[], None]
+) -> list[Any]:
     from ._driver import import_pyopencl
 
     cl = import_pyopencl()
@@ -172,7 +190,9 @@ def _load(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
         # Kept until this process exits, as an app keeps its programs: a driver that
         # trips over the binary only when tearing down (PoCL can abort releasing its
         # LLVM context) does it in this process's exit status.
-        _KEPT.append(_trial(cl, context, devices, job))
+        _KEPT.append(_trial(cl, context, devices, job, loaded))
+    except LaunchFailed:
+        return [job[0], "local"]  # could not vet: built from source, nothing condemned
     except Exception:
         # "local": this child could not vet (its own setup failed), not a refusal.
         return [job[0], "local" if _local_trouble(cl, context, devices) else False]
@@ -200,10 +220,11 @@ def main() -> int:
         except EOFError:
             return 0
         kind, rest = job[0], job[1:]
-        write_message(
-            stdout,
-            _load(context, devices, rest) if kind == "load" else _build(context, devices, rest),
-        )
+        if kind == "load":
+            reply = _load(context, devices, rest, lambda: write_message(stdout, [LOADED]))
+        else:
+            reply = _build(context, devices, rest)
+        write_message(stdout, reply)
 
 
 if __name__ == "__main__":
