@@ -46,7 +46,9 @@ class LoadResult(int):
     * ``rejected`` and ``corrupt``: entries refused by the entry check;
     * ``unsigned``: accepted entries that no secret of this cache verified;
     * ``withheld``: unsigned entries not written because the store is shared
-      (others would trust them): they were used, or reported, but not stored.
+      (others would trust them) or because they hold native code (see
+      :data:`CODE_PURPOSES`): they were used, or reported, but not stored;
+    * ``withheld_code``: those of ``withheld`` that hold native code.
     """
 
     offered: int
@@ -54,6 +56,7 @@ class LoadResult(int):
     corrupt: int
     unsigned: int
     withheld: int
+    withheld_code: int
 
     def __new__(
         cls,
@@ -64,6 +67,7 @@ class LoadResult(int):
         corrupt: int = 0,
         unsigned: int = 0,
         withheld: int = 0,
+        withheld_code: int = 0,
     ) -> LoadResult:
         result = super().__new__(cls, accepted)
         result.offered = offered
@@ -71,6 +75,7 @@ class LoadResult(int):
         result.corrupt = corrupt
         result.unsigned = unsigned
         result.withheld = withheld
+        result.withheld_code = withheld_code
         return result
 
     @property
@@ -87,6 +92,7 @@ class LoadResult(int):
             "corrupt": self.corrupt,
             "unsigned": self.unsigned,
             "withheld": self.withheld,
+            "withheld_code": self.withheld_code,
         }
 
 
@@ -151,8 +157,9 @@ def good_blobs(
             try:
                 check(skey, blob)
             except CorruptEntryError as exc:
-                if on_skip is not None:
-                    on_skip(skey, f"corrupt: {exc}")
+                if on_skip is not None:  # rejected: good bytes this cache does not take
+                    what = "rejected" if isinstance(exc, RejectedEntryError) else "corrupt"
+                    on_skip(skey, f"{what}: {exc}")
                 continue
             found.append(blob)
         if on_progress is not None:
@@ -190,7 +197,7 @@ def merge_bundle(
     blobs = decode_bundle(data, secret=secret, limits=limits)
     screened = screen_bundle(blobs, secret, limits)
     accepted = screened.accepted
-    withheld = 0
+    withheld = code_count = 0
     if accepted and not overwrite:
         try:
             present = set(backend.peek_many(list(accepted)))  # a look, not a use
@@ -204,6 +211,7 @@ def merge_bundle(
             del accepted[skey]
         if code:
             withheld += len(code)
+            code_count = len(code)
             log.warning(
                 "runtime-cache: not writing %d unsigned bundle entries that hold native code "
                 "(a driver's cache files): sign the bundle to carry them",
@@ -224,4 +232,5 @@ def merge_bundle(
         corrupt=screened.corrupt,
         unsigned=screened.unsigned,
         withheld=withheld,
+        withheld_code=code_count,
     )

@@ -734,3 +734,19 @@ def test_export_to_stdout_piped_into_import_from_stdin(
     copy = rc.Cache(DirectoryBackend(other))
     assert all(copy.get(k) == cache.get(k) for k in keys)
     copy.close()
+
+
+def test_import_says_why_native_code_was_not_written(
+    capsys: pytest.CaptureFixture[str], run: Run, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """An unsigned bundle's driver-cache entry, imported into a private folder, was
+    reported as "unsigned entries to a shared store"."""
+    fill(cache, 3)
+    cache.put(rc.make_key(module_id="m", runtime="opencl", purpose="driver-cache"), b"\x7fELF")
+    bundle = tmp_path / "b.rcb"
+    assert run("export", str(bundle))[0] == 0
+    other = Run(capsys, f"dir://{tmp_path / 'other'}")
+    code, out, _ = other("import", str(bundle))
+    assert code == 1
+    assert "imported 3 of 4" in out and "taken without a signature check" in out
+    assert "1 unsigned entries that hold native code" in out and "shared store" not in out

@@ -251,7 +251,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     before = cache.stats()
     tiers_before = _tier_losses(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
-    accepted = unsigned = withheld = 0
+    accepted = unsigned = withheld = code = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
     overwrite = not args.keep_existing
     for start in range(0, len(blobs), DUMP_BATCH):
@@ -269,6 +269,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
             accepted += result
             unsigned += result.unsigned
             withheld += result.withheld
+            code += result.withheld_code
         progress.step(advance=len(batch))
     progress.close()
     flush = getattr(cache.backend, "flush", None)
@@ -290,6 +291,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld - len(failures),
         "unsigned": unsigned,
         "withheld_unsigned": withheld,
+        "withheld_native_code": code,
         "not_written": len(failures),
         "write_errors": failures[:5],
         "tiers_not_written": lost,
@@ -304,9 +306,18 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 file=ctx.out,
             )
         if unsigned:
-            print(f"{unsigned} entries are unsigned (no secret checked them)", file=ctx.out)
-        if withheld:
-            print(f"not written: {withheld} unsigned entries to a shared store", file=ctx.out)
+            print(f"{unsigned} entries taken without a signature check (no secret)", file=ctx.out)
+        if code:
+            print(
+                f"not written: {code} unsigned entries that hold native code (a driver's "
+                "cache files), which only a bundle signed with this cache's secret carries",
+                file=ctx.out,
+            )
+        if withheld > code:
+            print(
+                f"not written: {withheld - code} unsigned entries to a shared store",
+                file=ctx.out,
+            )
         if failures:
             print(
                 f"not written: {fmt_count(len(failures), 'entry', 'entries')} the cache "
