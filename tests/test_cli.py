@@ -211,10 +211,24 @@ def test_caching_off_says_why_the_environments_cache_did_not_open(
     monkeypatch.setenv("RUNTIME_CACHE", f"memory://,dir://{tmp_path / 'team'}?shared=1")
     monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
     capsys.readouterr()
-    assert main(["ls"]) == 2
+    assert main(["ls"]) == 2  # opened as --cache would be: the same error, the same code
     err = capsys.readouterr().err
-    assert "could not be opened (refusing to use" in err and "without a secret" in err
+    assert "refusing to use" in err and "without a secret" in err
     assert err.count("refusing") == 1  # said once: the log line is the command's to say
+
+
+def test_a_cache_the_environment_names_fails_as_the_same_option_would(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`RUNTIME_CACHE=dir:///a-file ls` exited 2, `--cache dir:///a-file ls` 1."""
+    (tmp_path / "a-file").write_text("")
+    url = f"dir://{tmp_path / 'a-file'}"
+    capsys.readouterr()
+    assert main(["--cache", url, "ls"]) == 1
+    given = capsys.readouterr().err
+    monkeypatch.setenv("RUNTIME_CACHE", url)
+    assert main(["ls"]) == 1
+    assert capsys.readouterr().err == given and "not a directory" in given
 
 
 @pytest.mark.parametrize("argv", [["--cache", "", "ls"], ["--cache", " ", "stats"]])

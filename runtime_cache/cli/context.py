@@ -132,6 +132,11 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
 
     if isinstance(secret, str):
         secret = resolve_secret(secret)
+    from ..provider import OFF
+
+    chosen = environment.read(environment.ENV_CACHE)
+    if not url and chosen and chosen.strip().lower() not in OFF:
+        url = chosen  # opened as --cache is: its errors, and exit codes, are the same
     if url:
         return Cache(open_backend(url), strict=True, secret=secret)
     quiet = logging.getLogger("runtime_cache.provider")  # its error is this command's to say
