@@ -397,3 +397,11 @@ def test_the_secret_may_follow_demo_as_it_follows_every_command(
     standalone = demo_cli.build_parser().parse_args(["--secret-file", str(secret)])
     assert demo_cli._secret(standalone) == ["first", "second"]
     assert demo_cli._secret(demo_cli.build_parser().parse_args(["--secret", "x"])) == ["x"]
+
+
+def test_two_different_models_asked_for_is_a_usage_error() -> None:
+    """`demo --model cnn --tiny` ran the tiny model without a word."""
+    from runtime_cache.demo import cli as demo_cli
+
+    code = demo_cli.main(["--model", "cnn", "--tiny"])
+    assert code == 2

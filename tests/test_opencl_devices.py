@@ -150,3 +150,20 @@ def test_the_source_checkout_finds_every_backend(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "total" in done.stdout
+
+
+def test_a_chosen_device_that_cannot_build_names_the_ones_that_can() -> None:
+    """`--device 2` on pip's PoCL (which cannot compile for some CPUs, this box's AMD EPYC
+    among them) said to install a driver, though devices 0 and 1 built."""
+    from runtime_cache.opencl import devices
+
+    trials = [t for t in devices.try_devices() if t.device is not None]
+    broken = [t for t in trials if not t.works]
+    if not broken or not any(t.works for t in trials):
+        pytest.skip("needs one device that builds here and one that cannot (pip's PoCL)")
+    with pytest.raises(devices.NoWorkingDeviceError) as caught:
+        devices.choose_device(str(broken[0].index))
+    text = str(caught.value)
+    assert "cannot build a program here" in text and "install" not in text
+    working = next(t for t in trials if t.works)
+    assert f"{working.index}: " in text and "(cannot build)" in text

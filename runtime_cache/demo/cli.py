@@ -89,7 +89,9 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="an OpenCL device: an index, or part of its name (default: PYOPENCL_CTX, "
         "else the first device that can build)",
     )
-    parser.add_argument("--model", default="cnn", choices=("cnn", "tiny"), help="the model")
+    parser.add_argument(
+        "--model", default=None, choices=("cnn", "tiny"), help="the model (default: cnn)"
+    )
     parser.add_argument(
         "--tiny", action="store_true", help="the 5-layer model (same as --model tiny)"
     )
@@ -280,7 +282,11 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     from .device import choose
     from .model import build_model
 
-    name = "tiny" if getattr(args, "tiny", False) else getattr(args, "model", "cnn")
+    name = getattr(args, "model", None) or "cnn"
+    if getattr(args, "tiny", False):
+        if getattr(args, "model", None) not in (None, "tiny"):
+            raise DemoError(f"--tiny and --model {name} name different models: give one")
+        name = "tiny"
     model = build_model(name)
     keep = bool(getattr(args, "keep", False))
     driver_cache = bool(getattr(args, "driver_cache", False))

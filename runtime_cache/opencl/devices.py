@@ -178,14 +178,28 @@ def _by_spec(spec: str) -> Any:
         if (t.index == int(spec) if spec.isdigit() else spec.lower() in str(t.device.name).lower())
     ]
     if not chosen:
-        names = ", ".join(f"{t.index}: {str(t.device.name).strip()}" for t in trials)
         raise NoWorkingDeviceError(
-            f"no OpenCL device matches {spec!r}; the devices are {names or 'none'}"
+            f"no OpenCL device matches {spec!r}; {_listing(trials) or 'there are none'}"
         )
     for trial in chosen:
         if trial.works:
             return trial.device
+    others = [t for t in trials if t.works and t not in chosen]
+    if others:  # another device works: say so, not "install a driver"
+        lines = [f"the OpenCL device matching {spec!r} cannot build a program here"]
+        lines += [f"  {t.platform} / {str(t.device.name).strip()}: {t.error}" for t in chosen]
+        lines.append(_listing(trials))
+        raise NoWorkingDeviceError("\n".join(lines))
     raise _failure(chosen, f"matching {spec!r}")
+
+
+def _listing(trials: list[DeviceTrial]) -> str:
+    """The devices by index, each marked whether it can build."""
+    names = [
+        f"{t.index}: {str(t.device.name).strip()}" + ("" if t.works else " (cannot build)")
+        for t in trials
+    ]
+    return f"the devices are {', '.join(names)}" if names else ""
 
 
 def _by_ctx(value: str) -> Any:
