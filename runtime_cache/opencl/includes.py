@@ -116,9 +116,25 @@ def _read(path: str) -> bytes | _Unreadable | None:
     return _UNREADABLE if len(data) > _MAX_FILE_SIZE else data
 
 
-def _directives(text: bytes) -> Iterable[tuple[bool, str] | None]:
+#: The directives of texts seen, by their xxh3-128: a module's programs include the same
+#: headers, each scanned once a process. Cleared when full.
+_SCANNED: dict[int, list[tuple[bool, str] | None]] = {}
+_SCANNED_MAX = 4096
+
+
+def _directives(text: bytes) -> list[tuple[bool, str] | None]:
     """``(quoted, name)`` of each directive of ``text`` that reads a file; ``None`` for
     one whose name is not written out (a macro). See the module's notes."""
+    mark = xxhash.xxh3_128_intdigest(text)
+    found = _SCANNED.get(mark)
+    if found is None:
+        if len(_SCANNED) >= _SCANNED_MAX:
+            _SCANNED.clear()
+        found = _SCANNED[mark] = _scan(text)
+    return found
+
+
+def _scan(text: bytes) -> list[tuple[bool, str] | None]:
     if b"??" in text:  # trigraphs: ??= is #, ??/ is a backslash
         text = text.replace(b"??=", b"#").replace(b"??/", b"\\")
     if b"\\" in text:
