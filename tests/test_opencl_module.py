@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -196,35 +198,39 @@ def test_build_error_in_a_worker_is_raised_by_the_parent(ctx: Any, cache: rc.Cac
     assert cache.stats().stores == 3
 
 
-def test_build_all_beside_program_calls_loads_each_program_once(ctx: Any, cache: rc.Cache) -> None:
-    """An app's threads asking for kernels while another thread runs build_all(): each
-    program came from its binary 1.4-1.6 times (34-39 loads for 24 programs), since the
-    build_all() loaders did not hold a program's name as program() does."""
+def _race(module: OpenCLModule, warm_up: Any, orders: Sequence[list[str]]) -> None:
+    """``warm_up()`` on one thread while one thread per order asks for those kernels."""
     import threading
 
-    sources = generated_sources(24, salt=7)
-    OpenCLModule(ctx, sources, cache=cache).build_all()
-    reset_opencl_stats()
-    module = OpenCLModule(ctx, sources, cache=cache)
-    names = list(sources)
-    start = threading.Barrier(4)
+    start = threading.Barrier(1 + len(orders))
+
+    def run(step: Any) -> None:
+        start.wait()
+        step()
 
     def app(order: list[str]) -> None:
-        start.wait()
         for name in order:
             module.kernel(name)
 
-    def warm_up() -> None:
-        start.wait()
-        module.build_all()
-
-    threads = [threading.Thread(target=warm_up)] + [
-        threading.Thread(target=app, args=(order,)) for order in (names, names[::-1], names)
+    threads = [threading.Thread(target=run, args=(warm_up,))] + [
+        threading.Thread(target=run, args=(functools.partial(app, order),)) for order in orders
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def test_build_all_beside_program_calls_loads_each_program_once(ctx: Any, cache: rc.Cache) -> None:
+    """An app's threads asking for kernels while another thread runs build_all(): each
+    program came from its binary 1.4-1.6 times (34-39 loads for 24 programs), since the
+    build_all() loaders did not hold a program's name as program() does."""
+    sources = generated_sources(24, salt=7)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    names = list(sources)
+    _race(module, module.build_all, (names, names[::-1], names))
     assert sorted(module.built) == sorted(names)
     assert opencl_stats().binary_loads == 24 and opencl_stats().source_builds == 0
 
@@ -235,30 +241,11 @@ def test_cold_build_all_in_workers_beside_program_calls_compiles_each_program_on
     """Cold, with app threads asking for kernels while build_all() hands programs to worker
     processes: a program() call and a worker compiled the same program at once (12-16
     source builds for 12 programs), since a worker's job did not hold the program's name."""
-    import threading
-
     sources = generated_sources(12, salt=23)
     module = OpenCLModule(ctx, sources, cache=cache)
     names = list(sources)
-    start = threading.Barrier(3)
-
-    def app(order: list[str]) -> None:
-        start.wait()
-        for name in order:
-            module.kernel(name)
-
-    def warm_up() -> None:
-        start.wait()
-        module.build_all(workers=2, processes=True)
-
-    orders = (names[::-1], names[5:] + names[:5])
-    threads = [threading.Thread(target=warm_up)] + [
-        threading.Thread(target=app, args=(order,)) for order in orders
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    warm_up = functools.partial(module.build_all, workers=2, processes=True)
+    _race(module, warm_up, (names[::-1], names[5:] + names[:5]))
     assert sorted(module.built) == sorted(names)
     assert opencl_stats().source_builds == 12
     assert cache.stats().stores == 12
