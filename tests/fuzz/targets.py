@@ -16,7 +16,9 @@ seeded mutator over a corpus of valid blobs) in the long run.
 
 from __future__ import annotations
 
+import atexit
 import random
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable
@@ -265,6 +267,7 @@ def scratch_dir() -> Path:
     global _scratch
     if _scratch is None:
         _scratch = Path(tempfile.mkdtemp(prefix="rc-fuzz-url-"))
+        atexit.register(shutil.rmtree, _scratch, ignore_errors=True)  # one run left one each
     return _scratch
 
 
