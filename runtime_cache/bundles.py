@@ -136,7 +136,8 @@ def good_blobs(
     on_skip: OnSkip | None = None,
     on_progress: OnProgress | None = None,
 ) -> list[bytes]:
-    """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order.
+    """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order;
+    where ``check`` returns bytes, those instead (a blob it signed).
 
     Read with ``peek_many`` (exporting is not a use), :data:`DUMP_BATCH` keys a
     round trip, after each of which ``on_progress(done, total)`` is told; an
@@ -155,13 +156,13 @@ def good_blobs(
             if blob is None:
                 continue
             try:
-                check(skey, blob)
+                checked = check(skey, blob)
             except CorruptEntryError as exc:
                 if on_skip is not None:  # rejected: good bytes this cache does not take
                     what = "rejected" if isinstance(exc, RejectedEntryError) else "corrupt"
                     on_skip(skey, f"{what}: {exc}")
                 continue
-            found.append(blob)
+            found.append(checked if isinstance(checked, bytes) else blob)
         if on_progress is not None:
             on_progress(start + len(batch), len(wanted))
     return found

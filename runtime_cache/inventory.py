@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 from .api import Backend, StoredItem
 from .bundles import LoadResult, good_blobs, merge_bundle
-from .codec import Entry, Limits, SecretKeys, encode_bundle
-from .errors import CorruptEntryError
+from .check import check_entry
+from .codec import Entry, Limits, SecretKeys, encode_bundle, encode_entry
+from .errors import CorruptEntryError, SignatureError
 from .keys import CacheKey
 from .listing import OnProgress, OnSkip, list_entries, read_info
 from .stats import CacheStats, Counters, EntryInfo
@@ -99,6 +100,7 @@ class Inventory:
         *,
         on_progress: OnProgress | None = None,
         on_skip: OnSkip | None = None,
+        sign_unsigned: bool = False,
     ) -> bytes:
         """Return a bundle of entries (all, or those matching the filters) as bytes.
 
@@ -106,8 +108,14 @@ class Inventory:
         too. An unfiltered dump clears :attr:`dirty`. Entries are read in
         batches of :data:`DUMP_BATCH`, after each of which ``on_progress(done,
         total)`` is told; corrupt or unreadable entries are left out and told
-        to ``on_skip(key, reason)``.
+        to ``on_skip(key, reason)``. With a secret, an unsigned entry is left out
+        too, unless ``sign_unsigned``: then it is signed with the secret (after
+        its checksum and key check), for a private store whose entries the
+        caller vouches for. A shared store's are anyone's: :class:`ValueError`.
         """
+        check: Callable[[str, bytes], object] = self.decode
+        if sign_unsigned:
+            check = _signing_check(self.decode, self._secret, self.backend, self.limits)
         generation = self._generation
         if keys is not None:
             wanted = [str(k) for k in keys]
@@ -117,7 +125,7 @@ class Inventory:
         blobs = good_blobs(
             self.backend,
             wanted,
-            self.decode,
+            check,
             self._failed,
             on_skip=on_skip,
             on_progress=on_progress,
@@ -147,3 +155,40 @@ class Inventory:
         )
         self._counters.add(rejected=result.rejected, corrupt=result.corrupt)
         return result
+
+
+def _signing_check(
+    decode: Callable[[str, bytes], Entry],
+    secret: SecretKeys | None,
+    backend: Backend,
+    limits: Limits,
+) -> Callable[[str, bytes], object]:
+    """For :meth:`Inventory.dumps`: ``decode`` each blob, and sign an unsigned one with
+    ``secret`` (the blob then returned)."""
+    if secret is None:
+        raise ValueError("signing entries needs a secret")
+    if backend.shared:
+        raise ValueError(
+            f"not signing the entries of a shared store ({backend!r}): anyone who can "
+            "write it could have put them there"
+        )
+
+    def check(skey: str, blob: bytes) -> object:
+        try:
+            return decode(skey, blob)
+        except SignatureError:
+            entry = check_entry(skey, blob, secret=None, limits=limits).entry()
+            if entry.signed:
+                raise  # signed with another secret: someone else's to vouch for
+            return encode_entry(
+                entry.key,
+                entry.parts,
+                entry.value,
+                created_at=entry.created_at,
+                build_seconds=entry.build_seconds,
+                producer=entry.producer,
+                secret=secret,
+                extra=entry.extra,
+            )
+
+    return check

@@ -764,3 +764,31 @@ def test_import_says_why_native_code_was_not_written(
     assert code == 1
     assert "imported 3 of 4" in out and "taken without a signature check" in out
     assert "1 unsigned entries that hold native code" in out and "shared store" not in out
+
+
+def test_export_sign_vouches_for_a_private_caches_unsigned_entries(
+    capsys: pytest.CaptureFixture[str], run: Run, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """With a secret, an unsigned cache's entries were all left out ("corrupt: entry is not
+    signed, and a secret is set"): a signed bundle could not be made from it."""
+    keys = fill(cache, 3)
+    bundle = tmp_path / "signed.rcb"
+    code, _, err = run("--secret", "s3cret", "export", str(bundle))
+    assert code == 1 and "rejected: entry is not signed" in err
+    code, out, err = run("--secret", "s3cret", "export", "--sign", str(bundle), "--json")
+    assert code == 0, err
+    assert json.loads(out)["entries"] == 3 and json.loads(out)["signed"]
+    shared = tmp_path / "team"
+    shared.mkdir(mode=0o700)
+    team = Run(capsys, f"dir://{shared}?shared=1")
+    code, out, err = team("--secret", "s3cret", "import", str(bundle))
+    assert code == 0, (out, err)
+    signed = rc.Cache(rc.open_backend(f"dir://{shared}?shared=1"), secret="s3cret")
+    assert [signed.get(k) for k in keys] == [cache.get(k) for k in keys]
+    # Its checks still hold: a bundle signed so reads under no other secret.
+    other = rc.Cache(rc.open_backend(f"dir://{shared}?shared=1"), secret="other")
+    assert other.get(keys[0]) is None
+    # --sign needs a secret, and never signs a shared store's entries.
+    assert run("export", "--sign", str(bundle))[0] == 2
+    code, _, err = team("--secret", "s3cret", "export", "--sign", str(bundle))
+    assert code == 2 and "shared store" in err

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
+from .. import environment
 from ..bundles import DUMP_BATCH, LoadResult
 from ..cache import Cache
 from ..codec import (
@@ -41,7 +42,7 @@ from ..errors import (
     ReadOnlyBackendError,
 )
 from ..signing import SIG_SIZE
-from .context import CommandContext, Handler, Skipped, binary_stdout
+from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
@@ -75,7 +76,13 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     export.add_argument("file", metavar="FILE", help="bundle to write ('-' for stdout)")
-    export.set_defaults(reads_only=True)
+    export.add_argument(
+        "--sign",
+        action="store_true",
+        help="sign the unsigned entries of a private cache with the secret (they are left "
+        "out otherwise when a secret is set); refused for a shared store",
+    )
+    export.set_defaults(reads_only=True, check=_export_check)
     filters(export)
     add_json(export)
 
@@ -192,6 +199,11 @@ def _read_file(path: str, limit: int) -> bytes:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+def _export_check(args: argparse.Namespace) -> None:
+    if args.sign and not (args.secret or args.secret_file or environment.read_secret()):
+        raise UsageError("--sign needs a secret: --secret, --secret-file or RUNTIME_CACHE_SECRET")
+
+
 def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
     if args.file == "-":
@@ -200,9 +212,17 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     skipped = Skipped()
     progress = Progress(0, "export", ctx.err, enabled=not args.json and ctx.is_terminal())
     try:
-        data = cache.dumps(
-            args.runtime, args.purpose, args.module, on_progress=progress.at, on_skip=skipped
-        )
+        try:
+            data = cache.dumps(
+                args.runtime,
+                args.purpose,
+                args.module,
+                on_progress=progress.at,
+                on_skip=skipped,
+                sign_unsigned=args.sign,
+            )
+        except ValueError as exc:  # --sign on a shared store
+            raise UsageError(str(exc)) from None
     finally:
         progress.close()
     try:
