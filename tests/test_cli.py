@@ -792,3 +792,16 @@ def test_export_sign_vouches_for_a_private_caches_unsigned_entries(
     assert run("export", "--sign", str(bundle))[0] == 2
     code, _, err = team("--secret", "s3cret", "export", "--sign", str(bundle))
     assert code == 2 and "shared store" in err
+
+
+def test_output_cut_short_exits_quietly_with_sigpipes_code(cache: rc.Cache, root: Path) -> None:
+    """A closed pipe made any command exit 0, a failing one too (`clear -y 2>&1 | head -3`
+    on a read-only cache: 1 1 0 1 1 over five runs)."""
+    fill(cache, 50)
+    command = [sys.executable, "-m", "runtime_cache.cli", "--cache", f"dir://{root}", "ls"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the first line
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 141
+    assert b"Traceback" not in err and b"BrokenPipe" not in err

@@ -143,7 +143,8 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         "export and import entries.",
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit codes: 0 ok, 1 problems found, 2 usage error.\n\n"
+        epilog="Exit codes: 0 ok, 1 problems found, 2 usage error, 130 interrupted (Ctrl-C), "
+        "141 output cut short (a closed pipe).\n\n"
         + examples(
             "runtime-cache ls --sort size",
             "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
@@ -260,10 +261,14 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's code for SIGINT
         print("runtime-cache: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `runtime-cache ls | head`: the reader has seen enough
+    except BrokenPipeError:
+        # `runtime-cache ls | head`: the output was cut short. Quietly, with the code a
+        # command killed by SIGPIPE has (as git and ls do): never 0, which would call a
+        # failing command whose messages were cut off a success.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
-        return 0
+        os.dup2(devnull, sys.stderr.fileno())
+        return 128 + 13
     except OSError as exc:  # a file the user named: no traceback, its name and the reason
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(f"{where}{exc.strerror or exc}", 1)
