@@ -114,7 +114,9 @@ def walk(root_fd: int, prefix: str = "", deadline: float | None = None) -> Itera
             with os.scandir(fd) as it:
                 listing = list(it)
             folders_ok = _folders_ok(names)
-            for entry in listing:
+            for seen, entry in enumerate(listing):
+                if deadline is not None and seen % 256 == 255 and time.monotonic() > deadline:
+                    raise WalkCutShort  # a folder of 150,000 files takes a second too
                 if entry.name.startswith("."):
                     continue
                 try:

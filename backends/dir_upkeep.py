@@ -31,6 +31,8 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 _TEMP_MAX_AGE = 300.0
 _LOCK_FLAGS = os.O_RDWR | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _MARKER = ".vacuumed"
+#: An eviction brings the disk and the file count down to this share of their caps.
+EVICT_TO = 0.9
 _LOCK = ".evict.lock"
 #: Seconds the eviction a write sets off may walk, and as many to remove files; the
 #: next write's turn goes on from there.
@@ -150,10 +152,10 @@ class Upkeep:
                     removed, total, _ = evict(
                         items,
                         total,
-                        int(backend.max_size * 0.9),
+                        int(backend.max_size * EVICT_TO),
                         lambda c: self._remove(c, folders),
                         beat,
-                        None if files is None else int(files * 0.9),
+                        None if files is None else int(files * EVICT_TO),
                         None if budget is None else time.monotonic() + budget,
                     )
                 finally:

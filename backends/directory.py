@@ -39,7 +39,7 @@ from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regul
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
-from .dir_upkeep import VACUUM_SECONDS, Upkeep
+from .dir_upkeep import EVICT_TO, VACUUM_SECONDS, Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
@@ -308,12 +308,16 @@ class DirectoryBackend(Backend):
         rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        if len(value) > self.max_entry_size or (self.max_size and len(value) > self.max_size):
-            # A reader takes a file over max_entry_size for junk; one over max_size would
-            # first push every other entry out: refused, nothing written.
+        largest = self.max_entry_size
+        if self.max_size:  # an eviction keeps EVICT_TO of the cap, counted in 4 KiB blocks
+            largest = min(largest, int(self.max_size * EVICT_TO) - 4096)
+        if len(value) > largest:
+            # A reader takes a file over max_entry_size for junk; one the cap cannot keep
+            # would first push every other entry out, then itself: refused, nothing written.
             raise EntryTooLargeError(
-                f"{self.root}: {key!r} is {len(value)} bytes, over max_entry_size "
-                f"({self.max_entry_size}) or max_size ({self.max_size}); not stored",
+                f"{self.root}: {key!r} is {len(value)} bytes, more than this cache keeps "
+                f"({largest}: max_entry_size {self.max_entry_size}, max_size "
+                f"{self.max_size}); not stored",
                 frozenset((key,)),
             )
         try:

@@ -32,6 +32,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
+from urllib.parse import unquote
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
@@ -122,7 +123,7 @@ class RedisBackend(Backend):
                 f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://)"
             )
         self.cluster = parsed.scheme == "redis+cluster"
-        database = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+        database = unquote(parsed.path).replace("/", "")  # as redis-py reads it: /0/, /%31
         if database and not (database.isascii() and database.isdigit()):
             # redis-py reads "/abc" and "/3/x" as database 0: a typo would share another's data
             raise InvalidURLError(

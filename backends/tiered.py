@@ -27,7 +27,12 @@ from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
-from runtime_cache.errors import BackendError, InvalidURLError
+from runtime_cache.errors import (
+    BackendError,
+    EntryTooLargeError,
+    InvalidURLError,
+    PartialReadError,
+)
 from runtime_cache.failure_policy import FailurePolicy
 from runtime_cache.urls import redact_url, tier_urls
 
@@ -193,6 +198,10 @@ class TieredBackend(Backend):
     @staticmethod
     def _raise_if_all_failed(errors: list[Exception], tried: int) -> None:
         if errors and len(errors) == tried:
+            sized = [e for e in errors if isinstance(e, EntryTooLargeError)]
+            if len(sized) == len(errors):  # no outage: a value too large for every tier
+                refused = frozenset().union(*(e.refused for e in sized))
+                raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
             raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
 
     def _write(self, tiers: Iterable[_Tier], items: Mapping[str, bytes], op: str) -> None:
@@ -263,8 +272,8 @@ class TieredBackend(Backend):
                         here[key] = queued
                 missing = [k for k in missing if k not in here]
             if missing:
-                read = tier.backend.peek_many if peek else tier.backend.get_many
-                _, got = tier.policy.attempt("get_many", partial(read, missing), errors)
+                read = partial(tier.backend.peek_many if peek else tier.backend.get_many, missing)
+                _, got = tier.policy.attempt("get_many", partial(_partial_ok, read), errors)
                 here.update(got or {})
             if not peek:
                 self._promote(index, here)
@@ -394,3 +403,13 @@ class TieredBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<TieredBackend {' > '.join(repr(t.backend) for t in self._tiers)}>"
+
+
+def _partial_ok(read: Callable[[], dict[str, bytes]]) -> dict[str, bytes]:
+    """``read()``, or what it found when it failed on some keys only (see
+    :class:`~runtime_cache.errors.PartialReadError`): one unreadable file costs its key."""
+    try:
+        return read()
+    except PartialReadError as exc:  # the missing keys are the front's counted misses
+        log.debug("runtime-cache: %s", exc)
+        return exc.found

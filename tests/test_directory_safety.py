@@ -300,6 +300,35 @@ def test_a_walk_stops_at_its_deadline_in_folders_that_hold_no_entry(tmp_path: Pa
     assert backend._upkeep._candidates(past)[1] is False
 
 
+def test_a_walk_stops_at_its_deadline_inside_one_large_folder(tmp_path: Path) -> None:
+    """With the deadline looked at per folder only, 150,000 files in one shard folder were
+    walked whole (1.1 s for keys_until, past a 50 ms deadline, in the review)."""
+    from runtime_cache.backends import dir_tree
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    shard = tmp_path / "r" / "p" / "ab"
+    shard.mkdir(parents=True)
+    for i in range(600):
+        (shard / f"ab{i:030x}.rce").write_bytes(b"")
+    past = time.monotonic() - 1
+    assert dir_tree.keys_until(backend.root_fd, past) is None
+    assert len(dir_tree.keys_until(backend.root_fd, None) or ()) == 600
+
+
+def test_a_value_the_cap_could_not_keep_is_refused(tmp_path: Path) -> None:
+    """A value just under max_size was stored, then pushed the others out and itself
+    (eviction brings the disk, in 4 KiB blocks, to 90% of the cap)."""
+    from runtime_cache.errors import EntryTooLargeError
+
+    backend = DirectoryBackend(tmp_path, max_size=1_000_000)
+    for i in range(50):
+        backend.set(f"r/p/small{i:03d}", b"s" * 100)
+    with pytest.raises(EntryTooLargeError):
+        backend.set("r/p/big", b"x" * (1_000_000 - 10))
+    backend.set("r/p/fits", b"x" * 800_000)
+    assert backend.get("r/p/fits") is not None
+
+
 def test_a_planted_vacuum_marker_does_not_make_every_open_vacuum(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -214,3 +214,16 @@ def test_queued_writes_are_flushed_at_interpreter_exit(
     subprocess.run([sys.executable, "-c", script, url], check=True, timeout=60)
     remote = _redis(redis_server.url, unique_prefix)
     assert len(remote.get_many([f"x/{i}" for i in range(300)])) == 300
+
+
+def test_a_value_every_tier_refuses_for_its_size_is_no_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused by every tier, a large value read as an outage: "set failed ... until it
+    recovers", then "writes ... work again"."""
+    cache = rc.Cache(rc.open_backend(f"memory://?max_size=1KB,dir://{tmp_path}?max_size=8KB"))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.get_or_build(key, lambda: b"x" * 20_000) == b"x" * 20_000
+    assert cache.stats().errors == 1 and cache.stats().stores == 0
+    cache.put(rc.make_key(module_id="n", runtime="r", purpose="p"), b"small")
+    assert "until it recovers" not in caplog.text and "work again" not in caplog.text

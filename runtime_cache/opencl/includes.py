@@ -22,14 +22,17 @@ records what each folder held, not where it was. Only a search past the limit
 on files (``_MAX_FILES``) makes a build uncacheable: it is built from source
 and counted in ``opencl_stats().uncacheable``, never served stale.
 
-Directives are found as the preprocessor would find them, and more: after line
-splices (a backslash-newline) are joined, both with comments taken out
-(``#/**/include``) and as written, with ``include``, ``include_next`` and
-``import``, and ``#`` spelled as ``%:`` or ``??=``. Finding a directive that is
+Directives are found as the preprocessor finds them, and more. Lines are read
+as C reads them (any line end, a byte-order mark dropped, trigraphs, splices
+joined); the text is read with each comment as one space (string literals
+kept, so a ``"/*"`` in one hides nothing) and as written; ``include``,
+``include_next`` and ``import`` count, ``#`` may be ``%:`` or ``??=``, and
+blanks are space, tab, form feed and vertical tab. Finding a directive that is
 not one is harmless (its file is hashed, or recorded absent); missing one would
-serve a stale binary. So an include whose name is not written out (``#include
-HEADER``, a macro), or a header that exists but cannot be read whole (over
-``_MAX_FILE_SIZE``, unreadable), makes the build uncacheable too.
+serve a stale binary. An include whose name is not written out (``#include
+HEADER``, a macro) where the preprocessor sees it, or a header that exists but
+cannot be read whole (over ``_MAX_FILE_SIZE``, unreadable), makes the build
+uncacheable too. Each text is scanned once a process.
 """
 
 from __future__ import annotations
@@ -44,13 +47,21 @@ import xxhash
 
 __all__ = ["ABSENT", "SYSTEM_DIRS", "include_digests", "include_dirs", "normalize_options"]
 
-#: A directive that reads a file: its name, or (a macro) whatever follows it.
+#: A directive that reads a file: its name, or (a macro) whatever follows it. Blanks are
+#: C's: space, tab, form feed, vertical tab.
 _DIRECTIVE = re.compile(
-    rb"^[ \t]*(?:#|%:)[ \t]*(?:include_next|include|import)(?![A-Za-z0-9_])[ \t]*([^\n]*)",
+    rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)(?![A-Za-z0-9_])"
+    rb"[ \t\f\v]*([^\n]*)",
     re.MULTILINE,
 )
-_SPLICE = re.compile(rb"\\[ \t]*\r?\n")  # compilers take blanks after the backslash too
+_SPLICE = re.compile(rb"\\[ \t\f\v]*\n")  # compilers take blanks after the backslash too
+#: A string or character literal (group 1: kept as it is), or a comment (one space).
+_TOKENS = re.compile(rb'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|//[^\n]*', re.DOTALL)
+#: A comment, when no literal holds a comment opener (:data:`_QUOTED_OPENER`): 4x faster.
 _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
+_QUOTED_OPENER = re.compile(rb"[\"'][^\"'\n/]*(?:/(?![*/])[^\"'\n/]*)*/[*/]")  # no backtracking
+_BOM = b"\xef\xbb\xbf"
+_WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
 _NAMED = re.compile(rb'^("([^"\n]+)"|<([^>\n]+)>)')
 _MAX_FILES = 512
@@ -134,21 +145,46 @@ def _directives(text: bytes) -> list[tuple[bool, str] | None]:
     return found
 
 
+def _lines_with_directives(text: bytes) -> Iterable[re.Match[bytes]]:
+    """:data:`_DIRECTIVE` on each line that holds ``include`` or ``import``: a directive
+    needs one, and matching there alone is 10x faster than over every byte."""
+    starts = set()
+    for word in _WORDS.finditer(text):
+        starts.add(text.rfind(b"\n", 0, word.start()) + 1)
+    for start in sorted(starts):
+        match = _DIRECTIVE.match(text, start)
+        if match is not None:
+            yield match
+
+
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
-    if b"??" in text:  # trigraphs: ??= is #, ??/ is a backslash
+    # Lines as C reads them: any line end, a byte-order mark anywhere, trigraphs, splices.
+    if _BOM in text:
+        text = text.replace(_BOM, b"")
+    if b"\r" in text:
+        text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if b"??" in text:  # ??= is #, ??/ is a backslash
         text = text.replace(b"??=", b"#").replace(b"??/", b"\\")
     if b"\\" in text:
-        text = _SPLICE.sub(b"", text)
-    spellings = [text]
-    if b"/" in text:  # as written, each comment one space (as C has it), or kept to its lines
-        spellings.append(_COMMENT.sub(b" ", text))
-        spellings.append(_COMMENT.sub(lambda m: b" " + b"\n" * m.group().count(b"\n"), text))
+        text = text.replace(b"\\\n", b"")  # the usual splice, at C speed; then the rest
+        if b"\\" in text:
+            text = _SPLICE.sub(b"", text)
+    if b"include" not in text and b"import" not in text:
+        return []
+    # The preprocessor's view: each comment one space, string literals as they are. The
+    # text as written is read too (a directive in what looks like a comment is hashed all
+    # the same); only the preprocessor's view can make a build uncacheable.
+    seen = text
+    if b"/" in text:
+        literals = _QUOTED_OPENER.search(text) is not None
+        seen = _TOKENS.sub(rb"\1 ", text) if literals else _COMMENT.sub(b" ", text)
     found: set[tuple[bool, str] | None] = set()
-    for spelling in spellings:
-        for match in _DIRECTIVE.finditer(spelling):
+    for spelling in (seen, text) if seen is not text else (text,):
+        for match in _lines_with_directives(spelling):
             named = _NAMED.match(match.group(1).strip())
             if named is None:
-                found.add(None)
+                if spelling is seen:
+                    found.add(None)  # #include MACRO
                 continue
             quoted = named.group(2) is not None
             name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
