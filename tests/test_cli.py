@@ -292,6 +292,8 @@ def test_show_raw_dash_writes_only_the_value_to_stdout(cache: rc.Cache, root: Pa
     done = _cli(root, "show", str(k), "--raw", "-", capture_output=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"\x00RAWVALUE\xff"
+    both = _cli(root, "show", str(k), "--raw", "-", "--json", capture_output=True)
+    assert both.returncode == 2 and both.stdout == b""  # the JSON was dropped silently
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")

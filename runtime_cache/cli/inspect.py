@@ -16,7 +16,15 @@ from typing import Any
 
 from ..errors import CorruptEntryError, SignatureError
 from ..stats import EntryInfo, jsonable
-from .context import CommandContext, Handler, KeyNotFound, Skipped, binary_stdout, resolve_key
+from .context import (
+    CommandContext,
+    Handler,
+    KeyNotFound,
+    Skipped,
+    UsageError,
+    binary_stdout,
+    resolve_key,
+)
 from .fmt import (
     clean,
     count,
@@ -108,7 +116,7 @@ def add_parsers(add: AddCommand) -> None:
             "runtime-cache show 3f2a91c0d4e5 --raw kernel.bin",
         ],
     )
-    show.set_defaults(reads_only=True)
+    show.set_defaults(reads_only=True, check=_show_check)
     show.add_argument(
         "key", help="a whole key, a unique prefix of one, or of its digest as ls shows it"
     )
@@ -266,6 +274,11 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
             for name in sorted(mapping, key=str):
                 print(f"  {clean(name)}: {json.dumps(jsonable(mapping[name]))}", file=ctx.out)
     return 0 if good else 1
+
+
+def _show_check(args: argparse.Namespace) -> None:
+    if args.raw == "-" and args.json:
+        raise UsageError("--raw - and --json both write to standard output: give one")
 
 
 def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
