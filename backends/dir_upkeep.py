@@ -17,6 +17,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from runtime_cache.errors import EntryTooLargeError
+
 from .dir_fs import JUNK_SECONDS, NOFOLLOW, open_folder, own_leftover, set_aside
 from .dir_tree import Found, WalkCutShort, walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
@@ -78,6 +80,23 @@ class Upkeep:
         if due:
             wait = self.backend.lock_wait if estimate > cap * 1.1 else 0.0
             self.enforce(wait, WRITE_BUDGET)
+
+    def refuse_if_too_large(self, key: str, size: int) -> None:
+        """Raise :class:`EntryTooLargeError` for a value of ``size`` bytes that this cache
+        cannot keep: a reader takes a file over ``max_entry_size`` for junk, and one that an
+        eviction (down to ``EVICT_TO`` of ``max_size``, in 4 KiB blocks) cannot keep would
+        first push every other entry out, then itself."""
+        backend = self.backend
+        largest = backend.max_entry_size
+        if backend.max_size:
+            largest = min(largest, int(backend.max_size * EVICT_TO) - 4096)
+        if size > largest:
+            raise EntryTooLargeError(
+                f"{backend.root}: {key!r} is {size} bytes, more than this cache keeps "
+                f"({largest}: max_entry_size {backend.max_entry_size}, max_size "
+                f"{backend.max_size}); not stored",
+                frozenset((key,)),
+            )
 
     def usage(self) -> tuple[int, int]:
         """``(disk bytes, files)`` of the entries counted against the caps (a full walk)."""

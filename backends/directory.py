@@ -30,16 +30,15 @@ from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, pars
 from runtime_cache.environment import cache_folder
 from runtime_cache.errors import (
     BackendError,
-    EntryTooLargeError,
-    PartialReadError,
     ReadOnlyBackendError,
 )
+from runtime_cache.partial_reads import read_each
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
-from .dir_upkeep import EVICT_TO, VACUUM_SECONDS, Upkeep
+from .dir_upkeep import VACUUM_SECONDS, Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
@@ -234,26 +233,7 @@ class DirectoryBackend(Backend):
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         # One file that cannot be read (a member's 0600 file) costs its key, not the batch.
-        found: dict[str, bytes] = {}
-        failed: dict[str, BackendError] = {}
-        for key in keys:
-            try:
-                value = self.get(key)
-            except BackendError as exc:
-                failed[key] = exc
-                continue
-            if value is not None:
-                found[key] = value
-        if failed:
-            first = next(iter(failed.values()))
-            if not found:
-                raise first
-            raise PartialReadError(
-                f"{len(failed)} of {len(failed) + len(found)} read: {first}",
-                found,
-                frozenset(failed),
-            )
-        return found
+        return read_each(self.get, keys)
 
     def peek(self, key: str) -> bytes | None:
         return self._read(key, False, read_to_end)
@@ -308,18 +288,7 @@ class DirectoryBackend(Backend):
         rel = self._rel(key)
         if self._read_only:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
-        largest = self.max_entry_size
-        if self.max_size:  # an eviction keeps EVICT_TO of the cap, counted in 4 KiB blocks
-            largest = min(largest, int(self.max_size * EVICT_TO) - 4096)
-        if len(value) > largest:
-            # A reader takes a file over max_entry_size for junk; one the cap cannot keep
-            # would first push every other entry out, then itself: refused, nothing written.
-            raise EntryTooLargeError(
-                f"{self.root}: {key!r} is {len(value)} bytes, more than this cache keeps "
-                f"({largest}: max_entry_size {self.max_entry_size}, max_size "
-                f"{self.max_size}); not stored",
-                frozenset((key,)),
-            )
+        self._upkeep.refuse_if_too_large(key, len(value))
         try:
             try:
                 write_entry(self.root_fd, rel, value, self.modes, self.fsync)

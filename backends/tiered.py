@@ -31,9 +31,9 @@ from runtime_cache.errors import (
     BackendError,
     EntryTooLargeError,
     InvalidURLError,
-    PartialReadError,
 )
 from runtime_cache.failure_policy import FailurePolicy
+from runtime_cache.partial_reads import found_so_far
 from runtime_cache.urls import redact_url, tier_urls
 
 from .write_behind import WriteBehind
@@ -273,7 +273,7 @@ class TieredBackend(Backend):
                 missing = [k for k in missing if k not in here]
             if missing:
                 read = partial(tier.backend.peek_many if peek else tier.backend.get_many, missing)
-                _, got = tier.policy.attempt("get_many", partial(_partial_ok, read), errors)
+                _, got = tier.policy.attempt("get_many", partial(found_so_far, read), errors)
                 here.update(got or {})
             if not peek:
                 self._promote(index, here)
@@ -403,13 +403,3 @@ class TieredBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<TieredBackend {' > '.join(repr(t.backend) for t in self._tiers)}>"
-
-
-def _partial_ok(read: Callable[[], dict[str, bytes]]) -> dict[str, bytes]:
-    """``read()``, or what it found when it failed on some keys only (see
-    :class:`~runtime_cache.errors.PartialReadError`): one unreadable file costs its key."""
-    try:
-        return read()
-    except PartialReadError as exc:  # the missing keys are the front's counted misses
-        log.debug("runtime-cache: %s", exc)
-        return exc.found
