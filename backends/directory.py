@@ -28,10 +28,7 @@ from typing import Any, TypeVar
 
 from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
-from runtime_cache.errors import (
-    BackendError,
-    ReadOnlyBackendError,
-)
+from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size

@@ -27,11 +27,7 @@ from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
-from runtime_cache.errors import (
-    BackendError,
-    EntryTooLargeError,
-    InvalidURLError,
-)
+from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
 from runtime_cache.failure_policy import FailurePolicy
 from runtime_cache.partial_reads import found_so_far
 from runtime_cache.urls import redact_url, tier_urls

@@ -68,6 +68,11 @@ class held:
         if self._lock is not None:
             self._lock.release()
 
+    #: Held beyond one block (a worker's job, until its result is in): ``take()`` holds the
+    #: name and says whether it is still needed; ``release()`` lets go of it, either way.
+    take = __enter__
+    release = __exit__
+
 
 def concurrent_loads(context: Any) -> int:
     """How many threads load binaries at once in ``context`` (see ``CONCURRENT_LOADS``)."""

@@ -133,10 +133,10 @@ _SCANNED: dict[int, list[tuple[bool, str] | None]] = {}
 _SCANNED_MAX = 4096
 
 
-def _directives(text: bytes) -> list[tuple[bool, str] | None]:
-    """``(quoted, name)`` of each directive of ``text`` that reads a file; ``None`` for
-    one whose name is not written out (a macro). See the module's notes."""
-    mark = xxhash.xxh3_128_intdigest(text)
+def _directives(text: bytes, mark: int) -> list[tuple[bool, str] | None]:
+    """``(quoted, name)`` of each directive of ``text`` (whose xxh3-128 is ``mark``) that
+    reads a file; ``None`` for one whose name is not written out (a macro). See the
+    module's notes."""
     found = _SCANNED.get(mark)
     if found is None:
         if len(_SCANNED) >= _SCANNED_MAX:
@@ -207,7 +207,8 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
     result: list[Any] = []
     seen: set[str] = set()
     absent: set[str] = set()
-    pending: list[tuple[bytes, str | None]] = [(data, None)]
+    # Each text with its xxh3-128 (a header's is its digest in the key) and its folder.
+    pending: list[tuple[bytes, int, str | None]] = [(data, xxhash.xxh3_128_intdigest(data), None)]
 
     def probe(name: str, numbered: Iterable[tuple[int, str]]) -> int | None:
         """Hash every readable file ``name`` in ``numbered``; how many; ``None`` past the limit."""
@@ -225,13 +226,14 @@ def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | N
             seen.add(path)
             if len(seen) > _MAX_FILES:
                 return None
-            result.append([name, index, xxhash.xxh3_128_hexdigest(content)])
-            pending.append((content, os.path.dirname(path)))
+            mark = xxhash.xxh3_128_intdigest(content)
+            result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, hashed once
+            pending.append((content, mark, os.path.dirname(path)))
         return hits
 
     while pending:
-        text, folder = pending.pop()
-        for directive in _directives(text):
+        text, mark, folder = pending.pop()
+        for directive in _directives(text, mark):
             if directive is None:
                 return None  # #include MACRO: which file it reads is the preprocessor's to say
             quoted, name = directive

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..api import Lease
 from ..cache import Cache
 from ..fleet import present, try_acquire
+from .holdings import Holdings
 from .parallel import build_in_threads
 
 __all__ = ["Claims", "build_claimed", "build_shared", "rotated", "shares_builds"]
@@ -72,7 +73,7 @@ class Claims:
         self._force = force
         self._waited = waited
         self._refused = refused
-        self._leases: dict[str, Lease] = {}
+        self._leases: Holdings[Lease] = Holdings()
         self._lock = threading.Lock()
         #: Programs another process held the lease of when this one tried.
         self.waiting: list[str] = []
@@ -109,23 +110,16 @@ class Claims:
                     self.stored.append(name)
                 continue
             fleet.count(leases_won=1, takeovers=int(name in self._waited))
-            with self._lock:
-                self._leases[name] = lease
+            self._leases.put(name, lease)
             return name
 
     def done(self, name: str) -> None:
         """Release ``name``'s lease (after its binaries were stored, or its build failed)."""
-        with self._lock:
-            lease = self._leases.pop(name, None)
-        if lease is not None:
-            lease.release()
+        self._leases.release(name)
 
     def release_all(self) -> None:
         """Release every lease still held (after an error)."""
-        with self._lock:
-            leases, self._leases = list(self._leases.values()), {}
-        for lease in leases:
-            lease.release()
+        self._leases.release_all()
 
 
 def build_claimed(

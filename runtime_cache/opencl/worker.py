@@ -82,7 +82,7 @@ def _fill_args(cl: Any, kernel: Any, buffer: Any, kinds: list[str] | None) -> bo
 
     if kinds is not None and len(kinds) != kernel.num_args:
         kinds = None  # the source says otherwise than the binary: guess as before
-    scalars = [np.eye(1, size, dtype=np.uint8)[0] for size in _SCALAR_SIZES]  # 1, little-endian
+    scalars = [np.array(list((1).to_bytes(size, "little")), np.uint8) for size in _SCALAR_SIZES]
     by_kind = {BUFFER: [buffer], LOCAL: [cl.LocalMemory(1024)], VALUE: scalars}
     for index in range(kernel.num_args):
         if kinds is None:

@@ -18,6 +18,7 @@ from ..cache import Cache
 from ._driver import import_pyopencl
 from .cached_load import held
 from .counters import counters
+from .holdings import Holdings
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
 from .program import load_from_binaries, read_binaries, source_build, store_binaries
@@ -82,41 +83,6 @@ def _timed(build_here: Callable[[str], None]) -> Callable[[str], None]:
     return build
 
 
-class _Holding:
-    """The names whose locks (``hooks.name_lock``) a worker's job holds, by name."""
-
-    def __init__(self, hooks: BuildHooks) -> None:
-        self._hooks = hooks
-        self._held: dict[str, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def hold(self, name: str) -> bool:
-        """Hold ``name``'s lock (waiting for a ``program()`` call that holds it); ``False``,
-        and not held, when the program was built meanwhile."""
-        lock = self._hooks.name_lock(name)
-        lock.acquire()
-        if self._hooks.is_built(name):
-            lock.release()
-            return False
-        with self._lock:
-            self._held[name] = lock
-        return True
-
-    def release(self, name: str) -> None:
-        """Let go of ``name``'s lock, if held."""
-        with self._lock:
-            lock = self._held.pop(name, None)
-        if lock is not None:
-            lock.release()
-
-    def release_all(self) -> None:
-        """Let go of every lock still held."""
-        with self._lock:
-            locks, self._held = list(self._held.values()), {}
-        for lock in locks:
-            lock.release()
-
-
 def build_in_workers(
     hooks: BuildHooks,
     names: list[str],
@@ -136,7 +102,8 @@ def build_in_workers(
     devices = list(hooks.context.devices)
 
     given = iter(names)
-    holding = _Holding(hooks)
+    claim = (hooks.name_lock, hooks.is_built)
+    holding: Holdings[held] = Holdings()
 
     def job() -> Job | None:
         # The next name, its lock held until its result is taken or handed back: a
@@ -149,8 +116,11 @@ def build_in_workers(
                 name = next((n for n in given if not hooks.is_built(n)), None)
             if name is None:
                 return None
-            if holding.hold(name):
+            hold = held(claim, name)
+            if hold.take():  # (waits for a program() call that holds it)
+                holding.put(name, hold)
                 return name, hooks.sources[name], hooks.options
+            hold.release()
             if next_name is not None and done is not None:
                 done(name)
 
