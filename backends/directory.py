@@ -302,9 +302,7 @@ class DirectoryBackend(Backend):
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
                 self._read_only = True
                 self._journal.writable = False
-                log.warning(
-                    "runtime-cache: %s is read-only; serving reads, skipping writes", self.root
-                )
+                log.debug("runtime-cache: %s is read-only; skipping writes", self.root)
             raise error from exc
         self._upkeep.account(len(value))
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import EntryTooLargeError, InvalidKeyError
+from .errors import EntryTooLargeError, InvalidKeyError, ReadOnlyBackendError
 
 __all__ = ["WRITES", "FailurePolicy"]
 
@@ -102,7 +102,14 @@ class FailurePolicy:
             # The caller gets the error itself; "carrying on" would be untrue.
             self.log.debug("runtime-cache: %s failed on %s: %s", op, self.subject, exc)
             raise exc
-        if first:
+        if first and side == "write" and isinstance(exc, ReadOnlyBackendError):
+            # Not an outage to sit out: a store this process may only read.
+            self.log.warning(
+                "runtime-cache: %s is read-only here (%s); serving reads, skipping writes",
+                self.subject,
+                exc,
+            )
+        elif first:
             self.log.warning(
                 "runtime-cache: %s failed on %s (%s: %s); %s until it recovers",
                 op,

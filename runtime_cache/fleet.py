@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .api import Backend, Lease
+from .errors import ReadOnlyBackendError
 from .keys import CacheKey
 from .stats import CacheStats, Counters
 
@@ -83,7 +84,10 @@ def try_acquire(lease: Lease) -> bool | None:
         return lease.acquire()
     except Exception as exc:
         # Said once per process: every later build goes on without a lease the same way.
-        if not _lease_failed.is_set():
+        # A read-only store says so itself (its writes are skipped, nothing is shared).
+        if isinstance(exc, ReadOnlyBackendError):
+            log.debug("runtime-cache: no build lease on a read-only store (%s)", exc)
+        elif not _lease_failed.is_set():
             _lease_failed.set()
             log.warning(
                 "runtime-cache: cannot take a build lease (%s); building without one, so "

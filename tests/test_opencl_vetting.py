@@ -174,6 +174,43 @@ def test_a_trial_launch_that_fails_condemns_nothing(
     assert all(cache.backend.get(k) is not None for k in stored)  # nothing evicted
 
 
+@pytest.mark.parametrize("source", [FAULTS_SRC, LOOPS_SRC], ids=["faults", "loops"])
+def test_a_binary_whose_launches_failed_is_not_vetted_again_on_this_machine(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """A store this process cannot rewrite keeps serving the binary whose trial launches
+    failed: each later process started a child again and waited up to LAUNCH_TIMEOUT
+    (20.8-21.0 s per process in the review, on a read-only mount). The guard now sets it
+    aside under its key: later processes build from source with no child, and nothing is
+    evicted."""
+    from runtime_cache.opencl import build_program, opencl_stats, reset_opencl_stats, vetting
+    from runtime_cache.opencl.guard import SET_ASIDE, binary_digest, bindings, guard
+
+    monkeypatch.setattr(vetting, "LAUNCH_TIMEOUT", 3.0)
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, source, cache=cache)
+    foreign = {e.key: cache.backend.get(e.key) for e in cache.entries()}
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    build_program(ctx, source, cache=cache)  # vetted: the launches fail
+    for key, blob in foreign.items():  # the store was not rewritten (read-only there)
+        assert blob is not None
+        cache.backend.set(key, blob)
+    guard.reset()  # a later process on this machine: it reads the guard's folder
+    started = vetting.vetter.started
+    reset_opencl_stats()
+    program = build_program(ctx, source, cache=cache)
+    stats = opencl_stats()
+    assert vetting.vetter.started == started  # no child this time
+    assert (stats.source_builds, stats.binary_loads, stats.vet_local) == (1, 0, 1), stats
+    assert (stats.vet_failures, stats.rejected_binaries) == (0, 0), stats
+    assert all(cache.backend.get(k) is not None for k in foreign)  # nothing evicted
+    (binary,) = program.get_info(__import__("pyopencl").program_info.BINARIES)
+    assert program.get_info(__import__("pyopencl").program_info.KERNEL_NAMES)
+    keys = [e.key for e in cache.entries()]
+    assert keys and not guard.blocked([binary_digest(bytes(binary))])
+    assert guard.standing(bindings([keys[0]], ["0" * 32]), []) != SET_ASIDE  # by key and binary
+
+
 def test_threads_asking_for_one_unknown_program_start_one_vetting_child(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,12 @@ the driver: it is evicted and the program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without
-harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly.
+harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly. It
+also keeps the binaries *set aside*: a vetting child loaded them, but their trial
+launches failed or hung, which condemns nothing (a good kernel may fault on made-up
+arguments). They are neither loaded nor vetted again on this machine: the program is
+built from source, and nothing is evicted. Deleting the ``set-aside`` file in the
+folder has them vetted again.
 A binary is known under a key (:func:`binding`), not by its digest alone: the
 same bytes copied under another program's key are not known there.
 
@@ -52,6 +57,7 @@ from .known_list import KnownList, read_lines
 __all__ = [
     "BLOCKED",
     "KNOWN",
+    "SET_ASIDE",
     "UNKNOWN",
     "Binary",
     "LoadGuard",
@@ -66,12 +72,13 @@ log = logging.getLogger(__name__)
 
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
+_SET_ASIDE = "set-aside"
 _MAX_BLOCKED = 10_000
 _PAGE = 4096
 
 
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
-KNOWN, BLOCKED, UNKNOWN = "known", "blocked", "unknown"
+KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
 
 #: A program binary as the cache hands it over: bytes, or a view into a stored entry.
 Binary = bytes | memoryview
@@ -117,6 +124,7 @@ class LoadGuard:
         self._map: mmap.mmap | None = None
         self._used = 0
         self._blocked: set[str] = set()
+        self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
         self._loading: dict[str, int] = {}
         self._mark: str | None = None  # this process's mark file's name
@@ -177,6 +185,7 @@ class LoadGuard:
             )
             append_lines(blocklist, found, _MAX_BLOCKED)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
+        self._set_aside = frozenset(read_lines(os.path.join(folder, _SET_ASIDE))[-_MAX_BLOCKED:])
         self._known = KnownList(folder)
         opened = open_mark_file(folder)
         if opened is not None:
@@ -209,7 +218,8 @@ class LoadGuard:
     def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
         """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
         loading; else :data:`KNOWN` if every one is known under its key (``marks``, from
-        :func:`bindings`); else :data:`UNKNOWN`. One look-up serves both questions: a
+        :func:`bindings`); else :data:`SET_ASIDE` if any was set aside under its key
+        (:meth:`set_aside`); else :data:`UNKNOWN`. One look-up serves both questions: a
         known binary's load then needs no :meth:`vouch` (nothing new to record)."""
         with self._lock:
             self._start()
@@ -219,7 +229,8 @@ class LoadGuard:
             known = self._known
             if all(m not in blocked and known is not None and m in known for m in marks):
                 return KNOWN
-            return UNKNOWN
+            aside = self._set_aside
+            return SET_ASIDE if aside and any(m in aside for m in marks) else UNKNOWN
 
     def vouch(self, marks: Sequence[str]) -> None:
         """Record binaries (under their keys, :func:`bindings`) as known: the driver made
@@ -229,6 +240,16 @@ class LoadGuard:
     def block(self, digests: Sequence[str]) -> None:
         """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""
         self._record(digests, known=False)
+
+    def set_aside(self, marks: Sequence[str]) -> None:
+        """Record binaries (under their keys) whose trial launches failed or hung in a
+        vetting child: not loaded, and not vetted again, here (see the module's text)."""
+        with self._lock:
+            self._start()
+            new = [m for m in dict.fromkeys(marks) if m not in self._set_aside]
+            self._set_aside = self._set_aside.union(new)
+        if new:
+            append_lines(os.path.join(self.folder, _SET_ASIDE), new, _MAX_BLOCKED)
 
     def _record(self, digests: Sequence[str], *, known: bool) -> None:
         """Move ``digests`` onto the known list or the blocklist (and off the blocklist);
@@ -335,6 +356,7 @@ class LoadGuard:
             self._ready = False
             self._folder = None
             self._blocked = set()
+            self._set_aside = frozenset()
             self._known = None
             self._loading = {}
 

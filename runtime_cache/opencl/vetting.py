@@ -12,8 +12,11 @@ first launch and crash there on a bad binary. If the worker crashes, hangs or
 the driver refuses while loading, the binary is blocklisted: the caller evicts
 it and builds from source. Trouble in the launches, after the child said the
 binary loaded, condemns nothing (a good kernel on made-up arguments can fault
-or loop): "could not vet", below. If the worker succeeds, the binary becomes
-known.
+or loop): the program is built from source, nothing is evicted, and the crash
+guard sets the binary aside under its key, so that this machine neither loads
+nor vets it again (a store this process cannot rewrite keeps serving it: each
+process paid a child, up to :data:`LAUNCH_TIMEOUT`, before). If the worker
+succeeds, the binary becomes known.
 
 A child that fails for reasons of its own (no scratch space, no file
 descriptors, a missing scratch folder: it checks by writing a file and
@@ -51,12 +54,14 @@ from typing import Any, Literal
 
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import UNKNOWN, Binary, binary_digest, bindings, guard
+from .guard import SET_ASIDE, UNKNOWN, Binary, binary_digest, bindings, guard
+from .vet_flights import Flights, Pending
 from .wire import read_message, write_message
 
 __all__ = [
     "BATCH",
     "ENV_VET",
+    "LAUNCH",
     "LAUNCH_TIMEOUT",
     "LOAD_TIMEOUT",
     "LOCAL",
@@ -84,8 +89,11 @@ BATCH = 8
 Item = tuple[Sequence[Binary], list[str], str, str | bytes]
 #: The outcome of a child that could not vet for reasons of its own (a full disk...).
 LOCAL: Literal["local"] = "local"
-#: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``None`` no child.
-Outcome = bool | Literal["local"] | None
+#: The outcome of a binary that loaded in the child, whose trial launches failed or hung.
+LAUNCH: Literal["launch"] = "launch"
+#: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``LAUNCH`` the
+#: launches failed, ``None`` no child.
+Outcome = bool | Literal["local", "launch"] | None
 #: Setup errors of this machine, not of the binary: the batch is "could not vet".
 _LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EAGAIN})
 
@@ -111,7 +119,8 @@ class Vetter:
     def vet(self, devices: Sequence[Any], items: Sequence[Item]) -> list[Outcome]:
         """Try each program's binaries in a child: ``True`` loaded, ``False`` refused or
         crashed, ``LOCAL`` when the child could not vet (its own setup failed),
-        ``None`` when no child can run here.
+        ``LAUNCH`` when they loaded and a trial launch failed, crashed or hung, ``None``
+        when no child can run here.
 
         Batches of :data:`BATCH` or more programs are spread over one child per core.
         """
@@ -159,12 +168,12 @@ class Vetter:
         """Record what one child showed; queue what it left unconfirmed."""
         for index, ok in zip(group, replies, strict=False):
             if ok is not True:
-                results[index] = LOCAL if ok == LOCAL else False
+                results[index] = ok if ok in (LOCAL, LAUNCH) else False
         passed = [group[j] for j, ok in enumerate(replies) if ok is True]
         if died_on is not None:
             self._count(crashed=1)
             # Died loading: the binary's doing. Died launching: maybe the kernel's.
-            results[group[died_on]] = LOCAL if launching else False
+            results[group[died_on]] = LAUNCH if launching else False
             rest = group[died_on + 1 :]
             groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
         elif clean:
@@ -247,7 +256,7 @@ class Vetter:
                     watchdog.daemon = True
                     watchdog.start()
                     reply = read_message(process.stdout)
-                replies.append(LOCAL if reply[1] == LOCAL else reply[1] is True)
+                replies.append(reply[1] if reply[1] in (LOCAL, LAUNCH) else reply[1] is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):
                 # The child died on this item (a driver crash), or hung and was killed.
                 stop_worker(process)
@@ -278,65 +287,15 @@ def screen_binaries(
 ) -> tuple[bool, str]:
     """``(vet first, standing)``: :func:`needs_vetting`, and the binaries' standing with
     the crash guard (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), from one
-    look-up. A loader given a known standing records nothing after the load."""
+    look-up. A loader given a known standing records nothing after the load. Binaries
+    set aside need vetting too: :func:`vet_unknown` then answers "build from source"
+    without a child."""
     standing = guard.standing(bindings(keys, digests), digests)
-    return standing == UNKNOWN and not trusted and _enabled(), standing
+    return standing in (UNKNOWN, SET_ASIDE) and not trusted and _enabled(), standing
 
 
-class _Flight:
-    """One vetting of a set of binaries in progress, for other threads that need it too."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.outcome: Outcome = None
-
-
-_flights: dict[tuple[str, ...], _Flight] = {}
-_flights_lock = threading.Lock()
-
-
-def _forget_flights() -> None:
-    # In a forked child: none of the parent's vetting threads, and a lock of its own (another
-    # thread may have held the parent's at the fork).
-    global _flights_lock
-    _flights.clear()
-    _flights_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_flights)
-
-#: A program to vet: its index among the items, its binaries' digests, and their marks.
-Entry = tuple[int, list[str], list[str]]
-Pending = list[Entry]
-
-
-def _claim(pending: Pending) -> tuple[Pending, list[tuple[Entry, _Flight]]]:
-    """Split ``pending`` into the programs this thread vets and those another thread is
-    vetting already (with its flight to wait on): eight threads asking for one unknown
-    program start one child, not eight."""
-    mine: Pending = []
-    waits: list[tuple[Entry, _Flight]] = []
-    with _flights_lock:
-        for entry in pending:
-            name = tuple(entry[2])
-            flight = _flights.get(name)
-            if flight is None:
-                _flights[name] = _Flight()
-                mine.append(entry)
-            else:
-                waits.append((entry, flight))
-    return mine, waits
-
-
-def _release(mine: Pending, results: list[Outcome] | None) -> None:
-    """Publish this thread's outcomes (``None``: it failed) to the threads that waited."""
-    with _flights_lock:
-        for position, (_, _, marks) in enumerate(mine):
-            flight = _flights.pop(tuple(marks), None)
-            if flight is not None:
-                flight.outcome = results[position] if results is not None else LOCAL
-                flight.done.set()
+#: Vettings in progress, by their binaries' marks.
+_flights: Flights[Outcome] = Flights()
 
 
 def vet_unknown(
@@ -351,9 +310,10 @@ def vet_unknown(
     ``keys`` holds each program's cache keys (binaries are known per key). ``trusted``
     (a signed source) skips vetting. Afterwards each program's binaries are known
     (load them), blocklisted (the loader refuses them), or, where no child could run,
-    neither (they load under the crash guard). Returns, per program, whether to load
-    it now: ``False`` where the child could not vet (a local miss: build from source,
-    evict nothing).
+    neither (they load under the crash guard), or set aside (their trial launches
+    failed). Returns, per program, whether to load it now: ``False`` where the child
+    could not vet, or they are set aside (a local miss: build from source, evict
+    nothing; no child for those set aside before).
     """
     load = [True] * len(items)
     if trusted or not items or not _enabled():
@@ -362,11 +322,15 @@ def vet_unknown(
     pending: Pending = []
     for index, (item, item_keys) in enumerate(zip(items, per_item, strict=True)):
         digests = [binary_digest(b) for b in item[0]]
-        if needs_vetting(digests, trusted=False, keys=item_keys):
+        vet, standing = screen_binaries(digests, trusted=False, keys=item_keys)
+        if vet and standing == SET_ASIDE:  # their launches failed here before: no child
+            load[index] = False
+            counters.add(vet_local=1)
+        elif vet:
             pending.append((index, digests, bindings(item_keys, digests)))
     if not pending:
         return load
-    pending, waits = _claim(pending)  # another thread vetting the same binaries: wait for it
+    pending, waits = _flights.claim(pending)  # another thread vetting them: wait for it
     results: list[Outcome] | None = None
     try:
         results = vetter.vet(devices, [items[i] for i, _, _ in pending]) if pending else []
@@ -377,14 +341,16 @@ def vet_unknown(
             elif ok is False:
                 guard.block(digests)
                 counters.add(vet_failures=1)
-            elif ok == LOCAL:
+            elif ok in (LOCAL, LAUNCH):
+                if ok == LAUNCH:
+                    guard.set_aside(marks)
                 load[index] = False
                 counters.add(vet_local=1)
     finally:
-        _release(pending, results)  # after the guard knows: a waiter loads by what it says
+        _flights.release(pending, results, LOCAL)  # after the guard knows: waiters go by it
     for (index, _, _), flight in waits:
         flight.done.wait(2 * LOAD_TIMEOUT)
-        if flight.outcome == LOCAL or not flight.done.is_set():
+        if flight.outcome in (LOCAL, LAUNCH) or not flight.done.is_set():
             load[index] = False  # not vetted here either: a local miss
     failed = sum(1 for ok in results if ok is False)
     if failed:

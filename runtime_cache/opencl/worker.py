@@ -192,7 +192,9 @@ def _load(
         # LLVM context) does it in this process's exit status.
         _KEPT.append(_trial(cl, context, devices, job, loaded))
     except LaunchFailed:
-        return [job[0], "local"]  # could not vet: built from source, nothing condemned
+        # Loaded, and the launches failed: built from source, and set aside on this machine
+        # (unless this child itself cannot work, which passes).
+        return [job[0], "local" if _local_trouble(cl, context, devices) else "launch"]
     except Exception:
         # "local": this child could not vet (its own setup failed), not a refusal.
         return [job[0], "local" if _local_trouble(cl, context, devices) else False]
