@@ -101,7 +101,6 @@ class DirectoryBackend(Backend):
         self.max_files = max_files or None  # 0, as for max_size: no cap (a 0 cap keeps nothing)
         self.fsync = fsync
         self.track_access = track_access
-        self.shared = shared
         self.max_entry_size = max_entry_size
         #: Junk found at entry names (links, FIFOs, folders, oversized files).
         self.junk = 0
@@ -236,12 +235,8 @@ class DirectoryBackend(Backend):
         return self._read(key, False, read_to_end)
 
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        found = {}
-        for key in keys:
-            value = self._read(key, False, read_to_end)
-            if value is not None:
-                found[key] = value
-        return found
+        read = ((key, self._read(key, False, read_to_end)) for key in keys)
+        return {key: value for key, value in read if value is not None}
 
     def _read(
         self, key: str, count_use: bool, reader: Reader[T], span: Span | None = None

@@ -32,7 +32,7 @@ from runtime_cache.failure_policy import FailurePolicy
 from runtime_cache.partial_reads import found_so_far
 from runtime_cache.urls import redact_url, tier_urls
 
-from .write_behind import WriteBehind
+from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
 
@@ -66,30 +66,6 @@ class _Tier:
 
 def _listed(listing: Callable[[str], Iterable[T]], prefix: str) -> list[T]:
     return list(listing(prefix))
-
-
-class _FlushingLease(Lease):
-    """The shared tier's lease; released only after queued writes were attempted.
-
-    Otherwise a waiter could take the lease over before the holder's entry
-    reached the shared tier, and build it again.
-    """
-
-    def __init__(self, inner: Lease, flush: Callable[[float], bool]) -> None:
-        super().__init__(inner.key, inner.ttl)
-        self._inner, self._flush = inner, flush
-
-    def _take(self) -> bool:
-        return self._inner.acquire()
-
-    def _extend(self) -> bool:
-        return self._inner.renew()
-
-    def _drop(self) -> None:
-        try:
-            self._flush(self.ttl)
-        finally:
-            self._inner.release()
 
 
 class TieredBackend(Backend):
@@ -384,7 +360,7 @@ class TieredBackend(Backend):
     def lease(self, key: str, ttl: float) -> Lease | None:
         """The lease of the last (shared) tier, or ``None`` when it has none."""
         inner = self._tiers[-1].backend.lease(key, ttl)
-        return None if inner is None else _FlushingLease(inner, self.flush)
+        return None if inner is None else FlushingLease(inner, self.flush)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until queued writes to remote tiers were attempted; ``False`` on timeout."""

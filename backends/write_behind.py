@@ -4,7 +4,8 @@ Writes are coalesced by key (the latest value wins) in a bounded queue; when
 the queue is full a new key is dropped and counted, never blocked on. Until a
 queued write lands, :meth:`WriteBehind.lookup` answers for it, so a reader in
 this process sees its own writes. Every live writer is flushed at interpreter
-exit.
+exit. :class:`FlushingLease` releases a build lease only after the queued writes
+were attempted, so a waiter does not take over before the holder's entry landed.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 
-from runtime_cache.api import Backend
+from runtime_cache.api import Backend, Lease
 
-__all__ = ["WriteBehind"]
+__all__ = ["FlushingLease", "WriteBehind"]
 
 log = logging.getLogger(__name__)
 
@@ -192,3 +193,28 @@ class WriteBehind:
             self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+class FlushingLease(Lease):
+    """A lease on the remote store, released only after the queued writes were attempted
+    (``flush(timeout)``).
+
+    Otherwise a waiter could take the lease over before the holder's entry
+    reached the shared tier, and build it again.
+    """
+
+    def __init__(self, inner: Lease, flush: Callable[[float], bool]) -> None:
+        super().__init__(inner.key, inner.ttl)
+        self._inner, self._flush = inner, flush
+
+    def _take(self) -> bool:
+        return self._inner.acquire()
+
+    def _extend(self) -> bool:
+        return self._inner.renew()
+
+    def _drop(self) -> None:
+        try:
+            self._flush(self.ttl)
+        finally:
+            self._inner.release()
