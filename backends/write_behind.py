@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Mapping
 
 from runtime_cache.api import Backend, Lease
+from runtime_cache.errors import EntryTooLargeError
 
 __all__ = ["FlushingLease", "WriteBehind"]
 
@@ -155,7 +156,11 @@ class WriteBehind:
                         self.backend.set_many(batch)
                 self.written += len(batch)
             except Exception as exc:  # counted and reported; the writer keeps going
-                self.failed += len(batch)
+                # A value refused for its size stops no other one of the batch.
+                refused = exc.refused if isinstance(exc, EntryTooLargeError) else ()
+                lost = len(batch.keys() & refused) if refused else len(batch)
+                self.failed += lost
+                self.written += len(batch) - lost
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:

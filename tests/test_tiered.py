@@ -114,6 +114,22 @@ def test_remote_writes_are_queued_and_flushed(
     backend.close()
 
 
+def test_a_value_the_remote_tier_refuses_costs_only_its_own_write(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """A queued batch with one value over the remote's max_entry_size stores the others,
+    and counted all 10 as failed (queued_failed 10, queued_written 0)."""
+    remote = _redis(f"{redis_server.url}?max_entry_size=1000", unique_prefix)
+    backend = TieredBackend([MemoryBackend(), remote])
+    items = {f"r/{i}": bytes([i]) * (5000 if i == 3 else 100) for i in range(10)}
+    backend.set_many(items)
+    assert backend.flush(timeout=10)
+    stats = backend.tier_stats()[1]
+    assert (stats.queued_written, stats.queued_failed) == (9, 1), stats
+    assert sorted(remote.get_many(list(items))) == sorted(k for k in items if k != "r/3")
+    backend.close()
+
+
 def test_full_queue_drops_and_counts(unique_prefix: str) -> None:
     from runtime_cache.backends.write_behind import WriteBehind
 
