@@ -107,6 +107,7 @@ class TieredBackend(Backend):
         self.insecure = self.shared and all(t.insecure for t in tiers if t.shared)
         #: The tiers the last listing (``keys``/``scan``) could not reach: its result is partial.
         self.failed_tiers: list[str] = []
+        self._checks: list[Callable[[str, bytes], bool]] = []
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -193,9 +194,21 @@ class TieredBackend(Backend):
                 tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
         self._raise_if_all_failed(errors, tried)
 
+    def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
+        with self._lock:
+            if check not in self._checks:
+                self._checks.append(check)
+        for tier in self._tiers:
+            tier.backend.check_promotions(check)
+
     def _promote(self, upto: int, items: Mapping[str, bytes]) -> None:
         if not items or upto == 0:
             return
+        if self._checks and self._tiers[upto].backend.shared:  # others may have written these
+            checks = list(self._checks)
+            items = {k: v for k, v in items.items() if all(check(k, v) for check in checks)}
+            if not items:
+                return
         for tier in self._tiers[:upto]:
             tier.promoted += len(items)
         try:

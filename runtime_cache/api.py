@@ -229,6 +229,13 @@ class Backend(abc.ABC):
         """Remove leftovers such as stale temp files; return how many were removed."""
         return 0
 
+    def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
+        """Copy an entry from a store that others can write into another store only if
+        ``check(key, blob)`` accepts it. A :class:`~runtime_cache.Cache` calls this with its
+        own check (its secret, its limits); only backends that copy between stores (tiers,
+        which promote a hit into the faster tiers) need it. Checks add up."""
+        return None  # a store that copies nothing between stores has nothing to check
+
     def lease(self, key: str, ttl: float) -> Lease | None:
         """A build lease on ``key`` shared by every process using this storage, or ``None``.
 

@@ -30,14 +30,7 @@ from ._version import __version__
 from .api import Backend
 from .batch_reads import BatchReads
 from .check import Checked, check_entry, screen
-from .codec import (
-    DEFAULT_LIMITS,
-    Entry,
-    Limits,
-    Secret,
-    entry_span,
-    normalize_secret,
-)
+from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
@@ -47,7 +40,7 @@ from .own_entries import OwnEntries
 from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
-from .trust import require_secret
+from .trust import check_promotions, require_secret
 
 __all__ = ["Cache", "KeyLike"]
 
@@ -94,6 +87,7 @@ class Cache(Inventory, BatchReads):
         self._backend: Backend = backend if backend is not None else NullBackend()
         self._secret = normalize_secret(secret)
         require_secret(self._backend, self._secret is not None, insecure)
+        check_promotions(self._backend, self._secret, limits)  # copied up only once checked
         self._policy = FailurePolicy(
             log, repr(self._backend), "carrying on without the cache", strict=strict
         )

@@ -15,12 +15,15 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 
 from .api import Backend
+from .check import check_entry
+from .codec import Limits, SecretKeys
 from .environment import ENV_SECRET, ENV_SECRET_FILE
-from .errors import InsecureStoreError
+from .errors import CorruptEntryError, InsecureStoreError
 
-__all__ = ["INSECURE_OPTION", "require_secret"]
+__all__ = ["INSECURE_OPTION", "check_promotions", "require_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,8 @@ INSECURE_OPTION = "insecure"
 
 _warned: weakref.WeakSet[Backend] = weakref.WeakSet()
 _lock = threading.Lock()
+#: One promotion check per secret and limits, so a backend holds each once.
+_checks: dict[tuple[SecretKeys | None, Limits], Callable[[str, bytes], bool]] = {}
 
 
 def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> None:
@@ -65,3 +70,24 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
             "can plant binaries; set RUNTIME_CACHE_SECRET to sign it",
             backend,
         )
+
+
+def check_promotions(backend: Backend, secret: SecretKeys | None, limits: Limits) -> None:
+    """Have ``backend`` copy an entry up from a store others can write (a tier's promotion)
+    only once it passes :func:`~runtime_cache.check.check_entry` with ``secret`` and
+    ``limits``: unchecked, a planted entry read once by a signed cache landed in its private
+    tier, where a cache of the same user that needs no secret then served it, and where it
+    hid the good entry stored later."""
+    with _lock:
+        check = _checks.get((secret, limits))
+        if check is None:
+
+            def check(key: str, blob: bytes) -> bool:
+                try:
+                    check_entry(key, blob, secret=secret, limits=limits)
+                except CorruptEntryError:
+                    return False
+                return True
+
+            _checks[(secret, limits)] = check
+    backend.check_promotions(check)

@@ -163,6 +163,35 @@ def test_redis_without_a_secret_refuses_to_open(redis_server: RedisProcess) -> N
         rc.Cache(rc.open_backend(f"memory://,{redis_server.url}"))
 
 
+def test_a_tier_copies_nothing_up_from_a_shared_store_before_the_check(
+    redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """An unsigned entry planted in Redis, read once by a signed cache over
+    ``dir://,redis://``: it was rejected, but promoted into the private folder first. A
+    cache of the same user over that folder (private: no secret needed) then served it,
+    ``export --sign`` signed it for the fleet, and it hid the good entry stored later."""
+    import redis
+
+    url = f"{redis_server.url}?prefix=promo:"
+    key = rc.make_key(module_id="net", runtime="opencl", purpose="program-binary")
+    planted = codec.encode_entry(str(key), key.parts, b"EVIL", created_at=time.time())
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(f"promo:{key}", planted)
+    victim = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'd'},{url}"), secret="fleet")
+    assert victim.get(key) is None and victim.stats().rejected == 1
+    assert victim.get_many([key]) == {} and victim.stats().rejected == 2
+    victim.close()
+    local = rc.Cache(DirectoryBackend(tmp_path / "d"))
+    assert local.get(key) is None and len(list(local.entries())) == 0
+    # The good entry a fleet member stores later is served through the same tiers.
+    rc.Cache(rc.open_backend(url), secret="fleet").put(key, b"GOOD")
+    again = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'd'},{url}"), secret="fleet")
+    assert again.get(key) == b"GOOD"
+    again.close()
+    assert rc.Cache(DirectoryBackend(tmp_path / "d"), secret="fleet").get(key) == b"GOOD"
+    client.close()
+
+
 def test_insecure_1_opens_with_one_warning(
     redis_server: RedisProcess, unique_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
