@@ -291,6 +291,39 @@ def test_import_refuses_fifos_and_devices_without_hanging(root: Path, tmp_path: 
     assert "MemoryError" not in done.stderr
 
 
+@pytest.mark.parametrize("count", [2**32 - 1, 1_000_000])
+def test_import_of_a_bundle_claiming_many_entries_costs_no_memory(
+    root: Path, tmp_path: Path, count: int
+) -> None:
+    """A sparse 256 MiB file (4 KiB on disk): a header claiming ``count`` entries, then
+    zeros (entries of length 0). The reader kept 8 bytes and two objects per claimed
+    entry before the decoder refused the count: 7.6 GB resident, 40 s (attacker review)."""
+    from runtime_cache.codec import _BUNDLE_HEADER, BUNDLE_MAGIC, BUNDLE_VERSION
+
+    bundle = tmp_path / "sparse.rcb"
+    with open(bundle, "wb") as out:
+        out.write(_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, count))
+        out.truncate(256 << 20)
+    measure = (
+        "import resource, sys\n"
+        "from runtime_cache.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", measure, "--cache", f"dir://{root}", "import", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1 and "not a valid bundle" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    maxrss_kib = int(done.stderr.split("maxrss")[1].split()[0])
+    assert maxrss_kib < 200_000, done.stderr  # a Python process with the library: ~40 MB
+
+
 def test_bad_cache_urls_name_the_problem(tmp_path: Path) -> None:
     done = cli("--cache", "dir:///etc/passwd", "ls")
     assert done.returncode == 1 and "not a directory" in done.stderr

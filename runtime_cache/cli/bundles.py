@@ -35,6 +35,7 @@ from ..codec import (
     encode_bundle,
     normalize_secret,
 )
+from ..entry_frame import HEADER_SIZE as ENTRY_HEADER_SIZE
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -147,26 +148,31 @@ def _exact(read: Callable[[int], bytes], size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_limited(read: Callable[[int], bytes], path: str, limit: int) -> bytes:
+def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> bytes:
     """Read one bundle as its own framing says, and one byte more (trailing data).
 
     Nothing past what the header and the entry lengths announce is read, so a
     sparse file or an endless stream behind a valid header costs no memory: the
-    read stops at the first impossible length, and the decoder names the fault.
+    read stops at the first impossible length or count (more entries than
+    ``limits`` allow, an entry shorter than an entry's header), and the decoder
+    names the fault.
     """
+    limit = max_bundle_size(limits)
     head = _exact(read, BUNDLE_HEADER_SIZE)
     if head[: len(BUNDLE_MAGIC)] != BUNDLE_MAGIC:
         raise BundleFileError(f"{path} is not a valid bundle: bad magic")
     if len(head) < BUNDLE_HEADER_SIZE:
         return head
     flags, count = head[5], int.from_bytes(head[8:12], "little")
+    if count > limits.max_entries:  # (a sparse file claiming 2**32 entries took 30x its size)
+        return head
     chunks, size = [head], len(head)
     for _ in range(count):
         length = _exact(read, 8)
         chunks.append(length)
-        if len(length) < 8:
-            return b"".join(chunks)
         want = int.from_bytes(length, "little")
+        if len(length) < 8 or want < ENTRY_HEADER_SIZE:
+            return b"".join(chunks)
         size += 8 + want
         if size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
@@ -178,9 +184,10 @@ def _read_limited(read: Callable[[int], bytes], path: str, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_file(path: str, limit: int) -> bytes:
+def _read_file(path: str, limits: Limits) -> bytes:
+    limit = max_bundle_size(limits)
     if path == "-":
-        return _read_limited(sys.stdin.buffer.read, "standard input", limit)
+        return _read_limited(sys.stdin.buffer.read, "standard input", limits)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -194,7 +201,7 @@ def _read_file(path: str, limit: int) -> bytes:
         if info.st_size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
         try:
-            return _read_limited(handle.read, path, limit)
+            return _read_limited(handle.read, path, limits)
         except OSError as exc:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
@@ -260,7 +267,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     cache = ctx.cache
     secret = normalize_secret(ctx.secret)
     try:
-        data = _read_file(args.file, max_bundle_size(cache.limits))
+        data = _read_file(args.file, cache.limits)
         blobs = decode_bundle(data, secret=secret, limits=cache.limits)
     except BundleFileError as exc:
         print(f"runtime-cache: {clean(exc)}", file=ctx.err)
