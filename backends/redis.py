@@ -145,7 +145,9 @@ class RedisBackend(Backend):
         server_scheme = "redis" if self.cluster else parsed.scheme
         self._server_url = f"{server_scheme}://{netloc}{parsed.path}"
         self._scheme = parsed.scheme
-        self._connection_classes = connection_classes(self._redis)
+        # No reply is longer than a value at the cap plus a batch's budget (see .redis_deadline).
+        max_reply = max_entry_size + _REPLY_BUDGET + (1 << 20)
+        self._connection_classes = connection_classes(self._redis, max_reply)
         host = netloc.rpartition("@")[2]  # never log a password
         self.name = f"{parsed.scheme}://{host}{parsed.path}"
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)

@@ -7,10 +7,16 @@ reply ``timeout`` for its first bytes and then as long as its bytes take at
 :data:`MIN_RATE` more. A reply that falls behind that raises ``socket.timeout``, which
 redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). A reply of
 64 MiB may so take four minutes on a slow link; a drip is cut off within about one timeout.
+
+A reply may also be no longer than the largest one the backend asks for (its value cap,
+plus one batch's budget): a server that announces a 100 GB value and streams it fast grew
+the client's memory without end (300 MiB in 10 s seen). Past that length the connection
+is cut (``OSError(EMSGSIZE)``, which redis-py reports as its ``ConnectionError``).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import ssl
 import time
@@ -35,8 +41,9 @@ class DeadlineSocket:
     the socket.
     """
 
-    def __init__(self, sock: Any, timeout: float | None) -> None:
+    def __init__(self, sock: Any, timeout: float | None, max_reply: int | None = None) -> None:
         self._sock = sock
+        self._max_reply = max_reply
         self._base = timeout
         self._timeout: float | None = sock.gettimeout()
         self._start = time.monotonic()
@@ -88,16 +95,22 @@ class DeadlineSocket:
                 raise self._late() from exc
             raise
 
+    def _count(self, size: int) -> None:
+        self._got += size
+        if self._max_reply is not None and self._got > self._max_reply:
+            self._sock.close()  # the rest of this reply is never read
+            raise OSError(errno.EMSGSIZE, f"a reply longer than {self._max_reply} bytes")
+
     def recv(self, size: int, *flags: int) -> bytes:
-        """``socket.recv`` within the reply's deadline."""
+        """``socket.recv`` within the reply's deadline and length."""
         data: bytes = self._read(self._sock.recv, size, *flags)
-        self._got += len(data)
+        self._count(len(data))
         return data
 
     def recv_into(self, buffer: Any, *args: int) -> int:
-        """``socket.recv_into`` within the reply's deadline."""
+        """``socket.recv_into`` within the reply's deadline and length."""
         count: int = self._read(self._sock.recv_into, buffer, *args)
-        self._got += count
+        self._count(count)
         return count
 
     def sendall(self, data: Any, *flags: int) -> None:
@@ -115,16 +128,17 @@ class DeadlineSocket:
 
 
 @functools.cache
-def connection_classes(redis: Any) -> tuple[type[Any], type[Any]]:
+def connection_classes(redis: Any, max_reply: int | None = None) -> tuple[type[Any], type[Any]]:
     """redis-py's plain and TLS connection classes, each with its socket behind a
-    :class:`DeadlineSocket` (made once per process)."""
+    :class:`DeadlineSocket` whose replies may be ``max_reply`` bytes long (made once per
+    process and length)."""
 
     class _Deadline:
         socket_timeout: float | None
 
         def _connect(self) -> Any:
             sock = super()._connect()  # type: ignore[misc]
-            return DeadlineSocket(sock, self.socket_timeout)
+            return DeadlineSocket(sock, self.socket_timeout, max_reply)
 
     plain = type("DeadlineConnection", (_Deadline, redis.connection.Connection), {})
     tls = type("DeadlineSSLConnection", (_Deadline, redis.connection.SSLConnection), {})

@@ -123,6 +123,8 @@ class CappedReads:
             if _wrong_type(exc):
                 return None
             raise
+        if not isinstance(value, bytes):  # a server that is no Redis (an array, a map)
+            raise TypeError(f"GETRANGE answered a {type(value).__name__}, not a string")
         if len(value) > self.cap:
             self._over(full, len(value), more=True)
             return None

@@ -1,4 +1,4 @@
-"""A server that answers, but a byte at a time: each reply must keep coming.
+"""A server that answers, but not as Redis does: a byte at a time, too much, the wrong type.
 
 redis-py's timeout bounds each read, so a reply dripped a byte every 0.2 s never timed out:
 one ``get`` waited for as long as the server liked (over 120 s seen). The server here is a
@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -38,15 +38,16 @@ def _command(stream: socket.SocketIO) -> list[bytes] | None:
     return args
 
 
-class DrippingServer:
-    """Accepts connections; answers ``GET``/``GETRANGE`` with a value of ``size`` bytes
-    sent one byte every ``gap`` seconds, and anything else (the client's hello) at once."""
+class HostileServer:
+    """Accepts connections; answers ``GET``/``GETRANGE`` with ``answer(conn, stopping)``
+    (which sends what it likes), the client's hello as Redis would, anything else with OK."""
 
-    def __init__(self, size: int, gap: float) -> None:
-        self.size, self.gap = size, gap
+    def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
+        self.answer = answer
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.stopping = threading.Event()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -62,12 +63,7 @@ class DrippingServer:
         try:
             while (args := _command(stream)) is not None:
                 if args[0].upper() in (b"GET", b"GETRANGE"):
-                    reply = b"$%d\r\n" % self.size + b"x" * self.size + b"\r\n"
-                    for i in range(len(reply)):
-                        if self.stopping.is_set():
-                            return
-                        conn.sendall(reply[i : i + 1])
-                        time.sleep(self.gap)
+                    self.answer(conn, self.stopping)
                 elif args[0].upper() == b"HELLO":  # redis-py 8 speaks RESP3
                     proto = args[1] if len(args) > 1 else b"2"
                     conn.sendall(b"%1\r\n+proto\r\n:" + proto + b"\r\n")
@@ -83,14 +79,27 @@ class DrippingServer:
         self.listener.close()
 
 
+def _drip(size: int, gap: float) -> Callable[[socket.socket, threading.Event], None]:
+    # A value of ``size`` bytes sent one byte every ``gap`` seconds.
+    def answer(conn: socket.socket, stopping: threading.Event) -> None:
+        reply = b"$%d\r\n" % size + b"x" * size + b"\r\n"
+        for i in range(len(reply)):
+            if stopping.is_set():
+                return
+            conn.sendall(reply[i : i + 1])
+            time.sleep(gap)
+
+    return answer
+
+
 @pytest.fixture
-def dripping() -> Iterator[DrippingServer]:
-    server = DrippingServer(size=100, gap=0.2)
+def dripping() -> Iterator[HostileServer]:
+    server = HostileServer(_drip(size=100, gap=0.2))
     yield server
     server.close()
 
 
-def test_a_dripped_reply_is_cut_off_within_about_one_timeout(dripping: DrippingServer) -> None:
+def test_a_dripped_reply_is_cut_off_within_about_one_timeout(dripping: HostileServer) -> None:
     backend = rc.open_backend(f"redis://127.0.0.1:{dripping.port}/0?timeout=300ms&insecure=1")
     started = time.monotonic()
     with pytest.raises(BackendUnavailableError, match=r"[Tt]imeout"):
@@ -106,7 +115,7 @@ def test_a_dripped_reply_is_cut_off_within_about_one_timeout(dripping: DrippingS
     backend.close()
 
 
-def test_through_the_front_a_drip_is_a_miss(dripping: DrippingServer) -> None:
+def test_through_the_front_a_drip_is_a_miss(dripping: HostileServer) -> None:
     cache = rc.Cache(
         rc.open_backend(f"redis://127.0.0.1:{dripping.port}/0?timeout=300ms&insecure=1"),
         insecure=True,
@@ -167,3 +176,50 @@ def test_a_pooled_connection_the_server_closed_is_replaced_not_an_outage(
     assert backend.get("demo/t/k") == b"v"
     assert backend.breaker.state == "closed"
     backend.close()
+
+
+def _huge(sent: list[int]) -> Callable[[socket.socket, threading.Event], None]:
+    # Announces a 100 GB value and streams it as fast as the client takes it (up to 400 MiB).
+    def answer(conn: socket.socket, stopping: threading.Event) -> None:
+        conn.sendall(b"$100000000000\r\n")
+        chunk = b"A" * (1 << 20)
+        while sent[0] < 400 << 20 and not stopping.is_set():
+            conn.sendall(chunk)
+            sent[0] += len(chunk)
+
+    return answer
+
+
+def test_a_reply_longer_than_any_asked_for_is_cut_off() -> None:
+    """A server announcing a 100 GB value and streaming it fast grew the client's memory
+    without end (the attacker review: 300 MiB in 10 s, still reading); a reply may be no
+    longer than a value at the cap plus one batch's budget (here 1 + 32 + 1 MiB)."""
+    sent = [0]
+    server = HostileServer(_huge(sent))
+    cache = rc.Cache(rc.open_backend(f"{server.url}?max_entry_size=1MiB&insecure=1"))
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    started = time.monotonic()
+    try:
+        assert cache.get(key) is None
+        assert cache.stats().errors == 1
+    finally:
+        server.close()
+        cache.close()
+    assert time.monotonic() - started < 20
+    assert sent[0] < 2 * (40 << 20), sent  # cut twice at most (one retry), not 400 MiB
+
+
+@pytest.mark.parametrize(
+    "reply", [b"*1\r\n$3\r\nabc\r\n", b"%1\r\n$1\r\na\r\n$1\r\nb\r\n"], ids=["array", "map"]
+)
+def test_a_reply_of_the_wrong_type_is_a_counted_error(reply: bytes) -> None:
+    """A GETRANGE answered with an array or a map raised TypeError out of Cache.get."""
+    server = HostileServer(lambda conn, _: conn.sendall(reply))
+    cache = rc.Cache(rc.open_backend(f"{server.url}?insecure=1"), secret="s")
+    key = rc.make_key(module_id="m", runtime="demo", purpose="t")
+    try:
+        assert cache.get(key) is None
+        assert cache.stats().errors == 1
+    finally:
+        server.close()
+        cache.close()
