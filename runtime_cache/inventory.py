@@ -13,7 +13,7 @@ from typing import Protocol
 from .api import Backend, StoredItem
 from .bundles import LoadResult, good_blobs, merge_bundle
 from .check import check_entry
-from .codec import Entry, Limits, SecretKeys, encode_bundle, encode_entry
+from .codec import Entry, Limits, SecretKeys, decode_bundle, encode_bundle, encode_entry
 from .errors import CorruptEntryError, SignatureError
 from .keys import CacheKey
 from .listing import OnProgress, OnSkip, list_entries, read_info
@@ -133,6 +133,12 @@ class Inventory:
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation
         return encode_bundle(blobs, secret=self._secret)
+
+    def unbundle(self: _Host, data: bytes) -> list[bytes]:
+        """The entries of bundle ``data``, which is checked as a whole as :meth:`loads`
+        checks it (its checksum, its limits, and with a secret its own signature); each
+        entry is left to :meth:`check`. Raises :class:`InvalidBundleError`."""
+        return decode_bundle(data, secret=self._secret, limits=self.limits)
 
     def loads(self: _Host, data: bytes, *, overwrite: bool = True) -> LoadResult:
         """Merge a bundle into the cache; return how many entries were accepted.

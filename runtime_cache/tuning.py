@@ -34,7 +34,6 @@ from typing import Any
 import msgpack
 
 from .cache import Cache
-from .codec import decode_bundle
 from .errors import CorruptEntryError, InvalidRecordError
 from .keys import CacheKey, make_key
 from .provider import get_cache
@@ -285,7 +284,8 @@ class TuningCache:
         Only records for this module id, runtime, purpose and device are
         accepted; others are skipped, as are single records that fail their
         checksum or signature. A malformed blob raises
-        :class:`~runtime_cache.errors.InvalidBundleError`.
+        :class:`~runtime_cache.errors.InvalidBundleError`, as does, when the cache has
+        a secret, a blob not signed with it (refused as a whole, as ``Cache.loads`` does).
 
         A cache without a secret over a shared store (``insecure=1``) writes
         nothing: unsigned records are not passed on to other users, as with
@@ -299,7 +299,7 @@ class TuningCache:
                 cache.backend,
             )
             return 0
-        for blob in decode_bundle(data, limits=cache.limits):
+        for blob in cache.unbundle(data):  # with a secret, the bundle's own HMAC too
             try:
                 # The one entry check (signature with the cache's secret, key against parts).
                 entry = cache.check(None, blob).entry()

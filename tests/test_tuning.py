@@ -83,6 +83,22 @@ def test_dumps_loads_round_trip(cache: rc.Cache) -> None:
     assert len(list(fresh.entries())) == 5
 
 
+def test_a_signed_tuning_cache_refuses_a_bundle_not_signed_with_its_secret() -> None:
+    """TuningCache.loads read the bundle without its secret: an unsigned bundle, or one
+    whose HMAC is wrong, was taken (each record's own signature still checked), where
+    Cache.loads refuses it as a whole."""
+    signed = tuner(rc.Cache(MemoryBackend(), secret="s"))
+    signed.put("conv1", {"tile": 4})
+    good = signed.dumps()
+    unsigned = tuner(rc.Cache(MemoryBackend())).dumps()
+    forged = good[:-1] + bytes([good[-1] ^ 1])  # the bundle's HMAC, last
+    target = tuner(rc.Cache(MemoryBackend(), secret="s"))
+    for blob in (unsigned, forged):
+        with pytest.raises(InvalidBundleError):
+            target.loads(blob)
+    assert target.loads(good) == 1
+
+
 def test_loads_accepts_only_this_module_and_device(cache: rc.Cache) -> None:
     t = tuner(cache)
     t.put("conv1", {"tile": 4})
@@ -206,8 +222,9 @@ def test_signed_cache_round_trip_and_foreign_secret() -> None:
     t.put("conv1", {"tile": 4})
     blob = t.dumps()
     assert tuner(rc.Cache(MemoryBackend(), secret="s3cret")).loads(blob) == 1
-    # A cache with another secret accepts none of the records.
-    assert tuner(rc.Cache(MemoryBackend(), secret="other")).loads(blob) == 0
+    # A cache with another secret refuses the bundle as a whole, as Cache.loads does.
+    with pytest.raises(InvalidBundleError, match="signature"):
+        tuner(rc.Cache(MemoryBackend(), secret="other")).loads(blob)
 
 
 def test_unsigned_records_are_not_written_to_a_shared_store() -> None:
