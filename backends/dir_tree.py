@@ -26,7 +26,7 @@ from .dir_fs import open_folder
 __all__ = ["SUFFIX", "Found", "key_of", "keys_until", "rel_path", "walk"]
 
 SUFFIX = ".rce"
-_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
+_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}\Z")  # \Z: no trailing newline
 _MAX_KEY = 1024
 _MAX_DEPTH = 16
 

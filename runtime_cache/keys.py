@@ -38,7 +38,7 @@ __all__ = [
 #: Bump only with a migration note: it changes every key.
 KEY_SCHEMA_VERSION = 1
 
-_NAME = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,63}\Z")  # \Z: no trailing newline
 _MAX_DEPTH = 32
 _RESERVED = ("module_id", "runtime", "purpose", "device")
 

@@ -50,6 +50,8 @@ def test_layout_and_permissions(tmp_path: Path) -> None:
         "x" * 2000,
         "a/b.rce",
         "a b",
+        "opencl\n/driver-cache/k",
+        "a/b\n",
     ],
 )
 def test_hostile_keys_rejected(tmp_path: Path, bad: str) -> None:

@@ -114,7 +114,9 @@ def test_bad_part_types_name_the_part(device: object, name: str) -> None:
         rc.make_key(module_id="m", runtime="r", purpose="p", device=device)
 
 
-@pytest.mark.parametrize("runtime", ["", "a/b", ".hidden", "x" * 65, "sp ace", "nul\x00"])
+@pytest.mark.parametrize(
+    "runtime", ["", "a/b", ".hidden", "x" * 65, "sp ace", "nul\x00", "opencl\n", "x\r\n"]
+)
 def test_bad_runtime_names_rejected(runtime: str) -> None:
     with pytest.raises(ValueError):
         rc.make_key(module_id="m", runtime=runtime, purpose="p")
