@@ -14,12 +14,13 @@ import threading
 
 import platformdirs
 
-from .errors import BackendError
+from .errors import BackendError, InvalidSecretError
 
 __all__ = [
     "ENV_CACHE",
     "ENV_SECRET",
     "ENV_SECRET_FILE",
+    "MIN_LISTED_KEY",
     "cache_folder",
     "default_directory",
     "default_folder_named",
@@ -29,6 +30,7 @@ __all__ = [
     "read",
     "read_secret",
     "read_secret_file",
+    "split_secret",
     "state_directory",
     "warn_no_home",
 ]
@@ -153,8 +155,6 @@ def read_secret_file(path: str) -> list[str]:
     Raises :class:`~runtime_cache.errors.InvalidSecretError` when the file cannot
     be read or holds no key.
     """
-    from .errors import InvalidSecretError
-
     try:
         with open(path, encoding="utf-8") as handle:
             keys = [line.strip() for line in handle if line.strip()]
@@ -175,4 +175,27 @@ def read_secret() -> list[str] | None:
     text = read(ENV_SECRET)
     if text is None:
         return None
-    return [key.strip() for key in text.split(",")]
+    return split_secret(text, ENV_SECRET)
+
+
+#: Characters each key of a comma-separated list must have: a comma inside one secret
+#: would otherwise split it into fragments, each of which verifies (``"x,Zq9#..."`` made
+#: a one-byte key that signs entries the cache then accepts).
+MIN_LISTED_KEY = 16
+
+
+def split_secret(text: str, source: str) -> list[str]:
+    """The keys of a secret given as text (``new,old`` while a fleet rotates keys: the first
+    signs). When there are several, each must have :data:`MIN_LISTED_KEY` characters or
+    more; raises :class:`InvalidSecretError` naming ``source`` otherwise."""
+    keys = [key.strip() for key in text.split(",")]
+    if len(keys) > 1:
+        for number, key in enumerate(keys, 1):
+            if len(key) < MIN_LISTED_KEY:
+                raise InvalidSecretError(
+                    f"{source} holds a comma, so it is read as {len(keys)} keys (new,old while "
+                    f"keys rotate), and key {number} has {len(key)} characters: each key of a "
+                    f"list needs {MIN_LISTED_KEY} or more. A secret with a comma in it goes in "
+                    "a secret file (one key a line)"
+                )
+    return keys

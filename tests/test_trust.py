@@ -241,8 +241,16 @@ def test_secrets_from_the_environment_and_a_file(
 ) -> None:
     from runtime_cache import environment
 
-    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "new, old")
-    assert environment.read_secret() == ["new", "old"]
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "new-key-0123456789, old-key-0123456789")
+    assert environment.read_secret() == ["new-key-0123456789", "old-key-0123456789"]
+    # A comma inside one secret split it into keys that each verified, one of a byte.
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "x,Zq9#long-part-of-a-passphrase")
+    with pytest.raises(InvalidSecretError, match="key 1 has 1 characters"):
+        environment.read_secret()
+    assert main(["--cache", "memory://", "--secret", "pass,word", "ls"]) == 2
+    assert "secret file" in capsys.readouterr().err
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "one-secret-of-any-length")
+    assert environment.read_secret() == ["one-secret-of-any-length"]
     secret_file = tmp_path / "secret"
     secret_file.write_text("from-file\n\nolder\n", encoding="utf-8")
     monkeypatch.setenv("RUNTIME_CACHE_SECRET_FILE", str(secret_file))

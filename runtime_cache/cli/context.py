@@ -45,7 +45,7 @@ def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[s
     if secret_file is not None:
         return environment.read_secret_file(secret_file)
     if secret is not None:
-        return [key.strip() for key in secret.split(",")]
+        return environment.split_secret(secret, "--secret")
     return environment.read_secret()
 
 
