@@ -258,6 +258,37 @@ def test_a_key_planted_at_a_lease_holds_nobody_off(
     _drop(backend)
 
 
+@pytest.mark.parametrize("swap", ["a large value", "a hash"])
+def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
+    redis_server: RedisProcess, unique_prefix: str, swap: str
+) -> None:
+    """Renewal and release compared the token with GET: a 400 MB value swapped in at the
+    lease's name was copied into Lua (0.5 s, every client stalled, the breaker opened), and
+    a hash made them raise WRONGTYPE. The type and length are asked first now."""
+    import redis
+
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    direct = redis.Redis(port=redis_server.port)
+    name = f"{unique_prefix}lease:demo/t/swap"
+    lease = backend.lease("demo/t/swap", 30.0)
+    assert lease.acquire()
+    if swap == "a large value":
+        direct.set(name, b"x" * (64 << 20))
+    else:
+        direct.delete(name)
+        direct.hset(name, "a", "b")
+    direct.config_resetstat()
+    assert not lease.renew()  # not ours any more
+    lease.release()  # nothing raised, nothing removed
+    assert direct.exists(name)
+    # The scripts never read the value: no reply or Lua copy of 64 MiB was made.
+    assert direct.info("commandstats").get("cmdstat_get") is None
+    assert backend.breaker.state == "closed"
+    direct.delete(name)
+    direct.close()
+    _drop(backend)
+
+
 def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
