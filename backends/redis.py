@@ -36,6 +36,7 @@ from urllib.parse import unquote
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
+    INSTALL_REDIS,
     BackendError,
     BackendUnavailableError,
     InvalidURLError,
@@ -68,8 +69,7 @@ def _import_redis() -> Any:
         import redis.retry
     except ImportError as exc:
         raise MissingDependencyError(
-            "the Redis backend needs redis-py, which is not installed; "
-            "install it with: pip install 'runtime-cache[redis]'"
+            f"the Redis backend needs redis-py, which is not installed: {INSTALL_REDIS}"
         ) from exc
     return redis
 

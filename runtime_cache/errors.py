@@ -82,7 +82,18 @@ class BackendConflictError(RuntimeCacheError, ValueError):
 
 
 class MissingDependencyError(RuntimeCacheError, ImportError):
-    """An optional dependency is not installed; the message names the pip extra."""
+    """An optional dependency is not installed; the message names what to install."""
+
+
+# What to install for each optional part, as the messages say it. runtime-cache comes from
+# a wheel or a clone, not from PyPI (where another package could take its name), so they
+# name the packages of each extra in pyproject.toml; a clone can use ``pip install '.[redis]'``.
+#: redis-py, for ``redis://``, ``rediss://`` and ``redis+cluster://`` (the ``redis`` extra).
+INSTALL_REDIS = "pip install 'redis>=5.0' 'hiredis>=2.0'"
+#: pyopencl with pip's PoCL, for ``runtime_cache.opencl`` and the demo (the ``opencl`` extra).
+INSTALL_OPENCL = "pip install 'pyopencl[pocl]>=2024.1' 'numpy>=1.24' 'mako>=1.2'"
+#: Intel's CPU OpenCL runtime, x86-64 Linux (the ``intel`` extra).
+INSTALL_INTEL = "pip install 'intel-opencl-rt>=2024.0' 'intel-cmplr-lib-rt>=2024.0'"
 
 
 class BackendError(RuntimeCacheError):
@@ -123,6 +134,9 @@ class CallbackTypeError(BackendError, TypeError):
 
 
 __all__ = [
+    "INSTALL_INTEL",
+    "INSTALL_OPENCL",
+    "INSTALL_REDIS",
     "BackendConflictError",
     "BackendError",
     "BackendUnavailableError",

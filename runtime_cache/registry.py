@@ -20,6 +20,7 @@ from typing import cast
 
 from .api import Backend
 from .errors import (
+    INSTALL_REDIS,
     BackendConflictError,
     InvalidURLError,
     InvalidValueError,
@@ -38,8 +39,7 @@ log = logging.getLogger(__name__)
 OWN_DISTRIBUTION = "runtime-cache"
 
 # What to install when a built-in backend's optional dependency is missing.
-_REDIS_HINT = "pip install 'runtime-cache[redis]'"
-_INSTALL_HINTS = {"redis": _REDIS_HINT, "rediss": _REDIS_HINT, "redis+cluster": _REDIS_HINT}
+_INSTALL_HINTS = {"redis": INSTALL_REDIS, "rediss": INSTALL_REDIS, "redis+cluster": INSTALL_REDIS}
 
 
 def _distribution(ep: EntryPoint) -> str:

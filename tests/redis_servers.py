@@ -182,7 +182,7 @@ def require_redis(*programs: str) -> None:
     try:
         import redis  # noqa: F401
     except ImportError:
-        need("Redis", REQUIRE_ENV, "redis-py is not installed (pip install 'runtime-cache[redis]')")
+        need("Redis", REQUIRE_ENV, "redis-py is not installed (pip install '.[redis]')")
 
 
 @contextlib.contextmanager

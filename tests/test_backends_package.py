@@ -121,3 +121,26 @@ def test_every_logger_is_named_after_its_module() -> None:
             if isinstance(func, ast.Attribute) and func.attr == "getLogger":
                 args = node.value.args
                 assert args and isinstance(args[0], ast.Name) and args[0].id == "__name__", path
+
+
+def test_install_hints_name_the_packages_of_each_extra() -> None:
+    """The hints said ``pip install 'runtime-cache[redis]'``: runtime-cache is not on PyPI, so
+    that failed, or would install whatever took the name there. They name each extra's
+    packages, as pyproject.toml declares them (none on a platform the extra leaves out)."""
+    import shlex
+
+    from runtime_cache.errors import INSTALL_INTEL, INSTALL_OPENCL, INSTALL_REDIS
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and later")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for hint, extra in (
+        (INSTALL_REDIS, "redis"),
+        (INSTALL_OPENCL, "opencl"),
+        (INSTALL_INTEL, "intel"),
+    ):
+        named = shlex.split(hint)[2:]
+        assert hint.startswith("pip install ") and "runtime-cache" not in hint
+        assert named == [spec.split(";")[0].strip() for spec in extras[extra]], (hint, extra)

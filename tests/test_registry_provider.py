@@ -66,9 +66,9 @@ def test_unknown_scheme_lists_known(fresh: reg.Registry) -> None:
         fresh.open_url("not a url")
 
 
-def test_missing_dependency_names_extra(fresh: reg.Registry) -> None:
+def test_missing_dependency_names_the_packages_to_install(fresh: reg.Registry) -> None:
     fresh.register("redis", "no_such_redis_module_xyz:Backend", replace=True)
-    with pytest.raises(MissingDependencyError, match=r"runtime-cache\[redis\]"):
+    with pytest.raises(MissingDependencyError, match=r"install it with: pip install 'redis>=5"):
         fresh.open_url("redis://localhost:6379/0")
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cache import Cache
-from ..errors import MissingDependencyError, RuntimeCacheError
+from ..errors import INSTALL_OPENCL, MissingDependencyError, RuntimeCacheError
 
 __all__ = [
     "INSTALL_HINT",
@@ -23,7 +23,7 @@ __all__ = [
     "select_device",
 ]
 
-INSTALL_HINT = "pip install 'runtime-cache[opencl]'"
+INSTALL_HINT = INSTALL_OPENCL
 
 
 class NoDeviceError(RuntimeCacheError):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MissingDependencyError
+from ..errors import INSTALL_OPENCL, MissingDependencyError
 
 if TYPE_CHECKING:
     from .guard import Binary
@@ -33,7 +33,7 @@ def import_pyopencl() -> ModuleType:
         import pyopencl
     except ImportError as exc:
         raise MissingDependencyError(
-            f"runtime_cache.opencl needs pyopencl: pip install 'runtime-cache[opencl]' ({exc})"
+            f"runtime_cache.opencl needs pyopencl: {INSTALL_OPENCL} ({exc})"
         ) from exc
     return pyopencl
 

@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RuntimeCacheError
+from ..errors import INSTALL_INTEL, RuntimeCacheError
 from ._driver import import_pyopencl, original_build
 
 __all__ = [
@@ -43,7 +43,7 @@ ENV_CTX = "PYOPENCL_CTX"
 INSTALL_ADVICE = (
     "install an OpenCL driver that can build for this machine: on Debian or Ubuntu "
     "`apt-get install pocl-opencl-icd`; Intel's CPU runtime with "
-    "`pip install 'runtime-cache[opencl,intel]'`; or your GPU vendor's driver"
+    f"`{INSTALL_INTEL}`; or your GPU vendor's driver"
 )
 
 _PROBE = "__kernel void runtime_cache_probe(__global float *a) { a[get_global_id(0)] += 1.0f; }"
