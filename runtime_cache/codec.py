@@ -66,6 +66,7 @@ __all__ = [
     "ENTRY_VERSION",
     "FLAG_SIGNED",
     "HEADER_SIZE",
+    "UNSIGNED_ENTRY",
     "Entry",
     "Limits",
     "Secret",
@@ -86,6 +87,8 @@ __all__ = [
 ]
 
 BUNDLE_MAGIC = b"RCB\x01"
+#: Why an entry without a signature is refused where a secret is set.
+UNSIGNED_ENTRY = "entry is not signed, and a secret is set"
 BUNDLE_VERSION = 1
 _BUNDLE_HEADER = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
 BUNDLE_HEADER_SIZE = _BUNDLE_HEADER.size
@@ -261,7 +264,7 @@ def _verify(
         raise CorruptEntryError("value checksum mismatch")
     if secret is not None:
         if not signed:
-            raise SignatureError("entry is not signed, and a secret is set")
+            raise SignatureError(UNSIGNED_ENTRY)
         if not signed_by(secret, head, bytes(tail), (value,)):
             raise SignatureError("entry signature does not match the secret")
     meta = unpack_meta(meta_raw, limits)

@@ -450,6 +450,11 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
     code, out, _ = run("prune", "--older-than", "30d")
     assert code == 0 and "removed 1 entry" in out
     assert {e["key"] for e in run.listing()} == {str(keys[0]), str(keys[2])}
+    # A bare number was seconds: "--older-than 3", meant as days, emptied the cache.
+    for bare in ("3", "3.5"):
+        code, _, err = run("prune", "--older-than", bare)
+        assert code == 2 and "has no unit" in err
+    assert len(run.listing()) == 2
 
 
 def test_verify_finds_a_hand_corrupted_entry_and_repair_removes_only_it(
@@ -777,6 +782,9 @@ def test_export_sign_vouches_for_a_private_caches_unsigned_entries(
     bundle = tmp_path / "signed.rcb"
     code, _, err = run("--secret", "s3cret", "export", str(bundle))
     assert code == 1 and "rejected: entry is not signed" in err
+    # Said as it is, with the way out (it said "skipped 3 entries as corrupt or unreadable").
+    assert "skipped 3 entries that carry no signature" in err and "corrupt" not in err
+    assert "`export --sign` signs them" in err
     code, out, err = run("--secret", "s3cret", "export", "--sign", str(bundle), "--json")
     assert code == 0, err
     assert json.loads(out)["entries"] == 3 and json.loads(out)["signed"]

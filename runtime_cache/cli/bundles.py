@@ -91,7 +91,9 @@ def add_parsers(add: AddCommand) -> None:
         "import",
         cmd_import,
         "Merge a bundle file into the cache; entries that fail "
-        "their checksum, key or signature are skipped.",
+        "their checksum, key or signature are skipped. Exit code 1 when the bundle is "
+        "invalid or some of its entries were not written (refused by the checks, or native "
+        "code from an unsigned bundle, which only a signed one brings).",
         [
             "runtime-cache import app-assets/kernels.rcb",
             "runtime-cache import kernels.rcb --keep-existing --json",
@@ -258,7 +260,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}",
             file=where,
         )
-        skipped.report(ctx)
+        skipped.report(ctx, sign_hint=signed and not args.sign and not cache.backend.shared)
     return 1 if skipped else 0
 
 

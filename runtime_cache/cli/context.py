@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, TextIO
 from .. import environment
 from ..api import BackendURL
 from ..cache import Cache
+from ..codec import UNSIGNED_ENTRY as UNSIGNED
 from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
 from ..urls import tier_urls
 from .fmt import clean
@@ -268,16 +269,25 @@ class Skipped:
         """The skipped entries as ``[{"key": ..., "reason": ...}]``."""
         return [{"key": key, "reason": reason} for key, reason in self.items]
 
-    def report(self, ctx: CommandContext, what: str = "entries") -> None:
-        """Say on the error stream how many were skipped, and name the first few."""
+    def report(self, ctx: CommandContext, what: str = "entries", sign_hint: bool = False) -> None:
+        """Say on the error stream how many were skipped, and name the first few;
+        ``sign_hint``: say that ``export --sign`` signs those stored without a secret."""
         if not self.items:
             return
-        print(
-            f"runtime-cache: skipped {len(self.items)} {what} as corrupt or unreadable "
-            "(see `runtime-cache verify`)",
-            file=ctx.err,
+        unsigned = sum(UNSIGNED in reason for _, reason in self.items)
+        why = (
+            "that carry no signature (stored without a secret)"
+            if unsigned == len(self.items)
+            else "as corrupt or unreadable (see `runtime-cache verify`)"
         )
+        print(f"runtime-cache: skipped {len(self.items)} {what} {why}", file=ctx.err)
         for key, reason in self.items[: self.SHOWN]:
             print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
         if len(self.items) > self.SHOWN:
             print(f"  ... and {len(self.items) - self.SHOWN} more", file=ctx.err)
+        if sign_hint and unsigned:
+            print(
+                f"runtime-cache: {unsigned} of them were stored without a secret in this "
+                "private cache; `export --sign` signs them with yours",
+                file=ctx.err,
+            )

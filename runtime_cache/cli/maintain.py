@@ -34,6 +34,9 @@ def _size(text: str) -> int:
 
 
 def _duration(text: str) -> float:
+    # A unit is asked for: "--older-than 3", meant as days, removed all but 3 seconds' worth.
+    if text.strip().replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write 30d, 12h, 90m or 45s")
     try:
         return parse_duration(text)
     except ValueError as exc:
@@ -80,7 +83,9 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     prune_cmd.add_argument("--max-size", type=_size, metavar="SIZE", help="e.g. 500MB or 2GiB")
-    prune_cmd.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m")
+    prune_cmd.add_argument(
+        "--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m (a unit is needed)"
+    )
     prune_cmd.set_defaults(removes_only=True, check=_prune_check)
     add_json(prune_cmd)
 
