@@ -181,7 +181,8 @@ class Registry:
             with self._lock:
                 target = self._targets.get(key)
         if target is None:
-            known = ", ".join(f"{n}://" for n in self.names()) or "(none)"
+            # callback:// is a name only: a CallbackBackend is made in code, not from a URL.
+            known = ", ".join(f"{n}://" for n in self.names() if n != "callback") or "(none)"
             raise UnknownBackendError(f"no backend for scheme {name!r}; known schemes: {known}")
         cls = target if isinstance(target, type) else self._import(key, target)
         with self._lock:

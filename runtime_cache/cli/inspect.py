@@ -84,8 +84,8 @@ def add_parsers(add: AddCommand) -> None:
         "ls",
         cmd_ls,
         "List entries as a table: key, runtime, purpose, module, device, "
-        "size, age, build time, hits. Exit code 1 when entries were skipped as corrupt "
-        "or unreadable.",
+        "size, age, build time, hits, last use. Exit code 1 when entries were skipped as "
+        "corrupt or unreadable.",
         [
             "runtime-cache ls --runtime opencl --sort size",
             "runtime-cache ls --module resnet18@3f2a --full-keys",
@@ -98,8 +98,8 @@ def add_parsers(add: AddCommand) -> None:
         "--sort",
         choices=sorted(SORTS),
         default="key",
-        help="order: key (A-Z), size (largest first), age (oldest first), build (slowest "
-        "first), hits (most first), last (most recently used first)",
+        help="order: key (A-Z, the default), size (largest first), age (oldest first), build "
+        "(slowest first), hits (most first), last (most recently used first)",
     )
     ls.add_argument("--reverse", action="store_true", help="reverse the order")
     ls.add_argument("--full-keys", action="store_true", help="show whole keys, not short digests")
@@ -118,7 +118,9 @@ def add_parsers(add: AddCommand) -> None:
     )
     show.set_defaults(reads_only=True, check=_show_check)
     show.add_argument(
-        "key", help="a whole key, a unique prefix of one, or of its digest as ls shows it"
+        "key",
+        metavar="KEY",
+        help="a whole key, a unique prefix of one, or of its digest as ls shows it",
     )
     show.add_argument(
         "--raw",
