@@ -155,12 +155,8 @@ class RedisBackend(Backend):
         self._reads = CappedReads(max_entry_size, _REPLY_BUDGET, self.name, self.cluster)
         errors = self._redis.exceptions
         self._unavailable: tuple[type[BaseException], ...] = (
-            errors.ConnectionError,
-            errors.TimeoutError,
-            errors.ClusterDownError,
-            errors.TryAgainError,
-            errors.RedisClusterException,
-            OSError,
+            *(errors.ConnectionError, errors.TimeoutError, errors.ClusterDownError),
+            *(errors.TryAgainError, errors.RedisClusterException, OSError),
         )
         self._client: Any = None
         self._pid = os.getpid()
@@ -397,4 +393,5 @@ class RedisBackend(Backend):
                 pass
 
     def __repr__(self) -> str:
-        return f"<RedisBackend {self.name} prefix={self.prefix!r} {self.breaker.state}>"
+        held = "" if self.breaker.state == "closed" else f", breaker {self.breaker.state}"
+        return f"<RedisBackend {self.name} prefix={self.prefix!r}{held}>"  # (not "closed")

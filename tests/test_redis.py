@@ -172,11 +172,11 @@ def test_usable_after_fork(redis_server: RedisProcess, unique_prefix: str) -> No
     _drop(backend)
 
 
-def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_redis_py_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime_cache.backends.redis import RedisBackend
 
     monkeypatch.setitem(sys.modules, "redis", None)  # makes `import redis` raise ImportError
-    with pytest.raises(MissingDependencyError, match=r"runtime-cache\[redis\]"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'redis>=5\.0' 'hiredis>=2\.0'"):
         RedisBackend("redis://127.0.0.1:1/0")
 
 
