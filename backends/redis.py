@@ -159,6 +159,7 @@ class RedisBackend(Backend):
             *(errors.TryAgainError, errors.RedisClusterException, OSError),
         )
         self._client: Any = None
+        self._lease_keys: tuple[bytes, ...] = ()
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -366,13 +367,15 @@ class RedisBackend(Backend):
         return self._run("head", read)
 
     def lease(self, key: str, ttl: float) -> Lease:
-        """A lease under ``<prefix>lease:<key>``: inside the namespace, so a Redis user
-        limited to it (an ACL on ``<prefix>*``) can take it; listings leave it out (its
-        first component holds a ``:``)."""
+        """A lease under ``<prefix>lease:<key>``: inside the namespace (an ACL on ``<prefix>*``
+        allows it), left out of listings (its first component holds a ``:``)."""
         from .redis_lease import RedisLease
 
         self._full(key)  # the key rules of entries
-        return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl)
+        return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl, self._lease_keys)
+
+    def sign_leases(self, keys: tuple[bytes, ...]) -> None:
+        self._lease_keys = (*self._lease_keys, *(k for k in keys if k not in self._lease_keys))
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         """List keys and sizes with SCAN and STRLEN; no value is transferred."""

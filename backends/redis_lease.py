@@ -6,12 +6,21 @@ holder whose lease expired never extends or deletes the next holder's. A killed
 holder stops renewing, and its lease expires after at most ``ttl`` seconds. Whatever else
 sits at a lease's name (another type, no expiry, an expiry far past ``ttl``) is removed
 when a lease is taken, so a planted key holds nobody off.
+
+With the cache's secret (:meth:`~runtime_cache.api.Backend.sign_leases`), a token also
+carries an HMAC of the lease's name and its nonce. A taker that finds the name held reads
+the token there (a short string only) and checks it: one that no key of the secret signed
+was planted by someone who can write the store but has no secret (a string that expires
+within the hour held every process off for its whole wait, 92 s by default, per key), and
+is removed, and the lease taken at once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime_cache.api import Lease
@@ -44,6 +53,33 @@ _OURS = (
 )
 _RENEW = f"if {_OURS} then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = f"if {_OURS} then return redis.call('del', KEYS[1]) else return 0 end"
+#: The token at a lease's name: 0 when there is none, 1 when it is longer than ARGV[1]
+#: (another type was removed by _TAKE), else the token.
+_HOLDER = (
+    "local t = redis.call('type', KEYS[1])['ok'] "
+    "if t == 'none' then return 0 end "
+    "if t ~= 'string' or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then return 1 end "
+    "return redis.call('get', KEYS[1])"
+)
+#: Remove the string at a lease's name if it is longer than any token (ARGV[1]).
+_DROP_LONG = (
+    "if redis.call('type', KEYS[1])['ok'] == 'string' "
+    "and redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then "
+    "return redis.call('del', KEYS[1]) else return 0 end"
+)
+#: A signed token: a nonce, a dot, and the HMAC's first bytes, in hex.
+_NONCE, _MAC = 16, 16
+_TOKEN_MAX = 2 * (_NONCE + _MAC) + 1
+
+
+def _mac(key: bytes, name: str, nonce: str) -> str:
+    message = f"runtime-cache lease\n{name}\n{nonce}".encode("utf-8", "surrogatepass")
+    return hmac.new(key, message, hashlib.sha256).hexdigest()[: 2 * _MAC]
+
+
+def _signed(keys: Sequence[bytes], name: str, token: bytes) -> bool:
+    nonce, _, mac = token.decode("ascii", "replace").partition(".")
+    return any(hmac.compare_digest(_mac(key, name, nonce), mac) for key in keys)
 
 
 class RedisLease(Lease):
@@ -55,16 +91,40 @@ class RedisLease(Lease):
 
     renews = True
 
-    def __init__(self, run: Runner, name: str, key: str, ttl: float) -> None:
+    def __init__(
+        self, run: Runner, name: str, key: str, ttl: float, keys: Sequence[bytes] = ()
+    ) -> None:
         super().__init__(key, ttl)
         self._run = run
         self.name = name
-        self._token = secrets.token_hex(16)
+        self._keys = tuple(keys)  # the secret's: the first signs, any verifies
+        nonce = secrets.token_hex(_NONCE)
+        self._token = f"{nonce}.{_mac(keys[0], name, nonce)}" if keys else nonce
         self._ms = max(1, min(int(self.ttl * 1000), MAX_TTL_MS))
 
     def _take(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
-        return bool(self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)))
+
+        def take(client: Any) -> bool:
+            return bool(client.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS))
+
+        if self._run("lease", take):
+            return True
+        if not self._keys:
+            return False
+        holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, _TOKEN_MAX))
+        if holder == 0:  # gone since: try once more
+            return bool(self._run("lease", take))
+        drop: tuple[str, bytes | int]
+        if isinstance(holder, bytes):
+            if _signed(self._keys, name, holder):
+                return False  # a live holder with this secret
+            drop = (_RELEASE, holder)  # that token only, should it change meanwhile
+        else:  # longer than any token: never a holder's
+            drop = (_DROP_LONG, _TOKEN_MAX)
+        # Planted by a writer without the secret: removed, then the lease taken.
+        self._run("lease", lambda c: c.eval(drop[0], 1, name, drop[1]))
+        return bool(self._run("lease", take))
 
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms

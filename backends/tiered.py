@@ -194,6 +194,10 @@ class TieredBackend(Backend):
                 tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
         self._raise_if_all_failed(errors, tried)
 
+    def sign_leases(self, keys: tuple[bytes, ...]) -> None:
+        for tier in self._tiers:
+            tier.backend.sign_leases(keys)
+
     def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
         with self._lock:
             if check not in self._checks:

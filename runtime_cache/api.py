@@ -236,6 +236,13 @@ class Backend(abc.ABC):
         which promote a hit into the faster tiers) need it. Checks add up."""
         return None  # a store that copies nothing between stores has nothing to check
 
+    def sign_leases(self, keys: tuple[bytes, ...]) -> None:
+        """Sign this store's build leases with the secret ``keys`` (the first signs, any
+        verifies), so that a taker can tell a lease planted by someone without the secret
+        and take it over at once. A :class:`~runtime_cache.Cache` with a secret calls it;
+        stores whose leases others cannot plant (a folder's ``flock``) need nothing."""
+        return None
+
     def lease(self, key: str, ttl: float) -> Lease | None:
         """A build lease on ``key`` shared by every process using this storage, or ``None``.
 

@@ -40,7 +40,7 @@ from .own_entries import OwnEntries
 from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
-from .trust import check_promotions, require_secret
+from .trust import entrust, require_secret
 
 __all__ = ["Cache", "KeyLike"]
 
@@ -87,7 +87,7 @@ class Cache(Inventory, BatchReads):
         self._backend: Backend = backend if backend is not None else NullBackend()
         self._secret = normalize_secret(secret)
         require_secret(self._backend, self._secret is not None, insecure)
-        check_promotions(self._backend, self._secret, limits)  # copied up only once checked
+        entrust(self._backend, self._secret, limits)  # promotions checked, leases signed
         self._policy = FailurePolicy(
             log, repr(self._backend), "carrying on without the cache", strict=strict
         )

@@ -23,7 +23,7 @@ from .codec import Limits, SecretKeys
 from .environment import ENV_SECRET, ENV_SECRET_FILE
 from .errors import CorruptEntryError, InsecureStoreError
 
-__all__ = ["INSECURE_OPTION", "check_promotions", "require_secret"]
+__all__ = ["INSECURE_OPTION", "entrust", "require_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,19 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
         )
 
 
-def check_promotions(backend: Backend, secret: SecretKeys | None, limits: Limits) -> None:
-    """Have ``backend`` copy an entry up from a store others can write (a tier's promotion)
-    only once it passes :func:`~runtime_cache.check.check_entry` with ``secret`` and
-    ``limits``: unchecked, a planted entry read once by a signed cache landed in its private
-    tier, where a cache of the same user that needs no secret then served it, and where it
-    hid the good entry stored later."""
+def entrust(backend: Backend, secret: SecretKeys | None, limits: Limits) -> None:
+    """Give ``backend`` what a cache with ``secret`` and ``limits`` trusts.
+
+    * It copies an entry up from a store others can write (a tier's promotion) only once
+      it passes :func:`~runtime_cache.check.check_entry` with them: unchecked, a planted
+      entry read once by a signed cache landed in its private tier, where a cache of the
+      same user that needs no secret then served it, and where it hid the good entry
+      stored later.
+    * With a secret, it signs its build leases (:meth:`~runtime_cache.api.Backend.sign_leases`),
+      so a lease planted without the secret holds no build off.
+    """
+    if secret is not None:
+        backend.sign_leases(secret)
     with _lock:
         check = _checks.get((secret, limits))
         if check is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -287,6 +288,38 @@ def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
     direct.delete(name)
     direct.close()
     _drop(backend)
+
+
+@pytest.mark.parametrize("planted", [b"x", b"0123456789abcdef" * 8], ids=["short", "long"])
+def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
+    redis_server: RedisProcess, unique_prefix: str, planted: bytes
+) -> None:
+    """A string at a lease's name that expires within the hour (so _TAKE keeps it) held
+    every process off for its whole wait, 92 s per key by default (the attacker review).
+    With a secret, lease tokens are signed: an unsigned one is removed and the lease taken."""
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="t")
+    direct = redis.Redis(port=redis_server.port)
+    name = f"{unique_prefix}lease:{key}"
+    direct.set(name, planted, px=3_599_000)
+    cache = rc.Cache(rc.open_backend(url), secret="fleet-secret")
+    started = time.monotonic()
+    assert cache.get_or_build(key, lambda: b"built") == b"built"
+    assert time.monotonic() - started < 5
+    assert cache.stats().leases_won == 1 and cache.stats().lease_waits == 0
+    # A live holder with the secret (or an older one, while keys rotate) still holds.
+    holder = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend.lease("x/y/z", 30.0)
+    assert holder is not None and holder.acquire()
+    rotated = rc.Cache(rc.open_backend(url), secret=["new-fleet-secret", "fleet-secret"])
+    other = rotated.backend.lease("x/y/z", 30.0)
+    assert other is not None and not other.acquire()
+    holder.release()
+    assert other.acquire()
+    other.release()
+    direct.close()
+    _drop(cache.backend)
 
 
 def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
