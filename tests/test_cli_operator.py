@@ -291,6 +291,7 @@ def test_import_refuses_fifos_and_devices_without_hanging(root: Path, tmp_path: 
     assert "MemoryError" not in done.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
 @pytest.mark.parametrize("count", [2**32 - 1, 1_000_000])
 def test_import_of_a_bundle_claiming_many_entries_costs_no_memory(
     root: Path, tmp_path: Path, count: int
@@ -304,11 +305,14 @@ def test_import_of_a_bundle_claiming_many_entries_costs_no_memory(
     with open(bundle, "wb") as out:
         out.write(_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, count))
         out.truncate(256 << 20)
+    # The peak of this process's own memory (VmHWM: ru_maxrss may hold the parent's peak at
+    # the fork, 466 MB under a long pytest run).
     measure = (
-        "import resource, sys\n"
+        "import sys\n"
         "from runtime_cache.cli import main\n"
         "code = main(sys.argv[1:])\n"
-        "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+        "print('maxrss', peak[0], file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
     done = subprocess.run(

@@ -225,6 +225,46 @@ def test_ctrl_c_during_the_cold_run_is_a_line_and_exit_130(tmp_path: Path, modul
 
 
 @opencl
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_demo_killed_outright_takes_its_run_with_it(tmp_path: Path) -> None:
+    """``kill -9`` of ``runtime-cache demo`` left its cold run compiling on to the end,
+    re-parented to init (the new-user review: it wrote all 50 entries afterwards)."""
+    import signal
+    import time
+
+    _device()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime_cache", "--cache", f"dir://{tmp_path}", "demo"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, POCL_KERNEL_CACHE="0"),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (runs := _children(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runs, "the cold run never started"
+    time.sleep(0.5)
+    process.kill()
+    process.wait(timeout=30)
+
+    def running(pid: int) -> bool:  # a zombie left for an init that does not reap is gone
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(map(running, runs)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in runs if running(pid)]
+    for pid in alive:  # (before the fix: stop it, then fail)
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the cold run outlived the demo"
+
+
+@opencl
 @pytest.mark.parametrize("hidden", ["no platform", "no device"])
 def test_no_opencl_device_names_what_to_install(tmp_path: Path, hidden: str) -> None:
     pytest.importorskip("pyopencl")
