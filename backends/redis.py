@@ -48,7 +48,14 @@ from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
 from .redis_deadline import connection_classes
-from .redis_scripts import DELETE_IF, CappedReads, listed_sizes, own_name, refuse_over_cap
+from .redis_scripts import (
+    DELETE_IF,
+    CappedReads,
+    listed_sizes,
+    own_name,
+    refuse_over_cap,
+    scan_names,
+)
 
 __all__ = ["RedisBackend"]
 
@@ -309,18 +316,9 @@ class RedisBackend(Backend):
         match = (self.prefix + prefix).translate(_GLOB) + "*"
         # TYPE string: a foreign hash or list under our prefix is not an entry, and
         # reading it (STRLEN, GETRANGE) would fail the whole listing with WRONGTYPE.
-        if self.cluster:
-            raw = client.scan_iter(
-                match=match, count=1000, _type="string", target_nodes=client.PRIMARIES
-            )
-        else:
-            raw = client.scan_iter(match=match, count=1000, _type="string")
-        found = (self._strip(k) for k in raw)
-        return list(
-            dict.fromkeys(
-                k for k in found if k is not None and k.startswith(prefix) and own_name(k)
-            )
-        )
+        found = (self._strip(k) for k in scan_names(client, match, self.cluster))
+        own = (k for k in found if k is not None and k.startswith(prefix) and own_name(k))
+        return list(dict.fromkeys(own))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run("keys", lambda c: self._scan_keys(c, prefix)))

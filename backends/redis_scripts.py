@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from runtime_cache.api import StoredItem
@@ -268,6 +269,33 @@ def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
         present = {k for k, n in kept if not n and client.exists(prefix + k)}
         items += [StoredItem(k, int(n)) for k, n in kept if n or k in present]
     return items
+
+
+#: SCAN replies in a row with no name in them after which a listing gives up: a server whose
+#: cursor never comes back to 0 (no Redis) made every listing endless. A real one's table
+#: shrinks below 10 empty slots a key, so this is about 100 million empty slots.
+MAX_EMPTY_SCANS = 100_000
+
+
+def scan_names(client: Any, match: str, cluster: bool = False) -> Iterator[bytes]:
+    """The names of strings matching ``match``, by ``SCAN`` until the cursor is 0 again;
+    raises ``RuntimeError`` after :data:`MAX_EMPTY_SCANS` empty replies in a row. On a
+    cluster, redis-py's ``scan_iter`` over every primary (a cluster's nodes are the fleet's
+    own servers)."""
+    if cluster:
+        yield from client.scan_iter(
+            match=match, count=1000, _type="string", target_nodes=client.PRIMARIES
+        )
+        return
+    cursor, empty = 0, 0
+    while True:
+        cursor, names = client.scan(cursor=cursor, match=match, count=1000, _type="string")
+        yield from names
+        if int(cursor) == 0:
+            return
+        empty = 0 if names else empty + 1
+        if empty >= MAX_EMPTY_SCANS:
+            raise RuntimeError(f"SCAN gave {empty} empty replies in a row, and no end")
 
 
 def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:

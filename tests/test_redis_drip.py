@@ -44,6 +44,7 @@ class HostileServer:
 
     def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
         self.answer = answer
+        self.scans = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.stopping = threading.Event()
@@ -64,6 +65,9 @@ class HostileServer:
             while (args := _command(stream)) is not None:
                 if args[0].upper() in (b"GET", b"GETRANGE"):
                     self.answer(conn, self.stopping)
+                elif args[0].upper() == b"SCAN":  # a cursor that never comes back to 0
+                    self.scans += 1
+                    conn.sendall(b"*2\r\n$1\r\n7\r\n*0\r\n")
                 elif args[0].upper() == b"HELLO":  # redis-py 8 speaks RESP3
                     proto = args[1] if len(args) > 1 else b"2"
                     conn.sendall(b"%1\r\n+proto\r\n:" + proto + b"\r\n")
@@ -223,3 +227,21 @@ def test_a_reply_of_the_wrong_type_is_a_counted_error(reply: bytes) -> None:
     finally:
         server.close()
         cache.close()
+
+
+def test_a_scan_that_never_ends_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose SCAN cursor never came back to 0 made ls, verify, clear, prune and
+    TuningCache.symbols endless (the attacker review: still listing after 20 s)."""
+    from runtime_cache.backends import redis_scripts
+
+    monkeypatch.setattr(redis_scripts, "MAX_EMPTY_SCANS", 2000)  # 100,000 by default
+    server = HostileServer(lambda conn, _: conn.sendall(b"$-1\r\n"))
+    cache = rc.Cache(rc.open_backend(f"{server.url}?insecure=1"), insecure=True)
+    started = time.monotonic()
+    try:
+        assert list(cache.entries()) == []
+        assert cache.stats().errors == 1
+    finally:
+        server.close()
+        cache.close()
+    assert server.scans == 2000 and time.monotonic() - started < 20
