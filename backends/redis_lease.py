@@ -7,23 +7,22 @@ holder stops renewing, and its lease expires after at most ``ttl`` seconds. What
 sits at a lease's name (another type, no expiry, an expiry far past ``ttl``) is removed
 when a lease is taken, so a planted key holds nobody off.
 
-With the cache's secret (:meth:`~runtime_cache.api.Backend.sign_leases`), a token also
-carries an HMAC of the lease's name and its nonce. A taker that finds the name held reads
-the token there (a short string only) and checks it: one that no key of the secret signed
-was planted by someone who can write the store but has no secret (a string that expires
-within the hour held every process off for its whole wait, 92 s by default, per key), and
-is removed, and the lease taken at once.
+With the cache's secret (:meth:`~runtime_cache.api.Backend.sign_leases`), tokens are
+signed and expire (:mod:`.lease_tokens`): a taker that finds the name held by a token no
+key of the secret signed, or one that ran out, replaces it in one step, so a string planted
+by someone without the secret (which held every process off for its whole wait, 92 s by
+default, per key) holds nobody off, looping or replayed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime_cache.api import Lease
+
+from .lease_tokens import MAX_TOKEN, genuine, make_token
 
 __all__ = ["MAX_TTL_MS", "RedisLease"]
 
@@ -61,25 +60,20 @@ _HOLDER = (
     "if t ~= 'string' or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then return 1 end "
     "return redis.call('get', KEYS[1])"
 )
-#: Remove the string at a lease's name if it is longer than any token (ARGV[1]).
-_DROP_LONG = (
-    "if redis.call('type', KEYS[1])['ok'] == 'string' "
-    "and redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then "
-    "return redis.call('del', KEYS[1]) else return 0 end"
+#: Put token ARGV[2] (PX ARGV[3]) at the name in place of what is there: exactly ARGV[1], or,
+#: ARGV[1] empty, a string longer than ARGV[4], or nothing. One step: a writer looping on
+#: the name cannot take it between a removal and a take.
+_SWAP = (
+    "local t = redis.call('type', KEYS[1])['ok'] "
+    "local n = t == 'string' and redis.call('strlen', KEYS[1]) or -1 "
+    "if t == 'none' or (ARGV[1] == '' and n > tonumber(ARGV[4])) "
+    "or (ARGV[1] ~= '' and n == #ARGV[1] and redis.call('get', KEYS[1]) == ARGV[1]) then "
+    "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
 )
-#: A signed token: a nonce, a dot, and the HMAC's first bytes, in hex.
-_NONCE, _MAC = 16, 16
-_TOKEN_MAX = 2 * (_NONCE + _MAC) + 1
-
-
-def _mac(key: bytes, name: str, nonce: str) -> str:
-    message = f"runtime-cache lease\n{name}\n{nonce}".encode("utf-8", "surrogatepass")
-    return hmac.new(key, message, hashlib.sha256).hexdigest()[: 2 * _MAC]
-
-
-def _signed(keys: Sequence[bytes], name: str, token: bytes) -> bool:
-    nonce, _, mac = token.decode("ascii", "replace").partition(".")
-    return any(hmac.compare_digest(_mac(key, name, nonce), mac) for key in keys)
+#: Renewal with a signed token: put a fresh one (ARGV[2]) in place of this holder's (ARGV[1]).
+_RENEW_SWAP = (
+    f"if {_OURS} then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
+)
 
 
 class RedisLease(Lease):
@@ -98,37 +92,39 @@ class RedisLease(Lease):
         self._run = run
         self.name = name
         self._keys = tuple(keys)  # the secret's: the first signs, any verifies
-        nonce = secrets.token_hex(_NONCE)
-        self._token = f"{nonce}.{_mac(keys[0], name, nonce)}" if keys else nonce
         self._ms = max(1, min(int(self.ttl * 1000), MAX_TTL_MS))
+        self._token = self._new_token()
+
+    def _new_token(self) -> str:
+        if self._keys:
+            return make_token(self._keys[0], self.name, self._ms)
+        return secrets.token_hex(16)
 
     def _take(self) -> bool:
-        name, token, ms = self.name, self._token, self._ms
-
-        def take(client: Any) -> bool:
-            return bool(client.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS))
-
-        if self._run("lease", take):
+        name, ms = self.name, self._ms
+        token = self._token = self._new_token()
+        if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
             return True
         if not self._keys:
             return False
-        holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, _TOKEN_MAX))
-        if holder == 0:  # gone since: try once more
-            return bool(self._run("lease", take))
-        drop: tuple[str, bytes | int]
-        if isinstance(holder, bytes):
-            if _signed(self._keys, name, holder):
-                return False  # a live holder with this secret
-            drop = (_RELEASE, holder)  # that token only, should it change meanwhile
-        else:  # longer than any token: never a holder's
-            drop = (_DROP_LONG, _TOKEN_MAX)
-        # Planted by a writer without the secret: removed, then the lease taken.
-        self._run("lease", lambda c: c.eval(drop[0], 1, name, drop[1]))
-        return bool(self._run("lease", take))
+        holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
+        if isinstance(holder, bytes) and genuine(self._keys, name, holder):
+            return False  # a live holder with this secret
+        # Nothing there now, a token no key signed or that ran out, or a string longer than
+        # any token: planted by someone without the secret (or left): replaced in one step.
+        expected = holder if isinstance(holder, bytes) else b""
+        swap = (_SWAP, 1, name, expected, token, ms, MAX_TOKEN)
+        return bool(self._run("lease", lambda c: c.eval(*swap)))
 
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
-        return bool(self._run("lease", lambda c: c.eval(_RENEW, 1, name, token, ms)))
+        if not self._keys:
+            return bool(self._run("lease", lambda c: c.eval(_RENEW, 1, name, token, ms)))
+        fresh = self._new_token()  # a live holder's token never runs out
+        if not self._run("lease", lambda c: c.eval(_RENEW_SWAP, 1, name, token, fresh, ms)):
+            return False
+        self._token = fresh
+        return True
 
     def _drop(self) -> None:
         name, token = self.name, self._token

@@ -322,6 +322,59 @@ def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
     _drop(cache.backend)
 
 
+def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
+    redis_server: RedisProcess, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third review: an attacker looping ``SET name x PX 60000 NX`` won the gap between
+    the taker's removal and its take (the taker won 1 of 200 tries), and a holder's token
+    copied from the store and planted again verified for ever. The swap is one step now,
+    and a token runs out with its lease's time (plus a slack, 0 here)."""
+    import threading
+
+    import redis
+
+    from runtime_cache.backends import lease_tokens
+
+    monkeypatch.setattr(lease_tokens, "SLACK_MS", 0)
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    name = f"{unique_prefix}lease:a/b/c"
+    direct = redis.Redis(port=redis_server.port)
+    backend = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend
+    stop = threading.Event()
+
+    def plant() -> None:
+        attacker = redis.Redis(port=redis_server.port)
+        while not stop.is_set():
+            attacker.set(name, b"x", px=60_000, nx=True)
+        attacker.close()
+
+    planter = threading.Thread(target=plant)
+    planter.start()
+    try:
+        won = 0
+        for _ in range(50):
+            lease = backend.lease("a/b/c", 30.0)
+            won += lease.acquire()
+            lease.release()
+    finally:
+        stop.set()
+        planter.join()
+    assert won == 50
+    # A replayed token counts only until it runs out (here: the lease's 1 s time to live).
+    holder = backend.lease("a/b/c", 1.0)
+    assert holder.acquire()
+    copied = direct.get(name)
+    holder.release()
+    direct.set(name, copied, px=3_599_000)
+    taker = backend.lease("a/b/c", 1.0)
+    assert not taker.acquire()  # still within its time: it may be a live holder
+    time.sleep(1.2)
+    assert taker.acquire()
+    taker.release()
+    direct.close()
+    _drop(backend)
+
+
 def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
