@@ -435,7 +435,7 @@ def test_prune_max_size_evicts_least_recently_used_first(
         os.utime(entry_file(root, keys[i]), (base + rank * 60, base + rank * 60))
     keep = order[2:]
     limit = sum(sizes[str(keys[i])] for i in keep)
-    report = run.json("prune", "--max-size", str(limit))
+    report = run.json("prune", "--max-size", f"{limit}B")
     assert report["removed"] == 2
     assert report["remaining_bytes"] <= limit
     assert {e["key"] for e in run.listing()} == {str(keys[i]) for i in keep}
@@ -451,8 +451,8 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
     assert code == 0 and "removed 1 entry" in out
     assert {e["key"] for e in run.listing()} == {str(keys[0]), str(keys[2])}
     # A bare number was seconds: "--older-than 3", meant as days, emptied the cache.
-    for bare in ("3", "3.5"):
-        code, _, err = run("prune", "--older-than", bare)
+    for option, bare in (("--older-than", "3"), ("--older-than", "3.5"), ("--max-size", "500")):
+        code, _, err = run("prune", option, bare)  # --max-size 500 emptied the cache too
         assert code == 2 and "has no unit" in err
     assert len(run.listing()) == 2
 

@@ -26,19 +26,24 @@ __all__ = ["add_parsers", "cmd_clear", "cmd_prune", "cmd_rm", "cmd_verify"]
 AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParser]
 
 
+def _with_unit(text: str, examples: str) -> str:
+    # A unit is asked for: "--older-than 3" (meant as days) removed all but 3 seconds' worth,
+    # and "--max-size 500" (meant as MB) emptied the cache down to 500 bytes.
+    if text.strip().replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write {examples}")
+    return text
+
+
 def _size(text: str) -> int:
     try:
-        return parse_size(text)
+        return parse_size(_with_unit(text, "500MB, 2GiB or 4096B"))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(text: str) -> float:
-    # A unit is asked for: "--older-than 3", meant as days, removed all but 3 seconds' worth.
-    if text.strip().replace(".", "", 1).isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write 30d, 12h, 90m or 45s")
     try:
-        return parse_duration(text)
+        return parse_duration(_with_unit(text, "30d, 12h, 90m or 45s"))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -82,7 +87,9 @@ def add_parsers(add: AddCommand) -> None:
             "runtime-cache prune --max-size 2GiB --older-than 12h --json",
         ],
     )
-    prune_cmd.add_argument("--max-size", type=_size, metavar="SIZE", help="e.g. 500MB or 2GiB")
+    prune_cmd.add_argument(
+        "--max-size", type=_size, metavar="SIZE", help="e.g. 500MB or 2GiB (a unit is needed)"
+    )
     prune_cmd.add_argument(
         "--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m (a unit is needed)"
     )
