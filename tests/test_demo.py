@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import runtime_cache as rc
+from runtime_cache import environment
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.cli import main as cli_main
 from runtime_cache.demo.phases import PHASES, Phases, Progress
@@ -432,8 +433,18 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(monkeypatch: pytest.Mon
     keys = demo_cli._secret(args)
     assert keys == ["new", "old"]
     env = demo_cli._child_env("dir:///tmp/x", False, None, keys)
-    assert env["RUNTIME_CACHE_SECRET"] == "new,old" and "RUNTIME_CACHE_SECRET_FILE" not in env
-    monkeypatch.delenv("RUNTIME_CACHE_SECRET_FILE")
+    assert "RUNTIME_CACHE_SECRET" not in env
+    monkeypatch.setattr(os, "environ", env)
+    assert environment.read_secret() == ["new", "old"]  # what a run reads
+    # Joined at commas, a secret file's key that holds one, or a short old key of a
+    # rotation, broke the runs (the third review): they are passed as the file has them.
+    for secret in (["correct horse, battery staple"], ["new-key-0123456789abcdef", "old-key"]):
+        env = demo_cli._child_env("dir:///tmp/x", False, None, secret)
+        monkeypatch.setattr(os, "environ", env)
+        assert environment.read_secret() == secret
+        assert os.stat(env["RUNTIME_CACHE_SECRET_FILE"]).st_mode & 0o077 == 0
+    monkeypatch.undo()
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "from-env")
     assert demo_cli._secret(argparse.Namespace()) == ["from-env"]
 
 

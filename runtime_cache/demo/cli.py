@@ -250,16 +250,30 @@ def _absolute(url: str) -> str:
     return ",".join(parts)
 
 
+def _secret_file(keys: list[str]) -> str:
+    """A file of ``keys``, one a line, readable by this user only, in the children's private
+    folder (removed when this process exits)."""
+    from ..opencl.child import child_folder
+
+    path = os.path.join(child_folder(), "secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{key}\n" for key in keys))
+    return path
+
+
 def _child_env(
     url: str, driver_cache: bool, driver_dir: str | None = None, secret: list[str] | None = None
 ) -> dict[str, str]:
     """The children's environment; ``driver_dir``: carry the driver's cache, kept there;
-    ``secret``: the keys, passed in the environment (never on a command line)."""
+    ``secret``: the keys, passed in a private file, one a line (never on a command line,
+    and never joined at commas: a key may hold one, and each key of a comma list needs 16
+    characters)."""
     env = dict(os.environ)
     env[environment.ENV_CACHE] = _absolute(url)
     if secret is not None:
-        env.pop(environment.ENV_SECRET_FILE, None)
-        env[environment.ENV_SECRET] = ",".join(secret)
+        env.pop(environment.ENV_SECRET, None)
+        env[environment.ENV_SECRET_FILE] = _secret_file(secret)
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
