@@ -229,3 +229,25 @@ def test_a_mark_file_whose_lock_is_held_is_a_live_process(tmp_path: Path) -> Non
         assert after.blocked([D1]) and not (folder / name).exists()
     finally:
         after.close()
+
+
+def test_a_set_aside_binary_is_vetted_again_after_a_day(tmp_path: Path) -> None:
+    """A binary whose trial launches failed is set aside under its key; a transient cause (a
+    busy machine's watchdog, the out-of-memory killer) set a good binary aside for good, on a
+    store this process cannot rewrite (the third review). Marks now last a day."""
+    import time
+
+    from runtime_cache.opencl.guard import SET_ASIDE, SET_ASIDE_SECONDS, UNKNOWN
+
+    folder = _folder(tmp_path)
+    guard = LoadGuard(str(folder))
+    guard.set_aside([D1])
+    assert guard.standing([D1], []) == SET_ASIDE and guard.standing([D2], []) == UNKNOWN
+    assert LoadGuard(str(folder)).standing([D1], []) == SET_ASIDE  # another process
+    (stamp,) = read_lines(str(folder / "set-aside"))
+    assert stamp.startswith(f"{D1}@")
+    old = int(time.time() - SET_ASIDE_SECONDS - 60)
+    (folder / "set-aside").write_text(f"{D1}@{old}\n{D2}\n")  # and an unstamped line
+    assert LoadGuard(str(folder)).standing([D1], []) == UNKNOWN
+    assert LoadGuard(str(folder)).standing([D2], []) == UNKNOWN
+    guard.close()

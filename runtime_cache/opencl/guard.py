@@ -18,9 +18,11 @@ the driver made in a process of this user, or that a vetting child loaded withou
 harm (see :mod:`runtime_cache.opencl.vetting`). Known binaries load directly. It
 also keeps the binaries *set aside*: a vetting child loaded them, but their trial
 launches failed or hung, which condemns nothing (a good kernel may fault on made-up
-arguments). They are neither loaded nor vetted again on this machine: the program is
-built from source, and nothing is evicted. Deleting the ``set-aside`` file in the
-folder has them vetted again.
+arguments). For :data:`SET_ASIDE_SECONDS` they are neither loaded nor vetted again on
+this machine: the program is built from source, and nothing is evicted. Then they are
+vetted once more (a trial killed by a busy machine's watchdog, or by the out-of-memory
+killer, sets a good binary aside too). Deleting the ``set-aside`` file in the folder has
+them vetted again at once.
 A binary is known under a key (:func:`binding`), not by its digest alone: the
 same bytes copied under another program's key are not known there.
 
@@ -39,6 +41,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import xxhash
@@ -73,6 +76,8 @@ log = logging.getLogger(__name__)
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
 _SET_ASIDE = "set-aside"
+#: How long a binary stays set aside (its line in the file holds when it was set aside).
+SET_ASIDE_SECONDS = 86_400.0
 _MAX_BLOCKED = 10_000
 _PAGE = 4096
 
@@ -110,6 +115,13 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's live process
     return True
+
+
+def _recent(lines: Sequence[str]) -> frozenset[str]:
+    """The marks of ``mark@seconds`` lines set aside less than :data:`SET_ASIDE_SECONDS` ago."""
+    since = time.time() - SET_ASIDE_SECONDS
+    marks = (line.partition("@") for line in lines)
+    return frozenset(m for m, _, at in marks if at.isdigit() and int(at) >= since)
 
 
 class LoadGuard:
@@ -185,7 +197,7 @@ class LoadGuard:
             )
             append_lines(blocklist, found, _MAX_BLOCKED)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
-        self._set_aside = frozenset(read_lines(os.path.join(folder, _SET_ASIDE))[-_MAX_BLOCKED:])
+        self._set_aside = _recent(read_lines(os.path.join(folder, _SET_ASIDE))[-_MAX_BLOCKED:])
         self._known = KnownList(folder)
         opened = open_mark_file(folder)
         if opened is not None:
@@ -249,7 +261,9 @@ class LoadGuard:
             new = [m for m in dict.fromkeys(marks) if m not in self._set_aside]
             self._set_aside = self._set_aside.union(new)
         if new:
-            append_lines(os.path.join(self.folder, _SET_ASIDE), new, _MAX_BLOCKED)
+            now = int(time.time())
+            lines = [f"{mark}@{now}" for mark in new]
+            append_lines(os.path.join(self.folder, _SET_ASIDE), lines, _MAX_BLOCKED)
 
     def _record(self, digests: Sequence[str], *, known: bool) -> None:
         """Move ``digests`` onto the known list or the blocklist (and off the blocklist);
