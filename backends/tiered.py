@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -107,7 +108,7 @@ class TieredBackend(Backend):
         self.insecure = self.shared and all(t.insecure for t in tiers if t.shared)
         #: The tiers the last listing (``keys``/``scan``) could not reach: its result is partial.
         self.failed_tiers: list[str] = []
-        self._checks: list[Callable[[str, bytes], bool]] = []
+        self._checks: list[weakref.ref[Callable[[str, bytes], bool]]] = []
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -199,9 +200,8 @@ class TieredBackend(Backend):
             tier.backend.sign_leases(keys)
 
     def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
-        with self._lock:
-            if check not in self._checks:
-                self._checks.append(check)
+        with self._lock:  # (held weakly: a check goes with the Cache that keeps it)
+            self._checks = [r for r in self._checks if r() is not None] + [weakref.ref(check)]
         for tier in self._tiers:
             tier.backend.check_promotions(check)
 
@@ -209,7 +209,7 @@ class TieredBackend(Backend):
         if not items or upto == 0:
             return
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
-            checks = list(self._checks)
+            checks = [c for c in (r() for r in self._checks) if c is not None]
             items = {k: v for k, v in items.items() if all(check(k, v) for check in checks)}
             if not items:
                 return

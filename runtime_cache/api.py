@@ -233,7 +233,8 @@ class Backend(abc.ABC):
         """Copy an entry from a store that others can write into another store only if
         ``check(key, blob)`` accepts it. A :class:`~runtime_cache.Cache` calls this with its
         own check (its secret, its limits); only backends that copy between stores (tiers,
-        which promote a hit into the faster tiers) need it. Checks add up."""
+        which promote a hit into the faster tiers) need it. Checks add up, and are held
+        weakly: the caller keeps ``check`` alive for as long as it applies."""
         return None  # a store that copies nothing between stores has nothing to check
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:

@@ -87,7 +87,7 @@ class Cache(Inventory, BatchReads):
         self._backend: Backend = backend if backend is not None else NullBackend()
         self._secret = normalize_secret(secret)
         require_secret(self._backend, self._secret is not None, insecure)
-        entrust(self._backend, self._secret, limits)  # promotions checked, leases signed
+        self._promotion_check = entrust(self._backend, self._secret, limits)  # (held weakly)
         self._policy = FailurePolicy(
             log, repr(self._backend), "carrying on without the cache", strict=strict
         )

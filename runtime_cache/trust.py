@@ -32,8 +32,6 @@ INSECURE_OPTION = "insecure"
 
 _warned: weakref.WeakSet[Backend] = weakref.WeakSet()
 _lock = threading.Lock()
-#: One promotion check per secret and limits, so a backend holds each once.
-_checks: dict[tuple[SecretKeys | None, Limits], Callable[[str, bytes], bool]] = {}
 
 
 def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> None:
@@ -72,8 +70,12 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
         )
 
 
-def entrust(backend: Backend, secret: SecretKeys | None, limits: Limits) -> None:
-    """Give ``backend`` what a cache with ``secret`` and ``limits`` trusts.
+def entrust(
+    backend: Backend, secret: SecretKeys | None, limits: Limits
+) -> Callable[[str, bytes], bool]:
+    """Give ``backend`` what a cache with ``secret`` and ``limits`` trusts; return the
+    promotion check, which the cache keeps (the backend holds it weakly, so it goes with
+    the cache: a cache opened again with a rotated secret is not held to the old one's).
 
     * It copies an entry up from a store others can write (a tier's promotion) only once
       it passes :func:`~runtime_cache.check.check_entry` with them: unchecked, a planted
@@ -85,16 +87,13 @@ def entrust(backend: Backend, secret: SecretKeys | None, limits: Limits) -> None
     """
     if secret is not None:
         backend.sign_leases(secret)
-    with _lock:
-        check = _checks.get((secret, limits))
-        if check is None:
 
-            def check(key: str, blob: bytes) -> bool:
-                try:
-                    check_entry(key, blob, secret=secret, limits=limits)
-                except CorruptEntryError:
-                    return False
-                return True
+    def check(key: str, blob: bytes) -> bool:
+        try:
+            check_entry(key, blob, secret=secret, limits=limits)
+        except CorruptEntryError:
+            return False
+        return True
 
-            _checks[(secret, limits)] = check
     backend.check_promotions(check)
+    return check

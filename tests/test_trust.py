@@ -189,6 +189,20 @@ def test_a_tier_copies_nothing_up_from_a_shared_store_before_the_check(
     assert again.get(key) == b"GOOD"
     again.close()
     assert rc.Cache(DirectoryBackend(tmp_path / "d"), secret="fleet").get(key) == b"GOOD"
+    # A cache opened again over the same backend object with a rotated secret is not held
+    # to the old one's check once that cache is gone (its entries were never copied up).
+    import gc
+
+    backend = rc.open_backend(f"dir://{tmp_path / 'e'},{url}")
+    old = rc.Cache(backend, secret="fleet")
+    del old
+    gc.collect()
+    newer = rc.Cache(backend, secret="fleet-2")
+    other = rc.make_key(module_id="net2", runtime="opencl", purpose="program-binary")
+    rc.Cache(rc.open_backend(url), secret="fleet-2").put(other, b"NEW")
+    assert newer.get(other) == b"NEW"
+    assert rc.Cache(DirectoryBackend(tmp_path / "e"), secret="fleet-2").get(other) == b"NEW"
+    newer.close()
     client.close()
 
 
