@@ -573,6 +573,24 @@ def test_import_rejects_a_damaged_bundle(run: Run, cache: rc.Cache, tmp_path: Pa
     assert run("import", str(tmp_path / "absent.rcb"))[0] == 1
 
 
+def test_import_skips_one_short_entry_and_takes_the_rest(
+    run: Run, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """An entry shorter than an entry's header made the reader stop, and the whole bundle
+    was refused ("checksum mismatch"), where Cache.loads skips that entry (third review)."""
+    from runtime_cache.codec import decode_bundle, encode_bundle
+
+    fill(cache, 3)
+    whole = tmp_path / "whole.rcb"
+    assert run("export", str(whole))[0] == 0
+    blobs = decode_bundle(whole.read_bytes())
+    mixed = tmp_path / "mixed.rcb"
+    mixed.write_bytes(encode_bundle([*blobs, b"abc"]))
+    target = Run(run.capsys, f"dir://{tmp_path / 'target'}")
+    code, out, err = target("import", str(mixed))
+    assert code == 1 and "imported 3 of 4" in out, (out, err)
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -35,7 +35,6 @@ from ..codec import (
     encode_bundle,
     normalize_secret,
 )
-from ..entry_frame import HEADER_SIZE as ENTRY_HEADER_SIZE
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -153,11 +152,9 @@ def _exact(read: Callable[[int], bytes], size: int) -> bytes:
 def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> bytes:
     """Read one bundle as its own framing says, and one byte more (trailing data).
 
-    Nothing past what the header and the entry lengths announce is read, so a
-    sparse file or an endless stream behind a valid header costs no memory: the
-    read stops at the first impossible length or count (more entries than
-    ``limits`` allow, an entry shorter than an entry's header), and the decoder
-    names the fault.
+    Nothing past what the header and the entry lengths announce is read (a sparse file
+    or an endless stream costs no memory), a count over ``limits.max_entries`` is refused,
+    and short pieces are kept together (2**32 empty entries took 30x the file's size).
     """
     limit = max_bundle_size(limits)
     head = _exact(read, BUNDLE_HEADER_SIZE)
@@ -166,24 +163,31 @@ def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> by
     if len(head) < BUNDLE_HEADER_SIZE:
         return head
     flags, count = head[5], int.from_bytes(head[8:12], "little")
-    if count > limits.max_entries:  # (a sparse file claiming 2**32 entries took 30x its size)
-        return head
-    chunks, size = [head], len(head)
+    if count > limits.max_entries:
+        raise BundleFileError(
+            f"{path} is not a valid bundle: it claims {count} entries, over the limit "
+            f"{limits.max_entries}"
+        )
+    chunks, small, size = [head], bytearray(), len(head)
     for _ in range(count):
         length = _exact(read, 8)
-        chunks.append(length)
+        small += length
         want = int.from_bytes(length, "little")
-        if len(length) < 8 or want < ENTRY_HEADER_SIZE:
-            return b"".join(chunks)
         size += 8 + want
-        if size > limit:
-            raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+        if len(length) < 8 or size > limit:
+            break  # (the decoder names a short file; a long one is refused below)
         blob = _exact(read, want)
-        chunks.append(blob)
+        if len(blob) < 1 << 16:
+            small += blob
+        else:
+            chunks += [bytes(small), blob]
+            small.clear()
         if len(blob) < want:
-            return b"".join(chunks)
-    chunks.append(_exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1))
-    return b"".join(chunks)
+            break
+    if size > limit:
+        raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+    small += _exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1)
+    return b"".join([*chunks, small])
 
 
 def _read_file(path: str, limits: Limits) -> bytes:
