@@ -24,7 +24,7 @@ import os
 import time
 
 from runtime_cache.api import Lease
-from runtime_cache.errors import BackendError
+from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_root import Modes
@@ -60,8 +60,9 @@ class DirLease(Lease):
         try:
             folder = self._locks()
             fd = os.open(self.name, _FLAGS, self._modes.file, dir_fd=folder)
-        except OSError as exc:
-            raise BackendError(f"lease {self.key!r} in {LOCKS}: {exc}") from exc
+        except OSError as exc:  # a read-only mount says so once, as its writes do
+            kind = ReadOnlyBackendError if exc.errno == errno.EROFS else BackendError
+            raise kind(f"lease {self.key!r} in {LOCKS}: {exc}") from exc
         if self._modes.file_chmod is not None:
             try:
                 os.fchmod(fd, self._modes.file_chmod)

@@ -106,6 +106,7 @@ def test_read_only_mount_serves_reads_and_logs_once(
         assert cache.put(key(9), b"new") is False
     stats = cache.stats()
     assert (stats.hits, stats.stores, stats.errors) == (15, 0, 5)
+    assert cache.get_or_build(key(8), lambda: b"built") == b"built"  # a lease it cannot take
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     # One line, that says what goes on: it said "read-only" twice (the backend, then the
     # front), the second time as an outage ("carrying on without the cache until it
