@@ -787,7 +787,7 @@ def test_import_says_why_native_code_was_not_written(
     other = Run(capsys, f"dir://{tmp_path / 'other'}")
     code, out, _ = other("import", str(bundle))
     assert code == 1
-    assert "imported 3 of 4" in out and "taken without a signature check" in out
+    assert "imported 3 of 4" in out and "entries read had no signature to check" in out
     assert "1 unsigned entries that hold native code" in out and "shared store" not in out
 
 

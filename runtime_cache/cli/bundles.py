@@ -339,7 +339,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 file=ctx.out,
             )
         if unsigned:
-            print(f"{unsigned} entries taken without a signature check (no secret)", file=ctx.out)
+            print(f"{unsigned} entries read had no signature to check (no secret)", file=ctx.out)
         if code:
             print(
                 f"not written: {code} unsigned entries that hold native code (a driver's "
