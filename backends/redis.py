@@ -373,7 +373,9 @@ class RedisBackend(Backend):
         return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl, self._lease_keys)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
-        self._lease_keys = (*self._lease_keys, *(k for k in keys if k not in self._lease_keys))
+        # The newest cache's first key signs (a cache reopened with a rotated secret); the
+        # keys of earlier ones still verify, eight at most.
+        self._lease_keys = (*keys, *(k for k in self._lease_keys if k not in keys))[:8]
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         """List keys and sizes with SCAN and STRLEN; no value is transferred."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from runtime_cache.api import Lease
@@ -60,20 +61,36 @@ _HOLDER = (
     "if t ~= 'string' or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then return 1 end "
     "return redis.call('get', KEYS[1])"
 )
-#: Put token ARGV[2] (PX ARGV[3]) at the name in place of what is there: exactly ARGV[1], or,
-#: ARGV[1] empty, a string longer than ARGV[4], or nothing. One step: a writer looping on
-#: the name cannot take it between a removal and a take.
+#: Put token ARGV[2] (PX ARGV[3]) at the name in place of what is there: nothing, exactly
+#: ARGV[1] (ARGV[5] 'exact'; an empty string too), or a string longer than ARGV[4] (ARGV[5]
+#: 'long'). One step: a writer looping on the name cannot take it between a removal and a take.
 _SWAP = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "local n = t == 'string' and redis.call('strlen', KEYS[1]) or -1 "
-    "if t == 'none' or (ARGV[1] == '' and n > tonumber(ARGV[4])) "
-    "or (ARGV[1] ~= '' and n == #ARGV[1] and redis.call('get', KEYS[1]) == ARGV[1]) then "
+    "if t == 'none' or (ARGV[5] == 'long' and n > tonumber(ARGV[4])) "
+    "or (ARGV[5] == 'exact' and n == #ARGV[1] and redis.call('get', KEYS[1]) == ARGV[1]) then "
     "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
 )
-#: Renewal with a signed token: put a fresh one (ARGV[2]) in place of this holder's (ARGV[1]).
-_RENEW_SWAP = (
-    f"if {_OURS} then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
+#: Whether the name holds one of this holder's tokens: ARGV[1], ARGV[2], or ARGV[4] unless
+#: empty (the same length, all signed tokens having one: a swapped-in value is never read).
+_OURS_ANY = (
+    "redis.call('type', KEYS[1])['ok'] == 'string' "
+    "and redis.call('strlen', KEYS[1]) == #ARGV[1] "
+    "and (function(v) return v == ARGV[1] or v == ARGV[2] or (ARGV[4] ~= '' and v == ARGV[4]) "
+    "end)(redis.call('get', KEYS[1]))"
 )
+#: Renewal with a signed token: put a fresh one (ARGV[2]) in place of this holder's. The old
+#: one (ARGV[1]), the fresh one (a retried call whose first reply was lost) or one an earlier
+#: renewal may have put there unanswered (ARGV[4]) all count as this holder's.
+_RENEW_SWAP = (
+    f"if {_OURS_ANY} then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
+)
+#: Release with a signed token: any of this holder's tokens, as for renewal.
+_RELEASE_ANY = f"if {_OURS_ANY} then return redis.call('del', KEYS[1]) end return 0"
+
+
+def _eval(script: str, name: str, args: tuple[Any, ...], client: Any) -> Any:
+    return client.eval(script, 1, name, *args)
 
 
 class RedisLease(Lease):
@@ -94,6 +111,8 @@ class RedisLease(Lease):
         self._keys = tuple(keys)  # the secret's: the first signs, any verifies
         self._ms = max(1, min(int(self.ttl * 1000), MAX_TTL_MS))
         self._token = self._new_token()
+        #: A fresh token a renewal sent whose reply was lost: it may be the one there now.
+        self._unanswered = ""
 
     def _new_token(self) -> str:
         if self._keys:
@@ -103,29 +122,40 @@ class RedisLease(Lease):
     def _take(self) -> bool:
         name, ms = self.name, self._ms
         token = self._token = self._new_token()
+        self._unanswered = ""
         if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
             return True
         if not self._keys:
             return False
-        holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
-        if isinstance(holder, bytes) and genuine(self._keys, name, holder):
-            return False  # a live holder with this secret
-        # Nothing there now, a token no key signed or that ran out, or a string longer than
-        # any token: planted by someone without the secret (or left): replaced in one step.
-        expected = holder if isinstance(holder, bytes) else b""
-        swap = (_SWAP, 1, name, expected, token, ms, MAX_TOKEN)
-        return bool(self._run("lease", lambda c: c.eval(*swap)))
+        for _ in range(3):  # a value that changes between the look and the swap: look again
+            holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
+            if isinstance(holder, bytes) and genuine(self._keys, name, holder):
+                return False  # a live holder with this secret
+            # Nothing there now, a token no key signed or that ran out (an empty string too),
+            # or a string longer than any token: planted (or left), replaced in one step.
+            mode, expected = ("exact", holder) if isinstance(holder, bytes) else ("long", b"")
+            swap = (expected, token, ms, MAX_TOKEN, mode)
+            if self._run("lease", partial(_eval, _SWAP, name, swap)):
+                return True
+        return False
 
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
         if not self._keys:
             return bool(self._run("lease", lambda c: c.eval(_RENEW, 1, name, token, ms)))
-        fresh = self._new_token()  # a live holder's token never runs out
-        if not self._run("lease", lambda c: c.eval(_RENEW_SWAP, 1, name, token, fresh, ms)):
+        fresh, unanswered = self._new_token(), self._unanswered  # a token never runs out
+        self._unanswered = fresh  # until the reply says the swap happened or did not
+        renew = (_RENEW_SWAP, 1, name, token, fresh, ms, unanswered)
+        if not self._run("lease", lambda c: c.eval(*renew)):
+            self._unanswered = unanswered
             return False
-        self._token = fresh
+        self._token, self._unanswered = fresh, ""
         return True
 
     def _drop(self) -> None:
         name, token = self.name, self._token
-        self._run("lease", lambda c: c.eval(_RELEASE, 1, name, token))
+        if not self._keys:
+            self._run("lease", lambda c: c.eval(_RELEASE, 1, name, token))
+            return
+        release = (_RELEASE_ANY, 1, name, token, token, "", self._unanswered)
+        self._run("lease", lambda c: c.eval(*release))

@@ -210,7 +210,8 @@ class TieredBackend(Backend):
             return
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
             checks = [c for c in (r() for r in self._checks) if c is not None]
-            items = {k: v for k, v in items.items() if all(check(k, v) for check in checks)}
+            # Once checked, never unchecked: with every cache gone, nothing is copied up.
+            items = {k: v for k, v in items.items() if checks and all(c(k, v) for c in checks)}
             if not items:
                 return
         for tier in self._tiers[:upto]:

@@ -422,7 +422,9 @@ def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
     assert redact(url) == shown
 
 
-def test_the_global_secret_reaches_the_demo_and_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_global_secret_reaches_the_demo_and_its_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import argparse
 
     from runtime_cache.demo import cli as demo_cli
@@ -432,17 +434,25 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(monkeypatch: pytest.Mon
     args = argparse.Namespace(secret_keys=["new", "old"])
     keys = demo_cli._secret(args)
     assert keys == ["new", "old"]
-    env = demo_cli._child_env("dir:///tmp/x", False, None, keys)
+    (tmp_path / "a").mkdir(mode=0o700)
+    env = demo_cli._child_env(
+        "dir:///tmp/x", False, None, demo_cli._secret_file(keys, str(tmp_path / "a"))
+    )
     assert "RUNTIME_CACHE_SECRET" not in env
     monkeypatch.setattr(os, "environ", env)
     assert environment.read_secret() == ["new", "old"]  # what a run reads
     # Joined at commas, a secret file's key that holds one, or a short old key of a
     # rotation, broke the runs (the third review): they are passed as the file has them.
-    for secret in (["correct horse, battery staple"], ["new-key-0123456789abcdef", "old-key"]):
-        env = demo_cli._child_env("dir:///tmp/x", False, None, secret)
-        monkeypatch.setattr(os, "environ", env)
+    for n, secret in enumerate((["correct horse, battery staple"], ["new-key-0123456789", "old"])):
+        folder = tmp_path / str(n)
+        folder.mkdir(mode=0o700)
+        path = demo_cli._secret_file(secret, str(folder))
+        monkeypatch.setattr(os, "environ", demo_cli._child_env("dir:///tmp/x", False, None, path))
         assert environment.read_secret() == secret
-        assert os.stat(env["RUNTIME_CACHE_SECRET_FILE"]).st_mode & 0o077 == 0
+        assert os.stat(path).st_mode & 0o077 == 0
+    # A key with a line break cannot be passed so (it was split into two keys).
+    with pytest.raises(demo_cli.DemoError, match="line break"):
+        demo_cli._secret_file(["line1\nline2-secret"], str(tmp_path))
     monkeypatch.undo()
     monkeypatch.setenv("RUNTIME_CACHE_SECRET", "from-env")
     assert demo_cli._secret(argparse.Namespace()) == ["from-env"]

@@ -250,4 +250,8 @@ def test_a_set_aside_binary_is_vetted_again_after_a_day(tmp_path: Path) -> None:
     (folder / "set-aside").write_text(f"{D1}@{old}\n{D2}\n")  # and an unstamped line
     assert LoadGuard(str(folder)).standing([D1], []) == UNKNOWN
     assert LoadGuard(str(folder)).standing([D2], []) == UNKNOWN
+    # Set aside by a clock a year ahead, it lasted for ever; 5,000 digits raised ValueError.
+    ahead = int(time.time() + 365 * 86400)
+    (folder / "set-aside").write_text(f"{D1}@{ahead}\n{D2}@{'9' * 5000}\n")
+    assert LoadGuard(str(folder)).standing([D1, D2], []) == UNKNOWN
     guard.close()

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -290,7 +290,9 @@ def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
     _drop(backend)
 
 
-@pytest.mark.parametrize("planted", [b"x", b"0123456789abcdef" * 8], ids=["short", "long"])
+@pytest.mark.parametrize(
+    "planted", [b"x", b"", b"0123456789abcdef" * 8], ids=["short", "empty", "long"]
+)
 def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
     redis_server: RedisProcess, unique_prefix: str, planted: bytes
 ) -> None:
@@ -372,6 +374,52 @@ def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     assert taker.acquire()
     taker.release()
     direct.close()
+    _drop(backend)
+
+
+def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """A renewal swaps the token for a fresh one. When its reply was lost (a retried call,
+    a timeout), the holder kept the old token: its next renewal failed, the lease was lost
+    and its token could not be released (the fourth review)."""
+    from runtime_cache.errors import BackendUnavailableError
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend
+    lease = backend.lease("l/o/st", 30.0)
+    assert lease.acquire()
+    run = lease._run  # type: ignore[attr-defined]
+
+    def lost_reply(op: str, call: Any) -> Any:
+        run(op, call)  # done on the server ...
+        raise BackendUnavailableError("the reply was lost")  # ... but not heard of
+
+    lease._run = lost_reply  # type: ignore[attr-defined]
+    with pytest.raises(BackendUnavailableError):
+        lease.renew()
+    lease._run = run  # type: ignore[attr-defined]
+    assert lease.renew() and not lease.lost
+    lease.release()
+    assert backend.lease("l/o/st", 30.0).acquire()  # released: nothing left behind
+    _drop(backend)
+
+
+def test_a_cache_reopened_with_a_rotated_secret_signs_leases_with_the_new_key(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """Keys given to one backend object were appended, and the first signed: a cache opened
+    again with [new, old] kept signing with old, so a process with only new took its
+    leases over (the fourth review)."""
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.open_backend(url)
+    rc.Cache(backend, secret="old-secret-0123456789")
+    rotated = rc.Cache(backend, secret=["new-secret-0123456789", "old-secret-0123456789"])
+    holder = rotated.backend.lease("r/o/t", 30.0)
+    assert holder.acquire()
+    newer = rc.Cache(rc.open_backend(url), secret="new-secret-0123456789").backend
+    assert not newer.lease("r/o/t", 30.0).acquire()  # it verifies the holder's token
+    holder.release()
     _drop(backend)
 
 

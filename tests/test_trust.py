@@ -203,6 +203,14 @@ def test_a_tier_copies_nothing_up_from_a_shared_store_before_the_check(
     assert newer.get(other) == b"NEW"
     assert rc.Cache(DirectoryBackend(tmp_path / "e"), secret="fleet-2").get(other) == b"NEW"
     newer.close()
+    # With every cache over it gone, the backend copies nothing up from the shared tier
+    # (it copied unchecked: the fourth review).
+    del newer
+    gc.collect()
+    third = rc.make_key(module_id="net3", runtime="opencl", purpose="program-binary")
+    client.set(f"promo:{third}", codec.encode_entry(str(third), third.parts, b"X", created_at=1))
+    assert backend.get(str(third)) is not None
+    assert DirectoryBackend(tmp_path / "e").get(str(third)) is None
     client.close()
 
 

@@ -250,30 +250,30 @@ def _absolute(url: str) -> str:
     return ",".join(parts)
 
 
-def _secret_file(keys: list[str]) -> str:
-    """A file of ``keys``, one a line, readable by this user only, in the children's private
-    folder (removed when this process exits)."""
-    from ..opencl.child import child_folder
-
-    path = os.path.join(child_folder(), "secret")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+def _secret_file(keys: list[str], folder: str) -> str:
+    """A file of ``keys``, one a line, readable by this user only, in ``folder`` (private,
+    removed when the runs end). A key with a line break in it cannot be passed so."""
+    if any("\n" in key or "\r" in key for key in keys):
+        raise DemoError("a secret key holds a line break: the demo's runs cannot be given it")
+    path = os.path.join(folder, "secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write("".join(f"{key}\n" for key in keys))
     return path
 
 
 def _child_env(
-    url: str, driver_cache: bool, driver_dir: str | None = None, secret: list[str] | None = None
+    url: str, driver_cache: bool, driver_dir: str | None = None, secret_file: str | None = None
 ) -> dict[str, str]:
     """The children's environment; ``driver_dir``: carry the driver's cache, kept there;
-    ``secret``: the keys, passed in a private file, one a line (never on a command line,
+    ``secret_file``: the keys, one a line (:func:`_secret_file`: never on a command line,
     and never joined at commas: a key may hold one, and each key of a comma list needs 16
     characters)."""
     env = dict(os.environ)
     env[environment.ENV_CACHE] = _absolute(url)
-    if secret is not None:
+    if secret_file is not None:
         env.pop(environment.ENV_SECRET, None)
-        env[environment.ENV_SECRET_FILE] = _secret_file(secret)
+        env[environment.ENV_SECRET_FILE] = secret_file
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
@@ -323,12 +323,11 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="runtime-cache-demo-driver-") as folder:
             cold_dir = os.path.join(folder, "cold") if carry else None
             warm_dir = os.path.join(folder, "warm") if fresh else cold_dir
-            cold = _child(
-                "cold", name, str(index), _child_env(url, driver_cache, cold_dir, secret), progress
-            )
-            warm = _child(
-                "warm", name, str(index), _child_env(url, driver_cache, warm_dir, secret), progress
-            )
+            keys = None if secret is None else _secret_file(secret, folder)
+            cold_env = _child_env(url, driver_cache, cold_dir, keys)
+            cold = _child("cold", name, str(index), cold_env, progress)
+            warm_env = _child_env(url, driver_cache, warm_dir, keys)
+            warm = _child("warm", name, str(index), warm_env, progress)
         entries = _demo_entries(cache, model.module_id)
     finally:
         try:

@@ -119,9 +119,14 @@ def process_alive(pid: int) -> bool:
 
 def _recent(lines: Sequence[str]) -> frozenset[str]:
     """The marks of ``mark@seconds`` lines set aside less than :data:`SET_ASIDE_SECONDS` ago."""
-    since = time.time() - SET_ASIDE_SECONDS
+    now = time.time()
     marks = (line.partition("@") for line in lines)
-    return frozenset(m for m, _, at in marks if at.isdigit() and int(at) >= since)
+    # A time in the future (a clock set wrong), or too long to be a time, counts as none.
+    return frozenset(
+        m
+        for m, _, at in marks
+        if at.isdigit() and len(at) <= 12 and now - SET_ASIDE_SECONDS <= int(at) <= now + 60
+    )
 
 
 class LoadGuard:
