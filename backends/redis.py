@@ -142,6 +142,8 @@ class RedisBackend(Backend):
             ttl = None
         if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
             raise InvalidURLError("timeouts, max_connections and max_entry_size must be positive")
+        if prefix == "lease:" or prefix.endswith(":lease:"):  # the parent's leases live there
+            raise InvalidURLError(f"prefix {prefix!r}: no namespace may be named 'lease'")
         self.prefix = prefix
         self.ttl = ttl
         self.connect_timeout = connect_timeout
@@ -178,8 +180,7 @@ class RedisBackend(Backend):
         namespace = parsed.pop("namespace")
         if prefix is not None and namespace is not None:
             raise InvalidURLError("give either prefix or namespace, not both")
-        if namespace is not None:
-            prefix = f"{namespace}:" if namespace else ""
+        prefix = (f"{namespace}:" if namespace else "") if namespace is not None else prefix
         ttl_text = parsed.pop("ttl", "") or ""
         ttl = None if ttl_text.lower() in ("", "0", "none", "off") else parse_duration(ttl_text)
         options: dict[str, Any] = {
@@ -373,8 +374,7 @@ class RedisBackend(Backend):
         return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl, self._lease_keys)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
-        # The newest cache's first key signs (a cache reopened with a rotated secret); the
-        # keys of earlier ones still verify, eight at most.
+        # The newest cache's first key signs (a rotated secret); earlier keys verify (8 at most).
         self._lease_keys = (*keys, *(k for k in self._lease_keys if k not in keys))[:8]
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:

@@ -35,13 +35,14 @@ MAX_TTL_MS = 3_600_000
 
 #: Take the lease: ``SET NX PX``, after removing what cannot be a live lease at its name (a
 #: key of another type, or one that never expires or expires later than any lease may,
-#: ARGV[3]: planted, it would hold every process off until its wait gave up).
+#: ARGV[3]: planted, it would hold every process off until its wait gave up). ``UNLINK``: a
+#: planted set of millions of members is freed by the server's background thread, not here.
 _TAKE = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "if t ~= 'none' then "
     "  local left = redis.call('pttl', KEYS[1]) "
     "  if t ~= 'string' or left < 0 or left > tonumber(ARGV[3]) then "
-    "    redis.call('del', KEYS[1]) end end "
+    "    redis.call('unlink', KEYS[1]) end end "
     "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"
 )
 #: Whether the lease's name holds this holder's token. Its type and length come first: a
@@ -62,31 +63,41 @@ _HOLDER = (
     "return redis.call('get', KEYS[1])"
 )
 #: Put token ARGV[2] (PX ARGV[3]) at the name in place of what is there: nothing, exactly
-#: ARGV[1] (ARGV[5] 'exact'; an empty string too), or a string longer than ARGV[4] (ARGV[5]
-#: 'long'). One step: a writer looping on the name cannot take it between a removal and a take.
+#: ARGV[1] (ARGV[5] 'exact'; an empty string too), a string longer than ARGV[4] (ARGV[5]
+#: 'long'), or (with ARGV[5] 'exact') any string that is not shaped as a signed token: no
+#: holder's. One step: a writer looping on the name cannot take it between a removal and a
+#: take, nor win by changing a junk value faster than a look and a swap.
 _SWAP = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "local n = t == 'string' and redis.call('strlen', KEYS[1]) or -1 "
-    "if t == 'none' or (ARGV[5] == 'long' and n > tonumber(ARGV[4])) "
-    "or (ARGV[5] == 'exact' and n == #ARGV[1] and redis.call('get', KEYS[1]) == ARGV[1]) then "
-    "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
+    "local take = t == 'none' or (ARGV[5] == 'long' and n > tonumber(ARGV[4])) "
+    "if not take and ARGV[5] == 'exact' and n >= 0 and n <= tonumber(ARGV[4]) then "
+    "  local v = redis.call('get', KEYS[1]) "
+    "  take = v == ARGV[1] or #v ~= #ARGV[2] or not string.match(v, '^%x+%.%d+%.%x+$') end "
+    "if take then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
 )
-#: Whether the name holds one of this holder's tokens: ARGV[1], ARGV[2], or ARGV[4] unless
-#: empty (the same length, all signed tokens having one: a swapped-in value is never read).
+#: Whether the name holds one of this holder's tokens: ARGV[1], ARGV[2], or any of ARGV[4..]
+#: (those a renewal may have put there unanswered); all signed tokens have one length, so a
+#: swapped-in value is never read.
 _OURS_ANY = (
-    "redis.call('type', KEYS[1])['ok'] == 'string' "
-    "and redis.call('strlen', KEYS[1]) == #ARGV[1] "
-    "and (function(v) return v == ARGV[1] or v == ARGV[2] or (ARGV[4] ~= '' and v == ARGV[4]) "
-    "end)(redis.call('get', KEYS[1]))"
+    "(function() "
+    "if redis.call('type', KEYS[1])['ok'] ~= 'string' "
+    "or redis.call('strlen', KEYS[1]) ~= #ARGV[1] then return false end "
+    "local v = redis.call('get', KEYS[1]) "
+    "if v == ARGV[1] or v == ARGV[2] then return true end "
+    "for i = 4, #ARGV do if v == ARGV[i] then return true end end "
+    "return false end)()"
 )
 #: Renewal with a signed token: put a fresh one (ARGV[2]) in place of this holder's. The old
 #: one (ARGV[1]), the fresh one (a retried call whose first reply was lost) or one an earlier
-#: renewal may have put there unanswered (ARGV[4]) all count as this holder's.
+#: renewal may have put there unanswered (ARGV[4..]) all count as this holder's.
 _RENEW_SWAP = (
     f"if {_OURS_ANY} then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
 )
 #: Release with a signed token: any of this holder's tokens, as for renewal.
 _RELEASE_ANY = f"if {_OURS_ANY} then return redis.call('del', KEYS[1]) end return 0"
+#: Renewals whose replies may have been lost, kept as this holder's possible tokens.
+_UNANSWERED = 4
 
 
 def _eval(script: str, name: str, args: tuple[Any, ...], client: Any) -> Any:
@@ -105,14 +116,15 @@ class RedisLease(Lease):
     def __init__(
         self, run: Runner, name: str, key: str, ttl: float, keys: Sequence[bytes] = ()
     ) -> None:
-        super().__init__(key, ttl)
+        # Renewed every ttl/3: a ttl over the longest a lease may live would renew too late.
+        super().__init__(key, min(ttl, MAX_TTL_MS / 1000))
         self._run = run
         self.name = name
         self._keys = tuple(keys)  # the secret's: the first signs, any verifies
-        self._ms = max(1, min(int(self.ttl * 1000), MAX_TTL_MS))
+        self._ms = max(1, int(self.ttl * 1000))
         self._token = self._new_token()
-        #: A fresh token a renewal sent whose reply was lost: it may be the one there now.
-        self._unanswered = ""
+        #: Fresh tokens renewals sent whose replies were lost: one may be the one there now.
+        self._unanswered: list[str] = []
 
     def _new_token(self) -> str:
         if self._keys:
@@ -122,12 +134,16 @@ class RedisLease(Lease):
     def _take(self) -> bool:
         name, ms = self.name, self._ms
         token = self._token = self._new_token()
-        self._unanswered = ""
-        if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
-            return True
+        self._unanswered = []
+        try:
+            if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
+                return True
+        except Exception:
+            self._forget()  # it may have been taken, unanswered: not left for others to wait on
+            raise
         if not self._keys:
             return False
-        for _ in range(3):  # a value that changes between the look and the swap: look again
+        for _ in range(3):  # a token shaped value that changed since the look: look again
             holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
             if isinstance(holder, bytes) and genuine(self._keys, name, holder):
                 return False  # a live holder with this secret
@@ -139,17 +155,24 @@ class RedisLease(Lease):
                 return True
         return False
 
+    def _forget(self) -> None:
+        try:
+            self._drop()
+        except Exception:  # the store is away: the token expires after ttl
+            pass
+
     def _extend(self) -> bool:
         name, token, ms = self.name, self._token, self._ms
         if not self._keys:
             return bool(self._run("lease", lambda c: c.eval(_RENEW, 1, name, token, ms)))
-        fresh, unanswered = self._new_token(), self._unanswered  # a token never runs out
-        self._unanswered = fresh  # until the reply says the swap happened or did not
-        renew = (_RENEW_SWAP, 1, name, token, fresh, ms, unanswered)
-        if not self._run("lease", lambda c: c.eval(*renew)):
-            self._unanswered = unanswered
+        fresh = self._new_token()  # a live holder's token never runs out
+        earlier = self._unanswered[-_UNANSWERED:]
+        self._unanswered = [*earlier, fresh]  # until the reply says whether it was put
+        renew = (token, fresh, ms, *earlier)
+        if not self._run("lease", partial(_eval, _RENEW_SWAP, name, renew)):
+            self._unanswered = earlier
             return False
-        self._token, self._unanswered = fresh, ""
+        self._token, self._unanswered = fresh, []
         return True
 
     def _drop(self) -> None:
@@ -157,5 +180,5 @@ class RedisLease(Lease):
         if not self._keys:
             self._run("lease", lambda c: c.eval(_RELEASE, 1, name, token))
             return
-        release = (_RELEASE_ANY, 1, name, token, token, "", self._unanswered)
-        self._run("lease", lambda c: c.eval(*release))
+        release = (token, token, "", *self._unanswered)
+        self._run("lease", partial(_eval, _RELEASE_ANY, name, release))

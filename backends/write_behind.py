@@ -223,3 +223,13 @@ class FlushingLease(Lease):
             self._flush(self.ttl)
         finally:
             self._inner.release()
+
+    @property
+    def held(self) -> bool:
+        """Whether the inner lease is held (it renews itself)."""
+        return self._held and self._inner.held
+
+    @property
+    def lost(self) -> bool:
+        """Whether the inner lease was found gone at one of its renewals."""
+        return self._lost or self._inner.lost

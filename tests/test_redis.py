@@ -395,8 +395,14 @@ def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
         run(op, call)  # done on the server ...
         raise BackendUnavailableError("the reply was lost")  # ... but not heard of
 
+    def refused(op: str, call: Any) -> Any:  # the breaker, open after the lost reply
+        raise BackendUnavailableError("the breaker is open")
+
     lease._run = lost_reply  # type: ignore[attr-defined]
     with pytest.raises(BackendUnavailableError):
+        lease.renew()
+    lease._run = refused  # type: ignore[attr-defined]
+    with pytest.raises(BackendUnavailableError):  # (it forgot the first one's token: lost)
         lease.renew()
     lease._run = run  # type: ignore[attr-defined]
     assert lease.renew() and not lease.lost
@@ -421,6 +427,80 @@ def test_a_cache_reopened_with_a_rotated_secret_signs_leases_with_the_new_key(
     assert not newer.lease("r/o/t", 30.0).acquire()  # it verifies the holder's token
     holder.release()
     _drop(backend)
+
+
+def test_no_flood_of_junk_nor_a_huge_set_at_a_lease_holds_a_signed_taker_off(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """The fifth review: a writer changing the value faster than a look and a swap won them
+    (1 of 200 takes), and a planted set of 4 million members made the take's DEL block the
+    server past the client's timeout, leaving an unowned token for the ttl. Junk that is not
+    shaped as a token is now replaced whatever it is, and UNLINK frees a set in the
+    background."""
+    import threading
+
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    name = f"{unique_prefix}lease:f/l/d"
+    backend = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend
+    stop = threading.Event()
+
+    def flood() -> None:
+        attacker = redis.Redis(port=redis_server.port)
+        n = 0
+        while not stop.is_set():
+            pipe = attacker.pipeline(transaction=False)
+            for _ in range(64):
+                n += 1
+                pipe.set(name, str(n), px=3_600_000)
+            pipe.execute()
+        attacker.close()
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        won = 0
+        for _ in range(50):
+            lease = backend.lease("f/l/d", 30.0)
+            won += lease.acquire()
+            lease.release()
+    finally:
+        stop.set()
+        flooder.join()
+    assert won == 50
+    direct = redis.Redis(port=redis_server.port)
+    direct.delete(name)  # (what the flood left)
+    pipe = direct.pipeline(transaction=False)
+    for start in range(0, 400_000, 10_000):
+        pipe.sadd(name, *range(start, start + 10_000))
+    pipe.execute()
+    direct.pexpire(name, 60_000)
+    started = time.monotonic()
+    assert backend.lease("f/l/d", 30.0).acquire()
+    assert time.monotonic() - started < 0.5
+    direct.close()
+    _drop(backend)
+
+
+def test_leases_a_redis_namespace_cannot_collide_with(redis_server: RedisProcess) -> None:
+    """``namespace=team:lease`` stored its entries where ``team`` keeps its leases: a build
+    in ``team`` deleted them (the fifth review). No namespace may be named ``lease``; a
+    tier's lease says lost when its inner lease is; a ttl over an hour renews in time."""
+    from runtime_cache.backends.redis_lease import MAX_TTL_MS
+
+    for url in (f"{redis_server.url}?namespace=team:lease", f"{redis_server.url}?prefix=lease:"):
+        with pytest.raises(InvalidURLError, match="lease"):
+            rc.open_backend(url)
+    backend = rc.open_backend(f"{redis_server.url}?namespace=ttl&insecure=1")
+    assert backend.lease("a/b/c", 20_000.0).ttl == MAX_TTL_MS / 1000  # renewed each 20 min
+    tiered = rc.open_backend(f"memory://,{redis_server.url}?namespace=tl&insecure=1")
+    lease = tiered.lease("t/i/e", 30.0)
+    assert lease is not None and lease.acquire() and lease.held
+    lease._inner._lost = True  # type: ignore[attr-defined]  # (as its renewal finds it)
+    assert lease.lost and not lease.held
+    lease.release()
+    tiered.close()
 
 
 def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
