@@ -324,6 +324,36 @@ def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
     _drop(cache.backend)
 
 
+def _takes_won_against(write: Any, backend: rc.Backend, key: str, port: int) -> int:
+    """How many of 50 takes of ``key``'s lease win while a thread calls ``write(client)``
+    over and over, as an attacker with no secret would."""
+    import threading
+
+    import redis
+
+    stop = threading.Event()
+
+    def attack() -> None:
+        attacker = redis.Redis(port=port)
+        while not stop.is_set():
+            write(attacker)
+        attacker.close()
+
+    thread = threading.Thread(target=attack)
+    thread.start()
+    won = 0
+    try:
+        for _ in range(50):
+            lease = backend.lease(key, 30.0)
+            assert lease is not None
+            won += lease.acquire()
+            lease.release()
+    finally:
+        stop.set()
+        thread.join()
+    return won
+
+
 def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     redis_server: RedisProcess, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,7 +361,6 @@ def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     the taker's removal and its take (the taker won 1 of 200 tries), and a holder's token
     copied from the store and planted again verified for ever. The swap is one step now,
     and a token runs out with its lease's time (plus a slack, 0 here)."""
-    import threading
 
     import redis
 
@@ -342,26 +371,11 @@ def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     name = f"{unique_prefix}lease:a/b/c"
     direct = redis.Redis(port=redis_server.port)
     backend = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend
-    stop = threading.Event()
 
-    def plant() -> None:
-        attacker = redis.Redis(port=redis_server.port)
-        while not stop.is_set():
-            attacker.set(name, b"x", px=60_000, nx=True)
-        attacker.close()
+    def plant(attacker: redis.Redis) -> None:
+        attacker.set(name, b"x", px=60_000, nx=True)
 
-    planter = threading.Thread(target=plant)
-    planter.start()
-    try:
-        won = 0
-        for _ in range(50):
-            lease = backend.lease("a/b/c", 30.0)
-            won += lease.acquire()
-            lease.release()
-    finally:
-        stop.set()
-        planter.join()
-    assert won == 50
+    assert _takes_won_against(plant, backend, "a/b/c", redis_server.port) == 50
     # A replayed token counts only until it runs out (here: the lease's 1 s time to live).
     holder = backend.lease("a/b/c", 1.0)
     assert holder.acquire()
@@ -437,38 +451,20 @@ def test_no_flood_of_junk_nor_a_huge_set_at_a_lease_holds_a_signed_taker_off(
     server past the client's timeout, leaving an unowned token for the ttl. Junk that is not
     shaped as a token is now replaced whatever it is, and UNLINK frees a set in the
     background."""
-    import threading
 
     import redis
 
     url = f"{redis_server.url}?prefix={unique_prefix}"
     name = f"{unique_prefix}lease:f/l/d"
     backend = rc.Cache(rc.open_backend(url), secret="fleet-secret").backend
-    stop = threading.Event()
 
-    def flood() -> None:
-        attacker = redis.Redis(port=redis_server.port)
-        n = 0
-        while not stop.is_set():
-            pipe = attacker.pipeline(transaction=False)
-            for _ in range(64):
-                n += 1
-                pipe.set(name, str(n), px=3_600_000)
-            pipe.execute()
-        attacker.close()
+    def flood(attacker: redis.Redis) -> None:
+        pipe = attacker.pipeline(transaction=False)
+        for n in range(64):
+            pipe.set(name, str(n), px=3_600_000)
+        pipe.execute()
 
-    flooder = threading.Thread(target=flood)
-    flooder.start()
-    try:
-        won = 0
-        for _ in range(50):
-            lease = backend.lease("f/l/d", 30.0)
-            won += lease.acquire()
-            lease.release()
-    finally:
-        stop.set()
-        flooder.join()
-    assert won == 50
+    assert _takes_won_against(flood, backend, "f/l/d", redis_server.port) == 50
     direct = redis.Redis(port=redis_server.port)
     direct.delete(name)  # (what the flood left)
     pipe = direct.pipeline(transaction=False)
