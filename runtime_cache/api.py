@@ -230,19 +230,22 @@ class Backend(abc.ABC):
         return 0
 
     def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
-        """Copy an entry from a store that others can write into another store only if
-        ``check(key, blob)`` accepts it. A :class:`~runtime_cache.Cache` calls this with its
-        own check (its secret, its limits); only backends that copy between stores (tiers,
-        which promote a hit into the faster tiers) need it. Checks add up, and are held
-        weakly: the caller keeps ``check`` alive for as long as it applies."""
+        """Copy an entry from a store others can write into another store only if
+        ``check(key, blob)`` accepts it (given by each :class:`~runtime_cache.Cache`: its
+        secret, its limits). Only stores that copy between stores (tiers) need it. Checks
+        add up, held weakly: the caller keeps ``check`` alive while it applies."""
         return None  # a store that copies nothing between stores has nothing to check
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
-        """Sign this store's build leases with the secret ``keys`` (the first signs, any
-        verifies), so that a taker can tell a lease planted by someone without the secret
-        and take it over at once. A :class:`~runtime_cache.Cache` with a secret calls it;
-        stores whose leases others cannot plant (a folder's ``flock``) need nothing."""
+        """Sign build leases with the secret ``keys`` (the first signs, any verifies), so a
+        taker can tell a lease planted without the secret and take it at once (given by a
+        :class:`~runtime_cache.Cache` with a secret; a folder's ``flock`` needs nothing)."""
         return None
+
+    def abandon(self) -> None:
+        """Close a store its caller will not use (a cache refused it), undoing what opening
+        it made where that is all there is (a folder made empty). By default, :meth:`close`."""
+        self.close()
 
     def lease(self, key: str, ttl: float) -> Lease | None:
         """A build lease on ``key`` shared by every process using this storage, or ``None``.

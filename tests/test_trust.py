@@ -230,6 +230,22 @@ def test_insecure_1_opens_with_one_warning(
     backend.close()
 
 
+def test_a_shared_folder_refused_without_a_secret_is_not_left_behind(tmp_path: Path) -> None:
+    """The new-user review: the refused open left the folder it made (``drwxrwsr-x``, with
+    its vacuum mark), by `set_cache_provider` and by the CLI. A folder that was there stays."""
+    made = tmp_path / "made-now"
+    with pytest.raises(InsecureStoreError):
+        rc.set_cache_provider(f"dir://{made}?shared=1")
+    assert not made.exists()
+    assert main(["--cache", f"dir://{made}?shared=1", "import", str(tmp_path / "x")]) == 2
+    assert not made.exists()
+    there = tmp_path / "was-there"
+    there.mkdir(mode=0o770)
+    with pytest.raises(InsecureStoreError):
+        rc.Cache(rc.open_backend(f"dir://{there}?shared=1"))
+    assert there.is_dir()
+
+
 def test_a_shared_folder_needs_a_secret(tmp_path: Path) -> None:
     url = f"dir://{tmp_path}?shared=1"
     with pytest.raises(InsecureStoreError):
