@@ -96,8 +96,9 @@ _RENEW_SWAP = (
 )
 #: Release with a signed token: any of this holder's tokens, as for renewal.
 _RELEASE_ANY = f"if {_OURS_ANY} then return redis.call('del', KEYS[1]) end return 0"
-#: Renewals whose replies may have been lost, kept as this holder's possible tokens.
-_UNANSWERED = 4
+#: Renewals whose replies may have been lost, kept as this holder's possible tokens (a
+#: renewal the breaker refused without sending counts too: 4 were used up by quick retries).
+_UNANSWERED = 16
 
 
 def _eval(script: str, name: str, args: tuple[Any, ...], client: Any) -> Any:
@@ -138,17 +139,21 @@ class RedisLease(Lease):
         try:
             if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
                 return True
+            return self._take_over(token) if self._keys else False
         except Exception:
             self._forget()  # it may have been taken, unanswered: not left for others to wait on
             raise
-        if not self._keys:
-            return False
+
+    def _take_over(self, token: str) -> bool:
+        # The name is held: by a live holder with this secret, or by what someone without it
+        # planted (or left), which is replaced in one step.
+        name, ms = self.name, self._ms
         for _ in range(3):  # a token shaped value that changed since the look: look again
             holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
             if isinstance(holder, bytes) and genuine(self._keys, name, holder):
-                return False  # a live holder with this secret
+                return False
             # Nothing there now, a token no key signed or that ran out (an empty string too),
-            # or a string longer than any token: planted (or left), replaced in one step.
+            # or a string longer than any token.
             mode, expected = ("exact", holder) if isinstance(holder, bytes) else ("long", b"")
             swap = (expected, token, ms, MAX_TOKEN, mode)
             if self._run("lease", partial(_eval, _SWAP, name, swap)):

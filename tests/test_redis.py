@@ -420,8 +420,36 @@ def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
         lease.renew()
     lease._run = run  # type: ignore[attr-defined]
     assert lease.renew() and not lease.lost
+    # One lost reply, then quick retries the breaker refuses (the sixth review: four used up
+    # the window of unanswered tokens; the lease was lost and its token left behind).
+    lease._run = lost_reply  # type: ignore[attr-defined]
+    with pytest.raises(BackendUnavailableError):
+        lease.renew()
+    lease._run = refused  # type: ignore[attr-defined]
+    for _ in range(6):
+        with pytest.raises(BackendUnavailableError):
+            lease.renew()
+    lease._run = run  # type: ignore[attr-defined]
+    assert lease.renew() and not lease.lost
     lease.release()
     assert backend.lease("l/o/st", 30.0).acquire()  # released: nothing left behind
+    # A take that replaces a planted value, whose reply is lost, leaves no token behind.
+    import redis
+
+    direct = redis.Redis(port=redis_server.port)
+    direct.set(f"{unique_prefix}lease:s/w/p", b"junk-not-a-token", px=60_000)
+    taker = backend.lease("s/w/p", 30.0)
+    calls: list[int] = []
+
+    def swap_unanswered(op: str, call: Any) -> Any:  # the take, the look, then the swap
+        calls.append(1)
+        return lost_reply(op, call) if len(calls) == 3 else run(op, call)
+
+    taker._run = swap_unanswered  # type: ignore[attr-defined]
+    with pytest.raises(BackendUnavailableError):
+        taker.acquire()
+    assert len(calls) == 4 and direct.get(f"{unique_prefix}lease:s/w/p") is None
+    direct.close()
     _drop(backend)
 
 
