@@ -243,8 +243,9 @@ class Backend(abc.ABC):
         return None
 
     def abandon(self) -> None:
-        """Close a store its caller will not use (a cache refused it), undoing what opening
-        it made where that is all there is (a folder made empty). By default, :meth:`close`."""
+        """Close a store opened from a URL for a cache that refused it, undoing what opening
+        it made where that is all there is (a folder made empty). By default, :meth:`close`.
+        Called by :func:`runtime_cache.provider.cache_from_url`, never on a caller's object."""
         self.close()
 
     def lease(self, key: str, ttl: float) -> Lease | None:

@@ -47,6 +47,18 @@ _open_error: str | None = None  # why RUNTIME_CACHE's cache could not be opened
 OFF = ("off", "none", "0", "false", "disabled")
 
 
+def cache_from_url(url: str, *, secret: list[str] | None, strict: bool = False) -> Cache:
+    """A :class:`Cache` over :func:`open_backend` of ``url``. A store the cache refuses
+    (a shared one without a secret) is abandoned (:meth:`Backend.abandon`): it was opened
+    here, for this cache alone, so a folder the open made is not left behind."""
+    backend = open_backend(url)
+    try:
+        return Cache(backend, strict=strict, secret=secret)
+    except BaseException:
+        backend.abandon()
+        raise
+
+
 def _to_cache(provider: Provider) -> Cache:
     secret = environment.read_secret()
     if provider is None:
@@ -58,7 +70,7 @@ def _to_cache(provider: Provider) -> Cache:
     if isinstance(provider, str):
         if provider.strip().lower() in OFF:
             return Cache(None)
-        return Cache(open_backend(provider), secret=secret)
+        return cache_from_url(provider, secret=secret)
     raise TypeError(
         f"a cache provider is a URL, a Backend, a Cache or None, not {type(provider).__name__}"
     )

@@ -51,7 +51,6 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
                 f"Set {ENV_SECRET} (or {ENV_SECRET_FILE}; --secret or --secret-file on the "
                 "command line; Cache(backend, secret=...) in code)"
             )
-        backend.abandon()  # (a shared folder made just now goes again)
         raise InsecureStoreError(
             f"refusing to use {backend!r} without a secret: others can write it, so they "
             f"could plant binaries that this process would run. {how}, or add insecure=1 "

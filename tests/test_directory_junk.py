@@ -223,6 +223,7 @@ def test_files_that_only_look_like_leftovers_are_never_removed(tmp_path: Path) -
 
 
 def test_a_backend_that_raises_something_unexpected_turns_caching_off(
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
@@ -243,5 +244,8 @@ def test_a_backend_that_raises_something_unexpected_turns_caching_off(
     fallback = rc.get_cache()  # the embedded default and its fallback broken too: memory
     assert fallback.enabled and type(fallback.backend).__name__ == "MemoryBackend"
     rc.reset_cache_provider()
+    # The default folder is there (on a fresh machine it was not: "no cache", exit 1).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "runtime-cache").mkdir()
     assert main(["ls"]) == 2  # never an empty listing of a cache in memory
     assert "no cache folder could be opened" in capsys.readouterr().err

@@ -86,14 +86,16 @@ def test_directory_lease(tmp_path: Path) -> None:
 
 
 def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
-    with hung_holder(f"dir://{tmp_path}", 0.3, tmp_path):
+    # A ttl of 1 s, not less: under a loaded CI box a 0.3 s ttl ran out between the
+    # holder's last touch and the first look (the test failed once that way).
+    with hung_holder(f"dir://{tmp_path}", 1.0, tmp_path):
         root = DirectoryBackend(tmp_path).root_fd
-        other = DirLease(root, KEY, 0.3)
+        other = DirLease(root, KEY, 1.0)
         assert not other.acquire()  # held, and touched just now
-        time.sleep(0.6)
+        time.sleep(2.2)
         assert other.acquire()  # the untouched lock file was stale: broken and taken
         assert other.held and other.renew()
-        third = DirLease(root, KEY, 0.3)
+        third = DirLease(root, KEY, 1.0)
         assert not third.acquire()
         other.release()
         assert third.acquire()

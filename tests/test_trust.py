@@ -242,8 +242,17 @@ def test_a_shared_folder_refused_without_a_secret_is_not_left_behind(tmp_path: P
     there = tmp_path / "was-there"
     there.mkdir(mode=0o770)
     with pytest.raises(InsecureStoreError):
-        rc.Cache(rc.open_backend(f"dir://{there}?shared=1"))
+        rc.set_cache_provider(f"dir://{there}?shared=1")
     assert there.is_dir()
+    # A backend object the caller made is the caller's: refused, it stays open and usable
+    # (it was closed and its new folder removed, so a retry with a secret wrote nowhere).
+    mine = tmp_path / "mine"
+    backend = rc.open_backend(f"dir://{mine}?shared=1")
+    with pytest.raises(InsecureStoreError):
+        rc.Cache(backend)
+    signed = rc.Cache(backend, secret=SECRET)
+    assert signed.put(_key(1), b"v") and signed.get(_key(1)) == b"v"
+    backend.close()
 
 
 def test_a_shared_folder_needs_a_secret(tmp_path: Path) -> None:

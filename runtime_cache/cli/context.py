@@ -128,8 +128,7 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     The returned cache is strict, so a failing backend is reported instead of
     looking empty.
     """
-    from ..provider import get_cache, open_error
-    from ..registry import open_backend
+    from ..provider import cache_from_url, get_cache, open_error
 
     if isinstance(secret, str):
         secret = resolve_secret(secret)
@@ -139,7 +138,7 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     if not url and chosen and chosen.strip().lower() not in OFF:
         url = chosen  # opened as --cache is: its errors, and exit codes, are the same
     if url:
-        return Cache(open_backend(url), strict=True, secret=secret)
+        return cache_from_url(url, strict=True, secret=secret)
     quiet = logging.getLogger("runtime_cache.provider")  # its error is this command's to say
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)

@@ -187,9 +187,9 @@ def _secret(args: argparse.Namespace) -> list[str] | None:
 
 
 def _open(url: str, secret: list[str] | None) -> Cache:
-    from ..registry import open_backend
+    from ..provider import cache_from_url
 
-    return Cache(open_backend(url), strict=True, secret=secret)
+    return cache_from_url(url, strict=True, secret=secret)
 
 
 def _demo_entries(cache: Cache, module_id: str) -> list[Any]:
