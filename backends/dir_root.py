@@ -62,14 +62,13 @@ def _failed(root: str | Path, exc: OSError) -> BackendError:
     return BackendError(f"open of {root}: {exc.strerror or exc}")
 
 
-def open_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
-    """Open (creating it if missing) the root folder; return its descriptor, and whether
-    this call made it.
+def open_root(root: str | Path, modes: Modes) -> int:
+    """Open (creating it if missing) the root folder; return its descriptor.
 
     Raises :class:`BackendError` ("is not a directory") when ``root`` names a file.
     """
     try:
-        return os.open(root, ROOT_FLAGS), False
+        return os.open(root, ROOT_FLAGS)
     except FileNotFoundError:
         pass
     except NotADirectoryError:
@@ -85,36 +84,11 @@ def open_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
     except OSError as exc:
         raise _failed(root, exc) from exc
     try:
-        return os.open(root, ROOT_FLAGS), True
+        return os.open(root, ROOT_FLAGS)
     except NotADirectoryError:
         raise _not_a_folder(root) from None
     except OSError as exc:
         raise _failed(root, exc) from exc
-
-
-#: What opening a cache folder writes in it (the vacuum's mark): a folder that holds only
-#: these was made by the open and never used.
-_OPENING_LEAVES = frozenset({".vacuumed"})
-
-
-def remove_if_bare(root_fd: int, root: str, made: bool) -> None:
-    """Remove the root folder open as ``root_fd`` if its open ``made`` it and nothing but
-    the open's own mark is in it: a cache that refused a store (a shared folder without a
-    secret) left the folder behind. Anything else leaves it as it is."""
-    if not made:
-        return
-    try:
-        listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=root_fd)  # (root_fd: O_PATH)
-        try:
-            names = os.listdir(listing)
-        finally:
-            os.close(listing)
-        if set(names) <= _OPENING_LEAVES:
-            for name in names:
-                os.unlink(name, dir_fd=root_fd)
-            os.rmdir(root)
-    except OSError:
-        pass
 
 
 def owner_check(root_fd: int, root: str | Path, shared: bool) -> set[int] | None:
@@ -157,28 +131,6 @@ def only_mine(root_fd: int) -> bool:
     geteuid = getattr(os, "geteuid", None)
     owner = geteuid is None or st.st_uid in (geteuid(), 0)
     return owner and not st.st_mode & 0o022
-
-
-@dataclass(frozen=True)
-class OpenedRoot:
-    """A root folder open for a cache: its descriptor, whether the open made it, the
-    group's uids when shared (see :func:`owner_check`), and whether it is private."""
-
-    fd: int
-    made: bool
-    members: set[int] | None
-    private: bool
-
-
-def open_checked_root(root: str, modes: Modes, shared: bool) -> OpenedRoot:
-    """:func:`open_root`, then :func:`owner_check` (the descriptor closed if it refuses)."""
-    fd, made = open_root(root, modes)
-    try:
-        members = owner_check(fd, root, shared)
-    except BaseException:
-        os.close(fd)
-        raise
-    return OpenedRoot(fd, made, members, not shared and only_mine(fd))
 
 
 def backend_error(root: Path, op: str, exc: OSError, name: str = "") -> BackendError:

@@ -33,7 +33,7 @@ from runtime_cache.partial_reads import read_each
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
 from .dir_open import track
-from .dir_root import ROOT_FLAGS, Modes, backend_error, open_checked_root, remove_if_bare
+from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
 from .dir_upkeep import VACUUM_SECONDS, Upkeep
 from .dir_write import delete_entry, delete_if, write_entry
@@ -99,31 +99,33 @@ class DirectoryBackend(Backend):
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
         self.max_files = max_files or None  # 0, as for max_size: no cap (a 0 cap keeps nothing)
-        self.fsync, self.track_access = fsync, track_access
+        self.fsync = fsync
+        self.track_access = track_access
         self.max_entry_size = max_entry_size
         #: Junk found at entry names (links, FIFOs, folders, oversized files).
         self.junk = 0
         #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
         self.listed_junk: list[str] = []
-        self._read_only = self._closed = False
+        self._read_only = False
+        self._closed = False
         self._rels: dict[str, str] = {}
         self.modes = Modes.for_cache(shared)
-        opened = open_checked_root(self._root_text, self.modes, shared)
         #: The descriptor of the root folder that everything is opened under.
-        self.root_fd, self._made_root = opened.fd, opened.made
+        self.root_fd = open_root(self._root_text, self.modes)
+        try:
+            members = owner_check(self.root_fd, self._root_text, shared)
+        except BaseException:
+            os.close(self.root_fd)
+            raise
         modes = self.modes
         self._journal = HitsJournal(
             self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
-        self.private = opened.private
-        self._upkeep = Upkeep(self, opened.members)
+        self.private = not shared and only_mine(self.root_fd)
+        self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
         track(self)  # hits flushed at exit, the root reopened after a fork
-
-    def abandon(self) -> None:
-        remove_if_bare(self.root_fd, self._root_text, self._made_root)
-        self.close()
 
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:

@@ -37,12 +37,17 @@ MAX_TTL_MS = 3_600_000
 #: key of another type, or one that never expires or expires later than any lease may,
 #: ARGV[3]: planted, it would hold every process off until its wait gave up). ``UNLINK``: a
 #: planted set of millions of members is freed by the server's background thread, not here.
+#: The name holding this very token (ARGV[1], fresh per take) is a take that the client
+#: sent again after its reply was lost: it is taken, not held by someone else.
 _TAKE = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "if t ~= 'none' then "
     "  local left = redis.call('pttl', KEYS[1]) "
     "  if t ~= 'string' or left < 0 or left > tonumber(ARGV[3]) then "
-    "    redis.call('unlink', KEYS[1]) end end "
+    "    redis.call('unlink', KEYS[1]) "
+    "  elseif redis.call('strlen', KEYS[1]) == #ARGV[1] "
+    "  and redis.call('get', KEYS[1]) == ARGV[1] then "
+    "    return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) end end "
     "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"
 )
 #: Whether the lease's name holds this holder's token. Its type and length come first: a
@@ -150,6 +155,8 @@ class RedisLease(Lease):
         name, ms = self.name, self._ms
         for _ in range(3):  # a token shaped value that changed since the look: look again
             holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
+            if holder == token.encode():  # a swap sent again after its reply was lost
+                return True
             if isinstance(holder, bytes) and genuine(self._keys, name, holder):
                 return False
             # Nothing there now, a token no key signed or that ran out (an empty string too),

@@ -195,10 +195,6 @@ class TieredBackend(Backend):
                 tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
         self._raise_if_all_failed(errors, tried)
 
-    def abandon(self) -> None:
-        for tier in self._tiers:
-            tier.backend.abandon()
-
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         for tier in self._tiers:
             tier.backend.sign_leases(keys)

@@ -242,12 +242,6 @@ class Backend(abc.ABC):
         :class:`~runtime_cache.Cache` with a secret; a folder's ``flock`` needs nothing)."""
         return None
 
-    def abandon(self) -> None:
-        """Close a store opened from a URL for a cache that refused it, undoing what opening
-        it made where that is all there is (a folder made empty). By default, :meth:`close`.
-        Called by :func:`runtime_cache.provider.cache_from_url`, never on a caller's object."""
-        self.close()
-
     def lease(self, key: str, ttl: float) -> Lease | None:
         """A build lease on ``key`` shared by every process using this storage, or ``None``.
 

@@ -49,13 +49,12 @@ OFF = ("off", "none", "0", "false", "disabled")
 
 def cache_from_url(url: str, *, secret: list[str] | None, strict: bool = False) -> Cache:
     """A :class:`Cache` over :func:`open_backend` of ``url``. A store the cache refuses
-    (a shared one without a secret) is abandoned (:meth:`Backend.abandon`): it was opened
-    here, for this cache alone, so a folder the open made is not left behind."""
+    (a shared one without a secret) is closed: it was opened here, for this cache alone."""
     backend = open_backend(url)
     try:
         return Cache(backend, strict=strict, secret=secret)
     except BaseException:
-        backend.abandon()
+        backend.close()
         raise
 
 

@@ -453,6 +453,52 @@ def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
     _drop(backend)
 
 
+@pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_take_the_client_sent_again_after_a_lost_reply_holds_the_lease(
+    redis_server: RedisProcess, unique_prefix: str, signed: bool, planted: bool
+) -> None:
+    """redis-py sends a call again when the connection drops before its reply (a reset).
+    The take (or, with a planted value, the swap) had run, so the second found the taker's
+    own token there and said "held": the taker did not hold it, nor could anyone else for
+    the whole ttl (the attacker review, through a proxy that dropped one reply)."""
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.open_backend(url)
+    if signed:
+        rc.Cache(backend, secret="fleet-secret")  # signs the backend's leases
+    name = "r/e/set"
+    direct = redis.Redis(port=redis_server.port)
+    if planted:
+        direct.set(f"{unique_prefix}lease:{name}", b"junk-not-a-token", px=60_000)
+    taker = backend.lease(name, 30.0)
+    run = taker._run  # type: ignore[attr-defined]
+    calls: list[int] = []
+    again = 3 if planted else 1  # the swap (after the take and the look), or the take
+
+    def resent(op: str, call: Any) -> Any:  # as redis-py's retry after a reset
+        calls.append(1)
+        if len(calls) == again:
+            run(op, call)  # run on the server; its reply lost
+        return run(op, call)
+
+    taker._run = resent  # type: ignore[attr-defined]
+    if planted and not signed:
+        assert not taker.acquire()  # unsigned: a planted string that expires is a holder
+    else:
+        assert taker.acquire() and taker.held
+        taker._run = run  # type: ignore[attr-defined]
+        other = backend.lease(name, 30.0)
+        assert not other.acquire()  # held by the taker, as it believes
+        assert taker.renew()
+        taker.release()
+        assert other.acquire()
+        other.release()
+    direct.close()
+    _drop(backend)
+
+
 def test_a_cache_reopened_with_a_rotated_secret_signs_leases_with_the_new_key(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
