@@ -135,9 +135,13 @@ def test_append_lines_writes_only_to_a_regular_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="needs POSIX owners")
-def test_a_guard_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o2770])
+def test_a_guard_folder_others_can_write_is_not_used(tmp_path: Path, mode: int) -> None:
+    """Its group too (the attacker review): a member planted a mark file naming a good
+    shared binary, which the next process blocklisted and evicted, or truncated a table
+    the process had mapped (SIGBUS)."""
     folder = _folder(tmp_path)
-    folder.chmod(0o777)
+    folder.chmod(mode)
     guard = LoadGuard(str(folder))
     try:
         assert guard.standing([D1], []) == "unknown"
@@ -188,6 +192,64 @@ def test_a_full_disk_leaves_the_guard_unmapped_not_the_process_dead(tmp_path: Pa
         assert done.stdout.split() == ["loading", "not", "mapped"]
     finally:
         subprocess.run(["umount", "-l", str(where)])
+
+
+def test_a_read_only_guard_folder_falls_back_to_a_private_one(tmp_path: Path) -> None:
+    """The default folder on a read-only mount: the guard went silently off (no mark file,
+    nothing known, a load crash repeated at every start); now it uses the private temporary
+    folder, as for a read-only home, and says so."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a read-only folder")
+    state = tmp_path / "state"
+    state.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(state)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:  # the folder is there (it lists), and the mount is then made read-only
+        (state / "runtime-cache" / "opencl-guard").mkdir(parents=True, mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        code = (
+            "from runtime_cache.opencl.guard import guard\n"
+            f"with guard.loading([{D1!r}]): print(guard._fd is not None, guard.folder)\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "RUNTIME_CACHE_GUARD_DIR"}
+        run = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, "XDG_STATE_HOME": str(state), "TMPDIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        held, folder = run.stdout.split()
+        assert held == "True" and folder.startswith(str(tmp_path / "runtime-cache-"))
+        assert "cannot be written" in run.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(state)])
+
+
+def test_a_relative_guard_folder_is_fixed_at_the_start(tmp_path: Path) -> None:
+    """RUNTIME_CACHE_GUARD_DIR=guard turned the guard off (makedirs of ''), and ./guard
+    moved with a chdir into an unchecked folder."""
+    (tmp_path / "elsewhere").mkdir()
+    code = (
+        "import os\n"
+        "from runtime_cache.opencl.guard import guard\n"
+        "print(guard.folder)\n"
+        "os.chdir('elsewhere')\n"
+        f"with guard.loading([{D1!r}]): print(guard._fd is not None, guard.folder)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RUNTIME_CACHE_GUARD_DIR": "guard"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    first, held, used = run.stdout.split()
+    assert first == used == str(tmp_path / "guard") and held == "True"
+    assert not (tmp_path / "elsewhere" / "guard").exists()
 
 
 def test_reserve_says_whether_the_disk_gave_the_space(tmp_path: Path) -> None:

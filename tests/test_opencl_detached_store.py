@@ -4,6 +4,7 @@ store cannot be reopened."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,7 +72,14 @@ def _opencl() -> None:
 
 
 def _app(
-    runs: Path, kind: str, folder: Path | str, count: int, salt: str, stdin: str = "", **env: str
+    runs: Path,
+    kind: str,
+    folder: Path | str,
+    count: int,
+    salt: str,
+    stdin: str = "",
+    cwd: Path | None = None,
+    **env: str,
 ) -> dict[str, Any]:
     if not is_pocl():
         # Elsewhere a read-back is cheap and "auto" keeps the store in the process: hand off
@@ -83,6 +91,7 @@ def _app(
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=cwd,
         env=dict(os.environ, RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(runs), **env),
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -108,6 +117,51 @@ def test_a_program_built_in_a_process_that_exits_is_stored_after_it(tmp_path: Pa
     warm = _app(runs, "dir", folder, 2, salt)
     assert warm["builds"] == 0 and warm["loads"] == 2 and warm["handed_off"] == 0
     assert not list(runs.glob("*.jobs")), "the jobs file is removed once read"
+
+
+def test_a_relative_records_folder_and_an_endless_bound_still_store(tmp_path: Path) -> None:
+    """The attacker review: RUNTIME_CACHE_OPENCL_DETACHED_DIR=runs was looked up again from
+    inside it by the detached process, and a bound of inf overflowed its alarm; either
+    killed it before it stored anything, after the app had handed the programs off."""
+    folder, salt = tmp_path / "cache", str(os.getpid())
+    bound = {"RUNTIME_CACHE_OPENCL_DETACHED_SECONDS": "inf"}
+    cold = _app(Path("runs"), "dir", folder, 2, salt, cwd=tmp_path, **bound)
+    assert cold["handed_off"] == 2
+    assert wait_for_detached_stores(timeout=180, folder=str(tmp_path / "runs"))
+    (record,) = detached_runs(str(tmp_path / "runs"))
+    assert record["stored"] == 2 and "error" not in record, record
+    assert len(_keys(folder)) == 2
+
+
+def test_a_full_records_folder_stops_no_store(tmp_path: Path) -> None:
+    """The records folder on a full disk, the cache's with room: the detached process died
+    on its first record, and nothing was stored."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(full)]).returncode
+    ):
+        pytest.skip("needs root and a tmpfs mount to fill a file system")
+    try:
+        runs = full / "runs"
+        runs.mkdir(mode=0o700)
+        filler = full / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as handle:
+            while True:
+                handle.write(bytes(4096))
+                handle.flush()
+        os.truncate(filler, filler.stat().st_size - 4096)  # room for the jobs file alone
+        folder = tmp_path / "cache"
+        cold = _app(runs, "dir", folder, 2, str(os.getpid()))
+        assert cold["handed_off"] == 2
+        deadline = time.monotonic() + 180
+        while len(_keys(folder)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_keys(folder)) == 2
+        assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]
+    finally:
+        subprocess.run(["umount", "-l", str(full)])
 
 
 def test_never_detach_keeps_the_bounded_flush_in_the_process(tmp_path: Path) -> None:

@@ -86,6 +86,32 @@ def test_unknown_binaries_are_vetted_once_then_loaded_directly(
     assert len(known) == 1
 
 
+PRINTF_SRC = """
+__kernel void say(__global float *a) {
+    if (get_global_id(0) == 0) printf("hello from the kernel\\n");
+    a[get_global_id(0)] = 1.0f;
+}
+"""
+
+
+def test_a_kernel_that_prints_passes_vetting(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attacker review: the driver writes a kernel's printf() to descriptor 1, which
+    was the vetting child's reply pipe; the replies came out garbled, and a good binary was
+    "could not vet" and set aside on this machine for a day."""
+    from runtime_cache.opencl import build_program, opencl_stats
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, PRINTF_SRC, cache=cache)
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    build_program(ctx, PRINTF_SRC, cache=cache)
+    stats = opencl_stats()
+    assert (stats.vetted, stats.vet_local, stats.vet_failures) == (1, 0, 0)
+    assert stats.binary_loads == 1
+    assert not (tmp_path / "guard-elsewhere" / "set-aside").exists()
+
+
 LONG_BOUND_SRC = """
 // a loop bound passed by value, 8 bytes wide: a driver may take a buffer for it
 __kernel void fill(__global float *a, const long n, __local float *scratch) {

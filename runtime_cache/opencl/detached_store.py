@@ -72,6 +72,9 @@ ENV_DETACHED_SECONDS = "RUNTIME_CACHE_OPENCL_DETACHED_SECONDS"
 #: In ``auto`` mode, a first read-back at exit slower than this hands the rest off.
 SLOW_READ_SECONDS = 0.25
 _DEFAULT_DETACHED_SECONDS = 900.0
+#: The longest a detached process may be given (a day): a larger or infinite setting is cut
+#: to it (``inf`` overflowed the child's alarm, which died before storing anything).
+MAX_DETACHED_SECONDS = 86400.0
 #: Records of finished runs older than this are removed when a new run starts.
 _KEEP_RECORDS_SECONDS = 7 * 86400.0
 _LOG_LIMIT = 1 << 20
@@ -97,9 +100,12 @@ def detached_seconds() -> float:
     """The bound on a detached process's life, from ``RUNTIME_CACHE_OPENCL_DETACHED_SECONDS``."""
     text = os.environ.get(ENV_DETACHED_SECONDS, "").strip()
     try:
-        return max(1.0, float(text)) if text else _DEFAULT_DETACHED_SECONDS
+        seconds = float(text) if text else _DEFAULT_DETACHED_SECONDS
     except ValueError:
         return _DEFAULT_DETACHED_SECONDS
+    if seconds != seconds:  # nan
+        return _DEFAULT_DETACHED_SECONDS
+    return min(max(1.0, seconds), MAX_DETACHED_SECONDS)
 
 
 def compiles_on_read(devices: Sequence[Any]) -> bool:
@@ -118,7 +124,13 @@ def runs_folder() -> str:
     """The folder of the detached processes' records and log:
     ``RUNTIME_CACHE_OPENCL_DETACHED_DIR``, else ``opencl-detached`` in the state folder."""
     folder = environment.read(ENV_DETACHED_DIR)
-    return folder or os.path.join(environment.state_directory(), "opencl-detached")
+    # Absolute: the detached process starts in another folder (a relative one was looked
+    # up again from there, and the process died before storing anything).
+    return (
+        os.path.abspath(folder)
+        if folder
+        else os.path.join(environment.state_directory(), "opencl-detached")
+    )
 
 
 def _running(folder: str) -> list[int]:
@@ -210,9 +222,13 @@ def _job(plan: ProgramPlan, seconds: float) -> list[Any]:
 def write_record(path: str, record: dict[str, Any]) -> None:
     """Write a detached store's record (JSON) at ``path``, whole or not at all."""
     temp = f"{path}.tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-    os.replace(temp, path)
+    try:
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+        os.replace(temp, path)
+    except OSError:
+        _remove(temp)  # (a full disk): no half record left behind
+        raise
 
 
 def _remove(path: str) -> None:
@@ -258,7 +274,8 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
                 stderr=out,
                 cwd=folder,
                 start_new_session=True,
-                env={**os.environ, "PYOPENCL_NO_CACHE": "1"},
+                # The folder as this process resolved it (the other one starts in it).
+                env={**os.environ, "PYOPENCL_NO_CACHE": "1", ENV_DETACHED_DIR: folder},
             )
     except OSError as exc:
         log.warning("runtime-cache: could not start the detached store (%s)", exc)

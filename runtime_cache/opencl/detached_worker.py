@@ -25,6 +25,7 @@ doing: an entry is written whole or not at all. It writes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ from typing import Any
 import msgpack
 
 from ..cache import Cache
-from .detached_store import runs_folder, write_record
+from .detached_store import MAX_DETACHED_SECONDS, runs_folder, write_record
 from .wire import read_message
 
 __all__ = ["main"]
@@ -104,6 +105,18 @@ def _run(message: dict[str, Any], record: dict[str, Any]) -> None:
         cache.close()
 
 
+def _write_quietly(path: str, record: dict[str, Any]) -> None:
+    try:
+        write_record(path, record)
+    except OSError as exc:  # (a full or read-only records folder): the log says it
+        _say(f"runtime-cache detached store: cannot write {path}: {exc}")
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # the log sits in the records folder: full too
+        print(line, file=sys.stderr, flush=True)
+
+
 def main() -> int:
     """Store the jobs the parent handed over on stdin; 0 when all went as planned."""
     try:
@@ -119,26 +132,26 @@ def main() -> int:
         message = read_message(sys.stdin.buffer)
     except EOFError:
         return 1
-    signal.alarm(int(float(message.get("seconds", 900))) + _GRACE_SECONDS)
     folder = runs_folder()
     running = os.path.join(folder, f"{pid}.running")
-    write_record(running, record)
     try:
+        seconds = min(float(message.get("seconds", 900)), MAX_DETACHED_SECONDS)
+        signal.alarm(int(seconds) + _GRACE_SECONDS)
+        _write_quietly(running, record)  # a full records folder stops no store
         _run(message, record)
     except Exception as exc:  # recorded, and the exit status says it
         record["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         record["seconds"] = time.perf_counter() - clock
         record["cpu_seconds"] = time.process_time() - cpu
-        write_record(os.path.join(folder, f"{pid}.json"), record)
-        os.unlink(running)
-    print(
+        _write_quietly(os.path.join(folder, f"{pid}.json"), record)
+        with contextlib.suppress(OSError):
+            os.unlink(running)
+    _say(
         f"runtime-cache detached store {pid}: {record['stored']} of {record['programs']} "
         f"programs stored, {record['present']} already there, {record['changed']} changed, "
         f"{record['failed']} failed, {record['left']} left, in {record['seconds']:.1f} s "
-        f"({record['cpu_seconds']:.1f} s CPU){'; ' + record['error'] if 'error' in record else ''}",
-        file=sys.stderr,
-        flush=True,
+        f"({record['cpu_seconds']:.1f} s CPU){'; ' + record['error'] if 'error' in record else ''}"
     )
     return 1 if "error" in record else 0
 

@@ -6,7 +6,7 @@ symbolic link and without blocking (a FIFO planted under one of these names is
 skipped), reads only regular files of at most
 :data:`~.known_list.MAX_LIST_BYTES`, and writes
 a list anew through a fresh temporary file. The folder itself must be this
-user's own and not writable by others (:func:`open_folder`): on a folder that
+user's own and not writable by its group or others (:func:`open_folder`): on a folder that
 another user can write, these names could point anywhere.
 
 A process holds an exclusive ``flock`` on its own mark file while it lives, and
@@ -48,9 +48,11 @@ _MAX_PID = 1 << 22
 def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
     """Make ``folder`` (private) and list it.
 
-    ``OSError`` when it is unusable, not this user's own, or writable by others;
-    with ``private_parent`` (a shared temporary folder's), also when its parent is
-    not a private folder of this user.
+    ``OSError`` when it is unusable, cannot be written (a read-only mount), is not this
+    user's own, or its group or others can write it (a member could plant a mark file
+    that evicts a good entry, or truncate a mapped table under this process: SIGBUS);
+    with ``private_parent`` (a shared temporary folder's), also when its parent is not
+    a private folder of this user.
     """
     try:
         names = os.listdir(folder)
@@ -62,8 +64,10 @@ def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
     if geteuid is None:  # not POSIX: no owners to check
         return names
     info = os.stat(folder)
-    if info.st_uid != geteuid() or info.st_mode & 0o002:
-        raise OSError(f"{folder} is not this user's own, or others can write to it")
+    if info.st_uid != geteuid() or info.st_mode & 0o022:
+        raise OSError(f"{folder} is not this user's own, or its group or others can write it")
+    if not os.access(folder, os.W_OK | os.X_OK):  # read-only: no mark could be written
+        raise OSError(f"{folder} cannot be written")
     if private_parent:
         parent = os.lstat(os.path.dirname(folder))
         if parent.st_uid != geteuid() or parent.st_mode & 0o022:

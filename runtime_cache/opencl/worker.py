@@ -203,8 +203,13 @@ def _load(
 
 def main() -> int:
     """Serve build jobs from stdin until it closes."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    # Driver chatter must not corrupt the protocol stream.
+    stdin = sys.stdin.buffer
+    # Driver chatter must not corrupt the protocol stream: the replies go out on a copy of
+    # descriptor 1, and 1 itself goes to stderr (a kernel's printf() writes to descriptor 1
+    # from the driver, which Python's sys.stdout never sees).
+    sys.stdout.flush()
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
         from .fingerprint import open_devices
