@@ -83,6 +83,9 @@ class Cache(Inventory, BatchReads):
         limits: Limits = DEFAULT_LIMITS,
         insecure: bool = False,
     ) -> None:
+        if backend is not None and not isinstance(backend, Backend):
+            hint = " (open it with runtime_cache.open_backend(url))" * isinstance(backend, str)
+            raise TypeError(f"a Cache needs a Backend, not {type(backend).__name__}{hint}")
         self.enabled = backend is not None
         self._backend: Backend = backend if backend is not None else NullBackend()
         self._secret = normalize_secret(secret)

@@ -5,6 +5,7 @@ Kept apart from the core so that the core stays free of ``os``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -149,6 +150,29 @@ def state_directory() -> str:
         return fallback_directory("state")
 
 
+#: The largest secret file read: a FIFO nobody writes, or ``/dev/zero``, hung every process
+#: that read the secret (an app's first get_cache(), the command line).
+MAX_SECRET_FILE = 64 * 1024
+
+
+def _read_small_file(path: str, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; ``OSError`` for anything else
+    (a FIFO or a device is never waited on: it is opened without blocking)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
 def read_secret_file(path: str) -> list[str]:
     """The keys in a secret file: one a line, blank lines skipped; the first one signs.
 
@@ -156,10 +180,10 @@ def read_secret_file(path: str) -> list[str]:
     be read or holds no key.
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            keys = [line.strip() for line in handle if line.strip()]
+        text = _read_small_file(path, MAX_SECRET_FILE).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSecretError(f"cannot read the secret file {path!r}: {exc}") from exc
+    keys = [line.strip() for line in text.splitlines() if line.strip()]
     if not keys:
         raise InvalidSecretError(f"the secret file {path!r} holds no secret")
     return keys

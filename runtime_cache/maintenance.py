@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .api import Backend
 from .cache import Cache
 from .codec import decode_meta
 from .errors import (
@@ -37,9 +38,12 @@ class VerifyReport:
     process with larger limits reads them).
     ``skipped`` names could not be read at all (a name that is no key, a file
     the backend cannot open), with the reason; they are never deleted.
+    ``signature_kept`` bad ones failed only their signature while no entry verified
+    with this secret (a wrong secret, most likely): ``repair`` does not delete them.
     """
 
     checked: int = 0
+    signature_kept: int = 0
     bad: list[tuple[str, str]] = field(default_factory=list)
     removed: int = 0
     unsigned: int = 0
@@ -72,7 +76,10 @@ def verify(
 
     With ``repair=True``, bad entries are deleted, compare-and-delete: only the
     bytes judged bad, so an entry rebuilt meanwhile is kept. Good entries and
-    entries in a newer format are never touched.
+    entries in a newer format are never touched. Entries that fail only their
+    signature are deleted only when some entry verified with this secret: when none
+    did, the secret is more likely wrong than every entry forged (a mistyped secret
+    removed a whole cache), and they are kept (``signature_kept``).
     A name that is no valid key, or an entry the backend cannot read, is
     skipped and reported, and the check goes on. ``on_progress(done, total)``
     is told after each entry.
@@ -80,6 +87,7 @@ def verify(
     report = VerifyReport()
     backend = cache.backend
     names = list(backend.keys(prefix))
+    verified, forged = 0, list[str]()
     # Links, FIFOs and folders at entry names (the directory backend names them): a read
     # of their key removes them, so --repair does; either way they are reported.
     for skey in list(getattr(backend, "listed_junk", None) or ()):
@@ -111,20 +119,43 @@ def verify(
         report.checked += 1
         try:
             cache.decode(skey, blob)
+            verified += 1
         except NewerFormatError:
             report.newer += 1
         except OverLimitError:
             report.over_limit += 1
         except RuntimeCacheError as exc:
             report.bad.append((skey, str(exc)))
-            if isinstance(exc, SignatureError) and _unsigned(cache, blob):
+            signature = isinstance(exc, SignatureError)
+            if signature and _unsigned(cache, blob):
                 report.unsigned += 1
-            if repair:
-                try:
-                    report.removed += bool(backend.delete_if(skey, blob))
-                except RuntimeCacheError as failed:
-                    report.skipped.append((skey, f"not removed: {failed}"))
+            if signature:
+                forged.append(skey)  # removed at the end, once some entry has verified
+            elif repair:
+                _remove(backend, skey, blob, report)
+    if forged and not verified:
+        report.signature_kept = len(forged)
+    for skey in forged if verified and repair else ():
+        try:  # read again: their bytes are not held for the whole walk
+            again = backend.peek(skey)
+        except RuntimeCacheError:
+            continue  # unreadable now: judged at the next check
+        if again is None:
+            continue
+        try:
+            cache.decode(skey, again)
+        except SignatureError:
+            _remove(backend, skey, again, report)
+        except RuntimeCacheError:
+            pass  # changed meanwhile: judged at the next check
     return report
+
+
+def _remove(backend: Backend, skey: str, blob: bytes, report: VerifyReport) -> None:
+    try:
+        report.removed += bool(backend.delete_if(skey, blob))
+    except RuntimeCacheError as failed:
+        report.skipped.append((skey, f"not removed: {failed}"))
 
 
 @dataclass

@@ -33,7 +33,10 @@ SecretKeys = tuple[bytes, ...]
 
 def _one_secret(secret: object) -> bytes:
     if isinstance(secret, str):
-        secret = secret.encode("utf-8")
+        try:  # bytes the environment could not decode come back as they were given
+            secret = secret.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise InvalidSecretError("a secret must be text UTF-8 can encode") from None
     if not isinstance(secret, (bytes, bytearray)):
         raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
     if not bytes(secret).strip():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 import os
 import subprocess
 import sys
@@ -246,11 +247,32 @@ def test_verify_with_a_secret_on_an_unsigned_cache_does_not_advise_repair(
         cache.put(key(i), b"unsigned")
     code, out, _ = run("verify", secret="fleet-secret")
     assert code == 1
-    assert "--repair" not in out.replace("--repair would delete", "")
+    assert "--repair" not in out.replace("--repair keeps", "")
     assert "the cache is unsigned" in out
     code, out, _ = run("verify", "--json", secret="fleet-secret")
     assert json.loads(out)["unsigned"] == 3
+    code, out, _ = run("verify", "--repair", secret="fleet-secret")  # (removed all 3)
+    assert code == 1 and "0 removed" in out
     assert len(list(backend.keys())) == 3
+
+
+def test_verify_repair_with_a_wrong_secret_removes_nothing(
+    run: Run, backend: DirectoryBackend
+) -> None:
+    """The operator review: a mistyped secret made every entry "bad", and --repair, as
+    advised, removed the whole cache. Once one entry verifies, a forged one goes."""
+    cache = rc.Cache(backend, secret="the-right-secret")
+    for i in range(3):
+        cache.put(key(i), b"signed")
+    code, out, _ = run("verify", "--repair", secret="a-mistyped-secret")
+    assert code == 1 and "0 removed" in out and "more likely wrong" in out
+    assert len(list(backend.keys())) == 3
+    forged = rc.Cache(backend, secret="someone-elses-secret")
+    forged.put(key(9), b"forged")
+    code, out, _ = run("verify", "--repair", "--json", secret="the-right-secret")
+    report = json.loads(out)
+    assert report["removed"] == 1 and report["signature_failures_kept"] == 0
+    assert sorted(backend.keys()) == sorted(str(key(i)) for i in range(3))
 
 
 def test_show_raw_into_a_missing_folder_is_an_error_not_a_traceback(
@@ -536,3 +558,113 @@ def test_links_and_fifos_at_entry_names_are_reported_and_repaired(tmp_path: Path
     assert not link.is_symlink() and not fifo.exists() and entry.exists()
     assert not (tmp_path / "elsewhere").exists()
     assert cli("verify").returncode == 0
+
+
+def _filled(tmp_path: Path, entries: int, size: int) -> str:
+    url = f"dir://{tmp_path / 'big'}"
+    cache = rc.Cache(rc.open_backend(url))
+    for i in range(entries):
+        cache.put(key(i), os.urandom(size))
+    return url
+
+
+def test_output_cut_short_is_never_a_success(tmp_path: Path) -> None:
+    """The operator review: a buffered write into a pipe whose reader closes returned a
+    short count, so `export - | head -c 10` said "exported" and exited 0 (and so did
+    `ls --json | head -n 1`). Cut short is 141, as cli.md says."""
+    big = _filled(tmp_path / "big", 8, 256 * 1024)  # 2 MiB: more than a pipe holds
+    many = _filled(tmp_path / "many", 1500, 8)  # a listing of more than a pipe holds
+    for url, command in ((big, ["export", "-"]), (many, ["ls", "--json"])):
+        cut = "head -c 10"
+        done = subprocess.run(
+            f"{sys.executable} -m runtime_cache --cache {url} {' '.join(command)} | {cut}"
+            " > /dev/null; echo ${PIPESTATUS[0]}",
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.stdout.split()[-1] == "141", (command, done.stdout, done.stderr)
+        assert "exported" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_export_writes_into_a_device_or_fifo_and_through_a_link(tmp_path: Path) -> None:
+    """The operator review: export replaced /dev/full (and a FIFO, and /dev/stdout's link)
+    with a regular file and said it had exported."""
+    url = _filled(tmp_path, 2, 1024)
+    if os.geteuid() == 0:  # a /dev/full of the test's own (the real one was replaced)
+        full = tmp_path / "full"
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        done = cli("--cache", url, "export", str(full))
+        assert done.returncode == 1 and "No space left" in done.stderr, done.stderr
+        assert full.is_char_device()
+    target = tmp_path / "real.rcb"
+    link = tmp_path / "link.rcb"
+    link.symlink_to(target)
+    done = cli("--cache", url, "export", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and target.stat().st_size > 2048
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    done = cli("--cache", url, "export", str(fifo))
+    data = reader.communicate(timeout=30)[0]
+    assert done.returncode == 0 and len(data) == target.stat().st_size
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_export_to_a_closed_stdout_is_a_line_not_a_traceback(tmp_path: Path) -> None:
+    url = _filled(tmp_path, 1, 1024)
+    done = subprocess.run(
+        f"{sys.executable} -m runtime_cache --cache {url} export - >&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr
+
+
+def test_a_secret_file_that_is_no_regular_file_or_is_endless_is_refused(tmp_path: Path) -> None:
+    """The operator review: a FIFO or /dev/zero as RUNTIME_CACHE_SECRET_FILE hung the
+    command line and an app's first get_cache()."""
+    fifo = tmp_path / "secret-fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime_cache", "--cache", "memory://", "ls"],
+            env={**os.environ, "RUNTIME_CACHE_SECRET_FILE": path},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2 and "not a regular file" in done.stderr, done.stderr
+    big = tmp_path / "big-secret"
+    big.write_text("x" * 70_000)
+    with pytest.raises(rc.errors.InvalidSecretError, match="larger than"):
+        rc.environment.read_secret_file(str(big))
+
+
+def test_a_secret_of_undecodable_bytes_signs_as_those_bytes(tmp_path: Path) -> None:
+    """The operator review: RUNTIME_CACHE_SECRET=$'\\xff\\xfe-x' (or --secret) ended in a
+    UnicodeEncodeError traceback. The bytes as given are the key."""
+    code = (
+        "import os, runtime_cache as rc\n"
+        "c = rc.get_cache()\n"
+        "print(c.signed, c.secret_keys() == (os.environb[b'RUNTIME_CACHE_SECRET'],))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RUNTIME_CACHE_SECRET": "\udcff\udcfe-x", "RUNTIME_CACHE": "memory://"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert done.stdout.split() == ["True", "True"], done.stderr
+    with pytest.raises(TypeError, match="open_backend"):
+        rc.Cache("memory://")  # type: ignore[arg-type]

@@ -18,7 +18,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 
 from .. import environment
@@ -46,6 +45,7 @@ from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
+from .output import replace_file, write_all
 
 __all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
@@ -111,30 +111,13 @@ def add_parsers(add: AddCommand) -> None:
 def _write_file(path: str, data: bytes) -> None:
     if path == "-":
         stream = binary_stdout()
-        stream.write(data)
+        write_all(stream, data)
         stream.flush()
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(path)
     try:
-        # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted under any name is never followed.
-        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        replace_file(path, data)
     except OSError as exc:
         raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(handle.fileno(), 0o666 & ~mask)  # as a plain open() would have made it
-            handle.write(data)
-        os.replace(temp, path)  # never leave a half-written bundle under the real name
-    except OSError as exc:
-        raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass  # renamed into place: nothing left to remove
 
 
 def _exact(read: Callable[[int], bytes], size: int) -> bytes:

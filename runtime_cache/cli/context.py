@@ -19,6 +19,7 @@ from ..codec import UNSIGNED_ENTRY as UNSIGNED
 from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
 from ..urls import tier_urls
 from .fmt import clean
+from .output import write_text
 
 __all__ = [
     "CommandContext",
@@ -195,8 +196,7 @@ class CommandContext:
 
     def emit_json(self, value: Any) -> None:
         """Write ``value`` as JSON to the output stream."""
-        json.dump(value, self.out, indent=2, sort_keys=False, default=str)
-        self.out.write("\n")
+        write_text(self.out, json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
 
     def is_terminal(self) -> bool:
         """Whether the error stream (where progress bars go) is a terminal."""
@@ -209,6 +209,8 @@ class CommandContext:
 def binary_stdout() -> BinaryIO:
     """Standard output for binary data (a file named ``-``); :class:`UsageError` when it
     is a terminal, where the bytes would only garble the screen."""
+    if sys.stdout is None:  # (started with it closed: `>&-`)
+        raise UsageError("standard output is closed: name a file, or redirect it")
     try:
         terminal = sys.stdout.isatty()
     except (AttributeError, ValueError, OSError):

@@ -37,6 +37,7 @@ from .fmt import (
     short_key,
     signed_line,
 )
+from .output import write_all, write_text
 
 __all__ = ["SORTS", "SOURCES", "add_parsers", "cmd_ls", "cmd_show", "cmd_stats", "group_stats"]
 
@@ -163,7 +164,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
             "signed": ctx.cache.signed,
             "unsigned": _unsigned(infos),
         }
-        ctx.out.write(json.dumps(listing, default=_json_default) + "\n")
+        write_text(ctx.out, json.dumps(listing, default=_json_default) + "\n")
         return code
     if not infos:
         print("no entries", file=ctx.out)
@@ -295,7 +296,7 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
         return 1
     if path == "-":
         stream = binary_stdout()
-        stream.write(entry.value)
+        write_all(stream, entry.value)
         stream.flush()
         return 0
     try:

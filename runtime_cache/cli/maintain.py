@@ -256,6 +256,7 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "unsigned": report.unsigned,
                 "newer_format_kept": report.newer,
                 "over_limit_kept": report.over_limit,
+                "signature_failures_kept": report.signature_kept,
                 "skipped": [{"key": k, "reason": r} for k, r in report.skipped],
                 "ok": report.ok,
                 "signatures_checked": ctx.cache.signed,
@@ -283,10 +284,18 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
             "(a process with larger limits reads them)",
             file=ctx.out,
         )
-    if report.unsigned and not args.repair and unsigned_cache:
+    if report.signature_kept and unsigned_cache:
         print(
-            "the cache is unsigned: it was filled without a secret, so --repair would delete "
-            "everything; check it without --secret, or fill it again with the secret set",
+            "the cache is unsigned: it was filled without a secret, so --repair keeps its "
+            "entries; check it without --secret, or fill it again with the secret set",
+            file=ctx.out,
+        )
+    elif report.signature_kept:
+        print(
+            f"{count(report.signature_kept, 'entry fails its', 'entries fail their')} "
+            "signature check and none verified with this secret: it is more likely wrong "
+            "than every entry forged, so --repair keeps them (`runtime-cache clear` removes "
+            "them on purpose)",
             file=ctx.out,
         )
     elif report.unsigned and not args.repair:
