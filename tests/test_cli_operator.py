@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import stat
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
