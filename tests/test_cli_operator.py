@@ -679,9 +679,10 @@ def test_import_onto_a_full_disk_counts_what_it_wrote(tmp_path: Path) -> None:
     assert main(["--cache", url, "export", str(bundle)]) == 0
     full = tmp_path / "full"
     full.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)]
-    ).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)]).returncode
+    ):
         pytest.skip("needs root and a tmpfs mount to fill a file system")
     try:
         done = cli("--cache", f"dir://{full / 'cache'}", "import", "--json", str(bundle))
