@@ -167,6 +167,8 @@ class PruneReport:
     remaining: int = 0
     remaining_bytes: int = 0
     leftovers: int = 0
+    #: Entries that could not be removed (an immutable file, a permission), and why.
+    failed: list[tuple[str, str]] = field(default_factory=list)
 
 
 def prune(
@@ -196,7 +198,12 @@ def prune(
             on_progress(done, len(items))
         expired = older_than is not None and now - last > older_than
         over = max_size is not None and total > max_size
-        if (expired or over) and cache.delete(key):
+        try:  # one that cannot be removed does not stop the rest (as clear goes on)
+            removed = (expired or over) and cache.delete(key)
+        except RuntimeCacheError as exc:
+            report.failed.append((key, str(exc)))
+            removed = False
+        if removed:
             report.removed += 1
             report.freed += size
             total -= size

@@ -67,7 +67,7 @@ def parse_size(text: str | int) -> int:
     match = _SIZE.match(text)
     unit = (match.group(2) or "").lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
-        raise InvalidValueError(f"not a size: {text!r} (try 500MB, 64KiB or 1024)")
+        raise InvalidValueError(f"not a size: {text!r} (try 500MB, 64KiB or 4096B)")
     size = float(match.group(1)) * _SIZE_UNITS[unit]
     if not size < 2**63:  # also catches inf from a long run of digits
         raise InvalidValueError(f"size {text!r} is too large")

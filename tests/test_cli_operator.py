@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -693,3 +694,23 @@ def test_import_onto_a_full_disk_counts_what_it_wrote(tmp_path: Path) -> None:
         assert report["not_written"] == 300 - good
     finally:
         subprocess.run(["umount", "-l", str(full)])
+
+
+def test_prune_goes_on_past_an_entry_it_cannot_remove(tmp_path: Path) -> None:
+    """The operator review: one immutable entry stopped prune after its first removal, and
+    the cache stayed over the cap (clear went on past it)."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    url = _filled(tmp_path, 6, 1024)
+    root = tmp_path / "big"
+    stuck = sorted(root.rglob("*.rce"))[2]
+    if subprocess.run(["chattr", "+i", str(stuck.parent)]).returncode:
+        pytest.skip("this file system has no immutable flag")
+    try:
+        done = cli("--cache", url, "prune", "--max-size", "1B")
+        assert done.returncode == 1 and "not removed" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "removed 5 entries" in done.stdout, done.stdout
+        assert list(root.rglob("*.rce")) == [stuck]
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck.parent)])

@@ -225,9 +225,10 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         )
     finally:
         progress.close()
+    code = 1 if report.failed else 0
     if args.json:
         ctx.emit_json(asdict(report))
-        return 0
+        return code
     print(
         f"removed {count(report.removed, 'entry', 'entries')} ({human_size(report.freed)}); "
         f"{count(report.remaining, 'entry remains', 'entries remain')} "
@@ -236,7 +237,11 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
     )
     if report.leftovers:
         print(f"also removed {report.leftovers} stale temp files", file=ctx.out)
-    return 0
+    for key, reason in report.failed[:5]:
+        print(f"runtime-cache: not removed: {clean(key)}: {clean(reason)}", file=ctx.err)
+    if len(report.failed) > 5:
+        print(f"runtime-cache: {len(report.failed) - 5} more not removed", file=ctx.err)
+    return code
 
 
 def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
