@@ -18,6 +18,16 @@ from runtime_cache.backends.directory import DirectoryBackend
 UID = 48213  # no passwd entry on a test machine
 WARNING = "no usable home folder"
 
+def _user_tmp() -> str:
+    """A temporary folder every user can write (sticky and world-writable, as /tmp is): the
+    tests' uid must make its own folders there. A private TMPDIR (0755, root's) made three
+    of these tests fail for a reason of the machine's, so /tmp stands in for it then."""
+    here = tempfile.gettempdir()
+    return here if os.stat(here).st_mode & 0o1002 == 0o1002 else "/tmp"
+
+
+TMP = _user_tmp()
+
 SCRIPT = r"""
 import logging, os, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -48,14 +58,15 @@ def _as_user(uid: int, args: list[str], env: dict[str, str]) -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=tempfile.gettempdir(),
+        cwd=TMP,
     )
 
 
 def _env(**extra: str) -> dict[str, str]:
     root = str(Path(rc.__file__).resolve().parent.parent)
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "PYOPENCL_CTX", "TMPDIR")}
-    return {**keep, "PYTHONPATH": os.pathsep.join([root, *sys.path[1:]]), **extra}
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "PYOPENCL_CTX")}
+    path = os.pathsep.join([root, *sys.path[1:]])
+    return {**keep, "TMPDIR": TMP, "PYTHONPATH": path, **extra}
 
 
 @pytest.fixture
@@ -69,7 +80,7 @@ def fresh_uid() -> int:
     except KeyError:
         pass
     for kind in ("cache", "state", "driver"):
-        shutil.rmtree(Path(tempfile.gettempdir()) / f"runtime-cache-{UID}-{kind}", True)
+        shutil.rmtree(Path(TMP) / f"runtime-cache-{UID}-{kind}", True)
     return UID
 
 
@@ -84,8 +95,8 @@ def test_get_cache_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> No
 def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int) -> None:
     """Another user (root here) puts a link at the temporary folder this user would take,
     to a folder of this user's: the cache must not open there (its vacuum would clean it)."""
-    victim = Path(tempfile.mkdtemp(prefix="rc-victim-"))
-    planted = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-cache"
+    victim = Path(tempfile.mkdtemp(prefix="rc-victim-", dir=TMP))
+    planted = Path(TMP) / f"runtime-cache-{fresh_uid}-cache"
     try:
         notes = victim / ".tmp-0123456789abcdef"
         notes.write_text("the user's own file")
@@ -116,7 +127,7 @@ def test_ls_without_home_makes_no_temporary_folder(fresh_uid: int) -> None:
     """With no home, the default is the temporary folder: a command that only reads names
     it and makes nothing (the check itself used to make it)."""
     done = _as_user(fresh_uid, [sys.executable, "-m", "runtime_cache", "ls"], _env())
-    folder = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-cache"
+    folder = Path(TMP) / f"runtime-cache-{fresh_uid}-cache"
     assert done.returncode == 1, done.stderr
     assert f"no cache at {folder}" in done.stderr and not folder.exists()
     assert "Traceback" not in done.stderr
@@ -131,7 +142,7 @@ def test_build_program_without_home_or_passwd_entry_warns_once(fresh_uid: int) -
     assert done.returncode == 0, done.stderr
     assert "stats 1 1" in done.stdout  # stored once, then loaded from the cache
     assert done.stderr.count(WARNING) == 1, done.stderr
-    guard = Path(tempfile.gettempdir()) / f"runtime-cache-{fresh_uid}-state" / "opencl-guard"
+    guard = Path(TMP) / f"runtime-cache-{fresh_uid}-state" / "opencl-guard"
     assert guard.is_dir() and guard.stat().st_uid == fresh_uid
 
 
