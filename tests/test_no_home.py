@@ -18,6 +18,7 @@ from runtime_cache.backends.directory import DirectoryBackend
 UID = 48213  # no passwd entry on a test machine
 WARNING = "no usable home folder"
 
+
 def _user_tmp() -> str:
     """A temporary folder every user can write (sticky and world-writable, as /tmp is): the
     tests' uid must make its own folders there. A private TMPDIR (0755, root's) made three
