@@ -285,3 +285,19 @@ def test_auto_keeps_a_cheap_read_back_in_the_process(tmp_path: Path) -> None:
     assert result["builds"] == 2 and result["handed_off"] == 0
     assert len(_keys(folder)) == 2  # stored before the process ended
     assert not detached_runs(str(runs))
+
+
+def test_a_record_left_by_a_killed_store_does_not_wait_on_a_pid_reused(tmp_path: Path) -> None:
+    """The attacker review: `kill -9` of a detached store leaves its `<pid>.running`, and
+    a process of any user later given that pid kept wait_for_detached_stores() waiting."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (runs / f"{other.pid}.running").write_text("{}")
+        started = time.monotonic()
+        assert wait_for_detached_stores(timeout=10, folder=str(runs))
+        assert time.monotonic() - started < 5
+    finally:
+        other.kill()
+        other.wait()

@@ -139,7 +139,20 @@ def _running(folder: str) -> list[int]:
     except OSError:
         return []
     pids = [int(n.split(".")[0]) for n in names if n.endswith(".running") and n[:-8].isdigit()]
-    return [pid for pid in pids if process_alive(pid)]
+    return [pid for pid in pids if process_alive(pid) and _a_worker(pid)]
+
+
+def _a_worker(pid: int) -> bool:
+    """Whether ``pid`` runs a detached store (where ``/proc`` tells): one killed with
+    ``kill -9`` leaves its record, and an unrelated process given its pid later kept
+    :func:`wait_for_detached_stores` waiting for as long as that one lived."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"detached_worker" in handle.read(1 << 16)
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # no /proc here: the pid alone tells
+    except OSError:
+        return True
 
 
 def wait_for_detached_stores(timeout: float | None = None, folder: str | None = None) -> bool:
