@@ -607,6 +607,15 @@ def test_export_writes_into_a_device_or_fifo_and_through_a_link(tmp_path: Path) 
     done = cli("--cache", url, "export", str(link))
     assert done.returncode == 0, done.stderr
     assert link.is_symlink() and target.stat().st_size > 2048
+    if os.geteuid() == 0:  # anyone else's link (planted in a shared folder) is replaced
+        victim = tmp_path / "victim.txt"
+        victim.write_text("the user's own file")
+        planted = tmp_path / "planted.rcb"
+        planted.symlink_to(victim)
+        os.lchown(planted, 12345, 12345)
+        done = cli("--cache", url, "export", str(planted))
+        assert done.returncode == 0, done.stderr
+        assert victim.read_text() == "the user's own file" and not planted.is_symlink()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)

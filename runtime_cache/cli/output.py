@@ -40,22 +40,32 @@ def replace_file(path: str, data: bytes) -> None:
     """Write ``data`` at ``path``; raises :class:`OSError`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
-    no reader sees half of it, and a link to one is followed (the link stays a link). A
-    device, a FIFO or a socket is written into, as a shell's ``>`` does: it was replaced by
-    a regular file (`export /dev/full` made ``/dev/full`` one, and said it had exported).
+    no reader sees half of it. A device, a FIFO or a socket is written into, as a shell's
+    ``>`` does: it was replaced by a regular file (`export /dev/full` made ``/dev/full``
+    one, and said it had exported). A link of this user's or root's (``/dev/stdout``) is
+    followed, and stays a link. Anyone else's link, FIFO or socket (planted in a shared
+    folder: a link to a file of this user's) is never followed or written into: it is
+    replaced, as a file would be.
     """
     try:
-        info = os.stat(path)
+        info: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
         info = None
+    trusted = (os.geteuid(), 0) if hasattr(os, "geteuid") else ()
+    follow = info is not None and stat.S_ISLNK(info.st_mode) and info.st_uid in trusted
+    if follow:
+        path = os.path.realpath(path)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            info = None
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
-    if info is not None and not stat.S_ISREG(info.st_mode):
+    special = info is not None and not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode))
+    if special and info is not None and info.st_uid in trusted:  # (anyone else's: replaced)
         with open(path, "wb") as handle:
             write_all(handle, data)
         return
-    if os.path.islink(path):
-        path = os.path.realpath(path)
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted under any name is never followed.
