@@ -48,6 +48,21 @@ ENV_SECRET = "RUNTIME_CACHE_SECRET"
 ENV_SECRET_FILE = "RUNTIME_CACHE_SECRET_FILE"
 
 
+try:  # the folder the process was in when runtime-cache was imported
+    _START_FOLDER: str | None = os.getcwd()
+except OSError:  # (it was removed)
+    _START_FOLDER = None
+
+
+def from_start(path: str) -> str:
+    """``path`` made absolute against the folder the process was in when runtime-cache was
+    imported, not the one it is in now (an app's ``chdir`` before its first load moved a
+    relative ``RUNTIME_CACHE_GUARD_DIR`` with it)."""
+    if os.path.isabs(path) or _START_FOLDER is None:
+        return os.path.abspath(path)
+    return os.path.normpath(os.path.join(_START_FOLDER, path))
+
+
 def read(name: str) -> str | None:
     """Return the environment variable ``name``, or ``None`` when unset or blank."""
     value = os.environ.get(name, "").strip()
@@ -183,7 +198,10 @@ def read_secret_file(path: str) -> list[str]:
         text = _read_small_file(path, MAX_SECRET_FILE).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSecretError(f"cannot read the secret file {path!r}: {exc}") from exc
-    keys = [line.strip() for line in text.splitlines() if line.strip()]
+    # Lines end at \n, \r or \r\n alone (str.splitlines also splits at \f, \v, U+2028...:
+    # a key holding one became fragments, each of which verified).
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    keys = [line.strip() for line in lines if line.strip()]
     if not keys:
         raise InvalidSecretError(f"the secret file {path!r} holds no secret")
     return keys

@@ -193,15 +193,19 @@ def prune(
     items.sort()
     total = sum(size for _, _, size in items)
     keep = []
+    pinned = 0  # bytes of entries that could not be removed
     for done, (last, key, size) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
         expired = older_than is not None and now - last > older_than
-        over = max_size is not None and total > max_size
+        # Entries that cannot be removed fill the cap alone: removing others cannot meet it
+        # (one pinned entry larger than the cap emptied the rest of the cache).
+        over = max_size is not None and total > max_size and pinned < max_size
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
             removed = (expired or over) and cache.delete(key)
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
+            pinned += size
             removed = False
         if removed:
             report.removed += 1

@@ -231,24 +231,30 @@ def test_a_relative_guard_folder_is_fixed_at_the_start(tmp_path: Path) -> None:
     """RUNTIME_CACHE_GUARD_DIR=guard turned the guard off (makedirs of ''), and ./guard
     moved with a chdir into an unchecked folder."""
     (tmp_path / "elsewhere").mkdir()
-    code = (
+    code = (  # the chdir comes before the guard's first use (the review of the first fix)
         "import os\n"
         "from runtime_cache.opencl.guard import guard\n"
-        "print(guard.folder)\n"
+        "from runtime_cache.opencl.detached_store import runs_folder\n"
         "os.chdir('elsewhere')\n"
+        "print(runs_folder())\n"
         f"with guard.loading([{D1!r}]): print(guard._fd is not None, guard.folder)\n"
     )
     run = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "RUNTIME_CACHE_GUARD_DIR": "guard"},
+        env={
+            **os.environ,
+            "RUNTIME_CACHE_GUARD_DIR": "guard",
+            "RUNTIME_CACHE_OPENCL_DETACHED_DIR": "runs",
+        },
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
-    first, held, used = run.stdout.split()
-    assert first == used == str(tmp_path / "guard") and held == "True"
+    runs, held, used = run.stdout.split()
+    assert used == str(tmp_path / "guard") and held == "True"
+    assert runs == str(tmp_path / "runs")
     assert not (tmp_path / "elsewhere" / "guard").exists()
 
 

@@ -298,9 +298,10 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     elif report.signature_kept:
         print(
             f"{count(report.signature_kept, 'entry fails its', 'entries fail their')} "
-            "signature check and none verified with this secret: it is more likely wrong "
-            "than every entry forged, so --repair keeps them (`runtime-cache clear` removes "
-            "them on purpose)",
+            "signature check and none verified with this secret: either the secret is wrong "
+            "or every entry was forged, and --repair cannot tell, so it keeps them (with a "
+            "wrong secret it would remove good entries); if the secret is right, "
+            "`runtime-cache clear` removes them",
             file=ctx.out,
         )
     elif report.unsigned and not args.repair:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
 import tempfile
 from typing import BinaryIO, TextIO
@@ -16,13 +17,30 @@ def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
 
     A buffered write of more than the pipe holds, into a pipe whose reader closes, returns
     a short count instead of raising: `export - | head -c 10` said "exported 3000 entries"
-    and exited 0. The next write raises :class:`BrokenPipeError` (exit code 141)."""
+    and exited 0. The next write raises :class:`BrokenPipeError` (exit code 141). A
+    non-blocking stream (inherited from a parent) that is only full is waited on."""
     view = memoryview(data).cast("B")
     while view:
-        written = stream.write(view)
-        if not written:  # (None: a non-blocking stream that took nothing)
+        try:
+            written = stream.write(view) or 0
+        except BlockingIOError as exc:
+            written = exc.characters_written
+        if not written and not _wait_writable(stream):
             raise BrokenPipeError(errno.EPIPE, "the output took no more")
         view = view[written:]
+
+
+def _wait_writable(stream: BinaryIO) -> bool:
+    """Wait until a non-blocking ``stream`` can take more; ``False`` for a blocking one
+    (a write that took nothing there is a closed output)."""
+    try:
+        fd = stream.fileno()
+        if os.get_blocking(fd):
+            return False
+    except (OSError, ValueError, AttributeError):
+        return False
+    select.select([], [fd], [])
+    return True
 
 
 def write_text(out: TextIO, text: str) -> None:
@@ -36,36 +54,49 @@ def write_text(out: TextIO, text: str) -> None:
     buffer.flush()
 
 
+def _safe_place(path: str, owner: int, trusted: tuple[int, ...]) -> bool:
+    """Whether nobody but this user or root can swap the entry at ``path`` (its owner
+    ``owner``): its folder is theirs, and others cannot write it, or it is sticky."""
+    try:
+        folder = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    locked = not folder.st_mode & 0o022 or bool(folder.st_mode & stat.S_ISVTX)
+    return folder.st_uid in trusted and owner in trusted and locked
+
+
 def replace_file(path: str, data: bytes) -> None:
     """Write ``data`` at ``path``; raises :class:`OSError`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
-    no reader sees half of it. A device, a FIFO or a socket is written into, as a shell's
-    ``>`` does: it was replaced by a regular file (`export /dev/full` made ``/dev/full``
-    one, and said it had exported). A link of this user's or root's (``/dev/stdout``) is
-    followed, and stays a link. Anyone else's link, FIFO or socket (planted in a shared
-    folder: a link to a file of this user's) is never followed or written into: it is
-    replaced, as a file would be.
+    no reader sees half of it. A device, a FIFO or a link (``/dev/full``, ``/dev/stdout``,
+    a FIFO in ``/tmp``) is written into or followed, as a shell's ``>`` does, where only
+    this user or root can have put it there: the entry and its folder are theirs, and
+    others cannot write the folder or it is sticky (`export /dev/full` made ``/dev/full`` a
+    regular file, and said it had exported). Anywhere else such a name is replaced, as a
+    file would be, never followed (a link planted in a shared folder, to a file of this
+    user's, was written through by a first version of this fix).
     """
+    trusted = (os.geteuid(), 0) if hasattr(os, "geteuid") else ()
     try:
-        info: os.stat_result | None = os.lstat(path)
+        info = os.lstat(path)
     except FileNotFoundError:
         info = None
-    trusted = (os.geteuid(), 0) if hasattr(os, "geteuid") else ()
-    follow = info is not None and stat.S_ISLNK(info.st_mode) and info.st_uid in trusted
-    if follow:
-        path = os.path.realpath(path)
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            info = None
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
-    special = info is not None and not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode))
-    if special and info is not None and info.st_uid in trusted:  # (anyone else's: replaced)
-        with open(path, "wb") as handle:
-            write_all(handle, data)
-        return
+    special = info is not None and not stat.S_ISREG(info.st_mode)
+    if special and info is not None and _safe_place(path, info.st_uid, trusted):
+        try:
+            target = os.stat(path)
+        except FileNotFoundError:
+            target = None
+        if target is not None and stat.S_ISDIR(target.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
+        if target is not None and not stat.S_ISREG(target.st_mode):
+            with open(path, "wb") as handle:  # a device or FIFO (a link to one: followed)
+                write_all(handle, data)
+            return
+        path = os.path.realpath(path)  # a link to a regular file: that file is replaced
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted under any name is never followed.

@@ -127,7 +127,7 @@ def runs_folder() -> str:
     # Absolute: the detached process starts in another folder (a relative one was looked
     # up again from there, and the process died before storing anything).
     return (
-        os.path.abspath(folder)
+        environment.from_start(folder)
         if folder
         else os.path.join(environment.state_directory(), "opencl-detached")
     )

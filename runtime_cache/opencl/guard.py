@@ -133,7 +133,7 @@ class LoadGuard:
     """Records the binaries being loaded; blocklists those a dead process was loading."""
 
     def __init__(self, folder: str | None = None) -> None:
-        self._folder = None if folder is None else os.path.abspath(folder)
+        self._folder = None if folder is None else environment.from_start(folder)
         self._given = folder is not None
         self._lock = threading.Lock()
         self._ready = False
@@ -163,8 +163,8 @@ class LoadGuard:
         """Where the guard keeps its files."""
         if self._folder is None:
             env = os.environ.get(ENV_GUARD_DIR, "").strip()
-            if env:  # absolute: a later chdir must not move it
-                self._folder = os.path.abspath(env)
+            if env:  # absolute, from where the process started: a chdir must not move it
+                self._folder = environment.from_start(env)
             else:
                 self._folder = os.path.join(environment.state_directory(), "opencl-guard")
         return self._folder
