@@ -133,6 +133,20 @@ def test_a_relative_records_folder_and_an_endless_bound_still_store(tmp_path: Pa
     assert len(_keys(folder)) == 2
 
 
+def test_a_relative_guard_folder_is_the_apps_in_the_detached_store(tmp_path: Path) -> None:
+    """The fourth review: the detached store, started in the records folder, looked up a
+    relative RUNTIME_CACHE_GUARD_DIR from there, and kept a crash guard of its own."""
+    folder, salt = tmp_path / "cache", f"{os.getpid()}1"
+    guard = {"RUNTIME_CACHE_GUARD_DIR": "guard"}
+    cold = _app(tmp_path / "runs", "dir", folder, 2, salt, cwd=tmp_path, **guard)
+    assert cold["handed_off"] == 2
+    assert wait_for_detached_stores(timeout=180, folder=str(tmp_path / "runs"))
+    (record,) = detached_runs(str(tmp_path / "runs"))
+    assert record["stored"] == 2 and "error" not in record, record
+    assert (tmp_path / "guard").is_dir()
+    assert not (tmp_path / "runs" / "guard").exists(), sorted(os.listdir(tmp_path / "runs"))
+
+
 def test_a_full_records_folder_stops_no_store(tmp_path: Path) -> None:
     """The records folder on a full disk, the cache's with room: the detached process died
     on its first record, and nothing was stored."""

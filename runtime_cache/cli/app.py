@@ -58,6 +58,7 @@ from .context import (
     resolve_secret,
 )
 from .fmt import clean
+from .output import flush
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -253,6 +254,7 @@ def _run(args: argparse.Namespace) -> int:
             except RuntimeCacheError as exc:
                 return _fail(f"cannot open the cache: {exc}", 1)
         code = int(handler(args, ctx))
+        flush(ctx.out)  # here, not at exit: a full non-blocking stdout is waited on
         return _partial(ctx, code)
     except _USAGE_ERRORS as exc:
         return _fail(str(exc), 2)

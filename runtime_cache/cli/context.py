@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO, cast
 
 from .. import environment
 from ..api import BackendURL
@@ -19,7 +19,7 @@ from ..codec import UNSIGNED_ENTRY as UNSIGNED
 from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
 from ..urls import tier_urls
 from .fmt import clean
-from .output import write_text
+from .output import WholeText, write_text
 
 __all__ = [
     "CommandContext",
@@ -166,6 +166,13 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
     return Cache(provider.backend, strict=True, secret=secret)
 
 
+def standard_output() -> TextIO:
+    """Standard output, each write of which goes out whole or raises (:class:`WholeText`);
+    ``None`` where the process started with it closed (``>&-``)."""
+    out: TextIO | None = sys.stdout
+    return cast(TextIO, out if out is None else WholeText(out))
+
+
 @dataclass
 class CommandContext:
     """What a subcommand works with: the cache (opened on first use), streams, secret, clock.
@@ -177,7 +184,7 @@ class CommandContext:
 
     url: str | None = None
     secret: str | list[str] | None = None
-    out: TextIO = field(default_factory=lambda: sys.stdout)
+    out: TextIO = field(default_factory=standard_output)
     err: TextIO = field(default_factory=lambda: sys.stderr)
     now: float = field(default_factory=time.time)
     opened: Cache | None = None

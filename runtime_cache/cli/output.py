@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
 import select
 import stat
 import tempfile
 from typing import BinaryIO, TextIO
 
-__all__ = ["replace_file", "write_all", "write_text"]
+__all__ = ["WholeText", "flush", "replace_file", "write_all", "write_text"]
 
 
 def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
@@ -18,7 +19,8 @@ def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
     A buffered write of more than the pipe holds, into a pipe whose reader closes, returns
     a short count instead of raising: `export - | head -c 10` said "exported 3000 entries"
     and exited 0. The next write raises :class:`BrokenPipeError` (exit code 141). A
-    non-blocking stream (inherited from a parent) that is only full is waited on."""
+    non-blocking stream (inherited from a parent) that is only full is waited on, and
+    flushed here: left in its buffer, the end met a full pipe at exit and was lost."""
     view = memoryview(data).cast("B")
     while view:
         try:
@@ -28,9 +30,22 @@ def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
         if not written and not _wait_writable(stream):
             raise BrokenPipeError(errno.EPIPE, "the output took no more")
         view = view[written:]
+    flush(stream)
 
 
-def _wait_writable(stream: BinaryIO) -> bool:
+def flush(stream: BinaryIO | TextIO) -> None:
+    """Flush ``stream``, waiting while a non-blocking one is full (:func:`write_all`);
+    :class:`BrokenPipeError` where it takes no more."""
+    while True:
+        try:
+            stream.flush()
+            return
+        except BlockingIOError:
+            if not _wait_writable(stream):
+                raise BrokenPipeError(errno.EPIPE, "the output took no more") from None
+
+
+def _wait_writable(stream: BinaryIO | TextIO) -> bool:
     """Wait until a non-blocking ``stream`` can take more; ``False`` for a blocking one
     (a write that took nothing there is a closed output)."""
     try:
@@ -49,9 +64,50 @@ def write_text(out: TextIO, text: str) -> None:
     if buffer is None:  # a stream of text alone (io.StringIO)
         out.write(text)
         return
-    out.flush()
+    flush(out)
     write_all(buffer, text.encode(out.encoding or "utf-8", out.errors or "strict"))
-    buffer.flush()
+
+
+class WholeText(io.TextIOBase):
+    """A text stream over ``out`` whose every write goes out whole or raises (see
+    :func:`write_text`): ``print()`` into a full non-blocking stdout left only what the
+    pipe held (``ls`` printed 64 KiB of its table and exited 0)."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__()
+        self._out = out
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The encoding of the stream written to."""
+        return self._out.encoding
+
+    def write(self, text: str) -> int:
+        """Write ``text`` whole; return its length."""
+        write_text(self._out, text)
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the stream written to, waiting while it is full."""
+        flush(self._out)
+
+    def isatty(self) -> bool:
+        """Whether the stream written to is a terminal."""
+        return self._out.isatty()
+
+    def fileno(self) -> int:
+        """The descriptor of the stream written to."""
+        return self._out.fileno()
+
+    def writable(self) -> bool:
+        """Always: it is an output."""
+        return True
+
+    def close(self) -> None:
+        """Flush, and leave the stream written to open (it is standard output)."""
+        if not self.closed:
+            self.flush()
+        super().close()
 
 
 def _safe_place(path: str, owner: int, trusted: tuple[int, ...]) -> bool:

@@ -45,7 +45,7 @@ from .. import environment
 from ..cache import Cache
 from .child import python_command
 from .fingerprint import device_fingerprint
-from .guard import process_alive
+from .guard import ENV_GUARD_DIR, process_alive
 from .plan import ProgramPlan
 from .wire import write_message
 
@@ -259,6 +259,16 @@ def _cwd() -> str | None:
         return None
 
 
+def _child_environment(folder: str) -> dict[str, str]:
+    """The detached process's environment: folders as this process resolved them (it
+    starts in ``folder``, where a relative ``RUNTIME_CACHE_GUARD_DIR`` named another)."""
+    env = {**os.environ, "PYOPENCL_NO_CACHE": "1", ENV_DETACHED_DIR: folder}
+    guard_folder = environment.read(ENV_GUARD_DIR)
+    if guard_folder is not None:
+        env[ENV_GUARD_DIR] = environment.from_start(guard_folder)
+    return env
+
+
 def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
     """Start one detached process that stores ``jobs`` (``(plan, build seconds)``) in
     ``cache``'s store; ``False`` (nothing started) when the store cannot be opened
@@ -287,8 +297,7 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
                 stderr=out,
                 cwd=folder,
                 start_new_session=True,
-                # The folder as this process resolved it (the other one starts in it).
-                env={**os.environ, "PYOPENCL_NO_CACHE": "1", ENV_DETACHED_DIR: folder},
+                env=_child_environment(folder),
             )
     except OSError as exc:
         log.warning("runtime-cache: could not start the detached store (%s)", exc)

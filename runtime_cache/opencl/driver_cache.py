@@ -107,7 +107,7 @@ def driver_cache_enabled(flag: bool | None = None) -> bool:
 def _root() -> str:
     env = os.environ.get(ENV_DIR, "").strip()
     if env:
-        return os.path.abspath(os.path.expanduser(env))
+        return environment.from_start(os.path.expanduser(env))
     import platformdirs
 
     try:
