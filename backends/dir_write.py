@@ -10,6 +10,7 @@
   dead writer's leftover (see :mod:`runtime_cache.backends.temp_files`).
 * :func:`delete_entry` unlinks an entry; a folder at its name is set aside.
 * :func:`delete_if` deletes an entry only while it holds the given bytes.
+* :func:`removable` tells whether an entry could be deleted, without deleting it.
 
 Each raises :class:`OSError`; the backend turns it into its typed errors.
 """
@@ -17,15 +18,20 @@ Each raises :class:`OSError`; the backend turns it into its typed errors.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
+import sys
 
 from .dir_fs import NOFOLLOW, Junk, make_folders, open_folder, read_regular, set_aside
 from .dir_root import Modes
 from .temp_files import create_locked_temp
 
-__all__ = ["delete_entry", "delete_if", "write_entry"]
+__all__ = ["delete_entry", "delete_if", "removable", "write_entry"]
 
 _GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV}
+_GET_FLAGS = 0x80086601  # FS_IOC_GETFLAGS
+_NO_UNLINK = 0x10 | 0x20  # FS_IMMUTABLE_FL, FS_APPEND_FL: no name in or of it can go
 
 
 def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool) -> None:
@@ -122,3 +128,48 @@ def _read_at(dfd: int, name: str, limit: int) -> tuple[int, bytes] | None:
         return None
     finally:
         os.close(fd)
+
+
+def removable(root_fd: int, rel: str) -> bool:
+    """Whether this process could delete the entry file ``rel``, as far as can be told
+    without deleting it: its folder can be written (permissions, a read-only mount), neither
+    it nor its folder is immutable or append-only, and a sticky folder lets this user."""
+    folder, _, name = rel.rpartition("/")
+    try:
+        dfd = open_folder(root_fd, folder)
+    except OSError:
+        return True  # gone, or not to be opened: delete says which
+    try:
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=dfd, effective_ids=True):
+            return False
+        where = os.fstat(dfd)
+        try:
+            info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return True
+        user = os.geteuid()
+        if where.st_mode & stat.S_ISVTX and user not in (0, info.st_uid, where.st_uid):
+            return False
+        return not (_flags(dfd) | _flags_of(dfd, name)) & _NO_UNLINK
+    finally:
+        os.close(dfd)
+
+
+def _flags_of(dfd: int, name: str) -> int:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        return 0
+    try:
+        return _flags(fd)
+    finally:
+        os.close(fd)
+
+
+def _flags(fd: int) -> int:
+    """The inode flags of ``fd`` (``chattr``'s); 0 where the file system keeps none."""
+    try:
+        got = fcntl.ioctl(fd, _GET_FLAGS, b"\0" * 8)
+    except OSError:
+        return 0
+    return int.from_bytes(got[:4], sys.byteorder)

@@ -36,7 +36,7 @@ from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
 from .dir_upkeep import VACUUM_SECONDS, Upkeep
-from .dir_write import delete_entry, delete_if, write_entry
+from .dir_write import delete_entry, delete_if, removable, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
 
@@ -314,6 +314,9 @@ class DirectoryBackend(Backend):
         again, removed; a newer file that took its place is put back); return whether it did."""
         cap, blob = self.max_entry_size, bytes(expected)
         return self._remove(key, lambda rel: delete_if(self.root_fd, rel, blob, cap))
+
+    def removable(self, key: str) -> bool:
+        return removable(self.root_fd, self._rel(key))
 
     def _remove(self, key: str, remove: Callable[[str], bool]) -> bool:
         rel = self._rel(key)

@@ -368,6 +368,10 @@ class TieredBackend(Backend):
         self._raise_if_all_failed(errors, len(self._tiers))
         return removed
 
+    def removable(self, key: str) -> bool:
+        """Whether some tier can delete ``key`` (:meth:`delete` fails only where none can)."""
+        return any(tier.backend.removable(key) for tier in self._tiers)
+
     def vacuum(self) -> int:
         total = 0
         for tier in self._tiers:

@@ -229,6 +229,11 @@ class Backend(abc.ABC):
         """Remove leftovers such as stale temp files; return how many were removed."""
         return 0
 
+    def removable(self, key: str) -> bool:
+        """Whether :meth:`delete` of ``key`` can be expected to succeed, told without
+        removing it (``prune`` plans around entries that cannot go); a guess, not a promise."""
+        return True
+
     def check_promotions(self, check: Callable[[str, bytes], bool]) -> None:
         """Copy an entry from a store others can write into another store only if
         ``check(key, blob)`` accepts it (given by each :class:`~runtime_cache.Cache`: its

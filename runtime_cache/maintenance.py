@@ -169,6 +169,11 @@ class PruneReport:
     leftovers: int = 0
     #: Entries that could not be removed (an immutable file, a permission), and why.
     failed: list[tuple[str, str]] = field(default_factory=list)
+    #: Entries that cannot be removed, found before removing any, and their bytes.
+    stuck: int = 0
+    stuck_bytes: int = 0
+    #: Bytes over ``max_size`` left: the entries that cannot go fill the cap alone.
+    over_cap: int = 0
 
 
 def prune(
@@ -193,26 +198,38 @@ def prune(
     items.sort()
     total = sum(size for _, _, size in items)
     keep = []
-    pinned = 0  # bytes of entries that could not be removed
+    # Bytes of entries that cannot be removed, known before removing any: where they fill
+    # the cap alone, removing others cannot meet it (one such entry larger than the cap,
+    # met first or last, emptied the rest of the cache).
+    stuck = {key for _, key, _ in items if max_size is not None and not _removable(cache, key)}
+    pinned = sum(size for _, key, size in items if key in stuck)
     for done, (last, key, size) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
         expired = older_than is not None and now - last > older_than
-        # Entries that cannot be removed fill the cap alone: removing others cannot meet it
-        # (one pinned entry larger than the cap emptied the rest of the cache).
-        over = max_size is not None and total > max_size and pinned < max_size
+        over = max_size is not None and total > max_size and pinned <= max_size
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
             removed = (expired or over) and cache.delete(key)
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
-            pinned += size
+            pinned += 0 if key in stuck else size
             removed = False
         if removed:
             report.removed += 1
             report.freed += size
             total -= size
+            pinned -= size if key in stuck else 0
         else:
             keep.append(size)
     report.remaining = len(keep)
     report.remaining_bytes = sum(keep)
+    report.stuck, report.stuck_bytes = len(stuck), sum(s for _, k, s in items if k in stuck)
+    report.over_cap = max(0, total - max_size) if max_size is not None else 0
     return report
+
+
+def _removable(cache: Cache, key: str) -> bool:
+    try:
+        return cache.backend.removable(str(key))
+    except Exception:  # a guess: a backend that cannot tell is tried
+        return True

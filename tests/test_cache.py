@@ -279,6 +279,54 @@ def test_maintenance_verify_and_prune() -> None:
     assert pruned.removed == 1 and cache.get(key(4)) is None
 
 
+class _Stuck(MemoryBackend):
+    """A store where some keys cannot be deleted (an immutable file), and says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck: set[str] = set()
+
+    def removable(self, key: str) -> bool:
+        return key not in self.stuck
+
+    def delete(self, key: str) -> bool:
+        if key in self.stuck:
+            raise BackendError(f"{key} cannot be removed")
+        return super().delete(key)
+
+
+@pytest.mark.parametrize("where", [0, 2, 4])
+def test_prune_plans_around_entries_that_cannot_go(where: int) -> None:
+    """The fourth review of prune: --max-size 0B removed nothing; an entry that cannot go
+    and fills the cap exactly stopped removal (the cap was reachable); and one that cannot
+    go, larger than the cap, met last (recently used), still let prune empty the rest."""
+    from runtime_cache import maintenance
+
+    backend = _Stuck()
+    cache = rc.Cache(backend, strict=True)
+    for i in range(5):
+        cache.put(key(i), b"x" * 100)
+    size = next(iter(backend.scan())).size
+    assert maintenance.prune(cache, max_size=0).removed == 5  # nothing is stuck: all go
+
+    def refill() -> None:
+        for i in range(5):
+            cache.put(key(i), b"x" * 100)
+            time.sleep(0.002)  # key(0) least recently used, key(4) most
+        backend.stuck = {str(key(where))}
+
+    refill()
+    report = maintenance.prune(cache, max_size=size - 1)  # it alone is over the cap
+    assert report.removed == 0 and len(list(backend.keys())) == 5, report
+    backend.stuck = set()
+    maintenance.prune(cache, max_size=0)
+    refill()
+    report = maintenance.prune(cache, max_size=size)  # it alone fills the cap: reachable
+    assert report.removed == 4 and list(backend.keys()) == [str(key(where))], report
+    assert report.remaining_bytes == size
+    assert [k for k, _ in report.failed] == ([str(key(where))] if where < 4 else [])  # tried
+
+
 def _iter_keys(n: int) -> Iterator[rc.CacheKey]:
     return (key(i) for i in range(n))
 

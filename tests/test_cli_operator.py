@@ -741,17 +741,20 @@ def test_prune_goes_on_past_an_entry_it_cannot_remove(tmp_path: Path) -> None:
         assert stuck in left and len(left) == 2, (left, done.stdout)
     finally:
         subprocess.run(["chattr", "-i", str(stuck.parent)])
-    url = _filled(tmp_path / "again", 6, 1024)
-    root = tmp_path / "again" / "big"
-    stuck = sorted(root.rglob("*.rce"))[2]
-    os.utime(stuck, (1, 1))  # the least recently used: pruned first, and it cannot go
-    subprocess.run(["chattr", "+i", str(stuck.parent)], check=True)
-    try:
-        done = cli("--cache", url, "prune", "--max-size", "1B")  # it alone is over the cap
-        assert done.returncode == 1 and "not removed" in done.stderr, done.stderr
-        assert len(list(root.rglob("*.rce"))) == 6, done.stdout  # the rest stays
-    finally:
-        subprocess.run(["chattr", "-i", str(stuck.parent)])
+    # The fourth review: it was known only once prune tried it, so met last (the most
+    # recently used) it still let prune empty the rest. Now it is known before.
+    for name, when in (("first", 1.0), ("last", time.time() + 3600)):
+        url = _filled(tmp_path / name, 6, 1024)
+        root = tmp_path / name / "big"
+        stuck = sorted(root.rglob("*.rce"))[2]
+        os.utime(stuck, (when, when))
+        subprocess.run(["chattr", "+i", str(stuck.parent)], check=True)
+        try:
+            done = cli("--cache", url, "prune", "--max-size", "1B")  # it alone is over the cap
+            assert done.returncode == 1 and "cannot be removed" in done.stderr, done.stderr
+            assert len(list(root.rglob("*.rce"))) == 6, (name, done.stdout)  # the rest stays
+        finally:
+            subprocess.run(["chattr", "-i", str(stuck.parent)])
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""])

@@ -225,7 +225,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         )
     finally:
         progress.close()
-    code = 1 if report.failed else 0
+    code = 1 if report.failed or report.over_cap else 0
     if args.json:
         ctx.emit_json(asdict(report))
         return code
@@ -241,6 +241,18 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(f"runtime-cache: not removed: {clean(key)}: {clean(reason)}", file=ctx.err)
     if len(report.failed) > 5:
         print(f"runtime-cache: {len(report.failed) - 5} more not removed", file=ctx.err)
+    if report.over_cap:
+        print(
+            f"runtime-cache: still {human_size(report.over_cap)} over --max-size: "
+            f"{count(report.stuck, 'entry', 'entries')} ({human_size(report.stuck_bytes)}) "
+            "cannot be removed (an immutable file or folder, a read-only mount, a permission)"
+            + (
+                "; the rest were kept, since removing them could not meet the cap"
+                if report.stuck_bytes > args.max_size
+                else ""
+            ),
+            file=ctx.err,
+        )
     return code
 
 
