@@ -80,7 +80,8 @@ def add_parsers(add: AddCommand) -> None:
         "prune",
         cmd_prune,
         "Remove entries unused for a while, then least recently "
-        "used ones until the cache fits a size.",
+        "used ones until the cache fits a size. Exit code 1 when some could not be removed "
+        "(an immutable file, a permission); where those alone exceed the size, the rest is kept.",
         [
             "runtime-cache prune --older-than 30d",
             "runtime-cache prune --max-size 500MB",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import errno
 import io
 import os
+import secrets
 import select
-import stat
-import tempfile
 from typing import BinaryIO, TextIO
+
+from .output_path import find_output
 
 __all__ = ["WholeText", "flush", "replace_file", "write_all", "write_text"]
 
@@ -110,62 +111,40 @@ class WholeText(io.TextIOBase):
         super().close()
 
 
-def _safe_place(path: str, owner: int, trusted: tuple[int, ...]) -> bool:
-    """Whether nobody but this user or root can swap the entry at ``path`` (its owner
-    ``owner``): its folder is theirs, and others cannot write it, or it is sticky."""
-    try:
-        folder = os.stat(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        return False
-    locked = not folder.st_mode & 0o022 or bool(folder.st_mode & stat.S_ISVTX)
-    return folder.st_uid in trusted and owner in trusted and locked
-
-
 def replace_file(path: str, data: bytes) -> None:
     """Write ``data`` at ``path``; raises :class:`OSError`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
     no reader sees half of it. A device, a FIFO or a link (``/dev/full``, ``/dev/stdout``,
-    a FIFO in ``/tmp``) is written into or followed, as a shell's ``>`` does, where only
-    this user or root can have put it there: the entry and its folder are theirs, and
-    others cannot write the folder or it is sticky (`export /dev/full` made ``/dev/full`` a
-    regular file, and said it had exported). Anywhere else such a name is replaced, as a
-    file would be, never followed (a link planted in a shared folder, to a file of this
-    user's, was written through by a first version of this fix).
+    a FIFO in ``/tmp``) is written into or followed, as a shell's ``>`` does, only where
+    nobody but this user or root can have put it (:func:`.output_path.find_output`, which
+    holds each folder open as it walks, so nothing can be swapped in between).
     """
-    trusted = (os.geteuid(), 0) if hasattr(os, "geteuid") else ()
+    output = find_output(path)
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    if info is not None and stat.S_ISDIR(info.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
-    special = info is not None and not stat.S_ISREG(info.st_mode)
-    if special and info is not None and _safe_place(path, info.st_uid, trusted):
-        try:
-            target = os.stat(path)
-        except FileNotFoundError:
-            target = None
-        if target is not None and stat.S_ISDIR(target.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
-        if target is not None and not stat.S_ISREG(target.st_mode):
-            with open(path, "wb") as handle:  # a device or FIFO (a link to one: followed)
+        if output.fd is not None:
+            with os.fdopen(output.fd, "wb") as handle:
+                output.fd = None  # closed with the handle
                 write_all(handle, data)
             return
-        path = os.path.realpath(path)  # a link to a regular file: that file is replaced
-    folder = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(path)
-    # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted under any name is never followed.
-    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        _replace_in(output.folder, output.name, data)
+    finally:
+        output.close()
+
+
+def _replace_in(folder: int, name: str, data: bytes) -> None:
+    """Replace ``name`` in the open ``folder`` with a file of ``data``, whole."""
+    # O_EXCL|O_NOFOLLOW: a link planted under the temporary name is never followed.
+    temp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
     try:
         with os.fdopen(fd, "wb") as handle:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(handle.fileno(), 0o666 & ~mask)  # as a plain open() would have made it
             write_all(handle, data)
-        os.replace(temp, path)  # never a half-written file under the real name
-    finally:
+        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
         try:
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=folder)
         except OSError:
-            pass  # renamed into place: nothing left to remove
+            pass
+        raise
