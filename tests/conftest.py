@@ -8,8 +8,10 @@ there (CI sets both).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +47,41 @@ settings.register_profile(
     "explore", settings.get_profile("runtime-cache"), max_examples=1500, derandomize=False
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "runtime-cache"))
+
+
+@contextlib.contextmanager
+def tmpfs(target: Path, size: str, mode: str = "0755") -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"1m"``) mounted at ``target`` (made where missing) while the
+    block runs, unmounted after; the test skips where none can be mounted (it needs root
+    and CAP_SYS_ADMIN), to fill a file system or make one read-only."""
+    target.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) to mount a tmpfs")
+    options = f"size={size},mode={mode}"
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """Fill the file system of ``folder`` with one file, then free ``leave`` bytes of it;
+    return the file."""
+    filler = folder / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as handle:
+        while True:
+            handle.write(bytes(4096))
+            handle.flush()
+    if leave:
+        os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import pytest
 from forged_entries import forge
 
 import runtime_cache as rc
+from conftest import tmpfs
 from runtime_cache.backends.callback import CallbackBackend
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.cli import main
@@ -704,22 +705,13 @@ def test_import_onto_a_full_disk_counts_what_it_wrote(tmp_path: Path) -> None:
     url = _filled(tmp_path / "source", 300, 8 * 1024)
     bundle = tmp_path / "all.rcb"
     assert main(["--cache", url, "export", str(bundle)]) == 0
-    full = tmp_path / "full"
-    full.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)]).returncode
-    ):
-        pytest.skip("needs root and a tmpfs mount to fill a file system")
-    try:
+    with tmpfs(tmp_path / "full", "1m") as full:
         done = cli("--cache", f"dir://{full / 'cache'}", "import", "--json", str(bundle))
         report = json.loads(done.stdout)
         stored = rc.Cache(rc.open_backend(f"dir://{full / 'cache'}"))
         good = sum(stored.get(key(i)) is not None for i in range(300))
         assert 0 < good < 300 and report["accepted"] == good, (good, report)
         assert report["not_written"] == 300 - good
-    finally:
-        subprocess.run(["umount", "-l", str(full)])
 
 
 def test_prune_goes_on_past_an_entry_it_cannot_remove(tmp_path: Path) -> None:

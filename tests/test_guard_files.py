@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fill, tmpfs
 from runtime_cache.opencl.guard import LoadGuard
 from runtime_cache.opencl.guard_files import append_lines, dead_marks, reserve
 from runtime_cache.opencl.known_list import MAX_LIST_BYTES, read_lines
@@ -157,31 +158,12 @@ def test_a_guard_folder_others_can_write_is_not_used(tmp_path: Path, mode: int) 
         mine.close()
 
 
-def _mount_full_tmpfs(where: Path) -> bool:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
-    if done.returncode != 0:
-        return False
-    (where / "guard").mkdir(mode=0o700)
-    try:  # fill it
-        with open(where / "filler", "wb") as handle:
-            while True:
-                handle.write(bytes(4096))
-                handle.flush()
-    except OSError:
-        pass
-    return True
-
-
 def test_a_full_disk_leaves_the_guard_unmapped_not_the_process_dead(tmp_path: Path) -> None:
     """A write into a mapped page that has no disk block behind it kills the process
     with SIGBUS; the guard reserves the page first, and goes without a map if it can't."""
-    where = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
-    if not _mount_full_tmpfs(where):
-        pytest.skip("needs root and a tmpfs mount to fill a file system")
-    try:
+    with tmpfs(tmp_path / f"full-{uuid.uuid4().hex[:6]}", "64k") as where:
+        (where / "guard").mkdir(mode=0o700)
+        fill(where)
         done = _in_child(
             where / "guard",
             "from runtime_cache.opencl.guard import guard\n"
@@ -190,8 +172,6 @@ def test_a_full_disk_leaves_the_guard_unmapped_not_the_process_dead(tmp_path: Pa
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["loading", "not", "mapped"]
-    finally:
-        subprocess.run(["umount", "-l", str(where)])
 
 
 def test_a_read_only_guard_folder_falls_back_to_a_private_one(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import runtime_cache as rc
+from conftest import tmpfs
 from runtime_cache.backends import directory
 from runtime_cache.backends.callback import CallbackBackend
 from runtime_cache.backends.directory import DirectoryBackend
@@ -39,26 +40,11 @@ def key(i: int = 0) -> rc.CacheKey:
     return rc.make_key(module_id=f"m{i}", runtime="hostile", purpose="test", device={"d": 1})
 
 
-def _mount_tmpfs(target: Path, size: str) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(target)],
-        capture_output=True,
-        text=True,
-    )
-    if run.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {run.stderr}")
-
-
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "mnt"
-    _mount_tmpfs(mnt, "1m")
-    try:
+    with tmpfs(tmp_path / "mnt", "1m", mode="0700") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _as_nobody(code: str, *args: str) -> subprocess.CompletedProcess[str]:

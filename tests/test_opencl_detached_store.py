@@ -4,7 +4,6 @@ store cannot be reopened."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ import pytest
 from opencl_support import is_pocl, opencl_device
 
 import runtime_cache as rc
+from conftest import fill, tmpfs
 from runtime_cache.backends import CallbackBackend, MemoryBackend, TieredBackend
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.opencl import detached_runs, device_fingerprint, wait_for_detached_stores
@@ -150,22 +150,10 @@ def test_a_relative_guard_folder_is_the_apps_in_the_detached_store(tmp_path: Pat
 def test_a_full_records_folder_stops_no_store(tmp_path: Path) -> None:
     """The records folder on a full disk, the cache's with room: the detached process died
     on its first record, and nothing was stored."""
-    full = tmp_path / "full"
-    full.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(full)]).returncode
-    ):
-        pytest.skip("needs root and a tmpfs mount to fill a file system")
-    try:
+    with tmpfs(tmp_path / "full", "2m") as full:
         runs = full / "runs"
         runs.mkdir(mode=0o700)
-        filler = full / "filler"
-        with contextlib.suppress(OSError), open(filler, "wb") as handle:
-            while True:
-                handle.write(bytes(4096))
-                handle.flush()
-        os.truncate(filler, filler.stat().st_size - 4096)  # room for the jobs file alone
+        fill(full, leave=4096)  # room for the jobs file alone
         folder = tmp_path / "cache"
         cold = _app(runs, "dir", folder, 2, str(os.getpid()))
         assert cold["handed_off"] == 2
@@ -174,8 +162,6 @@ def test_a_full_records_folder_stops_no_store(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert len(_keys(folder)) == 2
         assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]
-    finally:
-        subprocess.run(["umount", "-l", str(full)])
 
 
 def test_never_detach_keeps_the_bounded_flush_in_the_process(tmp_path: Path) -> None:

@@ -94,19 +94,27 @@ __kernel void say(__global float *a) {
 """
 
 
+def _built_here_then_elsewhere(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> Any:
+    """Build ``source`` into a fresh cache, then again as another machine (its own guard
+    folder, ``guard-elsewhere``); return the counters."""
+    from runtime_cache.opencl import build_program, opencl_stats
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, source, cache=cache)
+    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
+    build_program(ctx, source, cache=cache)
+    return opencl_stats()
+
+
 def test_a_kernel_that_prints_passes_vetting(
     ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The attacker review: the driver writes a kernel's printf() to descriptor 1, which
     was the vetting child's reply pipe; the replies came out garbled, and a good binary was
     "could not vet" and set aside on this machine for a day."""
-    from runtime_cache.opencl import build_program, opencl_stats
-
-    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
-    build_program(ctx, PRINTF_SRC, cache=cache)
-    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
-    build_program(ctx, PRINTF_SRC, cache=cache)
-    stats = opencl_stats()
+    stats = _built_here_then_elsewhere(ctx, tmp_path, monkeypatch, PRINTF_SRC)
     assert (stats.vetted, stats.vet_local, stats.vet_failures) == (1, 0, 0)
     assert stats.binary_loads == 1
     assert not (tmp_path / "guard-elsewhere" / "set-aside").exists()
@@ -164,13 +172,7 @@ def test_a_good_kernel_whose_count_minus_one_wraps_at_zero_passes_vetting(
 ) -> None:
     """Zeroed scalars made "n - 1" wrap: the child crashed, and the good shared entry was
     blocklisted and evicted on every other machine (the attacker review's repro)."""
-    from runtime_cache.opencl import build_program, opencl_stats
-
-    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
-    build_program(ctx, LAST_TO_FRONT_SRC, cache=cache)
-    _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
-    build_program(ctx, LAST_TO_FRONT_SRC, cache=cache)
-    stats = opencl_stats()
+    stats = _built_here_then_elsewhere(ctx, tmp_path, monkeypatch, LAST_TO_FRONT_SRC)
     assert (stats.vetted, stats.vet_failures, stats.rejected_binaries) == (1, 0, 0)
     assert stats.binary_loads == 1 and stats.source_builds == 1
 

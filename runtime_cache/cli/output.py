@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -143,8 +144,6 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
             write_all(handle, data)
         os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):  # (gone with a failed write: nothing to remove)
             os.unlink(temp, dir_fd=folder)
-        except OSError:
-            pass
         raise
