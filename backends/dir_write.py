@@ -18,7 +18,6 @@ Each raises :class:`OSError`; the backend turns it into its typed errors.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import sys
@@ -147,7 +146,7 @@ def removable(root_fd: int, rel: str) -> bool:
             info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
             return True
-        user = os.geteuid()
+        user = os.geteuid() if hasattr(os, "geteuid") else 0
         if where.st_mode & stat.S_ISVTX and user not in (0, info.st_uid, where.st_uid):
             return False
         return not (_flags(dfd) | _flags_of(dfd, name)) & _NO_UNLINK
@@ -168,8 +167,10 @@ def _flags_of(dfd: int, name: str) -> int:
 
 def _flags(fd: int) -> int:
     """The inode flags of ``fd`` (``chattr``'s); 0 where the file system keeps none."""
-    try:
+    try:  # here: the backend must open where fcntl cannot be imported
+        import fcntl
+
         got = fcntl.ioctl(fd, _GET_FLAGS, b"\0" * 8)
-    except OSError:
+    except (ImportError, OSError):
         return 0
     return int.from_bytes(got[:4], sys.byteorder)
