@@ -71,6 +71,23 @@ def tmpfs(target: Path, size: str, mode: str = "0755") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+@pytest.fixture
+def closed_folder() -> Iterator[Path]:
+    """A fresh folder that nobody but this user or root can write, nor any folder above it
+    (made in the home folder: the temporary folder is sticky, and others can move entries
+    into a sticky folder); skips where the home folder or one above it is not so."""
+    home = Path.home().resolve()
+    for folder in (home, *home.parents):
+        info = folder.stat()
+        if info.st_uid not in (os.geteuid(), 0) or info.st_mode & 0o022:
+            pytest.skip(f"others can write {folder}: no folder only this user can write")
+    made = Path(tempfile.mkdtemp(prefix=".runtime-cache-test-", dir=home))
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
 def fill(folder: Path, leave: int = 0) -> Path:
     """Fill the file system of ``folder`` with one file, then free ``leave`` bytes of it;
     return the file."""

@@ -593,47 +593,77 @@ def test_output_cut_short_is_never_a_success(tmp_path: Path) -> None:
         assert "exported" not in done.stderr and "Traceback" not in done.stderr
 
 
-def test_export_writes_into_a_device_or_fifo_and_through_a_link(tmp_path: Path) -> None:
+def test_export_writes_into_a_device_or_fifo_and_through_a_link(
+    tmp_path: Path, closed_folder: Path
+) -> None:
     """The operator review: export replaced /dev/full (and a FIFO, and /dev/stdout's link)
-    with a regular file and said it had exported."""
+    with a regular file and said it had exported. They are written into or followed where
+    only this user or root can have put them (see test_cli_output_path.py)."""
     url = _filled(tmp_path, 2, 1024)
     if os.geteuid() == 0:  # a /dev/full of the test's own (the real one was replaced)
-        full = tmp_path / "full"
+        full = closed_folder / "full"
         os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
         done = cli("--cache", url, "export", str(full))
         assert done.returncode == 1 and "No space left" in done.stderr, done.stderr
         assert full.is_char_device()
-    target = tmp_path / "real.rcb"
-    link = tmp_path / "link.rcb"
+    target = closed_folder / "real.rcb"
+    link = closed_folder / "link.rcb"
     link.symlink_to(target)
     done = cli("--cache", url, "export", str(link))
     assert done.returncode == 0, done.stderr
     assert link.is_symlink() and target.stat().st_size > 2048
-    if os.geteuid() == 0:  # anyone else's link (planted in a shared folder) is replaced
-        victim = tmp_path / "victim.txt"
+    if os.geteuid() == 0:  # anyone else's link is replaced
+        victim = closed_folder / "victim.txt"
         victim.write_text("the user's own file")
-        planted = tmp_path / "planted.rcb"
+        planted = closed_folder / "planted.rcb"
         planted.symlink_to(victim)
         os.lchown(planted, 12345, 12345)
         done = cli("--cache", url, "export", str(planted))
         assert done.returncode == 0, done.stderr
         assert victim.read_text() == "the user's own file" and not planted.is_symlink()
-    shared = tmp_path / "shared"
+    shared = closed_folder / "shared"
     shared.mkdir()
     shared.chmod(0o2775)  # a group's folder: a member could swap this user's own link
     mine = shared / "mine.rcb"
-    mine.symlink_to(tmp_path / "victim-2.txt")
-    (tmp_path / "victim-2.txt").write_text("kept")
+    mine.symlink_to(closed_folder / "victim-2.txt")
+    (closed_folder / "victim-2.txt").write_text("kept")
     done = cli("--cache", url, "export", str(mine))
-    assert done.returncode == 0 and (tmp_path / "victim-2.txt").read_text() == "kept"
+    assert done.returncode == 0 and (closed_folder / "victim-2.txt").read_text() == "kept"
     assert not mine.is_symlink()
-    fifo = tmp_path / "fifo"
+    fifo = closed_folder / "fifo"
     os.mkfifo(fifo)
     reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
     done = cli("--cache", url, "export", str(fifo))
     data = reader.communicate(timeout=30)[0]
     assert done.returncode == 0 and len(data) == target.stat().st_size
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_export_to_dev_stdout_keeps_its_message_out_of_the_bundle(tmp_path: Path) -> None:
+    """The attacker review: `export /dev/stdout > f` printed "exported ..." into f, over
+    the bundle's first bytes (and after it with `| wc -c` or `>> f`)."""
+    url = _filled(tmp_path, 3, 1024)
+    whole = tmp_path / "whole.rcb"
+    assert cli("--cache", url, "export", str(whole)).returncode == 0
+    for name in ("/dev/stdout", "/dev/fd/1"):
+        for mode in ("wb", "ab"):
+            out = tmp_path / "out.rcb"
+            out.unlink(missing_ok=True)
+            with open(out, mode) as handle:
+                done = subprocess.run(
+                    [sys.executable, "-m", "runtime_cache", "--cache", url, "export", name],
+                    stdout=handle,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            assert done.returncode == 0 and "exported 3 entries" in done.stderr, done.stderr
+            assert out.read_bytes() == whole.read_bytes(), (name, mode)
+        piped = subprocess.run(
+            [sys.executable, "-m", "runtime_cache", "--cache", url, "export", name, "--json"],
+            capture_output=True,
+        )
+        assert piped.returncode == 0 and piped.stdout == whole.read_bytes()
+        assert json.loads(piped.stderr)["entries"] == 3
 
 
 def test_export_to_a_closed_stdout_is_a_line_not_a_traceback(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""Where export writes a file it is given (cli.output_path): links followed only where
-nobody else can have put them, at every hop, with each folder held open so that nothing
-is swapped between the check and the write."""
+"""Where export writes a file it is given (cli.output_path): a link, FIFO or device used
+only where nobody else can have put it (every folder from / down is this user's or
+root's, closed to others), with each folder held open so that nothing is swapped between
+the check and the write."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import errno
 import os
 import subprocess
 import sys
-import threading
+import textwrap
 import time
 from pathlib import Path
 
@@ -18,10 +19,10 @@ import pytest
 from runtime_cache.cli.output import replace_file
 from runtime_cache.cli.output_path import find_output
 
-OTHER = 12345  # another user's uid: its links are never followed
+OTHER = 12345  # another user's uid: what it owns is never trusted
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: it plants another user's links"
+    os.geteuid() != 0, reason="needs root: it gives files to another user"
 )
 
 
@@ -31,111 +32,213 @@ def _planted(link: Path, target: Path | str) -> Path:
     return link
 
 
-def test_a_link_of_this_users_is_followed_and_so_is_the_next(tmp_path: Path) -> None:
-    (tmp_path / "real").mkdir()
-    (tmp_path / "a.rcb").symlink_to("b.rcb")  # relative, two hops, through ".."
-    (tmp_path / "b.rcb").symlink_to("real/../real/c.rcb")
-    replace_file(str(tmp_path / "a.rcb"), b"data")
-    assert (tmp_path / "real" / "c.rcb").read_bytes() == b"data"
-    assert (tmp_path / "a.rcb").is_symlink() and (tmp_path / "b.rcb").is_symlink()
-    replace_file(str(tmp_path / "a.rcb"), b"again")  # the file it leads to is replaced
-    assert (tmp_path / "real" / "c.rcb").read_bytes() == b"again"
+def _group_folder(path: Path, mode: int = 0o2775) -> Path:
+    path.mkdir()
+    path.chmod(mode)
+    return path
 
 
-def test_a_loop_of_links_and_a_folder_are_errors_not_hangs(tmp_path: Path) -> None:
-    (tmp_path / "x").symlink_to("y")
-    (tmp_path / "y").symlink_to("x")
+def test_this_users_links_are_followed_where_only_they_can_write(closed_folder: Path) -> None:
+    top = closed_folder
+    (top / "real").mkdir()
+    (top / "a.rcb").symlink_to("b.rcb")  # relative, two hops, through ".."
+    (top / "b.rcb").symlink_to("real/../real/c.rcb")
+    replace_file(str(top / "a.rcb"), b"data")
+    assert (top / "real" / "c.rcb").read_bytes() == b"data"
+    assert (top / "a.rcb").is_symlink() and (top / "b.rcb").is_symlink()
+    replace_file(str(top / "a.rcb"), b"again")  # the file it leads to is replaced
+    assert (top / "real" / "c.rcb").read_bytes() == b"again"
+    fifo = top / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    replace_file(str(fifo), b"data")
+    assert reader.communicate(timeout=30)[0] == b"data"
+
+
+def test_in_a_sticky_folder_links_are_replaced_and_fifos_refused(tmp_path: Path) -> None:
+    """The attacker review of the first walk: a sticky folder (/tmp) counted as closed, but
+    anyone can move an entry into it. A member moved the user's own link, left in a group
+    folder, into /tmp under the name the user exported to: it was followed onto the
+    user's file. A FIFO moved there hung the export."""
+    sticky = _group_folder(tmp_path / "tmp", 0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    (sticky / "moved.rcb").symlink_to(victim)  # this user's own link, moved in
+    replace_file(str(sticky / "moved.rcb"), b"data")
+    assert victim.read_text() == "the user's own file"
+    assert (sticky / "moved.rcb").read_bytes() == b"data"
+    os.mkfifo(sticky / "pipe.rcb")
+    with pytest.raises(PermissionError, match="another user may have put it"):
+        replace_file(str(sticky / "pipe.rcb"), b"data")  # neither opened (a hang) nor replaced
+    assert (sticky / "pipe.rcb").is_fifo()
+
+
+def test_a_folder_of_this_users_moved_under_a_group_folder_is_not_trusted(
+    tmp_path: Path,
+) -> None:
+    """The attacker review: a member renamed the user's own folder, holding the user's own
+    link, to the name the user exported into; the walk asked only the link's own folder."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    group = _group_folder(tmp_path / "group")
+    (group / "results").mkdir(mode=0o755)  # this user's, closed: only its parent is open
+    (group / "results" / "cache.rcb").symlink_to(victim)
+    replace_file(str(group / "results" / "cache.rcb"), b"data")
+    assert victim.read_text() == "the user's own file"
+
+
+def test_loops_folders_and_odd_names_are_errors_not_hangs(
+    tmp_path: Path, closed_folder: Path
+) -> None:
+    (closed_folder / "x").symlink_to("y")
+    (closed_folder / "y").symlink_to("x")
     with pytest.raises(OSError) as loop:
-        replace_file(str(tmp_path / "x"), b"data")
+        replace_file(str(closed_folder / "x"), b"data")
     assert loop.value.errno == errno.ELOOP
-    for path in (str(tmp_path), f"{tmp_path}/", f"{tmp_path}/..", f"{tmp_path}/new/"):
+    (tmp_path / "file").write_bytes(b"keep")
+    for path in (
+        tmp_path,
+        f"{tmp_path}/",
+        f"{tmp_path}/..",
+        f"{tmp_path}/new/",
+        f"{tmp_path}/file/.",
+    ):
         with pytest.raises(IsADirectoryError):
-            replace_file(path, b"data")
+            replace_file(str(path), b"data")
+    assert (tmp_path / "file").read_bytes() == b"keep"
     with pytest.raises(FileNotFoundError):
         replace_file(str(tmp_path / "missing" / "b.rcb"), b"data")
     with pytest.raises(NotADirectoryError):
-        (tmp_path / "file").write_bytes(b"")
         replace_file(str(tmp_path / "file" / "b.rcb"), b"data")
+    long_name = "é" * 127  # 254 bytes: the temporary name must not be longer than 255
+    replace_file(str(tmp_path / long_name), b"data")
+    assert (tmp_path / long_name).read_bytes() == b"data"
+
+
+def test_a_relative_path_is_judged_from_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = _group_folder(tmp_path / "group")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    (group / "out.rcb").symlink_to(victim)
+    monkeypatch.chdir(group)  # "out.rcb" from inside a group's folder
+    replace_file("out.rcb", b"data")
+    assert victim.read_text() == "kept" and (group / "out.rcb").read_bytes() == b"data"
+    output = find_output("new.rcb")
+    try:
+        assert output.fd is None and output.name == "new.rcb"
+    finally:
+        output.close()
 
 
 @needs_root
-def test_a_planted_link_at_the_second_hop_is_not_followed(tmp_path: Path) -> None:
+def test_a_planted_link_at_the_second_hop_is_not_followed(closed_folder: Path) -> None:
     """The fourth review: only the first link was checked; the rest were followed by the
     kernel, so this user's own link into a group's folder reached a member's link."""
-    victim = tmp_path / "victim.txt"
+    top = closed_folder
+    victim = top / "victim.txt"
     victim.write_text("the user's own file")
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o2775)  # a group's folder
+    shared = _group_folder(top / "shared")
     _planted(shared / "x.rcb", victim)
-    (tmp_path / "out.rcb").symlink_to(shared / "x.rcb")
-    replace_file(str(tmp_path / "out.rcb"), b"data")
+    (top / "out.rcb").symlink_to(shared / "x.rcb")
+    replace_file(str(top / "out.rcb"), b"data")
     assert victim.read_text() == "the user's own file"
     assert (shared / "x.rcb").read_bytes() == b"data"  # the planted link was replaced
     # A planted link on the way (not the last name) is an error, never followed.
-    (tmp_path / "safe").mkdir()
-    _planted(shared / "sub", tmp_path / "safe")
-    (tmp_path / "via.rcb").symlink_to(shared / "sub" / "y.rcb")
+    (top / "safe").mkdir()
+    _planted(shared / "sub", top / "safe")
+    (top / "via.rcb").symlink_to(shared / "sub" / "y.rcb")
     with pytest.raises(PermissionError, match="another user"):
-        replace_file(str(tmp_path / "via.rcb"), b"data")
-    assert not (tmp_path / "safe" / "y.rcb").exists()
+        replace_file(str(top / "via.rcb"), b"data")
+    assert not (top / "safe" / "y.rcb").exists()
 
 
-_EXCHANGE = 2  # RENAME_EXCHANGE
+# A member's process: swaps two names (renameat2 RENAME_EXCHANGE) as fast as it can, and
+# plants its link again in its own folder wherever an export replaced it.
+SWAPPER = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    a, b, victim, uid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    theirs = os.lstat(b).st_ino
+    print("ready", flush=True)
+    while True:
+        libc.renameat2(-100, a.encode(), -100, b.encode(), 2)
+        for side in (a, b) if victim else ():
+            link = os.path.join(side, "out.rcb")
+            try:
+                if os.lstat(side).st_ino == theirs and not os.path.islink(link):
+                    if os.path.lexists(link):
+                        os.unlink(link)
+                    os.symlink(victim, link)
+                    os.lchown(link, uid, uid)
+            except OSError:
+                pass
+    """
+)
+
+
+def _exports_while_swapped(a: Path, b: Path, target: Path, victim: Path, plant: bool = True) -> int:
+    """Export to ``target`` for 3 s while another process swaps ``a`` and ``b`` (and, with
+    ``plant``, plants its link to ``victim`` again); the victim must never change.
+    Returns how many exports went through."""
+    planted = str(victim) if plant else ""
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", SWAPPER, str(a), str(b), planted, str(OTHER)],
+        stdout=subprocess.PIPE,
+    )
+    wrote = 0
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline() == b"ready\n"
+        before = victim.read_bytes()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                replace_file(str(target), b"data")
+                wrote += 1
+            except OSError:
+                pass  # (a name gone for a moment, or the member's entry met: refused)
+            assert victim.read_bytes() == before
+    finally:
+        swapper.kill()
+        swapper.wait()
+    return wrote
 
 
 @needs_root
-def test_a_folder_swapped_during_the_write_never_redirects_it(tmp_path: Path) -> None:
-    """The fourth review: a member who can write the parent of the user's folder swapped
-    it (renameat2 RENAME_EXCHANGE) with a folder of theirs between the check and the
-    write, and the export overwrote a file of the user's after 21-219 tries."""
+def test_names_swapped_during_the_write_never_redirect_it(tmp_path: Path) -> None:
+    """The fourth review: a member who can write a folder above FILE swapped the user's
+    folder (renameat2 RENAME_EXCHANGE) with one of theirs between the check and the
+    write, and the export overwrote a file of the user's after 21-219 tries. The attacker
+    review of the fix: a folder swapped with a link must not be followed either."""
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "renameat2"):
         pytest.skip("no renameat2 in this C library")
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's own file")
-    parent = tmp_path / "parent"
-    parent.mkdir()
-    parent.chmod(0o777)  # a member can rename what is in it
+    parent = _group_folder(tmp_path / "parent", 0o777)  # a member can rename what is in it
     ours, theirs = parent / "ours", parent / "theirs"
     ours.mkdir()
-    (ours / "out.rcb").symlink_to("real.rcb")  # this user's own link: followed
+    (ours / "out.rcb").symlink_to("real.rcb")  # this user's own link
     (ours / "real.rcb").write_bytes(b"")
     theirs.mkdir()
     os.chown(theirs, OTHER, OTHER)
     _planted(theirs / "out.rcb", victim)
-    a, b = bytes(ours), bytes(theirs)
-    if libc.renameat2(-100, a, -100, b, _EXCHANGE) != 0:
+    if libc.renameat2(-100, bytes(ours), -100, bytes(theirs), 2) != 0:
         pytest.skip(f"renameat2 failed: {os.strerror(ctypes.get_errno())}")
-    libc.renameat2(-100, a, -100, b, _EXCHANGE)
-    stop, hold, wrote = threading.Event(), threading.Lock(), 0
-
-    def swap() -> None:
-        while not stop.is_set():
-            with hold:
-                libc.renameat2(-100, a, -100, b, _EXCHANGE)
-
-    swapper = threading.Thread(target=swap, daemon=True)
-    swapper.start()
-    try:
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
-            try:
-                replace_file(str(ours / "out.rcb"), b"data")
-                wrote += 1
-            except OSError:
-                pass  # (a name gone for a moment, mid-swap)
-            with hold:  # the member plants the link again where it was replaced
-                for folder in (ours, theirs):
-                    link = folder / "out.rcb"
-                    if not (folder / "real.rcb").exists() and not link.is_symlink():
-                        link.unlink()
-                        _planted(link, victim)
-            assert victim.read_text() == "the user's own file"
-    finally:
-        stop.set()
-        swapper.join()
-    assert wrote > 20
+    libc.renameat2(-100, bytes(ours), -100, bytes(theirs), 2)
+    assert _exports_while_swapped(ours, theirs, ours / "out.rcb", victim) > 20
+    # A folder on the way swapped with a member's link to a folder of the user's.
+    private = tmp_path / "private"
+    private.mkdir()
+    secret = private / "secret"
+    secret.write_text("the user's own file")
+    (parent / "d").mkdir()
+    _planted(parent / "e", private)
+    assert _exports_while_swapped(
+        parent / "d", parent / "e", parent / "d" / "secret", secret, False
+    )
 
 
 def test_dev_stdout_and_dev_fd_reach_the_pipe_or_file_the_shell_gave(tmp_path: Path) -> None:
@@ -153,16 +256,3 @@ def test_dev_stdout_and_dev_fd_reach_the_pipe_or_file_the_shell_gave(tmp_path: P
         with open(log, "ab") as appended:
             done = subprocess.run([sys.executable, "-c", code, path], stdout=appended)
         assert done.returncode == 0 and log.read_bytes() == b"before\ndata\n"
-
-
-def test_a_fifo_of_this_users_is_written_into(tmp_path: Path) -> None:
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
-    replace_file(str(fifo), b"data")
-    assert reader.communicate(timeout=30)[0] == b"data"
-    output = find_output(str(tmp_path / "new.rcb"))
-    try:
-        assert output.fd is None and output.name == "new.rcb"
-    finally:
-        output.close()

@@ -108,6 +108,17 @@ def add_parsers(add: AddCommand) -> None:
     add_json(imp)
 
 
+def _is_stdout(path: str) -> bool:
+    """Whether ``path`` is standard output (``-``, ``/dev/stdout``, ``/dev/fd/1``, or the
+    file it was sent to): the bundle's, where a message would corrupt it."""
+    if path == "-":
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _write_file(path: str, data: bytes) -> None:
     if path == "-":
         stream = binary_stdout()
@@ -238,12 +249,13 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         "left_out": [key for key, _ in skipped.items],
         "skipped": len(skipped),
     }
-    if args.json and args.file == "-":
+    into_stdout = _is_stdout(args.file)
+    if args.json and into_stdout:
         print(json.dumps(report, indent=2), file=ctx.err)  # stdout holds the bundle
     elif args.json:
         ctx.emit_json(report)
     else:
-        where = ctx.err if args.file == "-" else ctx.out
+        where = ctx.err if into_stdout else ctx.out
         print(
             f"exported {fmt_count(count, 'entry', 'entries')} ({human_size(len(data))}, "
             f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}",

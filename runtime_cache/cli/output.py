@@ -116,10 +116,10 @@ def replace_file(path: str, data: bytes) -> None:
     """Write ``data`` at ``path``; raises :class:`OSError`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
-    no reader sees half of it. A device, a FIFO or a link (``/dev/full``, ``/dev/stdout``,
-    a FIFO in ``/tmp``) is written into or followed, as a shell's ``>`` does, only where
-    nobody but this user or root can have put it (:func:`.output_path.find_output`, which
-    holds each folder open as it walks, so nothing can be swapped in between).
+    no reader sees half of it. A link, a device or a FIFO (``/dev/stdout``, ``/dev/full``)
+    is followed or written into, as a shell's ``>`` does, only where nobody but this user
+    or root can have put it (see :func:`.output_path.find_output`, which holds each folder
+    open as it walks, so nothing can be swapped in between).
     """
     output = find_output(path)
     try:
@@ -136,7 +136,7 @@ def replace_file(path: str, data: bytes) -> None:
 def _replace_in(folder: int, name: str, data: bytes) -> None:
     """Replace ``name`` in the open ``folder`` with a file of ``data``, whole."""
     # O_EXCL|O_NOFOLLOW: a link planted under the temporary name is never followed.
-    temp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+    temp = f".{name[:32]}.{secrets.token_hex(6)}.tmp"  # (32 characters: 128 bytes at most)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
     try:
