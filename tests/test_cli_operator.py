@@ -623,13 +623,15 @@ def test_export_writes_into_a_device_or_fifo_and_through_a_link(
         assert victim.read_text() == "the user's own file" and not planted.is_symlink()
     shared = closed_folder / "shared"
     shared.mkdir()
-    shared.chmod(0o2775)  # a group's folder: a member could swap this user's own link
+    if os.geteuid() == 0:
+        os.chown(shared, -1, 12345)  # a group with others in it (root's own has root alone)
+    shared.chmod(0o2775 if os.geteuid() == 0 else 0o777)  # a member could swap the link
     mine = shared / "mine.rcb"
     mine.symlink_to(closed_folder / "victim-2.txt")
     (closed_folder / "victim-2.txt").write_text("kept")
     done = cli("--cache", url, "export", str(mine))
     assert done.returncode == 0 and (closed_folder / "victim-2.txt").read_text() == "kept"
-    assert not mine.is_symlink()
+    assert not mine.is_symlink() and "not followed" in done.stderr, done.stderr
     fifo = closed_folder / "fifo"
     os.mkfifo(fifo)
     reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
@@ -667,16 +669,26 @@ def test_export_to_dev_stdout_keeps_its_message_out_of_the_bundle(tmp_path: Path
 
 
 def test_export_to_a_closed_stdout_is_a_line_not_a_traceback(tmp_path: Path) -> None:
+    """And (the attacker review) a command that writes a file or lists, with stdout closed,
+    ended in a traceback; /dev/stdout then led to whatever the process had opened as 1."""
     url = _filled(tmp_path, 1, 1024)
-    done = subprocess.run(
-        f"{sys.executable} -m runtime_cache --cache {url} export - >&-",
-        shell=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+
+    def closed(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            f"{sys.executable} -m runtime_cache --cache {url} {command} >&-",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+
+    done = closed("export -")
     assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr
+    for command in ("export out.rcb", "ls", "export /dev/stdout"):
+        done = closed(command)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
+    assert (tmp_path / "out.rcb").read_bytes()[:4] == b"RCB\x01"
 
 
 def test_a_secret_file_that_is_no_regular_file_or_is_endless_is_refused(tmp_path: Path) -> None:

@@ -33,7 +33,12 @@ def _planted(link: Path, target: Path | str) -> Path:
 
 
 def _group_folder(path: Path, mode: int = 0o2775) -> Path:
+    """A folder others can write: its group (another user's group, as root), or all."""
     path.mkdir()
+    if os.geteuid() == 0:
+        os.chown(path, -1, OTHER)  # (root's own group has root alone: closed)
+    else:
+        mode |= 0o777  # this user's group may be theirs alone
     path.chmod(mode)
     return path
 
@@ -239,6 +244,70 @@ def test_names_swapped_during_the_write_never_redirect_it(tmp_path: Path) -> Non
     assert _exports_while_swapped(
         parent / "d", parent / "e", parent / "d" / "secret", secret, False
     )
+
+
+def test_dot_dot_goes_back_to_the_folder_held_not_to_a_moved_ones_parent(
+    closed_folder: Path,
+) -> None:
+    """The attacker review of the walk: `G/sub/../../out.rcb` (meaning the user's own
+    folder) went up through the parent of whatever was at G/sub by then; a member swapped
+    G/sub with G/A/sub and the walk came back to G, took it for the user's folder, and
+    followed the user's own link the member had moved to G/out.rcb (4,217 overwrites in
+    16,569 exports)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        pytest.skip("no renameat2 in this C library")
+    top = closed_folder
+    victim = top / "victim.txt"
+    victim.write_text("the user's own file")
+    group = _group_folder(top / "G")
+    (group / "sub").mkdir()
+    (group / "A" / "sub").mkdir(parents=True)
+    (group / "out.rcb").symlink_to(victim)  # the user's own link, moved here by a member
+    target = group / "sub" / ".." / ".." / "out.rcb"
+    a, b = group / "sub", group / "A" / "sub"
+    assert _exports_while_swapped(a, b, target, victim, plant=False) > 20
+    assert (top / "out.rcb").read_bytes() == b"data"
+
+
+def test_a_relative_path_from_a_closed_folder_under_an_open_one(
+    closed_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judged from /, not from the current folder: the user's own folder, closed, under a
+    group's folder a member can rename it in."""
+    victim = closed_folder / "victim.txt"
+    victim.write_text("kept")
+    mine = _group_folder(closed_folder / "group") / "mine"
+    mine.mkdir(mode=0o755)
+    (mine / "out.rcb").symlink_to(victim)
+    monkeypatch.chdir(mine)
+    replace_file("out.rcb", b"data")
+    assert victim.read_text() == "kept" and (mine / "out.rcb").read_bytes() == b"data"
+    gone = closed_folder / "gone"  # a current folder removed: nothing above it is known
+    gone.mkdir()
+    (closed_folder / "link.rcb").symlink_to(victim)
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert replace_file("../link.rcb", b"data")  # replaced, and says why
+    assert victim.read_text() == "kept"
+
+
+def test_a_folder_its_owners_private_group_can_write_is_closed(closed_folder: Path) -> None:
+    """umask 002 with a group per user makes folders 0775: the user's own link there is
+    followed (OpenSSH judges such a group so), where a group with others in it is not."""
+    import grp
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid())
+    if grp.getgrgid(me.pw_gid).gr_mem not in ([], [me.pw_name]):
+        pytest.skip(f"{me.pw_name}'s group has other members")
+    upg = closed_folder / "upg"
+    upg.mkdir()
+    os.chown(upg, -1, me.pw_gid)
+    upg.chmod(0o775)
+    (upg / "link.rcb").symlink_to(closed_folder / "real.rcb")
+    assert replace_file(str(upg / "link.rcb"), b"data") == ""
+    assert (closed_folder / "real.rcb").read_bytes() == b"data"
 
 
 def test_dev_stdout_and_dev_fd_reach_the_pipe_or_file_the_shell_gave(tmp_path: Path) -> None:

@@ -200,6 +200,7 @@ def _add_plugin(sub: Any, name: str, target: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``runtime-cache`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    _hold_standard_descriptors()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -221,6 +222,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:  # main() may run inside a host process (tests, notebooks)
         logger.setLevel(saved[0])
         where.setLevel(saved[1])
+
+
+def _hold_standard_descriptors() -> None:
+    """Open ``/dev/null`` on descriptors 0-2 where the process started with them closed
+    (``>&-``): else the next file opened takes the number, and ``/dev/stdout`` (or a
+    plug-in's print) would lead into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -254,7 +269,8 @@ def _run(args: argparse.Namespace) -> int:
             except RuntimeCacheError as exc:
                 return _fail(f"cannot open the cache: {exc}", 1)
         code = int(handler(args, ctx))
-        flush(ctx.out)  # here, not at exit: a full non-blocking stdout is waited on
+        if ctx.out is not None:  # (None: started with stdout closed)
+            flush(ctx.out)  # here, not at exit: a full non-blocking stdout is waited on
         return _partial(ctx, code)
     except _USAGE_ERRORS as exc:
         return _fail(str(exc), 2)

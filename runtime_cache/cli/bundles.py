@@ -119,14 +119,15 @@ def _is_stdout(path: str) -> bool:
         return False
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _write_file(path: str, data: bytes) -> str:
+    """Write the bundle; return why a link at ``path`` was replaced, not followed."""
     if path == "-":
         stream = binary_stdout()
         write_all(stream, data)
         stream.flush()
-        return
+        return ""
     try:
-        replace_file(path, data)
+        return replace_file(path, data)
     except OSError as exc:
         raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -235,10 +236,16 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     finally:
         progress.close()
     try:
-        _write_file(args.file, data)
+        replaced = _write_file(args.file, data)
     except BundleFileError as exc:
         print(f"runtime-cache: {clean(exc)}", file=ctx.err)
         return 1
+    if replaced:
+        print(
+            f"runtime-cache: {clean(args.file)} was a link; replaced by the bundle, not "
+            f"followed, since another user may have put it there ({clean(replaced)})",
+            file=ctx.err,
+        )
     signed = cache.signed
     count = bundle_count(data)
     report = {

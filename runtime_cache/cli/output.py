@@ -112,14 +112,15 @@ class WholeText(io.TextIOBase):
         super().close()
 
 
-def replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes) -> str:
     """Write ``data`` at ``path``; raises :class:`OSError`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
     no reader sees half of it. A link, a device or a FIFO (``/dev/stdout``, ``/dev/full``)
     is followed or written into, as a shell's ``>`` does, only where nobody but this user
     or root can have put it (see :func:`.output_path.find_output`, which holds each folder
-    open as it walks, so nothing can be swapped in between).
+    open as it walks, so nothing can be swapped in between). Returns why a link at
+    ``path`` was replaced rather than followed (``""``: there was none, or it was followed).
     """
     output = find_output(path)
     try:
@@ -127,8 +128,9 @@ def replace_file(path: str, data: bytes) -> None:
             with os.fdopen(output.fd, "wb") as handle:
                 output.fd = None  # closed with the handle
                 write_all(handle, data)
-            return
+            return ""
         _replace_in(output.folder, output.name, data)
+        return output.link_replaced
     finally:
         output.close()
 

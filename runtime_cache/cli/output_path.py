@@ -6,18 +6,21 @@ The kernel's own lookup follows every link on the way, and a check made before i
 (``lstat``, ``realpath``) can be undone before the open: a member of a group that can
 write a folder on the way swaps a folder or plants a link between the two, and the
 output lands on a file of the user's choosing. Here each step is made from the folder
-descriptor the step before opened, with ``O_NOFOLLOW``, so what was checked is what is
-used. And "who can have put it" is asked of every folder from ``/`` down, not of the
-entry's own folder alone: whoever can write a folder above can move the user's own link
-(or a folder holding one) to where the user will look, and ``rename`` needs no more.
+descriptor the step before opened, with ``O_NOFOLLOW``, and ``..`` goes back to the
+folder held before (not to the parent of one a member may have moved since), so what was
+checked is what is used. "Who can have put it" is asked of every folder from ``/`` down,
+not of the entry's own folder alone: whoever can write a folder above can move the
+user's own link (or a folder holding one) to where the user will look.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["MAX_LINKS", "Output", "find_output"]
 
@@ -30,11 +33,13 @@ _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 class Output:
     """Where to write: ``fd`` open on a device, FIFO or ``/proc`` file to write into, or
     else (``fd`` is ``None``) the name ``name`` in the open folder ``folder``, to be
-    replaced whole. :meth:`close` closes what is open."""
+    replaced whole. ``link_replaced`` says why a link at ``name`` is replaced rather than
+    followed (``""``: no link). :meth:`close` closes what is open."""
 
     folder: int
     name: str
     fd: int | None = None
+    link_replaced: str = ""
 
     def close(self) -> None:
         """Close the folder (and ``fd``, where still open)."""
@@ -53,59 +58,102 @@ def find_output(path: str) -> Output:
     A link, FIFO or device is trusted where only this user or root can have put it: it
     is theirs, and so is every folder from ``/`` down to it, none of which anyone else
     can write (a sticky folder such as ``/tmp`` does not count: others can move entries
-    into it). A trusted link is followed; a trusted device or FIFO is opened to be
-    written into (as a shell's ``>`` does). Elsewhere a link as the last name is replaced
-    like a file, never followed; a link on the way, a FIFO or a device is an error. A
-    name under ``/proc`` (``/dev/stdout`` leads there) is opened by the kernel, which
-    alone can follow it.
+    into it; a folder its group can write counts where that group is its owner's alone,
+    as OpenSSH judges). A trusted link is followed; a trusted device or FIFO is opened to
+    be written into (as a shell's ``>`` does). Elsewhere a link as the last name is
+    replaced like a file, never followed; a link on the way, a FIFO or a device is an
+    error. A name under ``/proc`` (``/dev/stdout`` leads there) is opened by the kernel,
+    which alone can follow it.
     """
     if not path:
         raise FileNotFoundError(errno.ENOENT, "no file named", path)
     if _names_a_folder(path):
         raise IsADirectoryError(errno.EISDIR, "it names a folder", path)
-    start, names = "/", path
+    names = path
     if not path.startswith("/"):
         try:
             names = os.path.join(os.getcwd(), path)  # so the folders above are seen too
         except OSError:  # (the current folder was removed): nothing above it is known
-            start = "."
-    walk = _Walk(os.open(start, _FOLDER), path, known=start == "/")
+            pass
+    walk = _Walk(path, names)
     try:
         return walk.run(names)
     except BaseException:
-        os.close(walk.folder)  # the folder it had reached
+        walk.close()
         raise
 
 
-class _Walk:
-    """The walk down ``path`` from the open ``folder``, which it moves on (and closes).
-    ``closed`` holds, for each folder from ``/`` to the one reached, whether nobody but
-    this user or root can write it."""
+class _Held(NamedTuple):
+    fd: int
+    closed: bool  # nobody but this user or root can write it
+    shown: str  # its path, for messages
 
-    def __init__(self, folder: int, path: str, known: bool) -> None:
-        self.folder = folder
+
+class _Walk:
+    """The walk down ``path``: the folders held, from ``/`` (or from the current folder
+    where it is unknown, judged open) to the one reached."""
+
+    def __init__(self, path: str, names: str) -> None:
         self.path = path
-        self.closed = [known and _closed(folder)]
+        self.held: list[_Held] = []
+        if names.startswith("/"):
+            self._to_root()
+        else:
+            self.held.append(_Held(os.open(".", _FOLDER), False, "."))
+
+    @property
+    def folder(self) -> int:
+        return self.held[-1].fd
+
+    def close(self) -> None:
+        """Close every folder held."""
+        while self.held:
+            os.close(self.held.pop().fd)
 
     def _down(self, name: str) -> None:
-        self._move(os.open(name, _FOLDER | os.O_NOFOLLOW, dir_fd=self.folder))
-        self.closed.append(_closed(self.folder))
+        fd = os.open(name, _FOLDER | os.O_NOFOLLOW, dir_fd=self.folder)
+        self.held.append(_Held(fd, _closed(fd), os.path.join(self.held[-1].shown, name)))
 
     def _up(self) -> None:
-        self._move(os.open("..", _FOLDER, dir_fd=self.folder))
-        if len(self.closed) > 1:
-            self.closed.pop()  # (the parent of "/" is "/")
+        if len(self.held) > 1:  # back to the folder held before, wherever it is now
+            os.close(self.held.pop().fd)
+        elif self.held[0].shown != "/":  # above an unknown current folder: unknown too
+            top = self.held.pop()
+            try:
+                fd = os.open("..", _FOLDER, dir_fd=top.fd)
+            finally:
+                os.close(top.fd)
+            self.held.append(_Held(fd, False, os.path.join(top.shown, "..")))
+        # (the parent of "/" is "/")
 
     def _to_root(self) -> None:
-        self._move(os.open("/", _FOLDER))
-        self.closed = [_closed(self.folder)]
+        self.close()
+        fd = os.open("/", _FOLDER)
+        self.held.append(_Held(fd, _closed(fd), "/"))
 
-    def _move(self, new: int) -> None:
-        os.close(self.folder)
-        self.folder = new
+    def _open_to_others(self) -> str:
+        """The first folder held that others can write (``""``: none)."""
+        return next((h.shown for h in self.held if not h.closed), "")
 
     def _trusted(self, entry: os.stat_result) -> bool:
-        return entry.st_uid in _users() and all(self.closed)
+        return entry.st_uid in _users() and not self._open_to_others()
+
+    def _finish(self, name: str, fd: int | None = None, link_replaced: str = "") -> Output:
+        """The output at ``name`` in the folder reached, which the output now holds."""
+        last = self.held.pop()
+        self.close()
+        return Output(last.fd, name, fd, link_replaced)
+
+    def _why_not(self) -> str:
+        """Why an entry here is not trusted (its owner or a folder above it)."""
+        where = self._open_to_others()
+        return f"others can write {where}" if where else "it is another user's"
+
+    def _refuse(self, name: str, what: str) -> PermissionError:
+        text = (
+            f"not using the {what} {name}: another user may have put it there ({self._why_not()})"
+        )
+        return PermissionError(errno.EACCES, text, self.path)
 
     def run(self, names: str) -> Output:
         """Walk each of ``names``; return where the output goes."""
@@ -122,15 +170,15 @@ class _Walk:
                 info = os.stat(name, dir_fd=self.folder, follow_symlinks=False)
             except FileNotFoundError:
                 if last:
-                    return Output(self.folder, name)
+                    return self._finish(name)
                 raise FileNotFoundError(errno.ENOENT, "no such folder", path) from None
             if stat.S_ISLNK(info.st_mode):
                 if not self._trusted(info):
-                    if last:
-                        return Output(self.folder, name)  # replaced, never followed
-                    raise PermissionError(errno.EACCES, _UNTRUSTED.format(name, "link"), path)
+                    if last:  # replaced, never followed
+                        return self._finish(name, link_replaced=self._why_not())
+                    raise self._refuse(name, "link")
                 if last and _in_proc(self.folder):
-                    return Output(self.folder, name, _open_into(self.folder, name, None))
+                    return self._finish(name, _open_into(self.folder, name, None))
                 links += 1
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many links", path)
@@ -149,17 +197,11 @@ class _Walk:
             if not last:
                 raise NotADirectoryError(errno.ENOTDIR, f"{name} is not a folder", path)
             if stat.S_ISREG(info.st_mode):
-                return Output(self.folder, name)
+                return self._finish(name)
             if not self._trusted(info):
-                raise PermissionError(errno.EACCES, _UNTRUSTED.format(name, "FIFO or device"), path)
-            return Output(self.folder, name, _open_into(self.folder, name, info))
+                raise self._refuse(name, "FIFO or device")
+            return self._finish(name, _open_into(self.folder, name, info))
         raise IsADirectoryError(errno.EISDIR, "it leads to a folder", path)
-
-
-_UNTRUSTED = (
-    "not using the {1} {0}: another user may have put it there (a folder from / down to it "
-    "is another user's, or others can write it)"
-)
 
 
 def _names_a_folder(path: str) -> bool:
@@ -174,7 +216,24 @@ def _users() -> tuple[int, ...]:
 def _closed(folder: int) -> bool:
     """Whether nobody but this user or root can write ``folder``."""
     held = os.fstat(folder)
-    return held.st_uid in _users() and not held.st_mode & 0o022
+    if held.st_uid not in _users() or held.st_mode & 0o002:
+        return False
+    return not held.st_mode & 0o020 or _group_of_one(held.st_gid, held.st_uid)
+
+
+@functools.lru_cache(maxsize=64)
+def _group_of_one(gid: int, uid: int) -> bool:
+    """Whether the group ``gid`` has user ``uid`` alone: its primary group, no other
+    member listed (a user's private group, where ``umask 002`` makes folders 0775)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except (KeyError, OSError):
+        return False
+    return user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
 
 
 def _in_proc(folder: int) -> bool:
@@ -185,13 +244,9 @@ def _in_proc(folder: int) -> bool:
 
 
 def _open_into(folder: int, name: str, seen: os.stat_result | None) -> int:
-    """Open the device or FIFO ``name`` (``seen`` by the walk) to write into it, or the
-    ``/proc`` link ``name`` (``seen`` is ``None``) through the kernel."""
+    """Open the device or FIFO ``name`` (``seen`` by the walk, in folders only this user
+    or root can write) to write into it, or the ``/proc`` link ``name`` (``seen`` is
+    ``None``) through the kernel."""
     if seen is None:  # /proc/<pid>/fd/1: a pipe, a terminal, or a file `>` or `>>` opened
         return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC, dir_fd=folder)
-    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
-    got = os.fstat(fd)
-    if (got.st_dev, got.st_ino) != (seen.st_dev, seen.st_ino):
-        os.close(fd)
-        raise PermissionError(errno.EACCES, "it changed while it was opened", name)
-    return fd
+    return os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
