@@ -369,8 +369,8 @@ class TieredBackend(Backend):
         return removed
 
     def removable(self, key: str) -> bool:
-        """Whether some tier can delete ``key`` (:meth:`delete` fails only where none can)."""
-        return any(tier.backend.removable(key) for tier in self._tiers)
+        """Whether every tier can delete ``key`` (a tier without it can)."""
+        return all(tier.backend.removable(key) for tier in self._tiers)
 
     def vacuum(self) -> int:
         total = 0

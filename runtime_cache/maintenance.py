@@ -167,13 +167,19 @@ class PruneReport:
     remaining: int = 0
     remaining_bytes: int = 0
     leftovers: int = 0
-    #: Entries that could not be removed (an immutable file, a permission), and why.
+    #: Entries whose removal failed (an immutable file, a permission), and why.
     failed: list[tuple[str, str]] = field(default_factory=list)
-    #: Entries that cannot be removed, found before removing any, and their bytes.
+    #: Entries that cannot be removed (told by the store before, or found so), and their
+    #: bytes; kept, and not tried again.
     stuck: int = 0
     stuck_bytes: int = 0
-    #: Bytes over ``max_size`` left: the entries that cannot go fill the cap alone.
+    #: Bytes still over ``max_size``: entries that cannot go fill the cap.
     over_cap: int = 0
+    #: Whether size pruning was left undone, since the entries that cannot go alone
+    #: exceed the cap (removing the rest could not meet it).
+    kept_the_rest: bool = False
+    #: Entries that could not be read to be weighed (unreadable, corrupt), and why.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def prune(
@@ -187,45 +193,71 @@ def prune(
     """Remove entries not used for ``older_than`` seconds, then the least recently
     used ones until the total stored size is at most ``max_size`` bytes.
 
-    ``on_progress(done, total)`` is told after each entry is weighed.
+    Entries the store says it cannot remove (:meth:`~runtime_cache.api.Backend.removable`)
+    are kept and counted; where they alone exceed ``max_size``, no entry is removed for
+    size, since that could not meet it. ``on_progress(done, total)`` is told after each
+    entry is weighed.
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
     items = []
-    for info in cache.entries():
+    for info in cache.entries(on_skip=lambda key, why: report.skipped.append((key, why))):
         last = info.last_access if info.last_access is not None else info.created_at
         items.append((last, info.key, info.stored_size))
     items.sort()
-    total = sum(size for _, _, size in items)
-    keep = []
-    # Bytes of entries that cannot be removed, known before removing any: where they fill
-    # the cap alone, removing others cannot meet it (one such entry larger than the cap,
-    # met first or last, emptied the rest of the cache).
-    stuck = {key for _, key, _ in items if max_size is not None and not _removable(cache, key)}
-    pinned = sum(size for _, key, size in items if key in stuck)
+    sizes = {key: size for _, key, size in items}
+    total = sum(sizes.values())
+    over = max_size is not None and total > max_size
+    # Known before removing any (asked only when over the cap: 19 µs an entry on dir://).
+    stuck = {key for key in sizes if over and not _removable(cache, key)}
+    pinned = sum(sizes[key] for key in stuck)
+    report.kept_the_rest = max_size is not None and pinned > max_size
+    removed: set[str] = set()
     for done, (last, key, size) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
         expired = older_than is not None and now - last > older_than
         over = max_size is not None and total > max_size and pinned <= max_size
+        if not (expired or (over and key not in stuck)):
+            continue
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
-            removed = (expired or over) and cache.delete(key)
+            gone = cache.delete(key)
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
-            pinned += 0 if key in stuck else size
-            removed = False
-        if removed:
-            report.removed += 1
-            report.freed += size
+            gone = False
+            if key not in stuck:
+                stuck.add(key)
+                pinned += size
+        if gone:
+            removed.add(key)
             total -= size
-            pinned -= size if key in stuck else 0
-        else:
-            keep.append(size)
-    report.remaining = len(keep)
-    report.remaining_bytes = sum(keep)
-    report.stuck, report.stuck_bytes = len(stuck), sum(s for _, k, s in items if k in stuck)
-    report.over_cap = max(0, total - max_size) if max_size is not None else 0
+    _settle(cache, report, sizes, removed, stuck, max_size)
     return report
+
+
+def _settle(
+    cache: Cache,
+    report: PruneReport,
+    sizes: dict[str, int],
+    removed: set[str],
+    stuck: set[str],
+    max_size: int | None,
+) -> None:
+    """Fill in what is left, listed again where anything went: a store of tiers says it
+    removed an entry one of its tiers kept."""
+    left = dict(sizes)
+    if removed:
+        left = {info.key: info.stored_size for info in cache.entries()}
+    kept = removed & left.keys()  # said removed, still there
+    stuck |= kept
+    gone = removed - kept
+    report.removed = len(gone)
+    report.freed = sum(sizes[key] for key in gone)
+    report.remaining, report.remaining_bytes = len(left), sum(left.values())
+    report.stuck = len(stuck & left.keys())
+    report.stuck_bytes = sum(left[key] for key in stuck & left.keys())
+    if max_size is not None:
+        report.over_cap = max(0, report.remaining_bytes - max_size)
 
 
 def _removable(cache: Cache, key: str) -> bool:

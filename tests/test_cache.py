@@ -318,13 +318,52 @@ def test_prune_plans_around_entries_that_cannot_go(where: int) -> None:
     refill()
     report = maintenance.prune(cache, max_size=size - 1)  # it alone is over the cap
     assert report.removed == 0 and len(list(backend.keys())) == 5, report
+    assert report.kept_the_rest and report.over_cap == 5 * size - (size - 1)
     backend.stuck = set()
     maintenance.prune(cache, max_size=0)
     refill()
     report = maintenance.prune(cache, max_size=size)  # it alone fills the cap: reachable
     assert report.removed == 4 and list(backend.keys()) == [str(key(where))], report
-    assert report.remaining_bytes == size
-    assert [k for k, _ in report.failed] == ([str(key(where))] if where < 4 else [])  # tried
+    assert report.remaining_bytes == size and report.stuck == 1 and not report.over_cap
+    assert not report.failed  # known before: never tried
+
+
+class _Unaware(_Stuck):
+    """A store that cannot tell which keys it cannot delete (a Redis ACL)."""
+
+    def removable(self, key: str) -> bool:
+        return True
+
+
+def test_prune_weighs_every_tier_and_counts_what_stays() -> None:
+    """The operator review of prune: a tier that cannot delete an entry was outvoted by
+    one that can (memory:// in front of dir://), so prune emptied the rest again; a tier
+    that kept an entry its store said was removed, and an entry found stuck only when
+    tried, were missing from the report; an unreadable entry was left out silently."""
+    from runtime_cache import maintenance
+    from runtime_cache.backends.tiered import TieredBackend
+
+    for back, tiered in ((_Stuck(), True), (_Unaware(), True), (_Unaware(), False)):
+        cache = rc.Cache(TieredBackend([MemoryBackend(), back]) if tiered else back, strict=True)
+        for i in range(5):
+            cache.put(key(i), b"x" * 100)
+            time.sleep(0.002)
+        size = next(iter(back.scan())).size
+        back.stuck = {str(key(4))}  # the most recently used
+        report = maintenance.prune(cache, max_size=size - 1)
+        if isinstance(back, _Unaware):  # found only when tried, after the others went
+            assert report.removed == 4 and report.stuck == 1, report
+            assert bool(report.failed) is not tiered  # (the tiers' store said it was removed)
+        else:  # known before: nothing removed, since the cap cannot be met
+            assert report.removed == 0 and report.kept_the_rest, report
+        assert report.over_cap == report.remaining_bytes - (size - 1) > 0
+        assert str(key(4)) in set(back.keys())
+    backend = MemoryBackend()
+    cache = rc.Cache(backend, strict=True)
+    cache.put(key(0), b"x" * 100)
+    backend.set(str(key(1)), b"not an entry")
+    report = maintenance.prune(cache, max_size=0)
+    assert [k for k, _ in report.skipped] == [str(key(1))] and report.removed == 1
 
 
 def _iter_keys(n: int) -> Iterator[rc.CacheKey]:

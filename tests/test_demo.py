@@ -172,6 +172,33 @@ def test_cli_demo_removes_its_entries_afterwards(
 
 
 @opencl
+def test_cli_demo_json_goes_out_whole_into_a_small_non_blocking_pipe(tmp_path: Path) -> None:
+    """The operator review of the output fixes: the demo (a plug-in command) prints with
+    print(), which wrote 4096 of its 4307 bytes into a full non-blocking pipe and exit 0."""
+    import fcntl
+    import time
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: the smallest pipe
+    os.set_blocking(write_end, False)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "runtime_cache", "demo", "--tiny", "--json"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "POCL_KERNEL_CACHE": "0"},
+    )
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 512):
+        chunks.append(chunk)
+        time.sleep(0.01)  # a slow reader: the pipe stays full
+    os.close(read_end)
+    assert child.wait(600) == 0, child.stderr.read() if child.stderr else ""
+    assert json.loads(b"".join(chunks))["outputs_identical"] is True
+
+
+@opencl
 def test_demo_on_redis(redis_server: RedisProcess) -> None:
     _device()
     env = dict(os.environ, POCL_KERNEL_CACHE="0", RUNTIME_CACHE_SECRET="demo-secret")

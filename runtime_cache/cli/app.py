@@ -56,9 +56,10 @@ from .context import (
     missing_folder,
     open_cache,
     resolve_secret,
+    standard_output,
 )
 from .fmt import clean
-from .output import flush
+from .output import WholeText, flush
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -201,11 +202,22 @@ def _add_plugin(sub: Any, name: str, target: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``runtime-cache`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     _hold_standard_descriptors()
+    saved = sys.stdout
+    if saved is not None and not isinstance(saved, WholeText):
+        sys.stdout = standard_output()  # print() goes out whole: --help's, a plug-in's
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return _settle_output(code)
     # The cache is strict here, so failures come back as errors that the command
     # reports; the library's own warnings ("carrying on without the cache") only
     # confuse a one-shot command unless asked for.
@@ -218,10 +230,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
     where.setLevel(logging.WARNING)
     try:
-        return _run(args)
+        return _settle_output(_run(args))
     finally:  # main() may run inside a host process (tests, notebooks)
         logger.setLevel(saved[0])
         where.setLevel(saved[1])
+
+
+def _drop_output(*streams: Any) -> None:
+    """Point ``streams`` at ``/dev/null``, so that the exit-time flush of what they still
+    hold does not fail again ("Exception ignored", exit code 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in streams:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _settle_output(code: int) -> int:
+    """Flush what standard output still holds. Where it cannot take it (``> /dev/full``,
+    a full disk), say so once, unless an error was said already, and exit with 1."""
+    out = sys.stdout
+    if out is None:
+        return code
+    try:
+        flush(out)
+    except BrokenPipeError:
+        _drop_output(out, sys.stderr)
+        return code or 128 + 13
+    except OSError as exc:
+        _drop_output(out)
+        if code == 0:
+            print(f"runtime-cache: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return code or 1
+    return code
 
 
 def _hold_standard_descriptors() -> None:
@@ -283,9 +326,7 @@ def _run(args: argparse.Namespace) -> int:
         # `runtime-cache ls | head`: the output was cut short. Quietly, with the code a
         # command killed by SIGPIPE has (as git and ls do): never 0, which would call a
         # failing command whose messages were cut off a success.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
-        os.dup2(devnull, sys.stderr.fileno())
+        _drop_output(sys.stdout, sys.stderr)
         return 128 + 13
     except OSError as exc:  # a file the user named: no traceback, its name and the reason
         where = f"{exc.filename}: " if exc.filename else ""

@@ -170,7 +170,7 @@ def standard_output() -> TextIO:
     """Standard output, each write of which goes out whole or raises (:class:`WholeText`);
     ``None`` where the process started with it closed (``>&-``)."""
     out: TextIO | None = sys.stdout
-    return cast(TextIO, out if out is None else WholeText(out))
+    return cast(TextIO, out if out is None or isinstance(out, WholeText) else WholeText(out))
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 from ..errors import BackendUnavailableError, InvalidKeyError, RuntimeCacheError
-from ..maintenance import prune, verify
+from ..maintenance import PruneReport, prune, verify
 from ..units import parse_duration, parse_size
 from .context import CommandContext, Handler, KeyNotFound, UsageError, resolve_key
 from .fmt import Progress, clean, count, human_size
@@ -226,7 +226,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         )
     finally:
         progress.close()
-    code = 1 if report.failed or report.over_cap else 0
+    code = 1 if report.failed or report.over_cap or report.skipped else 0
     if args.json:
         ctx.emit_json(asdict(report))
         return code
@@ -242,19 +242,33 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(f"runtime-cache: not removed: {clean(key)}: {clean(reason)}", file=ctx.err)
     if len(report.failed) > 5:
         print(f"runtime-cache: {len(report.failed) - 5} more not removed", file=ctx.err)
-    if report.over_cap:
+    _say_what_stays(report, ctx)
+    return code
+
+
+def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
+    """The entries prune could not remove or weigh, and the cap left unmet, on stderr."""
+    if report.stuck:
+        line = (
+            f"runtime-cache: {count(report.stuck, 'entry', 'entries')} "
+            f"({human_size(report.stuck_bytes)}) cannot be removed (an immutable file or "
+            "folder, a read-only mount, a permission): kept"
+        )
+        if report.over_cap:
+            line += f"; still {human_size(report.over_cap)} over --max-size"
+        if report.kept_the_rest and report.remaining > report.stuck:
+            line += "; the others were kept too, since removing them could not meet it"
+        print(line, file=ctx.err)
+    elif report.over_cap:  # (written meanwhile)
+        print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
+    if report.skipped:
         print(
-            f"runtime-cache: still {human_size(report.over_cap)} over --max-size: "
-            f"{count(report.stuck, 'entry', 'entries')} ({human_size(report.stuck_bytes)}) "
-            "cannot be removed (an immutable file or folder, a read-only mount, a permission)"
-            + (
-                "; the rest were kept, since removing them could not meet the cap"
-                if report.stuck_bytes > args.max_size
-                else ""
-            ),
+            f"runtime-cache: skipped {count(len(report.skipped), 'entry', 'entries')} as "
+            "corrupt or unreadable: not weighed (see `runtime-cache verify`)",
             file=ctx.err,
         )
-    return code
+        for key, reason in report.skipped[:5]:
+            print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
 
 
 def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:

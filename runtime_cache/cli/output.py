@@ -67,7 +67,8 @@ def write_text(out: TextIO, text: str) -> None:
         out.write(text)
         return
     flush(out)
-    write_all(buffer, text.encode(out.encoding or "utf-8", out.errors or "strict"))
+    errors = out.errors if out.errors not in (None, "strict") else "backslashreplace"
+    write_all(buffer, text.encode(out.encoding or "utf-8", errors))  # (never a traceback)
 
 
 class WholeText(io.TextIOBase):
@@ -92,6 +93,11 @@ class WholeText(io.TextIOBase):
     def flush(self) -> None:
         """Flush the stream written to, waiting while it is full."""
         flush(self._out)
+
+    @property
+    def buffer(self) -> BinaryIO:
+        """The binary stream under the stream written to (``export -`` writes there)."""
+        return self._out.buffer
 
     def isatty(self) -> bool:
         """Whether the stream written to is a terminal."""
