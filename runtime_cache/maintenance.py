@@ -200,10 +200,11 @@ def prune(
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
-    items = []
+    items, made = [], {}
     for info in cache.entries(on_skip=lambda key, why: report.skipped.append((key, why))):
         last = info.last_access if info.last_access is not None else info.created_at
         items.append((last, info.key, info.stored_size))
+        made[info.key] = info.created_at
     items.sort()
     sizes = {key: size for _, key, size in items}
     total = sum(sizes.values())
@@ -212,7 +213,7 @@ def prune(
     stuck = {key for key in sizes if over and not _removable(cache, key)}
     pinned = sum(sizes[key] for key in stuck)
     report.kept_the_rest = max_size is not None and pinned > max_size
-    removed: set[str] = set()
+    tried: set[str] = set()
     for done, (last, key, size) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
@@ -220,6 +221,7 @@ def prune(
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
+        tried.add(key)
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
             gone = cache.delete(key)
         except RuntimeCacheError as exc:
@@ -229,9 +231,8 @@ def prune(
                 stuck.add(key)
                 pinned += size
         if gone:
-            removed.add(key)
             total -= size
-    _settle(cache, report, sizes, removed, stuck, max_size)
+    _settle(cache, report, sizes, made, tried, stuck, max_size)
     return report
 
 
@@ -239,18 +240,24 @@ def _settle(
     cache: Cache,
     report: PruneReport,
     sizes: dict[str, int],
-    removed: set[str],
+    made: dict[str, float],
+    tried: set[str],
     stuck: set[str],
     max_size: int | None,
 ) -> None:
-    """Fill in what is left, listed again where anything went: a store of tiers says it
-    removed an entry one of its tiers kept."""
-    left = dict(sizes)
-    if removed:
-        left = {info.key: info.stored_size for info in cache.entries()}
-    kept = removed & left.keys()  # said removed, still there
-    stuck |= kept
-    gone = removed - kept
+    """Fill in what is left, listed again where any removal was tried: a store of tiers
+    says it removed an entry (or that it had none) while one of its tiers kept it. An
+    entry written again meanwhile (a newer one under the key) is not one that stayed."""
+    left, again = dict(sizes), {}
+    if tried:
+        listed = list(cache.entries())
+        left = {info.key: info.stored_size for info in listed}
+        again = {info.key: info.created_at for info in listed}
+    stayed = {key for key in tried & again.keys() if again[key] == made[key]}
+    said = {key for key, _ in report.failed}
+    report.failed += [(key, "still there after its removal") for key in stayed - said]
+    stuck |= stayed
+    gone = tried - stayed
     report.removed = len(gone)
     report.freed = sum(sizes[key] for key in gone)
     report.remaining, report.remaining_bytes = len(left), sum(left.values())

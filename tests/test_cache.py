@@ -352,12 +352,35 @@ def test_prune_weighs_every_tier_and_counts_what_stays() -> None:
         back.stuck = {str(key(4))}  # the most recently used
         report = maintenance.prune(cache, max_size=size - 1)
         if isinstance(back, _Unaware):  # found only when tried, after the others went
-            assert report.removed == 4 and report.stuck == 1, report
-            assert bool(report.failed) is not tiered  # (the tiers' store said it was removed)
+            assert report.removed == 4 and report.stuck == 1 and report.failed, report
         else:  # known before: nothing removed, since the cap cannot be met
             assert report.removed == 0 and report.kept_the_rest, report
         assert report.over_cap == report.remaining_bytes - (size - 1) > 0
         assert str(key(4)) in set(back.keys())
+    # Expired, in a tier that swallows its failure (the other tier had nothing to remove).
+    back = _Stuck()
+    cache = rc.Cache(TieredBackend([MemoryBackend(), back]), strict=True)
+    for i in range(3):
+        back.set(str(key(i)), cache._encode(key(i), b"x" * 100, 0.0, None))
+    back.stuck = {str(key(2))}
+    report = maintenance.prune(cache, older_than=-1.0)
+    assert report.removed == 2 and [k for k, _ in report.failed] == [str(key(2))], report
+
+    class Rewritten(MemoryBackend):  # a writer puts the key again right after prune's delete
+        def delete(self, key_: str) -> bool:
+            gone = super().delete(key_)
+            if key_ == str(key(0)):
+                time.sleep(0.002)
+                self.set(key_, cache._encode(key(0), b"y" * 100, 0.0, None))
+            return gone
+
+    cache = rc.Cache(Rewritten(), strict=True)
+    for i in range(3):
+        cache.put(key(i), b"x" * 100)
+    report = maintenance.prune(cache, max_size=0)
+    assert report.removed == 3 and not report.stuck and not report.failed, report
+    assert report.remaining == 1 and report.over_cap == report.remaining_bytes
+
     backend = MemoryBackend()
     cache = rc.Cache(backend, strict=True)
     cache.put(key(0), b"x" * 100)

@@ -677,14 +677,17 @@ def test_output_onto_a_full_disk_or_in_ascii_is_a_line_not_a_traceback(tmp_path:
     rc.Cache(rc.open_backend(url)).put(key(1, module="net\U0001f600@1"), b"v")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     if Path("/dev/full").is_char_device():
-        for argv in (["ls"], ["stats"], ["ls", "--json"], ["--help"]):
+        runs = [(argv, env) for argv in (["ls"], ["stats"], ["ls", "--json"], ["--help"])]
+        unbuffered = {**env, "PYTHONUNBUFFERED": "1"}  # argparse dropped the error there
+        runs += [(["--help"], unbuffered), (["--version"], unbuffered), (["ls"], unbuffered)]
+        for argv, run_env in runs:
             with open("/dev/full", "w") as full:
                 done = subprocess.run(
                     [sys.executable, "-m", "runtime_cache", "--cache", url, *argv],
                     stdout=full,
                     stderr=subprocess.PIPE,
                     text=True,
-                    env=env,
+                    env=run_env,
                 )
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
             assert done.stderr.count("No space left") == 1, (argv, done.stderr)
@@ -699,6 +702,21 @@ def test_output_onto_a_full_disk_or_in_ascii_is_a_line_not_a_traceback(tmp_path:
         )
         assert done.returncode == 0 and "Traceback" not in done.stderr, (argv, done.stderr)
         assert "\\U0001f600" in done.stdout, done.stdout
+
+
+def test_main_in_a_process_whose_stdout_is_text_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the output fixes: main() called with sys.stdout a StringIO raised
+    AttributeError for `export -`; it is a usage error, and sys.stdout is left as it was."""
+    import io
+
+    url = _filled(tmp_path, 1, 100)
+    text = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", text)
+    assert main(["--cache", url, "export", "-"]) == 2
+    assert main(["--cache", url, "ls", "--json"]) == 0
+    assert sys.stdout is text and json.loads(text.getvalue())["entries"]
 
 
 def test_export_to_a_closed_stdout_is_a_line_not_a_traceback(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -308,6 +309,55 @@ def test_a_folder_its_owners_private_group_can_write_is_closed(closed_folder: Pa
     (upg / "link.rcb").symlink_to(closed_folder / "real.rcb")
     assert replace_file(str(upg / "link.rcb"), b"data") == ""
     assert (closed_folder / "real.rcb").read_bytes() == b"data"
+
+
+@needs_root
+def test_a_group_that_is_another_users_primary_one_is_not_private(closed_folder: Path) -> None:
+    """The review of the private-group rule: a user whose primary group is the folder's,
+    without being listed in it, could move the owner's link into it, and it was followed."""
+    from runtime_cache.cli.output_path import _group_of_one
+
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd")
+    if not _group_of_one(0, 0):
+        pytest.skip("root's group is not root's alone here")
+    name = f"rc-upg-{os.getpid()}"
+    subprocess.run(["useradd", "-M", "-N", "-g", "0", name], check=True)
+    try:
+        _group_of_one.cache_clear()
+        upg = closed_folder / "upg"
+        upg.mkdir()
+        os.chown(upg, 0, 0)
+        upg.chmod(0o775)
+        (upg / "link.rcb").symlink_to(closed_folder / "real.rcb")
+        assert "others can write" in replace_file(str(upg / "link.rcb"), b"data")
+        assert not (closed_folder / "real.rcb").exists()  # replaced, not followed
+    finally:
+        subprocess.run(["userdel", name], check=False)
+        _group_of_one.cache_clear()
+
+
+def test_a_path_thousands_of_folders_deep_is_walked(closed_folder: Path) -> None:
+    """The review of the walk: one descriptor held per folder ran out at `ulimit -n`
+    (1,024) on a path the kernel opens (here the limit is 256, the path 500 deep)."""
+    import resource
+
+    deep = closed_folder
+    for _ in range(500):
+        deep = deep / "a"
+        deep.mkdir()
+    (closed_folder / "real.rcb").write_bytes(b"")
+    (deep / "link.rcb").symlink_to(closed_folder / "real.rcb")
+    back = str(deep) + "/.." * 500 + "/up.rcb"  # 2,500 names: walked one by one
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))  # fewer than levels
+    try:
+        replace_file(str(deep / "link.rcb"), b"data")
+        assert replace_file(back, b"up") == ""
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (closed_folder / "real.rcb").read_bytes() == b"data"  # the chain stayed closed
+    assert (closed_folder / "up.rcb").read_bytes() == b"up"
 
 
 def test_dev_stdout_and_dev_fd_reach_the_pipe_or_file_the_shell_gave(tmp_path: Path) -> None:

@@ -98,9 +98,18 @@ def plugins() -> dict[str, str]:
     return found
 
 
-def _global_options() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose help and usage raise where they cannot be written
+    (argparse drops the error: `--help > /dev/full` exited 0); its subcommands' too."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
+def _global_options() -> _Parser:
     """--cache, --secret and --verbose, accepted before or after the subcommand."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=VERBOSE
     )
@@ -139,7 +148,7 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
     :func:`plugins`).
     """
     common = _global_options()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="runtime-cache",
         description="Inspect and maintain a runtime-cache: list, show, prune, verify, "
         "export and import entries.",
@@ -218,6 +227,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         return _settle_output(code)
+    except OSError as exc:  # the help could not be written (a full disk, a cut pipe)
+        return _output_failed(exc, 0)
     # The cache is strict here, so failures come back as errors that the command
     # reports; the library's own warnings ("carrying on without the cache") only
     # confuse a one-shot command unless asked for.
@@ -256,15 +267,21 @@ def _settle_output(code: int) -> int:
         return code
     try:
         flush(out)
-    except BrokenPipeError:
-        _drop_output(out, sys.stderr)
-        return code or 128 + 13
     except OSError as exc:
-        _drop_output(out)
-        if code == 0:
-            print(f"runtime-cache: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        return code or 1
+        return _output_failed(exc, code)
     return code
+
+
+def _output_failed(exc: OSError, code: int) -> int:
+    """Standard output could not be written: 141 where it was cut (quietly), else one
+    line, unless an error was said already; what it still holds is dropped."""
+    if isinstance(exc, BrokenPipeError):
+        _drop_output(sys.stdout, sys.stderr)
+        return code or 128 + 13
+    _drop_output(sys.stdout)
+    if code == 0:
+        print(f"runtime-cache: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+    return code or 1
 
 
 def _hold_standard_descriptors() -> None:

@@ -224,7 +224,10 @@ def binary_stdout() -> BinaryIO:
         terminal = False
     if terminal:
         raise UsageError("not writing binary data to a terminal: redirect it (> FILE) or pipe it")
-    return sys.stdout.buffer
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # (main() called with sys.stdout a StringIO)
+        raise UsageError("standard output takes text only here: name a file")
+    return cast(BinaryIO, buffer)
 
 
 #: The one signature of every subcommand's handler, built-in or plug-in: it returns

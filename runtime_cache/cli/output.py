@@ -95,9 +95,10 @@ class WholeText(io.TextIOBase):
         flush(self._out)
 
     @property
-    def buffer(self) -> BinaryIO:
-        """The binary stream under the stream written to (``export -`` writes there)."""
-        return self._out.buffer
+    def buffer(self) -> BinaryIO | None:
+        """The binary stream under the stream written to (``export -`` writes there);
+        ``None`` where it has none (a ``StringIO``)."""
+        return getattr(self._out, "buffer", None)
 
     def isatty(self) -> bool:
         """Whether the stream written to is a terminal."""

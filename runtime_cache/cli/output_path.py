@@ -84,9 +84,13 @@ def find_output(path: str) -> Output:
 
 
 class _Held(NamedTuple):
-    fd: int
+    fd: int  # -1: let go (a deep path), and judged open again if gone back to
     closed: bool  # nobody but this user or root can write it
     shown: str  # its path, for messages
+
+
+#: Folders held open at most (a path of thousands of names would run out of descriptors).
+HELD_AT_MOST = 64
 
 
 class _Walk:
@@ -108,14 +112,27 @@ class _Walk:
     def close(self) -> None:
         """Close every folder held."""
         while self.held:
-            os.close(self.held.pop().fd)
+            fd = self.held.pop().fd
+            if fd >= 0:
+                os.close(fd)
 
     def _down(self, name: str) -> None:
         fd = os.open(name, _FOLDER | os.O_NOFOLLOW, dir_fd=self.folder)
         self.held.append(_Held(fd, _closed(fd), os.path.join(self.held[-1].shown, name)))
+        deep = len(self.held) - 1 - HELD_AT_MOST
+        if deep >= 0 and self.held[deep].fd >= 0:  # let the oldest go, keeping its verdict
+            os.close(self.held[deep].fd)
+            self.held[deep] = self.held[deep]._replace(fd=-1)
 
     def _up(self) -> None:
-        if len(self.held) > 1:  # back to the folder held before, wherever it is now
+        if len(self.held) > 1 and self.held[-2].fd < 0:  # let go: its parent now, judged open
+            top = self.held.pop()
+            try:
+                fd = os.open("..", _FOLDER, dir_fd=top.fd)
+            finally:
+                os.close(top.fd)
+            self.held[-1] = self.held[-1]._replace(fd=fd, closed=False)
+        elif len(self.held) > 1:  # back to the folder held before, wherever it is now
             os.close(self.held.pop().fd)
         elif self.held[0].shown != "/":  # above an unknown current folder: unknown too
             top = self.held.pop()
@@ -224,16 +241,18 @@ def _closed(folder: int) -> bool:
 @functools.lru_cache(maxsize=64)
 def _group_of_one(gid: int, uid: int) -> bool:
     """Whether the group ``gid`` has user ``uid`` alone: its primary group, no other
-    member listed (a user's private group, where ``umask 002`` makes folders 0775)."""
+    member listed, and no other user's primary group (a user's private group, where
+    ``umask 002`` makes folders 0775)."""
     import grp
     import pwd
 
     try:
         user = pwd.getpwuid(uid)
         group = grp.getgrgid(gid)
+        others = any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
     except (KeyError, OSError):
         return False
-    return user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+    return user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name} and not others
 
 
 def _in_proc(folder: int) -> bool:
