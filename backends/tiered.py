@@ -338,17 +338,22 @@ class TieredBackend(Backend):
             self._write(self._tiers, {k: bytes(v) for k, v in items.items()}, "set_many")
 
     def delete(self, key: str) -> bool:
-        """Delete from every tier, remote ones included, synchronously (deletes are rare)."""
+        """Delete from every tier, remote ones included, synchronously (deletes are rare).
+
+        Raises :class:`~runtime_cache.errors.BackendError` when any tier failed, after
+        trying the rest: that tier may still hold the entry, and a read would bring it back.
+        """
         return self._delete(key, None)
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Remove ``key`` from each tier that still holds ``expected`` (each tier atomically
-        where it can); a tier holding other bytes keeps them."""
+        where it can); a tier holding other bytes keeps them. Raises as :meth:`delete`."""
         return self._delete(key, bytes(expected))
 
     def _delete(self, key: str, expected: bytes | None) -> bool:
         removed = False
         errors: list[Exception] = []
+        kept: list[str] = []
         for tier in self._tiers:
             writer = tier.writer
             if expected is None:
@@ -365,7 +370,14 @@ class TieredBackend(Backend):
             else:
                 _, done = tier.policy.attempt("delete", one, errors)
             removed = bool(done) | removed
+            if len(errors) > len(kept):
+                kept.append(repr(tier.backend))
         self._raise_if_all_failed(errors, len(self._tiers))
+        if errors:  # "removed" would be untrue: the entry may live on in these tiers
+            raise BackendError(
+                f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
+                f" ({', '.join(kept)}); last error: {errors[-1]}"
+            ) from errors[-1]
         return removed
 
     def removable(self, key: str) -> bool:

@@ -885,3 +885,35 @@ def test_output_into_a_non_blocking_pipe_waits_for_its_reader(
         if argv[-1] == "ls":  # (its ages move on between runs)
             got, expected = got.splitlines()[-1], expected.splitlines()[-1]
         assert got == expected, (argv, len(got), len(expected))
+
+
+def test_import_goes_on_past_an_entry_it_cannot_replace(tmp_path: Path) -> None:
+    """An immutable entry (its file's folder) ended the import: "ReadOnlyBackendError", and
+    none of the bundle's other entries were written. A read-only store still stops it, once."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    source = _filled(tmp_path / "src", 6, 1024)
+    bundle = tmp_path / "b.rcb"
+    assert cli("--cache", source, "export", str(bundle)).returncode == 0
+    target = _filled(tmp_path / "dst", 6, 1024)  # the same keys, written at another time
+    root = tmp_path / "dst" / "big"
+    stuck = sorted(root.rglob("*.rce"))[2]
+    before = stuck.read_bytes()
+    if subprocess.run(["chattr", "+i", str(stuck.parent)]).returncode:
+        pytest.skip("this file system has no immutable flag")
+    try:
+        done = cli("--cache", target, "import", "--json", str(bundle))
+        report = json.loads(done.stdout)
+        assert done.returncode == 1 and report["accepted"] == 5, (report, done.stderr)
+        assert report["not_written"] == 1 and "Traceback" not in done.stderr
+        assert stuck.read_bytes() == before  # kept as it was
+        imported = {p.read_bytes() for p in (tmp_path / "src").rglob("*.rce")}
+        assert sum(p.read_bytes() in imported for p in root.rglob("*.rce")) == 5
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck.parent)], check=True)
+    with tmpfs(tmp_path / "ro", "1m") as ro:  # a read-only store: one error, no per-entry list
+        rc.Cache(rc.open_backend(f"dir://{ro / 'c'}")).put(key(99), b"there")
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        done = cli("--cache", f"dir://{ro / 'c'}", "import", str(bundle))
+        assert done.returncode == 1 and "read-only" in done.stderr, done
+        assert done.stderr.count("\n") == 1, done.stderr

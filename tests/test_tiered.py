@@ -243,3 +243,58 @@ def test_a_value_every_tier_refuses_for_its_size_is_no_outage(
     assert cache.stats().errors == 1 and cache.stats().stores == 0
     cache.put(rc.make_key(module_id="n", runtime="r", purpose="p"), b"small")
     assert "until it recovers" not in caplog.text and "work again" not in caplog.text
+
+
+class _Kept(MemoryBackend):
+    """A tier that cannot remove its entries (an immutable file, a read-only replica)."""
+
+    def delete(self, key: str) -> bool:
+        raise BackendError(f"{key} cannot be removed here")
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        raise BackendError(f"{key} cannot be removed here")
+
+
+def test_a_delete_one_tier_failed_is_no_success() -> None:
+    """The operator review: memory:// in front of a tier that kept the entry said "removed"
+    (``rm`` exit 0), and the next read brought the entry back from that tier."""
+    kept = _Kept()
+    backend = TieredBackend([MemoryBackend(), kept])
+    backend.set("k/a", b"A")
+    with pytest.raises(BackendError, match=r"1 of 2 tiers could not remove 'k/a'"):
+        backend.delete("k/a")
+    with pytest.raises(BackendError, match="could not remove"):
+        backend.delete_if("k/a", b"A")
+    assert backend.get("k/a") == b"A"  # still there: "removed" would have been untrue
+    cache = rc.Cache(backend)
+    assert cache.delete("k/a") is False and cache.stats().errors == 1
+    backend.close()
+
+
+def test_rm_says_when_a_tier_kept_the_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rm`` through memory:// in front of a dir:// entry that cannot be removed said
+    "no entry"; with the entry in the memory tier too it said "removed"."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    from runtime_cache.cli import main
+
+    url = f"memory://,dir://{tmp_path / 'd'}"
+    cache = rc.Cache(rc.open_backend(url))
+    k = rc.make_key(module_id="m", runtime="demo", purpose="rm", device=None)
+    cache.put(k, b"value")
+    cache.close()
+    (entry,) = (tmp_path / "d").rglob("*.rce")
+    if subprocess.run(["chattr", "+i", str(entry.parent)]).returncode:
+        pytest.skip("this file system has no immutable flag")
+    try:
+        assert main(["--cache", url, "rm", str(k)]) != 0
+        said = capsys.readouterr().err
+        assert "could not remove" in said and "Operation not permitted" in said, said
+    finally:
+        subprocess.run(["chattr", "-i", str(entry.parent)], check=True)
+    assert entry.exists()

@@ -301,10 +301,12 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         # fails is written again one entry at a time: the entries that fit are kept.
         try:
             parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
-        except BackendError as exc:
-            if not _some_may_fit(exc):
-                raise  # read-only, or the server is down: nothing will be written, said once
-            parts = _one_by_one(cache, batch, secret, overwrite, failures)
+        except BackendUnavailableError:
+            raise  # the server is down: nothing will be written, said once
+        except BackendError:
+            # A full disk, or entries that cannot be replaced (an immutable file): those that
+            # fit are kept. A store that takes none (read-only) raises from there, said once.
+            parts = _one_by_one(cache, batch, secret, overwrite, failures, first=not accepted)
         for result in parts:
             accepted += result
             unsigned += result.unsigned
@@ -388,17 +390,28 @@ def _one_by_one(
     secret: SecretKeys | None,
     overwrite: bool,
     failures: list[str],
+    *,
+    first: bool,
 ) -> list[LoadResult]:
     """Load ``batch`` an entry at a time; each the backend fails goes into ``failures``,
     unless the store holds it already, byte for byte (the failed batch wrote it: a full
-    disk's report said "imported 0" of 51 entries stored)."""
+    disk's report said "imported 0" of 51 entries stored).
+
+    A store that is down raises at once. One that refused every entry as read-only
+    raises too, when this is the ``first`` batch to be written: a read-only store is
+    one error, not a refusal per entry. An entry it refused alone (an immutable file
+    among writable ones) is one failure, and the rest go on.
+    """
     results = []
+    read_only: ReadOnlyBackendError | None = None
     for item in batch:
         try:
             results.append(cache.loads(encode_bundle([item], secret=secret), overwrite=overwrite))
+        except BackendUnavailableError:
+            raise
         except BackendError as exc:
-            if not _some_may_fit(exc):
-                raise
+            if isinstance(exc, ReadOnlyBackendError):
+                read_only = read_only or exc
             screened = screen_bundle([item], secret, cache.limits)
             (skey,) = screened.accepted or ("",)
             try:
@@ -409,10 +422,6 @@ def _one_by_one(
                 results.append(LoadResult(1, offered=1, unsigned=screened.unsigned))
             else:
                 failures.append(str(exc))
+    if read_only is not None and first and not any(results):
+        raise read_only
     return results
-
-
-def _some_may_fit(exc: BackendError) -> bool:
-    """Whether a failed write may still leave room for smaller entries: a full disk, not a
-    read-only store or a server that is down."""
-    return not isinstance(exc, (ReadOnlyBackendError, BackendUnavailableError))
