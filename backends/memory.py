@@ -8,9 +8,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 from runtime_cache.api import Backend, Lease, StoredItem
-from runtime_cache.errors import EntryTooLargeError, InvalidKeyError
+from runtime_cache.errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
 from runtime_cache.units import parse_size
-from runtime_cache.urls import BackendURL
+from runtime_cache.urls import BackendURL, redact_url
 
 __all__ = ["MemoryBackend"]
 
@@ -55,6 +55,11 @@ class MemoryBackend(Backend):
 
     def __init__(self, max_size: int | str = "256MB") -> None:
         self.max_size = parse_size(max_size)
+        if self.max_size <= 0:  # (0 stored nothing, and said so on every put)
+            raise InvalidURLError(
+                "memory:// needs a max_size above 0: it holds values in this process's "
+                "memory (RUNTIME_CACHE=off turns caching off)"
+            )
         self._data: OrderedDict[str, bytes] = OrderedDict()
         self._access: dict[str, tuple[int, float]] = {}
         self._size = 0
@@ -66,6 +71,8 @@ class MemoryBackend(Backend):
     def from_url(cls, url: str) -> MemoryBackend:
         """Open from ``memory://?max_size=...``."""
         parsed = BackendURL.parse(url)
+        if parsed.netloc or parsed.path.strip("/"):  # (memory://host was taken, host ignored)
+            raise InvalidURLError(f"memory:// takes no host or path: {redact_url(url)}")
         max_size = parsed.pop("max_size", "256MB") or "256MB"
         parsed.reject_unknown()
         return cls(max_size=max_size)

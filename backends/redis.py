@@ -158,6 +158,7 @@ class RedisBackend(Backend):
         max_reply = max_entry_size + _REPLY_BUDGET + (1 << 20)
         self._connection_classes = connection_classes(self._redis, max_reply)
         host = netloc.rpartition("@")[2]  # never log a password
+        self._has_password = bool(netloc.rpartition("@")[0].partition(":")[2])
         self.name = f"{parsed.scheme}://{host}{parsed.path}"
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
         self.max_entry_size = max_entry_size
@@ -180,7 +181,15 @@ class RedisBackend(Backend):
         namespace = parsed.pop("namespace")
         if prefix is not None and namespace is not None:
             raise InvalidURLError("give either prefix or namespace, not both")
-        prefix = (f"{namespace}:" if namespace else "") if namespace is not None else prefix
+        for name, given in (("prefix", prefix), ("namespace", namespace)):
+            if given is not None and not given.strip():
+                # (a URL made from an unset variable: it would cover the whole database,
+                # and clear or verify --repair would remove other applications' keys)
+                raise InvalidURLError(
+                    f"{name}= is empty: that would cover the whole database; leave it out "
+                    "for the default prefix 'rc:'"
+                )
+        prefix = f"{namespace}:" if namespace is not None else prefix
         ttl_text = parsed.pop("ttl", "") or ""
         ttl = None if ttl_text.lower() in ("", "0", "none", "off") else parse_duration(ttl_text)
         options: dict[str, Any] = {
@@ -258,6 +267,17 @@ class RedisBackend(Backend):
         except errors.MaxConnectionsError as exc:
             self.breaker.success()
             raise BackendError(f"{op} on {self.name}: connection pool exhausted ({exc})") from exc
+        except errors.AuthenticationError as exc:  # (a ConnectionError to redis-py)
+            self.breaker.failure(exc, started)  # every call would fail alike: fail fast
+            advice = (
+                "check the URL's password"
+                if self._has_password
+                else "the URL gives no password: add 'USER:PASSWORD@' (or ':PASSWORD@') "
+                "before the host"
+            )
+            raise BackendUnavailableError(
+                f"{op} on {self.name}: the server refused the login ({advice}): {exc}"
+            ) from exc
         except self._unavailable as exc:
             self.breaker.failure(exc, started)
             raise BackendUnavailableError(f"{op} on {self.name} failed: {exc}") from exc

@@ -12,6 +12,10 @@ A reply may also be no longer than the largest one the backend asks for (its val
 plus one batch's budget): a server that announces a 100 GB value and streams it fast grew
 the client's memory without end (300 MiB in 10 s seen). Past that length the connection
 is cut (``OSError(EMSGSIZE)``, which redis-py reports as its ``ConnectionError``).
+
+A request is sent the same way: each wait for room within ``timeout``, the whole request
+within ``timeout`` plus its bytes at :data:`MIN_RATE` (Python's own ``sendall`` bounds all
+of it by ``timeout``, so a large value could not be stored over a slow link).
 """
 
 from __future__ import annotations
@@ -19,8 +23,17 @@ from __future__ import annotations
 import errno
 import functools
 import ssl
+import sys
 import time
 from typing import Any
+
+try:  # the bytes a TCP socket has sent that its peer has not acknowledged (Linux)
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover (not Linux)
+    _OUTQ = None
 
 __all__ = ["MIN_RATE", "DeadlineSocket", "connection_classes"]
 
@@ -28,6 +41,8 @@ __all__ = ["MIN_RATE", "DeadlineSocket", "connection_classes"]
 _NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError)
 #: Bytes per second a reply must average after its first ``timeout``.
 MIN_RATE = 256 << 10
+#: A request of fewer bytes is taken to have arrived when sent (its allowance is small).
+_ASK_QUEUE_FROM = MIN_RATE // 16
 
 
 class DeadlineSocket:
@@ -48,14 +63,46 @@ class DeadlineSocket:
         self._timeout: float | None = sock.gettimeout()
         self._start = time.monotonic()
         self._got = 0
+        #: Bytes of the request still on their way when its sending ended, and when last asked.
+        self._queued = 0
+        self._unacked = 0
+        #: When this request's sending began (None: its reply was read from), and its bytes.
+        self._sending: float | None = None
+        self._sent = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
     # ---------------------------------------------------------------- the guard
-    def _begin(self) -> None:
+    def _begin(self, queued: int = 0) -> None:
         self._start = time.monotonic()
         self._got = 0
+        self._queued = self._unacked = queued
+
+    def _on_its_way(self) -> int:
+        # Of the request's bytes, those the server has not yet acknowledged: the reply cannot
+        # start before they arrive (a large value over a slow link).
+        # 0 where that cannot be told (not Linux).
+        if self._sent < _ASK_QUEUE_FROM or _OUTQ is None:
+            return 0
+        try:
+            answer = fcntl.ioctl(self._sock.fileno(), _OUTQ, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return 0
+        return min(self._sent, max(0, int.from_bytes(answer, sys.byteorder, signed=True)))
+
+    def _draining(self) -> bool:
+        # Whether the request's bytes on their way went down since last asked: a link that
+        # is slow, not one that stopped (a read waits ``timeout`` at most for either).
+        # The deadline stays where the request's end set it (its bytes at MIN_RATE): a
+        # peer that acknowledged a byte at a time would else hold the reply off for good.
+        if not self._unacked or self._got:
+            return False
+        left = self._on_its_way()
+        if left >= self._unacked:
+            return False
+        self._unacked = left
+        return True
 
     def _arm(self) -> bool:
         # Set the socket's timeout for the next read: what the caller set, but no later
@@ -65,7 +112,7 @@ class DeadlineSocket:
         # check of a pooled connection) is left as it is.
         if self._base is None or self._timeout == 0:
             return False
-        left = self._start + self._base + self._got / MIN_RATE - time.monotonic()
+        left = self._start + self._base + (self._got + self._queued) / MIN_RATE - time.monotonic()
         if left <= 0:
             self._sock.settimeout(0)
             return True
@@ -87,13 +134,18 @@ class DeadlineSocket:
         return self._timeout
 
     def _read(self, call: Any, *args: Any) -> Any:
-        late = self._arm()
-        try:
-            return call(*args)
-        except _NOTHING_YET as exc:
-            if late:
-                raise self._late() from exc
-            raise
+        self._sending = None
+        while True:
+            late = self._arm()
+            try:
+                return call(*args)
+            except _NOTHING_YET as exc:
+                if late:
+                    raise self._late() from exc
+                raise
+            except TimeoutError:
+                if late or not self._draining():
+                    raise
 
     def _count(self, size: int) -> None:
         self._got += size
@@ -114,10 +166,36 @@ class DeadlineSocket:
         return count
 
     def sendall(self, data: Any, *flags: int) -> None:
-        """``socket.sendall``; a new request's reply starts its clock here."""
-        self._sock.settimeout(self._timeout)
-        self._sock.sendall(data, *flags)
-        self._begin()
+        """``socket.sendall`` within the request's deadline; its reply starts its clock here.
+
+        Python bounds a whole ``sendall`` by the timeout, so a value that took longer
+        to upload than ``timeout`` (24 MiB at 50 MB/s, with 500 ms) could never be
+        stored, and each try counted as an outage. A request now sends as its reply
+        reads: each wait for room is bounded by the timeout, and the request (all its
+        ``sendall`` calls until a read) by ``timeout`` plus one second per
+        :data:`MIN_RATE` bytes.
+        """
+        if self._base is None or not self._timeout:  # no timeout, or a poll's
+            self._sock.settimeout(self._timeout)
+            self._sock.sendall(data, *flags)
+            self._begin()
+            return
+        view = memoryview(data).cast("B")
+        if self._sending is None:
+            self._sending, self._sent = time.monotonic(), 0
+        self._sent += len(view)
+        deadline = self._sending + self._base + self._sent / MIN_RATE
+        done = 0
+        try:
+            while done < len(view):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request fell behind its deadline")
+                self._sock.settimeout(min(left, self._timeout))
+                done += self._sock.send(view[done:], *flags)
+        finally:
+            self._sock.settimeout(self._timeout)
+        self._begin(self._on_its_way())
 
     def send(self, data: Any, *flags: int) -> int:
         """``socket.send``; a new request's reply starts its clock here."""

@@ -35,6 +35,17 @@ def _flush_all_at_exit() -> None:
         writer.flush(timeout=5.0)
 
 
+def _reset_all_in_child() -> None:
+    # A fork copies the locks as they were: one the writer thread held (sending a batch)
+    # would stay held in the child, which has no such thread, and its first delete would
+    # wait for good. Every writer starts over with fresh locks and nothing queued.
+    for writer in list(_live):
+        writer._start_over()
+
+
+os.register_at_fork(after_in_child=_reset_all_in_child)
+
+
 class WriteBehind:
     """Applies queued ``set`` writes to ``backend`` from a daemon thread.
 
@@ -71,15 +82,19 @@ class WriteBehind:
         self.failed = 0
         _live.add(self)
 
+    def _start_over(self) -> None:
+        # In a forked child: the parent owns (and writes) what was queued before the fork.
+        self._cond = threading.Condition()
+        self.apply_lock = threading.Lock()
+        self._pending = {}
+        self._inflight = {}
+        self._pending_bytes = 0
+        self._thread = None
+        self._pid = os.getpid()
+
     def _ensure_thread(self) -> None:
-        if self._pid != os.getpid():
-            # A forked child: the parent owns (and writes) what was queued before the fork.
-            self._pending.clear()
-            self._inflight.clear()
-            self._pending_bytes = 0
-            self._thread = None
-            self._pid = os.getpid()
-            self.apply_lock = threading.Lock()
+        if self._pid != os.getpid():  # (a child that the fork hook did not reach)
+            self._start_over()
         if self._thread is None or not self._thread.is_alive():
             self._closed = False
             self._thread = threading.Thread(
@@ -99,12 +114,31 @@ class WriteBehind:
                 full = len(self._pending) >= self.max_items
                 if full or self._pending_bytes + len(value) > self.max_bytes:
                     self.dropped += 1
+                    self._say_dropped(key, len(value), full)
                     continue
                 self._pending[key] = bytes(value)
                 self._pending_bytes += len(value)
                 accepted += 1
             self._cond.notify_all()
         return accepted
+
+    def _say_dropped(self, key: str, size: int, full: bool) -> None:
+        # Once at warning level (then at debug): a dropped write never reaches the shared
+        # store, so the fleet's other processes build that entry themselves.
+        why = (
+            f"{self.max_items} writes wait already"
+            if full
+            else f"the queue holds at most {self.max_bytes} bytes (queue_bytes)"
+        )
+        level = logging.DEBUG if self.dropped > 1 else logging.WARNING
+        log.log(
+            level,
+            "runtime-cache: the write of %s (%d bytes) to %r was dropped: %s",
+            key,
+            size,
+            self.backend,
+            why,
+        )
 
     def lookup(self, key: str) -> bytes | None:
         """The value queued (or being written) for ``key``, if any."""

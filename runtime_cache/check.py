@@ -82,7 +82,9 @@ class Checked:
 
 
 def _short(skey: str) -> str:
-    return skey if len(skey) <= 40 else f"{skey[:12]}..."
+    # A key as a message may name it: whole up to 100 characters (a storage key is about
+    # 55), else its start and its end, where the digest that tells two keys apart lies.
+    return skey if len(skey) <= 100 else f"{skey[:60]}...{skey[-24:]}"
 
 
 def check_binding(skey: str | None, meta: dict[str, Any], key: CacheKey | None = None) -> None:

@@ -72,6 +72,7 @@ __all__ = [
     "Secret",
     "SecretKeys",
     "bundle_count",
+    "bundle_signed",
     "decode_bundle",
     "decode_entry",
     "decode_meta",
@@ -320,6 +321,13 @@ def bundle_count(data: bytes | memoryview) -> int:
     if len(data) < _BUNDLE_HEADER.size or bytes(data[:4]) != BUNDLE_MAGIC:
         return 0
     return int(_BUNDLE_HEADER.unpack_from(data)[4])
+
+
+def bundle_signed(data: bytes | memoryview) -> bool:
+    """Whether a bundle's header says it is signed (unchecked; ``False`` without a header)."""
+    if len(data) < _BUNDLE_HEADER.size or bytes(data[:4]) != BUNDLE_MAGIC:
+        return False
+    return bool(_BUNDLE_HEADER.unpack_from(data)[2] & FLAG_SIGNED)
 
 
 def decode_bundle(

@@ -17,7 +17,9 @@ The deadline is ``factor * expected + slack`` seconds, at most ``max_wait``.
 ``expected`` is the longest build this process has seen for the same
 runtime, purpose and module (:meth:`Fleet.record`), or ``default_expected``
 before any. So no process waits forever, and none fails because a lease
-holder died: at worst an entry is built twice.
+holder died: at worst an entry is built twice. An entry the shared store cannot
+take (over its size cap) never lands, so each waiter takes over in turn: N
+processes build it one after another (docs/shared-cache.md).
 
 The fleet does no I/O itself: leases and reads go through the backend.
 """

@@ -114,8 +114,9 @@ def verify(
         except RuntimeCacheError as exc:
             report.skipped.append((skey, f"unreadable: {exc}"))
             continue
-        if blob is None:
-            continue  # vanished while we looked: nothing to verify
+        if blob is None:  # vanished while we looked, or more than the store reads whole
+            _judge_unread(cache, skey, repair, report)
+            continue
         report.checked += 1
         try:
             cache.decode(skey, blob)
@@ -149,6 +150,37 @@ def verify(
         except RuntimeCacheError:
             pass  # changed meanwhile: judged at the next check
     return report
+
+
+def _judge_unread(cache: Cache, skey: str, repair: bool, report: VerifyReport) -> None:
+    # A listed name that peek() did not return. A value over the store's cap (Redis's
+    # max_entry_size) is a miss to every read: ls called it corrupt and sent the user
+    # here, where it went unseen. Its head tells: no entry at all is bad (and --repair
+    # removes it, if its head is unchanged); an entry is reported, not judged.
+    backend = cache.backend
+    try:
+        head = backend.head(skey, HEAD_SIZE)
+    except RuntimeCacheError:
+        return
+    if head is None:
+        return  # gone meanwhile: nothing to verify
+    try:
+        decode_meta(head, cache.limits)
+    except (NewerFormatError, OverLimitError):
+        pass
+    except RuntimeCacheError as exc:
+        report.checked += 1
+        report.bad.append((skey, f"{exc}; larger than the store reads whole"))
+        if repair:
+            try:
+                if backend.head(skey, HEAD_SIZE) == head:  # (not rewritten since)
+                    report.removed += bool(backend.delete(skey))
+            except RuntimeCacheError as failed:
+                report.skipped.append((skey, f"not removed: {failed}"))
+        return
+    report.skipped.append(
+        (skey, "larger than the store reads whole (its max_entry_size): not checked")
+    )
 
 
 def _remove(backend: Backend, skey: str, blob: bytes, report: VerifyReport) -> None:

@@ -82,19 +82,26 @@ def _default() -> Cache:
     try:
         return _to_cache(url)
     except Exception as exc:
-        # A bad setting, or a folder someone filled with junk, must not crash the app: run
-        # on without a cache, loudly (a RuntimeCacheError is the expected kind; any other
-        # is a bug of ours, named by its type).
-        global _open_error
-        where = redact_url(url)
-        kind = "" if isinstance(exc, RuntimeCacheError) else f"{type(exc).__name__}: "
-        log.error("runtime-cache: cannot open cache %s (%s%s); caching is off", where, kind, exc)
-        _open_error = f"{kind}{exc}"
-        return Cache(None)
+        return _off(redact_url(url), exc)
+
+
+def _off(where: str, exc: Exception) -> Cache:
+    # A bad setting, or a folder someone filled with junk, must not crash the app: run on
+    # without a cache, loudly (a RuntimeCacheError is the expected kind; any other is a bug
+    # of ours, named by its type).
+    global _open_error
+    kind = "" if isinstance(exc, RuntimeCacheError) else f"{type(exc).__name__}: "
+    log.error("runtime-cache: cannot open cache %s (%s%s); caching is off", where, kind, exc)
+    _open_error = f"{kind}{exc}"
+    return Cache(None)
 
 
 def _embedded() -> Cache:
     """The user cache folder; with no usable home, a private temporary one, else memory."""
+    try:  # a bad secret is a bad setting (as above), not a home folder's trouble
+        environment.read_secret()
+    except RuntimeCacheError as exc:
+        return _off("(the default)", exc)
     try:
         return _to_cache("dir://")
     except RuntimeCacheError as exc:

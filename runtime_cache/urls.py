@@ -120,16 +120,18 @@ class BackendURL:
         is refused: the folder is ``dir:///abs/path`` or ``dir://relative/path``.
         """
         if not isinstance(url, str) or "://" not in url:
-            raise InvalidURLError(f"not a backend URL (expected scheme://...): {redact_url(url)}")
+            hint = ""
+            if isinstance(url, str) and url.startswith(("/", ".", "~")):
+                hint = f"; a folder is dir://{os.path.abspath(os.path.expanduser(url))}"
+            raise InvalidURLError(
+                f"not a backend URL (expected scheme://...): {redact_url(url)}{hint}"
+            )
         if "\x00" in url or len(url) > 4096:
             raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
         try:
             parts: SplitResult = urlsplit(url)
-            options = (
-                dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
-                if parts.query
-                else {}
-            )
+            pairs = parse_qsl(parts.query, keep_blank_values=True) if parts.query else []
+            options = dict(pairs)
             if ":" in parts.netloc:  # a port (or IPv6 host): checked here, not at first use
                 _ = parts.port
         except ValueError as exc:
@@ -138,6 +140,11 @@ class BackendURL:
             ) from None
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
+        if len(options) < len(pairs):  # which one counts would be a guess
+            twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+            raise InvalidURLError(
+                f"option(s) {', '.join(twice)} given more than once in {redact_url(url)}"
+            )
         scheme = parts.scheme.lower()
         # dir://relative/path names a relative folder; userinfo or a port means a host.
         if scheme in _LOCAL_SCHEMES and ("@" in parts.netloc or ":" in parts.netloc):

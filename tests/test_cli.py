@@ -105,6 +105,14 @@ def test_ls_filters_and_sorts(run: Run, cache: rc.Cache) -> None:
     assert [e["key"] for e in smallest_first] == [str(k) for k in keys]
     by_build = [e["key"] for e in run.listing("--sort", "build", "--runtime", "opencl")]
     assert by_build[0] == str(keys[-1]) and by_build[-1] == str(tuning)
+    # By the SIZE column (the value's size), not the stored size: a small value with large
+    # metadata was listed before a larger one (the new-user review).
+    small, large = key(200, purpose="sizes"), key(201, purpose="sizes")
+    cache.put(small, b"s" * 10, extra={"note": "n" * 400})
+    cache.put(large, b"l" * 200)
+    listed = run.listing("--sort", "size", "--purpose", "sizes")
+    assert [e["key"] for e in listed] == [str(large), str(small)], listed
+    assert listed[0]["stored_size"] < listed[1]["stored_size"]
 
 
 def test_ls_table_shows_short_keys_and_device(run: Run, cache: rc.Cache) -> None:
@@ -570,6 +578,11 @@ def test_import_rejects_a_damaged_bundle(run: Run, cache: rc.Cache, tmp_path: Pa
     bundle.write_bytes(bytes(data))
     code, _, err = run("import", str(bundle))
     assert code == 1 and "not a valid bundle" in err
+    # With --json the report says so too (the new-user review: stdout was empty).
+    code, out, err = run("import", "--json", str(bundle))
+    assert code == 1 and "not a valid bundle" in json.loads(out)["error"]
+    code, out, _ = run("import", "--json", str(tmp_path / "missing.rcb"))
+    assert code == 1 and json.loads(out)["accepted"] == 0
     assert run("import", str(tmp_path / "absent.rcb"))[0] == 1
 
 
@@ -789,6 +802,12 @@ def test_import_says_why_native_code_was_not_written(
     assert code == 1
     assert "imported 3 of 4" in out and "entries read had no signature to check" in out
     assert "1 unsigned entries that hold native code" in out and "shared store" not in out
+    # A signed bundle read without a secret was called unsigned too (the new-user review).
+    signed = tmp_path / "signed.rcb"
+    assert run("--secret", "s" * 16, "export", "--sign", str(signed))[0] == 0
+    code, out, _ = Run(capsys, f"dir://{tmp_path / 'third'}")("import", str(signed))
+    assert code == 1 and "the bundle is signed, but no secret was given to check it" in out
+    assert "1 unchecked entries that hold native code" in out and "unsigned" not in out
 
 
 def test_export_sign_vouches_for_a_private_caches_unsigned_entries(
@@ -833,3 +852,18 @@ def test_output_cut_short_exits_quietly_with_sigpipes_code(cache: rc.Cache, root
     err = process.stderr.read()
     assert process.wait(timeout=60) == 141
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_export_with_a_filter_that_matches_nothing_keeps_the_file(
+    run: Run, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """The new-user review: a typo in a filter replaced the bundle with an empty one, and
+    said "exported 0 entries", exit 0."""
+    fill(cache, 3)
+    bundle = tmp_path / "kernels.rcb"
+    assert run("export", str(bundle))[0] == 0
+    before = bundle.read_bytes()
+    code, _, err = run("export", str(bundle), "--runtime", "nosuch")
+    assert code == 1 and "no entry matches --runtime nosuch" in err and "not written" in err
+    assert bundle.read_bytes() == before
+    assert run("export", str(tmp_path / "all.rcb"), "--runtime", "opencl")[0] == 0

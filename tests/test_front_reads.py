@@ -245,3 +245,19 @@ def test_get_returns_bytes_from_every_backend() -> None:
     cache.put(_key(), b"value")
     got = cache.get(_key())
     assert type(got) is bytes and got == b"value"
+
+
+def test_a_copied_entry_is_named_by_both_whole_keys() -> None:
+    """The operator review: both keys were cut to 12 characters ("stored under
+    'opencl/progr...' holds key 'opencl/progr...'"), which named neither."""
+    key = rc.make_key(module_id="a", runtime="opencl", purpose="program-binary")
+    other = rc.make_key(module_id="b", runtime="opencl", purpose="program-binary")
+    blob = codec.encode_entry(str(key), key.parts, b"v", created_at=1.0)
+    with pytest.raises(KeyMismatchError) as caught:
+        check_entry(str(other), blob)
+    assert str(key) in str(caught.value) and str(other) in str(caught.value)
+    long = "x" * 5000  # a planted key is still cut, keeping its end
+    long_blob = codec.encode_entry(long + "tail", {}, b"v", created_at=1.0)
+    with pytest.raises(KeyMismatchError) as caught:
+        check_entry(str(other), long_blob)
+    assert len(str(caught.value)) < 300 and "tail" in str(caught.value)

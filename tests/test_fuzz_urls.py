@@ -94,3 +94,21 @@ def test_password_never_appears_in_url_errors() -> None:
             BackendURL.parse(url).reject_unknown()
         assert "hunter2" not in str(info.value) and "app:***@h" in str(info.value)
     assert redact_url("dir:///srv/a:b@c") == repr("dir:///srv/a:b@c")  # paths are left alone
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://?max_size=1GB&max_size=2GB",  # which one counts would be a guess
+        "dir:///tmp/x?fsync=1&fsync=0",
+        "memory://host",  # the host was ignored
+        "memory:///some/path",
+        "memory://?max_size=0",  # stored nothing, and said so on every put
+        "memory://app:hunter2@host",
+    ],
+)
+def test_url_mistakes_that_passed_silently_are_errors(url: str) -> None:
+    """The new-user review: these opened, with a part of the URL ignored."""
+    with pytest.raises(InvalidURLError) as info:
+        rc.open_backend(url)
+    assert "hunter2" not in str(info.value)

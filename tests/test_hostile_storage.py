@@ -452,3 +452,30 @@ def test_a_header_that_lies_about_an_over_limit_size_is_corrupt_and_removed(
     big.put(key, b"v" * (2 << 20))
     assert cache.get(key) is None and cache.stats().rejected == 1
     assert big.get(key) == b"v" * (2 << 20)
+
+
+@pytest.mark.parametrize("setting", ["secret", "missing file", "empty file"])
+def test_a_bad_secret_with_the_default_cache_turns_caching_off(
+    setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new-user review: with RUNTIME_CACHE unset, a bad secret setting made get_cache()
+    raise InvalidSecretError (the app crashed), after a warning blaming the home folder."""
+    monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET_FILE", raising=False)
+    if setting == "secret":
+        monkeypatch.setenv("RUNTIME_CACHE_SECRET", "new,old")  # keys of a list too short
+    else:
+        path = tmp_path / "secret"
+        if setting == "empty file":
+            path.write_text("")
+        monkeypatch.setenv("RUNTIME_CACHE_SECRET_FILE", str(path))
+    rc.reset_cache_provider()
+    try:
+        cache = rc.get_cache()
+        assert not cache.enabled
+        assert cache.get_or_build(key(), lambda: b"built") == b"built"
+        text = " ".join(r.getMessage() for r in caplog.records)
+        assert "caching is off" in text and "home" not in text, text
+    finally:
+        rc.reset_cache_provider()

@@ -93,7 +93,17 @@ def test_url_options(redis_server: RedisProcess) -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ["colour=red", "prefix=a&namespace=b", "ttl=soon", "timeout=-1", "max_connections=x"],
+    [
+        "colour=red",
+        "prefix=a&namespace=b",
+        "ttl=soon",
+        "timeout=-1",
+        "max_connections=x",
+        # (the operator review: a URL made from an unset variable covered the whole database)
+        "namespace=",
+        "prefix=",
+        "namespace=%20",
+    ],
 )
 def test_bad_url_options_are_rejected(redis_server: RedisProcess, query: str) -> None:
     with pytest.raises(InvalidURLError):
@@ -643,3 +653,56 @@ def test_delete_if_sends_a_digest_and_removes_only_those_bytes(
     assert backend.delete_if("demo/t/a", b"judged bad")
     assert backend.get("demo/t/a") is None and not backend.delete_if("demo/t/a", b"judged bad")
     _drop(backend)
+
+
+def test_verify_sees_a_value_over_the_cap(redis_server: RedisProcess, unique_prefix: str) -> None:
+    """The operator review: a value over max_entry_size is a miss to every read; ls called
+    it corrupt and sent the user to verify, which did not see it ("checked 0 entries")."""
+    import redis
+
+    from runtime_cache import maintenance
+
+    url = f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB&insecure=1"
+    cache = rc.Cache(rc.open_backend(url), insecure=True)
+    key = rc.make_key(module_id="big", runtime="opencl", purpose="program-binary")
+    cache.put(key, b"y" * (2 << 20))  # an entry over the cap: refused, so planted below
+    client = redis.Redis(port=redis_server.port)
+    junk = f"{unique_prefix}opencl/program-binary/{'b' * 32}"
+    client.set(junk, b"\0" * (2 << 20))  # no entry at all
+    whole = rc.Cache(rc.open_backend(url.replace("1MiB", "8MiB")), insecure=True)
+    whole.put(key, b"y" * (2 << 20))
+    report = maintenance.verify(cache)
+    assert [k for k, _ in report.bad] == [junk[len(unique_prefix) :]], report
+    assert [k for k, _ in report.skipped] == [str(key)], report  # an entry: said, not judged
+    report = maintenance.verify(cache, repair=True)
+    assert report.removed == 1 and client.exists(junk) == 0
+    assert whole.get(key) == b"y" * (2 << 20)  # the entry stays
+    client.close()
+    for each in (cache, whole):
+        each.close()
+
+
+def test_a_refused_login_says_what_to_fix(redis_process: RedisProcess) -> None:
+    """The new-user review: no password read "HELLO must be called with the client already
+    authenticated", and a wrong one like any outage."""
+    import redis
+
+    from runtime_cache.errors import BackendUnavailableError
+
+    admin = redis.Redis(port=redis_process.port)
+    admin.config_set("requirepass", "sekrit-sekrit-sekrit")
+    admin.close()
+    host = f"127.0.0.1:{redis_process.port}/0?insecure=1"
+    for url, advice in (
+        (f"redis://{host}", "the URL gives no password"),
+        (f"redis://:wrong-one@{host}", "check the URL's password"),
+    ):
+        backend = rc.open_backend(url)
+        with pytest.raises(BackendUnavailableError, match="refused the login") as info:
+            backend.get("demo/t/k")
+        assert advice in str(info.value) and "wrong-one" not in str(info.value)
+        backend.close()
+    good = rc.open_backend(f"redis://:sekrit-sekrit-sekrit@{host}")
+    good.set("demo/t/k", b"v")
+    assert good.get("demo/t/k") == b"v"
+    good.close()

@@ -240,3 +240,101 @@ def test_a_scan_that_never_ends_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> N
         server.close()
         cache.close()
     assert server.scans == 2000 and time.monotonic() - started < 20
+
+
+class _SlowLink:
+    """A TCP proxy to a local ``port`` carrying at most ``rate`` bytes a second each way, or
+    nothing at all once ``stalled`` is set (a link that hangs)."""
+
+    def __init__(self, port: int, rate: int) -> None:
+        self.target, self.rate = port, rate
+        self.stalled = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(16 << 10):
+                while self.stalled.is_set():
+                    time.sleep(0.05)
+                sink.sendall(data)
+                time.sleep(len(data) / self.rate)
+        except OSError:
+            pass
+        for end in (source, sink):
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_large_value_is_stored_over_a_slow_link(
+    redis_process: RedisProcess, unique_prefix: str
+) -> None:
+    """The operator review: Python bounds a whole ``sendall`` by the timeout, so a value
+    that took longer than the timeout to upload could never be stored (24 MiB at 50 MB/s
+    with 500 ms), and every try opened the breaker; reads of the same size passed."""
+    link = _SlowLink(redis_process.port, rate=4 << 20)
+    url = f"redis://127.0.0.1:{link.port}/0?timeout=300ms&insecure=1&prefix={unique_prefix}"
+    backend = rc.open_backend(url)
+    value = bytes(range(256)) * (12 << 10)  # 3 MiB: about 0.4 s over the link, and more
+    try:
+        backend.set("demo/t/big", value)
+        assert backend.get("demo/t/big") == value
+        assert backend.breaker.state == "closed"
+        # A link that hangs mid-upload still fails within about one timeout.
+        link.stalled.set()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match=r"[Tt]imeout"):
+            backend.set("demo/t/big2", value)
+        assert time.monotonic() - started < 2.0
+    finally:
+        link.stalled.clear()
+        backend.close()
+        link.close()
+
+
+def test_a_peer_that_takes_a_request_slowly_cannot_hold_its_reply_off() -> None:
+    """The reply of a request whose end is still on its way may start later, but no later
+    than its bytes at the minimum rate allow: a peer taking 8 KiB every 0.25 s (so each
+    wait sees progress) must not extend that for as long as it likes."""
+    from runtime_cache.backends.redis_deadline import DeadlineSocket
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # a small window
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+
+    def take_slowly() -> None:
+        try:
+            while server.recv(1 << 16):
+                time.sleep(0.25)
+        except OSError:
+            pass
+
+    threading.Thread(target=take_slowly, daemon=True).start()
+    sock = DeadlineSocket(client, 0.5)
+    sock.settimeout(0.5)
+    try:
+        sock.sendall(b"x" * (128 << 10))  # 0.5 s at the minimum rate; about 2 s here
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            sock.recv(64)  # no reply ever comes
+        # 0.5 + 0.5 s; a clock started again at each sign of progress took 2.5 s.
+        assert time.monotonic() - started < 1.8
+    finally:
+        for end in (client, server, listener):
+            end.close()

@@ -124,7 +124,8 @@ def _global_options() -> _Parser:
         "--secret",
         default=argparse.SUPPRESS,
         help="shared secret: sign what is written, check signatures on show, verify and "
-        "import (default: RUNTIME_CACHE_SECRET; 'new,old' accepts both and signs with new)",
+        "import (default: RUNTIME_CACHE_SECRET; 'NEW,OLD', each of 16 or more characters, "
+        "accepts both and signs with NEW)",
     )
     common.add_argument(
         "--secret-file",

@@ -30,6 +30,7 @@ from ..codec import (
     Limits,
     SecretKeys,
     bundle_count,
+    bundle_signed,
     decode_bundle,
     encode_bundle,
     normalize_secret,
@@ -235,6 +236,18 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             raise UsageError(str(exc)) from None
     finally:
         progress.close()
+    wanted = [
+        f"--{name} {clean(value)}"
+        for name in ("runtime", "purpose", "module")
+        if (value := getattr(args, name, None))
+    ]
+    if wanted and not bundle_count(data):
+        # A typo in a filter must not replace the file with an empty bundle.
+        print(
+            f"runtime-cache: no entry matches {' '.join(wanted)}; {clean(args.file)} not written",
+            file=ctx.err,
+        )
+        return 1
     try:
         replaced = _write_file(args.file, data)
     except BundleFileError as exc:
@@ -280,14 +293,11 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         data = _read_file(args.file, cache.limits)
         blobs = decode_bundle(data, secret=secret, limits=cache.limits)
     except MemoryError:
-        print(f"runtime-cache: not enough memory to read {clean(args.file)}", file=ctx.err)
-        return 1
+        return _unread(args, ctx, f"not enough memory to read {args.file}")
     except BundleFileError as exc:
-        print(f"runtime-cache: {clean(exc)}", file=ctx.err)
-        return 1
+        return _unread(args, ctx, str(exc))
     except InvalidBundleError as exc:
-        print(f"runtime-cache: {clean(args.file)} is not a valid bundle: {exc}", file=ctx.err)
-        return 1
+        return _unread(args, ctx, f"{args.file} is not a valid bundle: {exc}")
     before = cache.stats()
     tiers_before = _tier_losses(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
@@ -347,11 +357,20 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
                 file=ctx.out,
             )
-        if unsigned:
+        unchecked = secret is None and bundle_signed(data)  # signed, but no secret to check
+        if unchecked and unsigned:
+            print(
+                f"the bundle is signed, but no secret was given to check it: {unsigned} "
+                "entries were read unchecked (give --secret, --secret-file or "
+                "RUNTIME_CACHE_SECRET)",
+                file=ctx.out,
+            )
+        elif unsigned:
             print(f"{unsigned} entries read had no signature to check (no secret)", file=ctx.out)
         if code:
+            kind = "unchecked" if unchecked else "unsigned"
             print(
-                f"not written: {code} unsigned entries that hold native code (a driver's "
+                f"not written: {code} {kind} entries that hold native code (a driver's "
                 "cache files), which only a bundle signed with this cache's secret carries",
                 file=ctx.out,
             )
@@ -369,6 +388,15 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         for tier, count in lost.items():
             print(f"not written to the tier {clean(tier)}: {count} operations failed", file=ctx.out)
     return 1 if rejected or corrupt or withheld or failures or lost else 0
+
+
+def _unread(args: argparse.Namespace, ctx: CommandContext, why: str) -> int:
+    # A bundle that could not be read: said on stderr, and with --json on stdout too (a
+    # script reading the report got nothing to parse).
+    print(f"runtime-cache: {clean(why)}", file=ctx.err)
+    if args.json:
+        ctx.emit_json({"file": args.file, "error": why, "accepted": 0})
+    return 1
 
 
 #: Seconds an import waits for a tier's background writes before it reports.

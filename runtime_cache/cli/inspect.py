@@ -46,7 +46,7 @@ AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParse
 # sort name -> (sort key, largest first)
 SORTS: dict[str, tuple[Callable[[EntryInfo], Any], bool]] = {
     "key": (lambda i: i.key, False),
-    "size": (lambda i: i.stored_size, True),
+    "size": (lambda i: (i.size, i.stored_size), True),  # the SIZE column: the value's
     "age": (lambda i: i.created_at, False),
     "build": (lambda i: i.build_seconds, True),
     "hits": (lambda i: -1 if i.hits is None else i.hits, True),

@@ -75,7 +75,8 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--secret",
         default=argparse.SUPPRESS,
-        help="the shared secret (default: RUNTIME_CACHE_SECRET; 'new,old' accepts both)",
+        help="the shared secret (default: RUNTIME_CACHE_SECRET; 'NEW,OLD', each of 16 or "
+        "more characters, accepts both)",
     )
     parser.add_argument(
         "--secret-file",
