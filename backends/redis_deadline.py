@@ -43,6 +43,8 @@ _NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError)
 MIN_RATE = 256 << 10
 #: A request of fewer bytes is taken to have arrived when sent (its allowance is small).
 _ASK_QUEUE_FROM = MIN_RATE // 16
+#: The most bytes one ``send`` is given: TLS bounds a whole write by one timeout.
+_SLICE = 64 << 10
 
 
 class DeadlineSocket:
@@ -79,17 +81,24 @@ class DeadlineSocket:
         self._got = 0
         self._queued = self._unacked = queued
 
-    def _on_its_way(self) -> int:
-        # Of the request's bytes, those the server has not yet acknowledged: the reply cannot
-        # start before they arrive (a large value over a slow link).
-        # 0 where that cannot be told (not Linux).
-        if self._sent < _ASK_QUEUE_FROM or _OUTQ is None:
-            return 0
+    def _unacked_now(self) -> int | None:
+        # The bytes sent that the peer has not acknowledged yet; None where that cannot be
+        # told (not Linux).
+        if _OUTQ is None:
+            return None
         try:
             answer = fcntl.ioctl(self._sock.fileno(), _OUTQ, b"\0\0\0\0")
         except (OSError, ValueError):
+            return None
+        return max(0, int.from_bytes(answer, sys.byteorder, signed=True))
+
+    def _on_its_way(self) -> int:
+        # Of the request's bytes, those the server has not yet acknowledged: the reply cannot
+        # start before they arrive (a large value over a slow link). 0 where that cannot be
+        # told.
+        if self._sent < _ASK_QUEUE_FROM:
             return 0
-        return min(self._sent, max(0, int.from_bytes(answer, sys.byteorder, signed=True)))
+        return min(self._sent, self._unacked_now() or 0)
 
     def _draining(self) -> bool:
         # Whether the request's bytes on their way went down since last asked: a link that
@@ -186,13 +195,23 @@ class DeadlineSocket:
         self._sent += len(view)
         deadline = self._sending + self._base + self._sent / MIN_RATE
         done = 0
+        large = len(view) >= _ASK_QUEUE_FROM
         try:
             while done < len(view):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError("the request fell behind its deadline")
                 self._sock.settimeout(min(left, self._timeout))
-                done += self._sock.send(view[done:], *flags)
+                before = self._unacked_now() if large else None
+                try:
+                    done += self._sock.send(view[done : done + _SLICE], *flags)
+                except TimeoutError:
+                    # The kernel says "room" only once half its buffer (up to megabytes) is
+                    # free, and TLS bounds a whole write by one timeout: a wait that ran out
+                    # while bytes kept leaving this host is a slow link, not a stopped one.
+                    after = None if before is None else self._unacked_now()
+                    if after is None or before is None or after >= before:
+                        raise
         finally:
             self._sock.settimeout(self._timeout)
         self._begin(self._on_its_way())

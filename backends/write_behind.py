@@ -93,8 +93,6 @@ class WriteBehind:
         self._pid = os.getpid()
 
     def _ensure_thread(self) -> None:
-        if self._pid != os.getpid():  # (a child that the fork hook did not reach)
-            self._start_over()
         if self._thread is None or not self._thread.is_alive():
             self._closed = False
             self._thread = threading.Thread(
@@ -104,6 +102,8 @@ class WriteBehind:
 
     def put(self, items: Mapping[str, bytes]) -> int:
         """Queue writes; return how many were accepted (the rest were dropped)."""
+        if self._pid != os.getpid():  # a child the fork hook did not reach (a raw fork()):
+            self._start_over()  # before taking the lock it replaces
         accepted = 0
         with self._cond:
             self._ensure_thread()

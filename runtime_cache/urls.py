@@ -92,7 +92,18 @@ def redact_url(url: object) -> str:
     >>> redact_url("redis://app:hunter2@cache:6379/0")
     "'redis://app:***@cache:6379/0'"
     """
-    return repr(redact(url)) if isinstance(url, str) else redact(repr(url))
+    if not isinstance(url, str):
+        return redact(repr(url))
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if sep and "@" in authority and _USERINFO.match(url) is None:
+        # One URL whose password holds what ends the pattern's match (a space, '#', '?',
+        # ','): all of its userinfo, up to the authority's last '@', goes.
+        userinfo, _, host = authority.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        hidden = f"{user}:***" if colon else "***"
+        url = f"{scheme}://{hidden}@{host}{slash}{path}"
+    return repr(redact(url))
 
 
 @dataclass(frozen=True)

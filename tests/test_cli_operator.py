@@ -403,7 +403,11 @@ def test_rm_and_clear_speak_json(run: Run, backend: DirectoryBackend) -> None:
     for i in range(3):
         cache.put(key(i), b"v")
     code, out, _ = run("rm", str(key(0)), "nosuchkey", "--json")
-    assert code == 1 and json.loads(out) == {"removed": [str(key(0))], "missing": ["nosuchkey"]}
+    assert code == 1 and json.loads(out) == {
+        "removed": [str(key(0))],
+        "missing": ["nosuchkey"],
+        "failed": [],
+    }
     code, out, _ = run("clear", "--yes", "--json")
     assert code == 0 and json.loads(out) == {"removed": 2, "skipped": []}
 

@@ -94,6 +94,13 @@ def test_password_never_appears_in_url_errors() -> None:
             BackendURL.parse(url).reject_unknown()
         assert "hunter2" not in str(info.value) and "app:***@h" in str(info.value)
     assert redact_url("dir:///srv/a:b@c") == repr("dir:///srv/a:b@c")  # paths are left alone
+    # A password holding a space, '#' or ',' (unencoded) ended the pattern early and was
+    # shown (the review of the URL checks: "option(s) ttl given more than once in
+    # 'redis://:pa ss@h/0?...'").
+    for url in ["redis://:pa ss@h/0?ttl=1&ttl=1", "redis://u:p#w,x@h/0?ttl=1&ttl=1"]:
+        with pytest.raises(InvalidURLError) as info:
+            BackendURL.parse(url)
+        assert "ss@" not in str(info.value) and "w,x" not in str(info.value), info.value
 
 
 @pytest.mark.parametrize(

@@ -305,36 +305,70 @@ def test_a_large_value_is_stored_over_a_slow_link(
         link.close()
 
 
+class _SlowPeer:
+    """A loopback TCP connection whose far end takes ``chunk`` bytes every ``pause`` s; the
+    near end is a :class:`DeadlineSocket` with ``timeout``."""
+
+    def __init__(
+        self, chunk: int, pause: float, timeout: float, *, window: int = 0, room: int = 0
+    ) -> None:
+        from runtime_cache.backends.redis_deadline import DeadlineSocket
+
+        self.listener = socket.socket()
+        if window:  # the far end's receive buffer: a small window
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.client = socket.socket()
+        if room:  # the near end's send buffer
+            self.client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, room)
+        self.client.connect(self.listener.getsockname())
+        self.server, _ = self.listener.accept()
+        self.got = 0
+        self.chunk, self.pause = chunk, pause
+        threading.Thread(target=self._take, daemon=True).start()
+        self.sock = DeadlineSocket(self.client, timeout)
+        self.sock.settimeout(timeout)
+
+    def _take(self) -> None:
+        try:
+            while data := self.server.recv(self.chunk):
+                self.got += len(data)
+                time.sleep(self.pause)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for end in (self.client, self.server, self.listener):
+            end.close()
+
+
 def test_a_peer_that_takes_a_request_slowly_cannot_hold_its_reply_off() -> None:
     """The reply of a request whose end is still on its way may start later, but no later
     than its bytes at the minimum rate allow: a peer taking 8 KiB every 0.25 s (so each
     wait sees progress) must not extend that for as long as it likes."""
-    from runtime_cache.backends.redis_deadline import DeadlineSocket
-
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # a small window
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    client = socket.create_connection(listener.getsockname())
-    server, _ = listener.accept()
-
-    def take_slowly() -> None:
-        try:
-            while server.recv(1 << 16):
-                time.sleep(0.25)
-        except OSError:
-            pass
-
-    threading.Thread(target=take_slowly, daemon=True).start()
-    sock = DeadlineSocket(client, 0.5)
-    sock.settimeout(0.5)
+    peer = _SlowPeer(1 << 16, 0.25, 0.5, window=8192)
     try:
-        sock.sendall(b"x" * (128 << 10))  # 0.5 s at the minimum rate; about 2 s here
+        peer.sock.sendall(b"x" * (128 << 10))  # 0.5 s at the minimum rate; about 2 s here
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            sock.recv(64)  # no reply ever comes
+            peer.sock.recv(64)  # no reply ever comes
         # 0.5 + 0.5 s; a clock started again at each sign of progress took 2.5 s.
         assert time.monotonic() - started < 1.8
     finally:
-        for end in (client, server, listener):
-            end.close()
+        peer.close()
+
+
+def test_a_send_to_a_peer_slower_than_the_timeout_allows_goes_on() -> None:
+    """The review of the send rule: the kernel says "room" only once half its send buffer is
+    free, so a peer taking 512 KiB/s made one wait for room run out (a "timeout") though bytes
+    kept leaving; below about 4 MiB/s a large value still could not be stored."""
+    peer = _SlowPeer(32 << 10, 0.06, 0.3, room=256 << 10)  # about 512 KiB/s
+    try:
+        peer.sock.sendall(b"x" * (1 << 20))  # 2 s here; allowed 0.3 + 4 s
+        deadline = time.monotonic() + 10
+        while peer.got < 1 << 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert peer.got == 1 << 20
+    finally:
+        peer.close()

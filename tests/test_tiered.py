@@ -294,17 +294,21 @@ def test_rm_says_when_a_tier_kept_the_entry(
     cache = rc.Cache(rc.open_backend(url))
     k = rc.make_key(module_id="m", runtime="demo", purpose="rm", device=None)
     cache.put(k, b"value")
-    cache.close()
     (entry,) = (tmp_path / "d").rglob("*.rce")
+    others = [rc.make_key(module_id=f"o{i}", runtime="demo", purpose="rm") for i in range(40)]
+    others = [o for o in others if str(o)[-32:-30] != str(k)[-32:-30]][:2]  # other folders
+    for other in others:
+        cache.put(other, b"other")
+    cache.close()
     if subprocess.run(["chattr", "+i", str(entry.parent)]).returncode:
         pytest.skip("this file system has no immutable flag")
-    try:
-        assert main(["--cache", url, "rm", str(k)]) != 0
+    try:  # every key is tried (the review: rm stopped at the first that a tier kept)
+        assert main(["--cache", url, "rm", str(k), *map(str, others)]) == 1
         said = capsys.readouterr().err
         assert "could not remove" in said and "Operation not permitted" in said, said
     finally:
         subprocess.run(["chattr", "-i", str(entry.parent)], check=True)
-    assert entry.exists()
+    assert entry.exists() and len(list((tmp_path / "d").rglob("*.rce"))) == 1
 
 
 class _SlowRemote(MemoryBackend):
@@ -355,4 +359,48 @@ def test_a_child_forked_while_a_write_is_sent_does_not_hang() -> None:
     remote.go_on.set()
     assert os.waitstatus_to_exitcode(status) == 0, status
     assert backend.flush(timeout=10) and remote.get("f/big") == b"x" * 1000
+    backend.close()
+
+
+def test_a_strict_read_of_a_bad_entry_with_a_tier_down_is_a_miss(tmp_path: Path) -> None:
+    """The review of the tiered delete: with Redis down, a strict cache's read of a corrupt
+    local entry raised (the discard of the bad bytes failed on the dead tier), and
+    get_or_build never built. Removing bad bytes is best effort: a miss, counted."""
+    url = f"memory://,dir://{tmp_path / 'd'},{_dead_redis_url()}&insecure=1"
+    writer = rc.Cache(rc.open_backend(url), insecure=True)
+    k = rc.make_key(module_id="m", runtime="demo", purpose="bad")
+    writer.put(k, b"good value")
+    writer.close()
+    (entry,) = (tmp_path / "d").rglob("*.rce")
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 0xFF  # a byte of the value
+    entry.write_bytes(bytes(data))
+    strict = rc.Cache(rc.open_backend(url), strict=True, insecure=True)
+    assert strict.get(k) is None
+    assert strict.get_or_build(k, lambda: b"rebuilt") == b"rebuilt"
+    assert strict.stats().errors >= 1
+    strict.close()
+
+
+def test_a_child_the_fork_hook_did_not_reach_still_writes() -> None:
+    """The review of the fork hook: a child made by the C library's fork() (no Python fork
+    hooks) had its writer start over inside the lock it replaced, and set() raised
+    "cannot notify on un-acquired lock"."""
+    import ctypes
+
+    remote = _SlowRemote()
+    remote.go_on.set()
+    backend = TieredBackend([MemoryBackend(), remote])
+    backend.set("f/parent", b"p")
+    assert backend.flush(timeout=10)
+    pid = ctypes.CDLL(None, use_errno=True).fork()
+    if pid == 0:
+        code = 1
+        try:
+            backend.set("f/child", b"c")
+            code = 0 if backend.flush(timeout=5) and remote.get("f/child") == b"c" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
     backend.close()

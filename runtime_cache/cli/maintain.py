@@ -53,7 +53,7 @@ def add_parsers(add: AddCommand) -> None:
     rm = add(
         "rm",
         cmd_rm,
-        "Remove entries by key (exit code 1 if any is missing).",
+        "Remove entries by key (exit code 1 if any is missing or could not be removed).",
         [
             "runtime-cache rm 3f2a91c0d4e5",
             "runtime-cache rm opencl/tuning/77b0 9c1d --json",
@@ -114,7 +114,7 @@ def add_parsers(add: AddCommand) -> None:
 
 
 def cmd_rm(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """Remove entries; exit code 1 when any key was not there.
+    """Remove entries; exit code 1 when any key was not there or could not be removed.
 
     Every argument is resolved before anything is removed, so an ambiguous
     prefix (a usage error) removes nothing.
@@ -127,11 +127,19 @@ def cmd_rm(args: argparse.Namespace, ctx: CommandContext) -> int:
             resolved.append((text, ""))
     removed: list[str] = []
     missing: list[str] = []
+    failed: list[tuple[str, str]] = []
     for text, skey in resolved:
         try:
             gone = bool(skey) and ctx.cache.delete(skey)
         except InvalidKeyError:
             gone = False
+        except BackendUnavailableError:
+            raise  # the whole store is down: said once
+        except RuntimeCacheError as exc:  # (a tier that kept it): the other keys go on
+            failed.append((skey, str(exc)))
+            if not args.json:
+                print(f"runtime-cache: not removed {clean(skey)}: {clean(exc)}", file=ctx.err)
+            continue
         if gone:
             removed.append(skey)
             if not args.json:
@@ -141,8 +149,14 @@ def cmd_rm(args: argparse.Namespace, ctx: CommandContext) -> int:
             if not args.json:
                 print(f"runtime-cache: no entry {clean(text)}", file=ctx.err)
     if args.json:
-        ctx.emit_json({"removed": removed, "missing": missing})
-    return 1 if missing else 0
+        ctx.emit_json(
+            {
+                "removed": removed,
+                "missing": missing,
+                "failed": [{"key": k, "reason": r} for k, r in failed],
+            }
+        )
+    return 1 if missing or failed else 0
 
 
 def _stdin_is_terminal() -> bool:
