@@ -373,6 +373,9 @@ def test_stats_counts_hits_kept_by_the_backend(run: Run, cache: rc.Cache, root: 
     assert set(stats["sources"]) >= {"hits", "misses", "hit_rate", "seconds_saved"}
     code, out, _ = run("stats")
     assert code == 0 and "total" in out and "50.0%" in out
+    # Its size is the stored one, named so (the new-user review: stats' SIZE and ls' SIZE
+    # told one entry as 684.8 and 684.1 KiB).
+    assert "STORED" in out.splitlines()[0] and "ls SIZE is the value's" in out
 
 
 def test_stats_where_the_backend_keeps_no_hits(

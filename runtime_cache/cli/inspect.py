@@ -366,11 +366,12 @@ def cmd_stats(args: argparse.Namespace, ctx: CommandContext) -> int:
             human_seconds(s["seconds_saved"]),
         ]
 
-    headers = ["RUNTIME", "PURPOSE", "ENTRIES", "SIZE", "HITS", "MISSES", "HIT RATE", "BUILD"]
+    headers = ["RUNTIME", "PURPOSE", "ENTRIES", "STORED", "HITS", "MISSES", "HIT RATE", "BUILD"]
     rows = [row((g["runtime"], g["purpose"]), g) for g in per] + [row(("total", ""), overall)]
     print(render_table([*headers, "SAVED"], rows, right=range(2, 9)), file=ctx.out)
     print(
-        "\nhits:   kept by the backend across processes ('-' where it keeps none)\n"
+        "\nstored: bytes in the store, each entry's framing included (ls SIZE is the value's)\n"
+        "hits:   kept by the backend across processes ('-' where it keeps none)\n"
         "misses: one first-build miss per stored entry (backends keep no misses;\n"
         "        Cache.stats() in your app counts them per process)\n"
         "saved:  hits x build time",
