@@ -43,7 +43,6 @@ from runtime_cache.errors import (
     MissingDependencyError,
     ReadOnlyBackendError,
 )
-from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
@@ -56,6 +55,7 @@ from .redis_scripts import (
     refuse_over_cap,
     scan_names,
 )
+from .redis_url import url_options
 
 __all__ = ["RedisBackend"]
 
@@ -176,45 +176,8 @@ class RedisBackend(Backend):
     @classmethod
     def from_url(cls, url: str) -> RedisBackend:
         """Open from ``redis://host:port/db?ttl=30d&namespace=app`` (options: see module doc)."""
-        parsed = BackendURL.parse(url)
-        prefix = parsed.pop("prefix")
-        namespace = parsed.pop("namespace")
-        if prefix is not None and namespace is not None:
-            raise InvalidURLError("give either prefix or namespace, not both")
-        for name, given in (("prefix", prefix), ("namespace", namespace)):
-            if given is not None and not given.strip():
-                # (a URL made from an unset variable: it would cover the whole database,
-                # and clear or verify --repair would remove other applications' keys)
-                raise InvalidURLError(
-                    f"{name}= is empty: that would cover the whole database; leave it out "
-                    "for the default prefix 'rc:'"
-                )
-        prefix = f"{namespace}:" if namespace is not None else prefix
-        ttl_text = parsed.pop("ttl", "") or ""
-        ttl = None if ttl_text.lower() in ("", "0", "none", "off") else parse_duration(ttl_text)
-        options: dict[str, Any] = {
-            "prefix": "rc:" if prefix is None else prefix,
-            "ttl": ttl,
-            "connect_timeout": parse_duration(parsed.pop("connect_timeout", "200ms") or "200ms"),
-            "timeout": parse_duration(parsed.pop("timeout", "500ms") or "500ms"),
-            "backoff": parse_duration(parsed.pop("backoff", "500ms") or "500ms"),
-            "max_backoff": parse_duration(parsed.pop("max_backoff", "30s") or "30s"),
-        }
-        max_connections = parsed.pop("max_connections", "64") or "64"
-        if not max_connections.isdigit():
-            raise InvalidURLError(f"max_connections must be a whole number: {max_connections!r}")
-        options["max_connections"] = int(max_connections)
-        options["max_entry_size"] = parse_size(parsed.pop("max_entry_size", "64MiB") or "64MiB")
-        if parsed.scheme == "rediss":
-            options["ssl_options"] = {
-                name: value
-                for name in ("ssl_ca_certs", "ssl_cert_reqs")
-                if (value := parsed.pop(name)) is not None
-            }
-        parsed.reject_unknown()
-        if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
-            raise InvalidURLError("need 0 < backoff <= max_backoff")
-        return cls(f"{parsed.scheme}://{parsed.netloc}{parsed.path}", **options)
+        address, options = url_options(url)
+        return cls(address, **options)
 
     # ------------------------------------------------------------ connection
     def _connect(self) -> Any:

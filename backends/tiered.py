@@ -338,11 +338,9 @@ class TieredBackend(Backend):
             self._write(self._tiers, {k: bytes(v) for k, v in items.items()}, "set_many")
 
     def delete(self, key: str) -> bool:
-        """Delete from every tier, remote ones included, synchronously (deletes are rare).
-
-        Raises :class:`~runtime_cache.errors.BackendError` when any tier failed, after
-        trying the rest: that tier may still hold the entry, and a read would bring it back.
-        """
+        """Delete from every tier, remote ones included, synchronously (deletes are rare);
+        :class:`BackendError` when any tier failed (it may hold the entry still), after
+        trying the rest."""
         return self._delete(key, None)
 
     def delete_if(self, key: str, expected: bytes) -> bool:

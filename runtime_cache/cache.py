@@ -238,18 +238,16 @@ class Cache(Inventory, BatchReads):
         return checked
 
     def _discard(self, skey: str, blob: bytes) -> None:
-        # Best effort: the read it follows is a miss either way, so a store that could not
-        # remove the bad bytes (a tier down) is counted and logged, never raised, even when
-        # strict (a strict get of a corrupt entry with Redis down raised, and get_or_build
-        # never built).
+        # Best effort, the read being a miss either way: never raised, even when strict (a
+        # strict get of a corrupt entry with Redis down raised; get_or_build never built).
         try:
             self._backend.delete_if(skey, blob)  # only the bytes judged bad
         except Exception as exc:
-            if not self._policy.strict:
+            if self._policy.strict:
+                self._counters.add(errors=1)
+                log.debug("runtime-cache: could not remove the bad entry %s: %s", skey, exc)
+            else:
                 self._failed("delete", exc)
-                return
-            self._counters.add(errors=1)
-            log.debug("runtime-cache: could not remove the bad entry %s: %s", skey, exc)
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""

@@ -70,11 +70,14 @@ def folder_url(path: str) -> str:
     return "dir://" + quote(path, safe="/~", errors="surrogateescape")
 
 
-def _hide_userinfo(match: re.Match[str]) -> str:
-    scheme, userinfo = match.group(1), match.group(2)
+def _hidden(userinfo: str) -> str:
     user, colon, _ = userinfo.partition(":")
     # redis://PASSWORD@host: a lone userinfo is the password, so it goes too.
-    return f"{scheme}{user}:***@" if colon else f"{scheme}***@"
+    return f"{user}:***" if colon else "***"
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    return f"{match.group(1)}{_hidden(match.group(2))}@"
 
 
 def redact(text: str) -> str:
@@ -100,9 +103,7 @@ def redact_url(url: object) -> str:
         # One URL whose password holds what ends the pattern's match (a space, '#', '?',
         # ','): all of its userinfo, up to the authority's last '@', goes.
         userinfo, _, host = authority.rpartition("@")
-        user, colon, _ = userinfo.partition(":")
-        hidden = f"{user}:***" if colon else "***"
-        url = f"{scheme}://{hidden}@{host}{slash}{path}"
+        url = f"{scheme}://{_hidden(userinfo)}@{host}{slash}{path}"
     return repr(redact(url))
 
 

@@ -1,0 +1,297 @@
+"""``runtime-cache import``: read a bundle file with care and merge it into the cache.
+
+``import`` reads only a regular file (or standard input), bounded in size and read as
+its own framing says, so a FIFO or a device is a clear error, not a hang. A batch the
+store fails is written again one entry at a time: a full disk keeps what fits, and an
+entry that cannot be replaced (an immutable file) is one failure among the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+from collections.abc import Callable
+
+from ..bundles import DUMP_BATCH, LoadResult, screen_bundle
+from ..cache import Cache
+from ..codec import (
+    BUNDLE_HEADER_SIZE,
+    BUNDLE_MAGIC,
+    FLAG_SIGNED,
+    Limits,
+    SecretKeys,
+    bundle_signed,
+    decode_bundle,
+    encode_bundle,
+    normalize_secret,
+)
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidBundleError,
+    ReadOnlyBackendError,
+)
+from ..signing import SIG_SIZE
+from .context import CommandContext
+from .fmt import Progress, clean, human_size
+from .fmt import count as fmt_count
+
+__all__ = ["BundleFileError", "cmd_import", "max_bundle_size"]
+
+
+class BundleFileError(Exception):
+    """A bundle file that cannot be written or read; the message names the user's file."""
+
+
+def max_bundle_size(limits: Limits) -> int:
+    """The largest bundle ``import`` reads: four times the largest entry value."""
+    return 4 * limits.max_value_size
+
+
+def _exact(read: Callable[[int], bytes], size: int) -> bytes:
+    """Up to ``size`` bytes: fewer only at the end of the input."""
+    chunks, got = [], 0
+    while got < size:
+        chunk = read(min(size - got, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> bytes:
+    """Read one bundle as its own framing says, and one byte more (trailing data).
+
+    Nothing past what the header and the entry lengths announce is read (an endless
+    stream costs no more than they announce), a count over ``limits.max_entries`` or a
+    total over :func:`max_bundle_size` is refused, and short pieces are kept together
+    (2**32 empty entries took 30x the file's size). What is announced within those limits
+    is read, holes of a sparse file too: up to about twice the bundle's size in memory.
+    """
+    limit = max_bundle_size(limits)
+    head = _exact(read, BUNDLE_HEADER_SIZE)
+    if head[: len(BUNDLE_MAGIC)] != BUNDLE_MAGIC:
+        raise BundleFileError(f"{path} is not a valid bundle: bad magic")
+    if len(head) < BUNDLE_HEADER_SIZE:
+        return head
+    flags, count = head[5], int.from_bytes(head[8:12], "little")
+    if count > limits.max_entries:
+        raise BundleFileError(
+            f"{path} is not a valid bundle: it claims {count} entries, over the limit "
+            f"{limits.max_entries}"
+        )
+    chunks, small, size = [head], bytearray(), len(head)
+    for _ in range(count):
+        length = _exact(read, 8)
+        small += length
+        want = int.from_bytes(length, "little")
+        size += 8 + want
+        if len(length) < 8 or size > limit:
+            break  # (the decoder names a short file; a long one is refused below)
+        blob = _exact(read, want)
+        if len(blob) < 1 << 16:
+            small += blob
+        else:
+            chunks += [bytes(small), blob]
+            small.clear()
+        if len(blob) < want:
+            break
+    if size > limit:
+        raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+    small += _exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1)
+    return b"".join([*chunks, small])
+
+
+def _read_file(path: str, limits: Limits) -> bytes:
+    limit = max_bundle_size(limits)
+    if path == "-":
+        return _read_limited(sys.stdin.buffer.read, "standard input", limits)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device (before fdopen refuses it)
+        os.close(fd)
+        raise BundleFileError(f"cannot read {path}: not a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        if info.st_size > limit:
+            raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+        try:
+            return _read_limited(handle.read, path, limits)
+        except OSError as exc:
+            raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
+    """Merge a bundle; exit code 1 if the bundle is invalid or some entries were refused."""
+    cache = ctx.cache
+    secret = normalize_secret(ctx.secret)
+    try:
+        data = _read_file(args.file, cache.limits)
+        blobs = decode_bundle(data, secret=secret, limits=cache.limits)
+    except MemoryError:
+        return _unread(args, ctx, f"not enough memory to read {args.file}")
+    except BundleFileError as exc:
+        return _unread(args, ctx, str(exc))
+    except InvalidBundleError as exc:
+        return _unread(args, ctx, f"{args.file} is not a valid bundle: {exc}")
+    before = cache.stats()
+    tiers_before = _tier_losses(cache)
+    progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
+    accepted = unsigned = withheld = code = 0
+    failures: list[str] = []  # entries the backend could not write (a full disk)
+    overwrite = not args.keep_existing
+    for start in range(0, len(blobs), DUMP_BATCH):
+        batch = blobs[start : start + DUMP_BATCH]
+        # Re-framed per batch so each step is one backend round trip; the whole
+        # bundle's checksum and signature were checked above. A batch the backend
+        # fails is written again one entry at a time: the entries that fit are kept.
+        try:
+            parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
+        except BackendUnavailableError:
+            raise  # the server is down: nothing will be written, said once
+        except BackendError:
+            # A full disk, or entries that cannot be replaced (an immutable file): those that
+            # fit are kept. A store that takes none (read-only) raises from there, said once.
+            parts = _one_by_one(cache, batch, secret, overwrite, failures, first=not accepted)
+        for result in parts:
+            accepted += result
+            unsigned += result.unsigned
+            withheld += result.withheld
+            code += result.withheld_code
+        progress.step(advance=len(batch))
+    progress.close()
+    flush = getattr(cache.backend, "flush", None)
+    # A tier written in the background: its outcome is known once flushed.
+    flushed = flush(_FLUSH_SECONDS) is not False if callable(flush) else True
+    lost = {t: n - tiers_before.get(t, 0) for t, n in _tier_losses(cache).items()}
+    lost = {t: n for t, n in lost.items() if n > 0}
+    if not flushed:
+        lost["(background writes still pending)"] = 1
+    after = cache.stats()
+    rejected = after.rejected - before.rejected
+    corrupt = after.corrupt - before.corrupt
+    report = {
+        "file": args.file,
+        "in_bundle": len(blobs),
+        "accepted": accepted,
+        "rejected_signature": rejected,
+        "corrupt": corrupt,
+        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld - len(failures),
+        "unsigned": unsigned,
+        "withheld_unsigned": withheld,
+        "withheld_native_code": code,
+        "not_written": len(failures),
+        "write_errors": failures[:5],
+        "tiers_not_written": lost,
+    }
+    if args.json:
+        ctx.emit_json(report)
+    else:
+        print(f"imported {accepted} of {len(blobs)} entries from {clean(args.file)}", file=ctx.out)
+        if rejected or corrupt:
+            print(
+                f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
+                file=ctx.out,
+            )
+        unchecked = secret is None and bundle_signed(data)  # signed, but no secret to check
+        if unchecked and unsigned:
+            print(
+                f"the bundle is signed, but no secret was given to check it: {unsigned} "
+                "entries were read unchecked (give --secret, --secret-file or "
+                "RUNTIME_CACHE_SECRET)",
+                file=ctx.out,
+            )
+        elif unsigned:
+            print(f"{unsigned} entries read had no signature to check (no secret)", file=ctx.out)
+        if code:
+            kind = "unchecked" if unchecked else "unsigned"
+            print(
+                f"not written: {code} {kind} entries that hold native code (a driver's "
+                "cache files), which only a bundle signed with this cache's secret carries",
+                file=ctx.out,
+            )
+        if withheld > code:
+            print(
+                f"not written: {withheld - code} unsigned entries to a shared store",
+                file=ctx.out,
+            )
+        if failures:
+            print(
+                f"not written: {fmt_count(len(failures), 'entry', 'entries')} the cache "
+                f"could not store ({clean(failures[0])})",
+                file=ctx.out,
+            )
+        for tier, count in lost.items():
+            print(f"not written to the tier {clean(tier)}: {count} operations failed", file=ctx.out)
+    return 1 if rejected or corrupt or withheld or failures or lost else 0
+
+
+def _unread(args: argparse.Namespace, ctx: CommandContext, why: str) -> int:
+    # A bundle that could not be read: said on stderr, and with --json on stdout too (a
+    # script reading the report got nothing to parse).
+    print(f"runtime-cache: {clean(why)}", file=ctx.err)
+    if args.json:
+        ctx.emit_json({"file": args.file, "error": why, "accepted": 0})
+    return 1
+
+
+#: Seconds an import waits for a tier's background writes before it reports.
+_FLUSH_SECONDS = 30.0
+
+
+def _tier_losses(cache: Cache) -> dict[str, int]:
+    """Per remote tier of a tiered backend, the operations it has failed (reads among them:
+    an import reads only to keep existing entries) or writes it dropped so far."""
+    stats = getattr(cache.backend, "tier_stats", None)
+    if not callable(stats):
+        return {}
+    return {s.backend: s.errors + s.queued_failed + s.queued_dropped for s in stats() if s.remote}
+
+
+def _one_by_one(
+    cache: Cache,
+    batch: list[bytes],
+    secret: SecretKeys | None,
+    overwrite: bool,
+    failures: list[str],
+    *,
+    first: bool,
+) -> list[LoadResult]:
+    """Load ``batch`` an entry at a time; each the backend fails goes into ``failures``,
+    unless the store holds it already, byte for byte (the failed batch wrote it: a full
+    disk's report said "imported 0" of 51 entries stored).
+
+    A store that is down raises at once. One that refused every entry as read-only
+    raises too, when this is the ``first`` batch to be written: a read-only store is
+    one error, not a refusal per entry. An entry it refused alone (an immutable file
+    among writable ones) is one failure, and the rest go on.
+    """
+    results = []
+    read_only: ReadOnlyBackendError | None = None
+    for item in batch:
+        try:
+            results.append(cache.loads(encode_bundle([item], secret=secret), overwrite=overwrite))
+        except BackendUnavailableError:
+            raise
+        except BackendError as exc:
+            if isinstance(exc, ReadOnlyBackendError):
+                read_only = read_only or exc
+            screened = screen_bundle([item], secret, cache.limits)
+            (skey,) = screened.accepted or ("",)
+            try:
+                there = cache.backend.peek_many([skey]).get(skey) if skey else None
+            except BackendError:
+                there = None
+            if there == item:
+                results.append(LoadResult(1, offered=1, unsigned=screened.unsigned))
+            else:
+                failures.append(str(exc))
+    if read_only is not None and first and not any(results):
+        raise read_only
+    return results
