@@ -23,16 +23,15 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
-from runtime_cache.failure_policy import FailurePolicy
 from runtime_cache.partial_reads import found_so_far
 from runtime_cache.urls import redact_url, tier_urls
 
+from .tier import Tier, TierStats
 from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
@@ -40,29 +39,6 @@ __all__ = ["TierStats", "TieredBackend"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TierStats:
-    """What happened in one tier: errors absorbed, promotions, background writes."""
-
-    backend: str
-    remote: bool
-    errors: int
-    promoted: int
-    queued_dropped: int
-    queued_written: int
-    queued_failed: int
-
-
-class _Tier:
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.writer: WriteBehind | None = None
-        self.promoted = 0
-        self.policy = FailurePolicy(
-            log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
-        )
 
 
 def _listed(listing: Callable[[str], Iterable[T]], prefix: str) -> list[T]:
@@ -90,9 +66,9 @@ class TieredBackend(Backend):
     ) -> None:
         if not tiers or not all(isinstance(t, Backend) for t in tiers):
             raise TypeError("TieredBackend needs a non-empty sequence of Backend objects")
-        self._tiers: list[_Tier] = []
+        self._tiers: list[Tier] = []
         for backend in tiers:
-            tier = _Tier(backend)
+            tier = Tier(backend, log)
             if backend.remote:
                 tier.writer = WriteBehind(
                     backend,
@@ -166,7 +142,7 @@ class TieredBackend(Backend):
 
     # ------------------------------------------------------------- bookkeeping
     @staticmethod
-    def _error_hook(tier: _Tier) -> Callable[[BaseException], None]:
+    def _error_hook(tier: Tier) -> Callable[[BaseException], None]:
         return lambda exc: tier.policy.failed("background write", exc)
 
     @staticmethod
@@ -178,7 +154,7 @@ class TieredBackend(Backend):
                 raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
             raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
 
-    def _write(self, tiers: Iterable[_Tier], items: Mapping[str, bytes], op: str) -> None:
+    def _write(self, tiers: Iterable[Tier], items: Mapping[str, bytes], op: str) -> None:
         for key in items:  # queued writes are checked here: the remote tier would be too late
             check_text_key(key)
         errors: list[Exception] = []

@@ -138,7 +138,7 @@ def test_ls_stats_export_report_what_they_skip_and_escape_what_they_print(
     assert ESC not in out + err and "\u202e" not in out
     for k in [*good, escaped]:
         assert str(k).rsplit("/", 1)[-1][:12] in out
-    assert "skipped 1 entries as corrupt or unreadable" in err
+    assert "skipped 1 entry as corrupt or unreadable" in err
     assert str(key(10)) in err and "created_at" in err
 
     code, out, err = run("ls", "--json")
@@ -147,7 +147,7 @@ def test_ls_stats_export_report_what_they_skip_and_escape_what_they_print(
     assert listing["skipped_entries"][0]["key"] == str(key(10))
 
     code, out, err = run("stats")
-    assert code == 1 and "skipped 1 entries" in err and ESC not in out + err
+    assert code == 1 and "skipped 1 entry" in err and ESC not in out + err
     code, out, _ = run("stats", "--json")
     assert code == 1 and json.loads(out)["overall"]["skipped"] == 1
     assert json.loads(out)["overall"]["entries"] == 4
@@ -447,7 +447,7 @@ def test_ls_on_nan_escape_and_foreign_redis_key_exits_1_and_says_what_it_skipped
     assert code == 1 and ESC not in out + err
     for k in [*good, escaped]:
         assert str(k).rsplit("/", 1)[-1][:12] in out
-    assert "skipped 1 entries as corrupt or unreadable" in err and str(key(10)) in err
+    assert "skipped 1 entry as corrupt or unreadable" in err and str(key(10)) in err
     assert "5 entries" not in out and "4 entries" in out
 
     for argv in (["stats"], ["verify"], ["prune", "--older-than", "3650d"]):

@@ -18,7 +18,7 @@ from ..cache import Cache
 from ..codec import UNSIGNED_ENTRY as UNSIGNED
 from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
 from ..urls import tier_urls
-from .fmt import clean
+from .fmt import clean, count
 from .output import WholeText, write_text
 
 __all__ = [
@@ -280,7 +280,7 @@ class Skipped:
         """The skipped entries as ``[{"key": ..., "reason": ...}]``."""
         return [{"key": key, "reason": reason} for key, reason in self.items]
 
-    def report(self, ctx: CommandContext, what: str = "entries", sign_hint: bool = False) -> None:
+    def report(self, ctx: CommandContext, sign_hint: bool = False) -> None:
         """Say on the error stream how many were skipped, and name the first few;
         ``sign_hint``: say that ``export --sign`` signs those stored without a secret."""
         if not self.items:
@@ -291,7 +291,8 @@ class Skipped:
             if unsigned == len(self.items)
             else "as corrupt or unreadable (see `runtime-cache verify`)"
         )
-        print(f"runtime-cache: skipped {len(self.items)} {what} {why}", file=ctx.err)
+        skipped = count(len(self.items), "entry", "entries")
+        print(f"runtime-cache: skipped {skipped} {why}", file=ctx.err)
         for key, reason in self.items[: self.SHOWN]:
             print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
         if len(self.items) > self.SHOWN:

@@ -211,7 +211,7 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 def _report_skipped(ctx: CommandContext, skipped: list[tuple[str, str]]) -> None:
     if skipped:
-        print(f"runtime-cache: skipped {len(skipped)} names:", file=ctx.err)
+        print(f"runtime-cache: skipped {count(len(skipped), 'name', 'names')}:", file=ctx.err)
         for key, reason in skipped:
             print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
 

@@ -6,13 +6,20 @@ import contextlib
 import errno
 import io
 import os
+import re
 import secrets
 import select
+import stat
+import time
 from typing import BinaryIO, TextIO
 
 from .output_path import find_output
 
-__all__ = ["WholeText", "flush", "replace_file", "write_all", "write_text"]
+__all__ = ["STALE_TEMP_SECONDS", "WholeText", "flush", "replace_file", "write_all", "write_text"]
+
+#: A temporary file of ours older than this (in seconds) was left by a writer that died
+#: (``kill -9`` during an export): the next write of the same name removes it.
+STALE_TEMP_SECONDS = 3600
 
 
 def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
@@ -144,8 +151,10 @@ def replace_file(path: str, data: bytes) -> str:
 
 def _replace_in(folder: int, name: str, data: bytes) -> None:
     """Replace ``name`` in the open ``folder`` with a file of ``data``, whole."""
+    _remove_stale_temps(folder, name)
     # O_EXCL|O_NOFOLLOW: a link planted under the temporary name is never followed.
     temp = f".{name[:32]}.{secrets.token_hex(6)}.tmp"  # (32 characters: 128 bytes at most)
+    # (_temp_pattern matches these names)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
     try:
@@ -156,3 +165,31 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):  # (gone with a failed write: nothing to remove)
             os.unlink(temp, dir_fd=folder)
         raise
+
+
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    """The names :func:`_replace_in` gives its temporary files for ``name``."""
+    return re.compile(rf"\.{re.escape(name[:32])}\.[0-9a-f]{{12}}\.tmp", re.DOTALL)
+
+
+def _remove_stale_temps(folder: int, name: str) -> None:
+    """Remove the temporary files a killed writer of ``name`` left in ``folder``: only
+    regular files of this user, named as ours are, and older than :data:`STALE_TEMP_SECONDS`
+    (a younger one may be another writer's, still at work). Best effort: a folder that
+    cannot be listed, or a file that cannot be removed, is left as it is."""
+    pattern = _temp_pattern(name)
+    too_old = time.time() - STALE_TEMP_SECONDS
+    try:
+        with os.scandir(folder) as entries:
+            stale = [entry.name for entry in entries if pattern.fullmatch(entry.name)]
+    except OSError:
+        return
+    for temp in stale:
+        with contextlib.suppress(OSError):
+            info = os.stat(temp, dir_fd=folder, follow_symlinks=False)
+            if (
+                stat.S_ISREG(info.st_mode)
+                and info.st_uid == os.geteuid()
+                and info.st_mtime < too_old
+            ):
+                os.unlink(temp, dir_fd=folder)

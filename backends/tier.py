@@ -1,0 +1,43 @@
+"""One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from runtime_cache.api import Backend
+from runtime_cache.failure_policy import FailurePolicy
+
+from .write_behind import WriteBehind
+
+__all__ = ["Tier", "TierStats"]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """What happened in one tier: errors absorbed, promotions, background writes."""
+
+    backend: str
+    remote: bool
+    errors: int
+    promoted: int
+    queued_dropped: int
+    queued_written: int
+    queued_failed: int
+
+
+class Tier:
+    """A backend in a tiered stack: its failure policy, promotions and write-behind queue.
+
+    Args:
+        backend: The tier's store.
+        log: Where the policy logs the tier's failures and recoveries.
+    """
+
+    def __init__(self, backend: Backend, log: logging.Logger) -> None:
+        self.backend = backend
+        self.writer: WriteBehind | None = None
+        self.promoted = 0
+        self.policy = FailurePolicy(
+            log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
+        )
