@@ -16,12 +16,15 @@ header, the metadata and the value), and it is timed interleaved with the front,
 operation by operation, in alternating order, with the same options (no fsync,
 no size cap, access tracking on). ``front_over_raw`` is then the median over the
 rounds of each round's front / raw ratio of medians: what the front adds.
+Its ``front_steps`` say where that goes: the read in pieces, the read and the
+value's checksum, and the whole front, each over the raw get of the same entries.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -33,12 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import xxhash
 from _common import RESULTS, machine_info, median, write_json
 
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.codec import encode_entry
+from runtime_cache.entry_frame import entry_span
 
 SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 COUNTS = {"1KiB": 400, "64KiB": 200, "1MiB": 40}
@@ -112,6 +117,50 @@ def paired(root: Path, keys: list[rc.CacheKey], value: bytes) -> tuple[Times, Ti
     return raw_times, front_times, cold_times
 
 
+#: The steps of a get through the front, each timed alone over the same entries.
+STEPS = ("raw get", "pieces", "pieces + checksum", "Cache.get")
+
+
+def _checksummed(raw: DirectoryBackend, skey: str) -> int:
+    # What the front's check must hash at least: the value, where the read left it.
+    pieces = raw.get_parts(skey, entry_span)
+    assert pieces is not None
+    if len(pieces) == 3:
+        return xxhash.xxh3_64_intdigest(pieces[1])
+    span = entry_span(pieces[0])
+    assert span is not None
+    return xxhash.xxh3_64_intdigest(memoryview(pieces[0])[span[0] : span[1]])
+
+
+def steps(root: Path, keys: list[rc.CacheKey], value: bytes) -> dict[str, float]:
+    """Median seconds of each of :data:`STEPS` over the entries ``keys``, written by the
+    front: the raw get of the whole blob, the read in pieces (the value as a ``bytes`` of
+    its own), that read and the value's checksum, and the front's whole get. Key by key,
+    each step in turn, the order rotating, so that each step comes first as often."""
+    front = rc.Cache(DirectoryBackend(root / "steps", max_size=None))
+    raw = DirectoryBackend(root / "steps", max_size=None)
+    calls: list[tuple[Any, ...]] = []
+    for key in keys:
+        front.put(key, value)
+        skey = str(key)
+        calls.append(
+            (
+                (raw.get, skey),
+                (raw.get_parts, skey, entry_span),
+                (_checksummed, raw, skey),
+                (front.get, key),
+            )
+        )
+    times: list[list[float]] = [[] for _ in STEPS]
+    for i, row in enumerate(calls):
+        order = itertools.islice(itertools.cycle(range(len(STEPS))), i, i + len(STEPS))
+        for step in order:
+            times[step].append(_clock(*row[step]))
+    front.close()
+    raw.close()
+    return {name: median(seconds) for name, seconds in zip(STEPS, times, strict=True)}
+
+
 def others(root: Path) -> dict[str, tuple[Op, Get, Callable[[], None]]]:
     """The rows timed one after another: memory, dir without tracking, diskcache."""
     import diskcache
@@ -136,6 +185,8 @@ def run_size(
     value = os.urandom(SIZES[size_name])
     runs: dict[str, list[tuple[float, float]]] = {}
     ratios: dict[str, list[float]] = {"get": [], "put": [], "get_cold": []}
+    step_ratios: dict[str, list[float]] = {name: [] for name in STEPS[1:]}
+    step_raw_us: list[float] = []
     for round_no in range(rounds):
         keys = [
             rc.make_key(module_id="bench", runtime="bench", purpose="b", i=f"{round_no}-{i}")
@@ -147,6 +198,7 @@ def run_size(
             gc.disable()
             try:
                 (raw_put, raw_get), (front_put, front_get), cold = paired(Path(tmp), keys, value)
+                by_step = steps(Path(tmp), keys, value)
                 for name, (put, get, close) in others(Path(tmp)).items():
                     runs.setdefault(name, []).append(measure(put, get, skeys, value))
                     close()
@@ -161,6 +213,9 @@ def run_size(
         ratios["put"].append(pairs[FRONT][0] / pairs[RAW][0])
         ratios["get"].append(pairs[FRONT][1] / pairs[RAW][1])
         ratios["get_cold"].append(median(cold[1]) / median(cold[0]))
+        step_raw_us.append(by_step[STEPS[0]] * 1e6)
+        for name in STEPS[1:]:
+            step_ratios[name].append(by_step[name] / by_step[STEPS[0]])
     rows = {
         name: {
             "put_us": median(p for p, _ in runs[name]) * 1e6,
@@ -177,6 +232,10 @@ def run_size(
         "put_rounds": [round(r, 4) for r in ratios["put"]],
         "get_cold_rounds": [round(r, 4) for r in ratios["get_cold"]],
         "stored_bytes": len(blob),
+        "front_steps": {
+            "raw_get_us": median(step_raw_us),
+            **{name: median(step_ratios[name]) for name in STEPS[1:]},
+        },
         **first_reads(value, processes),
     }
     return rows, front
@@ -266,6 +325,11 @@ def main() -> int:
             f"get by another Cache {ratio['get_cold']:.3f}x  "
             f"a fresh process's first get {ratio.get('first_read', math.nan):.3f}x"
         )
+    print("a get's steps over the raw get, each timed alone (median of the rounds):")
+    for size_name, ratio in front_over_raw.items():
+        by_step = ratio["front_steps"]
+        shares = "  ".join(f"{name} {by_step[name]:.3f}x" for name in STEPS[1:])
+        print(f"{size_name:<7} raw get {by_step['raw_get_us']:.1f} µs  {shares}")
     meta = {**machine_info(), "rounds": args.rounds}
     output = {"meta": meta, "results": results, "front_over_raw": front_over_raw}
     print(f"wrote {write_json(args.json, output)}")

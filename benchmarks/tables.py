@@ -142,7 +142,29 @@ def backends(run: Run) -> str:
             f"medians of {processes} processes, the order of raw and front alternating.\n\n"
             f"{grid(head, first, right=1)}"
         )
-    return out
+    return out + _front_steps(front)
+
+
+def _front_steps(front: dict[str, Any]) -> str:
+    """Where a get's share goes: each step of the front's get over the raw get."""
+    rows = [
+        [size, s["raw_get_us"], s["pieces"], s["pieces + checksum"], s["Cache.get"]]
+        for size, r in front.items()
+        if (s := r.get("front_steps"))
+    ]
+    if not rows:
+        return ""
+    head = ["value size", "raw get (µs)", "read in pieces", "pieces + checksum", "Cache.get"]
+    return (
+        "\n\nWhere a get's share goes: each step timed alone over the same entries written by "
+        "the front, key by key in rotating order, as a ratio to the raw get of the whole blob "
+        "(median of the rounds). *Read in pieces*: from 32 KiB up, the value is read as a "
+        "`bytes` of its own (a second read of the file, a `pread`); a smaller file is read "
+        "whole, as the raw get reads it. *Pieces + checksum* adds the xxh3-64 of the value, which "
+        "the check cannot skip; `Cache.get` adds the rest of the check (header, metadata, key "
+        "match) and the hit's bookkeeping.\n\n"
+        f"{grid(head, rows, right=1)}"
+    )
 
 
 def cli(run: Run) -> str:
