@@ -386,7 +386,7 @@ for seed in range(1, 7):
     rng = random.Random(seed)
     taken += target.check(codec.encode_bundle([flip_value_bits(b, rng, 2) for b in target.blobs]))
 s = opencl_stats()
-print("result", taken, s.vetted, s.vet_failures, vetter.crashed, flush=True)
+print("result", taken, s.vetted, s.vet_failures, s.vet_local, vetter.crashed, flush=True)
 """
 
 
@@ -400,8 +400,11 @@ def test_binaries_that_crash_the_driver_only_ever_crash_the_vetting_child(
     # vetting child only; every program the module took must compute the right answer
     # (check() runs both kernels), the rest are built from source.
     out = _child(FLIP_CHILD, tmp_path)
-    taken, vetted, failures, crashed = map(int, out.split("result", 1)[1].split())
-    assert taken == vetted and taken + failures == 12
+    taken, vetted, failures, local, crashed = map(int, out.split("result", 1)[1].split())
+    # A program whose trial launch crashed the child is set aside (vet_local), not
+    # blocklisted: maybe the kernel's doing, not the binary's. Intel's CPU runtime did so
+    # with one of these on a 2-core AMD EPYC (Dec 2026).
+    assert taken == vetted and taken + failures + local == 12
     if driver().startswith("PoCL"):
         # Seen with these seeds: PoCL 3.0 and 3.1 crashed on 5-7 of them, on Intel Xeon and
         # AMD EPYC hosts. Intel's CPU runtime crashed on 1 on an Intel Xeon and on none on an
