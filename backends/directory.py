@@ -1,16 +1,15 @@
 """``dir://``: entries as files in a directory tree, safe for many processes and users.
 
-Layout: see :mod:`runtime_cache.backends.dir_tree`. The root is held as a
-directory descriptor and every file under it is opened relative to it, never
-through a link (:mod:`runtime_cache.backends.dir_fs`). Writes go to a random
-temp file beside the entry, then ``os.replace`` into place. Reads take only a
-regular file of at most ``max_entry_size`` bytes; anything else at an entry's
-name is junk: a miss, counted in :attr:`DirectoryBackend.junk`, logged with its
-name, and removed where this process may. A file this process may not read
-raises a :class:`~runtime_cache.errors.BackendError` that names it; only a
-failed write makes the backend read-only. The caps count disk blocks and files
-(:mod:`runtime_cache.backends.dir_upkeep`). docs/backends/directory.md states
-every guarantee, and the ``shared=1`` group mode (:mod:`runtime_cache.backends.dir_root`).
+Layout: :mod:`runtime_cache.backends.dir_tree`. The root is held as a directory
+descriptor and every file under it is opened relative to it, never through a link
+(:mod:`runtime_cache.backends.dir_fs`). Writes go to a random temp file beside the entry,
+then ``os.replace`` into place. Reads take only a regular file of at most
+``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
+:attr:`DirectoryBackend.junk`, logged with its name, and removed where this process may. A
+file this process may not read raises a :class:`~runtime_cache.errors.BackendError` that
+names it; only a failed write makes the backend read-only. The caps count disk blocks and
+files (:mod:`runtime_cache.backends.dir_upkeep`). docs/backends/directory.md states every
+guarantee, and the ``shared=1`` group mode (:mod:`runtime_cache.backends.dir_root`).
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -175,7 +174,6 @@ class DirectoryBackend(Backend):
         """Whether a failed write found the storage read-only (reads are still served)."""
         return self._read_only
 
-    # ----------------------------------------------------------------- paths
     def _rel(self, key: str) -> str:
         rel = self._rels.get(key)
         if rel is None:
@@ -199,7 +197,6 @@ class DirectoryBackend(Backend):
             "removed it" if removed else "left it (not ours to remove)",
         )
 
-    # ----------------------------------------------------------------- reads
     def _open(self, rel: str) -> tuple[int, int] | None:
         # (descriptor, size) of a regular entry file; None for a miss or junk.
         try:
@@ -228,8 +225,7 @@ class DirectoryBackend(Backend):
         return self._read(key, self.track_access, read_parts, span)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        # One file that cannot be read (a member's 0600 file) costs its key, not the batch.
-        return read_each(self.get, keys)
+        return read_each(self.get, keys)  # a file we may not read costs its key alone
 
     def peek(self, key: str) -> bytes | None:
         return self._read(key, False, read_to_end)
@@ -275,7 +271,6 @@ class DirectoryBackend(Backend):
         """Append the hits counted in memory to the shared journal."""
         self._journal.flush()
 
-    # ---------------------------------------------------------------- writes
     def set(self, key: str, value: bytes) -> None:
         rel = self._rel(key)
         if self._read_only:
@@ -284,7 +279,7 @@ class DirectoryBackend(Backend):
         try:
             try:
                 write_entry(self.root_fd, rel, value, self.modes, self.fsync)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError) as exc:
+            except OSError as exc:
                 if exc.errno not in _RETRY:
                     raise
                 # The folder was removed under us (a clear, an rm -rf), a cleaner took
@@ -328,7 +323,6 @@ class DirectoryBackend(Backend):
             self._journal.forget(key)
         return removed
 
-    # --------------------------------------------------------------- listing
     def _listing(self, prefix: str) -> list[Found]:
         # Non-files at entry names are left out, and named in listed_junk for the operator.
         found = list(walk(self.root_fd, prefix))
@@ -347,7 +341,6 @@ class DirectoryBackend(Backend):
                 found.key, st.st_size, st.st_mtime, count if self.track_access else None
             )
 
-    # ------------------------------------------------------------ upkeep
     def total_size(self) -> int:
         """The disk the entries take now (a full walk)."""
         return self._upkeep.usage()[0]

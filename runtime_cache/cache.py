@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import Any
 
 from ._version import __version__
@@ -159,12 +158,7 @@ class Cache(Inventory, BatchReads):
     def __enter__(self) -> Cache:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -278,10 +272,8 @@ class Cache(Inventory, BatchReads):
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
     ) -> bytes:
-        own = self._own
-        return own.encode(
-            key, value, time.time(), build_seconds, extra, self.producer, self._secret
-        )
+        now = time.time()
+        return self._own.encode(key, value, now, build_seconds, extra, self.producer, self._secret)
 
     def put(
         self,

@@ -153,8 +153,7 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     """Replace ``name`` in the open ``folder`` with a file of ``data``, whole."""
     _remove_stale_temps(folder, name)
     # O_EXCL|O_NOFOLLOW: a link planted under the temporary name is never followed.
-    temp = f".{name[:32]}.{secrets.token_hex(6)}.tmp"  # (32 characters: 128 bytes at most)
-    # (_temp_pattern matches these names)
+    temp = f"{_temp_stem(name)}{secrets.token_hex(_TEMP_RANDOM)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
     try:
@@ -167,9 +166,20 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
         raise
 
 
+#: Random bytes in a temporary file's name, written as hex after :func:`_temp_stem`.
+_TEMP_RANDOM = 6
+
+
+def _temp_stem(name: str) -> str:
+    """How the names of ``name``'s temporary files begin (of ``name``, 32 characters at
+    most: 128 bytes, well inside any file system's limit)."""
+    return f".{name[:32]}."
+
+
 def _temp_pattern(name: str) -> re.Pattern[str]:
     """The names :func:`_replace_in` gives its temporary files for ``name``."""
-    return re.compile(rf"\.{re.escape(name[:32])}\.[0-9a-f]{{12}}\.tmp", re.DOTALL)
+    hex_digits = 2 * _TEMP_RANDOM
+    return re.compile(rf"{re.escape(_temp_stem(name))}[0-9a-f]{{{hex_digits}}}\.tmp", re.DOTALL)
 
 
 def _remove_stale_temps(folder: int, name: str) -> None:
