@@ -10,6 +10,12 @@ else opens). Every taker checks after locking that the path still names the
 file it locked, so a stale break or a release racing with a take never leaves
 two holders of one path.
 
+A holder whose entry the store did not keep leaves a note beside its lock file,
+``<digest>.unstored`` (:meth:`runtime_cache.lease.Lease.note_unstored`): an empty
+file whose modification time is when the note runs out. Only a regular file counts,
+and never one said to run out further ahead than :data:`MAX_NOTE_SECONDS`, so a
+planted link or a note set for next year is no note.
+
 The folder and the files are opened under the cache root's descriptor with no
 link followed (a planted ``.locks`` symlink is refused, never written through),
 and made with the cache's modes, so a ``shared=1`` group shares its leases.
@@ -21,6 +27,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import time
 
 from runtime_cache.api import Lease
@@ -29,10 +36,15 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_root import Modes
 
-__all__ = ["LOCKS", "DirLease"]
+__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "DirLease"]
 
 LOCKS = ".locks"
+#: The ending of a note's name (the lock file's digest before it).
+NOTE_SUFFIX = ".unstored"
+#: The furthest ahead a note may run out; one said to run out later is not a holder's.
+MAX_NOTE_SECONDS = 3600.0
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NOTE_FLAGS = os.O_WRONLY | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class DirLease(Lease):
@@ -42,7 +54,9 @@ class DirLease(Lease):
 
     def __init__(self, root_fd: int, key: str, ttl: float, modes: Modes | None = None) -> None:
         super().__init__(key, ttl)
-        self.name = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + ".lock"
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        self.name = f"{digest}.lock"
+        self.note_name = f"{digest}{NOTE_SUFFIX}"
         #: The lock file's path under the cache root.
         self.path = f"{LOCKS}/{self.name}"
         self._root_fd = root_fd
@@ -135,6 +149,33 @@ class DirLease(Lease):
             folder, self._folder = self._folder, None
             if folder is not None:
                 os.close(folder)
+
+    def _note(self, seconds: float) -> None:
+        until = time.time() + min(seconds, MAX_NOTE_SECONDS)
+        folder = self._locks() if self._folder is None else self._folder
+        for attempt in range(2):
+            try:  # (only the owner may set a file's times: another member's note is replaced)
+                fd = os.open(self.note_name, _NOTE_FLAGS, self._modes.file, dir_fd=folder)
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        raise OSError(errno.EINVAL, f"{self.note_name} is not a regular file")
+                    os.utime(fd, (until, until))
+                    return
+                finally:
+                    os.close(fd)
+            except OSError:
+                if attempt:
+                    raise
+                os.unlink(self.note_name, dir_fd=folder)  # junk or another's: a fresh one
+
+    def _noted(self) -> bool:
+        folder = self._locks() if self._folder is None else self._folder
+        try:
+            st = os.stat(self.note_name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        now = time.time()
+        return stat.S_ISREG(st.st_mode) and now < st.st_mtime <= now + MAX_NOTE_SECONDS
 
     def __del__(self) -> None:
         # A lease refused in __init__ (a bad ttl) never set its descriptors.

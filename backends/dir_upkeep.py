@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import stat
@@ -283,12 +284,13 @@ class Upkeep:
     @staticmethod
     def _vacuum_locks(root_fd: int, now: float, deadline: float) -> int:
         """Remove lease files no one holds and no one touched lately (killed holders leave
-        them). Each is locked first and unlinked while locked, as a release does, so a
-        taker that opened it meanwhile sees another file and tries again."""
+        them), and notes past their time (:data:`.dir_lease.NOTE_SUFFIX`). Each lease file
+        is locked first and unlinked while locked, as a release does, so a taker that
+        opened it meanwhile sees another file and tries again."""
         try:  # here: the backend itself must open where fcntl cannot be imported
             import fcntl
 
-            from .dir_lease import LOCKS
+            from .dir_lease import LOCKS, MAX_NOTE_SECONDS, NOTE_SUFFIX
         except ImportError:
             return 0
 
@@ -301,6 +303,13 @@ class Upkeep:
             for name in os.listdir(fd):
                 if time.monotonic() > deadline:
                     break
+                if name.endswith(NOTE_SUFFIX):  # a note past its time (or set too far ahead)
+                    with contextlib.suppress(OSError):
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        if not now < st.st_mtime <= now + MAX_NOTE_SECONDS:
+                            os.unlink(name, dir_fd=fd)
+                            removed += 1
+                    continue
                 if not name.endswith(".lock"):
                     continue
                 try:

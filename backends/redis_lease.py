@@ -12,6 +12,12 @@ signed and expire (:mod:`.lease_tokens`): a taker that finds the name held by a 
 key of the secret signed, or one that ran out, replaces it in one step, so a string planted
 by someone without the secret (which held every process off for its whole wait, 92 s by
 default, per key) holds nobody off, looping or replayed.
+
+A holder whose entry the store did not keep leaves a note
+(:meth:`runtime_cache.lease.Lease.note_unstored`) at the lease's name followed by the
+byte ``0xff`` and ``unstored``: no text key makes that name, and listings skip it (it is
+not UTF-8). It expires on the server; with the secret it holds a token signed for the
+note (not for the lease), and a note no key signed is no note.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ Runner = Callable[[str, Callable[[Any], Any]], Any]
 #: The longest a lease lives without renewal (a longer ``ttl`` is cut to it): a key at a
 #: lease's name that expires later than this was not set by a holder, whatever its ttl.
 MAX_TTL_MS = 3_600_000
+
+#: What follows a lease's name in its note's: not UTF-8, so no key's lease has the name.
+_NOTE_TAIL = b"\xffunstored"
+#: What follows the lease's name in what a note's token signs: a lone surrogate, which
+#: no key holds (check_text_key), so no lease's token counts as a note's.
+_NOTE_SIGNED = "\udcffunstored"
 
 #: Take the lease: ``SET NX PX``, after removing what cannot be a live lease at its name (a
 #: key of another type, or one that never expires or expires later than any lease may,
@@ -186,6 +198,20 @@ class RedisLease(Lease):
             return False
         self._token, self._unanswered = fresh, []
         return True
+
+    def _note(self, seconds: float) -> None:
+        ms = max(1, min(int(seconds * 1000), MAX_TTL_MS))
+        name = self.name.encode("utf-8") + _NOTE_TAIL
+        signed = self.name + _NOTE_SIGNED
+        note = make_token(self._keys[0], signed, ms) if self._keys else "unstored"
+        self._run("lease", lambda c: c.set(name, note, px=ms))
+
+    def _noted(self) -> bool:
+        name = self.name.encode("utf-8") + _NOTE_TAIL
+        note = self._run("lease", lambda c: c.getrange(name, 0, MAX_TOKEN))  # b"": none
+        if not isinstance(note, bytes) or not note or len(note) > MAX_TOKEN:
+            return False
+        return not self._keys or genuine(self._keys, self.name + _NOTE_SIGNED, note)
 
     def _drop(self) -> None:
         name, token = self.name, self._token

@@ -252,6 +252,12 @@ class FlushingLease(Lease):
     def _extend(self) -> bool:
         return self._inner.renew()
 
+    def _note(self, seconds: float) -> None:
+        self._inner.note_unstored(seconds)
+
+    def _noted(self) -> bool:
+        return self._inner.unstored()
+
     def _drop(self) -> None:
         try:
             self._flush(self.ttl)

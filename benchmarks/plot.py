@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # figures, labels, tables: also when imported from elsewhere
 
 import figures  # noqa: E402
+import fleet_tables  # noqa: E402
 import floor_tables  # noqa: E402
 import labels  # noqa: E402
 import tables  # noqa: E402
@@ -47,6 +48,7 @@ CODE = [
     HERE / "plot.py",
     HERE / "tables.py",
     HERE / "floor_tables.py",
+    HERE / "fleet_tables.py",
     HERE / "figures.py",
     HERE / "labels.py",
 ]
@@ -244,7 +246,13 @@ def page(runs: Sequence[Run]) -> str:
         (
             "A fleet's cold start: N processes on one shared cache",
             [r for r in runs if r.get("benchmark") == "fleet"],
-            tables.fleet,
+            fleet_tables.fleet,
+            True,
+        ),
+        (
+            "An entry the shared store refuses: N processes, one build each",
+            [r for r in runs if r.get("benchmark") == "unstored"],
+            fleet_tables.unstored,
             True,
         ),
         (

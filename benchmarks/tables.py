@@ -276,43 +276,6 @@ def computecache_probe(run: Run) -> str:
     return head + grid(["ComputeCache folder", "load time (s)"], rows)
 
 
-def fleet(runs: Sequence[Run]) -> str:
-    """``bench_fleet.py``: wall time, source builds, compile and process CPU per scenario."""
-    out = []
-    for run in runs:
-        meta = run["meta"]
-        rows = [
-            [
-                name,
-                row.get("procs"),
-                row.get("workers"),
-                f"{float(row.get('wall_seconds') or 0):.2f}",
-                row.get("source_builds"),
-                row.get("binary_loads"),
-                f"{float(row.get('compile_seconds') or 0):.1f}",
-                f"{float(row.get('cpu_seconds') or 0):.1f}",
-                row.get("driver_files_restored", "-"),
-                row.get("takeovers"),
-            ]
-            for name, row in dict(run["results"]).items()
-        ]
-        head = [
-            "scenario",
-            "processes",
-            "workers or cores",
-            "wall until all ready (s)",
-            "source builds",
-            "binary loads",
-            "compile CPU (s, summed)",
-            "process CPU (s, summed)",
-            "driver files restored",
-            "takeovers",
-        ]
-        title = f"`{run['_file']}`: {meta.get('n')} kernels on {meta.get('device')}"
-        out.append(title + "\n\n" + grid(head, rows))
-    return "\n\n".join(out)
-
-
 def warm_ab(runs: Sequence[Run]) -> str:
     """``bench_warm_ab.py``: medians of A and B and the paired ratio, per load path."""
     out = []

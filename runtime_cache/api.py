@@ -4,7 +4,8 @@ Every storage backend subclasses :class:`Backend`. A backend stores opaque
 ``bytes`` under ``str`` keys and knows nothing of the entry format; the front
 (:class:`runtime_cache.Cache`) encodes, checks and signs entries.
 
-Backends import this module, :mod:`runtime_cache.errors`, and the helpers in
+Backends import this module (its :class:`Lease` lives in :mod:`runtime_cache.lease`),
+:mod:`runtime_cache.errors`, and the helpers in
 :mod:`runtime_cache.urls` (URLs, redaction) and :mod:`runtime_cache.units`
 (sizes, durations, booleans).
 
@@ -32,13 +33,13 @@ Example, a minimal backend::
 from __future__ import annotations
 
 import abc
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
 
 from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
+from .lease import Lease
 
 # Kept importable from here for code written before they moved: URL helpers live in
 # runtime_cache.urls, sizes and durations in runtime_cache.units.
@@ -273,128 +274,3 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
-
-
-class Lease(abc.ABC):
-    """A cross-process lease on one key: while held, others know a build of it runs.
-
-    Made by :meth:`Backend.lease`, not held. :meth:`acquire` tries once without
-    waiting; while held, leases that expire (``renews = True``) are renewed by a
-    background thread every ``ttl / 3`` seconds. :attr:`lost` turns true when a
-    renewal finds the lease gone (it expired, or was broken as stale).
-    :meth:`release` never raises: a lease that cannot be dropped expires. As a
-    context manager, the lease is released on exit::
-
-        lease = backend.lease("opencl/program-binary/3f2a...", ttl=15)
-        if lease is not None and lease.acquire():
-            with lease:
-                build_and_store()
-
-    Subclasses implement :meth:`_take`, :meth:`_extend` and :meth:`_drop`.
-    """
-
-    #: Whether the lease expires unless renewed (then a thread renews it while held).
-    renews: ClassVar[bool] = False
-    #: Whether only this process's threads see the lease (``memory://``). ``get_or_build``
-    #: skips such leases: its single-flight already covers the threads of one process.
-    local: ClassVar[bool] = False
-
-    def __init__(self, key: str, ttl: float) -> None:
-        if not ttl > 0:
-            raise ValueError(f"a lease needs a positive ttl, not {ttl!r}")
-        self.key = key
-        self.ttl = float(ttl)
-        self._lock = threading.Lock()
-        self._held = False
-        self._lost = False
-        self._stop: threading.Event | None = None
-        self._renewer: threading.Thread | None = None
-
-    @abc.abstractmethod
-    def _take(self) -> bool:
-        """Try once to take the lease; return whether it was taken."""
-
-    @abc.abstractmethod
-    def _extend(self) -> bool:
-        """Push the expiry back; return ``False`` when the lease is no longer ours."""
-
-    @abc.abstractmethod
-    def _drop(self) -> None:
-        """Give the lease up (only if still ours)."""
-
-    @property
-    def held(self) -> bool:
-        """Whether this process holds the lease and has not found it lost."""
-        return self._held and not self._lost
-
-    @property
-    def lost(self) -> bool:
-        """Whether the lease was held, then found gone at a renewal."""
-        return self._lost
-
-    def acquire(self) -> bool:
-        """Try once to take the lease, without waiting; return whether it is held.
-
-        Backend failures raise :class:`~runtime_cache.errors.BackendError`.
-        """
-        with self._lock:
-            if self._held:
-                return not self._lost
-            if not self._take():
-                return False
-            self._held, self._lost = True, False
-            if self.renews:
-                self._stop = stop = threading.Event()
-                self._renewer = threading.Thread(
-                    target=self._renew_loop, args=(stop,), name=f"lease {self.key}", daemon=True
-                )
-                self._renewer.start()
-        return True
-
-    def renew(self) -> bool:
-        """Push the expiry back now; return whether the lease is still held."""
-        with self._lock:
-            if not self._held or self._lost:
-                return False
-            if not self._extend():
-                self._lost = True
-        return not self._lost
-
-    def _renew_loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self.ttl / 3):
-            try:
-                if not self.renew():
-                    return
-            except Exception:  # a brief outage: try again next period
-                continue
-
-    def release(self) -> None:
-        """Give the lease up; harmless when not held. Never raises."""
-        if self._stop is not None:
-            self._stop.set()
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None and renewer is not threading.current_thread():
-            renewer.join()
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-            try:
-                self._drop()
-            except Exception:  # it expires after ttl
-                pass
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = "held" if self.held else "lost" if self._lost else "free"
-        return f"<{type(self).__name__} {self.key!r} {state}>"

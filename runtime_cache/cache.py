@@ -353,7 +353,7 @@ class Cache(Inventory, BatchReads):
             self._counters.add(hits=1)
             return value
 
-        def build_and_store() -> bytes:
+        def build_and_store() -> tuple[bytes, bool]:
             started = time.perf_counter()
             made = build()
             seconds = time.perf_counter() - started
@@ -362,8 +362,7 @@ class Cache(Inventory, BatchReads):
             made = bytes(made)
             self._counters.add(builds=1, build_seconds=seconds)
             self.fleet.record(key, seconds)
-            self.put(key, made, seconds, extra=extra)
-            return made
+            return made, self.put(key, made, seconds, extra=extra)
 
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
@@ -387,7 +386,7 @@ class Cache(Inventory, BatchReads):
             elif self.enabled:
                 value = self.fleet.build_once(self._backend, key, fetch, build_and_store)
             else:
-                value = build_and_store()
+                value = build_and_store()[0]
         except BaseException as exc:
             self._flights.finish(skey, flight, error=exc)
             raise

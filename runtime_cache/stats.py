@@ -26,7 +26,9 @@ class CacheStats:
     ``leases_won`` counts leases this process took to build an entry;
     ``lease_waits`` misses on which another process held the lease, and
     ``wait_seconds`` the time spent waiting on them; ``takeovers`` builds
-    done after such a wait because the holder died, failed or passed the deadline.
+    done after such a wait because the holder died, failed or passed the deadline;
+    ``unshared_builds`` builds done without keeping the lease, because an earlier
+    holder noted that the store did not keep the entry.
     """
 
     hits: int = 0
@@ -44,6 +46,7 @@ class CacheStats:
     lease_waits: int = 0
     wait_seconds: float = 0.0
     takeovers: int = 0
+    unshared_builds: int = 0
 
     @property
     def lookups(self) -> int:

@@ -32,6 +32,7 @@ GET_OR_BUILD = textwrap.dedent(
 
     url, log = sys.argv[1], sys.argv[2]
     count, pause, seed = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    pad = b"x" * (int(sys.argv[6]) if len(sys.argv) > 6 else 0)  # a value the store may refuse
     cache = rc.Cache(rc.open_backend(url), secret="test-secret")
     cache.fleet.policy = LeasePolicy(ttl=1.0, default_expected=4.0)
     keys = [rc.make_key(module_id=f"m{i}", runtime="fleet", purpose="test", device=None)
@@ -41,21 +42,25 @@ GET_OR_BUILD = textwrap.dedent(
     def builder(key):
         def build():
             fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            os.write(fd, f"{os.getpid()} {key.module_id}\\n".encode())
+            os.write(fd, f"{os.getpid()} {key.module_id} {time.time()}\\n".encode())
             os.close(fd)
             time.sleep(pause)
-            return key.module_id.encode() * 3
+            fd = os.open(log + ".done", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(fd, f"{os.getpid()} {key.module_id} {time.time()}\\n".encode())
+            os.close(fd)
+            return key.module_id.encode() * 3 + pad
         return build
 
     fd = os.open(log + ".ready", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.write(fd, b"ready\\n")
     os.close(fd)
     started = time.monotonic()
-    ok = all(cache.get_or_build(k, builder(k)) == k.module_id.encode() * 3 for k in keys)
+    ok = all(cache.get_or_build(k, builder(k)) == k.module_id.encode() * 3 + pad for k in keys)
     s = cache.stats()
     print(json.dumps({"ok": ok, "seconds": time.monotonic() - started, "builds": s.builds,
                       "won": s.leases_won, "waits": s.lease_waits, "takeovers": s.takeovers,
-                      "wait_seconds": s.wait_seconds}))
+                      "wait_seconds": s.wait_seconds, "unshared": s.unshared_builds,
+                      "stores": s.stores}))
     """
 )
 
@@ -134,6 +139,48 @@ def test_killed_lease_holder_is_taken_over(shared_url: str, tmp_path: Path) -> N
     # Lease ttl 1 s, builds 2 s each: within the bound, nobody waited out a deadline.
     assert time.monotonic() - started < 3 * 2.0 + 1.0 + 4.0
     assert all(r["wait_seconds"] < 3 * 4.0 + 2 for r in results)
+
+
+def _spans(log: Path) -> dict[str, tuple[float, float]]:
+    # Each build's (start, end) in wall-clock seconds, by "pid module".
+    def times(path: Path) -> dict[str, float]:
+        rows = [line.split() for line in path.read_text().splitlines() if line]
+        return {f"{pid} {mod}": float(when) for pid, mod, when in rows}
+
+    starts, ends = times(log), times(log.with_name(log.name + ".done"))
+    return {who: (starts[who], ends[who]) for who in starts}
+
+
+@pytest.mark.parametrize("store", ["dir", "redis"])
+def test_an_entry_the_store_refuses_is_built_side_by_side(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A 100 kB value over the store's cap: nothing lands, and the lease holder notes so.
+    if store == "dir":
+        url = f"dir://{tmp_path / 'cache'}?max_size=64KB"
+    else:
+        server = request.getfixturevalue("redis_server")
+        url = f"{server.url}?prefix=refused-{tmp_path.name}:&max_entry_size=50000"
+    log = tmp_path / "builds.log"
+    first = _start(GET_OR_BUILD, url, log, 1, 2.0, 0, 100_000, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while not _builds(log) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _builds(log), "the first process never started a build"
+    others = [_start(GET_OR_BUILD, url, log, 1, 2.0, 0, 100_000, cwd=tmp_path) for _ in range(3)]
+    results = [_result(p) for p in [first, *others]]
+    assert all(r["ok"] for r in results)
+    assert [r["stores"] for r in results] == [0, 0, 0, 0]  # the store kept none of them
+    assert sum(r["builds"] for r in results) == 4
+    assert results[0]["unshared"] == 0  # the holder built under its lease, then noted
+    # Each later process took the lease over, found the note, let the lease go, and built.
+    assert [r["unshared"] for r in results[1:]] == [1, 1, 1]
+    assert [r["takeovers"] for r in results[1:]] == [1, 1, 1]
+    # Side by side: the three later builds all ran at one moment (one after another, under
+    # the lease, each would start only when the one before it ended).
+    later = sorted(span for who, span in _spans(log).items() if not who.startswith(f"{first.pid} "))
+    assert len(later) == 3
+    assert max(start for start, _ in later) < min(end for _, end in later)
 
 
 OPENCL = textwrap.dedent(

@@ -1,0 +1,160 @@
+"""A lease holder's note that the store did not keep its entry: left, read, expired, and
+never taken from what someone without the secret (or a link, or junk) put at its name."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.dir_lease import MAX_NOTE_SECONDS, DirLease
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.backends.tiered import TieredBackend
+from runtime_cache.lease import Lease
+
+if TYPE_CHECKING:
+    from redis_servers import RedisCluster, RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+KEY = "fleet/test/00112233445566778899aabbccddeeff"
+
+
+def _lease(backend: rc.Backend, key: str = KEY) -> Lease:
+    lease = backend.lease(key, 30.0)
+    assert lease is not None
+    return lease
+
+
+def test_a_lease_with_no_place_for_notes_keeps_none() -> None:
+    lease = _lease(MemoryBackend())
+    assert lease.acquire()
+    lease.note_unstored(60.0)  # nothing to keep it in: no error, no note
+    assert not lease.unstored()
+    lease.release()
+
+
+def test_directory_note_is_seen_by_other_leases_until_it_runs_out(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    holder, other = _lease(backend), _lease(backend)
+    assert not other.unstored()
+    assert holder.acquire()
+    holder.note_unstored(0.5)
+    holder.release()
+    assert other.unstored()
+    assert not _lease(backend, "fleet/test/" + "1" * 32).unstored()  # another key's: none
+    time.sleep(0.6)
+    assert not other.unstored()  # ran out
+    assert isinstance(holder, DirLease)
+    note = tmp_path / ".locks" / holder.note_name
+    assert stat.S_ISREG(note.lstat().st_mode) and note.stat().st_size == 0
+    assert backend.vacuum() >= 1  # a note past its time is removed
+    assert not note.exists()
+
+
+def test_directory_note_takes_no_link_no_fifo_and_no_far_future(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    lease = _lease(backend)
+    assert isinstance(lease, DirLease)
+    locks = tmp_path / ".locks"
+    locks.mkdir(exist_ok=True)
+    note = locks / lease.note_name
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    future = time.time() + 60
+    os.utime(victim, (future, future))
+    note.symlink_to(victim)  # a link to a file whose time would make a good note
+    assert not lease.unstored()
+    assert lease.acquire()
+    lease.note_unstored(60.0)  # the link is replaced by a note of our own, never followed
+    assert victim.read_bytes() == b"keep" and victim.stat().st_mtime == pytest.approx(future)
+    assert stat.S_ISREG(note.lstat().st_mode) and lease.unstored()
+    note.unlink()
+    os.mkfifo(note)  # opening a FIFO to write would block without O_NONBLOCK: replaced
+    lease.note_unstored(60.0)
+    assert stat.S_ISREG(note.lstat().st_mode) and lease.unstored()
+    far = time.time() + MAX_NOTE_SECONDS + 600
+    os.utime(note, (far, far))  # a note set for far ahead is no holder's
+    assert not lease.unstored()
+    assert backend.vacuum() >= 1 and not note.exists()
+    lease.release()
+
+
+def test_directory_note_that_cannot_be_written_is_skipped(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    lease = _lease(backend)
+    assert isinstance(lease, DirLease) and lease.acquire()
+    folder = tmp_path / ".locks" / lease.note_name
+    (folder / "inside").mkdir(parents=True)  # junk this process will not remove for a note
+    lease.note_unstored(60.0)  # never raises: the waiters take the lease in turn, as before
+    assert not lease.unstored() and (folder / "inside").is_dir()
+    lease.release()
+
+
+def test_tiered_note_is_the_shared_tiers(tmp_path: Path) -> None:
+    shared = DirectoryBackend(tmp_path / "shared")
+    tiered = TieredBackend([MemoryBackend(), shared])
+    lease = _lease(tiered)
+    assert lease.acquire()
+    lease.note_unstored(60.0)
+    lease.release()
+    assert _lease(shared).unstored() and _lease(tiered).unstored()
+    tiered.close()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def redis_url(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[str]:
+    fixture = "redis_server" if request.param == "redis" else "redis_cluster"
+    server: RedisProcess | RedisCluster = request.getfixturevalue(fixture)
+    yield f"{server.url}?prefix={unique_prefix}"
+
+
+def test_redis_note_is_seen_until_it_runs_out_and_never_listed(redis_url: str) -> None:
+    backend = rc.open_backend(redis_url)
+    holder, other = _lease(backend), _lease(backend)
+    assert not other.unstored()
+    assert holder.acquire()
+    holder.note_unstored(0.5)
+    holder.release()
+    assert other.unstored()
+    assert list(backend.keys()) == [] and list(backend.scan()) == []  # not an entry
+    time.sleep(0.7)
+    assert not other.unstored()
+    backend.close()
+
+
+def test_with_a_secret_only_a_signed_note_counts(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    cache = rc.Cache(rc.open_backend(url), secret="fleet-secret")
+    lease = _lease(cache.backend)
+    assert lease.acquire()
+    lease_name = f"{unique_prefix}lease:{KEY}"
+    note_name = lease_name.encode() + b"\xffunstored"
+    direct = redis.Redis(port=redis_server.port)
+    token = direct.get(lease_name)
+    assert token  # the holder's signed lease token
+    for planted in (b"unstored", b"", b"x" * 4096, token):  # a lease's token is no note's
+        direct.set(note_name, planted, px=60_000)
+        assert not lease.unstored(), planted[:20]
+    lease.note_unstored(60.0)
+    assert lease.unstored()
+    rotated = rc.Cache(rc.open_backend(url), secret=["new-secret", "fleet-secret"])
+    assert _lease(rotated.backend).unstored()  # an older key of the secret verifies it
+    stranger = rc.Cache(rc.open_backend(url), secret="another-secret")
+    assert not _lease(stranger.backend).unstored()
+    lease.release()
+    direct.delete(note_name)
+    direct.close()
+    for opened in (cache, rotated, stranger):
+        opened.close()
