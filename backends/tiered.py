@@ -32,7 +32,7 @@ from runtime_cache.partial_reads import found_so_far
 from runtime_cache.urls import redact_url, tier_urls
 
 from .tier import Tier, TierStats
-from .write_behind import FlushingLease, WriteBehind
+from .write_behind import FlushingLease, LostWrites, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
 
@@ -85,6 +85,7 @@ class TieredBackend(Backend):
         #: The tiers the last listing (``keys``/``scan``) could not reach: its result is partial.
         self.failed_tiers: list[str] = []
         self._checks: list[weakref.ref[Callable[[str, bytes], bool]]] = []
+        self._lost = LostWrites()  # the shared tier's synchronous writes that did not land
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -166,9 +167,13 @@ class TieredBackend(Backend):
                 continue
             if len(items) == 1:
                 ((key, value),) = items.items()
-                tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
+                done, _ = tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
             else:
-                tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
+                done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
+            if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
+                lost = set() if done else set(getattr(errors[-1], "refused", None) or items)
+                self._lost.clear(set(items) - lost)
+                self._lost.mark(lost)
         self._raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
@@ -368,7 +373,12 @@ class TieredBackend(Backend):
     def lease(self, key: str, ttl: float) -> Lease | None:
         """The lease of the last (shared) tier, or ``None`` when it has none."""
         inner = self._tiers[-1].backend.lease(key, ttl)
-        return None if inner is None else FlushingLease(inner, self.flush)
+        return None if inner is None else FlushingLease(inner, self.flush, self._landed)
+
+    def _landed(self, key: str) -> bool:
+        # Whether the latest write of ``key`` reached the last (shared) tier, the lease's.
+        writer = self._tiers[-1].writer
+        return key not in self._lost and (writer is None or key not in writer.lost)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until queued writes to remote tiers were attempted; ``False`` on timeout."""

@@ -16,16 +16,18 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from runtime_cache.api import Backend, Lease
 from runtime_cache.errors import EntryTooLargeError
 
-__all__ = ["FlushingLease", "WriteBehind"]
+__all__ = ["FlushingLease", "LostWrites", "WriteBehind"]
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256
+#: How many lost keys :class:`LostWrites` remembers (the newest).
+_LOST_KEPT = 4096
 _live: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 
 
@@ -44,6 +46,39 @@ def _reset_all_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_all_in_child)
+
+
+class LostWrites:
+    """The keys whose latest write to a store did not land (dropped, refused or failed),
+    the newest 4,096 of them: what a build lease asks before its holder lets the key go."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, None] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():  # a forked child: the lock may have been held at the fork
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def mark(self, keys: Iterable[str]) -> None:
+        """Note that the latest writes of ``keys`` did not land."""
+        with self._locked():
+            for key in keys:
+                self._keys.pop(key, None)
+                self._keys[key] = None
+            while len(self._keys) > _LOST_KEPT:
+                del self._keys[next(iter(self._keys))]
+
+    def clear(self, keys: Iterable[str]) -> None:
+        """Note that the latest writes of ``keys`` landed."""
+        with self._locked():
+            for key in keys:
+                self._keys.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
 
 
 class WriteBehind:
@@ -80,6 +115,8 @@ class WriteBehind:
         self.dropped = 0
         self.written = 0
         self.failed = 0
+        #: Keys whose latest queued write was dropped, refused or failed.
+        self.lost = LostWrites()
         _live.add(self)
 
     def _start_over(self) -> None:
@@ -91,6 +128,7 @@ class WriteBehind:
         self._pending_bytes = 0
         self._thread = None
         self._pid = os.getpid()
+        self.lost = LostWrites()
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -114,6 +152,7 @@ class WriteBehind:
                 full = len(self._pending) >= self.max_items
                 if full or self._pending_bytes + len(value) > self.max_bytes:
                     self.dropped += 1
+                    self.lost.mark([key])
                     self._say_dropped(key, len(value), full)
                     continue
                 self._pending[key] = bytes(value)
@@ -189,12 +228,15 @@ class WriteBehind:
                     else:
                         self.backend.set_many(batch)
                 self.written += len(batch)
+                self.lost.clear(batch)
             except Exception as exc:  # counted and reported; the writer keeps going
                 # A value refused for its size stops no other one of the batch.
                 refused = exc.refused if isinstance(exc, EntryTooLargeError) else ()
-                lost = len(batch.keys() & refused) if refused else len(batch)
-                self.failed += lost
-                self.written += len(batch) - lost
+                lost = batch.keys() & refused if refused else batch.keys()
+                self.failed += len(lost)
+                self.written += len(batch) - len(lost)
+                self.lost.clear(batch.keys() - lost)
+                self.lost.mark(lost)
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:
@@ -242,9 +284,21 @@ class FlushingLease(Lease):
     reached the shared tier, and build it again.
     """
 
-    def __init__(self, inner: Lease, flush: Callable[[float], bool]) -> None:
+    def __init__(
+        self,
+        inner: Lease,
+        flush: Callable[[float], bool],
+        landed: Callable[[str], bool] = lambda _key: True,
+    ) -> None:
         super().__init__(inner.key, inner.ttl)
-        self._inner, self._flush = inner, flush
+        self._inner, self._flush, self._landed = inner, flush, landed
+
+    def landed(self) -> bool:
+        """Wait (up to ``ttl``) for the queued writes to be tried; whether the key's landed."""
+        try:
+            return self._flush(self.ttl) and self._landed(self.key)
+        except Exception:  # the note is only a hint: say nothing was lost
+            return True
 
     def _take(self) -> bool:
         return self._inner.acquire()

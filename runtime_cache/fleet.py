@@ -206,6 +206,6 @@ class Fleet:
             lease.release()
             self.count(unshared_builds=1)
         value, stored = build()
-        if not stored and lease.held:
+        if lease.held and not (stored and lease.landed()):
             lease.note_unstored(self.policy.unstored_note)
         return value

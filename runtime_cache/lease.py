@@ -95,6 +95,15 @@ class Lease(abc.ABC):
         except Exception:
             return False
 
+    def landed(self) -> bool:
+        """Whether this holder's write of the key reached the store the lease lives in.
+
+        A backend that writes later (a tiered cache's write-behind queue) first waits for
+        that write to be tried. Here ``True``: the store's own ``set`` answered already,
+        and the caller knows its result. Never raises.
+        """
+        return True
+
     @property
     def held(self) -> bool:
         """Whether this process holds the lease and has not found it lost."""

@@ -158,3 +158,32 @@ def test_with_a_secret_only_a_signed_note_counts(
     direct.close()
     for opened in (cache, rotated, stranger):
         opened.close()
+
+
+def test_tiered_lease_knows_whether_the_shared_tiers_write_landed(
+    redis_server: RedisProcess, unique_prefix: str, tmp_path: Path
+) -> None:
+    shared = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1000")
+    tiered = TieredBackend([MemoryBackend(), shared], queue_bytes=2000)
+    lease = _lease(tiered)
+    assert lease.acquire()
+    tiered.set(KEY, b"x" * 500)
+    assert lease.landed()  # queued, then written: it landed
+    tiered.set(KEY, b"x" * 1500)  # refused by the shared tier, in the background
+    assert not lease.landed()
+    tiered.set(KEY, b"x" * 3000)  # dropped: over what the queue holds
+    assert not lease.landed()
+    tiered.set(KEY, b"y" * 10)
+    assert lease.landed()
+    lease.release()
+    tiered.close()
+    # A shared tier that writes at once: its refusal is known when set returns.
+    folder = DirectoryBackend(tmp_path / "shared", max_size="64KB")
+    tiered = TieredBackend([MemoryBackend(), folder])
+    lease = _lease(tiered)
+    assert lease.acquire()
+    tiered.set(KEY, b"x" * 100_000)  # kept by the memory tier, refused by the folder
+    assert not lease.landed()
+    tiered.set(KEY, b"x" * 100)
+    assert lease.landed()
+    lease.release()
