@@ -35,10 +35,14 @@ class Holdings(Generic[R]):
         with self._lock:
             self._held[name] = thing
 
+    def pop(self, name: str) -> R | None:
+        """Stop keeping what is held for ``name`` and return it, still held (or ``None``)."""
+        with self._lock:
+            return self._held.pop(name, None)
+
     def release(self, name: str) -> None:
         """Let go of what is held for ``name``, if anything."""
-        with self._lock:
-            thing = self._held.pop(name, None)
+        thing = self.pop(name)
         if thing is not None:
             thing.release()
 

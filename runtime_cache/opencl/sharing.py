@@ -109,13 +109,29 @@ class Claims:
                 with self._lock:
                     self.stored.append(name)
                 continue
+            if lease.unstored():  # the store did not keep an earlier holder's binaries:
+                lease.release()  # build them without holding the others off
+                fleet.count(unshared_builds=1, takeovers=int(name in self._waited))
+                return name
             fleet.count(leases_won=1, takeovers=int(name in self._waited))
             self._leases.put(name, lease)
             return name
 
     def done(self, name: str) -> None:
-        """Release ``name``'s lease (after its binaries were stored, or its build failed)."""
-        self._leases.release(name)
+        """Release ``name``'s lease (after its binaries were stored, or its build failed).
+
+        When they did not reach the store (refused, dropped, or never made), the lease
+        is first noted so (:meth:`~runtime_cache.lease.Lease.note_unstored`): the
+        processes waiting on it then build it side by side, not in turn.
+        """
+        lease = self._leases.pop(name)
+        if lease is None:
+            return
+        try:
+            if not (present(self._cache.backend, self._keys[name]) and lease.landed()):
+                lease.note_unstored(self._cache.fleet.policy.unstored_note)
+        finally:
+            lease.release()
 
     def release_all(self) -> None:
         """Release every lease still held (after an error)."""
