@@ -12,9 +12,10 @@ two holders of one path.
 
 A holder whose entry the store did not keep leaves a note beside its lock file,
 ``<digest>.unstored`` (:meth:`runtime_cache.lease.Lease.note_unstored`): an empty
-file whose modification time is when the note runs out. Only a regular file counts,
-and never one said to run out further ahead than :data:`MAX_NOTE_SECONDS`, so a
-planted link or a note set for next year is no note.
+file whose modification time is when the note runs out. Only a regular file with one
+link counts, and never one said to run out further ahead than :data:`MAX_NOTE_SECONDS`,
+so a planted link (symbolic or hard: an entry's time is never changed through it) or a
+note set for next year is no note.
 
 The folder and the files are opened under the cache root's descriptor with no
 link followed (a planted ``.locks`` symlink is refused, never written through),
@@ -157,8 +158,9 @@ class DirLease(Lease):
             try:  # (only the owner may set a file's times: another member's note is replaced)
                 fd = os.open(self.note_name, _NOTE_FLAGS, self._modes.file, dir_fd=folder)
                 try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        raise OSError(errno.EINVAL, f"{self.note_name} is not a regular file")
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a hard link: junk
+                        raise OSError(errno.EINVAL, f"{self.note_name} is not a note of ours")
                     os.utime(fd, (until, until))
                     return
                 finally:
@@ -175,7 +177,9 @@ class DirLease(Lease):
         except FileNotFoundError:
             return False
         now = time.time()
-        return stat.S_ISREG(st.st_mode) and now < st.st_mtime <= now + MAX_NOTE_SECONDS
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        return now < st.st_mtime <= now + MAX_NOTE_SECONDS
 
     def __del__(self) -> None:
         # A lease refused in __init__ (a bad ttl) never set its descriptors.

@@ -16,8 +16,9 @@ default, per key) holds nobody off, looping or replayed.
 A holder whose entry the store did not keep leaves a note
 (:meth:`runtime_cache.lease.Lease.note_unstored`) at the lease's name followed by the
 byte ``0xff`` and ``unstored``: no text key makes that name, and listings skip it (it is
-not UTF-8). It expires on the server; with the secret it holds a token signed for the
-note (not for the lease), and a note no key signed is no note.
+not UTF-8). It expires on the server (a key there that never expires, or only after
+:data:`MAX_TTL_MS`, is no note); with the secret it holds a token signed for the note
+(not for the lease), and a note no key signed is no note.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ _NOTE_TAIL = b"\xffunstored"
 #: What follows the lease's name in what a note's token signs: a lone surrogate, which
 #: no key holds (check_text_key), so no lease's token counts as a note's.
 _NOTE_SIGNED = "\udcffunstored"
+
+#: Leave a note (ARGV[1], PX ARGV[2]); what is at its name and not a string is freed by
+#: the server's background thread (UNLINK), as a plain SET over a planted set would not.
+_NOTE_SET = (
+    "if redis.call('type', KEYS[1])['ok'] ~= 'string' then redis.call('unlink', KEYS[1]) end "
+    "return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])"
+)
+#: The note: a string of at most ARGV[1] bytes that expires within ARGV[2] ms, else nil
+#: (a planted key that never expires, or far ahead, is no note).
+_NOTE_GET = (
+    "if redis.call('type', KEYS[1])['ok'] ~= 'string' then return false end "
+    "local left = redis.call('pttl', KEYS[1]) "
+    "if left <= 0 or left > tonumber(ARGV[2]) "
+    "or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then return false end "
+    "return redis.call('get', KEYS[1])"
+)
 
 #: Take the lease: ``SET NX PX``, after removing what cannot be a live lease at its name (a
 #: key of another type, or one that never expires or expires later than any lease may,
@@ -118,7 +135,7 @@ _RELEASE_ANY = f"if {_OURS_ANY} then return redis.call('del', KEYS[1]) end retur
 _UNANSWERED = 16
 
 
-def _eval(script: str, name: str, args: tuple[Any, ...], client: Any) -> Any:
+def _eval(script: str, name: str | bytes, args: tuple[Any, ...], client: Any) -> Any:
     return client.eval(script, 1, name, *args)
 
 
@@ -204,12 +221,12 @@ class RedisLease(Lease):
         name = self.name.encode("utf-8") + _NOTE_TAIL
         signed = self.name + _NOTE_SIGNED
         note = make_token(self._keys[0], signed, ms) if self._keys else "unstored"
-        self._run("lease", lambda c: c.set(name, note, px=ms))
+        self._run("lease", partial(_eval, _NOTE_SET, name, (note, ms)))
 
     def _noted(self) -> bool:
         name = self.name.encode("utf-8") + _NOTE_TAIL
-        note = self._run("lease", lambda c: c.getrange(name, 0, MAX_TOKEN))  # b"": none
-        if not isinstance(note, bytes) or not note or len(note) > MAX_TOKEN:
+        note = self._run("lease", partial(_eval, _NOTE_GET, name, (MAX_TOKEN, MAX_TTL_MS)))
+        if not isinstance(note, bytes) or not note:
             return False
         return not self._keys or genuine(self._keys, self.name + _NOTE_SIGNED, note)
 

@@ -29,10 +29,11 @@ from typing import TypeVar
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
 from runtime_cache.partial_reads import found_so_far
+from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
 from .tier import Tier, TierStats
-from .write_behind import FlushingLease, LostWrites, WriteBehind
+from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
 
@@ -85,7 +86,7 @@ class TieredBackend(Backend):
         #: The tiers the last listing (``keys``/``scan``) could not reach: its result is partial.
         self.failed_tiers: list[str] = []
         self._checks: list[weakref.ref[Callable[[str, bytes], bool]]] = []
-        self._lost = LostWrites()  # the shared tier's synchronous writes that did not land
+        self._refusals = Refusals()  # the shared tier's synchronous writes refused for size
 
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
@@ -171,9 +172,11 @@ class TieredBackend(Backend):
             else:
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
             if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
-                lost = set() if done else set(getattr(errors[-1], "refused", None) or items)
-                self._lost.clear(set(items) - lost)
-                self._lost.mark(lost)
+                if done:
+                    self._refusals.landed(items)
+                elif isinstance(errors[-1], EntryTooLargeError):
+                    self._refusals.landed(set(items) - errors[-1].refused)
+                    self._refusals.refused(errors[-1].refused)
         self._raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
@@ -373,12 +376,12 @@ class TieredBackend(Backend):
     def lease(self, key: str, ttl: float) -> Lease | None:
         """The lease of the last (shared) tier, or ``None`` when it has none."""
         inner = self._tiers[-1].backend.lease(key, ttl)
-        return None if inner is None else FlushingLease(inner, self.flush, self._landed)
+        return None if inner is None else FlushingLease(inner, self.flush, self._refused)
 
-    def _landed(self, key: str) -> bool:
-        # Whether the latest write of ``key`` reached the last (shared) tier, the lease's.
+    def _refused(self, key: str) -> bool:
+        # Whether the last (shared) tier, the lease's, refused ``key``'s latest write for size.
         writer = self._tiers[-1].writer
-        return key not in self._lost and (writer is None or key not in writer.lost)
+        return key in self._refusals or (writer is not None and key in writer.refusals)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until queued writes to remote tiers were attempted; ``False`` on timeout."""

@@ -16,18 +16,17 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from runtime_cache.api import Backend, Lease
 from runtime_cache.errors import EntryTooLargeError
+from runtime_cache.refusals import Refusals
 
-__all__ = ["FlushingLease", "LostWrites", "WriteBehind"]
+__all__ = ["FlushingLease", "WriteBehind"]
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256
-#: How many lost keys :class:`LostWrites` remembers (the newest).
-_LOST_KEPT = 4096
 _live: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 
 
@@ -46,39 +45,6 @@ def _reset_all_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_all_in_child)
-
-
-class LostWrites:
-    """The keys whose latest write to a store did not land (dropped, refused or failed),
-    the newest 4,096 of them: what a build lease asks before its holder lets the key go."""
-
-    def __init__(self) -> None:
-        self._keys: dict[str, None] = {}
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def _locked(self) -> threading.Lock:
-        if self._pid != os.getpid():  # a forked child: the lock may have been held at the fork
-            self._lock, self._pid = threading.Lock(), os.getpid()
-        return self._lock
-
-    def mark(self, keys: Iterable[str]) -> None:
-        """Note that the latest writes of ``keys`` did not land."""
-        with self._locked():
-            for key in keys:
-                self._keys.pop(key, None)
-                self._keys[key] = None
-            while len(self._keys) > _LOST_KEPT:
-                del self._keys[next(iter(self._keys))]
-
-    def clear(self, keys: Iterable[str]) -> None:
-        """Note that the latest writes of ``keys`` landed."""
-        with self._locked():
-            for key in keys:
-                self._keys.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
 
 
 class WriteBehind:
@@ -115,8 +81,9 @@ class WriteBehind:
         self.dropped = 0
         self.written = 0
         self.failed = 0
-        #: Keys whose latest queued write was dropped, refused or failed.
-        self.lost = LostWrites()
+        #: Keys whose latest queued write was refused for its size, or dropped as larger
+        #: than the whole queue: writes that will not land however often they are made.
+        self.refusals = Refusals()
         _live.add(self)
 
     def _start_over(self) -> None:
@@ -128,7 +95,7 @@ class WriteBehind:
         self._pending_bytes = 0
         self._thread = None
         self._pid = os.getpid()
-        self.lost = LostWrites()
+        self.refusals = Refusals()
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -152,7 +119,8 @@ class WriteBehind:
                 full = len(self._pending) >= self.max_items
                 if full or self._pending_bytes + len(value) > self.max_bytes:
                     self.dropped += 1
-                    self.lost.mark([key])
+                    if len(value) > self.max_bytes:  # never fits, however often queued
+                        self.refusals.refused([key])
                     self._say_dropped(key, len(value), full)
                     continue
                 self._pending[key] = bytes(value)
@@ -228,15 +196,16 @@ class WriteBehind:
                     else:
                         self.backend.set_many(batch)
                 self.written += len(batch)
-                self.lost.clear(batch)
+                self.refusals.landed(batch)
             except Exception as exc:  # counted and reported; the writer keeps going
                 # A value refused for its size stops no other one of the batch.
                 refused = exc.refused if isinstance(exc, EntryTooLargeError) else ()
-                lost = batch.keys() & refused if refused else batch.keys()
-                self.failed += len(lost)
-                self.written += len(batch) - len(lost)
-                self.lost.clear(batch.keys() - lost)
-                self.lost.mark(lost)
+                lost = len(batch.keys() & refused) if refused else len(batch)
+                self.failed += lost
+                self.written += len(batch) - lost
+                if refused:
+                    self.refusals.landed(batch.keys() - refused)
+                    self.refusals.refused(batch.keys() & refused)
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:
@@ -288,17 +257,19 @@ class FlushingLease(Lease):
         self,
         inner: Lease,
         flush: Callable[[float], bool],
-        landed: Callable[[str], bool] = lambda _key: True,
+        refused: Callable[[str], bool] = lambda _key: False,
     ) -> None:
         super().__init__(inner.key, inner.ttl)
-        self._inner, self._flush, self._landed = inner, flush, landed
+        self._inner, self._flush, self._refused = inner, flush, refused
 
-    def landed(self) -> bool:
-        """Wait (up to ``ttl``) for the queued writes to be tried; whether the key's landed."""
+    def refused(self) -> bool:
+        """Wait (up to ``ttl``) for the queued writes to be tried; whether the shared
+        tier refused the key's latest write for its size."""
         try:
-            return self._flush(self.ttl) and self._landed(self.key)
-        except Exception:  # the note is only a hint: say nothing was lost
-            return True
+            self._flush(self.ttl)
+            return self._refused(self.key)
+        except Exception:  # the note is only a hint: say nothing was refused
+            return False
 
     def _take(self) -> bool:
         return self._inner.acquire()

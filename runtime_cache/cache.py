@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ._version import __version__
@@ -30,12 +31,14 @@ from .api import Backend
 from .batch_reads import BatchReads
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
+from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
 from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
+from .refusals import Refusals
 from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
@@ -98,13 +101,13 @@ class Cache(Inventory, BatchReads):
         self._counters = Counters()
         self._flights = SingleFlight()
         self._own = OwnEntries()
+        self._refusals = Refusals()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
         self._generation = 0
         self._saved_generation = 0
 
-    # ------------------------------------------------------------------ basics
     @property
     def backend(self) -> Backend:
         """The backend this cache stores into."""
@@ -137,10 +140,8 @@ class Cache(Inventory, BatchReads):
 
     @property
     def dirty(self) -> bool:
-        """Whether anything changed since the last unfiltered :meth:`dumps`.
-
-        An app that keeps the bytes itself saves only when this is true.
-        """
+        """Whether anything changed since the last unfiltered :meth:`dumps` (an app that
+        keeps the bytes itself saves only when this is true)."""
         return self._generation != self._saved_generation
 
     def stats(self) -> CacheStats:
@@ -165,7 +166,6 @@ class Cache(Inventory, BatchReads):
         state = "" if self.enabled else " disabled"
         return f"<Cache{state} backend={self._backend!r}>"
 
-    # ------------------------------------------------------------ failure policy
     def _failed(self, op: str, exc: Exception) -> None:
         self._counters.add(errors=1)
         self._policy.failed(op, exc)
@@ -177,7 +177,6 @@ class Cache(Inventory, BatchReads):
         with self._state_lock:
             self._generation += 1
 
-    # ------------------------------------------------------------------ reading
     def decode(self, skey: str, blob: bytes) -> Entry:
         """Check ``blob`` stored under ``skey`` with this cache's secret and limits.
 
@@ -189,10 +188,8 @@ class Cache(Inventory, BatchReads):
         return self.check(skey, blob).entry()
 
     def check(self, skey: str | None, blob: bytes | memoryview) -> Checked:
-        """:func:`runtime_cache.check.check_entry` with this cache's secret and limits.
-
-        ``skey`` is ``None`` for an entry out of a bundle (it has no storage key).
-        """
+        """:func:`runtime_cache.check.check_entry` with this cache's secret and limits
+        (``skey`` is ``None`` for an entry out of a bundle: it has no storage key)."""
         return check_entry(skey, blob, secret=self._secret, limits=self.limits)
 
     def get_entry(self, key: KeyLike) -> Entry | None:
@@ -268,7 +265,6 @@ class Cache(Inventory, BatchReads):
             return False
         return self._read(key) is not None
 
-    # ------------------------------------------------------------------ writing
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
     ) -> bytes:
@@ -310,13 +306,20 @@ class Cache(Inventory, BatchReads):
             self._failed("set", exc)  # (EntryTooLargeError: no outage; it names what it refused)
             refused = getattr(exc, "refused", None) or blobs  # none named: none stored
             stored: Mapping[str, bytes] = {k: v for k, v in blobs.items() if k not in refused}
+            if isinstance(exc, EntryTooLargeError):  # refused again however often built
+                self._refusals.refused(refused)
         else:
             self._succeeded("write")
             stored = blobs
+        self._refusals.landed(stored)
         if stored:
             self._counters.add(stores=len(stored), bytes_written=sum(map(len, stored.values())))
             self._bump()
         return len(stored) == len(blobs)
+
+    def refused(self, key: KeyLike) -> bool:
+        """Whether the backend refused this cache's latest store of ``key`` for its size."""
+        return str(key) in self._refusals
 
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there."""
@@ -353,7 +356,7 @@ class Cache(Inventory, BatchReads):
             self._counters.add(hits=1)
             return value
 
-        def build_and_store() -> tuple[bytes, bool]:
+        def build_and_store() -> bytes:
             started = time.perf_counter()
             made = build()
             seconds = time.perf_counter() - started
@@ -362,7 +365,8 @@ class Cache(Inventory, BatchReads):
             made = bytes(made)
             self._counters.add(builds=1, build_seconds=seconds)
             self.fleet.record(key, seconds)
-            return made, self.put(key, made, seconds, extra=extra)
+            self.put(key, made, seconds, extra=extra)
+            return made
 
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
@@ -384,9 +388,10 @@ class Cache(Inventory, BatchReads):
             if found is not None:
                 value = found
             elif self.enabled:
-                value = self.fleet.build_once(self._backend, key, fetch, build_and_store)
+                refused = partial(self.refused, skey)
+                value = self.fleet.build_once(self._backend, key, fetch, build_and_store, refused)
             else:
-                value = build_and_store()[0]
+                value = build_and_store()
         except BaseException as exc:
             self._flights.finish(skey, flight, error=exc)
             raise

@@ -19,12 +19,12 @@ runtime, purpose and module (:meth:`Fleet.record`), or ``default_expected``
 before any. So no process waits forever, and none fails because a lease
 holder died: at worst an entry is built twice.
 
-An entry the shared store does not keep (over its size cap, or a failed write)
-never lands. Its builder notes so beside the lease
-(:meth:`~runtime_cache.lease.Lease.note_unstored`, for
-``LeasePolicy.unstored_note`` seconds) before it releases it; a process that
+An entry the shared store refuses for its size (over its cap) never lands. Its
+builder notes so beside the lease (:meth:`~runtime_cache.lease.Lease.note_unstored`,
+for ``LeasePolicy.unstored_note`` seconds) before it releases it; a process that
 then takes the lease and finds the note lets it go at once and builds, so the
 waiters build side by side rather than one after another (docs/shared-cache.md).
+A write that failed otherwise is not noted: the next taker's may land.
 
 The fleet does no I/O itself: leases and reads go through the backend.
 """
@@ -61,7 +61,7 @@ class LeasePolicy:
     max_wait: float = 900.0
     first_poll: float = 0.02
     max_poll: float = 0.5
-    #: Seconds a builder's note that the store did not keep its entry holds: takers in
+    #: Seconds a builder's note that the store refused its entry holds: takers in
     #: that time build at once, side by side, instead of waiting on each other's builds.
     unstored_note: float = 60.0
 
@@ -150,32 +150,34 @@ class Fleet:
         backend: Backend,
         key: CacheKey,
         fetch: Callable[[], bytes | None],
-        build: Callable[[], tuple[bytes, bool]],
+        build: Callable[[], bytes],
+        refused: Callable[[], bool] | None = None,
     ) -> bytes:
-        """Return ``fetch()`` once someone stored the entry, else build it.
+        """Return ``fetch()`` once someone stored the entry, else ``build()`` (which stores it).
 
-        ``build()`` makes and stores the value, and says whether the store kept it:
-        ``(value, stored)``. It runs here only while this process holds the key's
-        lease, or once the lease came free without an entry, or after the deadline,
-        or after an earlier holder noted that the store does not keep the entry.
+        ``build()`` runs here only while this process holds the key's lease, or
+        once the lease came free without an entry, or after the deadline, or after
+        an earlier holder noted that the store refuses the entry. ``refused()``, asked
+        after a build under the lease, says whether the store refused its value for
+        its size: then the lease is noted so before it is released.
         """
         skey = str(key)
         if self._local_leases:
-            return build()[0]
+            return build()
         lease = self.lease(backend, skey)
         if lease is None or lease.local:
             # Threads of one process already share builds through single-flight.
             self._local_leases = lease is not None
-            return build()[0]
+            return build()
         won = try_acquire(lease)
         if won is None:
-            return build()[0]
+            return build()
         if won:
             self.count(leases_won=1)
             with lease:
                 # The holder before us may have stored and released since our miss.
                 value = fetch() if present(backend, [skey]) else None
-                return value if value is not None else self._build(lease, build)
+                return value if value is not None else self._build(lease, build, refused)
         self.count(lease_waits=1)
         started = time.monotonic()
         deadline = started + self.policy.deadline(self.expected(key))
@@ -196,16 +198,18 @@ class Fleet:
             if value is not None:
                 return value
             self.count(takeovers=1)
-            return self._build(lease, build)
+            return self._build(lease, build, refused)
 
-    def _build(self, lease: Lease, build: Callable[[], tuple[bytes, bool]]) -> bytes:
+    def _build(
+        self, lease: Lease, build: Callable[[], bytes], refused: Callable[[], bool] | None
+    ) -> bytes:
         # Build under ``lease`` when it is held (after a deadline it is not).
         if lease.held and lease.unstored():
-            # The store did not keep an earlier holder's entry: holding the lease through
-            # this build would only make the next waiter wait for it. Let it in now.
+            # The store refused an earlier holder's entry: holding the lease through this
+            # build would only make the next waiter wait for it. Let it in now.
             lease.release()
             self.count(unshared_builds=1)
-        value, stored = build()
-        if lease.held and not (stored and lease.landed()):
+        value = build()
+        if lease.held and ((refused is not None and refused()) or lease.refused()):
             lease.note_unstored(self.policy.unstored_note)
         return value

@@ -74,7 +74,7 @@ class Lease(abc.ABC):
 
     def note_unstored(self, seconds: float) -> None:
         """Tell this key's later takers, for ``seconds``, that its entry was built and the
-        store did not keep it (too large for it, or the write failed).
+        store refused it for its size (as it will refuse their builds).
 
         A taker that finds the note (:meth:`unstored`) gives the lease up at once and builds
         the entry itself, so the processes waiting on the key build it side by side, not one
@@ -95,14 +95,16 @@ class Lease(abc.ABC):
         except Exception:
             return False
 
-    def landed(self) -> bool:
-        """Whether this holder's write of the key reached the store the lease lives in.
+    def refused(self) -> bool:
+        """Whether the store the lease lives in refused the latest write of its key for
+        its size, as the holder's own store call does not show.
 
-        A backend that writes later (a tiered cache's write-behind queue) first waits for
-        that write to be tried. Here ``True``: the store's own ``set`` answered already,
-        and the caller knows its result. Never raises.
+        A tiered cache's shared tier is written later, through a queue: this waits for
+        that write to be tried, and says whether it was refused (or dropped as larger
+        than the whole queue), though a faster tier kept the value. Here ``False``: the
+        store answered the holder's write already. Never raises.
         """
-        return True
+        return False
 
     @property
     def held(self) -> bool:

@@ -17,6 +17,7 @@ from runtime_cache.backends.dir_lease import MAX_NOTE_SECONDS, DirLease
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.backends.tiered import TieredBackend
+from runtime_cache.errors import BackendError
 from runtime_cache.lease import Lease
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def test_with_a_secret_only_a_signed_note_counts(
         opened.close()
 
 
-def test_tiered_lease_knows_whether_the_shared_tiers_write_landed(
+def test_tiered_lease_knows_whether_the_shared_tier_refused_the_write(
     redis_server: RedisProcess, unique_prefix: str, tmp_path: Path
 ) -> None:
     shared = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1000")
@@ -168,13 +169,13 @@ def test_tiered_lease_knows_whether_the_shared_tiers_write_landed(
     lease = _lease(tiered)
     assert lease.acquire()
     tiered.set(KEY, b"x" * 500)
-    assert lease.landed()  # queued, then written: it landed
-    tiered.set(KEY, b"x" * 1500)  # refused by the shared tier, in the background
-    assert not lease.landed()
-    tiered.set(KEY, b"x" * 3000)  # dropped: over what the queue holds
-    assert not lease.landed()
+    assert not lease.refused()  # queued, then written
+    tiered.set(KEY, b"x" * 1500)  # refused by the shared tier for its size, in the background
+    assert lease.refused()
     tiered.set(KEY, b"y" * 10)
-    assert lease.landed()
+    assert not lease.refused()
+    tiered.set(KEY, b"x" * 3000)  # dropped: larger than the whole queue, so it never fits
+    assert lease.refused()
     lease.release()
     tiered.close()
     # A shared tier that writes at once: its refusal is known when set returns.
@@ -183,7 +184,75 @@ def test_tiered_lease_knows_whether_the_shared_tiers_write_landed(
     lease = _lease(tiered)
     assert lease.acquire()
     tiered.set(KEY, b"x" * 100_000)  # kept by the memory tier, refused by the folder
-    assert not lease.landed()
+    assert lease.refused()
     tiered.set(KEY, b"x" * 100)
-    assert lease.landed()
+    assert not lease.refused()
     lease.release()
+
+
+def _key(n: int = 0) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{n}", runtime="fleet", purpose="notes", device=None)
+
+
+def test_get_or_build_notes_a_refusal_for_size_and_nothing_else(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path, max_size="64KB")
+    cache = rc.Cache(backend)
+    big, failed = _key(1), _key(2)
+    assert cache.get_or_build(big, lambda: b"x" * 100_000) == b"x" * 100_000
+    assert cache.refused(big) and _lease(backend, str(big)).unstored()
+    # A write that fails for another reason (a full disk, a timeout) may land next time.
+    real_set = backend.set
+
+    def failing_set(key: str, value: bytes) -> None:
+        raise BackendError("disk full")
+
+    backend.set = failing_set  # type: ignore[method-assign]
+    assert cache.get_or_build(failed, lambda: b"small") == b"small"
+    assert not cache.refused(failed) and not _lease(backend, str(failed)).unstored()
+    backend.set = real_set  # type: ignore[method-assign]
+    cache.put(big, b"fits")
+    assert not cache.refused(big)
+
+
+def test_directory_note_never_takes_a_hard_link(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    cache = rc.Cache(backend)
+    cache.put(_key(3), b"an entry")
+    entry = next(p for p in tmp_path.rglob("*") if p.is_file() and ".locks" not in p.parts)
+    lease = _lease(backend)
+    assert isinstance(lease, DirLease)
+    (tmp_path / ".locks").mkdir(exist_ok=True)
+    note = tmp_path / ".locks" / lease.note_name
+    os.link(entry, note)  # an entry hard-linked at the note's name
+    future = time.time() + 60
+    os.utime(entry, (future, future))
+    assert not lease.unstored()  # two links: no note
+    assert lease.acquire()
+    lease.note_unstored(60.0)  # a fresh note of its own; the entry's time stays
+    assert entry.stat().st_mtime == pytest.approx(future) and entry.stat().st_nlink == 1
+    assert lease.unstored() and note.stat().st_nlink == 1
+    lease.release()
+
+
+def test_redis_note_that_never_expires_or_is_no_string_is_no_note(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    import redis
+
+    backend = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}")
+    lease = _lease(backend)
+    note_name = f"{unique_prefix}lease:{KEY}".encode() + b"\xffunstored"
+    direct = redis.Redis(port=redis_server.port)
+    direct.set(note_name, b"unstored")  # no expiry: planted, not a holder's
+    assert not lease.unstored()
+    direct.delete(note_name)
+    direct.rpush(note_name, *range(1000))  # another type at the name
+    assert not lease.unstored()
+    assert lease.acquire()
+    lease.note_unstored(60.0)  # replaces it
+    assert lease.unstored() and direct.type(note_name) == b"string"
+    assert 0 < direct.pttl(note_name) <= 60_000
+    lease.release()
+    direct.delete(note_name)
+    direct.close()
+    backend.close()

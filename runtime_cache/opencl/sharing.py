@@ -109,7 +109,7 @@ class Claims:
                 with self._lock:
                     self.stored.append(name)
                 continue
-            if lease.unstored():  # the store did not keep an earlier holder's binaries:
+            if lease.unstored():  # the store refused an earlier holder's binaries:
                 lease.release()  # build them without holding the others off
                 fleet.count(unshared_builds=1, takeovers=int(name in self._waited))
                 return name
@@ -120,16 +120,17 @@ class Claims:
     def done(self, name: str) -> None:
         """Release ``name``'s lease (after its binaries were stored, or its build failed).
 
-        When they did not reach the store (refused, dropped, or never made), the lease
-        is first noted so (:meth:`~runtime_cache.lease.Lease.note_unstored`): the
-        processes waiting on it then build it side by side, not in turn.
+        When the store refused them for their size, the lease is first noted so
+        (:meth:`~runtime_cache.lease.Lease.note_unstored`): the processes waiting on it
+        then build it side by side, not in turn.
         """
         lease = self._leases.pop(name)
         if lease is None:
             return
         try:
-            if not (present(self._cache.backend, self._keys[name]) and lease.landed()):
-                lease.note_unstored(self._cache.fleet.policy.unstored_note)
+            cache = self._cache
+            if any(map(cache.refused, self._keys[name])) or lease.refused():
+                lease.note_unstored(cache.fleet.policy.unstored_note)
         finally:
             lease.release()
 
