@@ -46,9 +46,14 @@ class Refusals:
 
     def landed(self, keys: Iterable[str]) -> None:
         """Note that the latest writes of ``keys`` landed."""
+        if not self._keys:  # (the common case: nothing to forget, no lock taken)
+            return
         with self._locked():
             for key in keys:
                 self._keys.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)

@@ -89,7 +89,8 @@ def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
     # A ttl of 1 s, not less: under a loaded CI box a 0.3 s ttl ran out between the
     # holder's last touch and the first look (the test failed once that way).
     with hung_holder(f"dir://{tmp_path}", 1.0, tmp_path):
-        root = DirectoryBackend(tmp_path).root_fd
+        backend = DirectoryBackend(tmp_path)  # kept: its root descriptor closes with it
+        root = backend.root_fd
         other = DirLease(root, KEY, 1.0)
         assert not other.acquire()  # held, and touched just now
         time.sleep(2.2)
@@ -103,7 +104,8 @@ def test_directory_lease_of_a_hung_holder_goes_stale(tmp_path: Path) -> None:
 
 
 def test_directory_lease_refuses_a_symlink(tmp_path: Path) -> None:
-    lease = DirLease(DirectoryBackend(tmp_path).root_fd, KEY, 1.0)
+    backend = DirectoryBackend(tmp_path)  # kept: its root descriptor closes with it
+    lease = DirLease(backend.root_fd, KEY, 1.0)
     os.makedirs(tmp_path / ".locks")
     os.symlink(tmp_path / "elsewhere", tmp_path / lease.path)
     with pytest.raises(rc.errors.BackendError):
