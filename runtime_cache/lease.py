@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import threading
-from types import TracebackType
 from typing import ClassVar
 
 __all__ = ["Lease"]
@@ -171,12 +170,7 @@ class Lease(abc.ABC):
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def __repr__(self) -> str:

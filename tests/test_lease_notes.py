@@ -42,14 +42,20 @@ def test_a_lease_with_no_place_for_notes_keeps_none() -> None:
     lease.release()
 
 
-def test_directory_note_is_seen_by_other_leases_until_it_runs_out(tmp_path: Path) -> None:
-    backend = DirectoryBackend(tmp_path)
+def _noted_for_half_a_second(backend: rc.Backend) -> tuple[Lease, Lease]:
+    """A holder that leaves a note good for 0.5 s, and another lease that sees it."""
     holder, other = _lease(backend), _lease(backend)
     assert not other.unstored()
     assert holder.acquire()
     holder.note_unstored(0.5)
     holder.release()
     assert other.unstored()
+    return holder, other
+
+
+def test_directory_note_is_seen_by_other_leases_until_it_runs_out(tmp_path: Path) -> None:
+    backend = DirectoryBackend(tmp_path)
+    holder, other = _noted_for_half_a_second(backend)
     assert not _lease(backend, "fleet/test/" + "1" * 32).unstored()  # another key's: none
     time.sleep(0.6)
     assert not other.unstored()  # ran out
@@ -119,12 +125,7 @@ def redis_url(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[st
 
 def test_redis_note_is_seen_until_it_runs_out_and_never_listed(redis_url: str) -> None:
     backend = rc.open_backend(redis_url)
-    holder, other = _lease(backend), _lease(backend)
-    assert not other.unstored()
-    assert holder.acquire()
-    holder.note_unstored(0.5)
-    holder.release()
-    assert other.unstored()
+    _, other = _noted_for_half_a_second(backend)
     assert list(backend.keys()) == [] and list(backend.scan()) == []  # not an entry
     time.sleep(0.7)
     assert not other.unstored()
