@@ -172,11 +172,10 @@ class TieredBackend(Backend):
             else:
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
             if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
-                if done:
-                    self._refusals.landed(items)
-                elif isinstance(errors[-1], EntryTooLargeError):
-                    self._refusals.landed(set(items) - errors[-1].refused)
-                    self._refusals.refused(errors[-1].refused)
+                failed = errors[-1] if not done else None
+                sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
+                self._refusals.landed(set(items) - sized)
+                self._refusals.refused(sized)
         self._raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:

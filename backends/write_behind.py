@@ -121,6 +121,8 @@ class WriteBehind:
                     self.dropped += 1
                     if len(value) > self.max_bytes:  # never fits, however often queued
                         self.refusals.refused([key])
+                    else:  # a full queue: the next write of it may fit
+                        self.refusals.landed([key])
                     self._say_dropped(key, len(value), full)
                     continue
                 self._pending[key] = bytes(value)
@@ -203,9 +205,8 @@ class WriteBehind:
                 lost = len(batch.keys() & refused) if refused else len(batch)
                 self.failed += lost
                 self.written += len(batch) - lost
-                if refused:
-                    self.refusals.landed(batch.keys() - refused)
-                    self.refusals.refused(batch.keys() & refused)
+                self.refusals.landed(batch.keys() - set(refused))
+                self.refusals.refused(batch.keys() & set(refused))
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:

@@ -306,19 +306,20 @@ class Cache(Inventory, BatchReads):
             self._failed("set", exc)  # (EntryTooLargeError: no outage; it names what it refused)
             refused = getattr(exc, "refused", None) or blobs  # none named: none stored
             stored: Mapping[str, bytes] = {k: v for k, v in blobs.items() if k not in refused}
-            if isinstance(exc, EntryTooLargeError):  # refused again however often built
-                self._refusals.refused(refused)
+            sized = refused if isinstance(exc, EntryTooLargeError) else ()
+            self._refusals.refused(sized)  # (refused again however often built)
         else:
             self._succeeded("write")
-            stored = blobs
-        self._refusals.landed(stored)
+            stored, sized = blobs, ()
+        self._refusals.landed(k for k in blobs if k not in sized)  # the latest store's say
         if stored:
             self._counters.add(stores=len(stored), bytes_written=sum(map(len, stored.values())))
             self._bump()
         return len(stored) == len(blobs)
 
     def refused(self, key: KeyLike) -> bool:
-        """Whether the backend refused this cache's latest store of ``key`` for its size."""
+        """Whether the backend refused this cache's latest store of ``key`` for its size
+        (not when that store failed otherwise, or landed)."""
         return str(key) in self._refusals
 
     def delete(self, key: KeyLike) -> bool:

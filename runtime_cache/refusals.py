@@ -45,7 +45,8 @@ class Refusals:
                 del self._keys[next(iter(self._keys))]
 
     def landed(self, keys: Iterable[str]) -> None:
-        """Note that the latest writes of ``keys`` landed."""
+        """Note that the latest writes of ``keys`` were not refused for their size (they
+        landed, or failed otherwise)."""
         if not self._keys:  # (the common case: nothing to forget, no lock taken)
             return
         with self._locked():

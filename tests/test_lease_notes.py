@@ -210,9 +210,11 @@ def test_get_or_build_notes_a_refusal_for_size_and_nothing_else(tmp_path: Path) 
     backend.set = failing_set  # type: ignore[method-assign]
     assert cache.get_or_build(failed, lambda: b"small") == b"small"
     assert not cache.refused(failed) and not _lease(backend, str(failed)).unstored()
+    assert not cache.put(big, b"y" * 10) and not cache.refused(big)  # the latest store's say
+    assert not cache.put(big, b"x" * 100_000) and not cache.refused(big)  # failed, not refused
     backend.set = real_set  # type: ignore[method-assign]
-    cache.put(big, b"fits")
-    assert not cache.refused(big)
+    assert not cache.put(big, b"x" * 100_000) and cache.refused(big)
+    assert cache.put(big, b"fits") and not cache.refused(big)
 
 
 def test_directory_note_never_takes_a_hard_link(tmp_path: Path) -> None:
