@@ -10,7 +10,7 @@ else opens). Every taker checks after locking that the path still names the
 file it locked, so a stale break or a release racing with a take never leaves
 two holders of one path.
 
-A holder whose entry the store did not keep leaves a note beside its lock file,
+A holder whose entry the store refused for its size leaves a note beside its lock file,
 ``<digest>.unstored`` (:meth:`runtime_cache.lease.Lease.note_unstored`): an empty
 file whose modification time is when the note runs out. Only a regular file with one
 link counts, and never one said to run out further ahead than :data:`MAX_NOTE_SECONDS`,
@@ -153,7 +153,7 @@ class DirLease(Lease):
 
     def _note(self, seconds: float) -> None:
         until = time.time() + min(seconds, MAX_NOTE_SECONDS)
-        folder = self._locks() if self._folder is None else self._folder
+        folder = self._locks()
         for attempt in range(2):
             try:  # (only the owner may set a file's times: another member's note is replaced)
                 fd = os.open(self.note_name, _NOTE_FLAGS, self._modes.file, dir_fd=folder)
@@ -171,7 +171,7 @@ class DirLease(Lease):
                 os.unlink(self.note_name, dir_fd=folder)  # junk or another's: a fresh one
 
     def _noted(self) -> bool:
-        folder = self._locks() if self._folder is None else self._folder
+        folder = self._locks()
         try:
             st = os.stat(self.note_name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:

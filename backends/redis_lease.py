@@ -13,7 +13,7 @@ key of the secret signed, or one that ran out, replaces it in one step, so a str
 by someone without the secret (which held every process off for its whole wait, 92 s by
 default, per key) holds nobody off, looping or replayed.
 
-A holder whose entry the store did not keep leaves a note
+A holder whose entry the store refused for its size leaves a note
 (:meth:`runtime_cache.lease.Lease.note_unstored`) at the lease's name followed by the
 byte ``0xff`` and ``unstored``: no text key makes that name, and listings skip it (it is
 not UTF-8). It expires on the server (a key there that never expires, or only after
@@ -216,16 +216,19 @@ class RedisLease(Lease):
         self._token, self._unanswered = fresh, []
         return True
 
+    @property
+    def _note_name(self) -> bytes:
+        return self.name.encode("utf-8") + _NOTE_TAIL
+
     def _note(self, seconds: float) -> None:
         ms = max(1, min(int(seconds * 1000), MAX_TTL_MS))
-        name = self.name.encode("utf-8") + _NOTE_TAIL
         signed = self.name + _NOTE_SIGNED
         note = make_token(self._keys[0], signed, ms) if self._keys else "unstored"
-        self._run("lease", partial(_eval, _NOTE_SET, name, (note, ms)))
+        self._run("lease", partial(_eval, _NOTE_SET, self._note_name, (note, ms)))
 
     def _noted(self) -> bool:
-        name = self.name.encode("utf-8") + _NOTE_TAIL
-        note = self._run("lease", partial(_eval, _NOTE_GET, name, (MAX_TOKEN, MAX_TTL_MS)))
+        read = partial(_eval, _NOTE_GET, self._note_name, (MAX_TOKEN, MAX_TTL_MS))
+        note = self._run("lease", read)
         if not isinstance(note, bytes) or not note:
             return False
         return not self._keys or genuine(self._keys, self.name + _NOTE_SIGNED, note)

@@ -37,6 +37,9 @@ class Refusals:
 
     def refused(self, keys: Iterable[str]) -> None:
         """Note that the latest writes of ``keys`` were refused for their size."""
+        keys = tuple(keys)
+        if not keys:  # (most writes: no lock taken)
+            return
         with self._locked():
             for key in keys:
                 self._keys.pop(key, None)

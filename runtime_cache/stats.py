@@ -28,7 +28,7 @@ class CacheStats:
     ``wait_seconds`` the time spent waiting on them; ``takeovers`` builds
     done after such a wait because the holder died, failed or passed the deadline;
     ``unshared_builds`` builds done without keeping the lease, because an earlier
-    holder noted that the store did not keep the entry.
+    holder noted that the store refused the entry for its size.
     """
 
     hits: int = 0
