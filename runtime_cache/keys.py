@@ -222,14 +222,10 @@ class CacheKey:
         return f"{self.runtime}/{self.purpose}/{self.digest}"
 
     @cached_property
-    def _packed_parts(self) -> bytes:
-        packed: bytes = packb(self._parts)
-        return packed
-
-    @property
     def packed_parts(self) -> bytes:
         """The parts as msgpack, as an entry's metadata holds them (computed once)."""
-        return self._packed_parts
+        packed: bytes = packb(self._parts)
+        return packed
 
     def made_from(self, parts: Mapping[str, Any]) -> bool:
         """Whether ``parts`` (as read back from an entry) hash to this key.
@@ -239,7 +235,7 @@ class CacheKey:
         encoding, not a key derivation. Anything else is hashed in full.
         """
         try:
-            if packb(parts) == self._packed_parts:
+            if packb(parts) == self.packed_parts:
                 return True
             return str(CacheKey.from_parts(parts)) == str(self)
         except (TypeError, ValueError, OverflowError):
@@ -276,7 +272,7 @@ class CacheKey:
             digest=digest,
             _parts=parts,
             _storage_key=f"{runtime}/{purpose}/{digest}",
-            _packed_parts=packed_parts,
+            packed_parts=packed_parts,
         )
         return key
 

@@ -67,6 +67,7 @@ _CREATED = b"\xa1c\xcb"
 _TIMES = META_TIMES.size
 #: The header's fixed fields (magic to the value's length), and its two checksums after them.
 _LEAD = struct.Struct("<4sBBHIQ")
+_LEAD_SIZE = _LEAD.size
 _SUMS = struct.Struct("<QQ")
 _xxh3 = xxhash.xxh3_64_intdigest
 #: What a good header's fixed fields give: where the value starts, its length, the
@@ -118,13 +119,10 @@ class OwnEntries:
         self._shapes, self._seen = {}, {}
         self._producer, self._limits = producer, limits
 
-    def _prefix(self, skey: str, packed: bytes) -> tuple[bytes, bytes, int]:
+    def _prefix(self, skey: str, packed: bytes, limits: Limits) -> tuple[bytes, bytes, int]:
         # (packed, the metadata's bytes before the times, where the times lie in the blob
         # when the full check passes such metadata under the limits, else 0), for a key
         # whose parts pack to ``packed``.
-        known = self._by_key.get(skey)
-        if known is not None and known[0] == packed:
-            return known
         size = len(name := skey.encode())
         if 32 <= size < 256:  # storage keys are "<runtime>/<purpose>/<32 hex digits>"
             prefix = b"".join((b"\x86\xa1k\xd9", bytes((size,)), name, b"\xa1p", packed, _CREATED))
@@ -133,7 +131,6 @@ class OwnEntries:
         # Containers nested d deep in the metadata need d + 1 bytes that could open one: the
         # map's own and d in the parts (no other field is one). With few, it is within the
         # nesting limit; else a sample says.
-        limits = self._limits or DEFAULT_LIMITS
         within = openers(packed) < limits.max_depth
         if not within:
             try:
@@ -180,7 +177,9 @@ class OwnEntries:
         created_at, build_seconds = float(created_at), float(build_seconds)
         if producer is not self._producer or self._limits is None:
             self._reset(producer, self._limits or DEFAULT_LIMITS)
-        known = self._prefix(skey, packed)
+        known = self._by_key.get(skey)
+        if known is None or known[0] != packed:
+            known = self._prefix(skey, packed, self._limits or DEFAULT_LIMITS)
         if extra or self._tail is None:
             return encode_packed(
                 skey,
@@ -204,7 +203,7 @@ class OwnEntries:
             # What _check_head finds in these bytes (made so; times checked above), for a
             # read of them that may follow.
             cut = HEADER_SIZE + len(meta)
-            value_sum = _SUMS.unpack_from(blob, _LEAD.size)[1]
+            value_sum = _SUMS.unpack_from(blob, _LEAD_SIZE)[1]
             sig_len = len(blob) - cut - size
             self._remember(
                 skey, (blob[:cut], packed, size, sig_len, value_sum, build_seconds, len(blob))
@@ -224,7 +223,7 @@ class OwnEntries:
         shape = (cut, value_len, SIG_SIZE if flags else 0, tail, cut - _TIMES - len(tail))
         if len(self._shapes) >= self.bound:
             self._shapes = {}
-        self._shapes[head[: _LEAD.size]] = shape
+        self._shapes[head[:_LEAD_SIZE]] = shape
         return shape
 
     def _check_head(self, key: CacheKey, skey: str, head: bytes, limits: Limits) -> _Seen | None:
@@ -233,31 +232,31 @@ class OwnEntries:
         # the value's checks.
         if type(head) is not bytes:
             return None
-        shape = self._shapes.get(head[: _LEAD.size]) or self._shape(head, limits)
+        shape = self._shapes.get(head[:_LEAD_SIZE]) or self._shape(head, limits)
         if shape is None:
             return None
         cut, value_len, sig_len, tail, at = shape
-        packed = key.packed_parts
         known = self._by_key.get(skey)
-        if known is None or known[0] != packed:
-            known = self._prefix(skey, packed)
+        if known is None or known[0] != key.packed_parts:
+            known = self._prefix(skey, key.packed_parts, limits)
         # The times lie where this key's metadata puts them (0: not within the limits).
         if known[2] != at or len(head) < cut:
             return None
         created, built_mark, built = META_TIMES.unpack_from(head, at)
-        meta_sum, value_sum = _SUMS.unpack_from(head, _LEAD.size)
+        meta_sum, value_sum = _SUMS.unpack_from(head, _LEAD_SIZE)
         if not (
             head.startswith(known[1], HEADER_SIZE)
             and head.endswith(tail, 0, cut)
             and built_mark == _BUILT
             and 0.0 <= created < MAX_CREATED_AT
             and 0.0 <= built <= MAX_BUILD_SECONDS
-            and _xxh3(memoryview(head)[HEADER_SIZE:cut]) == meta_sum
+            and _xxh3(head[HEADER_SIZE:cut]) == meta_sum
         ):
             return None
         checked = head if len(head) == cut else head[:cut]
         return self._remember(
-            skey, (checked, packed, value_len, sig_len, value_sum, built, cut + value_len + sig_len)
+            skey,
+            (checked, known[0], value_len, sig_len, value_sum, built, cut + value_len + sig_len),
         )
 
     def _remember(self, skey: str, seen: _Seen) -> _Seen:
