@@ -210,7 +210,8 @@ class PruneReport:
     #: Whether size pruning was left undone, since the entries that cannot go alone
     #: exceed the cap (removing the rest could not meet it).
     kept_the_rest: bool = False
-    #: Entries that could not be read to be weighed (unreadable, corrupt), and why.
+    #: Entries whose metadata could not be read (corrupt, a newer format, unreadable), and
+    #: why; they are weighed by the store's size and last use.
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -227,18 +228,17 @@ def prune(
 
     Entries the store says it cannot remove (:meth:`~runtime_cache.api.Backend.removable`)
     are kept and counted; where they alone exceed ``max_size``, no entry is removed for
-    size, since that could not meet it. ``on_progress(done, total)`` is told after each
-    entry is weighed.
+    size, since that could not meet it. Entries whose metadata cannot be read (corrupt, in
+    a newer format, a file this user may not read) are weighed too, by the store's own
+    size and last use: one whose last use the store does not keep counts as the least
+    recently used for size, and is never removed for age. ``on_progress(done, total)`` is
+    told after each entry is weighed.
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
-    items, made = [], {}
-    for info in cache.entries(on_skip=lambda key, why: report.skipped.append((key, why))):
-        last = info.last_access if info.last_access is not None else info.created_at
-        items.append((last, info.key, info.stored_size))
-        made[info.key] = info.created_at
-    items.sort()
-    sizes = {key: size for _, key, size in items}
+    weighed = _weigh(cache, report.skipped)
+    items = sorted(weighed.items(), key=lambda item: _NEVER if item[1][0] is None else item[1][0])
+    sizes = {key: size for key, (_, size, _) in items}
     total = sum(sizes.values())
     over = max_size is not None and total > max_size
     # Known before removing any (asked only when over the cap: 19 µs an entry on dir://).
@@ -246,10 +246,10 @@ def prune(
     pinned = sum(sizes[key] for key in stuck)
     report.kept_the_rest = max_size is not None and pinned > max_size
     tried: set[str] = set()
-    for done, (last, key, size) in enumerate(items, 1):
+    for done, (key, (last, size, _)) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
-        expired = older_than is not None and now - last > older_than
+        expired = older_than is not None and last is not None and now - last > older_than
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
@@ -264,15 +264,45 @@ def prune(
                 pinned += size
         if gone:
             total -= size
-    _settle(cache, report, sizes, made, tried, stuck, max_size)
+    _settle(cache, report, weighed, tried, stuck, max_size)
     return report
+
+
+#: What prune knows of an entry: its last use (``None``: unknown), its stored size, and
+#: when it was made (``None`` for one whose metadata could not be read).
+_Weighed = tuple["float | None", int, "float | None"]
+#: Where an entry whose last use is unknown sorts: before every other.
+_NEVER = float("-inf")
+
+
+def _weigh(cache: Cache, skipped: list[tuple[str, str]] | None) -> dict[str, _Weighed]:
+    # Every entry by its metadata; those it could not read (told to ``skipped``) by what
+    # the store's listing says of them, looked up only when there are such.
+    weighed: dict[str, _Weighed] = {}
+    unread: set[str] = set()
+
+    def skip(key: str, why: str) -> None:
+        unread.add(key)
+        if skipped is not None:
+            skipped.append((key, why))
+
+    for info in cache.entries(on_skip=skip):
+        last = info.last_access if info.last_access is not None else info.created_at
+        weighed[info.key] = (last, info.stored_size, info.created_at)
+    if unread:
+        try:
+            stored = [item for item in cache.backend.scan() if item.key in unread]
+        except Exception:  # the store went away since: nothing more is known of them
+            stored = []
+        for item in stored:
+            weighed[item.key] = (item.last_access, item.size, None)
+    return weighed
 
 
 def _settle(
     cache: Cache,
     report: PruneReport,
-    sizes: dict[str, int],
-    made: dict[str, float],
+    weighed: dict[str, _Weighed],
     tried: set[str],
     stuck: set[str],
     max_size: int | None,
@@ -280,12 +310,13 @@ def _settle(
     """Fill in what is left, listed again where any removal was tried: a store of tiers
     says it removed an entry (or that it had none) while one of its tiers kept it. An
     entry written again meanwhile (a newer one under the key) is not one that stayed."""
+    sizes = {key: size for key, (_, size, _) in weighed.items()}
     left, again = dict(sizes), {}
     if tried:
-        listed = list(cache.entries())
-        left = {info.key: info.stored_size for info in listed}
-        again = {info.key: info.created_at for info in listed}
-    stayed = {key for key in tried & again.keys() if again[key] == made[key]}
+        listed = _weigh(cache, None)
+        left = {key: size for key, (_, size, _) in listed.items()}
+        again = {key: made for key, (_, _, made) in listed.items()}
+    stayed = {key for key in tried & again.keys() if again[key] == weighed[key][2]}
     said = {key for key, _ in report.failed}
     report.failed += [(key, "still there after its removal") for key in stayed - said]
     stuck |= stayed

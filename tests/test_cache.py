@@ -385,8 +385,9 @@ def test_prune_weighs_every_tier_and_counts_what_stays() -> None:
     cache = rc.Cache(backend, strict=True)
     cache.put(key(0), b"x" * 100)
     backend.set(str(key(1)), b"not an entry")
-    report = maintenance.prune(cache, max_size=0)
-    assert [k for k, _ in report.skipped] == [str(key(1))] and report.removed == 1
+    report = maintenance.prune(cache, max_size=0)  # told, and weighed as any other
+    assert [k for k, _ in report.skipped] == [str(key(1))] and report.removed == 2
+    assert report.remaining == 0 and not list(backend.keys())
 
 
 def _iter_keys(n: int) -> Iterator[rc.CacheKey]:
@@ -416,3 +417,28 @@ def test_get_many_and_put_many() -> None:
     assert cache.put_many({k: b"v" for k in _iter_keys(10)})
     found = cache.get_many([*_iter_keys(12)])
     assert len(found) == 10 and cache.stats().misses == 2
+
+
+def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None:
+    """A store that keeps no last use (Redis): an entry prune cannot read is the least
+    recently used for size, and never removed for its age."""
+    from runtime_cache import maintenance
+    from runtime_cache.api import StoredItem
+
+    class Untimed(MemoryBackend):
+        def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+            return (StoredItem(item.key, item.size) for item in super().scan(prefix))
+
+    backend = Untimed()
+    cache = rc.Cache(backend)
+    backend.set(str(key(9)), b"junk" * 50)
+    report = maintenance.prune(cache, older_than=-1.0)
+    assert report.removed == 0 and backend.get(str(key(9))) is not None
+    assert [k for k, _ in report.skipped] == [str(key(9))]
+    for i in range(3):
+        cache.put(key(i), b"x" * 100)
+    size = next(item.size for item in backend.scan() if item.key == str(key(0)))
+    report = maintenance.prune(cache, max_size=3 * size)
+    assert report.removed == 1 and report.freed == 200 and backend.get(str(key(9))) is None
+    assert all(cache.get(key(i)) == b"x" * 100 for i in range(3))
+    assert report.remaining_bytes == 3 * size

@@ -362,3 +362,38 @@ def test_hard_links_to_one_entry_count_its_disk_once(tmp_path: Path) -> None:
         os.link(newest, link)
     backend.enforce_size()
     assert all(backend.get(k) is not None for k in keys)
+
+
+def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
+    """prune left corrupt entries out of its total, so junk could hold the folder over
+    --max-size for good; they are weighed by the file's size and last use now."""
+    from runtime_cache import maintenance
+    from runtime_cache.codec import encode_entry
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    now = time.time()
+    for i in range(4):
+        cache.put(key(i), b"g" * 1000)
+        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    good = path_of(tmp_path, key(0)).stat().st_size
+    stale, fresh = str(key(10)), str(key(11))
+    backend.set(stale, os.urandom(5000))  # random bytes, untouched for a day
+    os.utime(path_of(tmp_path, stale), (now - 86400,) * 2)
+    blob = encode_entry(fresh, key(11).parts, b"t" * 1000, created_at=now)
+    backend.set(fresh, blob[:60])  # an entry cut within its metadata, used just now
+
+    aged = maintenance.prune(cache, older_than=12 * 3600, now=now)
+    assert aged.removed == 1 and not path_of(tmp_path, stale).exists()
+    assert {k for k, _ in aged.skipped} == {stale, fresh}
+
+    backend.set(stale, os.urandom(5000))
+    os.utime(path_of(tmp_path, stale), (now - 86400,) * 2)
+    report = maintenance.prune(cache, max_size=4 * good, now=now)
+    # Least recently used first: the junk of a day ago, then the oldest good entry.
+    assert report.removed == 2 and report.freed == 5000 + good
+    assert not path_of(tmp_path, stale).exists() and cache.get(key(0)) is None
+    assert [cache.get(key(i)) for i in (1, 2, 3)] == [b"g" * 1000] * 3
+    assert path_of(tmp_path, fresh).exists()
+    assert report.remaining == 4 and report.remaining_bytes == 3 * good + 60
+    assert report.over_cap == 0

@@ -261,7 +261,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
-    """The entries prune could not remove or weigh, and the cap left unmet, on stderr."""
+    """The entries prune could not remove or read, and the cap left unmet, on stderr."""
     if report.stuck:
         line = (
             f"runtime-cache: {count(report.stuck, 'entry', 'entries')} "
@@ -277,8 +277,9 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
         print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
     if report.skipped:
         print(
-            f"runtime-cache: skipped {count(len(report.skipped), 'entry', 'entries')} as "
-            "corrupt or unreadable: not weighed (see `runtime-cache verify`)",
+            f"runtime-cache: could not read {count(len(report.skipped), 'entry', 'entries')} "
+            "(corrupt or unreadable): weighed by the store's size and last use "
+            "(see `runtime-cache verify`)",
             file=ctx.err,
         )
         for key, reason in report.skipped[:5]:
