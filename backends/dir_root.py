@@ -91,8 +91,8 @@ def open_root(root: str | Path, modes: Modes) -> int:
         raise _failed(root, exc) from exc
 
 
-def owner_check(root_fd: int, root: str | Path, shared: bool) -> set[int] | None:
-    """Refuse a root others may write unless ``shared``; return the group's uids when shared.
+def owner_check(root_fd: int, root: str | Path, shared: bool) -> GroupMembers | None:
+    """Refuse a root others may write unless ``shared``; return the group's users when shared.
 
     A root that another user (not root) owns, or that its group or anyone may
     write, would let them plant entries and links. In a shared cache, files of
@@ -107,18 +107,44 @@ def owner_check(root_fd: int, root: str | Path, shared: bool) -> set[int] | None
                 "anyone; refusing it (add ?shared=1, or shared=True, to use it on purpose)"
             )
         return None
-    import grp
-    import pwd
+    return GroupMembers(st.st_gid, os.geteuid())
 
-    members = {os.geteuid()}
-    try:
-        names = set(grp.getgrgid(st.st_gid).gr_mem)
-    except KeyError:
-        names = set()
-    for user in pwd.getpwall():
-        if user.pw_gid == st.st_gid or user.pw_name in names:
-            members.add(user.pw_uid)
-    return members
+
+class GroupMembers:
+    """The users of a shared root's group ``gid``: this process's user, those whose primary
+    group it is, and those it lists. Each uid is looked up when a file first names it
+    (``pwd.getpwuid``), so users of a directory service that does not list its users
+    (LDAP, SSSD without enumeration) count as well; the first :attr:`bound` answers are
+    kept."""
+
+    #: Distinct uids whose answer is kept.
+    bound = 4096
+
+    def __init__(self, gid: int, me: int) -> None:
+        import grp
+
+        self.gid = gid
+        self._known = {me: True}
+        try:
+            self._names = frozenset(grp.getgrgid(gid).gr_mem)
+        except KeyError:  # a gid with no group entry: members by primary group alone
+            self._names = frozenset()
+
+    def __contains__(self, uid: object) -> bool:
+        if type(uid) is not int:
+            return False
+        known = self._known.get(uid)
+        if known is None:
+            import pwd
+
+            try:
+                user = pwd.getpwuid(uid)
+                known = user.pw_gid == self.gid or user.pw_name in self._names
+            except KeyError:  # no such user: nobody's file to count
+                known = False
+            if len(self._known) < self.bound:
+                self._known[uid] = known
+        return known
 
 
 def only_mine(root_fd: int) -> bool:

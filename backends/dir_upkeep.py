@@ -16,6 +16,7 @@ import random
 import stat
 import threading
 import time
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from runtime_cache.errors import EntryTooLargeError
@@ -47,7 +48,7 @@ VACUUM_SECONDS = 0.5
 class Upkeep:
     """The cap, vacuum and junk removal of one :class:`DirectoryBackend`."""
 
-    def __init__(self, backend: DirectoryBackend, members: set[int] | None) -> None:
+    def __init__(self, backend: DirectoryBackend, members: Container[int] | None) -> None:
         self.backend = backend
         self.members = members
         self.locks = LockStats()

@@ -397,3 +397,29 @@ def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
     assert path_of(tmp_path, fresh).exists()
     assert report.remaining == 4 and report.remaining_bytes == 3 * good + 60
     assert report.over_cap == 0
+
+
+def test_a_shared_roots_members_are_looked_up_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared root's group members were found by listing every user (pwd.getpwall), which
+    a directory service (LDAP, SSSD without enumeration) answers without its users: their
+    files were left out of the cap. Each file's uid is looked up now."""
+    import grp
+    import pwd
+
+    from runtime_cache.backends.dir_root import GroupMembers
+
+    me = pwd.getpwuid(os.geteuid())
+    original_getpwall = pwd.getpwall
+    monkeypatch.setattr(pwd, "getpwall", lambda: [])  # a service that lists no one
+    members = GroupMembers(me.pw_gid, -1)
+    assert me.pw_uid in members and me.pw_uid in members  # (asked again: kept)
+    assert "0" not in members and None not in members
+    taken = {user.pw_uid for user in original_getpwall()}
+    nobody = next(uid for uid in range(2_000_000, 2_100_000) if uid not in taken)
+    with pytest.raises(KeyError):
+        pwd.getpwuid(nobody)
+    assert nobody not in members
+    gids = {group.gr_gid for group in grp.getgrall()}
+    other = next(gid for gid in range(2_000_000, 2_100_000) if gid not in gids)
+    assert me.pw_uid not in GroupMembers(other, -1)
+    assert 12345 in GroupMembers(other, 12345)  # this process's user always counts

@@ -240,9 +240,11 @@ def _closed(folder: int) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _group_of_one(gid: int, uid: int) -> bool:
-    """Whether the group ``gid`` has user ``uid`` alone: its primary group, no other
-    member listed, and no other user's primary group (a user's private group, where
-    ``umask 002`` makes folders 0775)."""
+    """Whether the group ``gid`` has user ``uid`` alone: its primary group, named as the
+    user is, no other member listed, and no other listed user's primary group (a user's
+    private group, where ``umask 002`` makes folders 0775). The name matters where users
+    are not all listed (LDAP, SSSD without enumeration): a shared group is not named after
+    one of its users."""
     import grp
     import pwd
 
@@ -252,7 +254,8 @@ def _group_of_one(gid: int, uid: int) -> bool:
         others = any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
     except (KeyError, OSError):
         return False
-    return user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name} and not others
+    private = user.pw_gid == gid and group.gr_name == user.pw_name
+    return private and set(group.gr_mem) <= {user.pw_name} and not others
 
 
 def _in_proc(folder: int) -> bool:
