@@ -211,7 +211,7 @@ class PruneReport:
     #: exceed the cap (removing the rest could not meet it).
     kept_the_rest: bool = False
     #: Entries whose metadata could not be read (corrupt, a newer format, unreadable), and
-    #: why; they are weighed by the store's size and last use.
+    #: why; they count at the store's size for them, and go first for size.
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -229,15 +229,17 @@ def prune(
     Entries the store says it cannot remove (:meth:`~runtime_cache.api.Backend.removable`)
     are kept and counted; where they alone exceed ``max_size``, no entry is removed for
     size, since that could not meet it. Entries whose metadata cannot be read (corrupt, in
-    a newer format, a file this user may not read) are weighed too, by the store's own
-    size and last use: one whose last use the store does not keep counts as the least
-    recently used for size, and is never removed for age. ``on_progress(done, total)`` is
-    told after each entry is weighed.
+    a newer format, a file this user may not read) count too, at the store's size for
+    them: they go first for size (of no use here, whatever time a file claims), and for
+    age by the store's last use, where it keeps one. ``on_progress(done, total)`` is told
+    after each entry is weighed.
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report.skipped)
-    items = sorted(weighed.items(), key=lambda item: _NEVER if item[1][0] is None else item[1][0])
+    # Those it cannot read first (none of them is of use here, and a file's time is anyone's
+    # to set), then the least recently used.
+    items = sorted(weighed.items(), key=lambda item: (item[1][2] is not None, item[1][0] or 0.0))
     sizes = {key: size for key, (_, size, _) in items}
     total = sum(sizes.values())
     over = max_size is not None and total > max_size
@@ -271,8 +273,6 @@ def prune(
 #: What prune knows of an entry: its last use (``None``: unknown), its stored size, and
 #: when it was made (``None`` for one whose metadata could not be read).
 _Weighed = tuple["float | None", int, "float | None"]
-#: Where an entry whose last use is unknown sorts: before every other.
-_NEVER = float("-inf")
 
 
 def _weigh(cache: Cache, skipped: list[tuple[str, str]] | None) -> dict[str, _Weighed]:

@@ -420,8 +420,8 @@ def test_get_many_and_put_many() -> None:
 
 
 def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None:
-    """A store that keeps no last use (Redis): an entry prune cannot read is the least
-    recently used for size, and never removed for its age."""
+    """A store that keeps no last use (Redis): an entry prune cannot read goes first for
+    size, and is never removed for its age."""
     from runtime_cache import maintenance
     from runtime_cache.api import StoredItem
 

@@ -366,7 +366,7 @@ def test_hard_links_to_one_entry_count_its_disk_once(tmp_path: Path) -> None:
 
 def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
     """prune left corrupt entries out of its total, so junk could hold the folder over
-    --max-size for good; they are weighed by the file's size and last use now."""
+    --max-size for good; they count now, and go first for size (by the file's age for age)."""
     from runtime_cache import maintenance
     from runtime_cache.codec import encode_entry
 
@@ -389,13 +389,14 @@ def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
 
     backend.set(stale, os.urandom(5000))
     os.utime(path_of(tmp_path, stale), (now - 86400,) * 2)
-    report = maintenance.prune(cache, max_size=4 * good, now=now)
-    # Least recently used first: the junk of a day ago, then the oldest good entry.
-    assert report.removed == 2 and report.freed == 5000 + good
-    assert not path_of(tmp_path, stale).exists() and cache.get(key(0)) is None
+    os.utime(path_of(tmp_path, fresh), (now + 86400,) * 2)  # a time anyone may set
+    report = maintenance.prune(cache, max_size=3 * good + 1000, now=now)
+    # What cannot be read goes first, whatever its time; then the least recently used.
+    assert report.removed == 3 and report.freed == 5060 + good
+    assert not path_of(tmp_path, stale).exists() and not path_of(tmp_path, fresh).exists()
+    assert cache.get(key(0)) is None
     assert [cache.get(key(i)) for i in (1, 2, 3)] == [b"g" * 1000] * 3
-    assert path_of(tmp_path, fresh).exists()
-    assert report.remaining == 4 and report.remaining_bytes == 3 * good + 60
+    assert report.remaining == 3 and report.remaining_bytes == 3 * good
     assert report.over_cap == 0
 
 

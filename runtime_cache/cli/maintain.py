@@ -278,8 +278,8 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
     if report.skipped:
         print(
             f"runtime-cache: could not read {count(len(report.skipped), 'entry', 'entries')} "
-            "(corrupt or unreadable): weighed by the store's size and last use "
-            "(see `runtime-cache verify`)",
+            "(corrupt or unreadable): counted at their stored size, and removed first for "
+            "size (see `runtime-cache verify`)",
             file=ctx.err,
         )
         for key, reason in report.skipped[:5]:
