@@ -229,16 +229,16 @@ def prune(
     Entries the store says it cannot remove (:meth:`~runtime_cache.api.Backend.removable`)
     are kept and counted; where they alone exceed ``max_size``, no entry is removed for
     size, since that could not meet it. Entries whose metadata cannot be read (corrupt, in
-    a newer format, a file this user may not read) count too, at the store's size for
-    them: they go first for size (of no use here, whatever time a file claims), and for
-    age by the store's last use, where it keeps one. ``on_progress(done, total)`` is told
-    after each entry is weighed.
+    a newer format, a file this user may not read), and with a secret unsigned ones, count
+    too, at the store's size for them: they go first for size (of no use here, whatever
+    time a file claims), and for age by the store's last use, where it keeps one.
+    ``on_progress(done, total)`` is told after each entry is weighed.
     """
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report.skipped)
-    # Those it cannot read first (none of them is of use here, and a file's time is anyone's
-    # to set), then the least recently used.
+    # Those it cannot read (or, with a secret, unsigned) first: none is of use here, and a
+    # file's time is anyone's to set. Then the least recently used.
     items = sorted(weighed.items(), key=lambda item: (item[1][2] is not None, item[1][0] or 0.0))
     sizes = {key: size for key, (_, size, _) in items}
     total = sum(sizes.values())
@@ -288,7 +288,10 @@ def _weigh(cache: Cache, skipped: list[tuple[str, str]] | None) -> dict[str, _We
 
     for info in cache.entries(on_skip=skip):
         last = info.last_access if info.last_access is not None else info.created_at
-        weighed[info.key] = (last, info.stored_size, info.created_at)
+        if info.signed or not cache.signed:
+            weighed[info.key] = (last, info.stored_size, info.created_at)
+        else:  # never served while a secret is set: as one that cannot be read
+            unread.add(info.key)
     if unread:
         try:
             stored = [item for item in cache.backend.scan() if item.key in unread]

@@ -442,3 +442,22 @@ def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None
     assert report.removed == 1 and report.freed == 200 and backend.get(str(key(9))) is None
     assert all(cache.get(key(i)) == b"x" * 100 for i in range(3))
     assert report.remaining_bytes == 3 * size
+
+
+def test_prune_takes_unsigned_entries_first_when_a_secret_is_set() -> None:
+    """With a secret, an unsigned entry is never served: anyone who can write the store
+    could plant one dated tomorrow to outlast the signed ones, so it goes first for size."""
+    from runtime_cache import maintenance
+
+    backend = MemoryBackend()
+    signed = rc.Cache(backend, secret="s" * 32)
+    for i in range(3):
+        signed.put(key(i), b"x" * 100)
+    planted = rc.Cache(backend)  # no secret: writes unsigned entries
+    planted.put(key(9), b"y" * 100)
+    planted.get(key(9))  # the most recently used
+    size = max(item.size for item in backend.scan())
+    report = maintenance.prune(signed, max_size=3 * size)
+    assert report.removed == 1 and backend.get(str(key(9))) is None
+    assert all(signed.get(key(i)) == b"x" * 100 for i in range(3))
+    assert not report.skipped  # (verify names them)
