@@ -248,7 +248,7 @@ class WriteBehind:
 
 class FlushingLease(Lease):
     """A lease on the remote store, released only after the queued writes were attempted
-    (``flush(timeout)``).
+    (``flush(timeout)``, at most ``ttl`` in all per holding).
 
     Otherwise a waiter could take the lease over before the holder's entry
     reached the shared tier, and build it again.
@@ -262,17 +262,27 @@ class FlushingLease(Lease):
     ) -> None:
         super().__init__(inner.key, inner.ttl)
         self._inner, self._flush, self._refused = inner, flush, refused
+        #: When this holding's waits for the queue end (``time.monotonic``): its first wait
+        #: starts the clock, so the ask and the release together wait at most ``ttl``.
+        self._flush_until: float | None = None
+
+    def _wait_for_queue(self) -> None:
+        now = time.monotonic()
+        if self._flush_until is None:
+            self._flush_until = now + self.ttl
+        self._flush(max(0.0, self._flush_until - now))
 
     def refused(self) -> bool:
-        """Wait (up to ``ttl``) for the queued writes to be tried; whether the shared
-        tier refused the key's latest write for its size."""
+        """Wait for the queued writes to be tried; whether the shared tier refused the key's
+        latest write for its size. This wait and the release's share ``ttl``."""
         try:
-            self._flush(self.ttl)
+            self._wait_for_queue()
             return self._refused(self.key)
         except Exception:  # the note is only a hint: say nothing was refused
             return False
 
     def _take(self) -> bool:
+        self._flush_until = None
         return self._inner.acquire()
 
     def _extend(self) -> bool:
@@ -286,7 +296,7 @@ class FlushingLease(Lease):
 
     def _drop(self) -> None:
         try:
-            self._flush(self.ttl)
+            self._wait_for_queue()
         finally:
             self._inner.release()
 

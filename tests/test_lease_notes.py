@@ -259,3 +259,25 @@ def test_redis_note_that_never_expires_or_is_no_string_is_no_note(
     direct.delete(note_name)
     direct.close()
     backend.close()
+
+
+def test_a_tiered_holder_waits_for_its_queue_once_per_holding() -> None:
+    """Over a slow shared tier, asking whether the write was refused waited up to ttl for
+    the queue, and the release waited up to ttl again: the lease was kept up to 2 x ttl.
+    The two waits share ttl now; a new holding has its own."""
+    from runtime_cache.backends.write_behind import FlushingLease
+
+    waits: list[float] = []
+
+    def slow_flush(timeout: float) -> bool:  # a queue that never drains in time
+        waits.append(timeout)
+        time.sleep(timeout)
+        return False
+
+    lease = FlushingLease(MemoryBackend().lease(KEY, 0.3), slow_flush)
+    for _ in range(2):
+        assert lease.acquire()
+        assert not lease.refused()
+        lease.release()
+    assert waits[0] == waits[2] == pytest.approx(0.3)
+    assert waits[1] < 0.1 and waits[3] < 0.1
