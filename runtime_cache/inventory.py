@@ -14,9 +14,9 @@ from .api import Backend, StoredItem
 from .bundles import LoadResult, good_blobs, merge_bundle
 from .check import check_entry
 from .codec import Entry, Limits, SecretKeys, decode_bundle, encode_bundle, encode_entry
-from .errors import CorruptEntryError, SignatureError
+from .errors import CorruptEntryError, RuntimeCacheError, SignatureError
 from .keys import CacheKey
-from .listing import OnProgress, OnSkip, list_entries, read_info
+from .listing import OnProgress, OnSkip, list_entries, read_heads, read_info
 from .stats import CacheStats, Counters, EntryInfo
 
 __all__ = ["Inventory", "KeyLike"]
@@ -74,6 +74,14 @@ class Inventory:
         return list_entries(
             self.backend, self.limits, self._failed, runtime, purpose, module_id, on_skip
         )
+
+    def heads(
+        self: _Host, prefix: str = ""
+    ) -> Iterator[tuple[StoredItem, EntryInfo | RuntimeCacheError]]:
+        """Each stored item under the storage-key ``prefix`` with its metadata, or the error
+        its head raised (corrupt, or unreadable here): what maintenance weighs. Entries that
+        vanish meanwhile are left out."""
+        return read_heads(self.backend, self.limits, self._failed, prefix)
 
     def info(self: _Host, key: KeyLike) -> EntryInfo | None:
         """The metadata of one entry (never its value), or ``None`` when it is absent.

@@ -15,7 +15,7 @@ OnSkip = Callable[[str, str], None]
 #: Told ``(done, total)`` as a long operation advances.
 OnProgress = Callable[[int, int], None]
 
-__all__ = ["OnProgress", "OnSkip", "list_entries", "read_info"]
+__all__ = ["OnProgress", "OnSkip", "list_entries", "read_heads", "read_info", "skip_reason"]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
 HEAD_SIZE = 4096
@@ -61,6 +61,34 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
     )
 
 
+def read_heads(
+    backend: Backend, limits: Limits, failed: Callable[[str, Exception], None], prefix: str = ""
+) -> Iterator[tuple[StoredItem, EntryInfo | RuntimeCacheError]]:
+    """Each stored item under ``prefix`` with its metadata, or the error that reading it
+    raised (corrupt, or unreadable here). Entries that vanish while listing are left out;
+    other failures of the backend go to ``failed(op, exc)`` (the front's failure policy)."""
+    try:
+        items = list(backend.scan(prefix))
+    except Exception as exc:
+        failed("scan", exc)
+        return
+    for item in items:
+        try:
+            yield item, read_info(backend, item, limits)
+        except KeyError:
+            continue
+        except RuntimeCacheError as exc:
+            yield item, exc
+        except Exception as exc:
+            failed("head", exc)
+
+
+def skip_reason(exc: RuntimeCacheError) -> str:
+    """What a listing tells ``on_skip`` of an entry whose head raised ``exc``."""
+    kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
+    return f"{kind}: {exc}"
+
+
 def list_entries(
     backend: Backend,
     limits: Limits,
@@ -79,23 +107,10 @@ def list_entries(
     prefix = ""
     if runtime is not None:
         prefix = f"{runtime}/" if purpose is None else f"{runtime}/{purpose}/"
-    try:
-        items = list(backend.scan(prefix))
-    except Exception as exc:
-        failed("scan", exc)
-        return
-    for item in items:
-        try:
-            info = read_info(backend, item, limits)
-        except KeyError:
-            continue
-        except RuntimeCacheError as exc:
+    for item, info in read_heads(backend, limits, failed, prefix):
+        if isinstance(info, RuntimeCacheError):
             if on_skip is not None:
-                kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
-                on_skip(item.key, f"{kind}: {exc}")
-            continue
-        except Exception as exc:
-            failed("head", exc)
+                on_skip(item.key, skip_reason(info))
             continue
         if purpose is not None and info.purpose != purpose:
             continue

@@ -19,6 +19,7 @@ CORE = [
     "cache",
     "stats",
     "maintenance",
+    "pruning",
     "listing",
     "inventory",
 ]

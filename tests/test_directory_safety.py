@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -385,7 +388,7 @@ def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
 
     aged = maintenance.prune(cache, older_than=12 * 3600, now=now)
     assert aged.removed == 1 and not path_of(tmp_path, stale).exists()
-    assert {k for k, _ in aged.skipped} == {stale, fresh}
+    assert {k for k, _ in aged.corrupt} == {stale, fresh} and not aged.skipped
 
     backend.set(stale, os.urandom(5000))
     os.utime(path_of(tmp_path, stale), (now - 86400,) * 2)
@@ -424,3 +427,112 @@ def test_a_shared_roots_members_are_looked_up_one_by_one(monkeypatch: pytest.Mon
     other = next(gid for gid in range(2_000_000, 2_100_000) if gid not in gids)
     assert me.pw_uid not in GroupMembers(other, -1)
     assert 12345 in GroupMembers(other, 12345)  # this process's user always counts
+
+
+def test_prune_leaves_names_it_cannot_judge_out_and_never_over_removes(tmp_path: Path) -> None:
+    """The review of prune's junk: a name the store lists but that is no key (a copy beside
+    an entry), or an entry whose read failed once, counted as junk and went first, and a
+    removal that could not happen let prune remove every good entry; a corrupt entry that
+    vanished, or was written again, meanwhile was still counted, and the fresh one removed."""
+    from runtime_cache import maintenance
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Flaky(DirectoryBackend):
+        fail: ClassVar[set[str]] = set()
+
+        def head(self, key_: str, size: int) -> bytes | None:
+            if key_ in self.fail:
+                self.fail.discard(key_)
+                raise BackendUnavailableError("a timeout")
+            return super().head(key_, size)
+
+    backend = Flaky(tmp_path, max_size=None)
+    cache = rc.Cache(backend, secret="s" * 32)
+    now = time.time()
+    for i in range(5):
+        cache.put(key(i), b"x" * 1000)
+        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    size = path_of(tmp_path, key(0)).stat().st_size
+    (tmp_path / "safe" / "test" / "82").mkdir(exist_ok=True)
+    copy = tmp_path / "safe" / "test" / "82" / "82 copy.rce"  # as a file manager names one
+    copy.write_bytes(b"j" * 20 * size)  # listed, no key: cannot be read, nor removed
+    backend.fail.add(str(key(4)))  # the most recently used: one read of it fails
+    report = maintenance.prune(cache, max_size=10 * size, now=now)
+    assert report.removed == 0 and len(report.skipped) == 2 and not report.corrupt
+    assert all(cache.get(key(i)) == b"x" * 1000 for i in range(5))
+    copy.unlink()
+    for i in range(5):  # (the gets above used them all)
+        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+
+    # Corrupt entries that another hand removes, or writes again, while prune runs.
+    gone, rebuilt = key(20), key(21)
+    for k in (gone, rebuilt):
+        backend.set(str(k), os.urandom(2 * size))
+
+    def meanwhile(done: int, _total: int) -> None:
+        if done == 1:
+            backend.delete(str(gone))
+            cache.put(rebuilt, b"y" * 1000)
+
+    report = maintenance.prune(cache, max_size=5 * size + 100, now=now, on_progress=meanwhile)
+    assert cache.get(rebuilt) == b"y" * 1000  # written again: kept
+    assert report.removed == 1 and cache.get(key(0)) is None  # the cap, one good entry
+    assert all(cache.get(key(i)) == b"x" * 1000 for i in range(1, 5))
+    assert report.freed == size and report.remaining == 5
+
+
+def test_prune_keeps_entries_of_a_newer_format_where_it_found_them(tmp_path: Path) -> None:
+    """An entry in a newer format is another reader's: left out, not the first to go."""
+    from runtime_cache import maintenance
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    now = time.time()
+    for i in range(3):
+        cache.put(key(i), b"x" * 1000)
+        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    newer = bytearray(path_of(tmp_path, key(2)).read_bytes())
+    newer[4] = 99  # the format's version
+    backend.set(str(key(7)), bytes(newer))
+    size = path_of(tmp_path, key(0)).stat().st_size
+    report = maintenance.prune(cache, max_size=2 * size, now=now)
+    assert report.removed == 1 and cache.get(key(0)) is None
+    assert path_of(tmp_path, key(7)).exists()
+    assert [k for k, _ in report.skipped] == [str(key(7))] and not report.corrupt
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="needs root and useradd to make a user with two names",
+)
+def test_a_uid_whose_second_name_is_in_the_group_is_a_member() -> None:
+    """The review of the lookup by uid: a uid with two passwd names answers with its first
+    alone, whose primary group may be another; its second, in the root's group, counts."""
+    import grp
+    import pwd
+
+    from runtime_cache.backends.dir_root import GroupMembers
+
+    tag = os.getpid() % 100000
+    share, other, user, alias = (f"rcs{tag}", f"rco{tag}", f"rcu{tag}", f"rca{tag}")
+    made: list[list[str]] = []
+    try:
+        for argv in (
+            ["groupadd", share],
+            ["groupadd", other],
+            ["useradd", "-M", "-N", "-g", other, user],
+        ):
+            subprocess.run(argv, check=True)
+            made.append(argv)
+        uid = pwd.getpwnam(user).pw_uid
+        subprocess.run(
+            ["useradd", "-M", "-N", "-o", "-u", str(uid), "-g", share, alias], check=True
+        )
+        made.append(["useradd", alias])
+        assert pwd.getpwuid(uid).pw_name == user
+        assert uid in GroupMembers(grp.getgrnam(share).gr_gid, -1)
+        assert uid in GroupMembers(grp.getgrnam(other).gr_gid, -1)
+    finally:
+        for argv in reversed(made):
+            undo = "userdel" if argv[0] == "useradd" else "groupdel"
+            subprocess.run([undo, argv[-1]], check=False)

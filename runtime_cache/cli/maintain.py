@@ -275,11 +275,18 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
         print(line, file=ctx.err)
     elif report.over_cap:  # (written meanwhile)
         print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
+    if report.corrupt:
+        print(
+            f"runtime-cache: found {count(len(report.corrupt), 'corrupt entry', 'corrupt entries')}"
+            ": counted at their stored size, and the first to go for size (`runtime-cache "
+            "verify --repair` removes them all)",
+            file=ctx.err,
+        )
     if report.skipped:
         print(
-            f"runtime-cache: could not read {count(len(report.skipped), 'entry', 'entries')} "
-            "(corrupt or unreadable): counted at their stored size, and removed first for "
-            "size (see `runtime-cache verify`)",
+            f"runtime-cache: skipped {count(len(report.skipped), 'entry', 'entries')} "
+            "unreadable here (or in a newer format, or over this cache's limits): not weighed "
+            "(see `runtime-cache verify`)",
             file=ctx.err,
         )
         for key, reason in report.skipped[:5]:
