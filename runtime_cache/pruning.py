@@ -97,25 +97,28 @@ def prune(
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
-        try:  # one that cannot be removed does not stop the rest (as clear goes on)
+        # One that cannot be removed does not stop the rest (as clear goes on). ``left``: the
+        # bytes at the key after the try (None: unknown, after a failure).
+        try:
             if entry.corrupt:
                 removed, left = _remove_corrupt(cache, key)
             else:
-                removed, left = cache.delete(key), None
+                removed = cache.delete(key)
+                left = 0 if removed else _stored(cache, key, entry.size)
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
-            removed, left = False, entry.size
+            removed, left = False, None
         if removed:
             tried.add(key)
             total -= entry.size
-        elif (left if left is not None else _stored(cache, key, entry.size)) == 0:
+        elif left == 0:
             total -= entry.size  # removed meanwhile, by another hand: not ours to count
-        elif not entry.corrupt and key not in stuck:
-            tried.add(key)  # still there though asked to go: as one that cannot
-            stuck.add(key)
-            pinned += entry.size
         elif entry.corrupt and left is not None:
             total += left - entry.size  # written again meanwhile: a good entry now, kept
+        elif key not in stuck:  # still there though asked to go: as one that cannot
+            tried.add(key)
+            stuck.add(key)
+            pinned += entry.size
     _settle(cache, report, weighed, tried, stuck, max_size)
     return report
 
@@ -144,21 +147,19 @@ def _corrupt(exc: Exception) -> bool:
 
 
 def _remove_corrupt(cache: Cache, key: str) -> tuple[bool, int]:
-    # (removed, bytes left at the key): removed only while the bytes there still fail the
-    # whole check, and only those bytes.
+    # (removed, the bytes at the key now): removed only while the bytes there still fail
+    # the whole check, and only those bytes; else what is there now was written meanwhile.
     blob = cache.backend.get(key)
     if blob is None:
         return False, 0
     try:
         cache.check(key, blob)
     except CorruptEntryError as exc:
-        if not _corrupt(exc):
-            return False, len(blob)
-    else:
-        return False, len(blob)
-    if cache.backend.delete_if(key, blob):
-        return True, 0
-    return False, _stored(cache, key, len(blob))
+        if _corrupt(exc) and cache.backend.delete_if(key, blob):
+            return True, 0
+        if _corrupt(exc):  # replaced since it was read
+            return False, _stored(cache, key, len(blob))
+    return False, len(blob)
 
 
 def _stored(cache: Cache, key: str, size: int) -> int:

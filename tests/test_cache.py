@@ -442,3 +442,25 @@ def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None
     assert report.removed == 1 and report.freed == 200 and backend.get(str(key(9))) is None
     assert all(cache.get(key(i)) == b"x" * 100 for i in range(3))
     assert report.remaining_bytes == 3 * size
+
+
+def test_prune_stops_when_a_corrupt_entry_cannot_go() -> None:
+    """A corrupt entry whose removal fails counts as one that cannot go: where it alone is
+    over the cap, no good entry is removed in its place."""
+    from runtime_cache import maintenance
+
+    class Immutable(MemoryBackend):
+        def delete_if(self, key_: str, expected: bytes) -> bool:
+            if key_ == str(key(9)):
+                raise BackendError("an immutable file")
+            return super().delete_if(key_, expected)
+
+    backend = Immutable()
+    cache = rc.Cache(backend)
+    for i in range(3):
+        cache.put(key(i), b"x" * 100)
+    backend.set(str(key(9)), b"junk" * 500)
+    report = maintenance.prune(cache, max_size=1000)
+    assert report.removed == 0 and report.failed and report.stuck == 1
+    assert all(cache.get(key(i)) == b"x" * 100 for i in range(3))
+    assert [k for k, _ in report.corrupt] == [str(key(9))]
