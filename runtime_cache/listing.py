@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from .api import Backend, StoredItem
 from .check import check_binding
 from .codec import Limits, decode_meta
-from .errors import CorruptEntryError, RuntimeCacheError
+from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
 from .stats import EntryInfo
 
 #: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
@@ -85,7 +85,12 @@ def read_heads(
 
 def skip_reason(exc: RuntimeCacheError) -> str:
     """What a listing tells ``on_skip`` of an entry whose head raised ``exc``."""
-    kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
+    if isinstance(exc, NewerFormatError):
+        kind = "newer format"
+    elif isinstance(exc, OverLimitError):
+        kind = "over this cache's limits"
+    else:
+        kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
     return f"{kind}: {exc}"
 
 

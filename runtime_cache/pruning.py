@@ -6,10 +6,12 @@ memory) give true LRU order, the others fall back to creation time. Entries that
 fail the check on their metadata (corrupt: garbage, a truncated head, an entry
 swapped in from another key) count at the store's size for them and go first for
 size, whatever time their files claim: none of them can be served, and a file's
-time is anyone's to set. Each is removed only while its bytes still fail the whole
-check (the bytes judged, by :meth:`~runtime_cache.api.Backend.delete_if`), so an
-entry written again meanwhile stays. Entries in a newer format, over this cache's
-limits, or unreadable here are left out, as before: they may be another reader's.
+time is anyone's to set. Each is removed only after its head, read again (and
+never whole: a planted file may be large or sparse), still fails so; an entry
+written again meanwhile stays. Entries in a newer format, over this cache's limits,
+or unreadable here are left out, as before: they may be another reader's. A removal
+that does not happen never lets prune remove others in its place beyond the cap:
+an entry still there counts as one that cannot go.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .api import StoredItem
 from .cache import Cache
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
-from .listing import OnProgress, skip_reason
+from .listing import OnProgress, read_info, skip_reason
 
 __all__ = ["PruneReport", "prune"]
 
@@ -89,6 +92,7 @@ def prune(
     pinned = sum(weighed[key].size for key in stuck)
     report.kept_the_rest = max_size is not None and pinned > max_size
     tried: set[str] = set()
+    attempted = False
     for done, (key, entry) in enumerate(items, 1):
         if on_progress is not None:
             on_progress(done, len(items))
@@ -97,29 +101,26 @@ def prune(
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
-        # One that cannot be removed does not stop the rest (as clear goes on). ``left``: the
-        # bytes at the key after the try (None: unknown, after a failure).
-        try:
-            if entry.corrupt:
-                removed, left = _remove_corrupt(cache, key)
-            else:
-                removed = cache.delete(key)
-                left = 0 if removed else _stored(cache, key, entry.size)
+        attempted = True
+        try:  # one that cannot be removed does not stop the rest (as clear goes on)
+            outcome, now_there = (_remove_corrupt if entry.corrupt else _remove)(cache, key)
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
-            removed, left = False, None
-        if removed:
+            outcome, now_there = "stuck", entry.size
+        if outcome == "removed":
             tried.add(key)
             total -= entry.size
-        elif left == 0:
-            total -= entry.size  # removed meanwhile, by another hand: not ours to count
-        elif entry.corrupt and left is not None:
-            total += left - entry.size  # written again meanwhile: a good entry now, kept
-        elif key not in stuck:  # still there though asked to go: as one that cannot
+        elif outcome == "gone":  # removed meanwhile by another hand (not ours to count),
+            total -= entry.size  # or now another reader's (a newer format)
+        elif outcome == "stuck" and key not in stuck:  # still there: as one that cannot go
             tried.add(key)
             stuck.add(key)
             pinned += entry.size
-    _settle(cache, report, weighed, tried, stuck, max_size)
+        elif outcome == "good":  # a corrupt entry written again meanwhile: kept
+            total += now_there - entry.size
+    if max_size is not None and pinned > max_size:
+        report.kept_the_rest = True
+    _settle(cache, report, weighed, tried if attempted else None, stuck, max_size)
     return report
 
 
@@ -146,45 +147,54 @@ def _corrupt(exc: Exception) -> bool:
     )
 
 
-def _remove_corrupt(cache: Cache, key: str) -> tuple[bool, int]:
-    # (removed, the bytes at the key now): removed only while the bytes there still fail
-    # the whole check, and only those bytes; else what is there now was written meanwhile.
-    blob = cache.backend.get(key)
-    if blob is None:
-        return False, 0
+def _remove(cache: Cache, key: str) -> tuple[str, int]:
+    # ("removed" | "gone": nothing there now | "stuck": still there though asked to go,
+    # and the bytes stored at the key now, where that was read).
+    if cache.delete(key):
+        return "removed", 0
+    return ("gone", 0) if _gone(cache, key) else ("stuck", 0)
+
+
+def _remove_corrupt(cache: Cache, key: str) -> tuple[str, int]:
+    # As _remove, once its head (read again, without counting a use) still fails the check
+    # as corrupt; else "good" (written again meanwhile, with its size) or "gone" (nothing
+    # there, or now another reader's). Only the head is read of what may still be junk: a
+    # planted file may be large or sparse.
     try:
-        cache.check(key, blob)
+        read_info(cache.backend, StoredItem(key, 0), cache.limits)
+    except KeyError:
+        return "gone", 0
     except CorruptEntryError as exc:
-        if _corrupt(exc) and cache.backend.delete_if(key, blob):
-            return True, 0
-        if _corrupt(exc):  # replaced since it was read
-            return False, _stored(cache, key, len(blob))
-    return False, len(blob)
+        return _remove(cache, key) if _corrupt(exc) else ("gone", 0)
+    blob = cache.backend.peek(key)
+    return ("good", len(blob)) if blob is not None else ("gone", 0)
 
 
-def _stored(cache: Cache, key: str, size: int) -> int:
-    # Whether anything is stored at ``key`` now: 0 for nothing, else ``size`` (as when the
-    # store cannot say, so nothing more is removed in its place).
+def _gone(cache: Cache, key: str) -> bool:
+    # Whether nothing is stored at ``key`` now (False when the store cannot say).
     try:
-        return 0 if cache.backend.head(key, 1) is None else size
+        return cache.backend.head(key, 1) is None
     except Exception:
-        return size
+        return False
 
 
 def _settle(
     cache: Cache,
     report: PruneReport,
     weighed: dict[str, _Weighed],
-    tried: set[str],
+    tried: set[str] | None,
     stuck: set[str],
     max_size: int | None,
 ) -> None:
-    """Fill in what is left, listed again where any removal was tried: a store of tiers
-    says it removed an entry (or that it had none) while one of its tiers kept it. An
+    """Fill in what is left, listed again where any removal was tried (``tried`` is None
+    where none was): a store of tiers says it removed an entry (or that it had none) while
+    one of its tiers kept it, and another hand may have removed or written entries. An
     entry written again meanwhile (a newer one under the key) is not one that stayed."""
     sizes = {key: entry.size for key, entry in weighed.items()}
     left, again = dict(sizes), {}
-    if tried:
+    if tried is None:
+        tried = set()
+    else:
         listed = _weigh(cache, None)
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}

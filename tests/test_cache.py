@@ -450,10 +450,10 @@ def test_prune_stops_when_a_corrupt_entry_cannot_go() -> None:
     from runtime_cache import maintenance
 
     class Immutable(MemoryBackend):
-        def delete_if(self, key_: str, expected: bytes) -> bool:
+        def delete(self, key_: str) -> bool:
             if key_ == str(key(9)):
                 raise BackendError("an immutable file")
-            return super().delete_if(key_, expected)
+            return super().delete(key_)
 
     backend = Immutable()
     cache = rc.Cache(backend)
@@ -464,3 +464,28 @@ def test_prune_stops_when_a_corrupt_entry_cannot_go() -> None:
     assert report.removed == 0 and report.failed and report.stuck == 1
     assert all(cache.get(key(i)) == b"x" * 100 for i in range(3))
     assert [k for k, _ in report.corrupt] == [str(key(9))]
+
+
+def test_prune_never_removes_good_entries_for_junk_planted_again() -> None:
+    """The second review of prune: junk swapped for other junk while prune removed it was
+    taken for an entry written again, so every good entry went in its place."""
+    from runtime_cache import maintenance
+
+    planted = str(key(99))
+
+    class Replanted(MemoryBackend):
+        def delete(self, key_: str) -> bool:
+            gone = super().delete(key_)
+            if key_ == planted:
+                self.set(key_, b"junk" * 5000)  # another writer, at once
+            return gone
+
+    backend = Replanted()
+    cache = rc.Cache(backend)
+    for i in range(5):
+        cache.put(key(i), b"x" * 100)
+    backend.set(planted, b"junk" * 5000)
+    size = next(item.size for item in backend.scan() if item.key == str(key(0)))
+    report = maintenance.prune(cache, max_size=10 * size)
+    assert all(cache.get(key(i)) == b"x" * 100 for i in range(5))
+    assert [k for k, _ in report.failed] == [planted] and report.over_cap > 0

@@ -536,3 +536,46 @@ def test_a_uid_whose_second_name_is_in_the_group_is_a_member() -> None:
         for argv in reversed(made):
             undo = "userdel" if argv[0] == "useradd" else "groupdel"
             subprocess.run([undo, argv[-1]], check=False)
+
+
+def test_prune_reports_what_another_prune_left_and_never_freshens_junk(tmp_path: Path) -> None:
+    """The second review of prune: with another prune done first, nothing was removed, the
+    first listing stood, and the report (and the CLI's exit code) said the cap was unmet;
+    a corrupt file whose removal failed was read with a counted use, which made it fresh,
+    so the next --older-than neither aged it nor said why."""
+    from runtime_cache import maintenance
+    from runtime_cache.errors import BackendError
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    now = time.time()
+    for i in range(10):
+        cache.put(key(i), b"x" * 1000)
+        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    size = path_of(tmp_path, key(0)).stat().st_size
+    other = rc.Cache(DirectoryBackend(tmp_path, max_size=None))
+
+    def first(done: int, _total: int) -> None:
+        if done == 1:
+            maintenance.prune(other, max_size=5 * size)
+
+    report = maintenance.prune(cache, max_size=5 * size, on_progress=first)
+    assert report.removed == 0 and report.remaining == 5 and report.over_cap == 0
+    assert [cache.get(key(i)) is not None for i in range(10)] == [False] * 5 + [True] * 5
+
+    junk = str(key(90))
+
+    class Immutable(DirectoryBackend):
+        def delete(self, key_: str) -> bool:
+            if key_ == junk:
+                raise BackendError("an immutable file")
+            return super().delete(key_)
+
+    stuck = rc.Cache(Immutable(tmp_path, max_size=None))
+    backend.set(junk, os.urandom(500))
+    ten_days = now - 10 * 86400
+    os.utime(path_of(tmp_path, junk), (ten_days, ten_days))
+    for _ in range(2):
+        report = maintenance.prune(stuck, older_than=86400, now=now)
+        assert [k for k, _ in report.failed] == [junk] and report.stuck == 1
+        assert path_of(tmp_path, junk).stat().st_mtime == ten_days
