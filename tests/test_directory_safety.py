@@ -367,6 +367,14 @@ def test_hard_links_to_one_entry_count_its_disk_once(tmp_path: Path) -> None:
     assert all(backend.get(k) is not None for k in keys)
 
 
+def _used_in_turn(root: Path, cache: rc.Cache, count: int, value: bytes, now: float) -> None:
+    """Put ``count`` entries, then date their last use a minute apart, the first an hour ago."""
+    for i in range(count):
+        if cache.get(key(i)) is None:
+            cache.put(key(i), value)
+        os.utime(path_of(root, key(i)), (now - 3600 + i * 60,) * 2)
+
+
 def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
     """prune left corrupt entries out of its total, so junk could hold the folder over
     --max-size for good; they count now, and go first for size (by the file's age for age)."""
@@ -376,9 +384,7 @@ def test_prune_weighs_entries_it_cannot_read(tmp_path: Path) -> None:
     backend = DirectoryBackend(tmp_path, max_size=None)
     cache = rc.Cache(backend)
     now = time.time()
-    for i in range(4):
-        cache.put(key(i), b"g" * 1000)
-        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    _used_in_turn(tmp_path, cache, 4, b"g" * 1000, now)
     good = path_of(tmp_path, key(0)).stat().st_size
     stale, fresh = str(key(10)), str(key(11))
     backend.set(stale, os.urandom(5000))  # random bytes, untouched for a day
@@ -449,9 +455,7 @@ def test_prune_leaves_names_it_cannot_judge_out_and_never_over_removes(tmp_path:
     backend = Flaky(tmp_path, max_size=None)
     cache = rc.Cache(backend, secret="s" * 32)
     now = time.time()
-    for i in range(5):
-        cache.put(key(i), b"x" * 1000)
-        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    _used_in_turn(tmp_path, cache, 5, b"x" * 1000, now)
     size = path_of(tmp_path, key(0)).stat().st_size
     (tmp_path / "safe" / "test" / "82").mkdir(exist_ok=True)
     copy = tmp_path / "safe" / "test" / "82" / "82 copy.rce"  # as a file manager names one
@@ -461,8 +465,7 @@ def test_prune_leaves_names_it_cannot_judge_out_and_never_over_removes(tmp_path:
     assert report.removed == 0 and len(report.skipped) == 2 and not report.corrupt
     assert all(cache.get(key(i)) == b"x" * 1000 for i in range(5))
     copy.unlink()
-    for i in range(5):  # (the gets above used them all)
-        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    _used_in_turn(tmp_path, cache, 5, b"x" * 1000, now)  # (the gets above used them all)
 
     # Corrupt entries that another hand removes, or writes again, while prune runs.
     gone, rebuilt = key(20), key(21)
@@ -488,9 +491,7 @@ def test_prune_keeps_entries_of_a_newer_format_where_it_found_them(tmp_path: Pat
     backend = DirectoryBackend(tmp_path, max_size=None)
     cache = rc.Cache(backend)
     now = time.time()
-    for i in range(3):
-        cache.put(key(i), b"x" * 1000)
-        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    _used_in_turn(tmp_path, cache, 3, b"x" * 1000, now)
     newer = bytearray(path_of(tmp_path, key(2)).read_bytes())
     newer[4] = 99  # the format's version
     backend.set(str(key(7)), bytes(newer))
@@ -549,9 +550,7 @@ def test_prune_reports_what_another_prune_left_and_never_freshens_junk(tmp_path:
     backend = DirectoryBackend(tmp_path, max_size=None)
     cache = rc.Cache(backend)
     now = time.time()
-    for i in range(10):
-        cache.put(key(i), b"x" * 1000)
-        os.utime(path_of(tmp_path, key(i)), (now - 3600 + i * 60,) * 2)
+    _used_in_turn(tmp_path, cache, 10, b"x" * 1000, now)
     size = path_of(tmp_path, key(0)).stat().st_size
     other = rc.Cache(DirectoryBackend(tmp_path, max_size=None))
 
