@@ -198,6 +198,10 @@ def _settle(
         listed = _weigh(cache, None)
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
+        # One that did not go but is not listed again was on a tier that could not be
+        # listed now (a store of tiers lists what the others hold): still there.
+        for key in stuck - left.keys():
+            left[key], again[key] = sizes[key], weighed[key].made
     stayed = {key for key in tried & again.keys() if again[key] == weighed[key].made}
     said = {key for key, _ in report.failed}
     report.failed += [(key, "still there after its removal") for key in stayed - said]

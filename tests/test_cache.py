@@ -11,6 +11,7 @@ import pytest
 
 import runtime_cache as rc
 from runtime_cache import codec
+from runtime_cache.api import StoredItem
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.errors import BackendError, BackendUnavailableError, InvalidBundleError
 
@@ -423,7 +424,6 @@ def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None
     """A store that keeps no last use (Redis): an entry prune cannot read goes first for
     size, and is never removed for its age."""
     from runtime_cache import maintenance
-    from runtime_cache.api import StoredItem
 
     class Untimed(MemoryBackend):
         def scan(self, prefix: str = "") -> Iterator[StoredItem]:
@@ -489,3 +489,43 @@ def test_prune_never_removes_good_entries_for_junk_planted_again() -> None:
     report = maintenance.prune(cache, max_size=10 * size)
     assert all(cache.get(key(i)) == b"x" * 100 for i in range(5))
     assert [k for k, _ in report.failed] == [planted] and report.over_cap > 0
+
+
+def test_prune_counts_what_a_tier_it_could_not_list_kept() -> None:
+    """The second review of prune: with the slow tier of a store of tiers down mid-prune,
+    the entries it kept were neither listed again nor counted, so the report said they
+    were removed and the cap met."""
+    from runtime_cache import maintenance
+    from runtime_cache.backends.tiered import TieredBackend
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Pausable(MemoryBackend):
+        down = False
+
+        def _fail_if_down(self) -> None:
+            if self.down:
+                raise BackendUnavailableError("paused")
+
+        def delete(self, key_: str) -> bool:
+            self._fail_if_down()
+            return super().delete(key_)
+
+        def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+            self._fail_if_down()
+            return super().scan(prefix)
+
+    slow = Pausable()
+    cache = rc.Cache(TieredBackend([MemoryBackend(), slow]), strict=True)
+    for i in range(6):
+        cache.put(key(i), b"x" * 100)
+        time.sleep(0.002)
+    size = next(iter(slow.scan())).size
+
+    def pause(done: int, _total: int) -> None:
+        slow.down = done >= 2
+
+    report = maintenance.prune(cache, max_size=3 * size, on_progress=pause)
+    slow.down = False
+    assert len(list(slow.keys())) == 5 and report.removed == 1
+    assert report.remaining == 5 and report.stuck == len(report.failed) > 0
+    assert report.over_cap == 2 * size
