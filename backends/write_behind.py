@@ -201,12 +201,12 @@ class WriteBehind:
                 self.refusals.landed(batch)
             except Exception as exc:  # counted and reported; the writer keeps going
                 # A value refused for its size stops no other one of the batch.
-                refused = exc.refused if isinstance(exc, EntryTooLargeError) else ()
+                refused = set(exc.refused) if isinstance(exc, EntryTooLargeError) else set()
                 lost = len(batch.keys() & refused) if refused else len(batch)
                 self.failed += lost
                 self.written += len(batch) - lost
-                self.refusals.landed(batch.keys() - set(refused))
-                self.refusals.refused(batch.keys() & set(refused))
+                self.refusals.landed(batch.keys() - refused)
+                self.refusals.refused(batch.keys() & refused)
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:

@@ -15,7 +15,15 @@ OnSkip = Callable[[str, str], None]
 #: Told ``(done, total)`` as a long operation advances.
 OnProgress = Callable[[int, int], None]
 
-__all__ = ["OnProgress", "OnSkip", "list_entries", "read_heads", "read_info", "skip_reason"]
+__all__ = [
+    "OnProgress",
+    "OnSkip",
+    "list_entries",
+    "read_heads",
+    "read_info",
+    "skip_kind",
+    "skip_reason",
+]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
 HEAD_SIZE = 4096
@@ -83,15 +91,20 @@ def read_heads(
             failed("head", exc)
 
 
+def skip_kind(exc: Exception) -> str:
+    """What an entry whose head raised ``exc`` is: ``"newer format"`` or ``"over this
+    cache's limits"`` (another reader's, maybe), ``"corrupt"`` (bad for every reader), or
+    ``"unreadable"`` (here)."""
+    if isinstance(exc, NewerFormatError):
+        return "newer format"
+    if isinstance(exc, OverLimitError):
+        return "over this cache's limits"
+    return "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
+
+
 def skip_reason(exc: RuntimeCacheError) -> str:
     """What a listing tells ``on_skip`` of an entry whose head raised ``exc``."""
-    if isinstance(exc, NewerFormatError):
-        kind = "newer format"
-    elif isinstance(exc, OverLimitError):
-        kind = "over this cache's limits"
-    else:
-        kind = "corrupt" if isinstance(exc, CorruptEntryError) else "unreadable"
-    return f"{kind}: {exc}"
+    return f"{skip_kind(exc)}: {exc}"
 
 
 def list_entries(

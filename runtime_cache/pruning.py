@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 from .api import StoredItem
 from .cache import Cache
-from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
-from .listing import OnProgress, read_info, skip_reason
+from .errors import CorruptEntryError, RuntimeCacheError
+from .listing import OnProgress, read_info, skip_kind, skip_reason
 
 __all__ = ["PruneReport", "prune"]
 
@@ -142,9 +142,7 @@ def _weigh(cache: Cache, report: PruneReport | None) -> dict[str, _Weighed]:
 
 def _corrupt(exc: Exception) -> bool:
     # Bad for every reader: not a newer format, nor only over this cache's limits.
-    return isinstance(exc, CorruptEntryError) and not isinstance(
-        exc, (NewerFormatError, OverLimitError)
-    )
+    return skip_kind(exc) == "corrupt"
 
 
 def _remove(cache: Cache, key: str) -> tuple[str, int]:
