@@ -275,6 +275,24 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     return (read_to_end(fd, size, limit),)
 
 
+def read_range(
+    fd: int, size: int, limit: int, where: tuple[int, int, int]
+) -> tuple[bytes, bytes] | None:
+    """The file's bytes ``[start:end]`` and ``[end:]`` for ``where = (start, end, expected)``,
+    when the file at ``fd`` (``size`` bytes by ``fstat``) is ``expected`` bytes long and
+    stays so while read; else ``None``."""
+    start, end, expected = where
+    if size != expected or not 0 <= start <= end <= size:
+        return None
+    # One byte more than is left shows a file that grew since fstat.
+    if end == size:
+        middle = os.pread(fd, end - start + 1, start)
+        return (middle, b"") if len(middle) == end - start else None
+    middle = os.pread(fd, end - start, start)
+    tail = os.pread(fd, size - end + 1, end)
+    return (middle, tail) if len(middle) == end - start and len(tail) == size - end else None
+
+
 def read_regular(fd: int, limit: int) -> bytes:
     """Read the whole file at ``fd`` if it is a regular file of at most ``limit`` bytes.
 

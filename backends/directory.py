@@ -30,7 +30,7 @@ from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
 
-from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_to_end, regular_size
+from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_range, read_to_end, regular_size
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
@@ -224,6 +224,9 @@ class DirectoryBackend(Backend):
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
         return self._read(key, self.track_access, read_parts, span)
 
+    def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+        return self._read(key, self.track_access, read_range, (start, end, size))
+
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return read_each(self.get, keys)  # a file we may not read costs its key alone
 
@@ -234,9 +237,8 @@ class DirectoryBackend(Backend):
         read = ((key, self._read(key, False, read_to_end)) for key in keys)
         return {key: value for key, value in read if value is not None}
 
-    def _read(
-        self, key: str, count_use: bool, reader: Reader[T], span: Span | None = None
-    ) -> T | None:
+    def _read(self, key: str, count_use: bool, reader: Reader[T], where: object = None) -> T | None:
+        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span, a range).
         rel = self._rels.get(key) or self._rel(key)
         opened = self._open(rel)
         if opened is None:
@@ -244,8 +246,8 @@ class DirectoryBackend(Backend):
         fd, size = opened
         cap = self.max_entry_size
         try:
-            data = reader(fd, size, cap) if span is None else reader(fd, size, cap, span)
-            if count_use:
+            data = reader(fd, size, cap) if where is None else reader(fd, size, cap, where)
+            if count_use and data is not None:  # (a range of another size: none read)
                 self._touch(fd, key)
         except Junk as exc:
             self.found_junk(rel, str(exc))

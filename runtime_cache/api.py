@@ -174,6 +174,16 @@ class Backend(abc.ABC):
         value = self.get(key)
         return None if value is None else (value,)
 
+    def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+        """``(value[start:end], value[end:])`` of ``key``'s value when it is ``size`` bytes
+        long, read without the bytes before ``start``; ``None`` when it is not that long,
+        not there, or this backend cannot read a part alone (this default).
+
+        The front asks this for an entry it checked before, whose header it remembers;
+        it then checks the value against that header, and reads the entry whole with
+        :meth:`get_parts` when the answer is ``None`` or fails the check."""
+        return None
+
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Return the values of those ``keys`` that are present."""
         found: dict[str, bytes] = {}

@@ -101,6 +101,9 @@ class Cache(Inventory, BatchReads):
         self._counters = Counters()
         self._flights = SingleFlight()
         self._own = OwnEntries()
+        #: The backend's read of a value alone, where it has one (see Backend.get_range).
+        ranged = type(self._backend).get_range is not Backend.get_range
+        self._ranges = self._backend.get_range if ranged else None
         self._refusals = Refusals()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
@@ -243,6 +246,17 @@ class Cache(Inventory, BatchReads):
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
         skey = str(key)
+        if type(key) is CacheKey and self._ranges is not None:
+            # An entry checked or written here before: its value alone, against the header
+            # remembered for it (own_entries); else, or when that fails, read whole below.
+            own = self._own.read_known(
+                skey, key.packed_parts, self.producer, self.limits, self._secret, self._ranges
+            )
+            if own is not None:
+                if self._policy.failing_sides:
+                    self._policy.succeeded()
+                self._counters.hit(own[2], own[1])
+                return own[0]
         pieces = self._fetch(skey)
         if pieces is None:
             return None

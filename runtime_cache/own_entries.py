@@ -29,7 +29,7 @@ caller then runs the full check, which says what is wrong.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import xxhash
@@ -77,6 +77,8 @@ _Shape = tuple[int, int, int, bytes, int]
 #: key's packed parts, the value's length, the signature's, the value's checksum, the
 #: build seconds, and the whole entry's size.
 _Seen = tuple[bytes, bytes, int, int, int, float, int]
+#: A backend's read of an entry's value alone (:meth:`~runtime_cache.api.Backend.get_range`).
+RangeRead = Callable[[str, int, int, int], "tuple[bytes, bytes] | None"]
 
 
 class OwnEntries:
@@ -264,6 +266,48 @@ class OwnEntries:
             self._seen = {}
         self._seen[skey] = seen
         return seen
+
+    def read_known(
+        self,
+        skey: str,
+        packed: bytes,
+        producer: str,
+        limits: Limits,
+        secret: SecretKeys | None,
+        read: RangeRead,
+    ) -> tuple[bytes, float, int] | None:
+        """``(value, build_seconds, blob_size)`` of the entry of ``skey`` (a key whose parts
+        pack to ``packed``) last checked or written here for ``producer`` and ``limits``,
+        read with ``read(skey, start, end, size)`` (as
+        :meth:`~runtime_cache.api.Backend.get_range`) from where its value starts, when the
+        value and signature pass the checks of the header remembered for it: the value's
+        length and checksum, and the signature when ``secret`` is set. ``None`` when no
+        header is remembered, or the read or a check fails (the caller then reads it whole,
+        and that read fails, and counts, as it does)."""
+        if producer is not self._producer or limits is not self._limits:
+            return None
+        seen = self._seen.get(skey)
+        if seen is None or seen[1] != packed:
+            return None
+        head, _, value_len, sig_len, value_sum, built, size = seen
+        cut = len(head)
+        try:
+            parts = read(skey, cut, cut + value_len, size)
+        except Exception:
+            return None
+        if parts is None:
+            return None
+        value, sig = parts
+        if not (
+            len(value) == value_len
+            and len(sig) == sig_len
+            and type(value) is bytes is type(sig)
+            and _xxh3(value) == value_sum
+        ):
+            return None
+        if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
+            return None
+        return value, built, size
 
     def match(
         self,

@@ -117,6 +117,18 @@ class BackendConformance:
                 assert len(pieces[0]) == 100 and len(pieces[2]) == 7
         assert backend.get_parts(_k("no-parts"), span) is None
 
+    def test_get_range_reads_a_part_or_nothing(self, backend: Backend) -> None:
+        value = os.urandom(300_000)
+        backend.set(_k("range"), value)
+        size = len(value)
+        got = backend.get_range(_k("range"), 100, size - 7, size)
+        if got is not None:  # (a backend may read only whole values: None, always)
+            assert got == (value[100:-7], value[-7:]) and all(type(p) is bytes for p in got)
+            assert backend.get_range(_k("range"), 0, size, size) == (value, b"")
+        for start, end, other in ((100, 200, size + 1), (100, 200, size - 1), (5, 4, size)):
+            assert backend.get_range(_k("range"), start, end, other) is None
+        assert backend.get_range(_k("no-range"), 0, 1, 1) is None
+
     def test_scan_sizes(self, backend: Backend) -> None:
         backend.set(_k(11, "s/scan"), b"abc")
         backend.set(_k(12, "s/scan"), b"defgh")

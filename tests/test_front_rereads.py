@@ -1,0 +1,180 @@
+"""A value read again (issue 16, item 5): a cache that checked (or wrote) an entry reads it
+again without its header, with ``Backend.get_range``, and checks the value (its length, its
+checksum, and the signature when a secret is set) against the header it remembers. These
+tests change the entry on disk between reads: nothing but the bytes it checked is served,
+and anything else is read whole and judged as before."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache import codec
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
+
+SIZE = 70_000
+
+
+def _key(i: int = 0) -> rc.CacheKey:
+    return rc.make_key(module_id="m@1", runtime="t", purpose="again", i=i)
+
+
+class Counting(DirectoryBackend):
+    """A directory backend that counts its whole reads and its reads of a part."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, max_size=None)
+        self.calls: dict[str, int] = {"get_parts": 0, "get_range": 0}
+
+    def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+        self.calls["get_parts"] += 1
+        return super().get_parts(key, span)
+
+    def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+        self.calls["get_range"] += 1
+        return super().get_range(key, start, end, size)
+
+
+def _path(backend: DirectoryBackend, key: rc.CacheKey) -> Path:
+    digest = str(key)[-32:]
+    return backend.root / str(key).rsplit("/", 1)[0] / digest[:2] / f"{digest}.rce"
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))  # in place: the same file, the same size
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_a_value_read_again_skips_its_header_and_counts_one_hit(
+    tmp_path: Path, secret: str | None
+) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend, secret=secret)
+    value = os.urandom(SIZE)
+    assert cache.put(_key(), value)
+    blob = backend.get(str(_key()))
+    assert blob is not None
+    for _ in range(3):
+        got = cache.get(_key())
+        assert got == value and type(got) is bytes
+    assert backend.calls == {"get_parts": 0, "get_range": 3}
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.bytes_read) == (3, 0, 3 * len(blob))
+    # A cache that has not checked it reads it whole first, then its value alone.
+    other = rc.Cache(backend, secret=secret)
+    assert other.get(_key()) == value and other.get(_key()) == value
+    assert backend.calls == {"get_parts": 1, "get_range": 4}
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_a_value_changed_in_place_is_read_whole_and_judged(
+    tmp_path: Path, secret: str | None
+) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend, secret=secret)
+    assert cache.put(_key(), os.urandom(SIZE))
+    path = _path(backend, _key())
+    _flip(path, path.stat().st_size - 100 - (32 if secret else 0))
+    assert cache.get(_key()) is None
+    assert backend.calls == {"get_parts": 1, "get_range": 1}
+    stats = cache.stats()
+    assert (stats.corrupt, stats.misses, stats.hits) == (1, 1, 0)
+    assert not path.exists()  # exactly the damaged bytes are removed
+
+
+def test_a_forged_signature_is_never_served(tmp_path: Path) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend, secret="s3cret")
+    assert cache.put(_key(), os.urandom(SIZE))
+    path = _path(backend, _key())
+    _flip(path, path.stat().st_size - 3)
+    assert cache.get(_key()) is None
+    assert cache.stats().rejected == 1 and path.exists()  # a forgery is kept, as before
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_a_header_damaged_under_a_checked_value_serves_that_value_alone(
+    tmp_path: Path, secret: str | None
+) -> None:
+    # The value and its signature are the bytes this cache checked: it serves them. A cache
+    # that has not checked the entry reads the header, and finds it damaged.
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend, secret=secret)
+    value = os.urandom(SIZE)
+    assert cache.put(_key(), value)
+    path = _path(backend, _key())
+    _flip(path, codec.HEADER_SIZE + 5)
+    assert cache.get(_key()) == value
+    fresh = rc.Cache(backend, secret=secret)
+    assert fresh.get(_key()) is None and fresh.stats().corrupt == 1
+    assert not path.exists()
+    assert cache.get(_key()) is None
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_an_entry_written_again_by_another_is_served_as_written(
+    tmp_path: Path, secret: str | None
+) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend, secret=secret)
+    assert cache.put(_key(), os.urandom(SIZE))
+    other = rc.Cache(DirectoryBackend(tmp_path, max_size=None), secret=secret)
+    for new in (os.urandom(SIZE), os.urandom(SIZE + 1), os.urandom(SIZE - 1)):
+        assert other.put(_key(), new, build_seconds=2.5)
+        assert cache.get(_key()) == new
+        assert cache.get(_key()) == new  # and then read alone, as checked now
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (6, 0) and stats.seconds_saved == 6 * 2.5
+    assert backend.calls == {"get_parts": 3, "get_range": 6}
+
+
+def test_another_keys_entry_of_the_same_size_is_refused(tmp_path: Path) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(0), os.urandom(SIZE))
+    assert cache.put(_key(1), os.urandom(SIZE))
+    mine, theirs = _path(backend, _key(0)), _path(backend, _key(1))
+    mine.write_bytes(theirs.read_bytes())  # the same size: only the key tells them apart
+    assert cache.get(_key(0)) is None
+    assert cache.stats().misses == 1 and cache.get(_key(1)) is not None
+
+
+def test_a_changed_producer_or_limits_reads_whole(tmp_path: Path) -> None:
+    backend = Counting(tmp_path)
+    cache = rc.Cache(backend)
+    value = os.urandom(SIZE)
+    assert cache.put(_key(), value)
+    cache.producer = "someone else"
+    assert cache.get(_key()) == value
+    cache.limits = codec.Limits(max_value_size=SIZE - 1)
+    assert cache.get(_key()) is None  # over the new limit: the whole read's check says so
+    assert backend.calls == {"get_parts": 2, "get_range": 0}
+
+
+def test_a_failed_read_again_fails_as_the_whole_read_does(tmp_path: Path) -> None:
+    class Failing(Counting):
+        def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+            super().get_range(key, start, end, size)
+            raise OSError("the disk went away")
+
+    backend = Failing(tmp_path)
+    cache = rc.Cache(backend)
+    value = os.urandom(SIZE)
+    assert cache.put(_key(), value)
+    assert cache.get(_key()) == value  # the whole read still works
+    assert backend.calls == {"get_parts": 1, "get_range": 1}
+    assert cache.stats().errors == 0
+
+
+def test_a_backend_without_a_part_read_reads_whole() -> None:
+    backend = MemoryBackend()
+    cache = rc.Cache(backend)
+    assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
+    assert backend.get_range(str(_key()), 0, 1, 1) is None
