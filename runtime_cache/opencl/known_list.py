@@ -183,11 +183,14 @@ class KnownList:
                 try:
                     os.write(fd, data)
                     info = os.fstat(fd)
+                    # A merge that renamed the log away after this open may have read it
+                    # before the write: then write again to the new log (a mark twice is
+                    # harmless). Asked while the file is open: once closed, a merge may
+                    # remove it, and a new log may take its inode number.
+                    same = _same_file(self._log, info)
                 finally:
                     os.close(fd)
-                # A merge that renamed the log away after this open may have read it before
-                # the write: then write again to the new log (a mark twice is harmless).
-                if _same_file(self._log, info):
+                if same:
                     break
             if info.st_size // _LINE > LOG_LIMIT:
                 self.merge()
