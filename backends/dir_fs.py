@@ -286,10 +286,9 @@ def read_range(
         return None
     # One byte more than is left shows a file that grew since fstat.
     if end == size:
-        middle = os.pread(fd, end - start + 1, start)
-        return (middle, b"") if len(middle) == end - start else None
-    middle = os.pread(fd, end - start, start)
-    tail = os.pread(fd, size - end + 1, end)
+        middle, tail = os.pread(fd, end - start + 1, start), b""
+    else:
+        middle, tail = os.pread(fd, end - start, start), os.pread(fd, size - end + 1, end)
     return (middle, tail) if len(middle) == end - start and len(tail) == size - end else None
 
 

@@ -23,9 +23,9 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from runtime_cache.api import Backend, BackendURL, Lease, Span, StoredItem, parse_size
+from runtime_cache.api import Backend, Lease, Span, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
@@ -35,6 +35,7 @@ from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, keys_until, rel_path, walk
 from .dir_upkeep import VACUUM_SECONDS, Upkeep
+from .dir_url import DEFAULT_MAX_SIZE, url_settings
 from .dir_write import delete_entry, delete_if, removable, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
@@ -50,8 +51,6 @@ _TEMP_PREFIX = ".tmp-"
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
-#: The default ``max_size``: 2GB, as a number (opening a cache then parses no size text).
-DEFAULT_MAX_SIZE = 2 * 1000**3
 T = TypeVar("T")
 #: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
 Reader = Callable[..., T]
@@ -133,22 +132,8 @@ class DirectoryBackend(Backend):
         folder, settings = cls.url_settings(url)
         return cls(folder, **settings)
 
-    @staticmethod
-    def url_settings(url: str) -> tuple[str | None, dict[str, Any]]:
-        """The folder and the keyword arguments that ``url`` gives, checked, with nothing
-        opened: :class:`InvalidURLError` (or ``InvalidValueError``) when it is wrong."""
-        parsed = BackendURL.parse(url)
-        max_size = parsed.pop("max_size")
-        max_files = parsed.pop("max_files", "")
-        fsync = parsed.pop_bool("fsync", False)
-        track = parsed.pop_bool("track_access", True)
-        shared = parsed.pop_bool("shared", False)
-        parsed.reject_unknown()
-        off = max_size is not None and max_size.lower() in ("", "none")  # and 0, as above
-        cap = None if off else parse_size(max_size or DEFAULT_MAX_SIZE)  # absent: the default
-        files = parse_size(max_files) if max_files else None
-        options = {"fsync": fsync, "track_access": track, "shared": shared}
-        return parsed.folder(), {"max_size": cap, "max_files": files, **options}
+    #: The folder and keyword arguments a URL gives, checked (:func:`.dir_url.url_settings`).
+    url_settings = staticmethod(url_settings)
 
     def reopen_after_fork(self) -> None:
         """In a forked child: fresh locks (another thread may have held ours at the fork)
@@ -197,22 +182,25 @@ class DirectoryBackend(Backend):
             "removed it" if removed else "left it (not ours to remove)",
         )
 
-    def _open(self, rel: str) -> tuple[int, int] | None:
-        # (descriptor, size) of a regular entry file; None for a miss or junk.
+    def _open(self, rel: str, quiet: bool = False) -> tuple[int, int] | None:
+        # (descriptor, size) of a regular entry file; None for a miss or junk (reported
+        # unless ``quiet``).
         try:
             fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
             if exc.errno in _LINKED:
-                self.found_junk(rel, "a symbolic link (or under one)")
+                if not quiet:
+                    self.found_junk(rel, "a symbolic link (or under one)")
                 return None
             raise self._error("read", exc, rel) from exc
         try:
             return fd, regular_size(fd, self.max_entry_size)
         except Junk as exc:
             os.close(fd)
-            self.found_junk(rel, str(exc))
+            if not quiet:
+                self.found_junk(rel, str(exc))
         except OSError as exc:
             os.close(fd)
             raise self._error("read", exc, rel) from exc
@@ -225,7 +213,8 @@ class DirectoryBackend(Backend):
         return self._read(key, self.track_access, read_parts, span)
 
     def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
-        return self._read(key, self.track_access, read_range, (start, end, size))
+        # Quiet: a miss, junk or another size is read whole next, which counts and reports it.
+        return self._read(key, self.track_access, read_range, (start, end, size), True)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return read_each(self.get, keys)  # a file we may not read costs its key alone
@@ -237,10 +226,18 @@ class DirectoryBackend(Backend):
         read = ((key, self._read(key, False, read_to_end)) for key in keys)
         return {key: value for key, value in read if value is not None}
 
-    def _read(self, key: str, count_use: bool, reader: Reader[T], where: object = None) -> T | None:
-        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span, a range).
+    def _read(
+        self,
+        key: str,
+        count_use: bool,
+        reader: Reader[T],
+        where: object = None,
+        quiet: bool = False,
+    ) -> T | None:
+        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span, a range);
+        # ``quiet``: junk is not reported.
         rel = self._rels.get(key) or self._rel(key)
-        opened = self._open(rel)
+        opened = self._open(rel, quiet)
         if opened is None:
             return None
         fd, size = opened
@@ -250,7 +247,8 @@ class DirectoryBackend(Backend):
             if count_use and data is not None:  # (a range of another size: none read)
                 self._touch(fd, key)
         except Junk as exc:
-            self.found_junk(rel, str(exc))
+            if not quiet:
+                self.found_junk(rel, str(exc))
             return None
         except OSError as exc:
             raise self._error("read", exc, rel) from exc

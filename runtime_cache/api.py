@@ -56,6 +56,7 @@ __all__ = [
     "check_text_key",
     "parse_duration",
     "parse_size",
+    "reads_ranges",
     "redact_url",
 ]
 
@@ -79,6 +80,17 @@ Span = Callable[[bytes], "tuple[int, int] | None"]
 SPAN_HEAD = 4096
 
 
+def reads_ranges(backend: Backend) -> bool:
+    """Whether the front may read ``backend``'s values alone (:meth:`Backend.get_range`): its
+    class defines ``get_range`` where it defines ``get_parts``, so a subclass that changes
+    ``get_parts`` alone still sees every read the front makes."""
+    found = [next(c for c in type(backend).__mro__ if name in vars(c)) for name in _READS]
+    return found[0] is not Backend and found[0] is found[1]
+
+
+_READS = ("get_range", "get_parts")
+
+
 @dataclass(frozen=True)
 class StoredItem:
     """What a backend knows of one stored blob without reading it.
@@ -98,7 +110,8 @@ class Backend(abc.ABC):
 
     Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`.
     Optional, with defaults built on those: :meth:`get_many`, :meth:`set_many`,
-    :meth:`delete_if`, :meth:`head`, :meth:`get_parts`, :meth:`scan`, :meth:`close`; and
+    :meth:`delete_if`, :meth:`head`, :meth:`get_parts`, :meth:`get_range`, :meth:`scan`,
+    :meth:`close`; and
     :meth:`lease` (default: none).
 
     Failures are raised as :class:`runtime_cache.errors.BackendError` (or a
@@ -179,9 +192,11 @@ class Backend(abc.ABC):
         long, read without the bytes before ``start``; ``None`` when it is not that long,
         not there, or this backend cannot read a part alone (this default).
 
-        The front asks this for an entry it checked before, whose header it remembers;
-        it then checks the value against that header, and reads the entry whole with
-        :meth:`get_parts` when the answer is ``None`` or fails the check."""
+        The front asks this for an entry it checked before, whose header it remembers,
+        and checks the answer against that header. On ``None`` it reads the entry with
+        :meth:`get_parts`, so a ``None`` here counts no use and reports no junk: that read
+        does. An answer that fails the check is read again with :meth:`peek`, as its use
+        was counted here."""
         return None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any
 
 from ._version import __version__
-from .api import Backend
+from .api import Backend, reads_ranges
 from .batch_reads import BatchReads
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
@@ -102,8 +102,7 @@ class Cache(Inventory, BatchReads):
         self._flights = SingleFlight()
         self._own = OwnEntries()
         #: The backend's read of a value alone, where it has one (see Backend.get_range).
-        ranged = type(self._backend).get_range is not Backend.get_range
-        self._ranges = self._backend.get_range if ranged else None
+        self._ranges = self._backend.get_range if reads_ranges(self._backend) else None
         self._refusals = Refusals()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
@@ -200,11 +199,15 @@ class Cache(Inventory, BatchReads):
         checked = self._read(key)
         return None if checked is None else checked.entry()
 
-    def _fetch(self, skey: str) -> tuple[bytes, ...] | None:
+    def _fetch(self, skey: str, count_use: bool = True) -> tuple[bytes, ...] | None:
         # One read, in pieces where the backend can (the value then needs no copy);
-        # a failure or no entry counts as a miss.
+        # a failure or no entry counts as a miss. Not ``count_use``: a use was counted.
         try:
-            pieces = self._backend.get_parts(skey, entry_span)
+            if count_use:
+                pieces = self._backend.get_parts(skey, entry_span)
+            else:
+                blob = self._backend.peek(skey)
+                pieces = None if blob is None else (blob,)
         except Exception as exc:
             self._counters.add(misses=1)
             self._failed("get", exc)
@@ -246,18 +249,20 @@ class Cache(Inventory, BatchReads):
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
         skey = str(key)
+        unread = True
         if type(key) is CacheKey and self._ranges is not None:
             # An entry checked or written here before: its value alone, against the header
             # remembered for it (own_entries); else, or when that fails, read whole below.
             own = self._own.read_known(
                 skey, key.packed_parts, self.producer, self.limits, self._secret, self._ranges
             )
-            if own is not None:
+            if type(own) is tuple:
                 if self._policy.failing_sides:
                     self._policy.succeeded()
                 self._counters.hit(own[2], own[1])
                 return own[0]
-        pieces = self._fetch(skey)
+            unread = own is True
+        pieces = self._fetch(skey, unread)
         if pieces is None:
             return None
         if type(key) is CacheKey:

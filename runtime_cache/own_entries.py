@@ -275,38 +275,40 @@ class OwnEntries:
         limits: Limits,
         secret: SecretKeys | None,
         read: RangeRead,
-    ) -> tuple[bytes, float, int] | None:
+    ) -> tuple[bytes, float, int] | bool:
         """``(value, build_seconds, blob_size)`` of the entry of ``skey`` (a key whose parts
         pack to ``packed``) last checked or written here for ``producer`` and ``limits``,
         read with ``read(skey, start, end, size)`` (as
         :meth:`~runtime_cache.api.Backend.get_range`) from where its value starts, when the
         value and signature pass the checks of the header remembered for it: the value's
-        length and checksum, and the signature when ``secret`` is set. ``None`` when no
-        header is remembered, or the read or a check fails (the caller then reads it whole,
-        and that read fails, and counts, as it does)."""
+        length and checksum, and the signature when ``secret`` is set. Else ``True`` when
+        nothing was read (no header remembered, a ``None`` or failed read), and ``False``
+        when what was read failed those checks (its use was counted). The caller then reads
+        the entry whole, and that read fails, and counts, as it does."""
         if producer is not self._producer or limits is not self._limits:
-            return None
+            return True
         seen = self._seen.get(skey)
         if seen is None or seen[1] != packed:
-            return None
+            return True
         head, _, value_len, sig_len, value_sum, built, size = seen
         cut = len(head)
         try:
             parts = read(skey, cut, cut + value_len, size)
         except Exception:
-            return None
+            return True
         if parts is None:
-            return None
-        value, sig = parts
+            return True
         if not (
-            len(value) == value_len
+            type(parts) is tuple
+            and len(parts) == 2
+            and type(value := parts[0]) is bytes is type(sig := parts[1])
+            and len(value) == value_len
             and len(sig) == sig_len
-            and type(value) is bytes is type(sig)
             and _xxh3(value) == value_sum
         ):
-            return None
+            return False
         if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
-            return None
+            return False
         return value, built, size
 
     def match(

@@ -18,6 +18,7 @@ from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 
 SIZE = 70_000
+Range = tuple[bytes, bytes] | None
 
 
 def _key(i: int = 0) -> rc.CacheKey:
@@ -25,17 +26,22 @@ def _key(i: int = 0) -> rc.CacheKey:
 
 
 class Counting(DirectoryBackend):
-    """A directory backend that counts its whole reads and its reads of a part."""
+    """A directory backend that counts its whole reads, its reads of a part, and its reads that
+    count no use."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, max_size=None)
-        self.calls: dict[str, int] = {"get_parts": 0, "get_range": 0}
+        self.calls: dict[str, int] = {"get_parts": 0, "get_range": 0, "peek": 0}
+
+    def peek(self, key: str) -> bytes | None:
+        self.calls["peek"] += 1
+        return super().peek(key)
 
     def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
         self.calls["get_parts"] += 1
         return super().get_parts(key, span)
 
-    def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+    def get_range(self, key: str, start: int, end: int, size: int) -> Range:
         self.calls["get_range"] += 1
         return super().get_range(key, start, end, size)
 
@@ -64,13 +70,13 @@ def test_a_value_read_again_skips_its_header_and_counts_one_hit(
     for _ in range(3):
         got = cache.get(_key())
         assert got == value and type(got) is bytes
-    assert backend.calls == {"get_parts": 0, "get_range": 3}
+    assert backend.calls == {"get_parts": 0, "get_range": 3, "peek": 0}
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.bytes_read) == (3, 0, 3 * len(blob))
     # A cache that has not checked it reads it whole first, then its value alone.
     other = rc.Cache(backend, secret=secret)
     assert other.get(_key()) == value and other.get(_key()) == value
-    assert backend.calls == {"get_parts": 1, "get_range": 4}
+    assert backend.calls == {"get_parts": 1, "get_range": 4, "peek": 0}
 
 
 @pytest.mark.parametrize("secret", [None, "s3cret"])
@@ -83,7 +89,7 @@ def test_a_value_changed_in_place_is_read_whole_and_judged(
     path = _path(backend, _key())
     _flip(path, path.stat().st_size - 100 - (32 if secret else 0))
     assert cache.get(_key()) is None
-    assert backend.calls == {"get_parts": 1, "get_range": 1}
+    assert backend.calls == {"get_parts": 0, "get_range": 1, "peek": 1}  # (its use counted)
     stats = cache.stats()
     assert (stats.corrupt, stats.misses, stats.hits) == (1, 1, 0)
     assert not path.exists()  # exactly the damaged bytes are removed
@@ -132,7 +138,7 @@ def test_an_entry_written_again_by_another_is_served_as_written(
         assert cache.get(_key()) == new  # and then read alone, as checked now
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (6, 0) and stats.seconds_saved == 6 * 2.5
-    assert backend.calls == {"get_parts": 3, "get_range": 6}
+    assert backend.calls == {"get_parts": 2, "get_range": 6, "peek": 1}
 
 
 def test_another_keys_entry_of_the_same_size_is_refused(tmp_path: Path) -> None:
@@ -155,12 +161,15 @@ def test_a_changed_producer_or_limits_reads_whole(tmp_path: Path) -> None:
     assert cache.get(_key()) == value
     cache.limits = codec.Limits(max_value_size=SIZE - 1)
     assert cache.get(_key()) is None  # over the new limit: the whole read's check says so
-    assert backend.calls == {"get_parts": 2, "get_range": 0}
+    assert backend.calls == {"get_parts": 2, "get_range": 0, "peek": 0}
 
 
 def test_a_failed_read_again_fails_as_the_whole_read_does(tmp_path: Path) -> None:
     class Failing(Counting):
-        def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+        def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+            return super().get_parts(key, span)
+
+        def get_range(self, key: str, start: int, end: int, size: int) -> Range:
             super().get_range(key, start, end, size)
             raise OSError("the disk went away")
 
@@ -169,8 +178,89 @@ def test_a_failed_read_again_fails_as_the_whole_read_does(tmp_path: Path) -> Non
     value = os.urandom(SIZE)
     assert cache.put(_key(), value)
     assert cache.get(_key()) == value  # the whole read still works
-    assert backend.calls == {"get_parts": 1, "get_range": 1}
+    assert backend.calls == {"get_parts": 1, "get_range": 1, "peek": 0}
     assert cache.stats().errors == 0
+
+
+def test_a_subclass_that_changes_the_whole_read_alone_sees_every_read(tmp_path: Path) -> None:
+    """The first review: a subclass whose get_parts refuses a key still had its value served,
+    by the get_range it inherited, after the first read."""
+
+    class Refusing(DirectoryBackend):
+        refused = False
+
+        def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+            return None if self.refused else super().get_parts(key, span)
+
+    backend = Refusing(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
+    backend.refused = True
+    assert cache.get(_key()) is None and _key() not in cache
+
+
+def test_one_get_counts_one_use(tmp_path: Path) -> None:
+    """The first review: a value read alone that then failed its check counted a use, and the
+    whole read after it a second one (the hits journal, `ls`, the time saved)."""
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend, secret="s3cret")
+    assert cache.put(_key(), os.urandom(SIZE))
+    other = rc.Cache(DirectoryBackend(tmp_path, max_size=None), secret="s3cret")
+    assert other.put(_key(), os.urandom(SIZE))  # the same size, another header and value
+    for expected in (1, 2):  # the first read alone fails its check; the second is read whole
+        assert cache.get(_key()) is not None
+        backend.flush_hits()
+        assert [item.hits for item in backend.scan(str(_key()))] == [expected]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "folder"])
+def test_junk_that_stays_is_counted_once_a_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The first review: junk this process may not remove (another member's, in a shared
+    folder) was counted and logged by the read alone, and again by the whole read."""
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
+    monkeypatch.setattr(backend._upkeep, "clear", lambda rel: False)  # not ours to remove
+    path = _path(backend, _key())
+    path.unlink()
+    {"fifo": os.mkfifo, "link": lambda p: os.symlink("/etc/hostname", p), "folder": os.mkdir}[kind](
+        path
+    )
+    for count in (1, 2):
+        assert cache.get(_key()) is None
+        assert backend.junk == count and cache.stats().misses == count
+
+
+@pytest.mark.parametrize("answer", ["three pieces", "bytes", "nones", "forged"])
+def test_a_backend_answering_out_of_shape_is_read_whole(tmp_path: Path, answer: str) -> None:
+    """The first review: a get_range answering in another shape made a lenient get raise."""
+
+    class OutOfShape(Counting):
+        def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+            return super().get_parts(key, span)
+
+        def get_range(self, key: str, start: int, end: int, size: int) -> Any:
+            got = super().get_range(key, start, end, size)
+            if got is None:
+                return None
+            middle, tail = got
+            return {
+                "three pieces": (b"", middle, tail),
+                "bytes": middle + tail,
+                "nones": (None, None),
+                "forged": (b"x" * len(middle), tail),
+            }[answer]
+
+    backend = OutOfShape(tmp_path)
+    cache = rc.Cache(backend)
+    value = os.urandom(SIZE)
+    assert cache.put(_key(), value)
+    assert cache.get(_key()) == value  # read whole after the answer failed its check
+    assert backend.calls == {"get_parts": 0, "get_range": 1, "peek": 1}
+    backend.flush_hits()
+    assert [item.hits for item in backend.scan(str(_key()))] == [1]
 
 
 def test_a_backend_without_a_part_read_reads_whole() -> None:
