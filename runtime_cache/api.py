@@ -82,13 +82,14 @@ SPAN_HEAD = 4096
 
 def reads_ranges(backend: Backend) -> bool:
     """Whether the front may read ``backend``'s values alone (:meth:`Backend.get_range`): its
-    class defines ``get_range`` where it defines ``get_parts``, so a subclass that changes
-    ``get_parts`` alone still sees every read the front makes."""
-    found = [next(c for c in type(backend).__mro__ if name in vars(c)) for name in _READS]
-    return found[0] is not Backend and found[0] is found[1]
-
-
-_READS = ("get_range", "get_parts")
+    class defines ``get_range`` (not the default), and ``get_parts`` nowhere below that, so
+    a subclass that changes ``get_parts`` alone still sees every read the front makes. (A
+    ``get_parts`` set on the instance is looked for on every read: :class:`Cache`.)"""
+    order = type(backend).__mro__
+    ranges, parts = (
+        next(c for c in order if name in vars(c)) for name in ("get_range", "get_parts")
+    )
+    return ranges is not Backend and order.index(ranges) <= order.index(parts)
 
 
 @dataclass(frozen=True)
@@ -188,15 +189,18 @@ class Backend(abc.ABC):
         return None if value is None else (value,)
 
     def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
-        """``(value[start:end], value[end:])`` of ``key``'s value when it is ``size`` bytes
-        long, read without the bytes before ``start``; ``None`` when it is not that long,
-        not there, or this backend cannot read a part alone (this default).
+        """``(value[start:end], value[end:])`` of ``key``'s value, a tuple of two ``bytes``,
+        when it is ``size`` bytes long and ``0 <= start <= end <= size``, read without the
+        bytes before ``start``; ``None`` when it is not that long, not there, or this
+        backend cannot read a part alone (this default).
 
         The front asks this for an entry it checked before, whose header it remembers,
         and checks the answer against that header. On ``None`` it reads the entry with
         :meth:`get_parts`, so a ``None`` here counts no use and reports no junk: that read
-        does. An answer that fails the check is read again with :meth:`peek`, as its use
-        was counted here."""
+        does. An answer that fails the check, or an exception (never raised to the caller,
+        even by a strict cache), is read again with :meth:`peek` or :meth:`get_parts`, so
+        a backend that counts uses here must count none in :meth:`peek`. The front uses it
+        only where :func:`reads_ranges` says so."""
         return None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:

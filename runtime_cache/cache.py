@@ -3,9 +3,11 @@
 The front is pure and in memory; all I/O happens in the backend it wraps. A
 backend failure is logged once per outage, counted, and treated as a miss or a
 skipped store, unless ``strict=True`` (:mod:`.failure_policy`). Every blob read
-passes :func:`runtime_cache.check.check_entry`: a corrupt entry is counted,
-removed (only those bytes) and treated as a miss, so the caller rebuilds it; an
-entry that is not the one its key names is a ``rejected`` miss.
+passes :func:`runtime_cache.check.check_entry` (or its quick form for the cache's own
+entries, :mod:`.own_entries`): a corrupt entry is counted, removed (only those bytes)
+and treated as a miss, so the caller rebuilds it; an entry that is not the one its key
+names is a ``rejected`` miss. A value read again by a cache that checked its entry is
+checked against the header it checked then (:meth:`~runtime_cache.api.Backend.get_range`).
 
 >>> import runtime_cache as rc
 >>> from runtime_cache.backends.memory import MemoryBackend
@@ -22,13 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from typing import Any
 
 from ._version import __version__
 from .api import Backend, reads_ranges
 from .batch_reads import BatchReads
+from .builds import Builds
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
 from .errors import EntryTooLargeError
@@ -49,7 +51,7 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger(__name__)
 
 
-class Cache(Inventory, BatchReads):
+class Cache(Inventory, BatchReads, Builds):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -68,7 +70,8 @@ class Cache(Inventory, BatchReads):
     Listing and bundles (:meth:`entries`, :meth:`info`, :meth:`dumps`,
     :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`, and
     :meth:`get_many` and :meth:`get_many_views` from
-    :class:`~runtime_cache.batch_reads.BatchReads`.
+    :class:`~runtime_cache.batch_reads.BatchReads`, and :meth:`get_or_build` from
+    :class:`~runtime_cache.builds.Builds`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -103,6 +106,8 @@ class Cache(Inventory, BatchReads):
         self._own = OwnEntries()
         #: The backend's read of a value alone, where it has one (see Backend.get_range).
         self._ranges = self._backend.get_range if reads_ranges(self._backend) else None
+        #: The backend's own attributes: a ``get_parts`` set there takes every read.
+        self._patched: Mapping[str, object] = getattr(self._backend, "__dict__", {})
         self._refusals = Refusals()
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
@@ -250,7 +255,7 @@ class Cache(Inventory, BatchReads):
         """Return the value stored for ``key``, or ``None`` on a miss."""
         skey = str(key)
         unread = True
-        if type(key) is CacheKey and self._ranges is not None:
+        if type(key) is CacheKey and self._ranges is not None and "get_parts" not in self._patched:
             # An entry checked or written here before: its value alone, against the header
             # remembered for it (own_entries); else, or when that fails, read whole below.
             own = self._own.read_known(
@@ -352,68 +357,3 @@ class Cache(Inventory, BatchReads):
         if removed:
             self._bump()
         return removed
-
-    def get_or_build(
-        self,
-        key: CacheKey,
-        build: Callable[[], bytes],
-        *,
-        extra: Mapping[str, Any] | None = None,
-    ) -> bytes:
-        """Return the cached value for ``key``, or call ``build()`` and store its result.
-
-        Within one process only one ``build()`` runs per key at a time: other
-        threads asking for the same key wait and share its result (or its
-        exception). Across processes, where the backend offers leases
-        (``dir://``, ``redis://``), one process builds while the others wait
-        for its entry, up to a deadline (see :mod:`runtime_cache.fleet`).
-        """
-        skey = str(key)
-        flight, leader = self._flights.join(skey)
-        if not leader:
-            value = flight.wait()
-            # Served without a build of its own: a hit, so every lookup is a hit or a miss.
-            self._counters.add(hits=1)
-            return value
-
-        def build_and_store() -> bytes:
-            started = time.perf_counter()
-            made = build()
-            seconds = time.perf_counter() - started
-            if not isinstance(made, (bytes, bytearray, memoryview)):
-                raise TypeError(f"build() must return bytes, not {type(made).__name__}")
-            made = bytes(made)
-            self._counters.add(builds=1, build_seconds=seconds)
-            self.fleet.record(key, seconds)
-            self.put(key, made, seconds, extra=extra)
-            return made
-
-        def fetch() -> bytes | None:
-            # Another process's entry, read after this call's miss: that miss becomes a hit
-            # (one lookup, one count). A blob that fails its check was counted at the miss.
-            try:
-                blob = self._backend.get(skey)
-                entry = None if blob is None else self.decode(skey, blob)
-            except Exception:
-                return None
-            if blob is None or entry is None:
-                return None
-            self._counters.add(
-                hits=1, misses=-1, bytes_read=len(blob), seconds_saved=entry.build_seconds
-            )
-            return entry.value
-
-        try:
-            found = self.get(key)
-            if found is not None:
-                value = found
-            elif self.enabled:
-                refused = partial(self.refused, skey)
-                value = self.fleet.build_once(self._backend, key, fetch, build_and_store, refused)
-            else:
-                value = build_and_store()
-        except BaseException as exc:
-            self._flights.finish(skey, flight, error=exc)
-            raise
-        self._flights.finish(skey, flight, value=value)
-        return value

@@ -3,7 +3,11 @@
 Every read path (``Cache.get`` and ``get_many``, the views, listings,
 ``verify``, bundle loads, tuning loads, OpenCL bundles and the CLI's export)
 calls :func:`check_entry` (or, for a listing that reads only an entry's head,
-:func:`check_binding`). It decodes the blob and verifies:
+:func:`check_binding`; ``Cache.get`` of the cache's own entries, the same checks in
+:mod:`.own_entries`). A value that a cache reads again, after one of these passed its
+entry, is checked against the header that passed: its length, its checksum and (with
+a secret) its signature, without the header read again
+(:meth:`~runtime_cache.api.Backend.get_range`). It decodes the blob and verifies:
 
 1. the format: magic, version, sizes and both checksums;
 2. the signature, when a secret is set (any of the secret's keys);

@@ -17,6 +17,7 @@ CORE = [
     "registry",
     "provider",
     "cache",
+    "builds",
     "stats",
     "maintenance",
     "pruning",

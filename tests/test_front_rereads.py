@@ -199,6 +199,41 @@ def test_a_subclass_that_changes_the_whole_read_alone_sees_every_read(tmp_path: 
     assert cache.get(_key()) is None and _key() not in cache
 
 
+def test_a_whole_read_set_on_the_instance_sees_every_read(tmp_path: Path) -> None:
+    """The second review: a get_parts set on the backend after the Cache was made over it
+    (a test's fault, a wrapper) was passed by the read alone."""
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
+    calls: list[str] = []
+
+    def refuse(key: str, span: Any) -> None:
+        calls.append(key)
+
+    backend.get_parts = refuse  # type: ignore[method-assign]
+    assert cache.get(_key()) is None and calls == [str(_key())]
+
+
+def test_a_backend_of_its_own_with_a_part_read_is_read_in_part() -> None:
+    """The second review: a Backend that defines get_range but inherits the default get_parts
+    (built on its get) had its get_range never called."""
+
+    class Parts(MemoryBackend):
+        ranges = 0
+
+        def get_range(self, key: str, start: int, end: int, size: int) -> Range:
+            value = self.get(key)
+            if value is None or len(value) != size or not 0 <= start <= end <= size:
+                return None
+            self.ranges += 1
+            return value[start:end], value[end:]
+
+    backend = Parts()
+    cache = rc.Cache(backend)
+    assert cache.put(_key(), b"v" * SIZE)
+    assert cache.get(_key()) == b"v" * SIZE and backend.ranges == 1
+
+
 def test_one_get_counts_one_use(tmp_path: Path) -> None:
     """The first review: a value read alone that then failed its check counted a use, and the
     whole read after it a second one (the hits journal, `ls`, the time saved)."""

@@ -1,0 +1,114 @@
+"""Build once, store, serve: :meth:`Builds.get_or_build`, the front's call that consumers make.
+
+:class:`Builds` gives :class:`~runtime_cache.cache.Cache` this method. Within a process one
+build runs per key at a time (:mod:`.single_flight`); across processes, one process builds
+under a lease while the others wait for its entry (:mod:`.fleet`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, Protocol
+
+from .api import Backend
+from .codec import Entry
+from .fleet import Fleet
+from .inventory import KeyLike
+from .keys import CacheKey
+from .single_flight import SingleFlight
+from .stats import CacheStats, Counters
+
+__all__ = ["Builds"]
+
+
+class _Host(Protocol):
+    """What :class:`Builds` uses of the cache it belongs to."""
+
+    enabled: bool
+    fleet: Fleet
+    _backend: Backend
+    _counters: Counters[CacheStats]
+    _flights: SingleFlight
+
+    def get(self, key: KeyLike) -> bytes | None: ...
+    def put(
+        self,
+        key: CacheKey,
+        value: bytes,
+        build_seconds: float = 0.0,
+        *,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bool: ...
+    def decode(self, skey: str, blob: bytes) -> Entry: ...
+    def refused(self, key: KeyLike) -> bool: ...
+
+
+class Builds:
+    """The build method of :class:`~runtime_cache.cache.Cache`."""
+
+    def get_or_build(
+        self: _Host,
+        key: CacheKey,
+        build: Callable[[], bytes],
+        *,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        """Return the cached value for ``key``, or call ``build()`` and store its result.
+
+        Within one process only one ``build()`` runs per key at a time: other
+        threads asking for the same key wait and share its result (or its
+        exception). Across processes, where the backend offers leases
+        (``dir://``, ``redis://``), one process builds while the others wait
+        for its entry, up to a deadline (see :mod:`runtime_cache.fleet`).
+        """
+        skey = str(key)
+        flight, leader = self._flights.join(skey)
+        if not leader:
+            value = flight.wait()
+            # Served without a build of its own: a hit, so every lookup is a hit or a miss.
+            self._counters.add(hits=1)
+            return value
+
+        def build_and_store() -> bytes:
+            started = time.perf_counter()
+            made = build()
+            seconds = time.perf_counter() - started
+            if not isinstance(made, (bytes, bytearray, memoryview)):
+                raise TypeError(f"build() must return bytes, not {type(made).__name__}")
+            made = bytes(made)
+            self._counters.add(builds=1, build_seconds=seconds)
+            self.fleet.record(key, seconds)
+            self.put(key, made, seconds, extra=extra)
+            return made
+
+        def fetch() -> bytes | None:
+            # Another process's entry, read after this call's miss: that miss becomes a hit
+            # (one lookup, one count). A blob that fails its check was counted at the miss.
+            try:
+                blob = self._backend.get(skey)
+                entry = None if blob is None else self.decode(skey, blob)
+            except Exception:
+                return None
+            if blob is None or entry is None:
+                return None
+            self._counters.add(
+                hits=1, misses=-1, bytes_read=len(blob), seconds_saved=entry.build_seconds
+            )
+            return entry.value
+
+        try:
+            found = self.get(key)
+            if found is not None:
+                value = found
+            elif self.enabled:
+                refused = partial(self.refused, skey)
+                value = self.fleet.build_once(self._backend, key, fetch, build_and_store, refused)
+            else:
+                value = build_and_store()
+        except BaseException as exc:
+            self._flights.finish(skey, flight, error=exc)
+            raise
+        self._flights.finish(skey, flight, value=value)
+        return value
