@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -118,9 +119,96 @@ def test_dead_marks_takes_only_gone_processes_files(tmp_path: Path) -> None:
     (tmp_path / f"{os.getpid()}.loading").write_text(f"{D2}\n")  # this pid: can't tell
     (tmp_path / f"{os.getpid()}.0badf00d.loading").write_text("cccc\n")  # unlocked: gone
     (tmp_path / f".{dead}.12345678.new").write_text("")  # half-made, nobody holds it
+    os.utime(tmp_path / f".{dead}.12345678.new", (1, 1))  # (long ago)
+    (tmp_path / f".{dead}.87654321.new").write_text("")  # being made: its maker locks it next
     names = os.listdir(tmp_path)
     assert sorted(dead_marks(str(tmp_path), names, lambda pid: pid != dead)) == sorted([D1, "cccc"])
-    assert sorted(os.listdir(tmp_path)) == [f"{os.getpid()}.loading"]
+    assert sorted(os.listdir(tmp_path)) == [f".{dead}.87654321.new", f"{os.getpid()}.loading"]
+
+
+def test_a_dead_process_marks_stay_until_the_blocklist_holds_them(tmp_path: Path) -> None:
+    """The second review: the marks were removed before the blocklist was written, so a
+    failed write (a full disk, a quota) lost the evidence of the crash for good."""
+    dead = _dead_pid()
+    (tmp_path / f"{dead}.loading").write_text(f"{D1}\n")
+    names = os.listdir(tmp_path)
+    alive = lambda pid: pid != dead  # noqa: E731
+    assert dead_marks(str(tmp_path), names, alive, keep=lambda found: False) == [D1]
+    assert (tmp_path / f"{dead}.loading").exists()  # kept for the next process
+    seen: list[list[str]] = []
+    assert dead_marks(str(tmp_path), names, alive, keep=lambda f: seen.append(f) or True) == [D1]
+    assert seen == [[D1]] and not (tmp_path / f"{dead}.loading").exists()
+
+
+def test_a_guard_that_cannot_write_the_blocklist_leaves_the_marks(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    (tmp_path / f"{dead}.loading").write_text(f"{D1}\n")
+    os.mkdir(tmp_path / "blocklist")  # no list can be written there
+    first = LoadGuard(str(tmp_path))
+    try:
+        assert first.blocked([D1])  # in this process all the same
+    finally:
+        first.close()
+    assert (tmp_path / f"{dead}.loading").exists()
+    os.rmdir(tmp_path / "blocklist")
+    second = LoadGuard(str(tmp_path))
+    try:
+        assert second.blocked([D1]) and second.recovered == 1
+    finally:
+        second.close()
+    assert not (tmp_path / f"{dead}.loading").exists()
+    assert read_lines(str(tmp_path / "blocklist")) == [D1]
+
+
+def test_unblocking_keeps_what_other_processes_blocked_since(tmp_path: Path) -> None:
+    """The second review: unblock wrote the blocklist anew from this process's own copy,
+    taken at its start, and so wiped digests other processes had blocked since."""
+    one, two = LoadGuard(str(tmp_path)), LoadGuard(str(tmp_path))
+    try:
+        one.block([D1])
+        assert two.blocked([D1])  # two starts now: its copy holds D1
+        one.block([D2])
+        two.unblock([D1])
+        fresh = LoadGuard(str(tmp_path))
+        try:
+            assert fresh.blocked([D2]) and not fresh.blocked([D1])
+        finally:
+            fresh.close()
+    finally:
+        one.close()
+        two.close()
+
+
+_APPEND_LATE = """
+import sys
+from runtime_cache.opencl.guard_files import append_lines
+print(append_lines(sys.argv[1], [sys.argv[2]], 10_000), flush=True)
+"""
+
+
+def test_an_append_waits_for_a_rewrite_and_is_never_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second review: an append between a rewrite's read and its rename was lost."""
+    from runtime_cache.opencl import guard_files
+
+    path = tmp_path / "blocklist"
+    append_lines(str(path), [D1], 10_000)
+    real_read = guard_files.read_lines
+    started: list[subprocess.Popen[str]] = []
+
+    def read_then_let_another_append(where: str, *args: object) -> list[str]:
+        lines = real_read(where)
+        command = [sys.executable, "-c", _APPEND_LATE, str(path), D2]
+        started.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        time.sleep(0.3)  # the other process tries to append meanwhile
+        return lines
+
+    monkeypatch.setattr(guard_files, "read_lines", read_then_let_another_append)
+    assert guard_files.rewrite_lines(str(path), lambda old: [*old, "c" * 32])
+    out, _ = started[0].communicate(timeout=30)
+    assert out.strip() == "True"
+    assert sorted(real_read(str(path))) == sorted([D1, "c" * 32, D2])
 
 
 def test_append_lines_writes_only_to_a_regular_file(tmp_path: Path) -> None:

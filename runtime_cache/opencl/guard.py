@@ -42,7 +42,8 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Set
+from functools import partial
 
 import xxhash
 
@@ -52,8 +53,8 @@ from .guard_files import (
     dead_marks,
     open_folder,
     open_mark_file,
-    replace_lines,
     reserve,
+    rewrite_lines,
 )
 from .known_list import KnownList, read_lines
 
@@ -115,6 +116,11 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's live process
     return True
+
+
+def _without(lines: list[str], gone: Set[str]) -> list[str]:
+    """``lines`` but those in ``gone``."""
+    return [line for line in lines if line not in gone]
 
 
 def _recent(lines: Sequence[str]) -> frozenset[str]:
@@ -191,8 +197,10 @@ class LoadGuard:
             except OSError as again:
                 log.debug("runtime-cache: load guard off (%s)", again)
                 return
-        found = dead_marks(folder, names, process_alive, self._mark)
         blocklist = os.path.join(folder, _BLOCKLIST)
+        # A dead process's marks are removed only once its digests are on the blocklist.
+        keep = partial(append_lines, blocklist, limit=_MAX_BLOCKED)
+        found = dead_marks(folder, names, process_alive, self._mark, keep)
         if found:
             self.recovered = len(found)
             log.warning(
@@ -200,7 +208,6 @@ class LoadGuard:
                 "they are blocklisted and will be rebuilt from source",
                 len(found),
             )
-            append_lines(blocklist, found, _MAX_BLOCKED)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
         self._set_aside = _recent(read_lines(os.path.join(folder, _SET_ASIDE))[-_MAX_BLOCKED:])
         self._known = KnownList(folder)
@@ -295,8 +302,8 @@ class LoadGuard:
             if not gone:
                 return
             self._blocked -= gone
-            lines = sorted(self._blocked)
-        replace_lines(os.path.join(self.folder, _BLOCKLIST), lines)
+        # Of the lines there now: another process's blocked digests since stay blocked.
+        rewrite_lines(os.path.join(self.folder, _BLOCKLIST), lambda old: _without(old, gone))
 
     def _write(self) -> None:
         if self._fd is None:

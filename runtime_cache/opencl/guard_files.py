@@ -20,11 +20,14 @@ process with ``SIGBUS``, where a write call only fails.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 
-from .known_list import MAX_LIST_BYTES, OPEN_FLAGS, read_lines
+from .known_list import MAX_LIST_BYTES, OPEN_FLAGS, file_lock, read_lines
 
 try:
     import fcntl
@@ -39,8 +42,13 @@ __all__ = [
     "open_mark_file",
     "replace_lines",
     "reserve",
+    "rewrite_lines",
 ]
 
+#: The ending of a list's lock file (``blocklist.lock``): see :func:`append_lines`.
+_LOCK = ".lock"
+#: A half-made mark file (``.<pid>.<token>.new``) younger than this is being made, not left.
+_NEW_SECONDS = 60.0
 #: The largest pid a Linux kernel gives (``pid_max`` at most 2**22).
 _MAX_PID = 1 << 22
 
@@ -76,9 +84,15 @@ def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
 
 
 def dead_marks(
-    folder: str, names: Sequence[str], alive: Callable[[int], bool], own: str | None = None
+    folder: str,
+    names: Sequence[str],
+    alive: Callable[[int], bool],
+    own: str | None = None,
+    keep: Callable[[list[str]], bool] | None = None,
 ) -> list[str]:
-    """The digests in the mark files of processes that are gone; those files are removed.
+    """The digests in the mark files of processes that are gone; those files are removed,
+    after ``keep(digests)`` (when given, and any were found) says they were recorded:
+    otherwise they stay, for the next process to find.
 
     A mark file is ``<pid>.<token>.loading``; its process holds a lock on it while it
     lives, so a file that can be locked is a dead process's, whatever its pid (another
@@ -87,9 +101,10 @@ def dead_marks(
     is asked (``alive``). ``own`` is this process's own file. Names that are no pid are left
     alone; a file that is not a regular file of at most
     :data:`~.known_list.MAX_LIST_BYTES` holds nothing. A half-made mark file
-    (``.<pid>.<token>.new``) that nobody holds is removed.
+    (``.<pid>.<token>.new``) that nobody holds, made over a minute ago, is removed.
     """
     found: list[str] = []
+    taken: list[tuple[str, int | None]] = []
     for name in names:
         parts = name.split(".")
         pid_text = parts[0] or (parts[1] if len(parts) == 4 else "")
@@ -98,9 +113,10 @@ def dead_marks(
             continue
         path = os.path.join(folder, name)
         if len(parts) == 4 and parts[0] == "" and parts[3] == "new":  # a half-made one
-            held, _ = _lock_if_dead(path)
-            if held is not None:
-                _remove(path, held)
+            if not _young(path):  # (a young one is being made: its maker locks it next)
+                held, _ = _lock_if_dead(path)
+                if held is not None:
+                    _remove(path, held)
             continue
         if parts[-1] != "loading" or len(parts) not in (2, 3) or name == own:
             continue
@@ -113,8 +129,23 @@ def dead_marks(
                 os.close(held)
             continue
         found.extend(line.replace("\0", "") for line in read_lines(path))
-        _remove(path, held)
-    return [d for d in found if d]
+        taken.append((path, held))
+    digests = [d for d in found if d]
+    recorded = keep is None or not digests or keep(digests)
+    for path, held in taken:
+        if recorded:
+            _remove(path, held)
+        elif held is not None:
+            os.close(held)  # (and the lock with it: the next process finds the file)
+    return digests
+
+
+def _young(path: str) -> bool:
+    # Whether the file at ``path`` was made less than _NEW_SECONDS ago (or is gone).
+    try:
+        return time.time() - os.lstat(path).st_mtime < _NEW_SECONDS
+    except OSError:
+        return True
 
 
 def _remove(path: str, held: int | None) -> None:
@@ -167,10 +198,16 @@ def open_mark_file(folder: str) -> tuple[int, str] | None:
         return None
     try:
         if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # a file system without locks: others ask the pid
-                pass
+            for _ in range(50):  # another process may hold it a moment (dead_marks' test)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.001)
+                except OSError:  # a file system without locks: others ask the pid
+                    break
+            else:
+                raise BlockingIOError(errno.EWOULDBLOCK, "held by another process", temp)
         os.rename(temp, os.path.join(folder, name))
     except OSError:
         _remove(temp, fd)
@@ -194,29 +231,49 @@ def reserve(fd: int, size: int) -> bool:
     return True
 
 
-def append_lines(path: str, lines: Sequence[str], limit: int) -> None:
+def append_lines(path: str, lines: Sequence[str], limit: int) -> bool:
     """Append ``lines`` to the list at ``path`` (one ``O_APPEND`` write to a regular
-    file); keep the newest half once it holds more than ``limit`` lines."""
+    file); keep the newest half once it holds more than ``limit`` lines. Whether they
+    were written (advisory: a binary not recorded is vetted again next time).
+
+    Appends hold the list's lock shared, and rewrites (:func:`rewrite_lines`) exclusive,
+    so no append lands between a rewrite's read and its rename."""
     data = "".join(f"{d}\n" for d in lines).encode("ascii")
     try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
-        fd = os.open(path, flags, 0o600)
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                return
-            os.write(fd, data)
-            size = info.st_size + len(data)
-        finally:
-            os.close(fd)
-        if size // 33 > limit:  # a digest line is 33 bytes
-            replace_lines(path, read_lines(path)[-(limit // 2) :])
+        with file_lock(f"{path}{_LOCK}", shared=True):  # (not taken in time: append anyway)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
+            fd = os.open(path, flags, 0o600)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    return False
+                written = os.write(fd, data) == len(data)
+                size = info.st_size + len(data)
+            finally:
+                os.close(fd)
     except OSError:
-        pass  # advisory: a binary not recorded is vetted again next time
+        return False
+    if size // 33 > limit:  # a digest line is 33 bytes
+        rewrite_lines(path, lambda old: old[-(limit // 2) :])
+    return written
 
 
-def replace_lines(path: str, lines: Sequence[str]) -> None:
-    """Write the list at ``path`` anew, through a fresh temporary file and one rename."""
+def rewrite_lines(path: str, change: Callable[[list[str]], list[str]]) -> bool:
+    """Write the list at ``path`` anew as ``change`` makes it of the lines it holds now,
+    holding the list's lock; whether it did. A list that reads as empty (too large, or
+    not a regular file: it is so to every reader) is written anew from nothing."""
+    try:
+        with file_lock(f"{path}{_LOCK}") as locked:
+            if not locked:
+                return False  # a rewrite held past the wait (a stopped process): not now
+            return replace_lines(path, change(read_lines(path)))
+    except OSError:
+        return False
+
+
+def replace_lines(path: str, lines: Sequence[str]) -> bool:
+    """Write the list at ``path`` anew, through a fresh temporary file and one rename;
+    whether it did. (:func:`rewrite_lines` does so under the list's lock.)"""
     temp = f"{path}.{os.urandom(6).hex()}.tmp"  # random: no two writers share one
     data = "".join(f"{d}\n" for d in lines).encode("ascii")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK | OPEN_FLAGS
@@ -228,4 +285,7 @@ def replace_lines(path: str, lines: Sequence[str]) -> None:
             os.close(fd)
         os.replace(temp, path)
     except OSError:
-        pass  # advisory, as above
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        return False  # advisory, as above
+    return True

@@ -52,6 +52,7 @@ __all__ = [
     "OPEN_FLAGS",
     "TABLE",
     "KnownList",
+    "file_lock",
     "read_lines",
 ]
 
@@ -203,7 +204,7 @@ class KnownList:
 
         One process merges at a time (a lock file), so no merge undoes another's; a lock
         held past :data:`LOCK_WAIT` seconds (a stopped process) skips this merge."""
-        with _merging(os.path.join(self.folder, _LOCK)) as locked:
+        with file_lock(os.path.join(self.folder, _LOCK)) as locked:
             if not locked:
                 return False  # the log grows a little longer; the next write tries again
             taken = f"{self._log}.{os.getpid()}.merging"
@@ -233,18 +234,20 @@ class KnownList:
 
 
 @contextlib.contextmanager
-def _merging(path: str) -> Iterator[bool]:
-    """Hold the merge lock (an ``flock`` on ``path``, released with the process); yields
-    whether it was taken within :data:`LOCK_WAIT` seconds (never waits longer)."""
+def file_lock(path: str, shared: bool = False) -> Iterator[bool]:
+    """Hold an ``flock`` on the lock file ``path`` (exclusive, or ``shared``; released with
+    the process); yields whether it was taken within :data:`LOCK_WAIT` seconds (never waits
+    longer). ``OSError`` when the lock file cannot be opened."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS, 0o600)
     try:
         if fcntl is None:
             yield True
             return
         deadline = time.monotonic() + LOCK_WAIT
+        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, kind | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
