@@ -57,14 +57,20 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))  # in place: the same file, the same size
 
 
-@pytest.mark.parametrize("secret", [None, "s3cret"])
-def test_a_value_read_again_skips_its_header_and_counts_one_hit(
-    tmp_path: Path, secret: str | None
-) -> None:
+def _filled(tmp_path: Path, secret: str | None = None) -> tuple[Counting, rc.Cache, bytes]:
+    """A counting backend, a cache over it, and the value it stored under ``_key()``."""
     backend = Counting(tmp_path)
     cache = rc.Cache(backend, secret=secret)
     value = os.urandom(SIZE)
     assert cache.put(_key(), value)
+    return backend, cache, value
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_a_value_read_again_skips_its_header_and_counts_one_hit(
+    tmp_path: Path, secret: str | None
+) -> None:
+    backend, cache, value = _filled(tmp_path, secret)
     blob = backend.get(str(_key()))
     assert blob is not None
     for _ in range(3):
@@ -83,9 +89,7 @@ def test_a_value_read_again_skips_its_header_and_counts_one_hit(
 def test_a_value_changed_in_place_is_read_whole_and_judged(
     tmp_path: Path, secret: str | None
 ) -> None:
-    backend = Counting(tmp_path)
-    cache = rc.Cache(backend, secret=secret)
-    assert cache.put(_key(), os.urandom(SIZE))
+    backend, cache, _ = _filled(tmp_path, secret)
     path = _path(backend, _key())
     _flip(path, path.stat().st_size - 100 - (32 if secret else 0))
     assert cache.get(_key()) is None
@@ -96,9 +100,7 @@ def test_a_value_changed_in_place_is_read_whole_and_judged(
 
 
 def test_a_forged_signature_is_never_served(tmp_path: Path) -> None:
-    backend = Counting(tmp_path)
-    cache = rc.Cache(backend, secret="s3cret")
-    assert cache.put(_key(), os.urandom(SIZE))
+    backend, cache, _ = _filled(tmp_path, "s3cret")
     path = _path(backend, _key())
     _flip(path, path.stat().st_size - 3)
     assert cache.get(_key()) is None
@@ -111,10 +113,7 @@ def test_a_header_damaged_under_a_checked_value_serves_that_value_alone(
 ) -> None:
     # The value and its signature are the bytes this cache checked: it serves them. A cache
     # that has not checked the entry reads the header, and finds it damaged.
-    backend = Counting(tmp_path)
-    cache = rc.Cache(backend, secret=secret)
-    value = os.urandom(SIZE)
-    assert cache.put(_key(), value)
+    backend, cache, value = _filled(tmp_path, secret)
     path = _path(backend, _key())
     _flip(path, codec.HEADER_SIZE + 5)
     assert cache.get(_key()) == value
@@ -128,9 +127,7 @@ def test_a_header_damaged_under_a_checked_value_serves_that_value_alone(
 def test_an_entry_written_again_by_another_is_served_as_written(
     tmp_path: Path, secret: str | None
 ) -> None:
-    backend = Counting(tmp_path)
-    cache = rc.Cache(backend, secret=secret)
-    assert cache.put(_key(), os.urandom(SIZE))
+    backend, cache, _ = _filled(tmp_path, secret)
     other = rc.Cache(DirectoryBackend(tmp_path, max_size=None), secret=secret)
     for new in (os.urandom(SIZE), os.urandom(SIZE + 1), os.urandom(SIZE - 1)):
         assert other.put(_key(), new, build_seconds=2.5)
@@ -153,10 +150,7 @@ def test_another_keys_entry_of_the_same_size_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_changed_producer_or_limits_reads_whole(tmp_path: Path) -> None:
-    backend = Counting(tmp_path)
-    cache = rc.Cache(backend)
-    value = os.urandom(SIZE)
-    assert cache.put(_key(), value)
+    backend, cache, value = _filled(tmp_path)
     cache.producer = "someone else"
     assert cache.get(_key()) == value
     cache.limits = codec.Limits(max_value_size=SIZE - 1)
