@@ -24,10 +24,12 @@ and made with the cache's modes, so a ``shared=1`` group shares its leases.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import os
+import secrets
 import stat
 import time
 
@@ -37,7 +39,15 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_root import Modes
 
-__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "DirLease"]
+__all__ = [
+    "ASIDE_SUFFIX",
+    "LOCKS",
+    "MAX_NOTE_SECONDS",
+    "NEW_SUFFIX",
+    "NOTE_SUFFIX",
+    "DirLease",
+    "remove_stale_note",
+]
 
 LOCKS = ".locks"
 #: The ending of a note's name (the lock file's digest before it).
@@ -46,6 +56,12 @@ NOTE_SUFFIX = ".unstored"
 MAX_NOTE_SECONDS = 3600.0
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NOTE_FLAGS = os.O_WRONLY | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: The ending of a name a vacuum gives a note it is about to remove (``remove_stale_note``).
+ASIDE_SUFFIX = ".aside"
+#: The ending of a note's name while its holder makes it (``DirLease._note``).
+NEW_SUFFIX = ".new"
+#: Seconds after which a note left half-made (its holder killed) is removed.
+NEW_MAX_AGE = 300.0
 
 
 class DirLease(Lease):
@@ -154,21 +170,22 @@ class DirLease(Lease):
     def _note(self, seconds: float) -> None:
         until = time.time() + min(seconds, MAX_NOTE_SECONDS)
         folder = self._locks()
-        for attempt in range(2):
-            try:  # (only the owner may set a file's times: another member's note is replaced)
-                fd = os.open(self.note_name, _NOTE_FLAGS, self._modes.file, dir_fd=folder)
-                try:
-                    st = os.fstat(fd)
-                    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a hard link: junk
-                        raise OSError(errno.EINVAL, f"{self.note_name} is not a note of ours")
-                    os.utime(fd, (until, until))
-                    return
-                finally:
-                    os.close(fd)
-            except OSError:
-                if attempt:
-                    raise
-                os.unlink(self.note_name, dir_fd=folder)  # junk or another's: a fresh one
+        # Made whole under a name of its own, then renamed over whatever is at the note's
+        # name (an old note, another member's, a link, a FIFO: replaced, never followed).
+        # The name never shows a file whose time is not yet set: a vacuum that took the
+        # note for one past its time looks again after setting it aside, and sees this.
+        temp = f"{self.note_name}.{secrets.token_hex(4)}{NEW_SUFFIX}"
+        fd = os.open(temp, _NOTE_FLAGS | os.O_EXCL, self._modes.file, dir_fd=folder)
+        try:
+            os.utime(fd, (until, until))
+        finally:
+            os.close(fd)
+        try:
+            os.rename(temp, self.note_name, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=folder)
+            raise
 
     def _noted(self) -> bool:
         folder = self._locks()
@@ -189,3 +206,41 @@ class DirLease(Lease):
                     os.close(fd)
                 except OSError:
                     pass
+
+
+def _good_note(st: os.stat_result, now: float) -> bool:
+    return now < st.st_mtime <= now + MAX_NOTE_SECONDS
+
+
+def remove_stale_note(folder: int, name: str, now: float) -> bool:
+    """Remove the note ``name`` (or a vacuum's leftover set aside) in the lock folder open
+    as ``folder`` if it is past its time or set too far ahead; return whether removed.
+
+    A holder may replace the note between this look and the removal. So the note is first
+    renamed aside and looked at again: a holder's new note shows its time, and goes back to
+    its name. A holder's note never shows at the name before its time is set
+    (``DirLease._note``). Notes half made (:data:`NEW_SUFFIX`) go once they are old.
+    May raise.
+    """
+    st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    if name.endswith(NEW_SUFFIX):  # a holder's, half made: gone only once it is old
+        if now - NEW_MAX_AGE <= st.st_mtime <= now + MAX_NOTE_SECONDS:
+            return False
+        os.unlink(name, dir_fd=folder)
+        return True
+    if _good_note(st, now):
+        return False
+    if name.endswith(ASIDE_SUFFIX) or not stat.S_ISREG(st.st_mode):
+        os.unlink(name, dir_fd=folder)  # a leftover no holder writes to, or junk
+        return True
+    aside = f"{name}.{secrets.token_hex(4)}{ASIDE_SUFFIX}"
+    os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
+    try:
+        again = os.stat(aside, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISREG(again.st_mode) and _good_note(again, time.time()):
+            os.rename(aside, name, src_dir_fd=folder, dst_dir_fd=folder)  # renewed: back
+            return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside, dir_fd=folder)
+    return True

@@ -291,7 +291,7 @@ class Upkeep:
         try:  # here: the backend itself must open where fcntl cannot be imported
             import fcntl
 
-            from .dir_lease import LOCKS, MAX_NOTE_SECONDS, NOTE_SUFFIX
+            from .dir_lease import ASIDE_SUFFIX, LOCKS, NEW_SUFFIX, NOTE_SUFFIX, remove_stale_note
         except ImportError:
             return 0
 
@@ -304,12 +304,11 @@ class Upkeep:
             for name in os.listdir(fd):
                 if time.monotonic() > deadline:
                     break
-                if name.endswith(NOTE_SUFFIX):  # a note past its time (or set too far ahead)
+                if name.endswith(
+                    (NOTE_SUFFIX, ASIDE_SUFFIX, NEW_SUFFIX)
+                ):  # past its time, or too far
                     with contextlib.suppress(OSError):
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        if not now < st.st_mtime <= now + MAX_NOTE_SECONDS:
-                            os.unlink(name, dir_fd=fd)
-                            removed += 1
+                        removed += remove_stale_note(fd, name, now)
                     continue
                 if not name.endswith(".lock"):
                     continue

@@ -3,17 +3,19 @@ never taken from what someone without the secret (or a link, or junk) put at its
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import runtime_cache as rc
-from runtime_cache.backends.dir_lease import MAX_NOTE_SECONDS, DirLease
+from runtime_cache.backends.dir_lease import ASIDE_SUFFIX, MAX_NOTE_SECONDS, NEW_SUFFIX, DirLease
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.backends.tiered import TieredBackend
@@ -64,6 +66,103 @@ def test_directory_note_is_seen_by_other_leases_until_it_runs_out(tmp_path: Path
     assert stat.S_ISREG(note.lstat().st_mode) and note.stat().st_size == 0
     assert backend.vacuum() >= 1  # a note past its time is removed
     assert not note.exists()
+
+
+def _expired_note(tmp_path: Path) -> tuple[DirectoryBackend, DirLease, Path]:
+    """A holder's note past its time, as a vacuum would find it."""
+    backend = DirectoryBackend(tmp_path)
+    lease = _lease(backend)
+    assert isinstance(lease, DirLease) and lease.acquire()
+    lease.note_unstored(60.0)
+    note = tmp_path / ".locks" / lease.note_name
+    os.utime(note, (time.time() - 5, time.time() - 5))
+    assert not lease.unstored()
+    return backend, lease, note
+
+
+def test_a_note_renewed_while_a_vacuum_looks_at_it_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, lease, note = _expired_note(tmp_path)
+    rename = os.rename
+
+    def renew_first(src: str, dst: str, **kw: int) -> None:
+        if str(dst).endswith(ASIDE_SUFFIX) and not lease.unstored():
+            lease.note_unstored(60.0)  # the holder's time lands after the vacuum's look
+        rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "rename", renew_first)
+    backend.vacuum()
+    assert lease.unstored() and stat.S_ISREG(note.lstat().st_mode)
+    assert [p.name for p in note.parent.iterdir() if p.name.endswith(ASIDE_SUFFIX)] == []
+    lease.release()
+
+
+def test_a_note_made_while_a_vacuum_removes_the_old_one_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, lease, note = _expired_note(tmp_path)
+    utime = os.utime
+    vacuumed: list[int] = []
+
+    def vacuum_first(path: object, *args: object, **kw: object) -> None:
+        if isinstance(path, int) and not vacuumed:  # the holder's new note, not yet timed
+            vacuumed.append(-1)  # (the vacuum's own touches pass through)
+            vacuumed[0] = backend.vacuum()  # removes the old note, keeps the new one
+        utime(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "utime", vacuum_first)
+    lease.note_unstored(60.0)
+    assert vacuumed and vacuumed[0] >= 1  # the old note went
+    assert lease.unstored() and stat.S_ISREG(note.lstat().st_mode)
+    lease.release()
+
+
+def test_vacuum_removes_what_a_killed_vacuum_set_aside(tmp_path: Path) -> None:
+    backend, lease, note = _expired_note(tmp_path)
+    aside = note.with_name(note.name + ".0badc0de" + ASIDE_SUFFIX)
+    note.rename(aside)
+    fresh = note.with_name("0" * 40 + ".x" + ASIDE_SUFFIX)
+    fresh.touch()
+    os.utime(fresh, (time.time() + 30, time.time() + 30))  # another vacuum's, renewed
+    half = note.with_name(note.name + ".1badc0de" + NEW_SUFFIX)  # a killed holder's
+    half.touch()
+    os.utime(half, (time.time() - 400, time.time() - 400))
+    young = note.with_name(note.name + ".2badc0de" + NEW_SUFFIX)  # a holder's, being made
+    young.touch()
+    assert backend.vacuum() >= 2
+    assert not aside.exists() and fresh.exists()
+    assert not half.exists() and young.exists()
+    lease.release()
+
+
+def _renew_and_look(root: str, tries: int, lost: Any) -> None:
+    backend = DirectoryBackend(root)
+    lease = _lease(backend)
+    assert isinstance(lease, DirLease) and lease.acquire()
+    note = Path(root) / ".locks" / lease.note_name
+    for _ in range(tries):
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(note, (time.time() - 5, time.time() - 5))  # run out
+        lease.note_unstored(60.0)
+        if not lease.unstored():
+            time.sleep(0.1)  # (a vacuum may hold it aside for a moment)
+            lost.value += not lease.unstored()
+    lease.release()
+
+
+def test_a_note_renewed_over_and_over_under_a_vacuuming_process_is_never_lost(
+    tmp_path: Path,
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    lost = ctx.Value("i", 0)
+    holder = ctx.Process(target=_renew_and_look, args=(str(tmp_path), 3000, lost))
+    holder.start()
+    backend = DirectoryBackend(tmp_path)
+    while holder.is_alive():
+        backend.vacuum()
+    holder.join()
+    assert holder.exitcode == 0 and lost.value == 0
 
 
 def test_directory_note_takes_no_link_no_fifo_and_no_far_future(tmp_path: Path) -> None:
