@@ -175,7 +175,13 @@ class DirLease(Lease):
         # The name never shows a file whose time is not yet set: a vacuum that took the
         # note for one past its time looks again after setting it aside, and sees this.
         temp = f"{self.note_name}.{secrets.token_hex(4)}{NEW_SUFFIX}"
-        fd = os.open(temp, _NOTE_FLAGS | os.O_EXCL, self._modes.file, dir_fd=folder)
+        try:
+            fd = os.open(temp, _NOTE_FLAGS | os.O_EXCL, self._modes.file, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._renew_in_place(folder, until)  # no inode left for a new file
+            return
         try:
             os.utime(fd, (until, until))
         finally:
@@ -186,6 +192,17 @@ class DirLease(Lease):
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=folder)
             raise
+
+    def _renew_in_place(self, folder: int, until: float) -> None:
+        """Set the time of our note where it is (a vacuum may still remove it meanwhile)."""
+        fd = os.open(self.note_name, _NOTE_FLAGS & ~os.O_CREAT, dir_fd=folder)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(errno.EINVAL, f"{self.note_name} is not a note")
+            os.utime(fd, (until, until))
+        finally:
+            os.close(fd)
 
     def _noted(self) -> bool:
         folder = self._locks()
@@ -208,39 +225,68 @@ class DirLease(Lease):
                     pass
 
 
-def _good_note(st: os.stat_result, now: float) -> bool:
-    return now < st.st_mtime <= now + MAX_NOTE_SECONDS
+#: Seconds past :data:`MAX_NOTE_SECONDS` a vacuum still keeps a note for (clocks differ).
+_AHEAD_SLACK = 60.0
 
 
-def remove_stale_note(folder: int, name: str, now: float) -> bool:
-    """Remove the note ``name`` (or a vacuum's leftover set aside) in the lock folder open
-    as ``folder`` if it is past its time or set too far ahead; return whether removed.
+def _good_note(st: os.stat_result) -> bool:
+    """Whether a vacuum keeps this note: good now, or set at most a little too far ahead."""
+    now = time.time()  # at each look: a vacuum's walk may have taken a while
+    return now < st.st_mtime <= now + MAX_NOTE_SECONDS + _AHEAD_SLACK
+
+
+def remove_stale_note(folder: int, name: str) -> bool:
+    """Remove the note ``name`` in the lock folder open as ``folder`` if it is past its time
+    or set too far ahead, or a leftover of a holder or a vacuum that was killed; return
+    whether removed.
 
     A holder may replace the note between this look and the removal. So the note is first
     renamed aside and looked at again: a holder's new note shows its time, and goes back to
-    its name. A holder's note never shows at the name before its time is set
-    (``DirLease._note``). Notes half made (:data:`NEW_SUFFIX`) go once they are old.
+    its name unless a newer one is there already. A holder's note never shows at the name
+    before its time is set (``DirLease._note``). A good note left aside (its vacuum killed)
+    goes back the same way; notes half made (:data:`NEW_SUFFIX`) go once they are old.
     May raise.
     """
     st = os.stat(name, dir_fd=folder, follow_symlinks=False)
     if name.endswith(NEW_SUFFIX):  # a holder's, half made: gone only once it is old
-        if now - NEW_MAX_AGE <= st.st_mtime <= now + MAX_NOTE_SECONDS:
+        now = time.time()
+        if now - NEW_MAX_AGE <= st.st_mtime <= now + MAX_NOTE_SECONDS + _AHEAD_SLACK:
             return False
         os.unlink(name, dir_fd=folder)
         return True
-    if _good_note(st, now):
+    if name.endswith(ASIDE_SUFFIX):
+        note = name[: -len(ASIDE_SUFFIX)].rpartition(".")[0]  # <note>.<hex>.aside
+        if note.endswith(NOTE_SUFFIX) and stat.S_ISREG(st.st_mode) and _good_note(st):
+            _put_back(folder, name, note)  # a killed vacuum's
+            return False
+        os.unlink(name, dir_fd=folder)
+        return True
+    if _good_note(st):
         return False
-    if name.endswith(ASIDE_SUFFIX) or not stat.S_ISREG(st.st_mode):
-        os.unlink(name, dir_fd=folder)  # a leftover no holder writes to, or junk
+    if not stat.S_ISREG(st.st_mode):
+        os.unlink(name, dir_fd=folder)  # junk: nothing a holder writes to
         return True
     aside = f"{name}.{secrets.token_hex(4)}{ASIDE_SUFFIX}"
     os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
-    try:
-        again = os.stat(aside, dir_fd=folder, follow_symlinks=False)
-        if stat.S_ISREG(again.st_mode) and _good_note(again, time.time()):
-            os.rename(aside, name, src_dir_fd=folder, dst_dir_fd=folder)  # renewed: back
-            return False
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(aside, dir_fd=folder)
+    again = os.stat(aside, dir_fd=folder, follow_symlinks=False)
+    if stat.S_ISREG(again.st_mode) and _good_note(again):
+        _put_back(folder, aside, name)  # renewed meanwhile
+        return False
+    os.unlink(aside, dir_fd=folder)
     return True
+
+
+def _put_back(folder: int, aside: str, name: str) -> None:
+    """Give the good note set aside as ``aside`` its name again, unless a note (a newer
+    one: it came after the set-aside) or anything else is there now; then drop ``aside``."""
+    try:
+        os.link(aside, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+    except FileExistsError:
+        pass  # the newer one stays
+    except PermissionError:  # another member's file, where links to it are protected
+        try:
+            os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(aside, name, src_dir_fd=folder, dst_dir_fd=folder)
+            return
+    os.unlink(aside, dir_fd=folder)

@@ -308,7 +308,7 @@ class Upkeep:
                     (NOTE_SUFFIX, ASIDE_SUFFIX, NEW_SUFFIX)
                 ):  # past its time, or too far
                     with contextlib.suppress(OSError):
-                        removed += remove_stale_note(fd, name, now)
+                        removed += remove_stale_note(fd, name)
                     continue
                 if not name.endswith(".lock"):
                     continue

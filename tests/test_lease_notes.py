@@ -4,6 +4,7 @@ never taken from what someone without the secret (or a link, or junk) put at its
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
 import stat
@@ -118,21 +119,65 @@ def test_a_note_made_while_a_vacuum_removes_the_old_one_stays(
     lease.release()
 
 
-def test_vacuum_removes_what_a_killed_vacuum_set_aside(tmp_path: Path) -> None:
+def test_vacuum_puts_back_what_a_killed_vacuum_set_aside_and_removes_leftovers(
+    tmp_path: Path,
+) -> None:
     backend, lease, note = _expired_note(tmp_path)
-    aside = note.with_name(note.name + ".0badc0de" + ASIDE_SUFFIX)
-    note.rename(aside)
-    fresh = note.with_name("0" * 40 + ".x" + ASIDE_SUFFIX)
-    fresh.touch()
-    os.utime(fresh, (time.time() + 30, time.time() + 30))  # another vacuum's, renewed
-    half = note.with_name(note.name + ".1badc0de" + NEW_SUFFIX)  # a killed holder's
+    lease.note_unstored(60.0)
+    kept = note.with_name(note.name + ".0badc0de" + ASIDE_SUFFIX)
+    note.rename(kept)  # a good note set aside by a vacuum killed before it looked again
+    spent = note.with_name(note.name + ".1badc0de" + ASIDE_SUFFIX)
+    spent.touch()
+    os.utime(spent, (time.time() - 5, time.time() - 5))
+    other = note.with_name("0" * 40 + ".x" + ASIDE_SUFFIX)  # no note's: junk, however timed
+    other.touch()
+    os.utime(other, (time.time() + 30, time.time() + 30))
+    half = note.with_name(note.name + ".2badc0de" + NEW_SUFFIX)  # a killed holder's
     half.touch()
     os.utime(half, (time.time() - 400, time.time() - 400))
-    young = note.with_name(note.name + ".2badc0de" + NEW_SUFFIX)  # a holder's, being made
+    young = note.with_name(note.name + ".3badc0de" + NEW_SUFFIX)  # a holder's, being made
     young.touch()
-    assert backend.vacuum() >= 2
-    assert not aside.exists() and fresh.exists()
+    assert backend.vacuum() >= 3
+    assert lease.unstored() and note.stat().st_nlink == 1
+    assert not kept.exists() and not spent.exists() and not other.exists()
     assert not half.exists() and young.exists()
+    lease.release()
+
+
+def test_a_note_put_back_never_replaces_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, lease, note = _expired_note(tmp_path)
+    rename = os.rename
+
+    def two_writes(src: str, dst: str, **kw: int) -> None:
+        if not str(dst).endswith(ASIDE_SUFFIX):
+            rename(src, dst, **kw)
+            return
+        lease.note_unstored(1.0)  # after the vacuum's look: set aside, then put back...
+        rename(src, dst, **kw)
+        lease.note_unstored(60.0)  # ...but this one came later, and stays
+
+    monkeypatch.setattr(os, "rename", two_writes)
+    backend.vacuum()
+    assert note.stat().st_mtime > time.time() + 30 and lease.unstored()
+    lease.release()
+
+
+def test_a_note_is_renewed_in_place_when_no_file_can_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, lease, note = _expired_note(tmp_path)
+    real_open = os.open
+
+    def no_inodes(path: str, flags: int, *args: Any, **kw: Any) -> int:
+        if str(path).endswith(NEW_SUFFIX):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", no_inodes)
+    lease.note_unstored(60.0)
+    assert lease.unstored() and note.stat().st_mtime > time.time() + 30
     lease.release()
 
 
