@@ -15,7 +15,7 @@ A holder whose entry the store refused for its size leaves a note beside its loc
 file whose modification time is when the note runs out. Only a regular file with one
 link counts, and never one said to run out further ahead than :data:`MAX_NOTE_SECONDS`,
 so a planted link (symbolic or hard: an entry's time is never changed through it) or a
-note set for next year is no note.
+note set for next year is no note. How notes are written and removed: :mod:`.dir_notes`.
 
 The folder and the files are opened under the cache root's descriptor with no
 link followed (a planted ``.locks`` symlink is refused, never written through),
@@ -24,44 +24,23 @@ and made with the cache's modes, so a ``shared=1`` group shares its leases.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
 import os
-import secrets
-import stat
 import time
 
 from runtime_cache.api import Lease
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import NOFOLLOW, make_folders
+from .dir_notes import MAX_NOTE_SECONDS, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
 
-__all__ = [
-    "ASIDE_SUFFIX",
-    "LOCKS",
-    "MAX_NOTE_SECONDS",
-    "NEW_SUFFIX",
-    "NOTE_SUFFIX",
-    "DirLease",
-    "remove_stale_note",
-]
+__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "DirLease"]
 
 LOCKS = ".locks"
-#: The ending of a note's name (the lock file's digest before it).
-NOTE_SUFFIX = ".unstored"
-#: The furthest ahead a note may run out; one said to run out later is not a holder's.
-MAX_NOTE_SECONDS = 3600.0
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_NOTE_FLAGS = os.O_WRONLY | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: The ending of a name a vacuum gives a note it is about to remove (``remove_stale_note``).
-ASIDE_SUFFIX = ".aside"
-#: The ending of a note's name while its holder makes it (``DirLease._note``).
-NEW_SUFFIX = ".new"
-#: Seconds after which a note left half-made (its holder killed) is removed.
-NEW_MAX_AGE = 300.0
 
 
 class DirLease(Lease):
@@ -169,51 +148,10 @@ class DirLease(Lease):
 
     def _note(self, seconds: float) -> None:
         until = time.time() + min(seconds, MAX_NOTE_SECONDS)
-        folder = self._locks()
-        # Made whole under a name of its own, then renamed over whatever is at the note's
-        # name (an old note, another member's, a link, a FIFO: replaced, never followed).
-        # The name never shows a file whose time is not yet set: a vacuum that took the
-        # note for one past its time looks again after setting it aside, and sees this.
-        temp = f"{self.note_name}.{secrets.token_hex(4)}{NEW_SUFFIX}"
-        try:
-            fd = os.open(temp, _NOTE_FLAGS | os.O_EXCL, self._modes.file, dir_fd=folder)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            self._renew_in_place(folder, until)  # no inode left for a new file
-            return
-        try:
-            os.utime(fd, (until, until))
-        finally:
-            os.close(fd)
-        try:
-            os.rename(temp, self.note_name, src_dir_fd=folder, dst_dir_fd=folder)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=folder)
-            raise
-
-    def _renew_in_place(self, folder: int, until: float) -> None:
-        """Set the time of our note where it is (a vacuum may still remove it meanwhile)."""
-        fd = os.open(self.note_name, _NOTE_FLAGS & ~os.O_CREAT, dir_fd=folder)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                raise OSError(errno.EINVAL, f"{self.note_name} is not a note")
-            os.utime(fd, (until, until))
-        finally:
-            os.close(fd)
+        write_note(self._locks(), self.note_name, until, self._modes)
 
     def _noted(self) -> bool:
-        folder = self._locks()
-        try:
-            st = os.stat(self.note_name, dir_fd=folder, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        now = time.time()
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return False
-        return now < st.st_mtime <= now + MAX_NOTE_SECONDS
+        return read_note(self._locks(), self.note_name)
 
     def __del__(self) -> None:
         # A lease refused in __init__ (a bad ttl) never set its descriptors.
@@ -223,70 +161,3 @@ class DirLease(Lease):
                     os.close(fd)
                 except OSError:
                     pass
-
-
-#: Seconds past :data:`MAX_NOTE_SECONDS` a vacuum still keeps a note for (clocks differ).
-_AHEAD_SLACK = 60.0
-
-
-def _good_note(st: os.stat_result) -> bool:
-    """Whether a vacuum keeps this note: good now, or set at most a little too far ahead."""
-    now = time.time()  # at each look: a vacuum's walk may have taken a while
-    return now < st.st_mtime <= now + MAX_NOTE_SECONDS + _AHEAD_SLACK
-
-
-def remove_stale_note(folder: int, name: str) -> bool:
-    """Remove the note ``name`` in the lock folder open as ``folder`` if it is past its time
-    or set too far ahead, or a leftover of a holder or a vacuum that was killed; return
-    whether removed.
-
-    A holder may replace the note between this look and the removal. So the note is first
-    renamed aside and looked at again: a holder's new note shows its time, and goes back to
-    its name unless a newer one is there already. A holder's note never shows at the name
-    before its time is set (``DirLease._note``). A good note left aside (its vacuum killed)
-    goes back the same way; notes half made (:data:`NEW_SUFFIX`) go once they are old.
-    May raise.
-    """
-    st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    if name.endswith(NEW_SUFFIX):  # a holder's, half made: gone only once it is old
-        now = time.time()
-        if now - NEW_MAX_AGE <= st.st_mtime <= now + MAX_NOTE_SECONDS + _AHEAD_SLACK:
-            return False
-        os.unlink(name, dir_fd=folder)
-        return True
-    if name.endswith(ASIDE_SUFFIX):
-        note = name[: -len(ASIDE_SUFFIX)].rpartition(".")[0]  # <note>.<hex>.aside
-        if note.endswith(NOTE_SUFFIX) and stat.S_ISREG(st.st_mode) and _good_note(st):
-            _put_back(folder, name, note)  # a killed vacuum's
-            return False
-        os.unlink(name, dir_fd=folder)
-        return True
-    if _good_note(st):
-        return False
-    if not stat.S_ISREG(st.st_mode):
-        os.unlink(name, dir_fd=folder)  # junk: nothing a holder writes to
-        return True
-    aside = f"{name}.{secrets.token_hex(4)}{ASIDE_SUFFIX}"
-    os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
-    again = os.stat(aside, dir_fd=folder, follow_symlinks=False)
-    if stat.S_ISREG(again.st_mode) and _good_note(again):
-        _put_back(folder, aside, name)  # renewed meanwhile
-        return False
-    os.unlink(aside, dir_fd=folder)
-    return True
-
-
-def _put_back(folder: int, aside: str, name: str) -> None:
-    """Give the good note set aside as ``aside`` its name again, unless a note (a newer
-    one: it came after the set-aside) or anything else is there now; then drop ``aside``."""
-    try:
-        os.link(aside, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
-    except FileExistsError:
-        pass  # the newer one stays
-    except PermissionError:  # another member's file, where links to it are protected
-        try:
-            os.stat(name, dir_fd=folder, follow_symlinks=False)
-        except FileNotFoundError:
-            os.rename(aside, name, src_dir_fd=folder, dst_dir_fd=folder)
-            return
-    os.unlink(aside, dir_fd=folder)

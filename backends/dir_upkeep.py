@@ -291,7 +291,8 @@ class Upkeep:
         try:  # here: the backend itself must open where fcntl cannot be imported
             import fcntl
 
-            from .dir_lease import ASIDE_SUFFIX, LOCKS, NEW_SUFFIX, NOTE_SUFFIX, remove_stale_note
+            from .dir_lease import LOCKS
+            from .dir_notes import ASIDE_SUFFIX, NEW_SUFFIX, NOTE_SUFFIX, remove_stale_note
         except ImportError:
             return 0
 

@@ -11,12 +11,15 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import runtime_cache as rc
-from runtime_cache.backends.dir_lease import ASIDE_SUFFIX, MAX_NOTE_SECONDS, NEW_SUFFIX, DirLease
+from runtime_cache.backends import dir_notes
+from runtime_cache.backends.dir_lease import DirLease
+from runtime_cache.backends.dir_notes import ASIDE_SUFFIX, MAX_NOTE_SECONDS, NEW_SUFFIX
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.backends.tiered import TieredBackend
@@ -81,10 +84,17 @@ def _expired_note(tmp_path: Path) -> tuple[DirectoryBackend, DirLease, Path]:
     return backend, lease, note
 
 
+@pytest.mark.parametrize("planted", ["spent note", "symlink", "fifo"])
 def test_a_note_renewed_while_a_vacuum_looks_at_it_stays(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str
 ) -> None:
     backend, lease, note = _expired_note(tmp_path)
+    if planted != "spent note":  # junk at the name, which the holder's note replaces
+        note.unlink()
+        if planted == "symlink":
+            note.symlink_to(tmp_path / "elsewhere")
+        else:
+            os.mkfifo(note)
     rename = os.rename
 
     def renew_first(src: str, dst: str, **kw: int) -> None:
@@ -132,20 +142,29 @@ def test_vacuum_puts_back_what_a_killed_vacuum_set_aside_and_removes_leftovers(
     other = note.with_name("0" * 40 + ".x" + ASIDE_SUFFIX)  # no note's: junk, however timed
     other.touch()
     os.utime(other, (time.time() + 30, time.time() + 30))
-    half = note.with_name(note.name + ".2badc0de" + NEW_SUFFIX)  # a killed holder's
-    half.touch()
-    os.utime(half, (time.time() - 400, time.time() - 400))
-    young = note.with_name(note.name + ".3badc0de" + NEW_SUFFIX)  # a holder's, being made
-    young.touch()
-    assert backend.vacuum() >= 3
+    assert backend.vacuum() >= 2
     assert lease.unstored() and note.stat().st_nlink == 1
     assert not kept.exists() and not spent.exists() and not other.exists()
-    assert not half.exists() and young.exists()
     lease.release()
 
 
-def test_a_note_put_back_never_replaces_a_newer_one(
+def test_a_half_made_note_goes_five_minutes_after_its_holder_last_touched_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, lease, note = _expired_note(tmp_path)
+    half = note.with_name(note.name + ".2badc0de" + NEW_SUFFIX)  # a holder killed...
+    half.touch()
+    os.utime(half, (time.time() + 3000, time.time() + 3000))  # ...after timing it
+    assert backend.vacuum() >= 1 and half.exists()  # (the spent note went)
+    clock = time.time
+    monkeypatch.setattr(dir_notes, "time", SimpleNamespace(time=lambda: clock() + 301))
+    assert backend.vacuum() >= 1 and not half.exists()
+    lease.release()
+
+
+@pytest.mark.parametrize("first, then", [(1.0, 60.0), (60.0, 1.0)])
+def test_a_note_put_back_leaves_the_later_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: float, then: float
 ) -> None:
     backend, lease, note = _expired_note(tmp_path)
     rename = os.rename
@@ -154,13 +173,14 @@ def test_a_note_put_back_never_replaces_a_newer_one(
         if not str(dst).endswith(ASIDE_SUFFIX):
             rename(src, dst, **kw)
             return
-        lease.note_unstored(1.0)  # after the vacuum's look: set aside, then put back...
+        lease.note_unstored(first)  # after the vacuum's look: set aside, to be put back
         rename(src, dst, **kw)
-        lease.note_unstored(60.0)  # ...but this one came later, and stays
+        lease.note_unstored(then)  # at the name meanwhile
 
     monkeypatch.setattr(os, "rename", two_writes)
     backend.vacuum()
     assert note.stat().st_mtime > time.time() + 30 and lease.unstored()
+    assert [p.name for p in note.parent.iterdir() if p.name.endswith(ASIDE_SUFFIX)] == []
     lease.release()
 
 
