@@ -31,6 +31,7 @@ __all__ = [
     "ASIDE_SUFFIX",
     "MAX_NOTE_SECONDS",
     "NEW_SUFFIX",
+    "NOTE_NAMES",
     "NOTE_SUFFIX",
     "read_note",
     "remove_stale_note",
@@ -45,6 +46,8 @@ MAX_NOTE_SECONDS = 3600.0
 ASIDE_SUFFIX = ".aside"
 #: The ending of a note's name while its holder makes it.
 NEW_SUFFIX = ".new"
+#: The endings of the names a vacuum looks at (:func:`remove_stale_note`).
+NOTE_NAMES = (NOTE_SUFFIX, ASIDE_SUFFIX, NEW_SUFFIX)
 #: Seconds after its making or timing that a half-made note (its holder killed) is removed.
 NEW_MAX_AGE = 300.0
 #: Seconds past :data:`MAX_NOTE_SECONDS` a vacuum still keeps a note for (clocks differ).

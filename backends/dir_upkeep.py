@@ -292,7 +292,7 @@ class Upkeep:
             import fcntl
 
             from .dir_lease import LOCKS
-            from .dir_notes import ASIDE_SUFFIX, NEW_SUFFIX, NOTE_SUFFIX, remove_stale_note
+            from .dir_notes import NOTE_NAMES, remove_stale_note
         except ImportError:
             return 0
 
@@ -305,9 +305,7 @@ class Upkeep:
             for name in os.listdir(fd):
                 if time.monotonic() > deadline:
                     break
-                if name.endswith(
-                    (NOTE_SUFFIX, ASIDE_SUFFIX, NEW_SUFFIX)
-                ):  # past its time, or too far
+                if name.endswith(NOTE_NAMES):  # a note, or one set aside or half made
                     with contextlib.suppress(OSError):
                         removed += remove_stale_note(fd, name)
                     continue
