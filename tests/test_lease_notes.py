@@ -84,6 +84,11 @@ def _expired_note(tmp_path: Path) -> tuple[DirectoryBackend, DirLease, Path]:
     return backend, lease, note
 
 
+def _asides(note: Path) -> list[str]:
+    """What vacuums left set aside beside ``note``."""
+    return [p.name for p in note.parent.iterdir() if p.name.endswith(ASIDE_SUFFIX)]
+
+
 @pytest.mark.parametrize("planted", ["spent note", "symlink", "fifo"])
 def test_a_note_renewed_while_a_vacuum_looks_at_it_stays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str
@@ -105,7 +110,7 @@ def test_a_note_renewed_while_a_vacuum_looks_at_it_stays(
     monkeypatch.setattr(os, "rename", renew_first)
     backend.vacuum()
     assert lease.unstored() and stat.S_ISREG(note.lstat().st_mode)
-    assert [p.name for p in note.parent.iterdir() if p.name.endswith(ASIDE_SUFFIX)] == []
+    assert _asides(note) == []
     lease.release()
 
 
@@ -180,7 +185,7 @@ def test_a_note_put_back_leaves_the_later_time(
     monkeypatch.setattr(os, "rename", two_writes)
     backend.vacuum()
     assert note.stat().st_mtime > time.time() + 30 and lease.unstored()
-    assert [p.name for p in note.parent.iterdir() if p.name.endswith(ASIDE_SUFFIX)] == []
+    assert _asides(note) == []
     lease.release()
 
 
