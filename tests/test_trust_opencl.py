@@ -21,7 +21,7 @@ from opencl_support import fresh_guard
 
 import runtime_cache as rc
 from runtime_cache import codec
-from runtime_cache.errors import InsecureStoreError
+from runtime_cache.errors import InsecureStoreError, InvalidBundleError
 
 if TYPE_CHECKING:
     from redis_servers import RedisProcess
@@ -126,22 +126,70 @@ def test_substitution_through_a_shared_folder(
     _substitution(ctx, url, driver_inputs)
 
 
-def test_an_unsigned_bundle_is_used_but_never_stored_in_a_shared_cache(
-    ctx: Any, redis_server: RedisProcess, unique_prefix: str
+@pytest.mark.parametrize("where", ["redis", "private folder"])
+def test_a_signed_cache_refuses_an_unsigned_bundle(
+    ctx: Any,
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    tmp_path: Path,
+    driver_inputs: list[bytes],
+    where: str,
+) -> None:
+    """Loaded, it would then be stored signed with the secret: a forgery made trusted."""
+    from runtime_cache.opencl import OpenCLModule
+    from runtime_cache.opencl.bundle import pack_programs
+
+    shared = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.open_backend(shared if where == "redis" else f"dir://{tmp_path / 'own'}")
+    victim = rc.Cache(backend, secret=SECRET)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
+    evil = _binary(ctx, EVIL_SRC)
+    bundle = pack_programs([(_victim_key(ctx, module), evil, 0.1)])
+    with pytest.raises(InvalidBundleError):  # as victim.loads(bundle) raises
+        module.set_precompiled_programs(bundle)
+    assert list(backend.keys()) == []  # nothing stored, so nothing signed
+    assert evil not in driver_inputs
+    assert np.array_equal(_scale(ctx, module), EXPECTED)
+
+
+def test_an_unsigned_entry_in_a_signed_bundle_is_refused(
+    ctx: Any, tmp_path: Path, driver_inputs: list[bytes]
 ) -> None:
     from runtime_cache.opencl import OpenCLModule
 
-    backend = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = rc.open_backend(f"dir://{tmp_path / 'own'}")
     victim = rc.Cache(backend, secret=SECRET)
     module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
-    from runtime_cache.opencl.bundle import pack_programs
+    evil = _binary(ctx, EVIL_SRC)
+    key = _victim_key(ctx, module)
+    entry = codec.encode_entry(str(key), key.parts, evil, created_at=0.0)  # no secret
+    result = module.set_precompiled_programs(codec.encode_bundle([entry], secret=SECRET.encode()))
+    assert (result, result.rejected, result.unsigned) == (0, 1, 0)
+    assert list(backend.keys()) == [] and evil not in driver_inputs
+    assert np.array_equal(_scale(ctx, module), EXPECTED)
 
-    bundle = pack_programs([(_victim_key(ctx, module), _binary(ctx, EVIL_SRC), 0.1)])
-    result = module.set_precompiled_programs(bundle)  # the app chose to load it
-    assert result == 1 and result.unsigned == 1 and result.withheld == 1
-    assert list(backend.keys()) == []  # nothing reached the shared store
-    fresh = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=victim)
-    assert np.array_equal(_scale(ctx, fresh), EXPECTED)  # the next start is right
+
+def test_a_signed_caches_bundle_loads_signed_where_the_secret_is_the_same(
+    ctx: Any, tmp_path: Path
+) -> None:
+    from runtime_cache.opencl import OpenCLModule, opencl_stats, reset_opencl_stats
+
+    maker = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'maker'}"), secret=SECRET)
+    bundle = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=maker).get_precompiled_programs()
+    backend = rc.open_backend(f"dir://{tmp_path / 'taker'}")
+    taker = rc.Cache(backend, secret=SECRET)
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=taker)
+    reset_opencl_stats()
+    result = module.set_precompiled_programs(bundle)
+    assert (result, result.unsigned, result.rejected) == (1, 0, 0)
+    assert opencl_stats().vetted == 0  # signed: loaded without a vetting child
+    assert np.array_equal(_scale(ctx, module), EXPECTED)
+    [stored] = backend.keys()
+    blob = backend.get(stored)
+    assert blob is not None and taker.check(stored, blob) is not None  # stored signed
+    other = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'other'}"), secret="another secret!!")
+    with pytest.raises(InvalidBundleError):
+        OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=other).set_precompiled_programs(bundle)
 
 
 def _transplant(blob: bytes, key: rc.CacheKey, *, rewrite_parts: bool) -> bytes:

@@ -52,13 +52,15 @@ class PrecompiledPrograms:
         """Return a bundle of every program's binaries, tagged with device fingerprints.
 
         Builds whatever is missing first. Programs that cannot be cached (an
-        unresolvable ``#include``) are left out and later built from source.
+        unresolvable ``#include``) are left out and later built from source. With
+        a secret, the bundle and its entries are signed with it (a cache with the
+        same secret loads them without vetting; one with another secret refuses them).
         """
         self.build_all()
         with self._lock:
             programs = dict(self._programs)
             seconds = dict(self._seconds)
-        return pack_built(programs, seconds, self._plan)
+        return pack_built(programs, seconds, self._plan, self.cache.secret_keys())
 
     def set_precompiled_programs(self: _Host, data: bytes) -> LoadResult:
         """Load programs from a bundle; return how many programs it supplied.
@@ -68,18 +70,22 @@ class PrecompiledPrograms:
         are built from source later. Programs already built are kept. A
         malformed blob raises :class:`~runtime_cache.errors.InvalidBundleError`
         and leaves the module as it was. Accepted binaries are also stored in
-        the cache, so other processes find them. Unless the cache's secret
-        signed them, binaries not known on this machine are first tried in a
-        child process (:mod:`runtime_cache.opencl.vetting`), so one that crashes
-        the driver is built from source instead of reaching this process.
+        the cache, so other processes find them. With a secret, a bundle it did
+        not sign raises :class:`~runtime_cache.errors.InvalidBundleError` (as
+        :meth:`~runtime_cache.Cache.loads` does), and an entry it did not sign is
+        refused (``rejected``): such a bundle could otherwise be loaded and then
+        stored signed. Without one, binaries not known on this machine are first
+        tried in a child process (:mod:`runtime_cache.opencl.vetting`), so one that
+        crashes the driver is built from source instead of reaching this process.
 
         The result is an ``int`` with details (:class:`~runtime_cache.bundles.LoadResult`):
-        ``unsigned`` counts programs no secret of the cache verified, and
+        ``unsigned`` counts programs no secret of the cache verified (only without a
+        secret), ``rejected`` the entries a secret refused, and
         ``withheld`` those of them not stored because the cache is shared
         (others would run them): they are used by this module only.
         """
-        entries = unpack_programs(data)
         cache = self.cache
+        entries = unpack_programs(data, secret=cache.secret_keys(), limits=cache.limits)
         with self._lock:
             pending = [n for n in self.sources if n not in self._programs]
         plans = {name: self._plan(name) for name in pending}

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..bundles import LoadResult
 from ..cache import Cache
-from ..codec import Entry
+from ..codec import Entry, SecretKeys
 from ..errors import CorruptEntryError
 from ..keys import CacheKey
 from ._driver import import_pyopencl, read_binaries
@@ -42,13 +42,18 @@ def _verifies(cache: Cache, key: str, blob: bytes) -> bool:
 
 
 def match_programs(
-    entries: Sequence[tuple[Entry, bytes]], cache: Cache, plans: Mapping[str, ProgramPlan]
+    entries: Sequence[tuple[Entry, bytes]],
+    cache: Cache,
+    plans: Mapping[str, ProgramPlan],
+    refused: list[str] | None = None,
 ) -> dict[str, tuple[list[bytes], float, bool]]:
     """The programs of ``plans`` that a bundle's ``entries`` supply for every device.
 
     Returns ``{name: (binaries in device order, build seconds, signed)}``; ``signed``
     when the cache has a secret and it verified every one of the program's entries.
-    Entries no plan expects (another device, options or source) are ignored.
+    Entries no plan expects (another device, options or source) are ignored. With a
+    secret, an expected entry it does not verify is refused (its key goes into
+    ``refused``): a signed cache never takes, and so never signs, what it did not sign.
     """
     expected: dict[str, tuple[str, int]] = {}
     for name, plan in plans.items():
@@ -59,6 +64,10 @@ def match_programs(
         slot = expected.get(entry.key)
         if slot is not None:
             signed = cache.signed and _verifies(cache, entry.key, blob)
+            if cache.signed and not signed:
+                if refused is not None:
+                    refused.append(entry.key)
+                continue
             chosen.setdefault(slot[0], {})[slot[1]] = (entry.value, entry.build_seconds, signed)
     complete: dict[str, tuple[list[bytes], float, bool]] = {}
     for name, by_index in chosen.items():
@@ -84,7 +93,13 @@ def load_bundle(
     takes each one loaded. See :meth:`OpenCLModule.set_precompiled_programs
     <runtime_cache.opencl.OpenCLModule.set_precompiled_programs>` for the rules.
     """
-    complete = match_programs(entries, cache, plans)
+    refused: list[str] = []
+    complete = match_programs(entries, cache, plans, refused)
+    if refused:
+        log.warning(
+            "runtime-cache: %d bundled entries were not signed with the cache's secret; refused",
+            len(refused),
+        )
     # A bundle is outside data: unless our secret signed it, each program is tried in a
     # child first, so a binary that crashes the driver never reaches this process.
     unsigned = [name for name, (_, _, signed) in complete.items() if not signed]
@@ -122,6 +137,7 @@ def load_bundle(
     return LoadResult(
         accepted,
         offered=len(entries),
+        rejected=len(refused),
         unsigned=sum(1 for n in unsigned if n not in skip),
         withheld=withheld,
     )
@@ -131,8 +147,10 @@ def pack_built(
     programs: Mapping[str, Any],
     seconds: Mapping[str, float],
     plan_of: Callable[[str], ProgramPlan],
+    secret: SecretKeys | None = None,
 ) -> bytes:
-    """A bundle of the binaries of ``programs`` (by name), with their build ``seconds``.
+    """A bundle of the binaries of ``programs`` (by name), with their build ``seconds``;
+    signed with ``secret`` when given.
 
     Programs that cannot be cached (an unresolvable ``#include``), or whose
     binaries the driver does not return for every device, are left out.
@@ -148,7 +166,7 @@ def pack_built(
             continue
         took = seconds.get(name, 0.0)
         items.extend((k, b, took) for k, b in zip(plan.keys, binaries, strict=True))
-    return pack_programs(items)
+    return pack_programs(items, secret=secret)
 
 
 def _item(binaries: Sequence[Binary], plan: ProgramPlan) -> Item:
