@@ -102,6 +102,26 @@ def private_fallback(kind: str) -> str:
     return path
 
 
+def check_private(folder: str) -> None:
+    """Raise ``OSError`` unless ``folder`` is this user's own real folder (not a link) that
+    neither its group nor others can write, in a folder that only this user or root can
+    rename it out of (theirs, or sticky, as ``/tmp`` is). Where a folder holds what a
+    later step trusts (the jobs a detached process builds and stores, its records), a
+    folder someone else can swap could point those writes and removals anywhere."""
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:  # not POSIX: no owners to check
+        return
+    me = geteuid()
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or info.st_mode & 0o022:
+        raise OSError(f"{folder} is not a private folder of this user (a link, or not theirs)")
+    parent = os.path.dirname(os.path.abspath(folder))
+    above = os.stat(parent)
+    swappable = above.st_mode & 0o022 and not above.st_mode & stat.S_ISVTX
+    if above.st_uid not in (me, 0) or swappable:
+        raise OSError(f"{parent} is another user's, or others can move {folder} out of it")
+
+
 def warn_no_home(reason: str) -> None:
     """Warn, once per process, that the home folder is unusable and temporary folders serve."""
     if not _warned.is_set():

@@ -202,10 +202,12 @@ def detached_runs(folder: str | None = None) -> list[dict[str, Any]]:
 def _prepare(folder: str) -> None:
     """Make ``folder`` (private), refuse one that others could write, and tidy it."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    st = os.stat(folder)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        # The jobs file there says what gets built and stored under our keys.
-        raise PermissionError(f"{folder} is not private to this user")
+    try:
+        # The jobs file there says what gets built and stored under our keys; and a link
+        # (or a folder someone else can swap) would point the tidying below elsewhere.
+        environment.check_private(folder)
+    except OSError as exc:
+        raise PermissionError(str(exc)) from None
     now = time.time()
     for name in os.listdir(folder):
         path = os.path.join(folder, name)

@@ -104,7 +104,10 @@ def driver_cache_enabled(flag: bool | None = None) -> bool:
     return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _root() -> str:
+def _root() -> str | None:
+    """The folder the drivers' caches go under; ``None`` when there is none of this user's
+    own (no home, and the temporary folder's name is another user's: they could plant
+    the native code the driver loads from its cache)."""
     env = os.environ.get(ENV_DIR, "").strip()
     if env:
         return environment.from_start(os.path.expanduser(env))
@@ -114,7 +117,11 @@ def _root() -> str:
         return platformdirs.user_cache_dir("runtime-cache-driver", appauthor=False)
     except RuntimeError as exc:  # no HOME and no passwd entry: one warning, as for the cache
         environment.warn_no_home(str(exc))
-        return environment.fallback_directory("driver")
+    try:
+        return environment.private_fallback("driver")  # made 0700, or checked as ours
+    except OSError as exc:
+        log.warning("runtime-cache: drivers' caches left alone: %s", exc)
+        return None
 
 
 def prepare() -> dict[str, str]:
@@ -137,10 +144,19 @@ def prepare() -> dict[str, str]:
     root = _root()
     chosen: dict[str, str] = {}
     for kind, driver in _DRIVERS.items():
+        if root is None:
+            break
         mine = os.path.join(root, kind)
         current = os.environ.get(driver.variable, "").strip()
         if current and os.path.abspath(current) != mine:
             log.debug("runtime-cache: %s is set by the user; its driver cache is left alone", kind)
+            continue
+        if not private_folder(mine):  # the driver loads native code from it
+            log.warning(
+                "runtime-cache: %s is not this user's private folder; %s's cache left alone",
+                mine,
+                kind,
+            )
             continue
         os.environ[driver.variable] = mine
         os.environ[driver.switch[0]] = driver.switch[1]
@@ -167,7 +183,10 @@ def managed_folder(kind: str) -> str | None:
     """The folder the driver ``kind`` uses, if runtime-cache manages it (else ``None``)."""
     driver = _DRIVERS[kind]
     current = os.environ.get(driver.variable, "").strip()
-    mine = os.path.join(_root(), kind)
+    root = _root()
+    if root is None:
+        return None
+    mine = os.path.join(root, kind)
     if not current or os.path.abspath(current) != mine:
         return None
     if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:

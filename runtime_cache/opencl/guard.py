@@ -194,8 +194,8 @@ class LoadGuard:
             )
             try:
                 names = self._open_folder(folder)
-            except OSError as again:
-                log.debug("runtime-cache: load guard off (%s)", again)
+            except OSError as again:  # (another user's folder at the temporary name)
+                log.warning("runtime-cache: OpenCL crash guard off (%s)", again)
                 return
         blocklist = os.path.join(folder, _BLOCKLIST)
         # A dead process's marks are removed only once its digests are on the blocklist.
