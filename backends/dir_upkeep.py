@@ -56,6 +56,7 @@ class Upkeep:
         self._written = 0
         self._writes = 0
         self._estimate: int | None = None
+        self._count: int | None = None  # entry files at the last walk
 
     def after_fork(self) -> None:
         """Fresh thread lock in a forked child."""
@@ -63,25 +64,28 @@ class Upkeep:
 
     # ------------------------------------------------------------------ cap
     def account(self, size: int) -> None:
-        """Count one write of ``size`` bytes; evict when the cap may be passed."""
-        cap = self.backend.max_size
-        if cap is None:
+        """Count one write of ``size`` bytes; evict when a cap may be passed."""
+        cap, files = self.backend.max_size, self.backend.max_files
+        if cap is None and files is None:
             return
         with self._lock:
             self._written += -(-size // 4096) * 4096  # disk, in blocks
             self._writes += 1
             estimate = (self._estimate or 0) + self._written
+            count = (self._count or 0) + self._writes  # (a write may replace a file)
             due = (
                 self._estimate is None
-                or estimate > cap
                 or self._writes >= 256
-                # Other processes write too: look again after 1/32 of the cap, so
+                # Other processes write too: look again after 1/32 of a cap, so
                 # together they overshoot it by little.
-                or self._written >= cap // 32
+                or (cap is not None and (estimate > cap or self._written >= cap // 32))
+                or (files is not None and (count > files or self._writes >= files // 32))
             )
         if due:
-            wait = self.backend.lock_wait if estimate > cap * 1.1 else 0.0
-            self.enforce(wait, WRITE_BUDGET)
+            over = (cap is not None and estimate > cap * 1.1) or (
+                files is not None and count > files * 1.1
+            )
+            self.enforce(self.backend.lock_wait if over else 0.0, WRITE_BUDGET)
 
     def refuse_if_too_large(self, key: str, size: int) -> None:
         """Raise :class:`EntryTooLargeError` for a value of ``size`` bytes that this cache
@@ -147,7 +151,7 @@ class Upkeep:
         walk cut short still evicts when what it saw is over the caps already.
         """
         backend = self.backend
-        if backend.max_size is None:
+        if backend.max_size is None and backend.max_files is None:
             return 0
         with self._lock:
             seen_bytes, seen_writes = self._written, self._writes  # later writes stay counted
@@ -165,15 +169,15 @@ class Upkeep:
             deadline = None if budget is None else time.monotonic() + budget
             items, _ = self._candidates(deadline)
             total = sum(c.disk for c in items)
-            removed = 0
-            files = backend.max_files
-            if total > backend.max_size or (files is not None and len(items) > files):
+            removed, count = 0, len(items)
+            cap, files = backend.max_size, backend.max_files
+            if (cap is not None and total > cap) or (files is not None and count > files):
                 folders: dict[str, int] = {}
                 try:
-                    removed, total, _ = evict(
+                    removed, total, count = evict(
                         items,
                         total,
-                        int(backend.max_size * EVICT_TO),
+                        total if cap is None else int(cap * EVICT_TO),  # no cap: the count alone
                         lambda c: self._remove(c, folders),
                         beat,
                         None if files is None else int(files * EVICT_TO),
@@ -183,7 +187,7 @@ class Upkeep:
                     for fd in folders.values():
                         os.close(fd)
         with self._lock:
-            self._estimate = total
+            self._estimate, self._count = total, count
             self._written = max(0, self._written - seen_bytes)
             self._writes = max(0, self._writes - seen_writes)
         return removed

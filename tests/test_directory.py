@@ -304,6 +304,23 @@ def test_max_files_zero_means_no_cap_on_the_count(tmp_path: Path) -> None:
     assert len(list(backend.keys())) == 3
 
 
+@pytest.mark.parametrize("size", ["none", "0", "1GB"])
+@pytest.mark.parametrize("files", [3, 10, 100])
+def test_the_count_cap_holds_on_every_write_with_or_without_a_size_cap(
+    tmp_path: Path, size: str, files: int
+) -> None:
+    """max_files alone was never enforced, and with a size cap the count was looked at
+    only every 256 writes (1,000 puts under max_files=10 left 240 files)."""
+    backend = DirectoryBackend.from_url(f"dir://{tmp_path}?max_size={size}&max_files={files}")
+    assert backend.max_files == files
+    for i in range(300):
+        backend.set(f"k/v/{i:032x}", bytes(100))
+        assert len(list(backend.keys())) <= files, i
+    kept = sorted(backend.keys())
+    assert kept[-1] == f"k/v/{299:032x}"  # the latest is kept: least recently used go first
+    assert backend.get(kept[-1]) == bytes(100)
+
+
 def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> None:
     from runtime_cache.api import parse_size
     from runtime_cache.backends.directory import DEFAULT_MAX_SIZE
