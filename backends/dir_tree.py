@@ -13,6 +13,7 @@ parse as a key (``82 copy.rce``) are skipped.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -87,10 +88,18 @@ class WalkCutShort(Exception):
     """A :func:`walk` that reached its deadline before the end of the tree."""
 
 
-def walk(root_fd: int, prefix: str = "", deadline: float | None = None) -> Iterator[Found]:
+def walk(
+    root_fd: int,
+    prefix: str = "",
+    deadline: float | None = None,
+    unreadable: list[tuple[str, str]] | None = None,
+) -> Iterator[Found]:
     """Yield every name under ``root_fd`` that parses as a key starting with ``prefix``.
 
-    Folders that cannot be opened (gone, not ours) are skipped. ``regular`` is
+    Folders that cannot be opened or read are skipped; with ``unreadable``, those that
+    are there but could not be read (no permission, an I/O error: entries may be
+    behind them) are added to it as ``(folder, reason)``, not those gone meanwhile or
+    a link at a folder's name (junk, never followed). ``regular`` is
     false for a link, a FIFO, a folder or anything else at an entry's name.
     Raises :class:`WalkCutShort` when it is past ``deadline`` (``time.monotonic()``)
     as it opens a folder: folders that hold no entry cost time too (a member can
@@ -108,11 +117,16 @@ def walk(root_fd: int, prefix: str = "", deadline: float | None = None) -> Itera
         rel = "/".join(names)
         try:
             fd = open_folder(root_fd, rel)  # no link followed at any level
-        except OSError:
+        except OSError as exc:
+            _note_unreadable(unreadable, rel, exc)
             continue
         try:
-            with os.scandir(fd) as it:
-                listing = list(it)
+            try:
+                with os.scandir(fd) as it:
+                    listing = list(it)
+            except OSError as exc:
+                _note_unreadable(unreadable, rel, exc)
+                continue
             folders_ok = _folders_ok(names)
             for seen, entry in enumerate(listing):
                 if deadline is not None and seen % 256 == 255 and time.monotonic() > deadline:
@@ -137,6 +151,15 @@ def walk(root_fd: int, prefix: str = "", deadline: float | None = None) -> Itera
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+
+
+#: A folder gone meanwhile, replaced by a file, or a link at its name: nothing to report.
+_GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
+def _note_unreadable(into: list[tuple[str, str]] | None, folder: str, exc: OSError) -> None:
+    if into is not None and exc.errno not in _GONE:
+        into.append((folder or ".", exc.strerror or str(exc)))
 
 
 def keys_until(root_fd: int, deadline: float | None) -> set[str] | None:

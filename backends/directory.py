@@ -104,6 +104,8 @@ class DirectoryBackend(Backend):
         self.junk = 0
         #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
         self.listed_junk: list[str] = []
+        #: Folders the last listing could not read, and why: its result is partial.
+        self.unlisted_folders: list[tuple[str, str]] = []
         self._read_only = False
         self._closed = False
         self._rels: dict[str, str] = {}
@@ -325,8 +327,18 @@ class DirectoryBackend(Backend):
 
     def _listing(self, prefix: str) -> list[Found]:
         # Non-files at entry names are left out, and named in listed_junk for the operator.
-        found = list(walk(self.root_fd, prefix))
+        unreadable: list[tuple[str, str]] = []
+        found = list(walk(self.root_fd, prefix, unreadable=unreadable))
         self.listed_junk = [f.key for f in found if not f.regular]
+        self.unlisted_folders = unreadable
+        for folder, reason in unreadable:
+            log.warning(
+                "runtime-cache: %s: folder %s could not be read (%s); its entries are left "
+                "out of the listing",
+                self.root,
+                folder,
+                reason,
+            )
         return [f for f in found if f.regular]
 
     def keys(self, prefix: str = "") -> Iterator[str]:

@@ -88,6 +88,11 @@ class TieredBackend(Backend):
         self._checks: list[weakref.ref[Callable[[str, bytes], bool]]] = []
         self._refusals = Refusals()  # the shared tier's synchronous writes refused for size
 
+    @property
+    def unlisted_folders(self) -> list[tuple[str, str]]:
+        """Folders the tiers' last listings could not read, and why (``dir://``'s)."""
+        return [f for t in self._tiers for f in getattr(t.backend, "unlisted_folders", ())]
+
     @classmethod
     def from_url(cls, url: str, opener: Callable[[str], Backend] | None = None) -> TieredBackend:
         """Open ``"memory://,dir://,redis://host:6379/0"``: one tier per comma-separated URL.

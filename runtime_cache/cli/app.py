@@ -13,8 +13,9 @@ embedded default folder. ``--secret`` (or ``RUNTIME_CACHE_SECRET``) signs what
 is written and makes ``show``, ``verify`` and ``import`` check signatures.
 
 Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a
-failing backend, an aborted ``clear``), 2 usage errors (a bad option or URL,
-a shared store without a secret).
+failing backend, an aborted ``clear``, a listing left partial by a tier or a
+folder that could not be read), 2 usage errors (a bad option or URL, a shared
+store without a secret).
 
 Plug-in subcommands come through the entry-point group ``runtime_cache.cli``:
 each entry point names a function ``add_parser(subparsers)`` that adds one
@@ -155,8 +156,9 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         "export and import entries.",
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit codes: 0 ok, 1 problems found, 2 usage error, 130 interrupted (Ctrl-C), "
-        "141 output cut short (a closed pipe).\n\n"
+        epilog="Exit codes: 0 ok, 1 problems found (also when a tier, or a folder of a dir:// "
+        "cache, could not be read: what is shown is partial), 2 usage error, 130 interrupted "
+        "(Ctrl-C), 141 output cut short (a closed pipe).\n\n"
         + examples(
             "runtime-cache ls --sort size",
             "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
@@ -354,15 +356,23 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _partial(ctx: CommandContext, code: int) -> int:
-    """Exit code 1, and a line naming them, when tiers could not be listed (partial results)
-    or junk stood at entry names (see the directory backend's ``listed_junk`` and ``junk``)."""
+    """Exit code 1, and a line naming them, when tiers or folders could not be listed
+    (partial results) or junk stood at entry names (see the directory backend's
+    ``unlisted_folders``, ``listed_junk`` and ``junk``)."""
     backend = ctx.opened.backend if ctx.opened is not None else None
     failed = list(getattr(backend, "failed_tiers", None) or ())
+    unread = list(getattr(backend, "unlisted_folders", None) or ())
     listed = list(getattr(backend, "listed_junk", None) or ())
     junk = getattr(backend, "junk", 0)
     if failed:
         names = ", ".join(clean(name) for name in failed)
         print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
+    for folder, reason in unread:
+        print(
+            f"runtime-cache: could not read folder {clean(folder)} ({clean(reason)}); "
+            "what is shown is partial",
+            file=ctx.err,
+        )
     for name in listed:
         print(
             f"runtime-cache: {clean(name)} is not a file (a link, FIFO or folder at its "
@@ -375,7 +385,7 @@ def _partial(ctx: CommandContext, code: int) -> int:
             "oversized files); removed where this user may",
             file=ctx.err,
         )
-    return max(code, 1) if failed or listed or junk else code
+    return max(code, 1) if failed or unread or listed or junk else code
 
 
 def _fail(message: str, code: int) -> int:
