@@ -127,6 +127,13 @@ def walk(
             except OSError as exc:
                 _note_unreadable(unreadable, rel, exc)
                 continue
+            if names and _a_cache_root(listing):
+                # Another cache inside this one (a cache opened one folder too high): its
+                # entries are stored under other keys, and would read as another key's
+                # entries, corrupt here, and go first to a prune or a repair.
+                if unreadable is not None:
+                    unreadable.append((rel, "the folder of another cache"))
+                continue
             folders_ok = _folders_ok(names)
             for seen, entry in enumerate(listing):
                 if deadline is not None and seen % 256 == 255 and time.monotonic() > deadline:
@@ -151,6 +158,22 @@ def walk(
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+
+
+#: Files every ``dir://`` cache that was written to has at its root (the vacuum's and the
+#: eviction's marks: ``dir_upkeep``); a folder below the root that holds one is another cache.
+CACHE_ROOT_FILES = frozenset({".vacuumed", ".evict.lock"})
+
+
+def _a_cache_root(listing: list[os.DirEntry[str]]) -> bool:
+    for entry in listing:
+        if entry.name in CACHE_ROOT_FILES:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 #: A folder gone meanwhile, replaced by a file, or a link at its name: nothing to report.

@@ -15,7 +15,7 @@ import threading
 
 import platformdirs
 
-from .errors import BackendError, InvalidSecretError
+from .errors import BackendError, InvalidSecretError, InvalidURLError
 
 __all__ = [
     "ENV_CACHE",
@@ -164,7 +164,13 @@ def cache_folder(path: str | os.PathLike[str] | None) -> str:
     root = os.path.expanduser(os.fspath(path)) if path else default_directory()
     if not isinstance(root, str):
         raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
-    return os.path.abspath(root)
+    root = os.path.abspath(root)
+    if os.path.dirname(root) == root:  # "/": a URL made from an unset variable, dir://$DIR
+        raise InvalidURLError(
+            f"a cache folder cannot be the file system's root {root!r} (a path made from "
+            "an unset variable?): every command would walk, and write marks into, all of it"
+        )
+    return root
 
 
 def state_directory() -> str:

@@ -1,9 +1,14 @@
-"""A folder of a ``dir://`` cache that cannot be read: the listing says it is partial.
+"""Folders a ``dir://`` listing leaves out, and says so: a folder that cannot be read,
+another cache's folder inside this one; and ``/``, which is no cache folder.
 
 A folder this user cannot read (``chmod 000``, another user's, an I/O error) hides the
 entries in it. It was skipped without a word: ``ls`` and ``verify`` said all was well,
 and ``clear`` said "removed 9 entries" (or "the cache is empty") while entries stayed.
 Each command now names the folder, says what it shows is partial, and exits 1.
+
+A cache opened one folder too high (``dir:///srv/cache`` for ``.../cache/app``) saw the
+inner cache's entries as stored under other keys: ``verify`` called them bad and advised
+``--repair``, which removed them all, and a prune took them first.
 
 Root reads any folder, so as root the commands run in a child without the capabilities
 that let it (``setpriv``), as an ordinary user would; otherwise in this process.
@@ -21,7 +26,10 @@ from pathlib import Path
 
 import pytest
 
+import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.cli import main
+from runtime_cache.errors import InvalidURLError
 
 KEYS = [f"app/{group}/k{i}" for group in ("open", "shut") for i in range(3)]
 AS_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
@@ -70,9 +78,49 @@ def test_a_command_over_an_unreadable_folder_says_it_is_partial_and_exits_1(
 ) -> None:
     done = _run("-m", "runtime_cache", "--cache", f"dir://{half_shut}", *command, cwd=tmp_path)
     assert done.returncode == 1, (done.stdout, done.stderr)
-    assert "could not read folder app/shut" in done.stderr
+    assert "folder app/shut left out (Permission denied)" in done.stderr
     assert "partial" in done.stderr and "Traceback" not in done.stderr
     half_shut.joinpath("app", "shut").chmod(0o700)
     assert sorted(DirectoryBackend(half_shut).keys()) == (
         [k for k in KEYS if "/shut/" in k] if command[0] == "clear" else KEYS
     )
+
+
+@pytest.mark.parametrize(
+    "command", [["ls"], ["verify", "--repair"], ["prune", "--max-size", "1B"], ["stats"]]
+)
+def test_a_cache_opened_one_folder_too_high_leaves_the_inner_cache_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    inner = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'cache' / 'app'}"))
+    device = {"vendor": "Acme", "name": "GPU", "driver": "1"}
+    keys = [
+        rc.make_key(module_id="m", runtime="opencl", purpose="program-binary", device=device, k=i)
+        for i in range(5)
+    ]
+    for key in keys:
+        inner.put(key, b"binary")
+    capsys.readouterr()
+    assert main(["--cache", f"dir://{tmp_path / 'cache'}", *command]) == 1
+    err = capsys.readouterr().err
+    assert "folder app left out (the folder of another cache)" in err
+    assert all(inner.get(key) == b"binary" for key in keys)
+
+
+def test_the_file_systems_root_is_no_cache_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dir://$UNSET``: ``ls`` walked the whole file system and left a mark in ``/``."""
+    with pytest.raises(InvalidURLError, match="root"):
+        DirectoryBackend("/")
+    assert main(["--cache", "dir:///", "ls"]) == 2
+    assert "file system's root" in capsys.readouterr().err
+    from runtime_cache.provider import reset_cache_provider
+
+    monkeypatch.setenv("RUNTIME_CACHE", "dir:///")
+    reset_cache_provider()
+    try:
+        assert not rc.get_cache().enabled  # an app runs on, with caching off (logged)
+    finally:
+        monkeypatch.delenv("RUNTIME_CACHE")
+        reset_cache_provider()

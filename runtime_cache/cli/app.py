@@ -320,7 +320,10 @@ def _run(args: argparse.Namespace) -> int:
     # A command that only reads or removes has nothing to do in a folder that is not there:
     # a typo'd folder is said so, and nothing is made there (import and put may make it).
     looks = getattr(args, "reads_only", False) or getattr(args, "removes_only", False)
-    absent = missing_folder(args.cache) if looks else None
+    try:
+        absent = missing_folder(args.cache) if looks else None
+    except _USAGE_ERRORS as exc:
+        return _fail(str(exc), 2)
     if absent is not None:
         return _fail(f"no cache at {absent} (a command that only reads or removes creates none)", 1)
     try:
@@ -349,7 +352,7 @@ def _run(args: argparse.Namespace) -> int:
         _drop_output(sys.stdout, sys.stderr)
         return 128 + 13
     except OSError as exc:  # a file the user named: no traceback, its name and the reason
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{exc.filename}: " if isinstance(exc.filename, str) and exc.filename else ""
         return _fail(f"{where}{exc.strerror or exc}", 1)
     finally:
         ctx.close()
@@ -369,7 +372,7 @@ def _partial(ctx: CommandContext, code: int) -> int:
         print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
     for folder, reason in unread:
         print(
-            f"runtime-cache: could not read folder {clean(folder)} ({clean(reason)}); "
+            f"runtime-cache: folder {clean(folder)} left out ({clean(reason)}); "
             "what is shown is partial",
             file=ctx.err,
         )
