@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import stat
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Upkeep"]
 
+log = logging.getLogger(__name__)
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 _TEMP_MAX_AGE = 300.0
 _LOCK_FLAGS = os.O_RDWR | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -38,6 +41,9 @@ _MARKER = ".vacuumed"
 #: An eviction brings the disk and the file count down to this share of their caps.
 EVICT_TO = 0.9
 _LOCK = ".evict.lock"
+#: A ``max_size`` under this keeps only small values (see :meth:`Upkeep.refuse_if_too_large`):
+#: said once, when the cache opens.
+SMALL_CAP = 64 * 1024
 #: Seconds the eviction a write sets off may walk, and as many to remove files; the
 #: next write's turn goes on from there.
 WRITE_BUDGET = 1.0
@@ -57,6 +63,16 @@ class Upkeep:
         self._writes = 0
         self._estimate: int | None = None
         self._count: int | None = None  # entry files at the last walk
+        cap = backend.max_size
+        if cap is not None and cap < SMALL_CAP:
+            log.warning(
+                "runtime-cache: %s: max_size %d keeps no value over %d bytes (%d%% of the cap, "
+                "less a 4 KiB block)",
+                backend.root,
+                cap,
+                max(0, int(cap * EVICT_TO) - 4096),
+                int(EVICT_TO * 100),
+            )
 
     def after_fork(self) -> None:
         """Fresh thread lock in a forked child."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import multiprocessing as mp
 import os
 import random
@@ -319,6 +320,25 @@ def test_the_count_cap_holds_on_every_write_with_or_without_a_size_cap(
     kept = sorted(backend.keys())
     assert kept[-1] == f"k/v/{299:032x}"  # the latest is kept: least recently used go first
     assert backend.get(kept[-1]) == bytes(100)
+
+
+def test_a_small_cap_says_at_the_open_which_values_it_keeps(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A value must fit under 90% of max_size less a block: 404 bytes at 5 KB."""
+    from runtime_cache.errors import EntryTooLargeError
+
+    with caplog.at_level(logging.WARNING):
+        backend = DirectoryBackend(tmp_path, max_size="5KB")
+    assert "keeps no value over 404 bytes" in caplog.text
+    backend.set("k/v/small", bytes(404))
+    with pytest.raises(EntryTooLargeError, match="404"):
+        backend.set("k/v/large", bytes(405))
+    assert list(backend.keys()) == ["k/v/small"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        DirectoryBackend(tmp_path / "big", max_size="1MB")
+    assert "keeps no value" not in caplog.text
 
 
 def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> None:
