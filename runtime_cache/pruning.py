@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 from .api import StoredItem
 from .cache import Cache
-from .errors import CorruptEntryError, RuntimeCacheError
+from .errors import CorruptEntryError, InvalidValueError, RuntimeCacheError
 from .listing import OnProgress, read_info, skip_kind, skip_reason
+from .units import parse_duration, parse_size
 
 __all__ = ["PruneReport", "prune"]
 
@@ -67,13 +68,17 @@ class _Weighed(NamedTuple):
 def prune(
     cache: Cache,
     *,
-    max_size: int | None = None,
-    older_than: float | None = None,
+    max_size: int | str | None = None,
+    older_than: float | str | None = None,
     now: float | None = None,
     on_progress: OnProgress | None = None,
 ) -> PruneReport:
     """Remove entries not used for ``older_than`` seconds, then the least recently
     used ones until the total stored size is at most ``max_size`` bytes.
+
+    ``max_size`` is bytes or a size such as ``"500MB"``, ``older_than`` seconds or a
+    duration such as ``"30d"``; anything else (a negative number, NaN, a bool) raises
+    :class:`~runtime_cache.errors.InvalidValueError` before anything is removed.
 
     Entries the store says it cannot remove (:meth:`~runtime_cache.api.Backend.removable`)
     are kept and counted; where they alone exceed ``max_size``, no entry is removed for
@@ -81,6 +86,10 @@ def prune(
     (see the module documentation); for age they go by the store's last use, where it
     keeps one. ``on_progress(done, total)`` is told after each entry is weighed.
     """
+    if isinstance(max_size, bool) or isinstance(older_than, bool):
+        raise InvalidValueError("prune takes a size and a duration, not a bool")
+    max_size = None if max_size is None else parse_size(max_size)
+    older_than = None if older_than is None else parse_duration(older_than)
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report)

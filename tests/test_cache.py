@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -280,6 +281,40 @@ def test_maintenance_verify_and_prune() -> None:
     assert pruned.removed == 1 and cache.get(key(4)) is None
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_size": True},
+        {"max_size": -1},
+        {"max_size": "5XB"},
+        {"max_size": 1.5},
+        {"older_than": -5},
+        {"older_than": float("nan")},
+        {"older_than": False},
+        {"older_than": "soon"},
+    ],
+)
+def test_prune_refuses_a_size_or_an_age_that_means_nothing(limits: dict[str, Any]) -> None:
+    """max_size=True was one byte and older_than=-5 every entry: both removed everything."""
+    from runtime_cache import maintenance
+    from runtime_cache.errors import InvalidValueError
+
+    cache = rc.Cache(MemoryBackend())
+    cache.put(key(0), b"x" * 100)
+    with pytest.raises(InvalidValueError):
+        maintenance.prune(cache, **limits)
+    assert cache.get(key(0)) == b"x" * 100
+
+
+def test_prune_takes_a_size_and_an_age_as_text() -> None:
+    from runtime_cache import maintenance
+
+    cache = rc.Cache(MemoryBackend())
+    cache.put(key(0), b"x" * 100)
+    assert maintenance.prune(cache, max_size="1MB", older_than="30d").removed == 0
+    assert maintenance.prune(cache, max_size="0B").removed == 1
+
+
 class _Stuck(MemoryBackend):
     """A store where some keys cannot be deleted (an immutable file), and says so."""
 
@@ -364,7 +399,7 @@ def test_prune_weighs_every_tier_and_counts_what_stays() -> None:
     for i in range(3):
         back.set(str(key(i)), cache._encode(key(i), b"x" * 100, 0.0, None))
     back.stuck = {str(key(2))}
-    report = maintenance.prune(cache, older_than=-1.0)
+    report = maintenance.prune(cache, older_than=0, now=time.time() + 1)
     assert report.removed == 2 and [k for k, _ in report.failed] == [str(key(2))], report
 
     class Rewritten(MemoryBackend):  # a writer puts the key again right after prune's delete
@@ -432,7 +467,7 @@ def test_prune_weighs_unreadable_entries_of_unknown_age_first_for_size() -> None
     backend = Untimed()
     cache = rc.Cache(backend)
     backend.set(str(key(9)), b"junk" * 50)
-    report = maintenance.prune(cache, older_than=-1.0)
+    report = maintenance.prune(cache, older_than=0, now=time.time() + 1)
     assert report.removed == 0 and backend.get(str(key(9))) is not None
     assert [k for k, _ in report.corrupt] == [str(key(9))] and not report.skipped
     for i in range(3):
