@@ -1,6 +1,7 @@
 """The temporary files that a writer killed mid-write leaves beside its output
-(cli.output): the next write of the same name removes those of this user older than
-``STALE_TEMP_SECONDS``, and nothing else."""
+(cli.output): the next write of the same name removes those of this user that no writer
+holds (after ``UNHELD_TEMP_SECONDS``) or older than ``STALE_TEMP_SECONDS``, and nothing
+else."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_cache.cli.output import STALE_TEMP_SECONDS, replace_file
+from runtime_cache.cli.output import STALE_TEMP_SECONDS, UNHELD_TEMP_SECONDS, replace_file
 
 OTHER = 12345  # another user's uid
 
@@ -63,9 +64,29 @@ def test_a_killed_writers_temporary_file_is_removed_once_it_is_old(tmp_path: Pat
     replace_file(str(target), b"one")  # young: it may be another writer's, still at work
     assert target.read_bytes() == b"one" and _temps(tmp_path) == [left]
 
-    _age(left)
+    _age(left, UNHELD_TEMP_SECONDS + 1)  # and nobody holds it: its writer is gone
     replace_file(str(target), b"two")
     assert target.read_bytes() == b"two" and _temps(tmp_path) == []
+
+
+def test_a_stalled_writers_temporary_file_is_kept_while_it_lives(tmp_path: Path) -> None:
+    target = tmp_path / "bundle.rcb"
+    writer = subprocess.Popen(
+        [sys.executable, "-I", "-c", _STALLED_WRITER, str(target)],
+        stdout=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"stalled\n"
+        (held,) = _temps(tmp_path)
+        _age(held, UNHELD_TEMP_SECONDS + 60)  # old, but its writer holds it still
+        replace_file(str(target), b"one")
+        assert _temps(tmp_path) == [held] and target.read_bytes() == b"one"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    replace_file(str(target), b"two")  # dead now: nobody holds it
+    assert _temps(tmp_path) == []
 
 
 def test_only_regular_files_of_ours_named_as_ours_are_removed(tmp_path: Path) -> None:

@@ -15,11 +15,20 @@ from typing import BinaryIO, TextIO
 
 from .output_path import find_output
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX: the hour alone tells
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["STALE_TEMP_SECONDS", "WholeText", "flush", "replace_file", "write_all", "write_text"]
 
 #: A temporary file of ours older than this (in seconds) was left by a writer that died
 #: (``kill -9`` during an export): the next write of the same name removes it.
 STALE_TEMP_SECONDS = 3600
+#: A writer holds an ``flock`` on its temporary file from just after making it until it
+#: takes the name; one older than this (seconds) that nobody holds is a dead writer's,
+#: and goes at once (where the file system has no locks, the hour above still serves).
+UNHELD_TEMP_SECONDS = 5
 
 
 def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
@@ -156,6 +165,7 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     temp = f"{_temp_stem(name)}{secrets.token_hex(_TEMP_RANDOM)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
+    held = _hold(fd)
     try:
         with os.fdopen(fd, "wb") as handle:
             write_all(handle, data)
@@ -164,6 +174,27 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):  # (gone with a failed write: nothing to remove)
             os.unlink(temp, dir_fd=folder)
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold(fd: int) -> int | None:
+    """A second descriptor of ``fd``'s file holding its ``flock`` until it is closed (after
+    the rename: closing the written file's own descriptor before that would let it go);
+    ``None`` where there are no locks."""
+    if fcntl is None:  # pragma: no cover - not on POSIX
+        return None
+    try:
+        held = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(held)
+        return None
+    return held
 
 
 #: Random bytes in a temporary file's name, written as hex after :func:`_temp_stem`.
@@ -184,11 +215,13 @@ def _temp_pattern(name: str) -> re.Pattern[str]:
 
 def _remove_stale_temps(folder: int, name: str) -> None:
     """Remove the temporary files a killed writer of ``name`` left in ``folder``: only
-    regular files of this user, named as ours are, and older than :data:`STALE_TEMP_SECONDS`
-    (a younger one may be another writer's, still at work). Best effort: a folder that
-    cannot be listed, or a file that cannot be removed, is left as it is."""
+    regular files of this user, named as ours are, and older than :data:`STALE_TEMP_SECONDS`,
+    or than :data:`UNHELD_TEMP_SECONDS` with no writer holding them (a younger or held one
+    may be another writer's, still at work). Best effort: a folder that cannot be listed,
+    or a file that cannot be removed, is left as it is."""
     pattern = _temp_pattern(name)
-    too_old = time.time() - STALE_TEMP_SECONDS
+    now = time.time()
+    too_old = now - STALE_TEMP_SECONDS
     try:
         with os.scandir(folder) as entries:
             stale = [entry.name for entry in entries if pattern.fullmatch(entry.name)]
@@ -197,9 +230,24 @@ def _remove_stale_temps(folder: int, name: str) -> None:
     for temp in stale:
         with contextlib.suppress(OSError):
             info = os.stat(temp, dir_fd=folder, follow_symlinks=False)
-            if (
-                stat.S_ISREG(info.st_mode)
-                and info.st_uid == os.geteuid()
-                and info.st_mtime < too_old
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            if info.st_mtime < too_old or (
+                info.st_mtime < now - UNHELD_TEMP_SECONDS and _unheld(folder, temp)
             ):
                 os.unlink(temp, dir_fd=folder)
+
+
+def _unheld(folder: int, temp: str) -> bool:
+    """Whether no writer holds ``temp``'s lock (its writer died); raises ``OSError``."""
+    if fcntl is None:  # pragma: no cover - not on POSIX
+        return False
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(temp, flags, dir_fd=folder)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a live writer holds it
+    finally:
+        os.close(fd)
+    return True
