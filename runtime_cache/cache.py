@@ -155,6 +155,12 @@ class Cache(Inventory, BatchReads, Builds):
         """A snapshot of this cache's counters in this process."""
         return self._counters.snapshot()
 
+    @property
+    def last_error(self) -> str | None:
+        """The latest backend failure this cache counted in ``stats().errors``, as
+        ``"op: Type: message"`` (``None`` before any): why a store or read did not happen."""
+        return self._policy.last_error
+
     def reset_stats(self) -> None:
         """Set every counter back to zero."""
         self._counters.reset()

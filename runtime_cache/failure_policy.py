@@ -58,6 +58,8 @@ class FailurePolicy:
         self.strict = strict
         self.recovered_level = recovered_level
         self.errors = 0
+        #: The latest failure, as ``"op: Type: message"`` (``None`` before any).
+        self.last_error: str | None = None
         self._lock = threading.Lock()
         self._failing: set[str] = set()
         self._told_refused = False
@@ -96,6 +98,7 @@ class FailurePolicy:
         side = side or self.side(op)
         with self._lock:
             self.errors += 1
+            self.last_error = f"{op}: {type(exc).__name__}: {exc}"
             first = side not in self._failing
             self._failing.add(side)
         if self.strict:

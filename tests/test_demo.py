@@ -323,6 +323,20 @@ def test_a_warm_run_without_hits_or_entries_is_a_failure() -> None:
 
 
 @opencl
+def test_a_demo_on_a_full_disk_says_why_nothing_was_stored(tmp_path: Path) -> None:
+    """It said only "the cache stored nothing", and a run that stored part said nothing."""
+    from conftest import fill, tmpfs
+
+    with tmpfs(tmp_path / "full", "256k") as full:
+        fill(full)
+        done = _demo("--tiny", "--cache", f"dir://{full / 'cache'}")
+    assert done.returncode == 1, done.stderr
+    assert "the cache stored nothing (" in done.stderr
+    assert "No space left on device" in done.stderr and "Traceback" not in done.stderr
+    assert "cold: " in done.stdout and "cache errors (the last: set: BackendError" in done.stdout
+
+
+@opencl
 @pytest.mark.parametrize(
     ("url", "message"),
     [

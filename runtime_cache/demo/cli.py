@@ -382,7 +382,10 @@ def run_demo(args: argparse.Namespace) -> int:
 def _broken_cache(result: dict[str, Any]) -> str | None:
     """Why the cache did not work in this run, in one line; ``None`` when it did."""
     if not result["entries"]["count"]:
-        return "the cache stored nothing, so the warm run could not load from it"
+        cold = result.get("cold", {}).get("cache_stats", {})
+        errors = cold.get("errors", 0)
+        why = f" ({errors} errors; the last: {cold.get('last_error')})" if errors else ""
+        return f"the cache stored nothing{why}, so the warm run could not load from it"
     if not result["warm"]["cache_stats"]["hits"]:
         return "the warm run got no cache hits, so the cache did not work"
     return None

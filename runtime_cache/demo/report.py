@@ -70,6 +70,11 @@ def format_text(result: dict[str, Any]) -> str:
         f"cold: tuned {cold['tuned_layers']} layers and compiled their programs; "
         f"warm: {warm['tuned_layers']} tuned, {warm['cache_stats']['hits']} cache hits"
     )
+    for name, run in (("cold", cold), ("warm", warm)):
+        errors = run["cache_stats"].get("errors", 0)
+        if errors:  # a full disk, a dead server: what the cache could not do, and why
+            last = run["cache_stats"].get("last_error")
+            lines.append(f"{name}: {errors} cache errors (the last: {last})")
     carried = warm.get("driver_cache")
     entries = result.get("entries")
     stored = bool(entries and entries["by_purpose"].get(DRIVER_CACHE_PURPOSE))

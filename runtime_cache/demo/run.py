@@ -81,6 +81,7 @@ def first_inference(
             "stores": stats.stores,
             "errors": stats.errors,
             "corrupt": stats.corrupt,
+            "last_error": cache.last_error,
         },
         "recaptured_programs": recaptured,
         "driver_cache": engine.driver_cache_report(),
