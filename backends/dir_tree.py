@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,8 +94,14 @@ def walk(
     prefix: str = "",
     deadline: float | None = None,
     unreadable: list[tuple[str, str]] | None = None,
+    inner_roots: bool = False,
 ) -> Iterator[Found]:
     """Yield every name under ``root_fd`` that parses as a key starting with ``prefix``.
+
+    ``inner_roots``: a folder below the root that holds a cache's marks
+    (:data:`CACHE_ROOT_FILES`) is another cache's, and is left out (noted in
+    ``unreadable``). Only for a cache nobody else writes: in a shared one, any member
+    could make any folder look so, and hide the entries in it from eviction and upkeep.
 
     Folders that cannot be opened or read are skipped; with ``unreadable``, those that
     are there but could not be read (no permission, an I/O error: entries may be
@@ -109,6 +116,13 @@ def walk(
     lead = [p for p in parts[:-1] if p]
     if any(p.startswith(".") or not _COMPONENT.match(p) for p in lead):
         return
+    if inner_roots:
+        for depth in range(1, len(lead)):  # the folders above where a prefix starts
+            above = "/".join(lead[:depth])
+            if _holds_a_mark(root_fd, above):
+                if unreadable is not None:
+                    unreadable.append((above, "the folder of another cache"))
+                return
     stack: list[list[str]] = [lead]
     while stack:
         if deadline is not None and time.monotonic() > deadline:
@@ -127,7 +141,7 @@ def walk(
             except OSError as exc:
                 _note_unreadable(unreadable, rel, exc)
                 continue
-            if names and _a_cache_root(listing):
+            if inner_roots and names and _a_cache_root(listing):
                 # Another cache inside this one (a cache opened one folder too high): its
                 # entries are stored under other keys, and would read as another key's
                 # entries, corrupt here, and go first to a prune or a repair.
@@ -174,6 +188,23 @@ def _a_cache_root(listing: list[os.DirEntry[str]]) -> bool:
             except OSError:
                 continue
     return False
+
+
+def _holds_a_mark(root_fd: int, folder: str) -> bool:
+    try:
+        fd = open_folder(root_fd, folder)
+    except OSError:
+        return False
+    try:
+        for name in CACHE_ROOT_FILES:
+            try:
+                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    return True
+            except OSError:
+                continue
+        return False
+    finally:
+        os.close(fd)
 
 
 #: A folder gone meanwhile, replaced by a file, or a link at its name: nothing to report.

@@ -79,8 +79,9 @@ class Upkeep:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ cap
-    def account(self, size: int) -> None:
-        """Count one write of ``size`` bytes; evict when a cap may be passed."""
+    def account(self, size: int, rel: str | None = None) -> None:
+        """Count one write of ``size`` bytes (to the file ``rel``, which its own eviction
+        keeps); evict when a cap may be passed."""
         cap, files = self.backend.max_size, self.backend.max_files
         if cap is None and files is None:
             return
@@ -101,7 +102,7 @@ class Upkeep:
             over = (cap is not None and estimate > cap * 1.1) or (
                 files is not None and count > files * 1.1
             )
-            self.enforce(self.backend.lock_wait if over else 0.0, WRITE_BUDGET)
+            self.enforce(self.backend.lock_wait if over else 0.0, WRITE_BUDGET, keep=rel)
 
     def refuse_if_too_large(self, key: str, size: int) -> None:
         """Raise :class:`EntryTooLargeError` for a value of ``size`` bytes that this cache
@@ -131,7 +132,8 @@ class Upkeep:
         items: list[Candidate] = []
         linked: set[tuple[int, int]] = set()  # files with more than one name
         try:
-            for found in walk(self.backend.root_fd, deadline=deadline):
+            inner = not self.backend.shared  # (see walk: never in a store others write)
+            for found in walk(self.backend.root_fd, deadline=deadline, inner_roots=inner):
                 self._consider(found, limit, linked, items)
         except WalkCutShort:
             return items, False
@@ -159,12 +161,15 @@ class Upkeep:
             Candidate(st.st_mtime_ns, st.st_ino, found.folder, found.name, disk, st.st_uid)
         )
 
-    def enforce(self, wait: float, budget: float | None = None) -> int:
+    def enforce(self, wait: float, budget: float | None = None, keep: str | None = None) -> int:
         """Evict down to 90% of the caps if over them; return how many files were removed.
 
         Waits up to ``wait`` seconds for the lock, then spends at most about
         ``budget`` seconds (``None``: no bound) walking, and as many removing. A
         walk cut short still evicts when what it saw is over the caps already.
+        ``keep``: the file (relative to the root) just written, never evicted here:
+        with a small cap, and file times as coarse as the kernel's clock tick, it could
+        tie with an older file and go first.
         """
         backend = self.backend
         if backend.max_size is None and backend.max_files is None:
@@ -188,17 +193,20 @@ class Upkeep:
             removed, count = 0, len(items)
             cap, files = backend.max_size, backend.max_files
             if (cap is not None and total > cap) or (files is not None and count > files):
+                others = [c for c in items if f"{c.folder}/{c.name}" != keep]
+                kept = len(items) - len(others)
                 folders: dict[str, int] = {}
                 try:
-                    removed, total, count = evict(
-                        items,
+                    removed, total, left = evict(
+                        others,
                         total,
                         total if cap is None else int(cap * EVICT_TO),  # no cap: the count alone
                         lambda c: self._remove(c, folders),
                         beat,
-                        None if files is None else int(files * EVICT_TO),
+                        None if files is None else max(1, int(files * EVICT_TO)) - kept,
                         None if budget is None else time.monotonic() + budget,
                     )
+                    count = left + kept
                 finally:
                     for fd in folders.values():
                         os.close(fd)

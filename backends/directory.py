@@ -296,7 +296,7 @@ class DirectoryBackend(Backend):
                 self._journal.writable = False
                 log.debug("runtime-cache: %s is read-only; skipping writes", self.root)
             raise error from exc
-        self._upkeep.account(len(value))
+        self._upkeep.account(len(value), rel)
 
     def _root_read_only(self, exc: OSError) -> bool:
         # A folder another member made without group write fails this key alone;
@@ -328,13 +328,12 @@ class DirectoryBackend(Backend):
     def _listing(self, prefix: str) -> list[Found]:
         # Non-files at entry names are left out, and named in listed_junk for the operator.
         unreadable: list[tuple[str, str]] = []
-        found = list(walk(self.root_fd, prefix, unreadable=unreadable))
+        found = list(walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=not self.shared))
         self.listed_junk = [f.key for f in found if not f.regular]
         self.unlisted_folders = unreadable
         for folder, reason in unreadable:
             log.warning(
-                "runtime-cache: %s: folder %s could not be read (%s); its entries are left "
-                "out of the listing",
+                "runtime-cache: %s: folder %s left out of the listing (%s)",
                 self.root,
                 folder,
                 reason,

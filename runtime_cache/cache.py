@@ -162,8 +162,9 @@ class Cache(Inventory, BatchReads, Builds):
         return self._policy.last_error
 
     def reset_stats(self) -> None:
-        """Set every counter back to zero."""
+        """Set every counter back to zero (and forget :attr:`last_error`)."""
         self._counters.reset()
+        self._policy.last_error = None
 
     def close(self) -> None:
         """Close the backend."""
@@ -181,6 +182,7 @@ class Cache(Inventory, BatchReads, Builds):
 
     def _failed(self, op: str, exc: Exception) -> None:
         self._counters.add(errors=1)
+        self._policy.note(op, exc)  # (before failed(), which re-raises when strict)
         self._policy.failed(op, exc)
 
     def _succeeded(self, side: str = "read") -> None:
@@ -253,6 +255,7 @@ class Cache(Inventory, BatchReads, Builds):
         except Exception as exc:
             if self._policy.strict:
                 self._counters.add(errors=1)
+                self._policy.note("delete", exc)
                 log.debug("runtime-cache: could not remove the bad entry %s: %s", skey, exc)
             else:
                 self._failed("delete", exc)

@@ -6,6 +6,7 @@ Kept apart from the core so that the core stays free of ``os``.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -102,10 +103,39 @@ def private_fallback(kind: str) -> str:
     return path
 
 
+@functools.lru_cache(maxsize=64)
+def group_of_one(gid: int, uid: int) -> bool:
+    """Whether the group ``gid`` has user ``uid`` alone: its primary group, named as the
+    user is, no other member listed, and no other listed user's primary group (a user's
+    private group, where ``umask 002`` makes folders 0775). The name matters where users
+    are not all listed (LDAP, SSSD without enumeration): a shared group is not named after
+    one of its users."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+        others = any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+    except (KeyError, OSError):
+        return False
+    private = user.pw_gid == gid and group.gr_name == user.pw_name
+    return private and set(group.gr_mem) <= {user.pw_name} and not others
+
+
+def _others_write(info: os.stat_result) -> bool:
+    """Whether a user other than the owner can write the folder ``info`` describes (its
+    group counts only where it is not the owner's private group: ``umask 002``)."""
+    if info.st_mode & 0o002:
+        return True
+    return bool(info.st_mode & 0o020) and not group_of_one(info.st_gid, info.st_uid)
+
+
 def check_private(folder: str) -> None:
     """Raise ``OSError`` unless ``folder`` is this user's own real folder (not a link) that
-    neither its group nor others can write, in a folder that only this user or root can
-    rename it out of (theirs, or sticky, as ``/tmp`` is). Where a folder holds what a
+    neither its group nor others can write (the user's own private group aside:
+    ``umask 002``), in a folder that only this user or root can rename it out of
+    (theirs, or sticky, as ``/tmp`` is). Where a folder holds what a
     later step trusts (the jobs a detached process builds and stores, its records), a
     folder someone else can swap could point those writes and removals anywhere."""
     geteuid = getattr(os, "geteuid", None)
@@ -113,11 +143,11 @@ def check_private(folder: str) -> None:
         return
     me = geteuid()
     info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or info.st_mode & 0o022:
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or _others_write(info):
         raise OSError(f"{folder} is not a private folder of this user (a link, or not theirs)")
     parent = os.path.dirname(os.path.abspath(folder))
     above = os.stat(parent)
-    swappable = above.st_mode & 0o022 and not above.st_mode & stat.S_ISVTX
+    swappable = _others_write(above) and not above.st_mode & stat.S_ISVTX
     if above.st_uid not in (me, 0) or swappable:
         raise OSError(f"{parent} is another user's, or others can move {folder} out of it")
 

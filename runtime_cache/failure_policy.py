@@ -67,6 +67,10 @@ class FailurePolicy:
         #: :meth:`succeeded` only when this is not empty.
         self.failing_sides = self._failing
 
+    def note(self, op: str, exc: BaseException) -> None:
+        """Keep ``exc`` as :attr:`last_error` (the front calls it for every error it counts)."""
+        self.last_error = f"{op}: {type(exc).__name__}: {exc}"
+
     def refused(self, exc: BaseException) -> None:
         """A write the store refused for what was written, not for the store's state (a
         value over its size cap): counted, logged once (then at debug level), never an
@@ -98,7 +102,6 @@ class FailurePolicy:
         side = side or self.side(op)
         with self._lock:
             self.errors += 1
-            self.last_error = f"{op}: {type(exc).__name__}: {exc}"
             first = side not in self._failing
             self._failing.add(side)
         if self.strict:

@@ -16,6 +16,8 @@ an entry still there counts as one that cannot go.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -86,10 +88,8 @@ def prune(
     (see the module documentation); for age they go by the store's last use, where it
     keeps one. ``on_progress(done, total)`` is told after each entry is weighed.
     """
-    if isinstance(max_size, bool) or isinstance(older_than, bool):
-        raise InvalidValueError("prune takes a size and a duration, not a bool")
-    max_size = None if max_size is None else parse_size(max_size)
-    older_than = None if older_than is None else parse_duration(older_than)
+    max_size = None if max_size is None else _size(max_size)
+    older_than = None if older_than is None else _seconds(older_than)
     now = time.time() if now is None else now
     report = PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report)
@@ -131,6 +131,32 @@ def prune(
         report.kept_the_rest = True
     _settle(cache, report, weighed, tried if attempted else None, stuck, max_size)
     return report
+
+
+def _size(value: object) -> int:
+    # Bytes as any whole number type (a numpy integer, a float such as 2e9 or cap * 0.8,
+    # rounded down) or text ("500MB"); never a bool (True was one byte).
+    if isinstance(value, bool):
+        raise InvalidValueError("max_size is a size, not a bool")
+    if isinstance(value, numbers.Integral):
+        return parse_size(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise InvalidValueError(f"a size must be 0 to 2**63-1 bytes: {value}")
+        return parse_size(int(value))
+    if isinstance(value, str):
+        return parse_size(value)
+    raise InvalidValueError(f"max_size is a size, not {type(value).__name__}")
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool):
+        raise InvalidValueError("older_than is a duration, not a bool")
+    if isinstance(value, numbers.Real):
+        return parse_duration(float(value))
+    if isinstance(value, str):
+        return parse_duration(value)
+    raise InvalidValueError(f"older_than is a duration, not {type(value).__name__}")
 
 
 def _weigh(cache: Cache, report: PruneReport | None) -> dict[str, _Weighed]:

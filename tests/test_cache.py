@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -287,7 +288,8 @@ def test_maintenance_verify_and_prune() -> None:
         {"max_size": True},
         {"max_size": -1},
         {"max_size": "5XB"},
-        {"max_size": 1.5},
+        {"max_size": float("inf")},
+        {"max_size": [1]},
         {"older_than": -5},
         {"older_than": float("nan")},
         {"older_than": False},
@@ -306,12 +308,25 @@ def test_prune_refuses_a_size_or_an_age_that_means_nothing(limits: dict[str, Any
     assert cache.get(key(0)) == b"x" * 100
 
 
+def test_last_error_says_why_each_counted_error_happened(tmp_path: Path) -> None:
+    from runtime_cache.backends.directory import DirectoryBackend
+
+    cache = rc.Cache(DirectoryBackend(tmp_path, max_size="5KB"))
+    assert cache.last_error is None
+    cache.put(key(0), bytes(10_000))  # refused for its size: an error, with its reason
+    assert cache.stats().errors == 1
+    assert str(cache.last_error).startswith("set: EntryTooLargeError: ")
+    cache.reset_stats()
+    assert cache.last_error is None
+
+
 def test_prune_takes_a_size_and_an_age_as_text() -> None:
     from runtime_cache import maintenance
 
     cache = rc.Cache(MemoryBackend())
     cache.put(key(0), b"x" * 100)
     assert maintenance.prune(cache, max_size="1MB", older_than="30d").removed == 0
+    assert maintenance.prune(cache, max_size=2e9, older_than=86400).removed == 0  # computed
     assert maintenance.prune(cache, max_size="0B").removed == 1
 
 

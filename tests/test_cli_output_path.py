@@ -315,7 +315,7 @@ def test_a_folder_its_owners_private_group_can_write_is_closed(closed_folder: Pa
 def test_a_group_that_is_another_users_primary_one_is_not_private(closed_folder: Path) -> None:
     """The review of the private-group rule: a user whose primary group is the folder's,
     without being listed in it, could move the owner's link into it, and it was followed."""
-    from runtime_cache.cli.output_path import _group_of_one
+    from runtime_cache.environment import group_of_one as _group_of_one
 
     if shutil.which("useradd") is None:
         pytest.skip("needs useradd")

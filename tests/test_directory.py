@@ -306,7 +306,7 @@ def test_max_files_zero_means_no_cap_on_the_count(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("size", ["none", "0", "1GB"])
-@pytest.mark.parametrize("files", [3, 10, 100])
+@pytest.mark.parametrize("files", [1, 2, 3, 10, 100])
 def test_the_count_cap_holds_on_every_write_with_or_without_a_size_cap(
     tmp_path: Path, size: str, files: int
 ) -> None:
@@ -317,6 +317,8 @@ def test_the_count_cap_holds_on_every_write_with_or_without_a_size_cap(
     for i in range(300):
         backend.set(f"k/v/{i:032x}", bytes(100))
         assert len(list(backend.keys())) <= files, i
+        # The write's own eviction never takes it (max_files=1 evicted to 0 files).
+        assert backend.get(f"k/v/{i:032x}") == bytes(100), i
     kept = sorted(backend.keys())
     assert kept[-1] == f"k/v/{299:032x}"  # the latest is kept: least recently used go first
     assert backend.get(kept[-1]) == bytes(100)

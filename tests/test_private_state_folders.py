@@ -83,6 +83,31 @@ def test_a_records_folder_in_a_sticky_shared_folder_is_used(tmp_path: Path) -> N
     assert (shared / "runs").is_dir()
 
 
+def test_a_records_folder_made_under_umask_002_is_used(tmp_path: Path) -> None:
+    """Its parent, made 0775 by umask 002, refused the detached store for good."""
+    old = os.umask(0o002)
+    try:
+        _prepare(str(tmp_path / "state" / "opencl-detached"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+
+
+@as_root
+def test_a_parent_only_the_users_private_group_can_write_is_private(tmp_path: Path) -> None:
+    from runtime_cache.environment import group_of_one
+
+    if not group_of_one(0, 0):
+        pytest.skip("root's group is not root's alone here")
+    parent = tmp_path / "state"
+    parent.mkdir()
+    parent.chmod(0o775)  # made by umask 002 before, in the user's private group
+    _prepare(str(parent / "opencl-detached"))
+    os.chown(parent, 0, OTHER_UID)  # a group with others in it: they could swap the folder
+    with pytest.raises(PermissionError, match="move"):
+        _prepare(str(parent / "opencl-detached"))
+
+
 @pytest.fixture
 def no_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """No home folder: the drivers' caches go to ``tmp_path/fallback-driver``."""

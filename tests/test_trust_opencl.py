@@ -152,6 +152,24 @@ def test_a_signed_cache_refuses_an_unsigned_bundle(
     assert np.array_equal(_scale(ctx, module), EXPECTED)
 
 
+def test_an_unsigned_bundle_is_used_but_never_stored_in_an_unsigned_shared_cache(
+    ctx: Any, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """With no secret (a shared store opened with insecure=1 on purpose), the app may load
+    a bundle it chose; others, who would run it, never find it in the store."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.opencl import OpenCLModule
+
+    maker = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=rc.Cache(MemoryBackend()))
+    bundle = maker.get_precompiled_programs()
+    backend = rc.open_backend(f"{redis_server.url}?prefix={unique_prefix}&insecure=1")
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=rc.Cache(backend))
+    result = module.set_precompiled_programs(bundle)
+    assert (result, result.unsigned, result.withheld) == (1, 1, 1)
+    assert list(backend.keys()) == []
+    assert np.array_equal(_scale(ctx, module), EXPECTED)
+
+
 def test_an_unsigned_entry_in_a_signed_bundle_is_refused(
     ctx: Any, tmp_path: Path, driver_inputs: list[bytes]
 ) -> None:

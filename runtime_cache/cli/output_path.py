@@ -16,11 +16,12 @@ user's own link (or a folder holding one) to where the user will look.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import stat
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from ..environment import group_of_one
 
 __all__ = ["MAX_LINKS", "Output", "find_output"]
 
@@ -235,27 +236,7 @@ def _closed(folder: int) -> bool:
     held = os.fstat(folder)
     if held.st_uid not in _users() or held.st_mode & 0o002:
         return False
-    return not held.st_mode & 0o020 or _group_of_one(held.st_gid, held.st_uid)
-
-
-@functools.lru_cache(maxsize=64)
-def _group_of_one(gid: int, uid: int) -> bool:
-    """Whether the group ``gid`` has user ``uid`` alone: its primary group, named as the
-    user is, no other member listed, and no other listed user's primary group (a user's
-    private group, where ``umask 002`` makes folders 0775). The name matters where users
-    are not all listed (LDAP, SSSD without enumeration): a shared group is not named after
-    one of its users."""
-    import grp
-    import pwd
-
-    try:
-        user = pwd.getpwuid(uid)
-        group = grp.getgrgid(gid)
-        others = any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
-    except (KeyError, OSError):
-        return False
-    private = user.pw_gid == gid and group.gr_name == user.pw_name
-    return private and set(group.gr_mem) <= {user.pw_name} and not others
+    return not held.st_mode & 0o020 or group_of_one(held.st_gid, held.st_uid)
 
 
 def _in_proc(folder: int) -> bool:

@@ -201,6 +201,7 @@ def detached_runs(folder: str | None = None) -> list[dict[str, Any]]:
 
 def _prepare(folder: str) -> None:
     """Make ``folder`` (private), refuse one that others could write, and tidy it."""
+    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)  # (as the guard does)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     try:
         # The jobs file there says what gets built and stored under our keys; and a link

@@ -97,7 +97,8 @@ def load_bundle(
     complete = match_programs(entries, cache, plans, refused)
     if refused:
         log.warning(
-            "runtime-cache: %d bundled entries were not signed with the cache's secret; refused",
+            "runtime-cache: %d bundled entries failed the cache's check (not signed with its "
+            "secret, or over its limits); refused",
             len(refused),
         )
     # A bundle is outside data: unless our secret signed it, each program is tried in a
