@@ -46,18 +46,29 @@ def _age(path: Path, seconds: float = STALE_TEMP_SECONDS + 60) -> None:
     os.utime(path, (then, then), follow_symlinks=False)
 
 
-def test_a_killed_writers_temporary_file_is_removed_once_it_is_old(tmp_path: Path) -> None:
-    target = tmp_path / "bundle.rcb"
+def _stalled_writer(target: Path) -> subprocess.Popen[bytes]:
+    """A writer of ``target`` stopped just before its temporary file takes the name."""
     writer = subprocess.Popen(
         [sys.executable, "-I", "-c", _STALLED_WRITER, str(target)],
         stdout=subprocess.PIPE,
-        cwd=tmp_path,
+        cwd=target.parent,
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline() == b"stalled\n"
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+    except BaseException:
+        _kill(writer)
+        raise
+    return writer
+
+
+def _kill(writer: subprocess.Popen[bytes]) -> None:
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+
+
+def test_a_killed_writers_temporary_file_is_removed_once_it_is_old(tmp_path: Path) -> None:
+    target = tmp_path / "bundle.rcb"
+    _kill(_stalled_writer(target))
     (left,) = _temps(tmp_path)
     assert left.name.startswith(".bundle.rcb.") and not target.exists()
 
@@ -71,20 +82,14 @@ def test_a_killed_writers_temporary_file_is_removed_once_it_is_old(tmp_path: Pat
 
 def test_a_stalled_writers_temporary_file_is_kept_while_it_lives(tmp_path: Path) -> None:
     target = tmp_path / "bundle.rcb"
-    writer = subprocess.Popen(
-        [sys.executable, "-I", "-c", _STALLED_WRITER, str(target)],
-        stdout=subprocess.PIPE,
-        cwd=tmp_path,
-    )
+    writer = _stalled_writer(target)
     try:
-        assert writer.stdout is not None and writer.stdout.readline() == b"stalled\n"
         (held,) = _temps(tmp_path)
         _age(held, UNHELD_TEMP_SECONDS + 60)  # old, but its writer holds it still
         replace_file(str(target), b"one")
         assert _temps(tmp_path) == [held] and target.read_bytes() == b"one"
     finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+        _kill(writer)
     replace_file(str(target), b"two")  # dead now: nobody holds it
     assert _temps(tmp_path) == []
 
