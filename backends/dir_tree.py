@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,12 +195,9 @@ def _holds_a_mark(root_fd: int, folder: str) -> bool:
     except OSError:
         return False
     try:
-        for name in CACHE_ROOT_FILES:
-            try:
-                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                    return True
-            except OSError:
-                continue
+        with os.scandir(fd) as it:
+            return _a_cache_root(list(it))
+    except OSError:
         return False
     finally:
         os.close(fd)

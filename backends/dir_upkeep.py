@@ -41,8 +41,7 @@ _MARKER = ".vacuumed"
 #: An eviction brings the disk and the file count down to this share of their caps.
 EVICT_TO = 0.9
 _LOCK = ".evict.lock"
-#: A ``max_size`` under this keeps only small values (see :meth:`Upkeep.refuse_if_too_large`):
-#: said once, when the cache opens.
+#: A ``max_size`` under this keeps only small values: said when the cache opens.
 SMALL_CAP = 64 * 1024
 #: Seconds the eviction a write sets off may walk, and as many to remove files; the
 #: next write's turn goes on from there.
@@ -63,15 +62,10 @@ class Upkeep:
         self._writes = 0
         self._estimate: int | None = None
         self._count: int | None = None  # entry files at the last walk
-        cap = backend.max_size
-        if cap is not None and cap < SMALL_CAP:
+        if backend.max_size is not None and backend.max_size < SMALL_CAP:
+            largest = max(0, int(backend.max_size * EVICT_TO) - 4096)  # (refuse_if_too_large)
             log.warning(
-                "runtime-cache: %s: max_size %d keeps no value over %d bytes (%d%% of the cap, "
-                "less a 4 KiB block)",
-                backend.root,
-                cap,
-                max(0, int(cap * EVICT_TO) - 4096),
-                int(EVICT_TO * 100),
+                "runtime-cache: %s: max_size keeps no value over %d bytes", backend.root, largest
             )
 
     def after_fork(self) -> None:

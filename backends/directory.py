@@ -106,8 +106,7 @@ class DirectoryBackend(Backend):
         self.listed_junk: list[str] = []
         #: Folders the last listing could not read, and why: its result is partial.
         self.unlisted_folders: list[tuple[str, str]] = []
-        self._read_only = False
-        self._closed = False
+        self._read_only = self._closed = False
         self._rels: dict[str, str] = {}
         self.modes = Modes.for_cache(shared)
         #: The descriptor of the root folder that everything is opened under.
@@ -331,13 +330,8 @@ class DirectoryBackend(Backend):
         found = list(walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=not self.shared))
         self.listed_junk = [f.key for f in found if not f.regular]
         self.unlisted_folders = unreadable
-        for folder, reason in unreadable:
-            log.warning(
-                "runtime-cache: %s: folder %s left out of the listing (%s)",
-                self.root,
-                folder,
-                reason,
-            )
+        for note in unreadable:  # (folder, reason)
+            log.warning("runtime-cache: %s: %s left out of the listing (%s)", self.root, *note)
         return [f for f in found if f.regular]
 
     def keys(self, prefix: str = "") -> Iterator[str]:

@@ -136,27 +136,17 @@ def prune(
 def _size(value: object) -> int:
     # Bytes as any whole number type (a numpy integer, a float such as 2e9 or cap * 0.8,
     # rounded down) or text ("500MB"); never a bool (True was one byte).
-    if isinstance(value, bool):
-        raise InvalidValueError("max_size is a size, not a bool")
-    if isinstance(value, numbers.Integral):
-        return parse_size(int(value))
-    if isinstance(value, float):
-        if not math.isfinite(value) or value < 0:
-            raise InvalidValueError(f"a size must be 0 to 2**63-1 bytes: {value}")
-        return parse_size(int(value))
-    if isinstance(value, str):
-        return parse_size(value)
-    raise InvalidValueError(f"max_size is a size, not {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, str)):
+        raise InvalidValueError(f"max_size is a size, not {type(value).__name__}")
+    if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+        raise InvalidValueError(f"a size must be 0 to 2**63-1 bytes: {value}")
+    return parse_size(value if isinstance(value, str) else int(value))
 
 
 def _seconds(value: object) -> float:
-    if isinstance(value, bool):
-        raise InvalidValueError("older_than is a duration, not a bool")
-    if isinstance(value, numbers.Real):
-        return parse_duration(float(value))
-    if isinstance(value, str):
-        return parse_duration(value)
-    raise InvalidValueError(f"older_than is a duration, not {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise InvalidValueError(f"older_than is a duration, not {type(value).__name__}")
+    return parse_duration(value if isinstance(value, str) else float(value))
 
 
 def _weigh(cache: Cache, report: PruneReport | None) -> dict[str, _Weighed]:

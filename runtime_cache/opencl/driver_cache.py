@@ -105,9 +105,8 @@ def driver_cache_enabled(flag: bool | None = None) -> bool:
 
 
 def _root() -> str | None:
-    """The folder the drivers' caches go under; ``None`` when there is none of this user's
-    own (no home, and the temporary folder's name is another user's: they could plant
-    the native code the driver loads from its cache)."""
+    """The folder the drivers' caches go under; ``None`` when none is this user's own (no
+    home, and another user made the temporary folder's name first: see prepare)."""
     env = os.environ.get(ENV_DIR, "").strip()
     if env:
         return environment.from_start(os.path.expanduser(env))
@@ -151,12 +150,8 @@ def prepare() -> dict[str, str]:
         if current and os.path.abspath(current) != mine:
             log.debug("runtime-cache: %s is set by the user; its driver cache is left alone", kind)
             continue
-        if not private_folder(mine):  # the driver loads native code from it
-            log.warning(
-                "runtime-cache: %s is not this user's private folder; %s's cache left alone",
-                mine,
-                kind,
-            )
+        if not private_folder(mine):  # the driver loads native code from it: left alone
+            log.warning("runtime-cache: %s is not this user's private folder; not used", mine)
             continue
         os.environ[driver.variable] = mine
         os.environ[driver.switch[0]] = driver.switch[1]
@@ -184,10 +179,8 @@ def managed_folder(kind: str) -> str | None:
     driver = _DRIVERS[kind]
     current = os.environ.get(driver.variable, "").strip()
     root = _root()
-    if root is None:
-        return None
-    mine = os.path.join(root, kind)
-    if not current or os.path.abspath(current) != mine:
+    mine = None if root is None else os.path.join(root, kind)
+    if mine is None or not current or os.path.abspath(current) != mine:
         return None
     if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:
         return None  # the driver's cache is off: it neither reads nor writes the folder
