@@ -14,7 +14,10 @@ from runtime_cache.errors import InvalidURLError
 from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL
 
-__all__ = ["url_options"]
+__all__ = ["SSL_CERT_REQS", "url_options"]
+
+#: The values redis-py takes for ``ssl_cert_reqs`` (a typo failed every call, not the open).
+SSL_CERT_REQS = ("none", "optional", "required")
 
 
 def url_options(url: str) -> tuple[str, dict[str, Any]]:
@@ -54,6 +57,9 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
             for name in ("ssl_ca_certs", "ssl_cert_reqs")
             if (value := parsed.pop(name)) is not None
         }
+    reqs = options.get("ssl_options", {}).get("ssl_cert_reqs")
+    if reqs is not None and reqs not in SSL_CERT_REQS:
+        raise InvalidURLError(f"ssl_cert_reqs must be one of {', '.join(SSL_CERT_REQS)}: {reqs!r}")
     parsed.reject_unknown()
     if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
         raise InvalidURLError("need 0 < backoff <= max_backoff")

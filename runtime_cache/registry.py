@@ -237,12 +237,16 @@ def take_insecure(url: str) -> tuple[str, bool]:
     head, mark, query = url.partition("?")
     if not mark:
         return url, False
-    kept, insecure = [], False
+    kept, insecure, seen = [], False, False
     for item in query.split("&"):
         name, _, value = item.partition("=")
         if name != "insecure":
             kept.append(item)
-        elif value.lower() in ("1", "true", "yes"):
+            continue
+        if seen:  # which one counts would be a guess, as for any other option
+            raise InvalidURLError("option(s) insecure given more than once")
+        seen = True
+        if value.lower() in ("1", "true", "yes"):
             insecure = True
         elif value.lower() not in ("0", "false", "no"):
             raise InvalidURLError(f"insecure must be 1 or 0, not {value!r}")

@@ -107,6 +107,8 @@ def test_password_never_appears_in_url_errors() -> None:
     "url",
     [
         "memory://?max_size=1GB&max_size=2GB",  # which one counts would be a guess
+        "memory://?insecure=1&insecure=0",  # (insecure=1 won, either way round)
+        "memory://?insecure=0&insecure=1",
         "dir:///tmp/x?fsync=1&fsync=0",
         "memory://host",  # the host was ignored
         "memory:///some/path",

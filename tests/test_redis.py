@@ -216,6 +216,9 @@ def test_tls_options_reach_redis_py() -> None:
     assert "pw" not in repr(backend) and "pw" not in backend.name  # never log a password
     with pytest.raises(InvalidURLError):  # TLS options need rediss://
         rc.open_backend("redis://cache.example:6379/0?ssl_cert_reqs=none")
+    # A typo failed every call (redis-py read it at the first connection), not the open.
+    with pytest.raises(InvalidURLError, match="ssl_cert_reqs must be one of"):
+        rc.open_backend("rediss://cache.example:6380/0?ssl_cert_reqs=bogus")
 
 
 def test_a_namespace_never_lists_or_clears_one_nested_in_it(

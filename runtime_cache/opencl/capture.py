@@ -24,7 +24,7 @@ from .counters import counters
 from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
-__all__ = ["origins", "recapture_binaries", "remember"]
+__all__ = ["forget", "origins", "recapture_binaries", "remember"]
 
 
 @dataclass
@@ -57,6 +57,15 @@ def remember(
     known = list(digests) if digests is not None else [binary_digest(b) for b in binaries]
     with _origins_lock:
         origins[program] = _Origin(plan, cache, known, build_seconds)
+
+
+def forget(program: Any) -> None:
+    """Drop what :func:`remember` noted of ``program`` (it is being built again)."""
+    try:
+        with _origins_lock:
+            origins.pop(program, None)
+    except TypeError:  # not weakly referenceable, so never noted
+        pass
 
 
 def recapture_binaries(program: Any) -> int:

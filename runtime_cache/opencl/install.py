@@ -51,6 +51,8 @@ _store_mode = "deferred"
 STORE_MODES = ("deferred", "background", "inline")
 #: With the driver cache on: one set of driver files per context, for all of pyopencl's programs.
 _driver: dict[int, DriverCaches] | None = None
+#: The attribute naming the driver program a build through :func:`install` gave a Program.
+_MADE = "_runtime_cache_prg"
 
 
 def driver_cache_wanted(flag: bool | None = None) -> bool:
@@ -87,9 +89,20 @@ def _cached_build(
         devices: Sequence[Any] | None = None,
         cache_dir: Any = None,
     ) -> Any:
-        source = getattr(self, "_source", None)
-        context = getattr(self, "_context", None)
-        if getattr(self, "_prg", True) is not None or source is None or context is None:
+        # Read from the instance: a missing attribute is a kernel name to pyopencl's
+        # Program.__getattr__ (and, with ``_prg`` None, a recursion).
+        state = getattr(self, "__dict__", {})
+        source, context = state.get("_source"), state.get("_context")
+        made = state.get("_prg", True)
+        if made is not None and made is state.get(_MADE):
+            # Built again: pyopencl would build ``_prg`` again in place, but ours may be
+            # a program from binaries, and a queued store reads the first build's
+            # binaries from it. So it gets a new program, as on its first build.
+            from .capture import forget
+
+            forget(self)
+            self._prg = made = None
+        if made is not None or source is None or context is None:
             return original(self, options, devices, cache_dir)
         if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache
             return original(self, options, devices, cache_dir)
@@ -115,6 +128,7 @@ def _cached_build(
             loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
             if loaded is not None and holds_its_kernels(store, plan, loaded):
                 self._prg = loaded._prg
+                setattr(self, _MADE, self._prg)
                 self._build_duration_info = (
                     "runtime-cache retrieval",
                     True,
@@ -124,6 +138,8 @@ def _cached_build(
         started = time.perf_counter()
         original(self, options, devices, cache_dir=False)
         seconds = time.perf_counter() - started
+        setattr(self, _MADE, self._prg)
+        self._context = context  # (pyopencl drops it after some builds: kept to build again)
         counters.add(source_builds=1)
         if plan.keys is not None and not (
             _store_mode != "inline"

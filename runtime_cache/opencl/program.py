@@ -308,7 +308,8 @@ def source_build(context: Any, plan: ProgramPlan) -> tuple[Any, float]:
 def store_binaries(
     cache: Cache, plan: ProgramPlan, program: Any, binaries: Sequence[bytes], seconds: float
 ) -> bool:
-    """Store one program's binaries (one entry per device) in one backend call."""
+    """Store one program's binaries (one entry per device) in one backend call; ``program``
+    (``None``: none) is noted for :func:`.recapture_binaries`."""
     if plan.keys is None:
         return False
     if len(binaries) != len(plan.keys) or not all(binaries):
@@ -319,7 +320,8 @@ def store_binaries(
     digests = [binary_digest(b) for b in binaries]
     guard.unblock(digests)
     guard.vouch(bindings(plan.keys, digests))
-    remember(program, plan, cache, binaries, seconds, digests)
+    if program is not None:
+        remember(program, plan, cache, binaries, seconds, digests)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 
 

@@ -79,12 +79,27 @@ class _Job:
     plan: ProgramPlan
     program: Any
     seconds: float
+    made: Any  # the driver's program that this build made (``program._prg`` then)
 
 
-def store_now(cache: Cache, plan: ProgramPlan, program: Any, seconds: float) -> bool:
-    """Read ``program``'s binaries back and store them, in the calling thread."""
-    binaries = read_binaries_released(import_pyopencl(), program, plan.devices)
-    return store_binaries(cache, plan, program, binaries, seconds)
+def _driver_program(program: Any) -> Any:
+    return getattr(program, "_prg", None) or program
+
+
+def store_now(
+    cache: Cache, plan: ProgramPlan, program: Any, seconds: float, made: Any = None
+) -> bool:
+    """Read ``program``'s binaries back and store them, in the calling thread.
+
+    ``made`` is the driver's program that the build ``plan`` describes made
+    (``program._prg`` at the time; the default: now). A program built again since
+    (:func:`~runtime_cache.opencl.install` gives it a new one) still stores that
+    build's binaries, and is not noted for :func:`.recapture_binaries` under ``plan``.
+    """
+    made = _driver_program(program) if made is None else made
+    binaries = read_binaries_released(import_pyopencl(), made, plan.devices)
+    same = _driver_program(program) is made
+    return store_binaries(cache, plan, program if same else None, binaries, seconds)
 
 
 def _seconds(name: str, default: float) -> float:
@@ -156,7 +171,7 @@ class WriteBehind:
                 return False
             self._queued.add(first)
             self._last = time.monotonic()
-            self._jobs.append(_Job(cache, plan, program, seconds))
+            self._jobs.append(_Job(cache, plan, program, seconds, _driver_program(program)))
             self._busy += 1
             if not self._registered:
                 # Registered now, after pyopencl's own handlers: it runs before them.
@@ -282,7 +297,8 @@ class WriteBehind:
 
     def _store(self, job: _Job) -> None:
         try:
-            if not store_now(job.cache, job.plan, job.program, job.seconds) and job.cache.enabled:
+            stored = store_now(job.cache, job.plan, job.program, job.seconds, job.made)
+            if not stored and job.cache.enabled:
                 counters.add(store_errors=1)  # refused (a full or read-only store): counted too
         except Exception as exc:  # the caller's build succeeded: never its error
             counters.add(store_errors=1)
