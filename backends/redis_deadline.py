@@ -11,7 +11,9 @@ redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). 
 A reply may also be no longer than the largest one the backend asks for (its value cap,
 plus one batch's budget): a server that announces a 100 GB value and streams it fast grew
 the client's memory without end (300 MiB in 10 s seen). Past that length the connection
-is cut (``OSError(EMSGSIZE)``, which redis-py reports as its ``ConnectionError``).
+is cut (``OSError(EMSGSIZE)``, which redis-py reports as its ``ConnectionError``), as it is
+at an array header announcing more elements than that length could hold
+(:mod:`.redis_reply_counts`).
 
 A request is sent the same way: each wait for room within ``timeout``, the whole request
 within ``timeout`` plus its bytes at :data:`MIN_RATE` (Python's own ``sendall`` bounds all
@@ -26,6 +28,8 @@ import ssl
 import sys
 import time
 from typing import Any
+
+from .redis_reply_counts import ReplyCounts
 
 try:  # the bytes a TCP socket has sent that its peer has not acknowledged (Linux)
     import fcntl
@@ -61,6 +65,7 @@ class DeadlineSocket:
     def __init__(self, sock: Any, timeout: float | None, max_reply: int | None = None) -> None:
         self._sock = sock
         self._max_reply = max_reply
+        self._counts = ReplyCounts(max_reply) if max_reply is not None else None
         self._base = timeout
         self._timeout: float | None = sock.gettimeout()
         self._start = time.monotonic()
@@ -162,16 +167,27 @@ class DeadlineSocket:
             self._sock.close()  # the rest of this reply is never read
             raise OSError(errno.EMSGSIZE, f"a reply longer than {self._max_reply} bytes")
 
+    def _watch(self, data: Any, size: int) -> None:
+        try:
+            self._counts.feed(data, size)  # type: ignore[union-attr]
+        except OSError:
+            self._sock.close()  # the rest of this reply is never read
+            raise
+
     def recv(self, size: int, *flags: int) -> bytes:
         """``socket.recv`` within the reply's deadline and length."""
         data: bytes = self._read(self._sock.recv, size, *flags)
         self._count(len(data))
+        if self._counts is not None:
+            self._watch(data, len(data))
         return data
 
     def recv_into(self, buffer: Any, *args: int) -> int:
         """``socket.recv_into`` within the reply's deadline and length."""
         count: int = self._read(self._sock.recv_into, buffer, *args)
         self._count(count)
+        if self._counts is not None:
+            self._watch(buffer, count)
         return count
 
     def sendall(self, data: Any, *flags: int) -> None:

@@ -7,6 +7,7 @@ real TCP listener that speaks just enough of the Redis protocol.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -42,8 +43,11 @@ class HostileServer:
     """Accepts connections; answers ``GET``/``GETRANGE`` with ``answer(conn, stopping)``
     (which sends what it likes), the client's hello as Redis would, anything else with OK."""
 
-    def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
+    def __init__(
+        self, answer: Callable[[socket.socket, threading.Event], None], *, every: bool = False
+    ) -> None:
         self.answer = answer
+        self.every = every  # answer every command but the hello so
         self.scans = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -63,7 +67,9 @@ class HostileServer:
         stream = conn.makefile("rb")
         try:
             while (args := _command(stream)) is not None:
-                if args[0].upper() in (b"GET", b"GETRANGE"):
+                if args[0].upper() in (b"GET", b"GETRANGE") or (
+                    self.every and args[0].upper() != b"HELLO"
+                ):
                     self.answer(conn, self.stopping)
                 elif args[0].upper() == b"SCAN":  # a cursor that never comes back to 0
                     self.scans += 1
@@ -214,6 +220,51 @@ def _a_get_is_a_counted_error(server: HostileServer, options: str, secret: str =
     finally:
         server.close()
         cache.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"*2147483647\r\n", b"*2\r\n$4\r\n*9\r\n\r\n*2147483647\r\n"],
+    ids=["array", "nested"],
+)
+def test_an_array_header_no_reply_could_hold_is_cut_at_once(reply: bytes) -> None:
+    """hiredis makes an array's list at its header: ``*2147483647`` had it take 2**31 slots,
+    and freeing them held the GIL for about 4.5 s on every call and breaker probe (the
+    attacker review: another thread stalled 4.2 s). A ``$4`` payload that looks like a
+    header is skipped, not read as one."""
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    started = time.monotonic()
+    server = HostileServer(lambda conn, _: conn.sendall(reply), every=True)
+    _a_get_is_a_counted_error(server, "insecure=1")
+    gc.collect()  # (the parser's list is freed with the connection, when the cache goes)
+    took = time.monotonic() - started
+    done.set()
+    ticker.join()
+    assert took < 2.0 and max(gaps) < 1.0, (took, max(gaps))
+
+
+def test_reply_counts_follow_headers_split_across_reads() -> None:
+    from runtime_cache.backends.redis_reply_counts import ReplyCounts
+
+    stream = b"*3\r\n$4\r\n*999\r\n$-1\r\n+OK *999999999\r\n*2\r\n:1\r\n:2\r\n" + b"*99"
+    for cut in range(1, len(stream)):
+        counts = ReplyCounts(1000)
+        for piece in (stream[:cut], stream[cut:]):
+            counts.feed(bytearray(piece), len(piece))  # every header within the limit
+        with pytest.raises(OSError, match="announcing 99999 elements"):
+            counts.feed(memoryview(b"999\r\n"), 5)
 
 
 @pytest.mark.parametrize(
