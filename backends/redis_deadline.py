@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import socket
 import ssl
 import sys
 import time
@@ -175,16 +176,21 @@ class DeadlineSocket:
             raise
 
     def recv(self, size: int, *flags: int) -> bytes:
-        """``socket.recv`` within the reply's deadline and length."""
+        """``socket.recv`` within the reply's deadline and length (a peek, redis-py's look
+        at a pooled connection, is read again later: not counted)."""
         data: bytes = self._read(self._sock.recv, size, *flags)
+        if flags and flags[0] & socket.MSG_PEEK:
+            return data
         self._count(len(data))
         if self._counts is not None:
             self._watch(data, len(data))
         return data
 
     def recv_into(self, buffer: Any, *args: int) -> int:
-        """``socket.recv_into`` within the reply's deadline and length."""
+        """``socket.recv_into`` within the reply's deadline and length (a peek: not counted)."""
         count: int = self._read(self._sock.recv_into, buffer, *args)
+        if len(args) > 1 and args[1] & socket.MSG_PEEK:
+            return count
         self._count(count)
         if self._counts is not None:
             self._watch(buffer, count)

@@ -93,3 +93,42 @@ def test_a_program_from_the_cache_built_again_builds_the_new_options(cache: rc.C
         assert _fresh_value(cache, "-DVAL=42") == 42.0
     finally:
         uninstall()
+
+
+def test_a_build_again_on_another_thread_waits_for_this_one(
+    cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the fix: another thread's build again, between this build and the
+    note of the program it made, had this build's key store that thread's binary (5 of 20
+    sources on PoCL 3.1). A second build of one Program now waits for the first."""
+    import threading
+
+    import pyopencl as cl
+
+    from runtime_cache.opencl.counters import counters
+
+    install(cache)
+    try:
+        ctx = opencl_context()
+        program = cl.Program(ctx, SOURCE)
+        others: list[threading.Thread] = []
+        add = counters.add
+
+        def add_then_build_elsewhere(**counts: int) -> None:
+            add(**counts)
+            if counts.get("source_builds") and not others:
+                other = threading.Thread(target=program.build, kwargs={"options": "-DVAL=42"})
+                others.append(other)
+                other.start()
+                other.join(0.5)  # it waits for this build to be noted and queued
+
+        monkeypatch.setattr(counters, "add", add_then_build_elsewhere)
+        program.build()
+        others[0].join(60.0)
+        monkeypatch.undo()
+        assert _value(ctx, program) == 42.0
+        assert flush(60.0)
+        assert _fresh_value(cache) == 1.0
+        assert _fresh_value(cache, "-DVAL=42") == 42.0
+    finally:
+        uninstall()

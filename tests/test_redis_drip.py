@@ -255,6 +255,29 @@ def test_an_array_header_no_reply_could_hold_is_cut_at_once(reply: bytes) -> Non
     assert took < 2.0 and max(gaps) < 1.0, (took, max(gaps))
 
 
+def test_a_peek_is_not_counted_as_read() -> None:
+    """redis-py peeks at a pooled connection (``recv(1, MSG_PEEK)``) when data waits; the
+    peeked byte, followed twice, hid a header (``**2147483647``) or made a payload's line
+    look like one (the review of the guard: a pushed ``>2147483647`` took 60 s and 16 GiB)."""
+    from runtime_cache.backends.redis_deadline import DeadlineSocket
+
+    for reply, cut in ((b"*2147483647\r\n", True), (b"$14\r\nx\n*9999999\r\n\r\n", False)):
+        near, far = socket.socketpair()
+        try:
+            sock = DeadlineSocket(near, 5.0, 1 << 20)
+            far.sendall(reply)
+            assert sock.recv(1, socket.MSG_PEEK) == reply[:1]
+            if cut:
+                with pytest.raises(OSError, match="announcing 2147483647 elements"):
+                    sock.recv_into(bytearray(65536))
+            else:
+                assert sock.recv_into(bytearray(65536), 0, socket.MSG_PEEK) == len(reply)
+                assert sock.recv_into(bytearray(65536)) == len(reply)
+        finally:
+            near.close()
+            far.close()
+
+
 def test_reply_counts_follow_headers_split_across_reads() -> None:
     from runtime_cache.backends.redis_reply_counts import ReplyCounts
 

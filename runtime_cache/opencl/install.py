@@ -53,6 +53,8 @@ STORE_MODES = ("deferred", "background", "inline")
 _driver: dict[int, DriverCaches] | None = None
 #: The attribute naming the driver program a build through :func:`install` gave a Program.
 _MADE = "_runtime_cache_prg"
+#: The attribute holding a Program's build lock (see :func:`_build_lock`).
+_LOCK = "_runtime_cache_build_lock"
 
 
 def driver_cache_wanted(flag: bool | None = None) -> bool:
@@ -89,68 +91,92 @@ def _cached_build(
         devices: Sequence[Any] | None = None,
         cache_dir: Any = None,
     ) -> Any:
-        # Read from the instance: a missing attribute is a kernel name to pyopencl's
-        # Program.__getattr__ (and, with ``_prg`` None, a recursion).
-        state = getattr(self, "__dict__", {})
-        source, context = state.get("_source"), state.get("_context")
-        made = state.get("_prg", True)
-        if made is not None and made is state.get(_MADE):
-            # Built again: pyopencl would build ``_prg`` again in place, but ours may be
-            # a program from binaries, and a queued store reads the first build's
-            # binaries from it. So it gets a new program, as on its first build.
-            from .capture import forget
-
-            forget(self)
-            self._prg = made = None
-        if made is not None or source is None or context is None:
+        if getattr(self, "__dict__", {}).get("_source") is None:  # from binaries or IL
             return original(self, options, devices, cache_dir)
-        if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache
-            return original(self, options, devices, cache_dir)
-        from ..keys import module_id_from_sources
-        from ..provider import get_cache
-        from .counters import counters
-        from .program import fetch, holds_its_kernels, plan_program
-        from .write_behind import store_now, write_behind
-
-        store = _cache if _cache is not None else get_cache()
-        plan = plan_program(
-            context,
-            source,
-            options,
-            devices=devices,
-            module_id=module_id_from_sources(source, name="pyopencl"),
-        )
-        if plan.keys is None:
-            counters.add(uncacheable=1)
-        else:
-            _restore_driver_cache(context, store)
-            started = time.perf_counter()
-            loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
-            if loaded is not None and holds_its_kernels(store, plan, loaded):
-                self._prg = loaded._prg
-                setattr(self, _MADE, self._prg)
-                self._build_duration_info = (
-                    "runtime-cache retrieval",
-                    True,
-                    time.perf_counter() - started,
-                )
-                return self
-        started = time.perf_counter()
-        original(self, options, devices, cache_dir=False)
-        seconds = time.perf_counter() - started
-        setattr(self, _MADE, self._prg)
-        self._context = context  # (pyopencl drops it after some builds: kept to build again)
-        counters.add(source_builds=1)
-        if plan.keys is not None and not (
-            _store_mode != "inline"
-            and write_behind.submit(
-                store, plan, self, seconds, background=_store_mode == "background"
-            )
-        ):
-            store_now(store, plan, self, seconds)
-        return self
+        # One build of a Program at a time: a second thread's build again would otherwise
+        # replace ``_prg`` between this build and the note of what it made.
+        with _build_lock(self):
+            return _build(original, self, options, devices, cache_dir)
 
     return build
+
+
+def _build_lock(program: Any) -> threading.RLock:
+    # Kept in the Program itself: hashing one (a dict's key) makes its ``_prg`` from source.
+    with _lock:
+        lock: threading.RLock = program.__dict__.setdefault(_LOCK, threading.RLock())
+        return lock
+
+
+def _build(
+    original: Callable[..., Any],
+    self: Any,
+    options: Any,
+    devices: Sequence[Any] | None,
+    cache_dir: Any,
+) -> Any:
+    """:func:`install`'s ``Program.build``, under the Program's own lock."""
+    # Read from the instance: a missing attribute is a kernel name to pyopencl's
+    # Program.__getattr__ (and, with ``_prg`` None, a recursion).
+    state = getattr(self, "__dict__", {})
+    source, context = state.get("_source"), state.get("_context")
+    made = state.get("_prg", True)
+    if made is not None and made is state.get(_MADE):
+        # Built again: pyopencl would build ``_prg`` again in place, but ours may be
+        # a program from binaries, and a queued store reads the first build's
+        # binaries from it. So it gets a new program, as on its first build.
+        from .capture import forget
+
+        forget(self)
+        self._prg = made = None
+    if made is not None or source is None or context is None:
+        return original(self, options, devices, cache_dir)
+    if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache
+        return original(self, options, devices, cache_dir)
+    from ..keys import module_id_from_sources
+    from ..provider import get_cache
+    from .counters import counters
+    from .program import fetch, holds_its_kernels, plan_program
+    from .write_behind import store_now, write_behind
+
+    store = _cache if _cache is not None else get_cache()
+    plan = plan_program(
+        context,
+        source,
+        options,
+        devices=devices,
+        module_id=module_id_from_sources(source, name="pyopencl"),
+    )
+    if plan.keys is None:
+        counters.add(uncacheable=1)
+    else:
+        _restore_driver_cache(context, store)
+        started = time.perf_counter()
+        loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
+        if loaded is not None and holds_its_kernels(store, plan, loaded):
+            self._prg = loaded._prg
+            setattr(self, _MADE, self._prg)
+            self._build_duration_info = (
+                "runtime-cache retrieval",
+                True,
+                time.perf_counter() - started,
+            )
+            return self
+    started = time.perf_counter()
+    original(self, options, devices, cache_dir=False)
+    seconds = time.perf_counter() - started
+    made = self._prg
+    setattr(self, _MADE, made)
+    self._context = context  # (pyopencl drops it after some builds: kept to build again)
+    counters.add(source_builds=1)
+    if plan.keys is not None and not (
+        _store_mode != "inline"
+        and write_behind.submit(
+            store, plan, self, seconds, background=_store_mode == "background", made=made
+        )
+    ):
+        store_now(store, plan, self, seconds, made)
+    return self
 
 
 def install(

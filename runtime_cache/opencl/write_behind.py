@@ -157,11 +157,13 @@ class WriteBehind:
         seconds: float,
         *,
         background: bool = False,
+        made: Any = None,
     ) -> bool:
         """Queue ``program`` for storing; ``False`` when the queue is full or closed
         (the caller stores it then, with :func:`store_now`). A program whose keys
         are already queued (built again before it was stored) is not queued twice.
-        ``background`` lets the background thread store it (see the module's notes)."""
+        ``background`` lets the background thread store it (see the module's notes);
+        ``made`` is as for :func:`store_now`."""
         assert plan.keys is not None
         first = str(plan.keys[0])
         with self._cond:
@@ -171,7 +173,8 @@ class WriteBehind:
                 return False
             self._queued.add(first)
             self._last = time.monotonic()
-            self._jobs.append(_Job(cache, plan, program, seconds, _driver_program(program)))
+            made = _driver_program(program) if made is None else made
+            self._jobs.append(_Job(cache, plan, program, seconds, made))
             self._busy += 1
             if not self._registered:
                 # Registered now, after pyopencl's own handlers: it runs before them.
