@@ -17,6 +17,7 @@ import re
 import threading
 from importlib.metadata import EntryPoint, distribution, entry_points
 from typing import cast
+from urllib.parse import unquote_plus
 
 from .api import Backend
 from .errors import (
@@ -239,7 +240,7 @@ def take_insecure(url: str) -> tuple[str, bool]:
         return url, False
     kept, insecure, seen = [], False, False
     for item in query.split("&"):
-        name, _, value = item.partition("=")
+        name, _, value = (unquote_plus(part) for part in item.partition("="))
         if name != "insecure":
             kept.append(item)
             continue

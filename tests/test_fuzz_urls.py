@@ -109,6 +109,7 @@ def test_password_never_appears_in_url_errors() -> None:
         "memory://?max_size=1GB&max_size=2GB",  # which one counts would be a guess
         "memory://?insecure=1&insecure=0",  # (insecure=1 won, either way round)
         "memory://?insecure=0&insecure=1",
+        "memory://?insecure=%31&insec%75re=0",  # (read as the other options are: decoded)
         "dir:///tmp/x?fsync=1&fsync=0",
         "memory://host",  # the host was ignored
         "memory:///some/path",
@@ -121,3 +122,12 @@ def test_url_mistakes_that_passed_silently_are_errors(url: str) -> None:
     with pytest.raises(InvalidURLError) as info:
         rc.open_backend(url)
     assert "hunter2" not in str(info.value)
+
+
+def test_insecure_is_read_as_the_other_options_are() -> None:
+    """``%XX`` and ``+`` are decoded in every option; ``insecure=%31`` was refused."""
+    from runtime_cache.registry import take_insecure
+
+    assert take_insecure("redis://h/0?insecure=%31&ttl=1h") == ("redis://h/0?ttl=1h", True)
+    assert take_insecure("redis://h/0?insec%75re=1") == ("redis://h/0", True)
+    assert take_insecure("redis://h/0?a=b%26c&insecure=0") == ("redis://h/0?a=b%26c", False)
