@@ -173,11 +173,14 @@ class Fleet:
         if won is None:
             return build()
         if won:
-            self.count(leases_won=1)
             with lease:
-                # The holder before us may have stored and released since our miss.
+                # The holder before us may have stored and released since our miss: a
+                # lease taken to load is not counted as won (``leases_won`` counts builds).
                 value = fetch() if present(backend, [skey]) else None
-                return value if value is not None else self._build(lease, build, refused)
+                if value is not None:
+                    return value
+                self.count(leases_won=1)
+                return self._build(lease, build, refused)
         self.count(lease_waits=1)
         started = time.monotonic()
         deadline = started + self.policy.deadline(self.expected(key))
