@@ -65,10 +65,12 @@ GET_OR_BUILD = textwrap.dedent(
 )
 
 
-def _start(code: str, *args: object, cwd: Path) -> subprocess.Popen[str]:
+def _start(
+    code: str, *args: object, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     # PoCL's scratch folder for uncached builds is not safe for processes at once: one each.
     scratch = cwd / f"pocl-{time.monotonic_ns()}"
-    env = dict(os.environ, POCL_KERNEL_CACHE="0", POCL_CACHE_DIR=str(scratch))
+    env = dict(os.environ, POCL_KERNEL_CACHE="0", POCL_CACHE_DIR=str(scratch), **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)],
         stdout=subprocess.PIPE,
@@ -190,7 +192,7 @@ def test_an_entry_the_store_refuses_is_built_side_by_side(
 
 OPENCL = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import numpy as np
     import pyopencl as cl
     import runtime_cache as rc
@@ -199,7 +201,8 @@ OPENCL = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from opencl_support import generated_sources, run_kernel
 
-    cache = rc.Cache(rc.open_backend(sys.argv[1]), secret="test-secret")
+    secret = os.environ.get("FLEET_SECRET", "test-secret") or None  # "": unsigned
+    cache = rc.Cache(rc.open_backend(sys.argv[1]), secret=secret)
     dev = cl.get_platforms()[0].get_devices()[0]
     ctx = cl.Context([dev])
     count, salt = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (24, 3)
@@ -230,6 +233,28 @@ def test_four_processes_share_a_cold_module(shared_url: str, tmp_path: Path) -> 
     assert sum(r["builds"] for r in results) == 24
     assert sum(r["won"] for r in results) == 24
     assert all(r["builds"] + r["loads"] == 24 for r in results)
+
+
+@pytest.mark.opencl
+def test_a_staggered_unsigned_start_builds_each_program_once(tmp_path: Path) -> None:
+    # The second process starts once the first has stored a few programs, with a guard
+    # folder of its own (another machine): it vets what it finds stored, and meanwhile the
+    # first stores more. Those stored between its first look and its shared build were
+    # taken for refused ones and built again (29 builds for 24); they are loaded.
+    opencl_context()
+    tests, root = Path(__file__).parent, tmp_path / "cache"
+    url = f"dir://{root}"
+    unsigned = {"FLEET_SECRET": ""}
+    first = _start(OPENCL, url, tests, cwd=tmp_path, env=unsigned)
+    deadline = time.monotonic() + 90
+    while len(list(root.rglob("*.rce"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    other = {**unsigned, "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "other-guard")}
+    second = _start(OPENCL, url, tests, cwd=tmp_path, env=other)
+    results = [_result(first), _result(second)]
+    assert all(r["ok"] for r in results)
+    assert all(r["builds"] + r["loads"] == 24 for r in results)
+    assert sum(r["builds"] for r in results) == 24, results
 
 
 @pytest.mark.opencl

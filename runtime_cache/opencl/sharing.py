@@ -278,10 +278,14 @@ def build_shared(
     ``expected()`` is the longest build seen so far, in seconds.
     """
     fleet = cache.fleet
-    pending = rotated(names)
-    # Stored, yet not loaded here (refused: another secret, another driver): built here
-    # under their lease, without loading them again.
-    refused = frozenset(n for n in names if present(cache.backend, keys[n]))
+    # Stored already: since the caller looked (another process of a staggered start
+    # stored them meanwhile), or stored yet refused here (another secret, another
+    # driver). Loaded first; those that still do not load are built here under their
+    # lease, without loading them again.
+    stored = [n for n in names if present(cache.backend, keys[n])]
+    refused = frozenset(load(stored)) if stored else frozenset()
+    loaded_first = set(stored) - refused
+    pending = [n for n in rotated(names) if n not in loaded_first]
     force: set[str] = set()
     first_seen: dict[str, float] = {}
     pause = fleet.policy.first_poll
