@@ -391,3 +391,27 @@ def test_a_set_aside_binary_is_vetted_again_after_a_day(tmp_path: Path) -> None:
     (folder / "set-aside").write_text(f"{D1}@{ahead}\n{D2}@{'9' * 5000}\n")
     assert LoadGuard(str(folder)).standing([D1, D2], []) == UNKNOWN
     guard.close()
+
+
+@pytest.mark.parametrize("name", ["blocklist", "vetted"])
+def test_a_line_cut_short_never_swallows_the_next_one(tmp_path: Path, name: str) -> None:
+    """The third review: a list whose last line was cut short (a full disk, a killed
+    writer, a truncation) had the next digest appended onto that part-line, so a binary
+    blocked since read back as not blocked (and a vetted one as unknown)."""
+    folder = _folder(tmp_path)
+    (folder / name).write_text(f"{D1}\n{D2[:10]}")
+    guard = LoadGuard(str(folder))
+    try:
+        if name == "blocklist":
+            guard.block(["c" * 32])
+        else:
+            guard.vouch(["c" * 32])
+    finally:
+        guard.close()
+    assert read_lines(str(folder / name)) == [D1, D2[:10], "c" * 32]
+    fresh = LoadGuard(str(folder))
+    try:
+        assert fresh.blocked(["c" * 32]) == (name == "blocklist")
+        assert fresh.known(["c" * 32]) == (name == "vetted")
+    finally:
+        fresh.close()

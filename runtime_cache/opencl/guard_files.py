@@ -27,7 +27,14 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 
-from .known_list import MAX_LIST_BYTES, OPEN_FLAGS, file_lock, read_lines
+from .known_list import (
+    MAX_LIST_BYTES,
+    OPEN_FLAGS,
+    append_whole,
+    file_lock,
+    open_for_append,
+    read_lines,
+)
 
 try:
     import fcntl
@@ -241,14 +248,10 @@ def append_lines(path: str, lines: Sequence[str], limit: int) -> bool:
     data = "".join(f"{d}\n" for d in lines).encode("ascii")
     try:
         with file_lock(f"{path}{_LOCK}", shared=True):  # (not taken in time: append anyway)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
-            fd = os.open(path, flags, 0o600)
+            fd = open_for_append(path)
             try:
-                info = os.fstat(fd)
-                if not stat.S_ISREG(info.st_mode):
-                    return False
-                written = os.write(fd, data) == len(data)
-                size = info.st_size + len(data)
+                written = append_whole(fd, data)
+                size = os.fstat(fd).st_size
             finally:
                 os.close(fd)
     except OSError:

@@ -52,7 +52,9 @@ __all__ = [
     "OPEN_FLAGS",
     "TABLE",
     "KnownList",
+    "append_whole",
     "file_lock",
+    "open_for_append",
     "read_lines",
 ]
 
@@ -104,6 +106,28 @@ def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
     finally:
         os.close(fd)
     return data.decode("ascii", "replace").split()  # one split in C
+
+
+def open_for_append(path: str) -> int:
+    """The list at ``path`` opened to append to (made if missing; no link followed).
+    ``OSError`` when it cannot be."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
+    return os.open(path, flags, 0o600)
+
+
+def append_whole(fd: int, data: bytes) -> bool:
+    """Append ``data`` (whole lines) to the list open as ``fd``
+    (:func:`open_for_append`), first ending the line the file ends in when it does not
+    end in a newline (a write cut short by a full disk or a killed process, or a
+    truncated file): appended straight after it, the first new line would join that
+    part-line and read back as neither. Whether all was written; ``False`` without a
+    write when ``fd`` is not a regular file. ``OSError`` when a call fails."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
+        data = b"\n" + data  # (a blank line is no line to the readers)
+    return os.write(fd, data) == len(data)
 
 
 def _open_regular(path: str) -> tuple[int, int] | None:
@@ -177,12 +201,12 @@ class KnownList:
         if not marks:
             return
         data = "".join(f"{m}\n" for m in marks).encode("ascii", "replace")
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
         try:
             for _ in range(3):
-                fd = os.open(self._log, flags, 0o600)
+                fd = open_for_append(self._log)
                 try:
-                    os.write(fd, data)
+                    if not append_whole(fd, data):
+                        return  # not a regular file: nothing is written there
                     info = os.fstat(fd)
                     # A merge that renamed the log away after this open may have read it
                     # before the write: then write again to the new log (a mark twice is
