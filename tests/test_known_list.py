@@ -259,3 +259,39 @@ def test_standing_answers_blocked_known_and_unknown_in_one_look_up(tmp_path: Pat
     assert guard.standing(marks[:2], ["d0", "d1"]) == BLOCKED
     assert guard.standing(marks[:1], ["d0"]) == KNOWN
     guard.close()
+
+
+def test_what_another_process_adds_since_is_read_before_a_binary_is_vetted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third review: the lists were read once, at a guard's start, so processes of
+    one machine vetted each other's binaries. Another guard stands for another process."""
+    from runtime_cache.opencl.guard import BLOCKED, KNOWN, SET_ASIDE, UNKNOWN
+
+    _limits(monkeypatch, log=8)
+    marks = _marks(20)
+    here, there = LoadGuard(str(tmp_path)), LoadGuard(str(tmp_path))
+    try:
+        assert here.standing(marks[:1], ["d0"]) == UNKNOWN  # started: the lists are read
+        there.vouch(marks[:1])
+        assert here.standing(marks[:1], ["d0"]) == KNOWN  # a line of the log since
+        for mark in marks[1:]:  # past the log's limit: merged into a new table
+            there.vouch([mark])
+        assert (tmp_path / TABLE).exists()
+        assert here.standing(marks, [f"d{i}" for i in range(20)]) == KNOWN
+        there.block(["d3"])  # (a binary known here is not looked up again: no stat)
+        assert here.standing(_marks(1, salt="blocked"), ["d3"]) == BLOCKED
+        other = _marks(1, salt="aside")
+        there.set_aside(other)
+        assert here.standing(other, ["e0"]) == SET_ASIDE
+        # A line still being written (no newline yet) is read once it is whole.
+        late = _marks(1, salt="late")[0]
+        with open(tmp_path / LOG, "a") as log:
+            log.write(late[:20])
+        assert here.standing([late], ["f0"]) == UNKNOWN
+        with open(tmp_path / LOG, "a") as log:
+            log.write(late[20:] + "\n")
+        assert here.standing([late], ["f0"]) == KNOWN
+    finally:
+        here.close()
+        there.close()

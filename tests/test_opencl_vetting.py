@@ -480,3 +480,44 @@ def test_a_damaged_copy_vetted_in_a_child_does_not_poison_the_good_binary(tmp_pa
     # now has a scratch folder of its own.
     out = _child(POISON_CHILD, tmp_path, POCL_CACHE_DIR=str(tmp_path / "pocl"))
     assert out.strip() == "ok"
+
+
+SIBLING_VETS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pyopencl as cl
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.opencl import build_program, choose_device, opencl_stats
+from opencl_kernels import SCALE_SRC
+ctx = cl.Context([choose_device()])
+build_program(ctx, SCALE_SRC, cache=rc.Cache(DirectoryBackend(sys.argv[2])))
+print("vetted", opencl_stats().vetted, flush=True)
+"""
+
+
+def test_a_binary_another_process_here_vetted_since_is_not_vetted_again(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third review: a process read the guard's lists once, at its start, so
+    processes of one machine started together each vetted the others' binaries (7 and 11
+    children for 12 programs), where the docs promise once per binary per machine."""
+    from runtime_cache.opencl import build_program, opencl_stats
+    from runtime_cache.opencl.guard import guard
+    from runtime_cache.opencl.vetting import vetter
+
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    build_program(ctx, SCALE_SRC, cache=cache)  # made "elsewhere": unknown to the next folder
+    _other_machine(tmp_path, monkeypatch, "guard-shared")
+    assert guard.standing([32 * "0"], []) == "unknown"  # this process has read the lists
+    out = _child(
+        SIBLING_VETS,
+        tmp_path,
+        str(tmp_path / "cache"),
+        RUNTIME_CACHE_GUARD_DIR=str(tmp_path / "guard-shared"),
+    )
+    assert out.split() == ["vetted", "1"]  # the sibling vetted it and wrote it down
+    vetted, started = opencl_stats().vetted, vetter.started
+    program = build_program(ctx, SCALE_SRC, cache=cache)
+    assert opencl_stats().vetted == vetted and vetter.started == started  # no child here
+    assert opencl_stats().binary_loads == 1 and scale_works(ctx, program, 3)

@@ -42,7 +42,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence, Set
+from collections.abc import Iterator, Sequence
 from functools import partial
 
 import xxhash
@@ -51,12 +51,15 @@ from .. import environment
 from .guard_files import (
     append_lines,
     dead_marks,
+    lines_without,
+    marks_set_aside_since,
     open_folder,
     open_mark_file,
+    process_alive,
     reserve,
     rewrite_lines,
 )
-from .known_list import KnownList, read_lines
+from .known_list import KnownList, Signature, file_signature, read_lines
 
 __all__ = [
     "BLOCKED",
@@ -107,32 +110,9 @@ def bindings(keys: Sequence[object] | None, digests: Sequence[str]) -> list[str]
     return [binding(k, d) for k, d in zip(keys, digests, strict=True)]
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
-
-
-def _without(lines: list[str], gone: Set[str]) -> list[str]:
-    """``lines`` but those in ``gone``."""
-    return [line for line in lines if line not in gone]
-
-
-def _recent(lines: Sequence[str]) -> frozenset[str]:
-    """The marks of ``mark@seconds`` lines set aside less than :data:`SET_ASIDE_SECONDS` ago."""
-    now = time.time()
-    marks = (line.partition("@") for line in lines)
-    # A time in the future (a clock set wrong), or too long to be a time, counts as none.
-    return frozenset(
-        m
-        for m, _, at in marks
-        if at.isdigit() and len(at) <= 12 and now - SET_ASIDE_SECONDS <= int(at) <= now + 60
-    )
+def _set_aside_in(path: str) -> frozenset[str]:
+    """The marks the set-aside list at ``path`` holds for :data:`SET_ASIDE_SECONDS` more."""
+    return marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(path)[-_MAX_BLOCKED:])
 
 
 class LoadGuard:
@@ -149,6 +129,8 @@ class LoadGuard:
         self._blocked: set[str] = set()
         self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
+        #: The blocklist's and the set-aside list's signatures when they were read.
+        self._seen: tuple[Signature | None, Signature | None] = (None, None)
         self._loading: dict[str, int] = {}
         self._mark: str | None = None  # this process's mark file's name
         self.recovered = 0
@@ -208,8 +190,12 @@ class LoadGuard:
                 "they are blocklisted and will be rebuilt from source",
                 len(found),
             )
+        aside = os.path.join(folder, _SET_ASIDE)
+        self._seen = file_signature(blocklist), file_signature(aside)  # (before the reads)
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
-        self._set_aside = _recent(read_lines(os.path.join(folder, _SET_ASIDE))[-_MAX_BLOCKED:])
+        self._set_aside = marks_set_aside_since(
+            SET_ASIDE_SECONDS, read_lines(aside)[-_MAX_BLOCKED:]
+        )
         self._known = KnownList(folder)
         opened = open_mark_file(folder)
         if opened is not None:
@@ -247,14 +233,45 @@ class LoadGuard:
         known binary's load then needs no :meth:`vouch` (nothing new to record)."""
         with self._lock:
             self._start()
-            blocked = self._blocked
-            if any(d in blocked for d in digests):
-                return BLOCKED
-            known = self._known
-            if all(m not in blocked and known is not None and m in known for m in marks):
-                return KNOWN
-            aside = self._set_aside
-            return SET_ASIDE if aside and any(m in aside for m in marks) else UNKNOWN
+            answer = self._standing(marks, digests)
+            # Not known here yet: another process of this machine may have vetted (or
+            # blocked) them since this one read the lists; only then is a child started.
+            if answer in (UNKNOWN, SET_ASIDE) and self._refresh():
+                answer = self._standing(marks, digests)
+            return answer
+
+    def _standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
+        blocked = self._blocked
+        if any(d in blocked for d in digests):
+            return BLOCKED
+        known = self._known
+        if all(m not in blocked and known is not None and m in known for m in marks):
+            return KNOWN
+        aside = self._set_aside
+        return SET_ASIDE if aside and any(m in aside for m in marks) else UNKNOWN
+
+    def _refresh(self) -> bool:
+        """Read what other processes added to the lists since this one read them (the
+        blocklist and the set-aside list when they changed, the known list's new marks);
+        whether anything changed. A few ``stat`` calls when nothing did."""
+        if self._known is None:
+            return False  # no folder: nothing to read
+        changed = self._known.refresh()
+        folder = self.folder
+        blocklist, aside = os.path.join(folder, _BLOCKLIST), os.path.join(folder, _SET_ASIDE)
+        now = file_signature(blocklist), file_signature(aside)
+        if now[0] != self._seen[0]:
+            # Added to, never replaced: this process's own unblocking stays (the file no
+            # longer holds what it took off), and a digest a rewrite missed stays blocked.
+            self._blocked.update(read_lines(blocklist)[-_MAX_BLOCKED:])
+            changed = True
+        if now[1] != self._seen[1]:
+            self._set_aside = self._set_aside.union(
+                marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(aside)[-_MAX_BLOCKED:])
+            )
+            changed = True
+        self._seen = now
+        return changed
 
     def vouch(self, marks: Sequence[str]) -> None:
         """Record binaries (under their keys, :func:`bindings`) as known: the driver made
@@ -303,7 +320,7 @@ class LoadGuard:
                 return
             self._blocked -= gone
         # Of the lines there now: another process's blocked digests since stay blocked.
-        rewrite_lines(os.path.join(self.folder, _BLOCKLIST), lambda old: _without(old, gone))
+        rewrite_lines(os.path.join(self.folder, _BLOCKLIST), lambda old: lines_without(old, gone))
 
     def _write(self) -> None:
         if self._fd is None:

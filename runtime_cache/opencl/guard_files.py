@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 
 from .known_list import (
     MAX_LIST_BYTES,
@@ -45,8 +45,11 @@ __all__ = [
     "MAX_LIST_BYTES",
     "append_lines",
     "dead_marks",
+    "lines_without",
+    "marks_set_aside_since",
     "open_folder",
     "open_mark_file",
+    "process_alive",
     "replace_lines",
     "reserve",
     "rewrite_lines",
@@ -292,3 +295,32 @@ def replace_lines(path: str, lines: Sequence[str]) -> bool:
             os.unlink(temp)
         return False  # advisory, as above
     return True
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def lines_without(lines: list[str], gone: Set[str]) -> list[str]:
+    """``lines`` but those in ``gone``."""
+    return [line for line in lines if line not in gone]
+
+
+def marks_set_aside_since(seconds: float, lines: Sequence[str]) -> frozenset[str]:
+    """The marks of the set-aside list's ``mark@seconds`` lines written less than
+    ``seconds`` ago."""
+    now = time.time()
+    marks = (line.partition("@") for line in lines)
+    # A time in the future (a clock set wrong), or too long to be a time, counts as none.
+    return frozenset(
+        m
+        for m, _, at in marks
+        if at.isdigit() and len(at) <= 12 and now - seconds <= int(at) <= now + 60
+    )

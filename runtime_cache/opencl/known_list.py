@@ -52,8 +52,10 @@ __all__ = [
     "OPEN_FLAGS",
     "TABLE",
     "KnownList",
+    "Signature",
     "append_whole",
     "file_lock",
+    "file_signature",
     "open_for_append",
     "read_lines",
 ]
@@ -74,6 +76,8 @@ MAX_LIST_BYTES = 4 << 20
 #: Added to every open of the guard's files: no link followed, not inherited by children.
 OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _LOCK = "vetted.lock"
+#: A file's ``(inode, size, modification time in ns)``: see :func:`file_signature`.
+Signature = tuple[int, int, int]
 #: Seconds a merge waits for another's lock before it leaves the log as it is.
 LOCK_WAIT = 1.0
 
@@ -159,7 +163,12 @@ class KnownList:
         self.folder = folder
         self._log = os.path.join(folder, LOG)
         self._table = os.path.join(folder, TABLE)
-        self._recent: set[str] = set(read_lines(self._log))
+        self._recent: set[str] = set()
+        #: The log's inode and size when last read, and how far it was read (whole lines).
+        self._log_seen: tuple[int, int] = (0, 0)
+        self._log_read = 0
+        self._read_log()
+        self._table_seen: Signature | None = file_signature(self._table)
         self._map: mmap.mmap | bytes = _map_table(self._table)
         if len(self._recent) > LOG_LIMIT:  # a long log (one from before the table): merge it
             try:
@@ -167,6 +176,50 @@ class KnownList:
                     self._recent = set()  # all in the table now
             except OSError:
                 pass
+
+    def _read_log(self) -> bool:
+        """Add the log's marks that this list has not read yet (the lines appended since,
+        or a new log's, after a merge renamed the last one away); whether any were read."""
+        opened = _open_regular(self._log)
+        if opened is None:
+            return False
+        fd, size = opened
+        try:
+            inode = os.fstat(fd).st_ino
+            seen_inode, _ = self._log_seen
+            start = self._log_read if inode == seen_inode and size >= self._log_read else 0
+            self._log_seen = (inode, size)
+            if size - start > MAX_LIST_BYTES or size == start:
+                self._log_read = size if size - start > MAX_LIST_BYTES else start
+                return False  # (a log past the cap reads as empty, as every list does)
+            data = os.pread(fd, size - start, start)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        whole = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._log_read = start + whole
+        self._recent.update(data[:whole].decode("ascii", "replace").split())
+        return whole > 0
+
+    def refresh(self) -> bool:
+        """Read what other processes added since this list last looked: the log's new
+        lines, and the table anew when a merge replaced it. Whether anything changed.
+        Two ``stat`` calls when nothing did: asked before a binary is vetted (a child
+        process, 0.1-1 s), so that processes of one machine do not vet each other's."""
+        changed = False
+        table_now = file_signature(self._table)
+        if table_now != self._table_seen:
+            self._table_seen = table_now
+            self._map = _map_table(self._table)
+            # A merge made it, and renamed the log away: the log there now is a new
+            # one, read whole (it may have the old one's inode, and be as long).
+            self._log_seen, self._log_read = (0, 0), 0
+            changed = True
+        log_now = file_signature(self._log)
+        if log_now is not None and log_now[:2] != self._log_seen:
+            changed = self._read_log() or changed
+        return changed
 
     def __contains__(self, mark: str) -> bool:
         return mark in self._recent or self._in_table(mark)
@@ -253,8 +306,19 @@ class KnownList:
                         os.unlink(leftover)
                     except OSError:
                         pass
+        self._table_seen = file_signature(self._table)
         self._map = _map_table(self._table)
         return True
+
+
+def file_signature(path: str) -> Signature | None:
+    """``(inode, size, modification time in ns)`` of the file at ``path`` (no link
+    followed), or ``None``: what changes when another process writes or replaces it."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 @contextlib.contextmanager
