@@ -14,19 +14,29 @@ through :func:`python_command`:
   the current folder, and runs the module as ``__main__``;
 * a private working folder (:func:`child_folder`), so nothing the child
   resolves against its working folder comes from the app's.
+
+A child that serves this process (a build worker, a vetting child) ends with it
+(:func:`follow_parent`): killed (``kill -9``), the app would otherwise leave a
+child that hangs in a trial launch running for good, at parent 1.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import shutil
+import signal
 import sys
-import tempfile
 import threading
+import time
 from collections.abc import Sequence
 
-__all__ = ["child_folder", "child_path", "python_command"]
+__all__ = ["PARENT_ENV", "child_folder", "child_path", "follow_parent", "python_command"]
+
+#: The environment variable that tells a child its parent's process id (see
+#: :func:`follow_parent`).
+PARENT_ENV = "RUNTIME_CACHE_PARENT_PID"
+#: ``prctl``'s option that has the kernel signal a process when its parent ends (Linux).
+_PR_SET_PDEATHSIG = 1
 
 # Run as ``python -I -c BOOT MODULE PATH ARGS...``; PATH holds os.pathsep-joined entries.
 _BOOT = (
@@ -99,9 +109,49 @@ def child_folder() -> str:
     global _folder
     with _lock:
         if _folder is None or not os.path.isdir(_folder):
+            from .scratch import CHILD, Scratch
+
             try:
-                _folder = tempfile.mkdtemp(prefix="runtime-cache-child-")
+                made = Scratch(CHILD)  # (locked while this process lives: see .scratch)
             except OSError:
                 return os.path.abspath(os.sep)
-            atexit.register(shutil.rmtree, _folder, True)
+            _folder = made.path
+            atexit.register(made.remove)
         return _folder
+
+
+def follow_parent() -> None:
+    """In a child started with :data:`PARENT_ENV` set to its parent's pid: end this
+    process when that parent ends, even while the child is stuck in a driver call.
+
+    On Linux the kernel kills it (``PR_SET_PDEATHSIG``: the parent's thread that started
+    the child must live as long as the child does, as a build worker's and a vetting
+    child's do); elsewhere a thread looks every second. A parent gone before this call
+    (the child is then another's, pid 1's) ends it at once.
+    """
+    parent = os.environ.pop(PARENT_ENV, "")  # (not passed on to the child's own children)
+    if not parent.isdigit():
+        return
+    pid = int(parent)
+    if sys.platform.startswith("linux") and _kill_with_parent():
+        if os.getppid() != pid:
+            os._exit(1)
+        return
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="runtime-cache-parent-watch", daemon=True).start()
+
+
+def _kill_with_parent() -> bool:
+    """Have the kernel send ``SIGKILL`` to this process when its parent ends; whether it will."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -15,26 +15,35 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .child import child_folder, python_command
+from .child import PARENT_ENV, child_folder, python_command
 from .fingerprint import device_fingerprint
 from .wire import read_message, write_message
 
 T = TypeVar("T")
 
 __all__ = [
+    "START_TIMEOUT",
     "Job",
     "WorkerResult",
     "build_in_processes",
     "build_in_threads",
     "start_worker",
     "stop_worker",
+    "stopped_from_outside",
 ]
+
+#: Seconds a worker may take to open its devices and say so before it is killed.
+START_TIMEOUT = 30.0
+
+#: Signals that end a worker from outside (see :func:`stopped_from_outside`).
+_OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 #: ``(name, source, options)``
 Job = tuple[str, str | bytes, list[str]]
@@ -89,24 +98,34 @@ def _serve(
 def start_worker(
     fingerprints: list[dict[str, Any]], env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes] | None:
-    """Start a worker process on the devices with these fingerprints; ``None`` if it cannot.
+    """Start a worker process on the devices with these fingerprints; ``None`` if it did
+    not say within :data:`START_TIMEOUT` seconds that it opened them. ``OSError`` when no
+    process can be started.
 
-    ``env`` adds to (or overrides) the worker's environment.
+    ``env`` adds to (or overrides) the worker's environment. The worker ends with this
+    process (:func:`~.child.follow_parent`).
     """
     process = subprocess.Popen(
         python_command("runtime_cache.opencl.worker"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, PARENT_ENV: str(os.getpid()), **(env or {})},
         cwd=child_folder(),
     )
     assert process.stdin is not None and process.stdout is not None
+    # A child that never answers (stopped, or stuck opening the devices) is killed: the
+    # caller then builds, or counts the binaries not vetted, instead of waiting for good.
+    watchdog = threading.Timer(START_TIMEOUT, process.kill)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         write_message(process.stdin, fingerprints)
         opened = read_message(process.stdout)
     except (OSError, EOFError, ValueError):
         opened = False
+    finally:
+        watchdog.cancel()
     if opened is not True:
         stop_worker(process)
         return None
@@ -128,6 +147,13 @@ def stop_worker(process: subprocess.Popen[bytes]) -> int:
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait()
+
+
+def stopped_from_outside(status: int) -> bool:
+    """Whether a worker's exit ``status`` (:func:`stop_worker`) is a signal from outside:
+    an operator's, or a process group's ``SIGTERM``, and not the work's doing. ``SIGKILL``
+    is not: it is also how a hang is ended."""
+    return status < 0 and -status in _OUTSIDE_SIGNALS
 
 
 def build_in_processes(

@@ -20,9 +20,13 @@ succeeds, the binary becomes known.
 
 A child that fails for reasons of its own (no scratch space, no file
 descriptors, a missing scratch folder: it checks by writing a file and
-building a tiny program from source) answers "could not vet". That is a
-local miss: the program is built from source this time, and nothing is
-blocklisted or evicted, so local trouble never deletes shared entries.
+building a tiny program from source), that never says it opened the devices
+(:data:`~.parallel.START_TIMEOUT`), or that a signal from outside ends
+(``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``) "could not vet": a local
+miss, built from source this time, with nothing blocklisted or evicted, so
+local trouble never deletes shared entries. After :data:`FAILED_STARTS`
+children in a row fail to start, a process starts no more. A child ends with
+its parent (:func:`~.child.follow_parent`).
 
 Known binaries load directly, with no child:
 
@@ -37,7 +41,8 @@ another machine through a shared cache, or an unsigned bundle; one child per
 batch (``build_all``, ``set_precompiled_programs``) or per lazily loaded
 program. ``RUNTIME_CACHE_OPENCL_VET=off`` loads unknown binaries
 directly (the crash guard still stops repeats), for apps that cannot start a
-Python child process; so does a process where the child cannot start.
+Python child process; so does a process where no child can start at all (no
+Python to run: a frozen app).
 """
 
 from __future__ import annotations
@@ -45,8 +50,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -61,6 +64,7 @@ from .wire import read_message, write_message
 __all__ = [
     "BATCH",
     "ENV_VET",
+    "FAILED_STARTS",
     "LAUNCH",
     "LAUNCH_TIMEOUT",
     "LOAD_TIMEOUT",
@@ -83,6 +87,8 @@ LOAD_TIMEOUT = 120.0
 LAUNCH_TIMEOUT = 20.0
 #: Programs per child below which a batch is not spread over more children.
 BATCH = 8
+#: Children in a row that fail to start, after which a process starts no more.
+FAILED_STARTS = 3
 
 #: ``(binaries, options, options text, source)`` of one program (the source tells the
 #: child each kernel argument's kind: see :mod:`.kernel_args`).
@@ -112,6 +118,7 @@ class Vetter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._unavailable = False
+        self._failed_starts = 0  # children in a row that never said they opened the devices
         self._counts = threading.Lock()
         self.started = 0
         self.crashed = 0
@@ -192,32 +199,35 @@ class Vetter:
         """One child over ``items``: ``(replies, index it died on, clean exit)``."""
         if self._unavailable:
             return None
-        # PoCL unpacks each program into its scratch folder under a hash stored in the
-        # binary, which a damaged copy keeps: a child sharing that folder would leave
-        # damaged files where this process then loads the good binary (LLVM aborts).
+        if self._failed_starts >= FAILED_STARTS:  # children fail to start here: none vets
+            return [LOCAL] * len(items), None, True, False
+        # The child's machinery loads here: most processes never vet anything.
+        from .scratch import Scratch
+        from .worker import scratch_usable
+
+        # A folder of its own for each child (see .scratch).
         try:
-            scratch = tempfile.mkdtemp(prefix="runtime-cache-vet-")
+            scratch = Scratch()
         except OSError as exc:  # no scratch space here: not the binaries' fault
             log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
             return [LOCAL] * len(items), None, True, False
-        # The child's machinery loads here: most processes never vet anything.
-        from .worker import scratch_usable
-
         try:
-            outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch})
+            outcome = self._run_in(fingerprints, items, {"POCL_CACHE_DIR": scratch.path})
             failed = outcome is not None and not (all(r is True for r in outcome[0]) and outcome[2])
-            if failed and not scratch_usable(scratch):
+            if failed and not scratch_usable(scratch.path):
                 # The child failed (or died) for want of scratch space, not for the binaries.
-                log.warning("runtime-cache: could not vet OpenCL binaries: %s is full", scratch)
+                log.warning(
+                    "runtime-cache: could not vet OpenCL binaries: %s is full", scratch.path
+                )
                 return [LOCAL] * len(items), None, True, False
             return outcome
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.remove()
 
     def _run_in(
         self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
     ) -> tuple[list[Outcome], int | None, bool, bool] | None:
-        from .parallel import start_worker, stop_worker
+        from .parallel import start_worker, stop_worker, stopped_from_outside
 
         try:
             process = start_worker(fingerprints, env)
@@ -225,15 +235,17 @@ class Vetter:
             if exc.errno in _LOCAL_ERRNOS:  # out of file descriptors, memory...: for now
                 log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
                 return [LOCAL] * len(items), None, True, False
-            log.debug("runtime-cache: no vetting process (%s)", exc)
-            process = None
-        if process is None:
+            # No process can start here at all (a frozen app: no Python to run).
             self._unavailable = True
             log.warning(
                 "runtime-cache: cannot start a process to vet OpenCL binaries of unknown "
-                "origin; loading them here, under the crash guard only"
+                "origin (%s); loading them here, under the crash guard only",
+                exc,
             )
             return None
+        if process is None:
+            return self._not_started(len(items))
+        self._failed_starts = 0
         self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
         from .worker import LOADED
@@ -259,11 +271,35 @@ class Vetter:
                 replies.append(reply[1] if reply[1] in (LOCAL, LAUNCH) else reply[1] is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):
                 # The child died on this item (a driver crash), or hung and was killed.
-                stop_worker(process)
+                if stopped_from_outside(stop_worker(process)):
+                    return [LOCAL] * len(items), None, True, False
                 return replies, len(replies), False, launching
             finally:
                 watchdog.cancel()
-        return replies, None, stop_worker(process) == 0, False
+        status = stop_worker(process)
+        if stopped_from_outside(status):  # at exit: nothing is confirmed, nothing condemned
+            return [LOCAL] * len(items), None, True, False
+        return replies, None, status == 0, False
+
+    def _not_started(self, count: int) -> tuple[list[Outcome], int | None, bool, bool]:
+        """A child that started and never said it opened the devices (it died, was
+        signalled, or hung past the start's timeout): these binaries could not be vetted
+        this time (built from source, nothing condemned). After
+        :data:`FAILED_STARTS` such children in a row, no more are started here."""
+        with self._counts:
+            self._failed_starts += 1
+            failed = self._failed_starts
+        if failed == FAILED_STARTS:
+            log.warning(
+                "runtime-cache: %d processes to vet OpenCL binaries of unknown origin failed "
+                "to start; such binaries are built from source in this process (%s=off "
+                "loads them unvetted, under the crash guard only)",
+                failed,
+                ENV_VET,
+            )
+        else:
+            log.warning("runtime-cache: a process to vet OpenCL binaries failed to start")
+        return [LOCAL] * count, None, True, False
 
 
 vetter = Vetter()

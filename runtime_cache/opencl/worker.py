@@ -203,6 +203,9 @@ def _load(
 
 def main() -> int:
     """Serve build jobs from stdin until it closes."""
+    from .child import follow_parent
+
+    follow_parent()  # a parent killed mid-job leaves no child running on
     stdin = sys.stdin.buffer
     # Driver chatter must not corrupt the protocol stream: the replies go out on a copy of
     # descriptor 1, and 1 itself goes to stderr (a kernel's printf() writes to descriptor 1
