@@ -88,3 +88,22 @@ def test_a_server_that_is_down_is_an_error_not_an_empty_cache(
     assert code == 1
     assert captured.out == ""
     assert "error" in captured.err and "secret" not in captured.err  # the server, not trust
+
+
+def test_an_import_into_a_server_that_is_down_still_reports_in_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The third review: a store failure that ends an import printed no JSON, so a script
+    reading ``--json`` had nothing to parse (an unreadable bundle always had a report)."""
+    from redis_servers import free_port, require_redis
+
+    require_redis("redis-server")
+    source = rc.Cache(rc.open_backend("memory://"), secret="test-secret")
+    for key in _keys(4):
+        source.put(key, b"v")
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(source.dumps())
+    url = f"redis://127.0.0.1:{free_port()}/0?timeout=500ms&connect_timeout=200ms"
+    code, report = _run(capsys, url, "--secret", "test-secret", "import", str(bundle))
+    assert code == 1
+    assert report["accepted"] == 0 and report["in_bundle"] == 4 and report["error"]

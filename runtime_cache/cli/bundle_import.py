@@ -146,26 +146,35 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     accepted = unsigned = withheld = code = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
     overwrite = not args.keep_existing
-    for start in range(0, len(blobs), DUMP_BATCH):
-        batch = blobs[start : start + DUMP_BATCH]
-        # Re-framed per batch so each step is one backend round trip; the whole
-        # bundle's checksum and signature were checked above. A batch the backend
-        # fails is written again one entry at a time: the entries that fit are kept.
-        try:
-            parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
-        except BackendUnavailableError:
-            raise  # the server is down: nothing will be written, said once
-        except BackendError:
-            # A full disk, or entries that cannot be replaced (an immutable file): those that
-            # fit are kept. A store that takes none (read-only) raises from there, said once.
-            parts = _one_by_one(cache, batch, secret, overwrite, failures, first=not accepted)
-        for result in parts:
-            accepted += result
-            unsigned += result.unsigned
-            withheld += result.withheld
-            code += result.withheld_code
-        progress.step(advance=len(batch))
-    progress.close()
+    try:
+        for start in range(0, len(blobs), DUMP_BATCH):
+            batch = blobs[start : start + DUMP_BATCH]
+            # Re-framed per batch so each step is one backend round trip; the whole
+            # bundle's checksum and signature were checked above. A batch the backend
+            # fails is written again one entry at a time: the entries that fit are kept.
+            try:
+                parts = [cache.loads(encode_bundle(batch, secret=secret), overwrite=overwrite)]
+            except BackendUnavailableError:
+                raise  # the server is down: nothing will be written, said once
+            except BackendError:
+                # A full disk, or entries that cannot be replaced (an immutable file): those
+                # that fit are kept. A store that takes none (read-only) raises from there.
+                parts = _one_by_one(cache, batch, secret, overwrite, failures, first=not accepted)
+            for result in parts:
+                accepted += result
+                unsigned += result.unsigned
+                withheld += result.withheld
+                code += result.withheld_code
+            progress.step(advance=len(batch))
+    except BackendError as exc:
+        # Said once on stderr by the caller, as every command's store failure is; a script
+        # reading --json gets a report too (it got nothing to parse).
+        if args.json:
+            report = {"file": args.file, "error": str(exc), "accepted": accepted}
+            ctx.emit_json({**report, "in_bundle": len(blobs)})
+        raise
+    finally:
+        progress.close()
     flush = getattr(cache.backend, "flush", None)
     # A tier written in the background: its outcome is known once flushed.
     flushed = flush(_FLUSH_SECONDS) is not False if callable(flush) else True
