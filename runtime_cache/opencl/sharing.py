@@ -262,6 +262,22 @@ def build_claimed(
     return taken
 
 
+def _acceptable(cache: Cache, keys: Sequence[str]) -> bool:
+    """Whether every key holds an entry that passes ``cache``'s check (its secret, its
+    limits): read as a peek and checked without counting, so an entry refused at the
+    first look (another secret's) is not read, refused and counted again."""
+    try:
+        found = cache.backend.peek_many(keys)
+        for key in keys:
+            blob = found.get(key)
+            if blob is None:
+                return False
+            cache.check(key, blob)
+    except Exception:  # refused (CorruptEntryError), or the store failed: not loaded here
+        return False
+    return True
+
+
 def build_shared(
     cache: Cache,
     keys: Mapping[str, Sequence[str]],
@@ -279,11 +295,12 @@ def build_shared(
     """
     fleet = cache.fleet
     # Stored already: since the caller looked (another process of a staggered start
-    # stored them meanwhile), or stored yet refused here (another secret, another
-    # driver). Loaded first; those that still do not load are built here under their
-    # lease, without loading them again.
+    # stored them meanwhile: loaded now), or stored yet refused here (another secret, or
+    # not loadable by this driver): built here under their lease, without reading them
+    # again. An entry this cache's check refuses is not even loaded once more.
     stored = [n for n in names if present(cache.backend, keys[n])]
-    refused = frozenset(load(stored)) if stored else frozenset()
+    acceptable = [n for n in stored if _acceptable(cache, keys[n])]  # (not refused again)
+    refused = frozenset(set(stored) - set(acceptable)) | frozenset(load(acceptable))
     loaded_first = set(stored) - refused
     pending = [n for n in rotated(names) if n not in loaded_first]
     force: set[str] = set()
