@@ -220,6 +220,8 @@ def test_a_binary_whose_launches_failed_is_not_vetted_again_on_this_machine(
     foreign = {e.key: cache.backend.get(e.key) for e in cache.entries()}
     _other_machine(tmp_path, monkeypatch, "guard-elsewhere")
     build_program(ctx, source, cache=cache)  # vetted: the launches fail
+    if opencl_stats().vetted:  # (NVIDIA ran these launches without an error, or a hang)
+        pytest.skip(f"{driver()} ran the trial launches cleanly: nothing was set aside")
     for key, blob in foreign.items():  # the store was not rewritten (read-only there)
         assert blob is not None
         cache.backend.set(key, blob)
