@@ -7,7 +7,7 @@ counted as :meth:`Cache.get <runtime_cache.cache.Cache.get>` counts it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from .api import Backend
@@ -17,7 +17,7 @@ from .errors import PartialReadError
 from .inventory import KeyLike
 from .stats import CacheStats, Counters
 
-__all__ = ["BatchReads"]
+__all__ = ["BatchReads", "read_again"]
 
 
 class _Host(Protocol):
@@ -85,9 +85,34 @@ class BatchReads:
             return {}
         else:
             self._succeeded()
+        bad: dict[str, bytes] = {}
+
+        def discard(skey: str, blob: bytes) -> None:
+            self._discard(skey, blob)
+            bad[skey] = blob
+
         found, counts = screen_many(
-            wanted, given, blobs, self._secret, self.limits, self._discard, defer_hits
+            wanted, given, blobs, self._secret, self.limits, discard, defer_hits
         )
+        if bad:
+            # Removed as corrupt: read once more, since a tier below (a fleet's shared
+            # store under a machine's own folder) may hold a good copy, which the tiered
+            # read then copies up; before, the caller missed and built it again.
+            again = [(k, a) for k, a in zip(wanted, given, strict=True) if k in bad]
+            blobs = read_again(self.backend, [k for k, _ in again], bad)
+            more, extra = screen_many(
+                [k for k, _ in again],
+                [a for _, a in again],
+                blobs,
+                self._secret,
+                self.limits,
+                self._discard,
+                defer_hits,
+            )
+            found.update(more)
+            counts["misses"] -= len(more)  # (those not found again were counted)
+            for name in ("hits", "bytes_read", "seconds_saved", "rejected", "corrupt"):
+                counts[name] += extra[name]
         if not count_misses:
             counts["misses"] = 0
         if defer_hits is not None:
@@ -100,3 +125,14 @@ class BatchReads:
         :meth:`get_many_views` read with ``defer_hits`` and that are used now."""
         for size, saved in tally:
             self._counters.hit(size, saved)
+
+
+def read_again(backend: Backend, keys: list[str], bad: Mapping[str, bytes]) -> dict[str, bytes]:
+    """``keys`` read once more after their corrupt blobs (``bad``) were removed: what
+    the store holds now that differs from the bad bytes (the same bytes: the removal
+    failed, a read-only store). Advisory: a failure reads as nothing found."""
+    try:
+        blobs = backend.get_many(keys)
+    except Exception:  # counted as misses already
+        return {}
+    return {k: b for k, b in blobs.items() if k in bad and bytes(b) != bad[k]}

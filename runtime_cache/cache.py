@@ -29,7 +29,7 @@ from typing import Any
 
 from ._version import __version__
 from .api import Backend, reads_ranges
-from .batch_reads import BatchReads
+from .batch_reads import BatchReads, read_again
 from .builds import Builds
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
@@ -236,10 +236,26 @@ class Cache(Inventory, BatchReads, Builds):
         pieces = self._fetch(skey)
         return None if pieces is None else self._screen(key, skey, pieces)
 
-    def _screen(self, key: KeyLike, skey: str, pieces: tuple[bytes, ...]) -> Checked | None:
-        # Through the one check; counts the hit or the miss.
+    def _screen(
+        self, key: KeyLike, skey: str, pieces: tuple[bytes, ...], again: bool = True
+    ) -> Checked | None:
+        # Through the one check; counts the hit or the miss. A corrupt entry, once removed,
+        # is read ``again``: a tier below may hold a good copy (see batch_reads).
         asked = key if isinstance(key, CacheKey) else None
-        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
+        bad: list[bytes] = []
+
+        def discard(skey: str, blob: bytes) -> None:
+            self._discard(skey, blob)
+            bad.append(blob)
+
+        checked = screen(skey, pieces, self._secret, self.limits, asked, discard)
+        if bad and again:
+            self._counters.add(corrupt=1)
+            retry = read_again(self._backend, [skey], {skey: bad[0]}).get(skey)
+            if retry is not None:
+                return self._screen(key, skey, (retry,), again=False)
+            self._counters.add(misses=1)
+            return None
         if isinstance(checked, str):
             counts = {"misses": 1} if checked == "misses" else {"misses": 1, checked: 1}
             self._counters.add(**counts)

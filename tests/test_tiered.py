@@ -404,3 +404,41 @@ def test_a_child_the_fork_hook_did_not_reach_still_writes() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, status
     backend.close()
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+def test_a_corrupt_near_copy_is_read_again_from_the_tier_below(tmp_path: Path, many: bool) -> None:
+    """The third review: a corrupt copy in the machine's own tier made the read a miss
+    (and the caller built the entry again) while the shared tier held a good one. It is
+    removed and read again: the good copy is served, and copied up."""
+    near, far = DirectoryBackend(tmp_path / "near"), DirectoryBackend(tmp_path / "far")
+    cache = rc.Cache(TieredBackend([near, far]))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"good value")
+    blob = near.get(str(key))
+    assert blob is not None and far.get(str(key)) == blob
+    near.set(str(key), blob[:-4] + b"\0\0\0\0")  # the near copy goes bad (a flipped tail)
+    got = cache.get_many([key]).get(str(key)) if many else cache.get(key)
+    assert got == b"good value"
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.corrupt) == (1, 0, 1)
+    assert near.get(str(key)) == blob  # copied up again
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+def test_a_corrupt_entry_with_no_good_copy_is_one_miss(
+    tmp_path: Path, many: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = DirectoryBackend(tmp_path / "only")
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"good value")
+    blob = backend.get(str(key))
+    assert blob is not None
+    backend.set(str(key), blob[:-4] + b"\0\0\0\0")
+    # The removal fails (a read-only store): the same bad bytes are not counted twice.
+    monkeypatch.setattr(backend, "delete_if", lambda *a: False)
+    got = cache.get_many([key]).get(str(key)) if many else cache.get(key)
+    assert got is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.corrupt) == (0, 1, 1)
