@@ -213,3 +213,29 @@ def test_a_killed_app_leaves_no_vetting_child_and_its_folder_is_swept(
     finally:
         held.remove()
     assert not list(temp.iterdir())
+
+
+def test_after_a_load_that_hangs_the_rest_of_the_batch_is_built_from_source(
+    ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third review: N binaries that hang at load cost N x LOAD_TIMEOUT (120 s each),
+    a child at a time. The child is stopped once it has opened the devices (a load that
+    never returns): that binary is refused, the rest of the batch could not be vetted."""
+    from runtime_cache.opencl import parallel, vetting
+    from runtime_cache.opencl.vetting import LOCAL, Vetter
+
+    real_start = parallel.start_worker
+
+    def start_then_stop(*args: Any, **kwargs: Any) -> Any:
+        process = real_start(*args, **kwargs)
+        if process is not None:
+            os.kill(process.pid, signal.SIGSTOP)
+        return process
+
+    monkeypatch.setattr(parallel, "start_worker", start_then_stop)
+    monkeypatch.setattr(vetting, "LOAD_TIMEOUT", 2.0)
+    items = [_item(ctx, SCALE_SRC.replace("scale", f"scale{i}")) for i in range(3)]
+    vetter = Vetter()
+    started = time.monotonic()
+    assert vetter.vet(ctx.devices, items) == [False, LOCAL, LOCAL]
+    assert vetter.started == 1 and time.monotonic() - started < 15  # one hang, not three

@@ -10,13 +10,12 @@ program from it, builds it, and launches each kernel (on a zeroed buffer and
 scalars of 1), because some drivers (PoCL, Mali) compile a kernel only at its
 first launch and crash there on a bad binary. If the worker crashes, hangs or
 the driver refuses while loading, the binary is blocklisted: the caller evicts
-it and builds from source. Trouble in the launches, after the child said the
+it and builds from source (after a hang, the rest of that child's batch is
+built from source this time). Trouble in the launches, after the child said the
 binary loaded, condemns nothing (a good kernel on made-up arguments can fault
 or loop): the program is built from source, nothing is evicted, and the crash
 guard sets the binary aside under its key, so that this machine neither loads
-nor vets it again (a store this process cannot rewrite keeps serving it: each
-process paid a child, up to :data:`LAUNCH_TIMEOUT`, before). If the worker
-succeeds, the binary becomes known.
+nor vets it again. If the worker succeeds, the binary becomes known.
 
 A child that fails for reasons of its own (no scratch space, no file
 descriptors, a missing scratch folder: it checks by writing a file and
@@ -100,6 +99,8 @@ LAUNCH: Literal["launch"] = "launch"
 #: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``LAUNCH`` the
 #: launches failed, ``None`` no child.
 Outcome = bool | Literal["local", "launch"] | None
+#: What one child showed: ``(replies, index it died on, clean exit, died launching)``.
+Run = tuple[list[Outcome], int | None, bool, bool]
 #: Setup errors of this machine, not of the binary: the batch is "could not vet".
 _LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EAGAIN})
 
@@ -181,7 +182,7 @@ class Vetter:
             self._count(crashed=1)
             # Died loading: the binary's doing. Died launching: maybe the kernel's.
             results[group[died_on]] = LAUNCH if launching else False
-            rest = group[died_on + 1 :]
+            rest = [i for i in group[died_on + 1 :] if results[i] is None]  # (not LOCAL)
             groups.extend(g for g in (passed, rest) if g)  # passed: not confirmed yet
         elif clean:
             for index in passed:
@@ -193,10 +194,8 @@ class Vetter:
             half = len(passed) // 2
             groups.extend([passed[:half], passed[half:]])
 
-    def _run(
-        self, fingerprints: list[dict[str, Any]], items: list[Item]
-    ) -> tuple[list[Outcome], int | None, bool, bool] | None:
-        """One child over ``items``: ``(replies, index it died on, clean exit)``."""
+    def _run(self, fingerprints: list[dict[str, Any]], items: list[Item]) -> Run | None:
+        """One child over ``items`` (see :data:`Run`)."""
         if self._unavailable:
             return None
         if self._failed_starts >= FAILED_STARTS:  # children fail to start here: none vets
@@ -226,7 +225,7 @@ class Vetter:
 
     def _run_in(
         self, fingerprints: list[dict[str, Any]], items: list[Item], env: dict[str, str]
-    ) -> tuple[list[Outcome], int | None, bool, bool] | None:
+    ) -> Run | None:
         from .parallel import start_worker, stop_worker, stopped_from_outside
 
         try:
@@ -251,8 +250,14 @@ class Vetter:
         from .worker import LOADED
 
         replies: list[Outcome] = []
+        hung = threading.Event()
+
+        def kill() -> None:
+            hung.set()
+            process.kill()
+
         for binaries, options, options_text, source in items:
-            watchdog = threading.Timer(LOAD_TIMEOUT, process.kill)
+            watchdog = threading.Timer(LOAD_TIMEOUT, kill)
             watchdog.daemon = True
             watchdog.start()
             launching = False
@@ -273,6 +278,12 @@ class Vetter:
                 # The child died on this item (a driver crash), or hung and was killed.
                 if stopped_from_outside(stop_worker(process)):
                     return [LOCAL] * len(items), None, True, False
+                if hung.is_set() and not launching:
+                    # A load that hung for LOAD_TIMEOUT: the rest of the batch is built
+                    # from source this time, not vetted a hang at a time (N forged binaries
+                    # that hang cost 120 s each before).
+                    rest = len(items) - len(replies) - 1
+                    return [*replies, False, *[LOCAL] * rest], len(replies), False, False
                 return replies, len(replies), False, launching
             finally:
                 watchdog.cancel()
@@ -281,7 +292,7 @@ class Vetter:
             return [LOCAL] * len(items), None, True, False
         return replies, None, status == 0, False
 
-    def _not_started(self, count: int) -> tuple[list[Outcome], int | None, bool, bool]:
+    def _not_started(self, count: int) -> Run:
         """A child that started and never said it opened the devices (it died, was
         signalled, or hung past the start's timeout): these binaries could not be vetted
         this time (built from source, nothing condemned). After
