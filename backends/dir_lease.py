@@ -10,6 +10,17 @@ else opens). Every taker checks after locking that the path still names the
 file it locked, so a stale break or a release racing with a take never leaves
 two holders of one path.
 
+"Not touched for ``ttl`` seconds" is judged by the file system's clock, not the taker's.
+A touch stamps the file with the time of whoever keeps the file system (on NFS, the file
+server's clock), and machines' clocks differ: a taker whose clock ran 20 s ahead judged a
+live holder's lock, touched every ``ttl / 3``, stale and broke it, and two processes built
+one key. So a lock that looks stale by the local clock is looked at again before it is
+broken, against "now" as the file system tells it: the time a fresh probe file of this
+process's own in ``.locks/`` gets from a touch made as a holder's touch is
+(:meth:`DirLease._fs_now`), removed at once. Where no probe can be made the local clock
+decides, as before. A taker whose clock runs behind only breaks a hung holder's lock that
+much later, and its wait ends at its deadline anyway (:mod:`runtime_cache.fleet`).
+
 A holder whose entry the store refused for its size leaves a note beside its lock file,
 ``<digest>.unstored`` (:meth:`runtime_cache.lease.Lease.note_unstored`): an empty
 file whose modification time is when the note runs out. Only a regular file with one
@@ -28,19 +39,22 @@ import errno
 import fcntl
 import hashlib
 import os
+import secrets
 import time
 
 from runtime_cache.api import Lease
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import NOFOLLOW, make_folders
-from .dir_notes import MAX_NOTE_SECONDS, NOTE_SUFFIX, read_note, write_note
+from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
 
 __all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "DirLease"]
 
 LOCKS = ".locks"
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: A probe is always a new file of our own: never one that is there, never through a link.
+_PROBE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class DirLease(Lease):
@@ -107,6 +121,9 @@ class DirLease(Lease):
                     os.close(fd)
                     raise BackendError(f"lease {self.key!r}: {exc}") from exc
                 stale = time.time() - os.fstat(fd).st_mtime > self.ttl
+                # Stale by our clock; by the file system's, which stamped the touch? The lock's
+                # time is read again after the probe: a touch meanwhile is then counted.
+                stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
                 if stale and self._same_file(fd):
                     self._unlink()
                     os.close(fd)
@@ -123,6 +140,37 @@ class DirLease(Lease):
             self._fd = fd
             return True
         return False
+
+    def _fs_now(self) -> float:
+        """Now by the clock that stamps the lock files: the time a touch gives a fresh probe
+        file in ``.locks/``, made ``O_EXCL | O_NOFOLLOW`` under the folder's descriptor and
+        removed at once; ``time.time()`` where none can be made (a folder closed to us).
+
+        Touched as a holder touches its lock (``utime`` with no time: on NFS the server
+        sets it), so the two times come from one clock. Its name ends with
+        :data:`.dir_notes.NEW_SUFFIX`: one left by a process killed in between is removed
+        by a vacuum, as a holder's half-made note is; no lock and no note has such a name.
+        """
+        name = f".clock-{secrets.token_hex(8)}{NEW_SUFFIX}"
+        try:
+            folder = self._locks()
+            fd = os.open(name, _PROBE_FLAGS, 0o600, dir_fd=folder)
+        except OSError:
+            return time.time()
+        try:
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # its time from its making is the file system's too
+            return os.fstat(fd).st_mtime
+        except OSError:
+            return time.time()
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(name, dir_fd=folder)
+            except OSError:
+                pass  # a vacuum's, or a folder gone: nothing of ours is left to count
 
     def _extend(self) -> bool:
         fd = self._fd

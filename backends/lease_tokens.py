@@ -5,16 +5,23 @@ put a string there; without a check, every process then waits the lease out (92 
 key by default). With the cache's secret, a holder's token is ``nonce.expiry.mac``:
 
 * ``nonce``: 16 random bytes, in hex;
-* ``expiry``: when the token stops counting, in milliseconds since the epoch: the lease's
-  time to live, plus :data:`SLACK_MS` for clocks that differ between machines. The holder
-  makes a new token at each renewal, so a live holder's token never runs out, and a token
-  copied from the store and planted again later (a replay) counts for at most that long;
+* ``expiry``: when the token stops counting, in milliseconds since the epoch on the
+  clock of the server that holds the lease (:mod:`.redis_clock`): the lease's time to
+  live, plus :data:`SLACK_MS` for what a holder's estimate of that clock may be off by.
+  The holder makes a new token at each renewal, so a live holder's token never runs out,
+  and a token copied from the store and planted again later (a replay) counts for at most
+  that long;
 * ``mac``: the first 16 bytes, in hex, of an HMAC-SHA256 of the lease's name, the nonce and
   the expiry, under the first key of the secret. Any key of the secret verifies it.
 
 A taker that finds a token no key signed, or one that ran out, or a string longer than
 any token, replaces it in one step (compare-and-set on the server), so a writer looping
 on the name cannot slip in between a removal and a take.
+
+Both functions take "now" from their caller, never from the local clock: machines' wall
+clocks differ (a taker 26-40 s ahead of a live holder took its lease over when expiries
+were the holder's ``time.time()`` and the taker judged them by its own), while the server
+that holds the lease is one clock for all of them.
 """
 
 from __future__ import annotations
@@ -22,12 +29,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Sequence
 
 __all__ = ["MAX_TOKEN", "SLACK_MS", "genuine", "make_token"]
 
-#: Milliseconds a token counts past its lease's time to live (clocks differ).
+#: Milliseconds a token counts past its lease's time to live: what a holder's estimate of
+#: the server's clock may be off by (a node relearned late, a stepped server clock).
 SLACK_MS = 10_000
 _NONCE = 16
 _MAC = 16
@@ -36,28 +43,25 @@ _MAC = 16
 MAX_TOKEN = 2 * _NONCE + 20 + 2 * _MAC + 2
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _mac(key: bytes, name: str, nonce: str, expiry: str) -> str:
     message = f"runtime-cache lease\n{name}\n{nonce}\n{expiry}".encode("utf-8", "surrogatepass")
     return hmac.new(key, message, hashlib.sha256).hexdigest()[: 2 * _MAC]
 
 
-def make_token(key: bytes, name: str, ttl_ms: int) -> str:
+def make_token(key: bytes, name: str, ttl_ms: int, now_ms: int) -> str:
     """A fresh token for the lease at ``name``, signed with ``key``, counting for ``ttl_ms``
-    (plus :data:`SLACK_MS`) from now."""
+    (plus :data:`SLACK_MS`) from ``now_ms``, the server's time in milliseconds since the
+    epoch (:meth:`.redis_clock.ServerClock.now_ms`)."""
     nonce = secrets.token_hex(_NONCE)
-    expiry = str(_now_ms() + ttl_ms + SLACK_MS)
+    expiry = str(now_ms + ttl_ms + SLACK_MS)
     return f"{nonce}.{expiry}.{_mac(key, name, nonce, expiry)}"
 
 
-def genuine(keys: Sequence[bytes], name: str, token: bytes) -> bool:
+def genuine(keys: Sequence[bytes], name: str, token: bytes, now_ms: int) -> bool:
     """Whether ``token`` (found at the lease's ``name``) was signed by one of ``keys`` and
-    has not run out."""
+    has not run out by ``now_ms``, the time of the server that holds it."""
     parts = token.decode("ascii", "replace").split(".")
-    if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < _now_ms():
+    if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < now_ms:
         return False
     nonce, expiry, mac = parts
     return any(hmac.compare_digest(_mac(key, name, nonce, expiry), mac) for key in keys)

@@ -46,6 +46,7 @@ from runtime_cache.errors import (
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
+from .redis_clock import ServerClock
 from .redis_deadline import connection_classes
 from .redis_scripts import (
     DELETE_IF,
@@ -170,6 +171,8 @@ class RedisBackend(Backend):
         )
         self._client: Any = None
         self._lease_keys: tuple[bytes, ...] = ()
+        # The server's clock signed leases count in, learned once for all of them.
+        self._lease_clock = ServerClock()
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -354,7 +357,8 @@ class RedisBackend(Backend):
         from .redis_lease import RedisLease
 
         self._full(key)  # the key rules of entries
-        return RedisLease(self._run, f"{self.prefix}lease:{key}", key, ttl, self._lease_keys)
+        name = f"{self.prefix}lease:{key}"
+        return RedisLease(self._run, name, key, ttl, self._lease_keys, self._lease_clock)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         # The newest cache's first key signs (a rotated secret); earlier keys verify (8 at most).

@@ -11,14 +11,20 @@ With the cache's secret (:meth:`~runtime_cache.api.Backend.sign_leases`), tokens
 signed and expire (:mod:`.lease_tokens`): a taker that finds the name held by a token no
 key of the secret signed, or one that ran out, replaces it in one step, so a string planted
 by someone without the secret (which held every process off for its whole wait, 92 s by
-default, per key) holds nobody off, looping or replayed.
+default, per key) holds nobody off, looping or replayed. Token times are the clock of the
+server that holds the lease, never a machine's own (:mod:`.redis_clock`): a holder stamps
+its tokens with its estimate of that clock, and a taker judges a token by the exact time
+the script that read it returns, so how far the machines' own clocks differ no longer
+counts (a taker 26-40 s ahead of a live holder took its lease over when it did). Unsigned
+leases need no clock: they rely on the server's ``PX``.
 
 A holder whose entry the store refused for its size leaves a note
 (:meth:`runtime_cache.lease.Lease.note_unstored`) at the lease's name followed by the
 byte ``0xff`` and ``unstored``: no text key makes that name, and listings skip it (it is
 not UTF-8). It expires on the server (a key there that never expires, or only after
 :data:`MAX_TTL_MS`, is no note); with the secret it holds a token signed for the note
-(not for the lease), and a note no key signed is no note.
+(not for the lease), and a note no key signed, or that ran out by the server's clock, is
+no note.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 from runtime_cache.api import Lease
 
 from .lease_tokens import MAX_TOKEN, genuine, make_token
+from .redis_clock import TIME_MS, ServerClock, node_of
 
 __all__ = ["MAX_TTL_MS", "RedisLease"]
 
@@ -88,14 +95,18 @@ _OURS = (
 )
 _RENEW = f"if {_OURS} then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = f"if {_OURS} then return redis.call('del', KEYS[1]) else return 0 end"
-#: The token at a lease's name: 0 when there is none, 1 when it is longer than ARGV[1]
-#: (another type was removed by _TAKE), else the token.
-_HOLDER = (
+#: The token at a lease's name, and the server's time in ms then (a taker judges the token by
+#: it, not by its own clock): {0, now} when there is none, {1, now} when it is longer than
+#: ARGV[1] (another type was removed by _TAKE), else {the token, now}.
+_HOLDER = TIME_MS + (
     "local t = redis.call('type', KEYS[1])['ok'] "
-    "if t == 'none' then return 0 end "
-    "if t ~= 'string' or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then return 1 end "
-    "return redis.call('get', KEYS[1])"
+    "if t == 'none' then return {0, now} end "
+    "if t ~= 'string' or redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then "
+    "return {1, now} end "
+    "return {redis.call('get', KEYS[1]), now}"
 )
+#: With a secret: the note (as _NOTE_GET; nil when none) and the server's time in ms then.
+_NOTE_GET_TIMED = TIME_MS + f"return {{(function() {_NOTE_GET} end)(), now}}"
 #: Put token ARGV[2] (PX ARGV[3]) at the name in place of what is there: nothing, exactly
 #: ARGV[1] (ARGV[5] 'exact'; an empty string too), a string longer than ARGV[4] (ARGV[5]
 #: 'long'), or (with ARGV[5] 'exact') any string that is not shaped as a signed token: no
@@ -130,8 +141,9 @@ _RENEW_SWAP = (
 )
 #: Release with a signed token: any of this holder's tokens, as for renewal.
 _RELEASE_ANY = f"if {_OURS_ANY} then return redis.call('del', KEYS[1]) end return 0"
-#: Renewals whose replies may have been lost, kept as this holder's possible tokens (a
-#: renewal the breaker refused without sending counts too: 4 were used up by quick retries).
+#: Renewals whose replies may have been lost, kept as this holder's possible tokens (one
+#: whose call the breaker refused makes no token, so counts no more: before tokens were made
+#: in the call, 4 were used up by quick retries).
 _UNANSWERED = 16
 
 
@@ -149,7 +161,13 @@ class RedisLease(Lease):
     renews = True
 
     def __init__(
-        self, run: Runner, name: str, key: str, ttl: float, keys: Sequence[bytes] = ()
+        self,
+        run: Runner,
+        name: str,
+        key: str,
+        ttl: float,
+        keys: Sequence[bytes] = (),
+        clock: ServerClock | None = None,
     ) -> None:
         # Renewed every ttl/3: a ttl over the longest a lease may live would renew too late.
         super().__init__(key, min(ttl, MAX_TTL_MS / 1000))
@@ -157,36 +175,57 @@ class RedisLease(Lease):
         self.name = name
         self._keys = tuple(keys)  # the secret's: the first signs, any verifies
         self._ms = max(1, int(self.ttl * 1000))
-        self._token = self._new_token()
+        #: The server's clock that signed tokens count in: the backend's, shared by its leases.
+        self._clock = clock if clock is not None else ServerClock()
+        # Never sent before a take replaces it: a signed token needs the server's time.
+        self._token = secrets.token_hex(16)
         #: Fresh tokens renewals sent whose replies were lost: one may be the one there now.
         self._unanswered: list[str] = []
 
-    def _new_token(self) -> str:
-        if self._keys:
-            return make_token(self._keys[0], self.name, self._ms)
-        return secrets.token_hex(16)
+    def _signed(self, client: Any) -> str:
+        # A fresh token stamped with the server's time: a round trip only when this process
+        # has no recent reading of the clock of the node that holds the lease.
+        now_ms = self._clock.now_ms(client, self.name)
+        return make_token(self._keys[0], self.name, self._ms, now_ms)
 
     def _take(self) -> bool:
         name, ms = self.name, self._ms
-        token = self._token = self._new_token()
         self._unanswered = []
+        # A signed token is made in the call, which has the client to read the clock with.
+        self._token = "" if self._keys else secrets.token_hex(16)
+
+        def take(client: Any) -> Any:
+            if not self._token:  # one per take: a call sent again must find its own there
+                self._token = self._signed(client)
+            return client.eval(_TAKE, 1, name, self._token, ms, MAX_TTL_MS)
+
         try:
-            if self._run("lease", lambda c: c.eval(_TAKE, 1, name, token, ms, MAX_TTL_MS)):
+            if self._run("lease", take):
                 return True
-            return self._take_over(token) if self._keys else False
+            return self._take_over(self._token) if self._keys else False
         except Exception:
-            self._forget()  # it may have been taken, unanswered: not left for others to wait on
+            if self._token:  # none made when the clock could not be read: nothing was sent
+                self._forget()  # maybe taken, unanswered: not left for others to wait on
             raise
+
+    def _holder(self, client: Any) -> tuple[Any, int]:
+        # What is at the name, and the server's time then (a reading of its clock, free).
+        sent = self._clock.sent()
+        holder, now_ms = client.eval(_HOLDER, 1, self.name, MAX_TOKEN)
+        self._clock.heard(node_of(client, self.name), now_ms, sent)
+        return holder, int(now_ms)
 
     def _take_over(self, token: str) -> bool:
         # The name is held: by a live holder with this secret, or by what someone without it
         # planted (or left), which is replaced in one step.
         name, ms = self.name, self._ms
         for _ in range(3):  # a token shaped value that changed since the look: look again
-            holder = self._run("lease", lambda c: c.eval(_HOLDER, 1, name, MAX_TOKEN))
+            holder, now_ms = self._run("lease", self._holder)
             if holder == token.encode():  # a swap sent again after its reply was lost
                 return True
-            if isinstance(holder, bytes) and genuine(self._keys, name, holder):
+            # Judged by the time of the server that holds it: a taker whose own clock runs
+            # ahead of the holder's must not find a live holder's token run out.
+            if isinstance(holder, bytes) and genuine(self._keys, name, holder, now_ms):
                 return False
             # Nothing there now, a token no key signed or that ran out (an empty string too),
             # or a string longer than any token.
@@ -206,14 +245,19 @@ class RedisLease(Lease):
         name, token, ms = self.name, self._token, self._ms
         if not self._keys:
             return bool(self._run("lease", lambda c: c.eval(_RENEW, 1, name, token, ms)))
-        fresh = self._new_token()  # a live holder's token never runs out
         earlier = self._unanswered[-_UNANSWERED:]
-        self._unanswered = [*earlier, fresh]  # until the reply says whether it was put
-        renew = (token, fresh, ms, *earlier)
-        if not self._run("lease", partial(_eval, _RENEW_SWAP, name, renew)):
+        made: list[str] = []  # one fresh token per renewal, however often its call is sent
+
+        def renew(client: Any) -> Any:
+            if not made:
+                made.append(self._signed(client))  # a live holder's token never runs out
+                self._unanswered = [*earlier, made[0]]  # until a reply says whether it was put
+            return client.eval(_RENEW_SWAP, 1, name, token, made[0], ms, *earlier)
+
+        if not self._run("lease", renew):
             self._unanswered = earlier
             return False
-        self._token, self._unanswered = fresh, []
+        self._token, self._unanswered = made[0], []
         return True
 
     @property
@@ -222,16 +266,28 @@ class RedisLease(Lease):
 
     def _note(self, seconds: float) -> None:
         ms = max(1, min(int(seconds * 1000), MAX_TTL_MS))
-        signed = self.name + _NOTE_SIGNED
-        note = make_token(self._keys[0], signed, ms) if self._keys else "unstored"
-        self._run("lease", partial(_eval, _NOTE_SET, self._note_name, (note, ms)))
+        if not self._keys:
+            self._run("lease", partial(_eval, _NOTE_SET, self._note_name, ("unstored", ms)))
+            return
+        signed, note_name = self.name + _NOTE_SIGNED, self._note_name
+
+        def leave(client: Any) -> Any:
+            # Stamped by the clock of the node that holds the note (in a cluster, maybe
+            # not the lease's).
+            note = make_token(self._keys[0], signed, ms, self._clock.now_ms(client, note_name))
+            return client.eval(_NOTE_SET, 1, note_name, note, ms)
+
+        self._run("lease", leave)
 
     def _noted(self) -> bool:
-        read = partial(_eval, _NOTE_GET, self._note_name, (MAX_TOKEN, MAX_TTL_MS))
-        note = self._run("lease", read)
+        script = _NOTE_GET_TIMED if self._keys else _NOTE_GET
+        found = self._run("lease", partial(_eval, script, self._note_name, (MAX_TOKEN, MAX_TTL_MS)))
+        if not self._keys:
+            return isinstance(found, bytes) and bool(found)
+        note, now_ms = found  # judged by the server's time, as a lease's token is
         if not isinstance(note, bytes) or not note:
             return False
-        return not self._keys or genuine(self._keys, self.name + _NOTE_SIGNED, note)
+        return genuine(self._keys, self.name + _NOTE_SIGNED, note, int(now_ms))
 
     def _drop(self) -> None:
         name, token = self.name, self._token
