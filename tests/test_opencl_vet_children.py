@@ -239,3 +239,32 @@ def test_after_a_load_that_hangs_the_rest_of_the_batch_is_built_from_source(
     started = time.monotonic()
     assert vetter.vet(ctx.devices, items) == [False, LOCAL, LOCAL]
     assert vetter.started == 1 and time.monotonic() - started < 15  # one hang, not three
+
+
+def test_a_shared_build_does_not_vet_again_what_the_first_look_could_not(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fourth review: binaries of a shared cache that the first look could not vet
+    (its child never started) were read and vetted again by the shared build that
+    follows: two children, two start timeouts, and every hit and ``vet_local`` twice."""
+    from opencl_support import generated_sources
+
+    import runtime_cache as rc
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import OpenCLModule, opencl_stats, parallel, reset_opencl_stats
+    from runtime_cache.opencl.guard import guard
+    from runtime_cache.opencl.vetting import Vetter
+
+    sources = generated_sources(4)
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))  # unsigned, with dir:// leases
+    OpenCLModule(ctx, sources, cache=cache).build_all(workers=1)
+    monkeypatch.setenv("RUNTIME_CACHE_GUARD_DIR", str(tmp_path / "guard-elsewhere"))
+    guard.reset()  # another machine: it knows none of these binaries
+    vetter = Vetter()
+    monkeypatch.setattr("runtime_cache.opencl.vetting.vetter", vetter)
+    monkeypatch.setattr(parallel, "START_TIMEOUT", 0.01)  # no child can say it started
+    reset_opencl_stats()
+    cache = rc.Cache(DirectoryBackend(tmp_path / "cache"))
+    assert OpenCLModule(ctx, sources, cache=cache).build_all(workers=1) == 4
+    assert vetter._failed_starts == 1 and opencl_stats().vet_local == 4
+    assert cache.stats().hits == 4 and opencl_stats().source_builds == 4

@@ -89,6 +89,7 @@ def load_cached_programs(
     adopt: Callable[[str, Any], None],
     gate: threading.Thread | None = None,
     claim: Claim | None = None,
+    looked: set[str] | None = None,
 ) -> list[str]:
     """Load the programs of ``names`` whose binaries are cached; return the names left to build.
 
@@ -97,7 +98,9 @@ def load_cached_programs(
     first load (the driver's own cache files being restored). ``claim``, when given
     (see :data:`Claim`), holds each program's name while it is loaded, as ``program()``
     does: a program another thread loaded meanwhile (``program()`` beside
-    ``build_all()``) is not loaded twice.
+    ``build_all()``) is not loaded twice. ``looked``, when given, gets the names whose
+    entries were all there, loaded or not (refused, or not vetted): a shared build
+    then tries again only those stored since (see :mod:`.sharing`).
 
     A background thread fetches the entries a chunk of programs at a time
     (one backend call each) and checks them, while the loading threads hand
@@ -134,6 +137,8 @@ def load_cached_programs(
             if not ready or len(ready) != len(binaries):
                 fetched.append((name, plan, None, [], False, False))
                 continue
+            if looked is not None:
+                looked.add(name)  # (set.add: one step under the GIL, from any thread)
             digests = [binary_digest(b) for b in ready]
             vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
             fetched.append((name, plan, ready, digests, vet, standing == KNOWN))

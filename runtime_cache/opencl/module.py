@@ -286,7 +286,8 @@ class OpenCLModule(PrecompiledPrograms):
         count = workers if workers is not None else default_workers()
         # The driver's files are restored while the first entries are read; loads wait for them.
         gate = self._driver.start_restore(self.cache) if self._driver is not None else None
-        to_build = self._load_cached(missing, count, gate)
+        looked: set[str] = set()  # entries there at this look, loaded or not
+        to_build = self._load_cached(missing, count, gate, looked)
         if gate is not None:
             gate.join()
         if not to_build:
@@ -301,7 +302,7 @@ class OpenCLModule(PrecompiledPrograms):
             load = functools.partial(self._load_cached, workers=count)
             hooks = self._hooks(cold=True)
             return build_module_shared(
-                hooks, keys, to_build, count, processes, load, self._longest_build
+                hooks, keys, to_build, count, processes, load, self._longest_build, looked
             )
         if count <= 1 or len(to_build) == 1:
             for name in to_build:
@@ -324,12 +325,17 @@ class OpenCLModule(PrecompiledPrograms):
         return 0 if self._driver is None else self._driver.capture(settle=settle)
 
     def _load_cached(
-        self, names: list[str], workers: int, gate: threading.Thread | None = None
+        self,
+        names: list[str],
+        workers: int,
+        gate: threading.Thread | None = None,
+        looked: set[str] | None = None,
     ) -> list[str]:
-        """Load the programs whose binaries are cached; return the names left to build."""
+        """Load the programs whose binaries are cached; return the names left to build
+        (``looked``: see :func:`.cached_load.load_cached_programs`)."""
         adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
         return load_cached_programs(
-            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims
+            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims, looked
         )
 
     def _longest_build(self) -> float:

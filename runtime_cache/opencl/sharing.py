@@ -264,8 +264,7 @@ def build_claimed(
 
 def _acceptable(cache: Cache, keys: Sequence[str]) -> bool:
     """Whether every key holds an entry that passes ``cache``'s check (its secret, its
-    limits): read as a peek and checked without counting, so an entry refused at the
-    first look (another secret's) is not read, refused and counted again."""
+    limits): read as a peek and checked without counting."""
     try:
         found = cache.backend.peek_many(keys)
         for key in keys:
@@ -285,22 +284,26 @@ def build_shared(
     build: Callable[[Claims], None],
     load: Callable[[list[str]], list[str]],
     expected: Callable[[], float],
+    looked: frozenset[str] = frozenset(),
 ) -> None:
     """Build ``names`` with the other processes: each builds what it wins, loads the rest.
 
     ``build(claims)`` builds programs from ``claims.take()`` until it answers
     ``None``, calling ``claims.done(name)`` after each. ``load(names)`` loads
     stored programs and returns those it could not load (built here next).
-    ``expected()`` is the longest build seen so far, in seconds.
+    ``expected()`` is the longest build seen so far, in seconds. ``looked`` names the
+    programs whose entries the caller's look found, and did not load (refused, or not
+    vetted): they are not read again.
     """
     fleet = cache.fleet
     # Stored already: since the caller looked (another process of a staggered start
-    # stored them meanwhile: loaded now), or stored yet refused here (another secret, or
-    # not loadable by this driver): built here under their lease, without reading them
-    # again. An entry this cache's check refuses is not even loaded once more.
+    # stored them meanwhile: loaded now), or found by the caller's look and not loaded
+    # there (not loadable by this driver, not vetted), or refused by this cache's check
+    # (another secret's: looked at as a peek, not counted again): built here under their
+    # lease, without loading them again.
     stored = [n for n in names if present(cache.backend, keys[n])]
-    acceptable = [n for n in stored if _acceptable(cache, keys[n])]  # (not refused again)
-    refused = frozenset(set(stored) - set(acceptable)) | frozenset(load(acceptable))
+    since = [n for n in stored if n not in looked and _acceptable(cache, keys[n])]
+    refused = frozenset(set(stored) - set(since)) | frozenset(load(since))
     loaded_first = set(stored) - refused
     pending = [n for n in rotated(names) if n not in loaded_first]
     force: set[str] = set()

@@ -225,14 +225,16 @@ def build_module_shared(
     processes: bool,
     load_cached: Callable[[list[str]], list[str]],
     longest_build: Callable[[], float],
+    looked: set[str] | frozenset[str] = frozenset(),
 ) -> int:
     """Build ``to_build`` with the other processes that may be building the same module.
 
     Each program is claimed under a lease (see :mod:`.sharing`); claims go to
     :func:`build_claims`, and what others stored is loaded with
     ``load_cached(names)`` (which returns the names it could not load), after
-    their driver files are added (see :mod:`.program_files`). Returns how many
-    programs this process built.
+    their driver files are added (see :mod:`.program_files`). ``looked``: the programs
+    whose entries the first look found (loaded or not). Returns how many programs this
+    process built.
     """
     built: list[str] = []
     load = with_driver_files(
@@ -245,5 +247,6 @@ def build_module_shared(
         lambda claims: built.extend(build_claims(hooks, claims, workers, processes)),
         load,
         longest_build,
+        frozenset(looked),
     )
     return len(built)
