@@ -295,3 +295,42 @@ def test_what_another_process_adds_since_is_read_before_a_binary_is_vetted(
     finally:
         here.close()
         there.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="needs POSIX owners")
+def test_lists_are_read_again_only_from_the_folder_checked_at_the_start(tmp_path: Path) -> None:
+    """The fourth review: a user who could write the folder above the guard's swapped in
+    a folder of lists of their own after a process started, and its next look loaded an
+    unknown binary unvetted (or evicted a good entry by a planted blocklist)."""
+    from runtime_cache.opencl.guard import KNOWN, UNKNOWN
+
+    marks = _marks(2)
+    parent = tmp_path / "team"
+    parent.mkdir(mode=0o700)
+    folder = parent / "guard"
+    here = LoadGuard(str(folder))
+    try:
+        assert here.standing(marks[:1], ["d0"]) == UNKNOWN  # started: the lists are read
+        folder.rename(parent / "moved")  # the swap
+        folder.mkdir(mode=0o700)
+        (folder / LOG).write_text(f"{marks[0]}\n")
+        assert here.standing(marks[:1], ["d0"]) == UNKNOWN  # not the folder it checked
+        (parent / "moved").rename(parent / "moved-again")
+        folder.rename(parent / "planted")
+        (parent / "moved-again").rename(folder)  # the checked folder, back in place
+        with open(folder / LOG, "a") as log:
+            log.write(f"{marks[0]}\n")
+        assert here.standing(marks[:1], ["d0"]) == KNOWN  # read again: the same folder
+    finally:
+        here.close()
+    # A folder above that others can write (no sticky bit): the lists are read once.
+    os.chmod(parent, 0o777)
+    try:
+        here = LoadGuard(str(folder))
+        assert here.standing(marks[1:], ["d1"]) == UNKNOWN
+        with open(folder / LOG, "a") as log:
+            log.write(f"{marks[1]}\n")
+        assert here.standing(marks[1:], ["d1"]) == UNKNOWN
+        here.close()
+    finally:
+        os.chmod(parent, 0o700)

@@ -45,9 +45,8 @@ import time
 from collections.abc import Iterator, Sequence
 from functools import partial
 
-import xxhash
-
 from .. import environment
+from .binary_marks import Binary, binary_digest, binding, bindings
 from .guard_files import (
     append_lines,
     dead_marks,
@@ -59,7 +58,8 @@ from .guard_files import (
     reserve,
     rewrite_lines,
 )
-from .known_list import KnownList, Signature, file_signature, read_lines
+from .known_list import KnownList, read_lines
+from .list_watch import ListWatch
 
 __all__ = [
     "BLOCKED",
@@ -89,26 +89,6 @@ _PAGE = 4096
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
 KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
 
-#: A program binary as the cache hands it over: bytes, or a view into a stored entry.
-Binary = bytes | memoryview
-
-
-def binary_digest(binary: Binary) -> str:
-    """The digest under which a binary is guarded and blocklisted."""
-    return xxhash.xxh3_128_hexdigest(binary)
-
-
-def binding(key: object, digest: str) -> str:
-    """The known-list mark of binary ``digest`` stored under cache key ``key``."""
-    return xxhash.xxh3_128_hexdigest(f"{key}\n{digest}".encode())
-
-
-def bindings(keys: Sequence[object] | None, digests: Sequence[str]) -> list[str]:
-    """:func:`binding` of each ``(key, digest)`` pair; the bare digests when there are no keys."""
-    if keys is None:
-        return list(digests)
-    return [binding(k, d) for k, d in zip(keys, digests, strict=True)]
-
 
 def _set_aside_in(path: str) -> frozenset[str]:
     """The marks the set-aside list at ``path`` holds for :data:`SET_ASIDE_SECONDS` more."""
@@ -129,8 +109,7 @@ class LoadGuard:
         self._blocked: set[str] = set()
         self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
-        #: The blocklist's and the set-aside list's signatures when they were read.
-        self._seen: tuple[Signature | None, Signature | None] = (None, None)
+        self._watch: ListWatch | None = None  # the lists as read (see .list_watch)
         self._loading: dict[str, int] = {}
         self._mark: str | None = None  # this process's mark file's name
         self.recovered = 0
@@ -179,7 +158,7 @@ class LoadGuard:
             except OSError as again:  # (another user's folder at the temporary name)
                 log.warning("runtime-cache: OpenCL crash guard off (%s)", again)
                 return
-        blocklist = os.path.join(folder, _BLOCKLIST)
+        blocklist, aside = self._lists()
         # A dead process's marks are removed only once its digests are on the blocklist.
         keep = partial(append_lines, blocklist, limit=_MAX_BLOCKED)
         found = dead_marks(folder, names, process_alive, self._mark, keep)
@@ -190,12 +169,12 @@ class LoadGuard:
                 "they are blocklisted and will be rebuilt from source",
                 len(found),
             )
-        aside = os.path.join(folder, _SET_ASIDE)
-        self._seen = file_signature(blocklist), file_signature(aside)  # (before the reads)
+        try:  # (before the reads: a change meanwhile is read at the next look)
+            self._watch = ListWatch(folder, (blocklist, aside))
+        except OSError:
+            self._watch = None
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
-        self._set_aside = marks_set_aside_since(
-            SET_ASIDE_SECONDS, read_lines(aside)[-_MAX_BLOCKED:]
-        )
+        self._set_aside = _set_aside_in(aside)
         self._known = KnownList(folder)
         opened = open_mark_file(folder)
         if opened is not None:
@@ -254,24 +233,24 @@ class LoadGuard:
         """Read what other processes added to the lists since this one read them (the
         blocklist and the set-aside list when they changed, the known list's new marks);
         whether anything changed. A few ``stat`` calls when nothing did."""
-        if self._known is None:
-            return False  # no folder: nothing to read
+        watch = self._watch
+        if self._known is None or watch is None or not watch.trusted():
+            return False  # no folder, or not one this process can trust to be the same
         changed = self._known.refresh()
-        folder = self.folder
-        blocklist, aside = os.path.join(folder, _BLOCKLIST), os.path.join(folder, _SET_ASIDE)
-        now = file_signature(blocklist), file_signature(aside)
-        if now[0] != self._seen[0]:
+        blocklist, aside = self._lists()
+        if watch.changed(blocklist):
             # Added to, never replaced: this process's own unblocking stays (the file no
             # longer holds what it took off), and a digest a rewrite missed stays blocked.
             self._blocked.update(read_lines(blocklist)[-_MAX_BLOCKED:])
             changed = True
-        if now[1] != self._seen[1]:
-            self._set_aside = self._set_aside.union(
-                marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(aside)[-_MAX_BLOCKED:])
-            )
+        if watch.changed(aside):
+            self._set_aside = self._set_aside.union(_set_aside_in(aside))
             changed = True
-        self._seen = now
         return changed
+
+    def _lists(self) -> tuple[str, str]:
+        """The paths of the blocklist and of the set-aside list."""
+        return os.path.join(self.folder, _BLOCKLIST), os.path.join(self.folder, _SET_ASIDE)
 
     def vouch(self, marks: Sequence[str]) -> None:
         """Record binaries (under their keys, :func:`bindings`) as known: the driver made
@@ -401,6 +380,7 @@ class LoadGuard:
             self._blocked = set()
             self._set_aside = frozenset()
             self._known = None
+            self._watch = None
             self._loading = {}
 
 
