@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from .child import PARENT_ENV, child_folder, python_command
 from .fingerprint import device_fingerprint
+from .watchdog import Watchdog
 from .wire import read_message, write_message
 
 T = TypeVar("T")
@@ -116,9 +117,7 @@ def start_worker(
     assert process.stdin is not None and process.stdout is not None
     # A child that never answers (stopped, or stuck opening the devices) is killed: the
     # caller then builds, or counts the binaries not vetted, instead of waiting for good.
-    watchdog = threading.Timer(START_TIMEOUT, process.kill)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdog = Watchdog(process, START_TIMEOUT).start()
     try:
         write_message(process.stdin, fingerprints)
         opened = read_message(process.stdout)

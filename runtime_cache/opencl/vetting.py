@@ -247,19 +247,12 @@ class Vetter:
         self._failed_starts = 0
         self._count(started=1)
         assert process.stdin is not None and process.stdout is not None
+        from .watchdog import Watchdog
         from .worker import LOADED
 
         replies: list[Outcome] = []
-        hung = threading.Event()
-
-        def kill() -> None:
-            hung.set()
-            process.kill()
-
         for binaries, options, options_text, source in items:
-            watchdog = threading.Timer(LOAD_TIMEOUT, kill)
-            watchdog.daemon = True
-            watchdog.start()
+            watchdog = Watchdog(process, LOAD_TIMEOUT).start()  # (this process's time only)
             launching = False
             try:
                 text = source if isinstance(source, str) else source.decode("utf-8", "replace")
@@ -269,16 +262,15 @@ class Vetter:
                 if reply == [LOADED]:  # loaded: its kernels' trial launches now
                     watchdog.cancel()
                     launching = True
-                    watchdog = threading.Timer(LAUNCH_TIMEOUT, process.kill)
-                    watchdog.daemon = True
-                    watchdog.start()
+                    watchdog = Watchdog(process, LAUNCH_TIMEOUT).start()
                     reply = read_message(process.stdout)
                 replies.append(reply[1] if reply[1] in (LOCAL, LAUNCH) else reply[1] is True)
             except (OSError, EOFError, ValueError, TypeError, IndexError):
                 # The child died on this item (a driver crash), or hung and was killed.
-                if stopped_from_outside(stop_worker(process)):
+                watchdog.cancel()  # (a child stopped from outside: never the binary's doing)
+                if stopped_from_outside(stop_worker(process)) or watchdog.child_stopped:
                     return [LOCAL] * len(items), None, True, False
-                if hung.is_set() and not launching:
+                if watchdog.fired and not launching:
                     # A load that hung for LOAD_TIMEOUT: the rest of the batch is built
                     # from source this time, not vetted a hang at a time (N forged binaries
                     # that hang cost 120 s each before).
