@@ -8,7 +8,10 @@ and a lock file not touched for ``ttl`` seconds is stale; the next taker
 unlinks it and locks a fresh one (the hung holder keeps a lock on a file no one
 else opens). Every taker checks after locking that the path still names the
 file it locked, so a stale break or a release racing with a take never leaves
-two holders of one path.
+two holders of one path. Every unlink of a lock file (a stale break, a release, a
+vacuum) looks at the name and unlinks under the folder's ``.unlinking`` lock
+(:func:`unlink_if_same`): a break between another's look and its unlink had that
+unlink remove the fresh file a new holder had just locked.
 
 "Not touched for ``ttl`` seconds" is judged by the file system's clock, not the taker's.
 A touch stamps the file with the time of whoever keeps the file system (on NFS, the file
@@ -49,12 +52,50 @@ from .dir_fs import NOFOLLOW, make_folders
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
 
-__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "DirLease"]
+__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "UNLINKING", "DirLease", "unlink_if_same"]
 
 LOCKS = ".locks"
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: The locks folder's lock for unlinking lock files (no ``.lock`` ending: no key's lease).
+UNLINKING = ".unlinking"
+#: Seconds an unlink waits for :data:`UNLINKING` before it leaves the file in place.
+UNLINK_WAIT = 1.0
 #: A probe is always a new file of our own: never one that is there, never through a link.
 _PROBE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def unlink_if_same(folder: int, name: str, fd: int) -> bool:
+    """Unlink ``name`` in the locks folder ``folder`` if it still names the file open as
+    ``fd``; whether it did. The look and the unlink hold the folder's :data:`UNLINKING`
+    lock, as every unlink of a lock file does (a stale break, a release, a vacuum): else
+    another process could break the file and lock a fresh one at the name between this
+    look and this unlink, and this unlink would remove that live holder's file (two
+    holders). A lock held past :data:`UNLINK_WAIT` seconds (a stopped process) skips
+    the unlink: the file stays, and its lock is what counts."""
+    try:
+        lock = os.open(UNLINKING, _FLAGS, 0o600, dir_fd=folder)
+    except OSError:
+        return False
+    try:
+        deadline = time.monotonic() + UNLINK_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.002)
+        named = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        mine = os.fstat(fd)
+        if (named.st_dev, named.st_ino) != (mine.st_dev, mine.st_ino):
+            return False
+        os.unlink(name, dir_fd=folder)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(lock)
 
 
 class DirLease(Lease):
@@ -104,12 +145,10 @@ class DirLease(Lease):
         mine = os.fstat(fd)
         return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
-    def _unlink(self) -> None:
-        if self._folder is not None:
-            try:
-                os.unlink(self.name, dir_fd=self._folder)
-            except OSError:
-                pass
+    def _unlink_if_same(self, fd: int) -> bool:
+        """Unlink the lock file if its name still names the file open as ``fd``; whether
+        it did (see :func:`unlink_if_same`)."""
+        return self._folder is not None and unlink_if_same(self._folder, self.name, fd)
 
     def _take(self) -> bool:
         for _ in range(2):  # the second round locks a fresh file after breaking a stale one
@@ -124,8 +163,7 @@ class DirLease(Lease):
                 # Stale by our clock; by the file system's, which stamped the touch? The lock's
                 # time is read again after the probe: a touch meanwhile is then counted.
                 stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
-                if stale and self._same_file(fd):
-                    self._unlink()
+                if stale and self._unlink_if_same(fd):
                     os.close(fd)
                     continue
                 os.close(fd)
@@ -185,8 +223,8 @@ class DirLease(Lease):
     def _drop(self) -> None:
         fd, self._fd = self._fd, None
         try:
-            if fd is not None and self._same_file(fd):
-                self._unlink()  # while still locked: a waiter's inode check sees it
+            if fd is not None:
+                self._unlink_if_same(fd)  # while still locked: a waiter's inode check sees it
         finally:
             if fd is not None:
                 os.close(fd)

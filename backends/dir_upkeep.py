@@ -313,7 +313,7 @@ class Upkeep:
         try:  # here: the backend itself must open where fcntl cannot be imported
             import fcntl
 
-            from .dir_lease import LOCKS
+            from .dir_lease import LOCKS, unlink_if_same
             from .dir_notes import NOTE_NAMES, remove_stale_note
         except ImportError:
             return 0
@@ -342,10 +342,7 @@ class Upkeep:
                     if mine.st_mtime > now - _TEMP_MAX_AGE or not stat.S_ISREG(mine.st_mode):
                         continue
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while held
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                        os.unlink(name, dir_fd=fd)
-                        removed += 1
+                    removed += unlink_if_same(fd, name, lock)
                 except OSError:
                     continue
                 finally:

@@ -221,6 +221,46 @@ def test_vacuum_removes_lease_files_left_unheld(tmp_path: Path) -> None:
     for path in locks.iterdir():
         os.utime(path, (old, old))
     assert backend.vacuum() >= 1
-    assert [p.name for p in locks.iterdir()] == [held.name]  # the held one stays
+    # The held one stays (and the folder's lock for unlinking, a fixture of it).
+    assert sorted(p.name for p in locks.iterdir()) == [".unlinking", held.name]
     held.release()
-    assert list(locks.iterdir()) == []
+    assert [p.name for p in locks.iterdir()] == [".unlinking"]
+
+
+def test_a_stale_break_never_unlinks_the_file_another_taker_just_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale break looked at the lock file's name, then unlinked it: another taker could
+    break it and lock a fresh file at the name in between, and the unlink removed that live
+    holder's file, so both held the lease. Here taker A is paused between its look and its
+    unlink while taker B breaks; every unlink of a lock file now holds the folder's
+    ``.unlinking`` lock around its look, so B waits (and gives up), and one holds it."""
+    import threading
+
+    with hung_holder(f"dir://{tmp_path}", 1.0, tmp_path):
+        time.sleep(2.2)  # the hung holder's lock file is stale now
+        backend = DirectoryBackend(tmp_path)
+        a, b = DirLease(backend.root_fd, KEY, 1.0), DirLease(backend.root_fd, KEY, 1.0)
+        looked, b_done = threading.Event(), threading.Event()
+        real_stat = os.stat
+
+        def paused_stat(*args: object, **kwargs: object) -> os.stat_result:
+            found = real_stat(*args, **kwargs)  # type: ignore[arg-type]
+            if threading.current_thread().name == "A" and args[0] == a.name and not looked.is_set():
+                looked.set()  # A has looked at the name: B breaks now
+                b_done.wait(5)
+            return found
+
+        monkeypatch.setattr(os, "stat", paused_stat)
+        won: list[bool] = []
+        taker = threading.Thread(target=lambda: won.append(a.acquire()), name="A")
+        taker.start()
+        assert looked.wait(10)
+        b_won = b.acquire()
+        b_done.set()
+        taker.join(10)
+        monkeypatch.setattr(os, "stat", real_stat)
+        holders = [lease for lease, took in ((a, won[0]), (b, b_won)) if took and lease.renew()]
+        assert won[0] + b_won == 1 and len(holders) == 1, (won, b_won)
+        for lease in (a, b):
+            lease.release()
