@@ -38,6 +38,7 @@ and made with the cache's modes, so a ``shared=1`` group shares its leases.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -64,19 +65,27 @@ UNLINK_WAIT = 1.0
 _PROBE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def unlink_if_same(folder: int, name: str, fd: int) -> bool:
+def unlink_if_same(folder: int, name: str, fd: int, modes: Modes | None = None) -> bool:
     """Unlink ``name`` in the locks folder ``folder`` if it still names the file open as
     ``fd``; whether it did. The look and the unlink hold the folder's :data:`UNLINKING`
-    lock, as every unlink of a lock file does (a stale break, a release, a vacuum): else
-    another process could break the file and lock a fresh one at the name between this
-    look and this unlink, and this unlink would remove that live holder's file (two
-    holders). A lock held past :data:`UNLINK_WAIT` seconds (a stopped process) skips
-    the unlink: the file stays, and its lock is what counts."""
+    lock (made with the cache's ``modes``, so a ``shared=1`` group shares it), as every
+    unlink of a lock file does (a stale break, a release, a vacuum): else another
+    process could break the file and lock a fresh one at the name between this look and
+    this unlink, and this unlink would remove that live holder's file (two holders).
+    Where that lock cannot be opened (something planted at its name, a file of another's
+    that this process may not write), the look and the unlink go unlocked, as before it.
+    Held past :data:`UNLINK_WAIT` seconds (a process stopped holding it, or a member of a
+    ``shared=1`` group holding it on purpose), nothing is unlinked: unlocked, a process
+    stopped between its look and its unlink could remove a new holder's file when it goes
+    on. A stale lease is then not broken until it is let go, and waiters build at their
+    deadline (:mod:`runtime_cache.fleet`)."""
+    modes = modes if modes is not None else Modes.for_cache(False)
+    lock: int | None = None
     try:
-        lock = os.open(UNLINKING, _FLAGS, 0o600, dir_fd=folder)
-    except OSError:
-        return False
-    try:
+        lock = os.open(UNLINKING, _FLAGS, modes.file, dir_fd=folder)
+        if modes.file_chmod is not None:
+            with contextlib.suppress(OSError):  # another member's: made with the modes
+                os.fchmod(lock, modes.file_chmod)
         deadline = time.monotonic() + UNLINK_WAIT
         while True:
             try:
@@ -84,8 +93,12 @@ def unlink_if_same(folder: int, name: str, fd: int) -> bool:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    return False
+                    os.close(lock)
+                    return False  # held (a stopped process): the file stays
                 time.sleep(0.002)
+    except OSError:
+        pass  # no lock to be had here: unlocked, as before
+    try:
         named = os.stat(name, dir_fd=folder, follow_symlinks=False)
         mine = os.fstat(fd)
         if (named.st_dev, named.st_ino) != (mine.st_dev, mine.st_ino):
@@ -95,7 +108,8 @@ def unlink_if_same(folder: int, name: str, fd: int) -> bool:
     except OSError:
         return False
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 class DirLease(Lease):
@@ -148,7 +162,8 @@ class DirLease(Lease):
     def _unlink_if_same(self, fd: int) -> bool:
         """Unlink the lock file if its name still names the file open as ``fd``; whether
         it did (see :func:`unlink_if_same`)."""
-        return self._folder is not None and unlink_if_same(self._folder, self.name, fd)
+        folder = self._folder
+        return folder is not None and unlink_if_same(folder, self.name, fd, self._modes)
 
     def _take(self) -> bool:
         for _ in range(2):  # the second round locks a fresh file after breaking a stale one

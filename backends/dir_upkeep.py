@@ -28,6 +28,7 @@ from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
 from .temp_files import remove_if_orphaned
 
 if TYPE_CHECKING:
+    from .dir_root import Modes
     from .directory import DirectoryBackend
 
 __all__ = ["Upkeep"]
@@ -299,13 +300,13 @@ class Upkeep:
                         removed += self._remove_old(fd, name, now, deadline)
             finally:
                 os.close(fd)
-        removed += self._vacuum_locks(root_fd, now, deadline)
+        removed += self._vacuum_locks(root_fd, now, deadline, self.backend.modes)
         self.backend.compact_hits(deadline)
         self._touch_marker()
         return removed
 
     @staticmethod
-    def _vacuum_locks(root_fd: int, now: float, deadline: float) -> int:
+    def _vacuum_locks(root_fd: int, now: float, deadline: float, modes: Modes) -> int:
         """Remove lease files no one holds and no one touched lately (killed holders leave
         them), and notes past their time (:data:`.dir_lease.NOTE_SUFFIX`). Each lease file
         is locked first and unlinked while locked, as a release does, so a taker that
@@ -342,7 +343,7 @@ class Upkeep:
                     if mine.st_mtime > now - _TEMP_MAX_AGE or not stat.S_ISREG(mine.st_mode):
                         continue
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while held
-                    removed += unlink_if_same(fd, name, lock)
+                    removed += unlink_if_same(fd, name, lock, modes)
                 except OSError:
                     continue
                 finally:

@@ -98,7 +98,9 @@ class BatchReads:
             # Removed as corrupt: read once more, since a tier below (a fleet's shared
             # store under a machine's own folder) may hold a good copy, which the tiered
             # read then copies up; before, the caller missed and built it again.
-            again = [(k, a) for k, a in zip(wanted, given, strict=True) if k in bad]
+            again = list(
+                {k: (k, a) for k, a in zip(wanted, given, strict=True) if k in bad}.values()
+            )
             blobs = read_again(self.backend, [k for k, _ in again], bad)
             more, extra = screen_many(
                 [k for k, _ in again],
@@ -110,7 +112,8 @@ class BatchReads:
                 defer_hits,
             )
             found.update(more)
-            counts["misses"] -= len(more)  # (those not found again were counted)
+            # Each time a key was asked for, it counted a miss (those not found again stay).
+            counts["misses"] -= sum(1 for k in wanted if k in more)
             for name in ("hits", "bytes_read", "seconds_saved", "rejected", "corrupt"):
                 counts[name] += extra[name]
         if not count_misses:

@@ -131,13 +131,17 @@ def _others_write(info: os.stat_result) -> bool:
     return bool(info.st_mode & 0o020) and not group_of_one(info.st_gid, info.st_uid)
 
 
-def check_private(folder: str) -> None:
+def check_private(folder: str, *, whole_path: bool = False) -> None:
     """Raise ``OSError`` unless ``folder`` is this user's own real folder (not a link) that
     neither its group nor others can write (the user's own private group aside:
     ``umask 002``), in a folder that only this user or root can rename it out of
     (theirs, or sticky, as ``/tmp`` is). Where a folder holds what a
     later step trusts (the jobs a detached process builds and stores, its records), a
-    folder someone else can swap could point those writes and removals anywhere."""
+    folder someone else can swap could point those writes and removals anywhere.
+
+    ``whole_path``: every folder above it too, up to the root (as the path is written,
+    and as links resolve it), since another user who can move any of them can move the
+    whole subtree and swap it for theirs."""
     geteuid = getattr(os, "geteuid", None)
     if geteuid is None:  # not POSIX: no owners to check
         return
@@ -145,11 +149,17 @@ def check_private(folder: str) -> None:
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or _others_write(info):
         raise OSError(f"{folder} is not a private folder of this user (a link, or not theirs)")
-    parent = os.path.dirname(os.path.abspath(folder))
-    above = os.stat(parent)
-    swappable = _others_write(above) and not above.st_mode & stat.S_ISVTX
-    if above.st_uid not in (me, 0) or swappable:
-        raise OSError(f"{parent} is another user's, or others can move {folder} out of it")
+    parents = [os.path.dirname(os.path.abspath(folder))]
+    if whole_path:
+        for start in (os.path.abspath(folder), os.path.realpath(folder)):
+            while (up := os.path.dirname(start)) != start:
+                parents.append(up)
+                start = up
+    for parent in dict.fromkeys(parents):
+        above = os.stat(parent)
+        swappable = _others_write(above) and not above.st_mode & stat.S_ISVTX
+        if above.st_uid not in (me, 0) or swappable:
+            raise OSError(f"{parent} is another user's, or others can move {folder} out of it")
 
 
 def warn_no_home(reason: str) -> None:

@@ -334,3 +334,37 @@ def test_lists_are_read_again_only_from_the_folder_checked_at_the_start(tmp_path
         here.close()
     finally:
         os.chmod(parent, 0o700)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="needs POSIX owners")
+def test_a_swapped_folder_is_not_taken_up_through_a_merge_or_from_further_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fifth review: with a folder above that others can write, a swapped-in folder's
+    long log was merged by the victim's own next vouch and its table mapped (an unknown
+    binary known, no race needed); and only the folder's parent was checked, so a
+    writable grandparent let the whole subtree be swapped."""
+    from runtime_cache.opencl.guard import UNKNOWN
+
+    _limits(monkeypatch, log=8)
+    evil, mine = _marks(1, salt="evil")[0], _marks(12)
+    top = tmp_path / "top"
+    (top / "p").mkdir(parents=True, mode=0o700)
+    folder = top / "p" / "guard"
+    os.chmod(top, 0o777)  # the grandparent: others can move p, and the guard with it
+    try:
+        here = LoadGuard(str(folder))
+        try:
+            assert here.standing([evil], ["e"]) == UNKNOWN
+            folder.rename(top / "p" / "moved")
+            folder.mkdir(mode=0o700)  # the swapped-in folder, with a long log
+            (folder / LOG).write_text("".join(f"{m}\n" for m in [*_marks(10, "x"), evil]))
+            assert here.standing([evil], ["e"]) == UNKNOWN  # not read again
+            here.vouch(mine)  # past the log's limit: this process merges it
+            assert (folder / TABLE).exists()
+            assert here.standing([evil], ["e"]) == UNKNOWN  # and does not take it up
+            assert here.known(mine)  # its own marks stay known
+        finally:
+            here.close()
+    finally:
+        os.chmod(top, 0o700)

@@ -264,3 +264,24 @@ def test_a_stale_break_never_unlinks_the_file_another_taker_just_locked(
         assert won[0] + b_won == 1 and len(holders) == 1, (won, b_won)
         for lease in (a, b):
             lease.release()
+
+
+def test_the_unlinking_lock_is_shared_and_a_planted_one_stops_no_break(tmp_path: Path) -> None:
+    """The fifth review: ``.unlinking`` was made 0600, so in a ``shared=1`` cache the other
+    members could not open it and never broke a hung member's stale lease; a folder planted
+    at the name stopped every break too. It is made with the cache's modes, and where it
+    cannot be had, the look and the unlink go unlocked, as before it."""
+    shared = rc.open_backend(f"dir://{tmp_path / 'shared'}?shared=1")
+    lease = shared.lease(KEY, 5.0)
+    assert lease is not None and lease.acquire()
+    lease.release()
+    mode = (tmp_path / "shared" / ".locks" / ".unlinking").stat().st_mode
+    assert mode & 0o060 == 0o060  # the group reads and writes it
+    (tmp_path / "plain" / ".locks").mkdir(parents=True)
+    (tmp_path / "plain" / ".locks" / ".unlinking").mkdir()  # planted: not a file
+    with hung_holder(f"dir://{tmp_path / 'plain'}", 1.0, tmp_path):
+        backend = DirectoryBackend(tmp_path / "plain")
+        other = DirLease(backend.root_fd, KEY, 1.0)
+        time.sleep(2.2)
+        assert other.acquire()  # the stale lock was broken all the same
+        other.release()

@@ -442,3 +442,15 @@ def test_a_corrupt_entry_with_no_good_copy_is_one_miss(
     assert got is None
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.corrupt) == (0, 1, 1)
+
+
+def test_a_key_asked_for_twice_and_read_again_counts_as_one_hit(tmp_path: Path) -> None:
+    near, far = DirectoryBackend(tmp_path / "near"), DirectoryBackend(tmp_path / "far")
+    cache = rc.Cache(TieredBackend([near, far]))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"good value")
+    blob = near.get(str(key))
+    assert blob is not None
+    near.set(str(key), blob[:-4] + b"\0\0\0\0")
+    assert cache.get_many([key, key]) == {str(key): b"good value"}
+    assert (cache.stats().hits, cache.stats().misses) == (1, 0)

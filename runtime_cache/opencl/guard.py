@@ -175,7 +175,8 @@ class LoadGuard:
             self._watch = None
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
         self._set_aside = _set_aside_in(aside)
-        self._known = KnownList(folder)
+        watch = self._watch
+        self._known = KnownList(folder, watch.trusted if watch is not None else lambda: False)
         opened = open_mark_file(folder)
         if opened is not None:
             self._fd, self._mark = opened

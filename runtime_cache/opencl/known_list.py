@@ -36,7 +36,7 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 try:
     import fcntl
@@ -159,8 +159,12 @@ class KnownList:
     :meth:`write` may run beside them.
     """
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, trusted: Callable[[], bool] = lambda: True) -> None:
+        """The lists in ``folder``, read now. ``trusted()`` says whether the folder may be
+        read again later (see :mod:`.list_watch`): a table a later merge made is taken
+        up only then."""
         self.folder = folder
+        self._trusted = trusted
         self._log = os.path.join(folder, LOG)
         self._table = os.path.join(folder, TABLE)
         self._recent: set[str] = set()
@@ -172,8 +176,8 @@ class KnownList:
         self._map: mmap.mmap | bytes = _map_table(self._table)
         if len(self._recent) > LOG_LIMIT:  # a long log (one from before the table): merge it
             try:
-                if self.merge():
-                    self._recent = set()  # all in the table now
+                if self.merge() and self._trusted():
+                    self._recent = set()  # all in the table now, which this list maps
             except OSError:
                 pass
 
@@ -306,8 +310,9 @@ class KnownList:
                         os.unlink(leftover)
                     except OSError:
                         pass
-        self._table_seen = file_signature(self._table)
-        self._map = _map_table(self._table)
+        if self._trusted():  # (else this process keeps what it read at its start)
+            self._table_seen = file_signature(self._table)
+            self._map = _map_table(self._table)
         return True
 
 

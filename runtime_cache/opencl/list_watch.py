@@ -8,11 +8,13 @@ together do not vet each other's binaries.
 
 A list read again is trusted as the first reading was only while the folder is the
 one the process checked at its start (:func:`.guard_files.open_folder`: its own, no
-one else's to write), in a folder that no other user can move it out of
-(:func:`runtime_cache.environment.check_private`). Otherwise a user who can write the
-folder above could swap in a folder of lists of their own after the start: a known
-list that has an unknown binary loaded unvetted, a blocklist that evicts a good
-entry. There the lists are read once, at the start (:meth:`ListWatch.trusted` says no).
+one else's to write), on a path where no other user can move it, or any folder above
+it (:func:`runtime_cache.environment.check_private` with ``whole_path``). Otherwise a
+user who can write a folder above could swap in a folder of lists of their own after
+the start: a known list that has an unknown binary loaded unvetted, a blocklist that
+evicts a good entry. There the lists are read once, at the start
+(:meth:`ListWatch.trusted` says no), and a table the process merges itself is not
+taken up either (:class:`.known_list.KnownList`'s ``trusted``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class ListWatch:
         this user (or root) can move it out of."""
         if self._private_parent is None:
             try:
-                environment.check_private(self.folder)
+                environment.check_private(self.folder, whole_path=True)
                 self._private_parent = True
             except OSError:
                 self._private_parent = False
