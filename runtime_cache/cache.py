@@ -242,16 +242,11 @@ class Cache(Inventory, BatchReads, Builds):
         # Through the one check; counts the hit or the miss. A corrupt entry, once removed,
         # is read ``again``: a tier below may hold a good copy (see batch_reads).
         asked = key if isinstance(key, CacheKey) else None
-        bad: list[bytes] = []
-
-        def discard(skey: str, blob: bytes) -> None:
-            self._discard(skey, blob)
-            bad.append(blob)
-
-        checked = screen(skey, pieces, self._secret, self.limits, asked, discard)
-        if bad and again:
+        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
+        if checked == "corrupt" and again:  # (screen removed those bytes)
             self._counters.add(corrupt=1)
-            retry = read_again(self._backend, [skey], {skey: bad[0]}).get(skey)
+            bad = {skey: b"".join(pieces)}
+            retry = read_again(self._backend, [skey], bad).get(skey)
             if retry is not None:
                 return self._screen(key, skey, (retry,), again=False)
             self._counters.add(misses=1)

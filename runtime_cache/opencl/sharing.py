@@ -262,17 +262,22 @@ def build_claimed(
     return taken
 
 
-def _acceptable(cache: Cache, keys: Sequence[str]) -> bool:
-    """Whether every key holds an entry that passes ``cache``'s check (its secret, its
-    limits): read as a peek and checked without counting."""
+def _acceptable(cache: Cache, keys: Mapping[str, Sequence[str]], names: list[str]) -> list[str]:
+    """Those of ``names`` whose every key holds an entry that passes ``cache``'s check (its
+    secret, its limits): read in one peek and checked without counting."""
     try:
-        found = cache.backend.peek_many(keys)
-        for key in keys:
-            blob = found.get(key)
-            if blob is None:
-                return False
-            cache.check(key, blob)
-    except Exception:  # refused (CorruptEntryError), or the store failed: not loaded here
+        found = cache.backend.peek_many([k for n in names for k in keys[n]]) if names else {}
+    except Exception:  # the store failed: none is loaded here
+        return []
+    return [n for n in names if all(_passes(cache, k, found.get(k)) for k in keys[n])]
+
+
+def _passes(cache: Cache, key: str, blob: bytes | None) -> bool:
+    if blob is None:
+        return False
+    try:
+        cache.check(key, blob)
+    except Exception:  # refused (CorruptEntryError)
         return False
     return True
 
@@ -302,7 +307,7 @@ def build_shared(
     # (another secret's: looked at as a peek, not counted again): built here under their
     # lease, without loading them again.
     stored = [n for n in names if present(cache.backend, keys[n])]
-    since = [n for n in stored if n not in looked and _acceptable(cache, keys[n])]
+    since = _acceptable(cache, keys, [n for n in stored if n not in looked])
     refused = frozenset(set(stored) - set(since)) | frozenset(load(since))
     loaded_first = set(stored) - refused
     pending = [n for n in rotated(names) if n not in loaded_first]

@@ -204,9 +204,8 @@ class Vetter:
         from .scratch import Scratch
         from .worker import scratch_usable
 
-        # A folder of its own for each child (see .scratch).
         try:
-            scratch = Scratch()
+            scratch = Scratch()  # a folder of its own for each child (see .scratch)
         except OSError as exc:  # no scratch space here: not the binaries' fault
             log.warning("runtime-cache: could not vet OpenCL binaries here (%s)", exc)
             return [LOCAL] * len(items), None, True, False
@@ -271,9 +270,8 @@ class Vetter:
                 if stopped_from_outside(stop_worker(process)) or watchdog.child_stopped:
                     return [LOCAL] * len(items), None, True, False
                 if watchdog.fired and not launching:
-                    # A load that hung for LOAD_TIMEOUT: the rest of the batch is built
-                    # from source this time, not vetted a hang at a time (N forged binaries
-                    # that hang cost 120 s each before).
+                    # A load hung for LOAD_TIMEOUT: the rest is built from source this
+                    # time, not vetted a hang at a time (N such binaries cost N x 120 s).
                     rest = len(items) - len(replies) - 1
                     return [*replies, False, *[LOCAL] * rest], len(replies), False, False
                 return replies, len(replies), False, launching

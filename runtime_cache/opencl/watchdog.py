@@ -42,7 +42,7 @@ def stopped(pid: int) -> bool:
 
 class Watchdog:
     """Kills ``process`` once this process has run ``seconds`` since :meth:`start`
-    without a :meth:`cancel`. Usable as a context manager (started and cancelled)."""
+    without a :meth:`cancel`."""
 
     def __init__(self, process: subprocess.Popen[bytes], seconds: float) -> None:
         self._process = process
@@ -61,12 +61,6 @@ class Watchdog:
     def cancel(self) -> None:
         """Stop counting: the child answered in time."""
         self._done.set()
-
-    def __enter__(self) -> Watchdog:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cancel()
 
     def _run(self) -> None:
         counted = 0.0
