@@ -47,15 +47,22 @@ def remember(
     binaries: Sequence[Binary],
     build_seconds: float,
     digests: Sequence[str] | None = None,
+    made: Any = None,
 ) -> None:
     """Note where ``program``'s binaries live, for :func:`recapture_binaries`.
 
     ``digests`` are the binaries' :func:`binary_digest`, when the caller has them.
+    ``made``, when given, is the driver's program the binaries came from: nothing is
+    noted once ``program`` holds another (built again: :func:`forget`). Looked at under
+    the same lock as :func:`forget`, so a store that ran late never notes a program's
+    earlier build after its build again forgot it.
     """
     if plan.keys is None:
         return
     known = list(digests) if digests is not None else [binary_digest(b) for b in binaries]
     with _origins_lock:
+        if made is not None and (getattr(program, "_prg", None) or program) is not made:
+            return
         origins[program] = _Origin(plan, cache, known, build_seconds)
 
 

@@ -127,8 +127,8 @@ def _build(
         # binaries from it. So it gets a new program, as on its first build.
         from .capture import forget
 
+        self._prg = made = None  # (first: a late store then notes nothing, see remember)
         forget(self)
-        self._prg = made = None
     if made is not None or source is None or context is None:
         return original(self, options, devices, cache_dir)
     if isinstance(cache_dir, (str, os.PathLike)):  # the caller asked for pyopencl's cache

@@ -306,10 +306,16 @@ def source_build(context: Any, plan: ProgramPlan) -> tuple[Any, float]:
 
 
 def store_binaries(
-    cache: Cache, plan: ProgramPlan, program: Any, binaries: Sequence[bytes], seconds: float
+    cache: Cache,
+    plan: ProgramPlan,
+    program: Any,
+    binaries: Sequence[bytes],
+    seconds: float,
+    made: Any = None,
 ) -> bool:
     """Store one program's binaries (one entry per device) in one backend call; ``program``
-    (``None``: none) is noted for :func:`.recapture_binaries`."""
+    (``None``: none) is noted for :func:`.recapture_binaries` (while it still holds
+    ``made``, when given: see :func:`.capture.remember`)."""
     if plan.keys is None:
         return False
     if len(binaries) != len(plan.keys) or not all(binaries):
@@ -321,7 +327,7 @@ def store_binaries(
     guard.unblock(digests)
     guard.vouch(bindings(plan.keys, digests))
     if program is not None:
-        remember(program, plan, cache, binaries, seconds, digests)
+        remember(program, plan, cache, binaries, seconds, digests, made)
     return cache.put_many(dict(zip(plan.keys, binaries, strict=True)), build_seconds=seconds)
 
 

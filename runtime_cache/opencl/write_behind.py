@@ -98,8 +98,7 @@ def store_now(
     """
     made = _driver_program(program) if made is None else made
     binaries = read_binaries_released(import_pyopencl(), made, plan.devices)
-    same = _driver_program(program) is made
-    return store_binaries(cache, plan, program if same else None, binaries, seconds)
+    return store_binaries(cache, plan, program, binaries, seconds, made)
 
 
 def _seconds(name: str, default: float) -> float:
