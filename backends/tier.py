@@ -41,3 +41,16 @@ class Tier:
         self.policy = FailurePolicy(
             log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
         )
+
+    def stats(self) -> TierStats:
+        """This tier's counts now."""
+        writer = self.writer
+        return TierStats(
+            repr(self.backend),
+            writer is not None,
+            self.policy.errors,
+            self.promoted,
+            writer.dropped if writer else 0,
+            writer.written if writer else 0,
+            writer.failed if writer else 0,
+        )

@@ -132,18 +132,7 @@ class TieredBackend(Backend):
 
     def tier_stats(self) -> list[TierStats]:
         """Per tier: absorbed errors, promotions, and background-writer counters."""
-        return [
-            TierStats(
-                repr(t.backend),
-                t.writer is not None,
-                t.policy.errors,
-                t.promoted,
-                t.writer.dropped if t.writer else 0,
-                t.writer.written if t.writer else 0,
-                t.writer.failed if t.writer else 0,
-            )
-            for t in self._tiers
-        ]
+        return [t.stats() for t in self._tiers]
 
     # ------------------------------------------------------------- bookkeeping
     @staticmethod
@@ -231,8 +220,15 @@ class TieredBackend(Backend):
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return self._get_many(keys, peek=True)
 
-    def _get_many(self, keys: Iterable[str], *, peek: bool) -> dict[str, bytes]:
-        """Read through the tiers; a peek counts as no use and promotes nothing."""
+    def get_many_past(self, bad: Mapping[str, bytes]) -> dict[str, bytes]:
+        return self._get_many(bad, peek=False, past=bad)
+
+    def _get_many(
+        self, keys: Iterable[str], *, peek: bool, past: Mapping[str, bytes] | None = None
+    ) -> dict[str, bytes]:
+        """Read through the tiers; a peek counts as no use and promotes nothing. A value
+        equal to ``past[key]`` (refused by the front and still there: rejected, or its
+        removal failed) is no find, so a good copy below is found and copied up over it."""
         wanted = list(dict.fromkeys(keys))
         found: dict[str, bytes] = {}
         errors: list[Exception] = []
@@ -251,6 +247,8 @@ class TieredBackend(Backend):
                 read = partial(tier.backend.peek_many if peek else tier.backend.get_many, missing)
                 _, got = tier.policy.attempt("get_many", partial(found_so_far, read), errors)
                 here.update(got or {})
+            if past is not None:
+                here = {k: v for k, v in here.items() if bytes(v) != bytes(past[k])}
             if not peek:
                 self._promote(index, here)
             found.update(here)

@@ -212,6 +212,14 @@ class Backend(abc.ABC):
                 found[key] = value
         return found
 
+    def get_many_past(self, bad: Mapping[str, bytes]) -> dict[str, bytes]:
+        """The keys of ``bad`` read again, past the blobs ``bad`` holds: the front refused
+        them (corrupt, and removed; or rejected, and kept). Returns what is stored that
+        differs from those bytes. This default reads once more (another process may have
+        stored a good entry since); stores that lie in tiers look below a tier that still
+        holds the refused blob."""
+        return {k: v for k, v in self.get_many(bad).items() if bytes(v) != bytes(bad[k])}
+
     def set_many(self, items: Mapping[str, bytes]) -> None:
         """Store every ``key -> value`` pair of ``items``.
 

@@ -92,16 +92,16 @@ class BatchReads:
             bad[skey] = blob
 
         found, counts = screen_many(
-            wanted, given, blobs, self._secret, self.limits, discard, defer_hits
+            wanted, given, blobs, self._secret, self.limits, discard, defer_hits, bad.__setitem__
         )
         if bad:
-            # Removed as corrupt: read once more, since a tier below (a fleet's shared
-            # store under a machine's own folder) may hold a good copy, which the tiered
-            # read then copies up; before, the caller missed and built it again.
+            # Removed as corrupt, or rejected (kept): read once more, since a tier below (a
+            # fleet's shared store under a machine's own folder) may hold a good copy, which
+            # the tiered read then copies up; before, the caller missed and built it again.
             again = list(
                 {k: (k, a) for k, a in zip(wanted, given, strict=True) if k in bad}.values()
             )
-            blobs = read_again(self.backend, [k for k, _ in again], bad)
+            blobs = read_again(self.backend, bad)
             more, extra = screen_many(
                 [k for k, _ in again],
                 [a for _, a in again],
@@ -130,12 +130,13 @@ class BatchReads:
             self._counters.hit(size, saved)
 
 
-def read_again(backend: Backend, keys: list[str], bad: Mapping[str, bytes]) -> dict[str, bytes]:
-    """``keys`` read once more after their corrupt blobs (``bad``) were removed: what
-    the store holds now that differs from the bad bytes (the same bytes: the removal
-    failed, a read-only store). Advisory: a failure reads as nothing found."""
+def read_again(backend: Backend, bad: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The keys of ``bad`` read once more, past the blobs the check refused (``bad``:
+    removed as corrupt, or kept as rejected): what the store holds that differs from
+    them (:meth:`~runtime_cache.api.Backend.get_many_past`). Advisory: a failure reads as
+    nothing found."""
     try:
-        blobs = backend.get_many(keys)
+        blobs = backend.get_many_past(bad)
     except Exception:  # counted as misses already
         return {}
     return {k: b for k, b in blobs.items() if k in bad and bytes(b) != bad[k]}

@@ -239,14 +239,14 @@ class Cache(Inventory, BatchReads, Builds):
     def _screen(
         self, key: KeyLike, skey: str, pieces: tuple[bytes, ...], again: bool = True
     ) -> Checked | None:
-        # Through the one check; counts the hit or the miss. A corrupt entry, once removed,
-        # is read ``again``: a tier below may hold a good copy (see batch_reads).
+        # Through the one check; counts the hit or the miss. A corrupt entry (once removed)
+        # or a rejected one is read ``again``: a tier below may hold a good copy (see
+        # batch_reads).
         asked = key if isinstance(key, CacheKey) else None
         checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
-        if checked == "corrupt" and again:  # (screen removed those bytes)
-            self._counters.add(corrupt=1)
-            bad = {skey: b"".join(pieces)}
-            retry = read_again(self._backend, [skey], bad).get(skey)
+        if (checked == "corrupt" or checked == "rejected") and again:
+            self._counters.add(**{checked: 1})
+            retry = read_again(self._backend, {skey: b"".join(pieces)}).get(skey)
             if retry is not None:
                 return self._screen(key, skey, (retry,), again=False)
             self._counters.add(misses=1)

@@ -149,11 +149,13 @@ def screen(
     limits: Limits,
     key: CacheKey | None,
     discard: Callable[[str, bytes], None],
+    refused: Callable[[str, bytes], None] | None = None,
 ) -> Checked | str:
     """:func:`check_entry` for the front's reads: the checked entry, or the name of the
     counter its failure goes to (``"misses"``, ``"rejected"``, ``"corrupt"``). A corrupt
-    blob is passed to ``discard(skey, blob)``, which removes exactly those bytes. ``blob``
-    may also be the pieces :meth:`~runtime_cache.api.Backend.get_parts` returns."""
+    blob is passed to ``discard(skey, blob)``, which removes exactly those bytes; a
+    rejected one, which is kept, to ``refused(skey, blob)`` when given. ``blob`` may also
+    be the pieces :meth:`~runtime_cache.api.Backend.get_parts` returns."""
     try:
         return check_entry(skey, blob, secret=secret, limits=limits, key=key)
     except NewerFormatError:
@@ -162,6 +164,8 @@ def screen(
         # Kept: a fleet member with another secret must not lose its entries, and
         # the next store replaces a transplanted one.
         log.warning("runtime-cache: rejected %s: %s", skey, exc)
+        if refused is not None:
+            refused(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
         return "rejected"
     except CorruptEntryError as exc:
         log.warning("runtime-cache: corrupt entry %s (%s); deleting it", skey, exc)
@@ -177,13 +181,15 @@ def screen_many(
     limits: Limits,
     discard: Callable[[str, bytes], None],
     tally: dict[str, tuple[int, float]] | None = None,
+    refused: Callable[[str, bytes], None] | None = None,
 ) -> tuple[dict[str, memoryview], dict[str, float]]:
     """:func:`screen` over a batch: the values that passed, by storage key, and the
     counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
 
     ``asked`` holds what the caller asked for, one per ``wanted`` key: a
     :class:`~runtime_cache.keys.CacheKey` makes the parts check one comparison.
-    ``tally``, when given, gets each passed key's ``(bytes read, seconds saved)``.
+    ``tally``, when given, gets each passed key's ``(bytes read, seconds saved)``;
+    ``refused``, each rejected blob (as in :func:`screen`).
     """
     found: dict[str, memoryview] = {}
     counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
@@ -194,9 +200,8 @@ def screen_many(
         if blob is None:
             counts["misses"] += 1
             continue
-        checked = screen(
-            skey, blob, secret, limits, key if type(key) is CacheKey else None, discard
-        )
+        asked_key = key if type(key) is CacheKey else None
+        checked = screen(skey, blob, secret, limits, asked_key, discard, refused)
         if isinstance(checked, str):
             counts["misses"] += 1
             if checked != "misses":

@@ -276,6 +276,22 @@ def test_a_records_folder_others_can_write_keeps_the_store_in_the_process(
     assert not list(runs.iterdir())
 
 
+def test_a_records_folder_under_a_folder_others_can_swap_keeps_the_store_in_the_process(
+    tmp_path: Path,
+) -> None:
+    """Session 25's open item: the records folder was checked with its parent alone. A
+    folder two levels up that others can write (and is not sticky) lets them move the whole
+    subtree away and put theirs, with their jobs file, in its place."""
+    open_above = tmp_path / "open"
+    open_above.mkdir()
+    open_above.chmod(0o777)  # not sticky: anyone may rename what lies in it
+    runs, folder = open_above / "mine" / "runs", tmp_path / "cache"
+    runs.parent.mkdir(mode=0o700)
+    result = _app(runs, "dir", folder, 1, str(os.getpid()))
+    assert result["handed_off"] == 0 and result["stores"] == 1
+    assert not runs.exists() or not list(runs.iterdir())
+
+
 def test_auto_keeps_a_cheap_read_back_in_the_process(tmp_path: Path) -> None:
     """On a driver whose read-back costs little (not PoCL), "auto" stores at exit itself."""
     if is_pocl():

@@ -454,3 +454,59 @@ def test_a_key_asked_for_twice_and_read_again_counts_as_one_hit(tmp_path: Path) 
     near.set(str(key), blob[:-4] + b"\0\0\0\0")
     assert cache.get_many([key, key]) == {str(key): b"good value"}
     assert (cache.stats().hits, cache.stats().misses) == (1, 0)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+def test_a_rejected_near_copy_is_read_past_to_the_tier_below(tmp_path: Path, many: bool) -> None:
+    """Session 25's open item: with a secret, a near copy signed otherwise (planted in the
+    machine's own folder, or another secret's) was a rejected miss, and the caller built
+    the entry again, while the shared tier held a good one. The near copy is read past:
+    the good copy is served and copied up over it."""
+    near, far = DirectoryBackend(tmp_path / "near"), DirectoryBackend(tmp_path / "far")
+    cache = rc.Cache(TieredBackend([near, far]), secret=b"ours" * 8)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"good value")
+    good = far.get(str(key))
+    rc.Cache(near, secret=b"theirs" * 8).put(key, b"planted")  # checksums right, signed otherwise
+    planted = near.get(str(key))
+    assert planted is not None and planted != good
+    got = cache.get_many([key]).get(str(key)) if many else cache.get(key)
+    assert got == b"good value"
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.rejected) == (1, 0, 1)
+    assert near.get(str(key)) == good  # copied up over the planted copy
+    assert cache.get(key) == b"good value" and cache.stats().rejected == 1
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+def test_a_rejected_entry_in_every_tier_is_one_rejected_miss(tmp_path: Path, many: bool) -> None:
+    near, far = DirectoryBackend(tmp_path / "near"), DirectoryBackend(tmp_path / "far")
+    cache = rc.Cache(TieredBackend([near, far]), secret=b"ours" * 8)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    rc.Cache(TieredBackend([near, far]), secret=b"theirs" * 8).put(key, b"planted")
+    planted = far.get(str(key))
+    got = cache.get_many([key]).get(str(key)) if many else cache.get(key)
+    assert got is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.rejected) == (0, 1, 1)
+    assert near.get(str(key)) == planted == far.get(str(key))  # kept: another secret's
+
+
+def test_a_rejected_entry_is_served_once_another_process_stored_a_good_one(tmp_path: Path) -> None:
+    """One store: the read again finds what a store landed between the two reads."""
+    backend = DirectoryBackend(tmp_path / "only")
+    cache = rc.Cache(backend, secret=b"ours" * 8)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    rc.Cache(backend, secret=b"theirs" * 8).put(key, b"planted")
+    real_get_many = backend.get_many
+    calls = []
+
+    def get_many(keys: object) -> dict[str, bytes]:
+        calls.append(keys)
+        if len(calls) == 2:  # another process stores a good entry between the two reads
+            rc.Cache(DirectoryBackend(tmp_path / "only"), secret=b"ours" * 8).put(key, b"good")
+        return real_get_many(keys)  # type: ignore[arg-type]
+
+    backend.get_many = get_many  # type: ignore[method-assign]
+    assert cache.get_many([key]) == {str(key): b"good"}
+    assert (cache.stats().hits, cache.stats().rejected, cache.stats().misses) == (1, 1, 0)

@@ -204,9 +204,10 @@ def _prepare(folder: str) -> None:
     os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)  # (as the guard does)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     try:
-        # The jobs file there says what gets built and stored under our keys; and a link
-        # (or a folder someone else can swap) would point the tidying below elsewhere.
-        environment.check_private(folder)
+        # The jobs file there says what gets built and stored with our secret; and a link
+        # (or a folder someone else can swap, at any level above) would point the tidying
+        # below elsewhere.
+        environment.check_private(folder, whole_path=True)
     except OSError as exc:
         raise PermissionError(str(exc)) from None
     now = time.time()
