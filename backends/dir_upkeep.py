@@ -66,7 +66,10 @@ class Upkeep:
         if backend.max_size is not None and backend.max_size < SMALL_CAP:
             largest = max(0, int(backend.max_size * EVICT_TO) - 4096)  # (refuse_if_too_large)
             log.warning(
-                "runtime-cache: %s: max_size keeps no value over %d bytes", backend.root, largest
+                "runtime-cache: %s: max_size keeps no entry over %d bytes stored (the "
+                "entry's header and key included: a value a few hundred bytes less)",
+                backend.root,
+                largest,
             )
 
     def after_fork(self) -> None:

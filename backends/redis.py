@@ -89,7 +89,8 @@ class RedisBackend(Backend):
     Args:
         url: the server, e.g. ``"redis://cache.internal:6379/0"``; query options
             are read by :meth:`from_url`, not here.
-        prefix: prepended to every key, so several apps can share a database.
+        prefix: prepended to every key, so several apps can share a database; it ends
+            with ``:`` (``InvalidURLError`` otherwise), so no other app's starts with it.
         ttl: seconds each stored value lives (``None``: until evicted).
         connect_timeout: seconds to wait for a connection.
         timeout: seconds to wait for any one reply.
@@ -143,6 +144,14 @@ class RedisBackend(Backend):
             ttl = None
         if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
             raise InvalidURLError("timeouts, max_connections and max_entry_size must be positive")
+        if not prefix.endswith(":"):
+            # Else another application's prefix may start with this one (``app`` and
+            # ``app2``): a listing matches ``<prefix>*``, and clear or verify --repair would
+            # remove that application's keys too.
+            raise InvalidURLError(
+                f"prefix {prefix!r} must end with ':' (prefix={prefix}: or namespace={prefix}),"
+                " so that no other prefix starts with it"
+            )
         if prefix == "lease:" or prefix.endswith(":lease:"):  # the parent's leases live there
             raise InvalidURLError(f"prefix {prefix!r}: no namespace may be named 'lease'")
         self.prefix = prefix

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .api import Backend
 from .check import check_entry
 from .codec import Limits, SecretKeys, decode_bundle
-from .errors import CorruptEntryError, RejectedEntryError
+from .errors import CorruptEntryError, NewerFormatError, RejectedEntryError
 from .listing import OnProgress, OnSkip
 
 __all__ = [
@@ -179,6 +179,19 @@ def _purpose(skey: str) -> str:
     return parts[1] if len(parts) == 3 else ""
 
 
+def _keeps(skey: str, blob: bytes, secret: SecretKeys | None, limits: Limits) -> bool:
+    # An entry there that an import that keeps existing ones keeps: one that passes this
+    # cache's check, or one of a newer format (a rolling upgrade's). Damaged bytes, or an
+    # entry this cache rejects (unsigned, planted), is no entry to keep: the import's goes.
+    try:
+        check_entry(skey, blob, secret=secret, limits=limits)
+    except NewerFormatError:
+        return True
+    except CorruptEntryError:  # (RejectedEntryError among them)
+        return False
+    return True
+
+
 def merge_bundle(
     data: bytes,
     backend: Backend,
@@ -201,11 +214,12 @@ def merge_bundle(
     withheld = code_count = 0
     if accepted and not overwrite:
         try:
-            present = set(backend.peek_many(list(accepted)))  # a look, not a use
+            present = backend.peek_many(list(accepted))  # a look, not a use
         except Exception as exc:
             failed("get_many", exc)
-            present = set()
-        accepted = {k: v for k, v in accepted.items() if k not in present}
+            present = {}
+        kept = {k for k, blob in present.items() if _keeps(k, blob, secret, limits)}
+        accepted = {k: v for k, v in accepted.items() if k not in kept}
     if accepted and secret is None:
         code = [k for k in accepted if _purpose(k) in CODE_PURPOSES]
         for skey in code:  # native code that nothing checks after: only ever signed

@@ -22,10 +22,10 @@ from .units import parse_bool
 
 __all__ = ["BackendURL", "folder_url", "redact", "redact_url", "tier_urls"]
 
-# scheme://userinfo@ : the userinfo runs to the last "@" before the host, so a raw
-# "@" inside a password is hidden too. Whitespace, "," (tier separator) and "/"
-# end it, as they end a host.
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s,]*)@")
+# scheme://userinfo@ : the userinfo runs to the last "@" before whitespace or a quote, so
+# a raw "@", "/", "?", "#" or "," inside a password is hidden too (a query's "@" hides
+# more than it need: never less). An authority that starts with "/" is none (dir:///a@b).
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s'\"][^\s'\"]*)@")
 _SECRET_OPTION = re.compile(
     r"([?&;]\s*(?:password|passwd|pass|pwd|secret|token|auth|api_key|access_key)\s*=)"
     r"[^&#\s,'\"]*",
@@ -49,6 +49,12 @@ def tier_urls(url: str) -> list[str]:
         raise InvalidURLError(f"empty tier in {redact_url(url)} (expected 'url,url,...')")
     if any(p.lower().startswith("tiered://") for p in parts):
         raise InvalidURLError(f"tiers cannot nest: {redact_url(url)}")
+    if len(parts) > 1 and any("://" not in p for p in parts):
+        # Named whole, never by the pieces: a "," in a password cuts it in two.
+        raise InvalidURLError(
+            f"a tier of {redact_url(url)} is no URL (expected 'url,url,...'; "
+            "in a password, write ',' as %2C)"
+        )
     return parts
 
 
@@ -147,9 +153,15 @@ class BackendURL:
             if ":" in parts.netloc:  # a port (or IPv6 host): checked here, not at first use
                 _ = parts.port
         except ValueError as exc:
-            raise InvalidURLError(
-                f"cannot parse backend URL {redact_url(url)}: {redact(str(exc))}"
-            ) from None
+            # urllib's message may quote a piece of a password (a "/" in it ends the host,
+            # and the rest reads as a port): where the URL holds a userinfo, not shown.
+            why = (
+                "check the part before '@' (in a password, write '/', '?', '#', '@' and ',' "
+                "as %2F, %3F, %23, %40 and %2C)"
+                if "@" in url
+                else redact(str(exc))
+            )
+            raise InvalidURLError(f"cannot parse backend URL {redact_url(url)}: {why}") from None
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
         if len(options) < len(pairs):  # which one counts would be a guess

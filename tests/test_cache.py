@@ -235,6 +235,23 @@ def test_loads_without_overwrite_keeps_existing() -> None:
     assert cache.get(key()) == b"new"
 
 
+def test_loads_without_overwrite_replaces_what_fails_the_check() -> None:
+    """The attacker review: keep-existing kept whatever sat at a key, so damaged bytes or
+    an entry a forger planted unsigned blocked the restore, reported as kept."""
+    secret = b"s" * 32
+    source = rc.Cache(MemoryBackend(), secret=secret)
+    for i in range(3):
+        source.put(key(i), b"good %d" % i)
+    store = MemoryBackend()
+    rc.Cache(store).put(key(0), b"planted")  # unsigned: rejected by the signed cache
+    rc.Cache(store, secret=secret).put(key(1), b"theirs")
+    store.set(str(key(1)), store.get(str(key(1)))[:-3])  # type: ignore[index]  # damaged
+    rc.Cache(store, secret=secret).put(key(2), b"kept")  # good: stays
+    cache = rc.Cache(store, secret=secret)
+    assert cache.loads(source.dumps(), overwrite=False) == 2
+    assert [cache.get(key(i)) for i in range(3)] == [b"good 0", b"good 1", b"kept"]
+
+
 def test_secret_signs_and_rejects() -> None:
     backend = MemoryBackend()
     plain = rc.Cache(backend)

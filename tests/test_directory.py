@@ -332,7 +332,7 @@ def test_a_small_cap_says_at_the_open_which_values_it_keeps(
 
     with caplog.at_level(logging.WARNING):
         backend = DirectoryBackend(tmp_path, max_size="5KB")
-    assert "keeps no value over 404 bytes" in caplog.text
+    assert "keeps no entry over 404 bytes stored" in caplog.text
     backend.set("k/v/small", bytes(404))
     with pytest.raises(EntryTooLargeError, match="404"):
         backend.set("k/v/large", bytes(405))
@@ -340,7 +340,7 @@ def test_a_small_cap_says_at_the_open_which_values_it_keeps(
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         DirectoryBackend(tmp_path / "big", max_size="1MB")
-    assert "keeps no value" not in caplog.text
+    assert "keeps no entry" not in caplog.text
 
 
 def test_max_size_absent_is_the_default_and_a_size_is_kept(tmp_path: Path) -> None:

@@ -160,6 +160,26 @@ def test_a_guard_that_cannot_write_the_blocklist_leaves_the_marks(tmp_path: Path
     assert read_lines(str(tmp_path / "blocklist")) == [D1]
 
 
+def test_bytes_outside_ascii_in_the_guards_lists_are_left_out_never_raised(
+    tmp_path: Path,
+) -> None:
+    """The attacker review: a dead process's mark file or the blocklist holding a byte
+    outside ASCII (a damaged file, or one planted) made every later process's first load
+    raise ``UnicodeEncodeError`` while the guard wrote the lists again."""
+    dead = _dead_pid()
+    (tmp_path / f"{dead}.loading").write_bytes(f"{D1}\n".encode() + b"ab\xe9cd\n")
+    (tmp_path / "blocklist").write_bytes(f"{D2}\n".encode() + b"garbl\xe9d\n")
+    guard = LoadGuard(str(tmp_path))
+    try:
+        assert guard.blocked([D1]) and guard.blocked([D2]) and guard.recovered == 1
+        guard.unblock([D2])  # writes the blocklist anew from what it holds
+        guard.block(["c" * 32])  # and appends to it
+    finally:
+        guard.close()
+    assert not (tmp_path / f"{dead}.loading").exists()
+    assert read_lines(str(tmp_path / "blocklist")) == [D1, "c" * 32]
+
+
 def test_unblocking_keeps_what_other_processes_blocked_since(tmp_path: Path) -> None:
     """The second review: unblock wrote the blocklist anew from this process's own copy,
     taken at its start, and so wiped digests other processes had blocked since."""

@@ -70,6 +70,25 @@ def test_pyopencl_ctx_chooses_the_platform(monkeypatch: pytest.MonkeyPatch) -> N
         assert chosen.platform == platform
 
 
+@pytest.mark.parametrize("choice", ["9", "0:5", "no-such-platform"])
+def test_a_pyopencl_ctx_that_names_no_device_lists_the_devices(
+    monkeypatch: pytest.MonkeyPatch, choice: str
+) -> None:
+    """The new-user review: a typo in PYOPENCL_CTX said to install an OpenCL driver."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl.devices import NoWorkingDeviceError, choose_device
+
+    opencl_device()
+    monkeypatch.setenv("PYOPENCL_CTX", choice)
+    with pytest.raises(NoWorkingDeviceError) as caught:
+        choose_device()
+    text = str(caught.value)
+    assert f"no OpenCL device matches PYOPENCL_CTX={choice!r}; the devices are 0: " in text
+    assert "install" not in text.lower()
+    assert len(cl.get_platforms()) < 9
+
+
 def test_driver_labels_tell_the_two_pocls_apart() -> None:
     import pyopencl as cl
 

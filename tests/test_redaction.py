@@ -17,6 +17,7 @@ import pytest
 
 import runtime_cache as rc
 from runtime_cache.cli import main
+from runtime_cache.errors import InvalidURLError
 from runtime_cache.urls import redact, redact_url
 
 pytest_plugins = ["redis_servers"]
@@ -138,8 +139,34 @@ def test_the_password_never_appears(
         (" redis+cluster://:pw@h", " redis+cluster://:***@h"),
         ("dir:///srv/a:b@c", "dir:///srv/a:b@c"),
         ("cannot open 'unix://:pw@/tmp/s' (down)", "cannot open 'unix://:***@/tmp/s' (down)"),
+        # (the attacker review: a password's raw "/", "#", "?" or "," ended the match)
+        ("redis://:pw/x@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://u:p#w@h/0", "redis://u:***@h/0"),
+        ("redis://:p?w@h/0", "redis://:***@h/0"),
+        ("redis://:p,w@h/0", "redis://:***@h/0"),
+        ("dir:///srv/a@b,redis://:p/w@h", "dir:///srv/a@b,redis://:***@h"),
     ],
 )
 def test_one_redactor_for_every_form(text: str, shown: str) -> None:
     assert redact(text) == shown
     assert redact_url(text) == repr(shown)
+
+
+@pytest.mark.parametrize(
+    "password", ["Hunter2x/Zq9", "Hunter2x#Zq9", "Hunter2x?Zq9", "Hunter2x,Zq9"]
+)
+@pytest.mark.parametrize("tiers", [False, True], ids=["one", "tiered"])
+def test_a_raw_password_that_breaks_the_url_is_never_shown(password: str, tiers: bool) -> None:
+    """The attacker review: urllib's message quoted the password's first half as a port,
+    and a ',' cut the URL into tiers that were each named in the error."""
+    url = f"redis://:{password}@127.0.0.1:1/0"
+    url = f"memory://,{url}" if tiers else url
+    try:
+        backend = rc.open_backend(url)
+    except InvalidURLError as exc:
+        text = f"{exc} {exc!r}"
+    else:  # ("#" and "?" end the authority: the rest is a fragment or a query)
+        text = repr(backend)
+        backend.close()
+    for secret in SECRETS:
+        assert secret not in text, text

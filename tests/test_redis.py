@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,9 @@ def test_url_options(redis_server: RedisProcess) -> None:
         "namespace=",
         "prefix=",
         "namespace=%20",
+        # (the attacker review: prefix=app listed, cleared and repaired prefix=app2's keys)
+        "prefix=app",
+        "prefix=rc:opencl/",
     ],
 )
 def test_bad_url_options_are_rejected(redis_server: RedisProcess, query: str) -> None:
@@ -709,3 +713,24 @@ def test_a_refused_login_says_what_to_fix(redis_process: RedisProcess) -> None:
     good.set("demo/t/k", b"v")
     assert good.get("demo/t/k") == b"v"
     good.close()
+
+
+def test_two_prefixes_one_the_start_of_the_other_clear_only_their_own(
+    redis_server: RedisProcess,
+) -> None:
+    """The attacker review: with ``prefix=app`` and ``prefix=app2`` on one database,
+    ``clear`` of the first removed the second's entry. Prefixes end with ``:`` now, and a
+    name nested under another (``app:x:``) is left out of the outer one's listing."""
+    tag = uuid.uuid4().hex[:8]
+    outer = rc.Cache(rc.open_backend(f"{redis_server.url}?prefix=app{tag}:"), secret=b"s" * 32)
+    other = rc.Cache(rc.open_backend(f"{redis_server.url}?prefix=app{tag}2:"), secret=b"s" * 32)
+    nested = rc.Cache(
+        rc.open_backend(f"{redis_server.url}?namespace=app{tag}:inner"), secret=b"s" * 32
+    )
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    for cache in (outer, other, nested):
+        cache.put(key, b"value")
+    assert list(outer.backend.keys()) == [str(key)]  # what clear and verify go through
+    for listed in list(outer.backend.keys()):
+        outer.delete(listed)
+    assert other.get(key) == b"value" and nested.get(key) == b"value"

@@ -77,7 +77,8 @@ def add_parsers(add: AddCommand) -> None:
     imp.add_argument(
         "--keep-existing",
         action="store_true",
-        help="do not replace entries the cache already holds",
+        help="do not replace entries the cache already holds (one that fails the check, "
+        "damaged or not signed with the secret, is replaced)",
     )
     add_json(imp)
 

@@ -213,6 +213,11 @@ def _by_ctx(value: str) -> Any:
     for trial in trials:
         if trial.works:
             return trial.device
+    every = [] if trials else [t for t in try_devices() if t.device is not None]
+    if every:  # a choice that names no device here: say which there are, not "install one"
+        raise NoWorkingDeviceError(
+            f"no OpenCL device matches {ENV_CTX}={value!r}; {_listing(every)}"
+        )
     raise _failure(trials, f"chosen by {ENV_CTX}={value!r}")
 
 

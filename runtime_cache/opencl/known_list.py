@@ -83,7 +83,8 @@ LOCK_WAIT = 1.0
 
 
 def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
-    """The file's lines, blank ones left out (a mark holds no space); ``[]`` if it is
+    """The file's lines, blank ones and those with a byte outside ASCII left out (a mark
+    holds neither, and a list is written in ASCII again); ``[]`` if it is
     missing, unreadable, larger than ``limit`` bytes, or not a regular file (a FIFO
     planted there never blocks)."""
     opened = _open_regular(path)
@@ -109,7 +110,11 @@ def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
         return []
     finally:
         os.close(fd)
-    return data.decode("ascii", "replace").split()  # one split in C
+    text = data.decode("ascii", "replace")
+    lines = text.split()  # one split in C
+    if "\ufffd" in text:  # bytes no list holds (a damaged or planted file): left out
+        lines = [line for line in lines if "\ufffd" not in line]
+    return lines
 
 
 def open_for_append(path: str) -> int:
