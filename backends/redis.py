@@ -136,7 +136,8 @@ class RedisBackend(Backend):
         if database and not (database.isascii() and database.isdigit()):
             # redis-py reads "/abc" and "/3/x" as database 0: a typo would share another's data
             raise InvalidURLError(
-                f"a Redis URL's path is a database number, e.g. /0: {parsed.path!r}"
+                f"a Redis URL's path is a database number, e.g. /0: {redact_url(url)} (in a "
+                "password, write '/' as %2F)"
             )
         if self.cluster and database not in ("", "0"):
             raise InvalidURLError("a Redis Cluster has only database 0")
@@ -144,13 +145,13 @@ class RedisBackend(Backend):
             ttl = None
         if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
             raise InvalidURLError("timeouts, max_connections and max_entry_size must be positive")
-        if not prefix.endswith(":"):
+        if not prefix.endswith(":") or "/" in prefix:
             # Else another application's prefix may start with this one (``app`` and
             # ``app2``): a listing matches ``<prefix>*``, and clear or verify --repair would
             # remove that application's keys too.
             raise InvalidURLError(
-                f"prefix {prefix!r} must end with ':' (prefix={prefix}: or namespace={prefix}),"
-                " so that no other prefix starts with it"
+                f"prefix {prefix!r} must end with ':' and hold no '/' (e.g. prefix=app: or "
+                "namespace=app), so that no other prefix starts with it"
             )
         if prefix == "lease:" or prefix.endswith(":lease:"):  # the parent's leases live there
             raise InvalidURLError(f"prefix {prefix!r}: no namespace may be named 'lease'")

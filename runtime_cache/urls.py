@@ -25,7 +25,10 @@ __all__ = ["BackendURL", "folder_url", "redact", "redact_url", "tier_urls"]
 # scheme://userinfo@ : the userinfo runs to the last "@" before whitespace or a quote, so
 # a raw "@", "/", "?", "#" or "," inside a password is hidden too (a query's "@" hides
 # more than it need: never less). An authority that starts with "/" is none (dir:///a@b).
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s'\"][^\s'\"]*)@")
+# Found by :func:`_hide_userinfos` in one pass: a pattern that runs to the last "@" took
+# time quadratic in the text's length.
+_TOKEN_END = re.compile(r"[\s'\"]")
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _SECRET_OPTION = re.compile(
     r"([?&;]\s*(?:password|passwd|pass|pwd|secret|token|auth|api_key|access_key)\s*=)"
     r"[^&#\s,'\"]*",
@@ -82,8 +85,37 @@ def _hidden(userinfo: str) -> str:
     return f"{user}:***" if colon else "***"
 
 
-def _hide_userinfo(match: re.Match[str]) -> str:
-    return f"{match.group(1)}{_hidden(match.group(2))}@"
+def _has_scheme(text: str, end: int) -> bool:
+    # Whether a scheme ("redis", "redis+cluster") ends at ``end``: scheme characters back
+    # from there, one of them a letter (walks back over each stretch once: linear in all).
+    start = end
+    while start > 0 and text[start - 1] in _SCHEME_CHARS:
+        start -= 1
+    return any(c.isalpha() for c in text[start:end])
+
+
+def _hide_userinfos(text: str) -> str:
+    """``text`` with the userinfo of every ``scheme://userinfo@`` in it hidden."""
+    out: list[str] = []
+    done = 0  # text[:done] is in out
+    token_end = last_at = -1  # the end of the token around the current "://", its last "@"
+    at = text.find("://")
+    while at >= 0:
+        start = at + 3
+        after = text.find("://", start)
+        if at >= done and _has_scheme(text, at):
+            if at >= token_end:
+                found = _TOKEN_END.search(text, at)
+                token_end = found.start() if found else len(text)
+                last_at = text.rfind("@", at, token_end)
+            if last_at > start and text[start] != "/":
+                # Another URL before the "@" (a tier list cut by a password's ","): all of
+                # it goes, since which URL's password it is cannot be told.
+                spans = 0 <= after < last_at
+                out += [text[done:start], "***" if spans else _hidden(text[start:last_at])]
+                done = last_at
+        at = after
+    return "".join(out) + text[done:] if out else text
 
 
 def redact(text: str) -> str:
@@ -92,7 +124,7 @@ def redact(text: str) -> str:
     >>> redact("redis://app:hunter2@cache:6379/0")
     'redis://app:***@cache:6379/0'
     """
-    return _SECRET_OPTION.sub(r"\1***", _USERINFO.sub(_hide_userinfo, text))
+    return _SECRET_OPTION.sub(r"\1***", _hide_userinfos(text))
 
 
 def redact_url(url: object) -> str:
@@ -104,12 +136,11 @@ def redact_url(url: object) -> str:
     if not isinstance(url, str):
         return redact(repr(url))
     scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if sep and "@" in authority and _USERINFO.match(url) is None:
-        # One URL whose password holds what ends the pattern's match (a space, '#', '?',
-        # ','): all of its userinfo, up to the authority's last '@', goes.
-        userinfo, _, host = authority.rpartition("@")
-        url = f"{scheme}://{_hidden(userinfo)}@{host}{slash}{path}"
+    if sep and "@" in rest and not rest.startswith("/") and "://" not in rest:
+        # One URL: all of its userinfo, up to its last '@', goes, whatever the password
+        # holds (a space or a quote ends the pass over free text in redact()).
+        userinfo, _, host = rest.rpartition("@")
+        url = f"{scheme}://{_hidden(userinfo)}@{host}"
     return repr(redact(url))
 
 
@@ -162,6 +193,13 @@ class BackendURL:
                 else redact(str(exc))
             )
             raise InvalidURLError(f"cannot parse backend URL {redact_url(url)}: {why}") from None
+        if "@" not in parts.netloc and "@" in parts.query + parts.fragment:
+            # A password's raw "?" or "#" cut the URL before its "@": the rest would be read
+            # as options (named in messages) or dropped, and a piece of it as the port.
+            raise InvalidURLError(
+                f"cannot parse backend URL {redact_url(url)}: an '@' after its '?' or '#' "
+                "(in a password, write '/', '?', '#', '@' and ',' as %2F, %3F, %23, %40 and %2C)"
+            )
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
         if len(options) < len(pairs):  # which one counts would be a guess

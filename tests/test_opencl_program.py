@@ -326,3 +326,112 @@ def test_options_and_include_scanning(tmp_path: Path) -> None:
     # Past the limit on headers, a build is not cached at all.
     many = "".join(f'#include "gone{i}.h"\n' for i in range(600))
     assert include_digests(many, options) is None
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ['#incl\\\nude "val.h"', '#import "val.h"', '??=import "val.h"'],
+    ids=["splice", "import", "trigraph"],
+)
+def test_a_build_whose_include_is_spelled_without_the_word_reads_its_header(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, spelling: str
+) -> None:
+    """The second attacker review: the key's scan ran only where the source held the word
+    ``include``, so a splice or ``#import`` served the binary of the old header."""
+    (tmp_path / "val.h").write_text("#define VAL 3.0f\n")
+    src = spelling + "\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
+    options = ["-I", str(tmp_path)]
+    data = np.ones(4, dtype=np.float32)
+    for value in (3, 7):
+        (tmp_path / "val.h").write_text(f"#define VAL {value}.0f\n")
+        program = build_program(ctx, src, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * value)
+    assert opencl_stats().source_builds == 2
+
+
+def test_whether_a_header_exists_is_in_the_key(ctx: Any, cache: rc.Cache, tmp_path: Path) -> None:
+    """The second attacker review: ``#if __has_include("fast.h")`` compiled another program
+    once the header appeared, and the old binary was served."""
+    src = '#if __has_include("fast.h")\n#define VAL 2.0f\n#else\n#define VAL 1.0f\n#endif\n'
+    src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
+    options = ["-I", str(tmp_path)]
+    data = np.ones(4, dtype=np.float32)
+    program = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data)
+    (tmp_path / "fast.h").write_text("/* here */\n")
+    program = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 2)
+    assert opencl_stats().source_builds == 2
+    from runtime_cache.opencl import includes
+
+    assert includes.include_digests("#if __has_include(HDR)\n#endif\n", options) is None
+
+
+def test_a_header_reached_through_a_link_includes_beside_the_link(
+    ctx: Any, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """The second attacker review: the scan looked for a linked header's quoted includes
+    beside the file the link names; the compiler looks beside the link."""
+    inc, elsewhere = tmp_path / "inc" / "sub", tmp_path / "elsewhere"
+    inc.mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "common.h").write_text('#include "detail.h"\n')
+    (inc / "common.h").symlink_to(elsewhere / "common.h")
+    src = '#include "sub/common.h"\n'
+    src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
+    options = ["-I", str(tmp_path / "inc")]
+    data = np.ones(4, dtype=np.float32)
+    for value in (3, 5):
+        (inc / "detail.h").write_text(f"#define VAL {value}.0f\n")
+        program = build_program(ctx, src, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * value)
+    assert opencl_stats().source_builds == 2
+
+
+def test_a_header_changed_during_the_build_is_stored_under_no_key(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second attacker review: a header edited while a build ran (a checkout during a
+    long build) gave a binary of the new header stored under the old header's key."""
+    from runtime_cache.opencl import program as module
+
+    (tmp_path / "val.h").write_text("#define VAL 3.0f\n")
+    src = '#include "val.h"\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }'
+    options = ["-I", str(tmp_path)]
+    built = module.source_build
+
+    def build_while_edited(context: Any, plan: Any) -> Any:
+        (tmp_path / "val.h").write_text("#define VAL 7.0f\n")  # after the plan, before the build
+        return built(context, plan)
+
+    monkeypatch.setattr(module, "source_build", build_while_edited)
+    data = np.ones(4, dtype=np.float32)
+    program = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 7)
+    assert cache.stats().stores == 0 and opencl_stats().uncacheable == 1
+    monkeypatch.setattr(module, "source_build", built)
+    (tmp_path / "val.h").write_text("#define VAL 3.0f\n")  # back: the old key misses
+    program = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 3)
+    assert cache.stats().stores == 1
+
+
+@pytest.mark.parametrize("named_by", ["option", "header"])
+def test_a_kernel_named_by_a_macro_loads_from_the_cache(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, named_by: str
+) -> None:
+    """The second attacker review: a kernel named by a ``-D`` macro or by one in a header
+    was taken for another program's binary (the source says ``KNAME``, the driver
+    ``scale_fast``): evicted and built again on every run."""
+    src = "__kernel void KNAME(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+    if named_by == "option":
+        options = ["-DKNAME=scale_fast"]
+    else:
+        (tmp_path / "names.h").write_text("#define KNAME scale_fast\n")
+        src, options = '#include "names.h"\n' + src, ["-I", str(tmp_path)]
+    for _ in range(3):
+        program = build_program(ctx, src, options, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.scale_fast, data), data * 2)
+    stats = opencl_stats()
+    assert (stats.source_builds, stats.binary_loads, stats.rejected_binaries) == (1, 2, 0)

@@ -107,6 +107,9 @@ def test_url_options(redis_server: RedisProcess) -> None:
         # (the attacker review: prefix=app listed, cleared and repaired prefix=app2's keys)
         "prefix=app",
         "prefix=rc:opencl/",
+        # (the review of the fix: rc: listed, and verify --repair removed, rc:team/ml:'s keys)
+        "namespace=rc:team/ml",
+        "prefix=rc:team/ml:",
     ],
 )
 def test_bad_url_options_are_rejected(redis_server: RedisProcess, query: str) -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+import msgpack
 import pytest
 
 import runtime_cache as rc
@@ -262,3 +263,29 @@ def test_disabled_cache_tunes_every_time() -> None:
     assert t.get_or_tune("conv1", tune) == {"tile": 1}
     assert len(calls) == 2
     assert t.put("conv1", {"tile": 1}) is False
+
+
+def test_a_bad_record_never_takes_a_good_one_stored_since_with_it(tmp_path: Any) -> None:
+    """The attacker review: a bad record was removed with a plain delete, so a good record
+    another process stored between this one's read and its removal was lost."""
+    from runtime_cache.backends.directory import DirectoryBackend
+
+    device = {"name": "gpu0", "driver": "1.0"}
+    mine = rc.Cache(DirectoryBackend(tmp_path))
+    other = TuningCache("model@1", "opencl", device, cache=rc.Cache(DirectoryBackend(tmp_path)))
+    victim = TuningCache("model@1", "opencl", device, cache=mine)
+    mine.put(victim.key("conv1"), msgpack.packb([1, 2, 3]))  # a record that is no dict
+    read = mine.get
+
+    def get_then_another_stores(key: Any) -> bytes | None:
+        data = read(key)
+        other.put("conv1", {"tile": 8, "ms": 0.4})  # between the read and the removal
+        return data
+
+    mine.get = get_then_another_stores  # type: ignore[method-assign]
+    assert victim.get("conv1") is None
+    mine.get = read  # type: ignore[method-assign]
+    assert other.get("conv1") == {"tile": 8, "ms": 0.4}
+    # Without a store in between, the bad record is removed as before.
+    mine.put(victim.key("conv2"), msgpack.packb([1, 2, 3]))
+    assert victim.get("conv2") is None and mine.get(victim.key("conv2")) is None

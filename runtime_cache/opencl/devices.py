@@ -213,12 +213,27 @@ def _by_ctx(value: str) -> Any:
     for trial in trials:
         if trial.works:
             return trial.device
-    every = [] if trials else [t for t in try_devices() if t.device is not None]
-    if every:  # a choice that names no device here: say which there are, not "install one"
-        raise NoWorkingDeviceError(
-            f"no OpenCL device matches {ENV_CTX}={value!r}; {_listing(every)}"
-        )
+    listing = "" if trials else _ctx_listing()
+    if listing:  # a choice that names no device here: say which there are, not "install one"
+        raise NoWorkingDeviceError(f"no OpenCL device matches {ENV_CTX}={value!r}; {listing}")
     raise _failure(trials, f"chosen by {ENV_CTX}={value!r}")
+
+
+def _ctx_listing() -> str:
+    """The devices as ``PYOPENCL_CTX`` names them: ``platform:device``, with the driver."""
+    cl = import_pyopencl()
+    names = []
+    for p_index, platform in enumerate(_platforms(cl)):
+        try:
+            devices = list(platform.get_devices())
+        except Exception:
+            continue
+        label = driver_label(platform)
+        names += [
+            f"{p_index}:{d_index} {label} / {str(device.name).strip()}"
+            for d_index, device in enumerate(devices)
+        ]
+    return f"the devices are {', '.join(names)}" if names else ""
 
 
 def choose_device(spec: str | None = None) -> Any:

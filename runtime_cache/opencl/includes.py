@@ -26,13 +26,16 @@ Directives are found as the preprocessor finds them, and more. Lines are read
 as C reads them (any line end, a byte-order mark dropped, trigraphs, splices
 joined); the text is read with each comment as one space (string literals
 kept, so a ``"/*"`` in one hides nothing) and as written; ``include``,
-``include_next`` and ``import`` count, ``#`` may be ``%:`` or ``??=``, and
-blanks are space, tab, form feed and vertical tab. Finding a directive that is
+``include_next`` and ``import`` count, and so does the operand of
+``__has_include`` (whether a header exists decides what an ``#if`` compiles); ``#``
+may be ``%:`` or ``??=``, and blanks are space, tab, form feed and vertical tab. A
+header's quoted includes are looked for beside it as the compiler found it (a
+link's folder) and beside the file the link names. Finding a directive that is
 not one is harmless (its file is hashed, or recorded absent); missing one would
 serve a stale binary. An include whose name is not written out (``#include
-HEADER``, a macro) where the preprocessor sees it, or a header that exists but
-cannot be read whole (over ``_MAX_FILE_SIZE``, unreadable), makes the build
-uncacheable too. Each text is scanned once a process.
+HEADER``, ``__has_include(HEADER)``, a macro) where the preprocessor sees it, or a
+header that exists but cannot be read whole (over ``_MAX_FILE_SIZE``, unreadable),
+makes the build uncacheable too. Each text is scanned once a process.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import xxhash
@@ -60,6 +63,10 @@ _TOKENS = re.compile(rb'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|/
 #: A comment, when no literal holds a comment opener (:data:`_QUOTED_OPENER`): 4x faster.
 _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _QUOTED_OPENER = re.compile(rb"[\"'][^\"'\n/]*(?:/(?![*/])[^\"'\n/]*)*/[*/]")  # no backtracking
+#: ``__has_include("name")`` (or ``<name>``, or ``_next``) in an ``#if``: whether a header
+#: exists decides what compiles, so its name goes into the key as an include's does
+#: (group 1: the operand written out; none: a macro).
+_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*("[^"\n]+"|<[^>\n]+>)?')
 _BOM = b"\xef\xbb\xbf"
 _WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
@@ -180,11 +187,14 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
         seen = _TOKENS.sub(rb"\1 ", text) if literals else _COMMENT.sub(b" ", text)
     found: set[tuple[bool, str] | None] = set()
     for spelling in (seen, text) if seen is not text else (text,):
-        for match in _lines_with_directives(spelling):
-            named = _NAMED.match(match.group(1).strip())
+        operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
+        if b"__has_include" in spelling:
+            operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
+        for operand in operands:
+            named = _NAMED.match(operand)
             if named is None:
                 if spelling is seen:
-                    found.add(None)  # #include MACRO
+                    found.add(None)  # #include MACRO, __has_include(MACRO)
                 continue
             quoted = named.group(2) is not None
             name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
@@ -192,52 +202,66 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
     return sorted(found, key=repr)
 
 
-def include_digests(source: str | bytes, tokens: Sequence[str]) -> list[Any] | None:
+def include_digests(
+    source: str | bytes, tokens: Sequence[str] | Callable[[], Sequence[str]]
+) -> list[Any] | None:
     """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
 
     Returns ``[]`` when the source includes nothing. A name that matches no
     readable file in the search path nor in :data:`SYSTEM_DIRS` is recorded
     as ``[name, -1, "absent"]``. Returns ``None`` (the build must not be
-    cached) only past the limit on files.
+    cached) only past the limit on files. ``tokens``, the build options, may be
+    given as a callable: called only for a source that reads a file.
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
         return []  # (a splice or a trigraph could spell one)
-    search = [*include_dirs(tokens), "."]
+    first = xxhash.xxh3_128_intdigest(data)
+    if not _directives(data, first):
+        return []  # (before the options are split: that costs more than the scan)
+    search = [*include_dirs(tokens() if callable(tokens) else tokens), "."]
     result: list[Any] = []
     seen: set[str] = set()
+    queued: set[tuple[str, tuple[str, ...]]] = set()
     absent: set[str] = set()
-    # Each text with its xxh3-128 (a header's is its digest in the key) and its folder.
-    pending: list[tuple[bytes, int, str | None]] = [(data, xxhash.xxh3_128_intdigest(data), None)]
+    # Each text with its xxh3-128 (a header's is its digest in the key) and the folders its
+    # quoted includes are looked for in first.
+    pending: list[tuple[bytes, int, tuple[str, ...]]] = [(data, first, ())]
 
     def probe(name: str, numbered: Iterable[tuple[int, str]]) -> int | None:
         """Hash every readable file ``name`` in ``numbered``; how many; ``None`` past the limit."""
         hits = 0
         for index, base in numbered:
-            path = os.path.realpath(os.path.join(base, name))
+            joined = os.path.join(base, name)
+            path = os.path.realpath(joined)
             content = _read(path)
             if content is None:
                 continue
             if isinstance(content, _Unreadable):
                 return None  # a header the build may read, that cannot go into the key
             hits += 1
-            if path in seen:
+            # A compiler looks for a header's quoted includes beside it as it was found
+            # (a link's folder), where this one resolved the link: both are searched.
+            folders = tuple(dict.fromkeys((os.path.dirname(joined), os.path.dirname(path))))
+            if (path, folders) in queued:
                 continue
-            seen.add(path)
-            if len(seen) > _MAX_FILES:
+            queued.add((path, folders))
+            if len(queued) > _MAX_FILES:
                 return None
             mark = xxhash.xxh3_128_intdigest(content)
-            result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, hashed once
-            pending.append((content, mark, os.path.dirname(path)))
+            if path not in seen:
+                seen.add(path)
+                result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, hashed once
+            pending.append((content, mark, folders))
         return hits
 
     while pending:
-        text, mark, folder = pending.pop()
+        text, mark, beside = pending.pop()
         for directive in _directives(text, mark):
             if directive is None:
                 return None  # #include MACRO: which file it reads is the preprocessor's to say
             quoted, name = directive
-            folders = ([folder] if quoted and folder else []) + search
+            folders = (list(beside) if quoted else []) + search
             hits = probe(name, enumerate(folders))
             if hits == 0:  # not on the search path: where a driver's compiler may look next
                 hits = probe(name, enumerate(SYSTEM_DIRS, len(folders)))

@@ -152,8 +152,9 @@ def _build(
     else:
         _restore_driver_cache(context, store)
         started = time.perf_counter()
-        loaded = fetch(context, plan, store, store.get_many_views(plan.keys))
-        if loaded is not None and holds_its_kernels(store, plan, loaded):
+        found = store.get_many_views(plan.keys)
+        loaded = fetch(context, plan, store, found)
+        if loaded is not None and holds_its_kernels(store, plan, loaded, found):
             self._prg = loaded._prg
             setattr(self, _MADE, self._prg)
             self._build_duration_info = (

@@ -16,6 +16,8 @@ class ProgramPlan:
 
     ``keys`` holds one key per device, in the order of ``devices``; it is
     ``None`` when the build cannot be cached (an unresolvable ``#include``).
+    ``includes`` holds the headers that went into the keys
+    (:func:`~runtime_cache.opencl.includes.include_digests`), ``None`` when none did.
     """
 
     source: str | bytes
@@ -23,3 +25,4 @@ class ProgramPlan:
     options_text: str
     devices: list[Any]
     keys: list[CacheKey] | None
+    includes: list[Any] | None = None

@@ -89,10 +89,11 @@ def plan_program(
     text = options_text if options_text is not None else driver_options_text(cl, context, tokens)
     devs = list(devices) if devices is not None else list(context.devices)
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
-    # Splitting the options costs more than the rest of the key: only when needed.
-    headers = include_digests(data, normalize_options(text)) if b"include" in data else []
+    # Splitting the options costs more than the rest of the key: only when a file is read.
+    headers = include_digests(data, lambda: normalize_options(text))
     if headers is None:
         return ProgramPlan(source, tokens, text, devs, None)
+    read = headers or None
     extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
     if headers:
         extra["includes"] = headers
@@ -100,7 +101,7 @@ def plan_program(
         extra["program"] = program
     if templates is not None and len(templates) == len(devs):
         del extra["options"]  # a template's own
-        return ProgramPlan(source, tokens, text, devs, [t.key(**extra) for t in templates])
+        return ProgramPlan(source, tokens, text, devs, [t.key(**extra) for t in templates], read)
     mid = module_id or module_id_from_sources(data, name="program")
     keys = [
         make_key(
@@ -112,7 +113,7 @@ def plan_program(
         )
         for dev in devs
     ]
-    return ProgramPlan(source, tokens, text, devs, keys)
+    return ProgramPlan(source, tokens, text, devs, keys, read)
 
 
 def key_templates(devices: Sequence[Any], module_id: str, options_text: str) -> list[KeyTemplate]:
@@ -142,8 +143,7 @@ def evict(
     assert plan.keys is not None
     counters.add(rejected_binaries=1)
     log.warning(
-        "runtime-cache: the driver rejected cached binaries %s (%s); evicting them and "
-        "building from source",
+        "runtime-cache: cached binaries %s rejected (%s); evicting them and building from source",
         ", ".join(str(k) for k in plan.keys),
         reason,
     )
@@ -249,21 +249,33 @@ def fetch(
 _SHAPED = re.compile(r"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTILINE)
 
 
-def holds_its_kernels(cache: Cache, plan: ProgramPlan, program: Any) -> bool:
+def holds_its_kernels(
+    cache: Cache, plan: ProgramPlan, program: Any, found: Mapping[str, Binary] | None = None
+) -> bool:
     """Whether ``program``, loaded from cached binaries, holds a kernel that its source
     declares; when it holds none (another program's binary under this key, in a store
-    nothing signs), its entries are evicted and ``False`` returned. ``True`` when the
-    source (one the preprocessor shapes) or the driver cannot tell. (``OpenCLModule``
-    checks the kernel it is asked for.)
+    nothing signs), its entries are evicted (those still holding the binaries in
+    ``found``, the entries it was loaded from) and ``False`` returned. ``True`` when the
+    source (one the preprocessor shapes, with a header, or with ``-D`` macros) or the
+    driver cannot tell. (``OpenCLModule`` checks the kernel it is asked for.)
     """
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
-    if _SHAPED.search(source):
-        return True  # #if, #define or ##: the kernels compiled are not the ones written
+    if _SHAPED.search(source) or plan.includes or any(o.startswith("-D") for o in plan.options):
+        # #if, #define, ##, a header's macros or -D: the kernels compiled are not the ones
+        # written (a kernel named by a macro)
+        return True
     declared = argument_kinds(source)
     names = kernel_names(program) if declared else None
     if names is None or set(declared) & set(names):
         return True
-    evict(cache, plan, "the program holds none of the kernels its source declares")
+    keys = plan.keys or []
+    binaries = [found.get(str(k)) for k in keys] if found is not None else []
+    evict(
+        cache,
+        plan,
+        "the program holds none of the kernels its source declares",
+        [b for b in binaries if b is not None] if all(b is not None for b in binaries) else None,
+    )
     return False
 
 
@@ -321,6 +333,18 @@ def store_binaries(
     if len(binaries) != len(plan.keys) or not all(binaries):
         log.debug("runtime-cache: the driver returned no binary for some device; not storing")
         return False
+    options_text = plan.options_text
+    if (
+        plan.includes
+        and include_digests(plan.source, lambda: normalize_options(options_text)) != plan.includes
+    ):
+        # A header changed since the keys were made (a checkout during a long build): the
+        # binary may hold either version, so it is stored under neither.
+        counters.add(uncacheable=1)
+        log.warning(
+            "runtime-cache: a header changed during the build of %s; not storing it", plan.keys[0]
+        )
+        return False
     # The driver made or accepted these bytes, so they are no longer suspect (a build from
     # source can give the same bytes as a binary blocklisted after an unrelated crash).
     digests = [binary_digest(b) for b in binaries]
@@ -364,8 +388,9 @@ def build_program(
     if plan.keys is None:
         counters.add(uncacheable=1)
     else:
-        program = fetch(context, plan, store, store.get_many_views(plan.keys))
-        if program is not None and holds_its_kernels(store, plan, program):
+        found = store.get_many_views(plan.keys)
+        program = fetch(context, plan, store, found)
+        if program is not None and holds_its_kernels(store, plan, program, found):
             return program
     program, seconds = source_build(context, plan)
     if plan.keys is not None:
