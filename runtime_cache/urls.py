@@ -85,13 +85,41 @@ def _hidden(userinfo: str) -> str:
     return f"{user}:***" if colon else "***"
 
 
-def _has_scheme(text: str, end: int) -> bool:
-    # Whether a scheme ("redis", "redis+cluster") ends at ``end``: scheme characters back
-    # from there, one of them a letter (walks back over each stretch once: linear in all).
+def _scheme_start(text: str, end: int) -> int | None:
+    # Where a scheme ("redis", "redis+cluster") that ends at ``end`` starts: scheme
+    # characters back from there, one of them a letter; None where there is none. (Walks
+    # back over each stretch once: linear in all.)
     start = end
     while start > 0 and text[start - 1] in _SCHEME_CHARS:
         start -= 1
-    return any(c.isalpha() for c in text[start:end])
+    return start if any(c.isalpha() for c in text[start:end]) else None
+
+
+def _has_scheme(text: str, end: int) -> bool:
+    return _scheme_start(text, end) is not None
+
+
+def _hide_each_url(url: str) -> str:
+    """One URL, or a tier list: each URL's userinfo hidden up to its last '@' before the
+    next URL, whatever it holds (a space, a quote, a ',')."""
+    starts: list[tuple[int, int]] = []
+    at = url.find("://")
+    while at >= 0:
+        start = _scheme_start(url, at)
+        if start is not None and (not starts or start >= starts[-1][1]):
+            starts.append((start, at + 3))
+        at = url.find("://", at + 3)
+    if not starts:
+        return url
+    out = [url[: starts[0][0]]]
+    for index, (start, body) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(url)
+        last = url.rfind("@", body, end)
+        if last > body and url[body] != "/":
+            out += [url[start:body], _hidden(url[body:last]), url[last:end]]
+        else:
+            out.append(url[start:end])
+    return "".join(out)
 
 
 def _hide_userinfos(text: str) -> str:
@@ -108,11 +136,9 @@ def _hide_userinfos(text: str) -> str:
                 found = _TOKEN_END.search(text, at)
                 token_end = found.start() if found else len(text)
                 last_at = text.rfind("@", at, token_end)
-            if last_at > start and text[start] != "/":
-                # Another URL before the "@" (a tier list cut by a password's ","): all of
-                # it goes, since which URL's password it is cannot be told.
-                spans = 0 <= after < last_at
-                out += [text[done:start], "***" if spans else _hidden(text[start:last_at])]
+            # Another URL before the "@" (a tier list): that one's userinfo, not this one's.
+            if last_at > start and text[start] != "/" and not 0 <= after < last_at:
+                out += [text[done:start], _hidden(text[start:last_at])]
                 done = last_at
         at = after
     return "".join(out) + text[done:] if out else text
@@ -135,13 +161,9 @@ def redact_url(url: object) -> str:
     """
     if not isinstance(url, str):
         return redact(repr(url))
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest and not rest.startswith("/") and "://" not in rest:
-        # One URL: all of its userinfo, up to its last '@', goes, whatever the password
-        # holds (a space or a quote ends the pass over free text in redact()).
-        userinfo, _, host = rest.rpartition("@")
-        url = f"{scheme}://{_hidden(userinfo)}@{host}"
-    return repr(redact(url))
+    # Each URL's userinfo up to its last '@', whatever the password holds (a space or a
+    # quote ends the pass over free text in redact()).
+    return repr(redact(_hide_each_url(url)))
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,26 @@ def test_install_twice_and_uninstall(cache: rc.Cache) -> None:
         assert uninstall() is True
     assert uninstall() is False
     assert cl.Program.build is original
+
+
+def test_a_deferred_store_after_a_chdir_stores_the_build(
+    cache: rc.Cache, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the header check: the deferred store read the headers again at flush
+    time, in whatever folder the app was in then: a relative ``-I`` named nothing there, and
+    a good binary was dropped as "a header changed during the build"."""
+    import pyopencl as cl
+
+    (tmp_path / "proj" / "inc").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "proj" / "inc" / "val.h").write_text("#define VAL 3.0f\n")
+    src = '#include "val.h"\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }'
+    monkeypatch.chdir(tmp_path / "proj")
+    install(cache)
+    try:
+        cl.Program(opencl_context(), src).build(options=["-I", "inc"])
+        monkeypatch.chdir(tmp_path / "out")  # the app moves on before the store
+        assert flush(60.0)
+    finally:
+        uninstall()
+    assert cache.stats().stores == 1 and opencl_stats().uncacheable == 0

@@ -283,6 +283,18 @@ def test_an_include_that_cannot_be_hashed_makes_the_build_uncacheable(tmp_path: 
     assert includes.include_digests("// #include is not used here\n__kernel void k(){}", []) == []
 
 
+def _follows_the_header(
+    ctx: Any, cache: rc.Cache, header: Path, macro: str, src: str, options: list[str]
+) -> None:
+    """Build ``src`` (kernel ``f``, scaling by ``macro``) with ``header`` defining ``macro``
+    as 3 and then as 7: each build computes with the header it reads."""
+    data = np.ones(4, dtype=np.float32)
+    for value in (3, 7):
+        header.write_text(f"#define {macro} {value}.0f\n")
+        program = build_program(ctx, src, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * value)
+
+
 def test_a_macro_include_is_built_from_source_when_its_header_changes(
     ctx: Any, cache: rc.Cache, tmp_path: Path
 ) -> None:
@@ -293,11 +305,7 @@ def test_a_macro_include_is_built_from_source_when_its_header_changes(
     src = '#define HDR "factor.h"\n#include HDR\n'
     src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= FACTOR; }"
     options = ["-I", str(inc)]
-    data = np.ones(4, dtype=np.float32)
-    for factor in (3, 7):
-        (inc / "factor.h").write_text(f"#define FACTOR {factor}.0f\n")
-        program = build_program(ctx, src, options, cache=cache)
-        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * factor)
+    _follows_the_header(ctx, cache, inc / "factor.h", "FACTOR", src, options)
     assert opencl_stats().source_builds == 2 and opencl_stats().uncacheable == 2
 
 
@@ -338,14 +346,8 @@ def test_a_build_whose_include_is_spelled_without_the_word_reads_its_header(
 ) -> None:
     """The second attacker review: the key's scan ran only where the source held the word
     ``include``, so a splice or ``#import`` served the binary of the old header."""
-    (tmp_path / "val.h").write_text("#define VAL 3.0f\n")
     src = spelling + "\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
-    options = ["-I", str(tmp_path)]
-    data = np.ones(4, dtype=np.float32)
-    for value in (3, 7):
-        (tmp_path / "val.h").write_text(f"#define VAL {value}.0f\n")
-        program = build_program(ctx, src, options, cache=cache)
-        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * value)
+    _follows_the_header(ctx, cache, tmp_path / "val.h", "VAL", src, ["-I", str(tmp_path)])
     assert opencl_stats().source_builds == 2
 
 
@@ -365,6 +367,11 @@ def test_whether_a_header_exists_is_in_the_key(ctx: Any, cache: rc.Cache, tmp_pa
     from runtime_cache.opencl import includes
 
     assert includes.include_digests("#if __has_include(HDR)\n#endif\n", options) is None
+    # (the review of the fix: a pasted __has_include, and a name with a blank at its edge)
+    pasted = '#define CAT(a, b) a##b\n#if CAT(__has_, include)("fast.h")\n#endif\n'
+    assert includes.include_digests(pasted, options) is None
+    blank = includes.include_digests('#if __has_include(" fast.h")\n#endif\n', options)
+    assert blank == [[" fast.h", -1, includes.ABSENT]]
 
 
 def test_a_header_reached_through_a_link_includes_beside_the_link(
@@ -380,11 +387,7 @@ def test_a_header_reached_through_a_link_includes_beside_the_link(
     src = '#include "sub/common.h"\n'
     src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
     options = ["-I", str(tmp_path / "inc")]
-    data = np.ones(4, dtype=np.float32)
-    for value in (3, 5):
-        (inc / "detail.h").write_text(f"#define VAL {value}.0f\n")
-        program = build_program(ctx, src, options, cache=cache)
-        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * value)
+    _follows_the_header(ctx, cache, inc / "detail.h", "VAL", src, options)
     assert opencl_stats().source_builds == 2
 
 
@@ -416,16 +419,28 @@ def test_a_header_changed_during_the_build_is_stored_under_no_key(
     assert cache.stats().stores == 1
 
 
-@pytest.mark.parametrize("named_by", ["option", "header"])
+@pytest.mark.parametrize("named_by", ["option", "one token", "environment", "header", "digraph"])
 def test_a_kernel_named_by_a_macro_loads_from_the_cache(
-    ctx: Any, cache: rc.Cache, tmp_path: Path, named_by: str
+    ctx: Any,
+    cache: rc.Cache,
+    tmp_path: Path,
+    named_by: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The second attacker review: a kernel named by a ``-D`` macro or by one in a header
     was taken for another program's binary (the source says ``KNAME``, the driver
-    ``scale_fast``): evicted and built again on every run."""
+    ``scale_fast``): evicted and built again on every run. (The review of the fix: in one
+    option token with others, from ``PYOPENCL_BUILD_OPTIONS``, or defined with ``%:``.)"""
     src = "__kernel void KNAME(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+    options: list[str] = []
     if named_by == "option":
         options = ["-DKNAME=scale_fast"]
+    elif named_by == "one token":
+        options = ["-cl-mad-enable -DKNAME=scale_fast"]
+    elif named_by == "environment":
+        monkeypatch.setenv("PYOPENCL_BUILD_OPTIONS", "-DKNAME=scale_fast")
+    elif named_by == "digraph":
+        src = "%:define KNAME scale_fast\n" + src
     else:
         (tmp_path / "names.h").write_text("#define KNAME scale_fast\n")
         src, options = '#include "names.h"\n' + src, ["-I", str(tmp_path)]
@@ -435,3 +450,82 @@ def test_a_kernel_named_by_a_macro_loads_from_the_cache(
     np.testing.assert_array_equal(run_kernel(ctx, program.scale_fast, data), data * 2)
     stats = opencl_stats()
     assert (stats.source_builds, stats.binary_loads, stats.rejected_binaries) == (1, 2, 0)
+
+
+@pytest.mark.parametrize("shaped_by", ["option", "header"])
+def test_another_programs_binary_is_caught_though_macros_shape_the_source(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, shaped_by: str
+) -> None:
+    """The review of the fix: the kernel-name check was skipped for any ``-D`` option or
+    header, so another program's binary planted under the key (unsigned private folder)
+    was served, and ``prg.f`` failed. Only a kernel name that is itself a macro skips it."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl.program import read_binaries
+
+    src = "__kernel void f(__global float *a) { a[get_global_id(0)] *= N; }"
+    if shaped_by == "option":
+        options = ["-DN=3.0f"]
+    else:
+        (tmp_path / "n.h").write_text("#define N 3.0f\n")
+        src, options = '#include "n.h"\n' + src, ["-I", str(tmp_path)]
+    other = cl.Program(ctx, "__kernel void other(__global float *a) { a[0] = 1.0f; }").build()
+    plan = plan_program(ctx, src, options)
+    assert plan.keys is not None
+    cache.put_many(dict(zip(plan.keys, read_binaries(cl, other, plan.devices), strict=True)))
+    program = build_program(ctx, src, options, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 3)
+    assert opencl_stats().rejected_binaries == 1
+
+
+def test_a_build_in_worker_processes_reads_relative_include_folders_as_here(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the fix: worker processes built in a private folder of their own, so a
+    relative ``-I`` folder named another header there than the one the keys hashed here."""
+    from runtime_cache.opencl import OpenCLModule
+
+    (tmp_path / "app" / "overrides").mkdir(parents=True)
+    (tmp_path / "defaults").mkdir()
+    (tmp_path / "app" / "overrides" / "cfg.h").write_text("#define VAL 7.0f\n")
+    (tmp_path / "defaults" / "cfg.h").write_text("#define VAL 2.0f\n")
+    monkeypatch.chdir(tmp_path / "app")
+    options = ["-I", "overrides", "-I", str(tmp_path / "defaults")]
+    sources = {
+        f"k{i}": f'#include "cfg.h"\n__kernel void k{i}(__global float *a) '
+        f"{{ a[get_global_id(0)] *= VAL + {i}.0f; }}"
+        for i in range(8)
+    }
+    OpenCLModule(ctx, sources, options=options, cache=cache).build_all(workers=3, processes=True)
+    assert opencl_stats().source_builds == 8
+    warm = OpenCLModule(ctx, sources, options=options, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    got = [float(run_kernel(ctx, warm.kernel(f"k{i}"), data)[0]) for i in range(8)]
+    assert got == [7.0 + i for i in range(8)]
+    assert opencl_stats().binary_loads == 8
+
+
+def test_a_program_built_while_a_header_changed_is_in_no_bundle(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the fix: its store was refused, but ``get_precompiled_programs()``
+    still packed it under the old header's key, for other machines to load."""
+    from runtime_cache.opencl import OpenCLModule
+    from runtime_cache.opencl import module as module_file
+
+    (tmp_path / "val.h").write_text("#define VAL 3.0f\n")
+    src = '#include "val.h"\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }'
+    built = module_file.source_build
+
+    def build_while_edited(context: Any, plan: Any) -> Any:
+        (tmp_path / "val.h").write_text("#define VAL 7.0f\n")
+        return built(context, plan)
+
+    monkeypatch.setattr(module_file, "source_build", build_while_edited)
+    module = OpenCLModule(ctx, {"f": src}, options=["-I", str(tmp_path)], cache=cache)
+    module.program("f")
+    assert cache.stats().stores == 0 and opencl_stats().uncacheable == 1
+    from runtime_cache.backends.memory import MemoryBackend
+
+    assert rc.Cache(MemoryBackend()).loads(module.get_precompiled_programs()) == 0

@@ -196,3 +196,17 @@ def test_redaction_takes_time_linear_in_the_text() -> None:
         redact(text)
         redact_url(text)
         assert time.process_time() - started < 0.5
+
+
+@pytest.mark.parametrize("password", ["Hunter2x Zq9", "Hunter2x'Zq9", 'Hunter2x"Zq9'])
+def test_a_tier_list_error_never_shows_a_password_with_a_blank_or_a_quote(password: str) -> None:
+    """The second review of the fix: "empty tier" and "tiers cannot nest" named the list
+    through redact(), whose pass over free text ends at a blank or a quote."""
+    for url in (
+        f"memory://,redis://u:{password}@127.0.0.1:1/0,",
+        f"tiered://memory://,tiered://redis://u:{password}@127.0.0.1:1/0",
+    ):
+        with pytest.raises(InvalidURLError) as caught:
+            rc.open_backend(url)
+        for secret in SECRETS:
+            assert secret not in f"{caught.value} {caught.value!r}", caught.value

@@ -47,6 +47,7 @@ _GRACE_SECONDS = 30
 def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> str:
     """Build, read back and store one program; return what became of it."""
     from ._driver import import_pyopencl, read_binaries
+    from .build_inputs import settle
     from .program import plan_program, source_build, store_binaries
 
     source, options, _, _, module_id, keys, seconds = job
@@ -59,6 +60,8 @@ def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> s
         binaries = read_binaries(import_pyopencl(), program, plan.devices)
     except Exception:  # the parent built it: a failure here is this process's own
         return "failed"
+    if (plan := settle(plan, program)).keys is None:
+        return "changed"  # a header changed during the build
     return "stored" if store_binaries(cache, plan, program, binaries, float(seconds)) else "failed"
 
 

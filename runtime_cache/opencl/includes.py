@@ -48,7 +48,14 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["ABSENT", "SYSTEM_DIRS", "include_digests", "include_dirs", "normalize_options"]
+__all__ = [
+    "ABSENT",
+    "SYSTEM_DIRS",
+    "as_c_reads",
+    "include_digests",
+    "include_dirs",
+    "normalize_options",
+]
 
 #: A directive that reads a file: its name, or (a macro) whatever follows it. Blanks are
 #: C's: space, tab, form feed, vertical tab.
@@ -164,8 +171,9 @@ def _lines_with_directives(text: bytes) -> Iterable[re.Match[bytes]]:
             yield match
 
 
-def _scan(text: bytes) -> list[tuple[bool, str] | None]:
-    # Lines as C reads them: any line end, a byte-order mark anywhere, trigraphs, splices.
+def as_c_reads(text: bytes) -> bytes:
+    """``text`` in lines as C reads them: any line end, a byte-order mark anywhere dropped,
+    trigraphs read, splices joined."""
     if _BOM in text:
         text = text.replace(_BOM, b"")
     if b"\r" in text:
@@ -176,6 +184,11 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
         text = text.replace(b"\\\n", b"")  # the usual splice, at C speed; then the rest
         if b"\\" in text:
             text = _SPLICE.sub(b"", text)
+    return text
+
+
+def _scan(text: bytes) -> list[tuple[bool, str] | None]:
+    text = as_c_reads(text)
     if b"include" not in text and b"import" not in text:
         return []
     # The preprocessor's view: each comment one space, string literals as they are. The
@@ -190,6 +203,8 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
         if b"__has_include" in spelling:
             operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
+        if b"##" in spelling and b"__has_" in spelling:
+            operands.append(b"")  # a pasted __has_include (CAT(__has_, include)): a macro
         for operand in operands:
             named = _NAMED.match(operand)
             if named is None:
@@ -198,12 +213,14 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
                 continue
             quoted = named.group(2) is not None
             name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
-            found.add((quoted, name.strip()))
+            found.add((quoted, name))  # blanks kept: the compiler looks for " x.h" as is
     return sorted(found, key=repr)
 
 
 def include_digests(
-    source: str | bytes, tokens: Sequence[str] | Callable[[], Sequence[str]]
+    source: str | bytes,
+    tokens: Sequence[str] | Callable[[], Sequence[str]],
+    texts: list[bytes] | None = None,
 ) -> list[Any] | None:
     """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
 
@@ -211,7 +228,8 @@ def include_digests(
     readable file in the search path nor in :data:`SYSTEM_DIRS` is recorded
     as ``[name, -1, "absent"]``. Returns ``None`` (the build must not be
     cached) only past the limit on files. ``tokens``, the build options, may be
-    given as a callable: called only for a source that reads a file.
+    given as a callable: called only for a source that reads a file. ``texts``, when
+    given, gets the content of each header read.
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
@@ -249,6 +267,8 @@ def include_digests(
             if len(queued) > _MAX_FILES:
                 return None
             mark = xxhash.xxh3_128_intdigest(content)
+            if texts is not None:
+                texts.append(content)
             if path not in seen:
                 seen.add(path)
                 result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, hashed once

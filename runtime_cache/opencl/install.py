@@ -135,6 +135,7 @@ def _build(
         return original(self, options, devices, cache_dir)
     from ..keys import module_id_from_sources
     from ..provider import get_cache
+    from .build_inputs import settle
     from .counters import counters
     from .program import fetch, holds_its_kernels, plan_program
     from .write_behind import store_now, write_behind
@@ -170,6 +171,7 @@ def _build(
     setattr(self, _MADE, made)
     self._context = context  # (pyopencl drops it after some builds: kept to build again)
     counters.add(source_builds=1)
+    plan = settle(plan)  # (here, in the build's folder: a store in the background reads none)
     if plan.keys is not None and not (
         _store_mode != "inline"
         and write_behind.submit(

@@ -12,6 +12,7 @@ from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
+from .build_inputs import settle
 from .cached_load import CONCURRENT_LOADS, Claim, held, load_cached_programs
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
@@ -136,7 +137,7 @@ class OpenCLModule(PrecompiledPrograms):
         program, seconds = source_build(self.context, plan)
         if plan.keys is None:
             counters.add(uncacheable=1)
-        else:
+        elif (plan := settle(plan, program)).keys is not None:
             binaries = read_binaries(cl, program, plan.devices)
             store_binaries(self.cache, plan, program, binaries, seconds)
         self._adopt(name, program, seconds)

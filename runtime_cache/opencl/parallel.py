@@ -75,7 +75,9 @@ def _serve(
                 current = take()
                 if current is None:
                     return
-            write_message(process.stdin, ["build", *current])
+            # In this process's folder, where relative -I folders and the working folder's
+            # headers resolve as they did for the keys (the worker itself runs elsewhere).
+            write_message(process.stdin, ["build", *current, _here()])
             reply = read_message(process.stdout)
             binaries, seconds, options_text = reply[1:4]
             cpu, files = reply[4:6]
@@ -94,6 +96,13 @@ def _serve(
     finally:
         if process is not None:
             stop_worker(process)
+
+
+def _here() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # (removed since): the worker builds where it is
+        return ""
 
 
 def start_worker(

@@ -19,6 +19,7 @@ from ..codec import Entry, SecretKeys
 from ..errors import CorruptEntryError
 from ..keys import CacheKey
 from ._driver import import_pyopencl, read_binaries
+from .build_inputs import unkeyed
 from .bundle import pack_programs
 from .capture import remember
 from .counters import counters
@@ -160,8 +161,8 @@ def pack_built(
     items: list[tuple[CacheKey, bytes, float]] = []
     for name in sorted(programs):
         plan = plan_of(name)
-        if plan.keys is None:
-            continue
+        if plan.keys is None or programs[name] in unkeyed:
+            continue  # (a program built while a header changed: its binary has no key)
         binaries = read_binaries(cl, programs[name], plan.devices)
         if not all(binaries):
             continue

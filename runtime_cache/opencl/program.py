@@ -32,11 +32,12 @@ from ._driver import (
     original_build,
     read_binaries,
 )
+from .build_inputs import macro_named, settle
 from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
-from .includes import Options, include_digests, normalize_options
+from .includes import Options, as_c_reads, include_digests, normalize_options
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
 from .vetting import screen_binaries, vet_unknown
@@ -245,8 +246,9 @@ def fetch(
     return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)
 
 
-#: Preprocessor work that may change which kernels a source compiles to.
-_SHAPED = re.compile(r"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTILINE)
+#: Preprocessor work that may change which kernels a source compiles to (in the text as C
+#: reads it, ``%:`` as ``#``).
+_SHAPED = re.compile(rb"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTILINE)
 
 
 def holds_its_kernels(
@@ -256,17 +258,17 @@ def holds_its_kernels(
     declares; when it holds none (another program's binary under this key, in a store
     nothing signs), its entries are evicted (those still holding the binaries in
     ``found``, the entries it was loaded from) and ``False`` returned. ``True`` when the
-    source (one the preprocessor shapes, with a header, or with ``-D`` macros) or the
-    driver cannot tell. (``OpenCLModule`` checks the kernel it is asked for.)
+    source (one the preprocessor shapes, or whose kernel is named by a macro of a ``-D``
+    option or a header) or the driver cannot tell. (``OpenCLModule`` checks the kernel it
+    is asked for.)
     """
+    data = plan.source.encode("utf-8") if isinstance(plan.source, str) else plan.source
+    if _SHAPED.search(as_c_reads(bytes(data)).replace(b"%:", b"#")):
+        return True  # #if, #define or ##: the kernels compiled are not the ones written
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
-    if _SHAPED.search(source) or plan.includes or any(o.startswith("-D") for o in plan.options):
-        # #if, #define, ##, a header's macros or -D: the kernels compiled are not the ones
-        # written (a kernel named by a macro)
-        return True
     declared = argument_kinds(source)
     names = kernel_names(program) if declared else None
-    if names is None or set(declared) & set(names):
+    if names is None or set(declared) & set(names) or macro_named(list(declared), plan):
         return True
     keys = plan.keys or []
     binaries = [found.get(str(k)) for k in keys] if found is not None else []
@@ -333,17 +335,7 @@ def store_binaries(
     if len(binaries) != len(plan.keys) or not all(binaries):
         log.debug("runtime-cache: the driver returned no binary for some device; not storing")
         return False
-    options_text = plan.options_text
-    if (
-        plan.includes
-        and include_digests(plan.source, lambda: normalize_options(options_text)) != plan.includes
-    ):
-        # A header changed since the keys were made (a checkout during a long build): the
-        # binary may hold either version, so it is stored under neither.
-        counters.add(uncacheable=1)
-        log.warning(
-            "runtime-cache: a header changed during the build of %s; not storing it", plan.keys[0]
-        )
+    if plan.includes and settle(plan, program).keys is None:  # (callers settle it first)
         return False
     # The driver made or accepted these bytes, so they are no longer suspect (a build from
     # source can give the same bytes as a binary blocklisted after an unrelated crash).
@@ -393,6 +385,7 @@ def build_program(
         if program is not None and holds_its_kernels(store, plan, program, found):
             return program
     program, seconds = source_build(context, plan)
+    plan = settle(plan, program)
     if plan.keys is not None:
         store_binaries(store, plan, program, read_binaries(cl, program, plan.devices), seconds)
     return program

@@ -5,7 +5,8 @@ a msgpack body (plain types only):
 
 * parent -> worker, first: ``[fingerprints]``; worker -> parent: ``true``
   when it opened those devices, else ``false`` (and exits);
-* then per job, either a build, ``["build", name, source, options]`` ->
+* then per job, either a build, ``["build", name, source, options, folder]`` (built in
+  the parent's working ``folder``, where relative ``-I`` folders resolve) ->
   ``[name, binaries or nil, seconds, options text, CPU seconds, driver files or nil]``
   (driver files: what the build added to the worker's private driver folder,
   named by ``RUNTIME_CACHE_WORKER_DRIVER_DIR``; see
@@ -42,7 +43,12 @@ def _build(context: Any, devices: list[Any], job: list[Any]) -> list[Any]:
     from ._driver import driver_options_text, import_pyopencl, original_build, read_binaries
 
     cl = import_pyopencl()
-    name, source, options = job
+    name, source, options, *rest = job
+    try:
+        if rest and rest[0]:
+            os.chdir(rest[0])  # the parent's folder: relative -I folders resolve as there
+    except OSError:
+        return [name, None, 0.0, "", 0.0, None]  # the parent builds it itself
     # A private driver folder (see .program_files): what one build adds there is its files.
     folder = os.environ.get(WORKER_ENV)
     before = snapshot(folder) if folder else {}

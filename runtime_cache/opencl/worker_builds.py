@@ -16,6 +16,7 @@ from typing import Any
 
 from ..cache import Cache
 from ._driver import import_pyopencl
+from .build_inputs import settle, unkeyed
 from .cached_load import held
 from .counters import counters
 from .holdings import Holdings
@@ -139,18 +140,21 @@ def build_in_workers(
         counters.add(compile_cpu_seconds=cpu)
         if binaries is None or options_text != plan.options_text:
             return False
-        if files is not None and packed is not None and plan.keys:
+        settled = settle(plan)  # (the worker built in this process's folder: see .parallel)
+        if files is not None and packed is not None and settled.keys:
             # Stored before the binaries, so whoever finds these finds the files too;
             # added here first, so this load skips the driver's JIT as well.
-            files.publish(str(plan.keys[0]), packed)
+            files.publish(str(settled.keys[0]), packed)
         program = load_from_binaries(hooks.context, plan, binaries)
         if program is None:
             return False
         counters.add(source_builds=1)
         if plan.keys is None:
             counters.add(uncacheable=1)
+        elif settled.keys is None:
+            unkeyed.add(program)
         else:
-            store_binaries(hooks.cache, plan, program, binaries, seconds)
+            store_binaries(hooks.cache, settled, program, binaries, seconds)
         hooks.adopt(name, program, seconds)
         if done is not None:
             done(name)
@@ -208,10 +212,12 @@ def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
             before = files.own_snapshot()
             program, seconds = source_build(hooks.context, plan)
             packed = files.own_capture(before)
-            if packed is not None:
-                files.publish(key, packed)
-            binaries = read_binaries(import_pyopencl(), program, plan.devices)
-            store_binaries(hooks.cache, plan, program, binaries, seconds)
+            settled = settle(plan, program)
+            if settled.keys is not None:
+                if packed is not None:
+                    files.publish(key, packed)
+                binaries = read_binaries(import_pyopencl(), program, plan.devices)
+                store_binaries(hooks.cache, settled, program, binaries, seconds)
             hooks.adopt(name, program, seconds)
 
     return build
