@@ -529,3 +529,25 @@ def test_a_program_built_while_a_header_changed_is_in_no_bundle(
     from runtime_cache.backends.memory import MemoryBackend
 
     assert rc.Cache(MemoryBackend()).loads(module.get_precompiled_programs()) == 0
+
+
+def test_a_binary_holding_only_some_of_the_declared_kernels_is_caught(
+    ctx: Any, cache: rc.Cache
+) -> None:
+    """A planted binary that holds one of the source's two kernels passed the check, and
+    the caller's ``prg.g`` then raised ``INVALID_KERNEL_NAME``."""
+    import pyopencl as cl
+
+    from runtime_cache.opencl.program import read_binaries
+
+    src = "__kernel void f(__global float *a) { a[get_global_id(0)] *= 2.0f; }\n"
+    src += "__kernel void g(__global float *a) { a[get_global_id(0)] *= 3.0f; }\n"
+    part = cl.Program(ctx, "__kernel void f(__global float *a) { a[0] = 9.0f; }").build()
+    plan = plan_program(ctx, src)
+    assert plan.keys is not None
+    cache.put_many(dict(zip(plan.keys, read_binaries(cl, part, plan.devices), strict=True)))
+    program = build_program(ctx, src, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, program.g, data), data * 3)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 2)
+    assert opencl_stats().rejected_binaries == 1

@@ -254,9 +254,9 @@ _SHAPED = re.compile(rb"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTIL
 def holds_its_kernels(
     cache: Cache, plan: ProgramPlan, program: Any, found: Mapping[str, Binary] | None = None
 ) -> bool:
-    """Whether ``program``, loaded from cached binaries, holds a kernel that its source
-    declares; when it holds none (another program's binary under this key, in a store
-    nothing signs), its entries are evicted (those still holding the binaries in
+    """Whether ``program``, loaded from cached binaries, holds every kernel that its source
+    declares plainly; when it lacks one (another program's binary under this key, in a
+    store nothing signs), its entries are evicted (those still holding the binaries in
     ``found``, the entries it was loaded from) and ``False`` returned. ``True`` when the
     source (one the preprocessor shapes, or whose kernel is named by a macro of a ``-D``
     option or a header) or the driver cannot tell. (``OpenCLModule`` checks the kernel it
@@ -268,14 +268,14 @@ def holds_its_kernels(
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
     declared = argument_kinds(source)
     names = kernel_names(program) if declared else None
-    if names is None or set(declared) & set(names) or macro_named(list(declared), plan):
+    if names is None or set(declared) <= set(names) or macro_named(list(declared), plan):
         return True
     keys = plan.keys or []
     binaries = [found.get(str(k)) for k in keys] if found is not None else []
     evict(
         cache,
         plan,
-        "the program holds none of the kernels its source declares",
+        "the program lacks a kernel its source declares",
         [b for b in binaries if b is not None] if all(b is not None for b in binaries) else None,
     )
     return False
