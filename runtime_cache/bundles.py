@@ -213,13 +213,19 @@ def merge_bundle(
     accepted = screened.accepted
     withheld = code_count = 0
     if accepted and not overwrite:
-        try:
-            present = backend.peek_many(list(accepted))  # a look, not a use
-        except Exception as exc:
-            failed("get_many", exc)
-            present = {}
-        kept = {k for k, blob in present.items() if _keeps(k, blob, secret, limits)}
-        accepted = {k: v for k, v in accepted.items() if k not in kept}
+        # Kept only where every store holds it: a tiered cache's copy found first may be a
+        # good one over a planted or missing one in the shared tier below.
+        tiers = getattr(backend, "tiers", None)
+        kept: set[str] | None = None
+        for tier in tiers if isinstance(tiers, list) and tiers else [backend]:
+            try:
+                present = tier.peek_many(list(accepted))  # a look, not a use
+            except Exception as exc:
+                failed("get_many", exc)
+                present = {}
+            good = {k for k, blob in present.items() if _keeps(k, blob, secret, limits)}
+            kept = good if kept is None else kept & good
+        accepted = {k: v for k, v in accepted.items() if k not in (kept or set())}
     if accepted and secret is None:
         code = [k for k in accepted if _purpose(k) in CODE_PURPOSES]
         for skey in code:  # native code that nothing checks after: only ever signed

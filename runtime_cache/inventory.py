@@ -156,8 +156,8 @@ class Inventory:
         parts) are skipped and counted as corrupt or rejected. Without a secret,
         the entries are unsigned: they are never written to a shared store
         (the result's ``withheld``). ``overwrite=False`` keeps the entries the
-        cache holds that pass its check (and newer formats'); damaged or rejected
-        ones are replaced. The result is an ``int`` with the details of a
+        cache holds that pass its check (and newer formats'), in every tier of a
+        tiered cache; damaged, rejected or missing ones are replaced. The result is an ``int`` with the details of a
         :class:`~runtime_cache.bundles.LoadResult`.
         """
         result = merge_bundle(

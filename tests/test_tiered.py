@@ -510,3 +510,22 @@ def test_a_rejected_entry_is_served_once_another_process_stored_a_good_one(tmp_p
     backend.get_many = get_many  # type: ignore[method-assign]
     assert cache.get_many([key]) == {str(key): b"good"}
     assert (cache.stats().hits, cache.stats().rejected, cache.stats().misses) == (1, 1, 0)
+
+
+def test_an_import_that_keeps_existing_entries_mends_a_tier_below(tmp_path: Path) -> None:
+    """The review of the keep-existing fix: in a tiered store the copy found first (a good
+    one in the machine's folder) was kept, and a planted copy in the shared tier below
+    stayed, for every other machine to reject."""
+    secret = b"s" * 32
+    near, far = DirectoryBackend(tmp_path / "near"), DirectoryBackend(tmp_path / "far")
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    source = rc.Cache(MemoryBackend(), secret=secret)
+    source.put(key, b"bundle value")
+    rc.Cache(near, secret=secret).put(key, b"good near copy")
+    rc.Cache(far).put(key, b"planted")  # unsigned
+    cache = rc.Cache(TieredBackend([near, far]), secret=secret)
+    assert cache.loads(source.dumps(), overwrite=False) == 1
+    other = rc.Cache(far, secret=secret)
+    assert other.get(key) == b"bundle value" and other.stats().rejected == 0
+    # Where every tier holds a good copy, it is kept.
+    assert cache.loads(source.dumps(), overwrite=False) == 0
