@@ -157,8 +157,8 @@ class Inventory:
         the entries are unsigned: they are never written to a shared store
         (the result's ``withheld``). ``overwrite=False`` keeps the entries the
         cache holds that pass its check (and newer formats'), in every tier of a
-        tiered cache; damaged, rejected or missing ones are replaced. The result is an ``int`` with the details of a
-        :class:`~runtime_cache.bundles.LoadResult`.
+        tiered cache; damaged, rejected or missing ones are replaced. The result
+        is an ``int`` with the details of a :class:`~runtime_cache.bundles.LoadResult`.
         """
         result = merge_bundle(
             data,
