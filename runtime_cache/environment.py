@@ -35,6 +35,7 @@ __all__ = [
     "split_secret",
     "state_directory",
     "warn_no_home",
+    "working_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,14 @@ def from_start(path: str) -> str:
     if os.path.isabs(path) or _START_FOLDER is None:
         return os.path.abspath(path)
     return os.path.normpath(os.path.join(_START_FOLDER, path))
+
+
+def working_folder() -> str | None:
+    """The process's working folder now, or ``None`` when it was removed."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def read(name: str) -> str | None:

@@ -20,7 +20,7 @@ from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 from .errors import InvalidURLError, InvalidValueError
 from .units import parse_bool
 
-__all__ = ["BackendURL", "folder_url", "redact", "redact_url", "tier_urls"]
+__all__ = ["BackendURL", "folder_url", "redact", "redact_url", "redacted", "tier_urls"]
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before whitespace or a quote, so
 # a raw "@", "/", "?", "#" or "," inside a password is hidden too (a query's "@" hides
@@ -28,6 +28,7 @@ __all__ = ["BackendURL", "folder_url", "redact", "redact_url", "tier_urls"]
 # Found by :func:`_hide_userinfos` in one pass: a pattern that runs to the last "@" took
 # time quadratic in the text's length.
 _TOKEN_END = re.compile(r"[\s'\"]")
+_SCHEME_TYPO = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:")
 _SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _SECRET_OPTION = re.compile(
     r"([?&;]\s*(?:password|passwd|pass|pwd|secret|token|auth|api_key|access_key)\s*=)"
@@ -136,10 +137,12 @@ def _hide_userinfos(text: str) -> str:
                 found = _TOKEN_END.search(text, at)
                 token_end = found.start() if found else len(text)
                 last_at = text.rfind("@", at, token_end)
-            # Another URL before the "@" (a tier list): that one's userinfo, not this one's.
-            if last_at > start and text[start] != "/" and not 0 <= after < last_at:
-                out += [text[done:start], _hidden(text[start:last_at])]
-                done = last_at
+            # Another URL before the "@" (a tier list): this one's userinfo ends at its own
+            # last "@" before that URL, if it has one (a search of its own stretch only).
+            end = last_at if not 0 <= after < last_at else text.rfind("@", start, after)
+            if end > start and text[start] != "/":
+                out += [text[done:start], _hidden(text[start:end])]
+                done = end
         at = after
     return "".join(out) + text[done:] if out else text
 
@@ -161,9 +164,24 @@ def redact_url(url: object) -> str:
     """
     if not isinstance(url, str):
         return redact(repr(url))
-    # Each URL's userinfo up to its last '@', whatever the password holds (a space or a
-    # quote ends the pass over free text in redact()).
-    return repr(redact(_hide_each_url(url)))
+    return repr(redacted(url))
+
+
+def redacted(url: str) -> str:
+    """The URL (or tier list) ``url`` with each URL's userinfo hidden up to its last
+    ``@``, whatever the password holds, and secret query options hidden: as
+    :func:`redact_url` shows it, without the quotes.
+
+    >>> redacted("memory://,redis://:pass word@cache:6379/0")
+    'memory://,redis://:***@cache:6379/0'
+    """
+    if "://" not in url and "@" in url and _SCHEME_TYPO.match(url):
+        # "redis:/:pw@host", "redis:pw@host": no "://" to find, so all before the last "@"
+        # but the scheme goes.
+        scheme, _, rest = url.partition(":")
+        return f"{scheme}:***@{rest.rpartition('@')[2]}"
+    # (A space or a quote ends the pass over free text in redact(); not here.)
+    return redact(_hide_each_url(url))
 
 
 @dataclass(frozen=True)

@@ -317,3 +317,43 @@ def test_a_record_left_by_a_killed_store_does_not_wait_on_a_pid_reused(tmp_path:
     finally:
         other.kill()
         other.wait()
+
+
+CHDIR_APP = textwrap.dedent(
+    """
+    import os, sys
+    import pyopencl as cl
+    import runtime_cache as rc
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import choose_device, install
+    install(rc.Cache(DirectoryBackend(sys.argv[1])))
+    src = '#include "val.h"\\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }'
+    cl.Program(cl.Context([choose_device()]), src + "//" + sys.argv[2]).build(options=["-I", "inc"])
+    os.chdir(sys.argv[3])  # the app moves on before it exits
+    """
+)
+
+
+def test_a_detached_store_builds_in_the_folder_the_headers_were_found_from(
+    tmp_path: Path,
+) -> None:
+    """The last review: the detached store planned the keys again in the folder the app was
+    in at exit, where a relative -I named nothing: "changed", and nothing stored."""
+    runs, folder, project = tmp_path / "runs", tmp_path / "cache", tmp_path / "project"
+    (project / "inc").mkdir(parents=True)
+    (project / "inc" / "val.h").write_text("#define VAL 3.0f\n")
+    env = dict(os.environ, RUNTIME_CACHE_OPENCL_DETACHED_DIR=str(runs))
+    env.setdefault("RUNTIME_CACHE_OPENCL_DETACH", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", CHDIR_APP, str(folder), str(os.getpid()), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=project,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    (record,) = detached_runs(str(runs))
+    assert record["stored"] == 1 and record["changed"] == 0, record
+    assert len(_keys(folder)) == 1

@@ -326,7 +326,10 @@ def test_options_and_include_scanning(tmp_path: Path) -> None:
     options = ["-I", str(first), "-I", str(second)]
     found = include_digests('#include "h.h"\n', options)
     assert found is not None
-    assert sorted(name for name, _, _ in found) == ["h.h", "h.h", "inner.h"]
+    # Each file under each name and place it was found at: h.h from the source (the two
+    # -I folders) and from inner.h (beside it, which is the first -I folder, then both),
+    # inner.h beside h.h and in the first -I folder.
+    assert sorted(name for name, _, _ in found) == ["h.h"] * 4 + ["inner.h"] * 2
     # The second folder's header is hashed too, though the first one shadows it.
     (second / "h.h").write_text("#define X 3\n")
     assert include_digests('#include "h.h"\n', options) != found
@@ -551,3 +554,43 @@ def test_a_binary_holding_only_some_of_the_declared_kernels_is_caught(
     np.testing.assert_array_equal(run_kernel(ctx, program.g, data), data * 3)
     np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 2)
     assert opencl_stats().rejected_binaries == 1
+
+
+def test_the_last_reviews_include_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last review: ``#define HAS __has_include`` then ``HAS("x.h")`` was not keyed; a
+    name that resolved to a file hashed under another name got no entry (a link re-pointed
+    kept the key); a removed working folder raised ``FileNotFoundError`` from the scan."""
+    from runtime_cache.opencl import includes
+
+    options = ["-I", str(tmp_path)]
+    bare = '#define HAS __has_include\n#if HAS("feature.h")\n#endif\n'
+    assert includes.include_digests(bare, options) is None
+    for asks in ("#ifdef __has_include\n#endif\n", "#if defined(__has_include)\n#endif\n"):
+        assert includes.include_digests(asks, options) == []  # asking reads no file
+    (tmp_path / "impl_a.h").write_text("#define VAL 1\n")
+    (tmp_path / "impl_b.h").write_text("#define VAL 10\n")
+    (tmp_path / "zimpl.h").symlink_to(tmp_path / "impl_a.h")
+    src = '#if 0\n#include "impl_a.h"\n#include "impl_b.h"\n#endif\n#include "zimpl.h"\n'
+    before = includes.include_digests(src, options)
+    (tmp_path / "zimpl.h").unlink()
+    (tmp_path / "zimpl.h").symlink_to(tmp_path / "impl_b.h")
+    assert includes.include_digests(src, options) != before
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert includes.include_digests('#include "val.h"\n', ["-I", "relative"]) is None
+
+
+@pytest.mark.parametrize("define", ["/* name */ #define", "#/**/define"])
+def test_a_kernel_named_by_a_macro_defined_after_a_comment_loads_from_the_cache(
+    ctx: Any, cache: rc.Cache, define: str
+) -> None:
+    """The last review: a comment before the ``#`` or inside the directive hid the
+    ``#define`` from the kernel-name check: evicted and rebuilt on every load."""
+    src = define + " KNAME scale\n"
+    src += "__kernel void KNAME(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+    for _ in range(3):
+        build_program(ctx, src, cache=cache)
+    stats = opencl_stats()
+    assert (stats.source_builds, stats.binary_loads, stats.rejected_binaries) == (1, 2, 0)

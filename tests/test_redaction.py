@@ -210,3 +210,21 @@ def test_a_tier_list_error_never_shows_a_password_with_a_blank_or_a_quote(passwo
             rc.open_backend(url)
         for secret in SECRETS:
             assert secret not in f"{caught.value} {caught.value!r}", caught.value
+
+
+def test_the_last_reviews_url_forms() -> None:
+    """The last review: redact() on a tier list left the first URL's password when a later
+    one had an '@'; a URL missing a '/' of '://' was shown whole."""
+    from runtime_cache.urls import redacted
+
+    assert (
+        redact("redis://:Hunter2x@h1/0,redis://:Zq9@h2/0") == "redis://:***@h1/0,redis://:***@h2/0"
+    )
+    assert (
+        redact("redis://:Hunter2x@h1/0,dir:///srv/c@team") == "redis://:***@h1/0,dir:///srv/c@team"
+    )
+    for typo in ("redis:/:Hunter2xZq9@cache:6379/0", "redis:Hunter2xZq9@cache:6379/0"):
+        assert redacted(typo) == "redis:***@cache:6379/0"
+        with pytest.raises(InvalidURLError) as caught:
+            rc.open_backend(typo)
+        assert "Hunter2x" not in str(caught.value)

@@ -44,7 +44,7 @@ from .. import environment
 from ..cache import Cache
 from ..errors import RuntimeCacheError
 from ..provider import OFF
-from ..urls import redact
+from ..urls import redact, redacted
 from .report import compare, format_text
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
-    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redact(url)
+    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redacted(url)
     schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
     if url.strip().lower() in OFF:
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")

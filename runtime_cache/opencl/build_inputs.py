@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from .counters import counters
-from .includes import as_c_reads, include_digests, normalize_options
+from .includes import include_digests, normalize_options, preprocessor_view
 from .plan import ProgramPlan
 
 __all__ = ["macro_named", "settle", "unkeyed"]
@@ -69,4 +69,4 @@ def macro_named(declared: Sequence[str], plan: ProgramPlan) -> bool:
         return True  # (cannot be read now: not evicted for a name it cannot tell)
     pattern = rb"^\s*#\s*define\s+(?:%s)\b" % b"|".join(re.escape(n.encode()) for n in names)
     found = re.compile(pattern, re.MULTILINE)
-    return any(found.search(as_c_reads(t).replace(b"%:", b"#")) for t in texts)
+    return any(found.search(preprocessor_view(t)) for t in texts)

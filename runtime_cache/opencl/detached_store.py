@@ -233,7 +233,16 @@ def _job(plan: ProgramPlan, seconds: float) -> list[Any]:
     module_id = plan.keys[0].module_id
     keys = [str(k) for k in plan.keys]
     options = list(plan.options)
-    return [plan.source, options, plan.options_text, fingerprints, module_id, keys, seconds]
+    return [
+        plan.source,
+        options,
+        plan.options_text,
+        fingerprints,
+        module_id,
+        keys,
+        seconds,
+        plan.folder,
+    ]
 
 
 def write_record(path: str, record: dict[str, Any]) -> None:

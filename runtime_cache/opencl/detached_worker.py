@@ -7,7 +7,8 @@ Its stdin carries one message (:mod:`.wire`): ``{"spec", "secret", "producer",
 its secret's keys or ``None``, the producer label, the path of a private file
 of jobs (read, then removed), the bound on this process's life, and the
 parent's working folder. Each job is ``[source, options, options text,
-device fingerprints, module id, keys, build seconds]``.
+device fingerprints, module id, keys, build seconds, folder]`` (``folder``: where its
+headers were found when the keys were made, or ``None``).
 
 For each program, unless its entries are all stored already (by another
 run, say), it opens the devices by fingerprint, plans the keys again and
@@ -50,8 +51,13 @@ def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> s
     from .build_inputs import settle
     from .program import plan_program, source_build, store_binaries
 
-    source, options, _, _, module_id, keys, seconds = job
+    source, options, _, _, module_id, keys, seconds, *rest = job
     context, devices = opened
+    if rest and rest[0]:  # where its headers were found (relative -I folders)
+        try:
+            os.chdir(str(rest[0]))
+        except OSError:
+            return "changed"
     plan = plan_program(context, source, options, devices=devices, module_id=module_id)
     if plan.keys is None or [str(k) for k in plan.keys] != list(keys):
         return "changed"

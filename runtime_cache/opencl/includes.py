@@ -55,6 +55,7 @@ __all__ = [
     "include_digests",
     "include_dirs",
     "normalize_options",
+    "preprocessor_view",
 ]
 
 #: A directive that reads a file: its name, or (a macro) whatever follows it. Blanks are
@@ -74,6 +75,14 @@ _QUOTED_OPENER = re.compile(rb"[\"'][^\"'\n/]*(?:/(?![*/])[^\"'\n/]*)*/[*/]")  #
 #: exists decides what compiles, so its name goes into the key as an include's does
 #: (group 1: the operand written out; none: a macro).
 _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*("[^"\n]+"|<[^>\n]+>)?')
+#: ``__has_include`` not called where it stands (``#define HAS __has_include``): a macro
+#: stands for it, called with what the key cannot see. Asking whether it exists
+#: (``defined(__has_include)``, ``#ifdef __has_include``) reads no file.
+_HAS_INCLUDE_BARE = re.compile(
+    rb"(?<!defined)(?<!defined\()(?<![A-Za-z0-9_])__has_include(?:_next)?(?![A-Za-z0-9_])"
+    rb"(?![ \t\f\v]*\()"
+)
+_ASKS_IF_DEFINED = re.compile(rb"(?:defined[ \t\f\v]*\(?|(?:#|%:)[ \t\f\v]*ifn?def)[ \t\f\v]*$")
 _BOM = b"\xef\xbb\xbf"
 _WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
@@ -187,6 +196,16 @@ def as_c_reads(text: bytes) -> bytes:
     return text
 
 
+def preprocessor_view(text: bytes) -> bytes:
+    """``text`` as the preprocessor reads its lines (:func:`as_c_reads`), each comment one
+    space (string literals kept), ``%:`` as ``#``."""
+    text = as_c_reads(text)
+    if b"/" in text:
+        literals = _QUOTED_OPENER.search(text) is not None
+        text = _TOKENS.sub(rb"\1 ", text) if literals else _COMMENT.sub(b" ", text)
+    return text.replace(b"%:", b"#") if b"%:" in text else text
+
+
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
     text = as_c_reads(text)
     if b"include" not in text and b"import" not in text:
@@ -205,6 +224,10 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
             operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
         if b"##" in spelling and b"__has_" in spelling:
             operands.append(b"")  # a pasted __has_include (CAT(__has_, include)): a macro
+        for bare in _HAS_INCLUDE_BARE.finditer(spelling):
+            line = spelling[spelling.rfind(b"\n", 0, bare.start()) + 1 : bare.start()]
+            if not _ASKS_IF_DEFINED.search(line):
+                operands.append(b"")  # (#define HAS __has_include)
         for operand in operands:
             named = _NAMED.match(operand)
             if named is None:
@@ -239,8 +262,9 @@ def include_digests(
         return []  # (before the options are split: that costs more than the scan)
     search = [*include_dirs(tokens() if callable(tokens) else tokens), "."]
     result: list[Any] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str, int]] = set()
     queued: set[tuple[str, tuple[str, ...]]] = set()
+    marks: dict[str, int] = {}
     absent: set[str] = set()
     # Each text with its xxh3-128 (a header's is its digest in the key) and the folders its
     # quoted includes are looked for in first.
@@ -251,27 +275,34 @@ def include_digests(
         hits = 0
         for index, base in numbered:
             joined = os.path.join(base, name)
-            path = os.path.realpath(joined)
+            try:
+                path = os.path.realpath(joined)
+            except OSError:  # (a working folder removed since: nothing here can be told)
+                return None
             content = _read(path)
             if content is None:
                 continue
             if isinstance(content, _Unreadable):
                 return None  # a header the build may read, that cannot go into the key
             hits += 1
+            mark = marks.get(path)
+            if mark is None:
+                mark = marks[path] = xxhash.xxh3_128_intdigest(content)
+            # Every name and where it was found: a file hashed under one name already may be
+            # what another name (a link) resolves to now, and another file later.
+            if (path, name, index) not in seen:
+                seen.add((path, name, index))
+                result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, once
             # A compiler looks for a header's quoted includes beside it as it was found
             # (a link's folder), where this one resolved the link: both are searched.
             folders = tuple(dict.fromkeys((os.path.dirname(joined), os.path.dirname(path))))
             if (path, folders) in queued:
                 continue
             queued.add((path, folders))
-            if len(queued) > _MAX_FILES:
+            if len(queued) > _MAX_FILES or len(seen) > 4 * _MAX_FILES:
                 return None
-            mark = xxhash.xxh3_128_intdigest(content)
             if texts is not None:
                 texts.append(content)
-            if path not in seen:
-                seen.add(path)
-                result.append([name, index, f"{mark:032x}"])  # xxh3_128_hexdigest, hashed once
             pending.append((content, mark, folders))
         return hits
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from .. import environment
 from .child import PARENT_ENV, child_folder, python_command
 from .fingerprint import device_fingerprint
 from .watchdog import Watchdog
@@ -77,7 +78,7 @@ def _serve(
                     return
             # In this process's folder, where relative -I folders and the working folder's
             # headers resolve as they did for the keys (the worker itself runs elsewhere).
-            write_message(process.stdin, ["build", *current, _here()])
+            write_message(process.stdin, ["build", *current, environment.working_folder() or ""])
             reply = read_message(process.stdout)
             binaries, seconds, options_text = reply[1:4]
             cpu, files = reply[4:6]
@@ -96,13 +97,6 @@ def _serve(
     finally:
         if process is not None:
             stop_worker(process)
-
-
-def _here() -> str:
-    try:
-        return os.getcwd()
-    except OSError:  # (removed since): the worker builds where it is
-        return ""
 
 
 def start_worker(

@@ -17,7 +17,9 @@ class ProgramPlan:
     ``keys`` holds one key per device, in the order of ``devices``; it is
     ``None`` when the build cannot be cached (an unresolvable ``#include``).
     ``includes`` holds the headers that went into the keys
-    (:func:`~runtime_cache.opencl.includes.include_digests`), ``None`` when none did.
+    (:func:`~runtime_cache.opencl.includes.include_digests`), ``None`` when none did;
+    ``folder``, then, the working folder they were found from (relative ``-I`` folders
+    resolve there: a build made for these keys in another process is made there).
     """
 
     source: str | bytes
@@ -26,3 +28,4 @@ class ProgramPlan:
     devices: list[Any]
     keys: list[CacheKey] | None
     includes: list[Any] | None = None
+    folder: str | None = None

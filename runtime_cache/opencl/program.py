@@ -18,6 +18,7 @@ from typing import Any
 
 import xxhash
 
+from .. import environment
 from ..cache import Cache
 from ..errors import CorruptEntryError, NewerFormatError, RejectedEntryError
 from ..key_template import KeyTemplate
@@ -37,7 +38,7 @@ from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
-from .includes import Options, as_c_reads, include_digests, normalize_options
+from .includes import Options, include_digests, normalize_options, preprocessor_view
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
 from .vetting import screen_binaries, vet_unknown
@@ -95,6 +96,7 @@ def plan_program(
     if headers is None:
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
+    folder = environment.working_folder() if read else None
     extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
     if headers:
         extra["includes"] = headers
@@ -102,7 +104,9 @@ def plan_program(
         extra["program"] = program
     if templates is not None and len(templates) == len(devs):
         del extra["options"]  # a template's own
-        return ProgramPlan(source, tokens, text, devs, [t.key(**extra) for t in templates], read)
+        return ProgramPlan(
+            source, tokens, text, devs, [t.key(**extra) for t in templates], read, folder
+        )
     mid = module_id or module_id_from_sources(data, name="program")
     keys = [
         make_key(
@@ -114,7 +118,7 @@ def plan_program(
         )
         for dev in devs
     ]
-    return ProgramPlan(source, tokens, text, devs, keys, read)
+    return ProgramPlan(source, tokens, text, devs, keys, read, folder)
 
 
 def key_templates(devices: Sequence[Any], module_id: str, options_text: str) -> list[KeyTemplate]:
@@ -246,8 +250,8 @@ def fetch(
     return load_cached(context, plan, cache, ready, digests, known=standing == KNOWN)
 
 
-#: Preprocessor work that may change which kernels a source compiles to (in the text as C
-#: reads it, ``%:`` as ``#``).
+#: Preprocessor work that may change which kernels a source compiles to (in the text as
+#: the preprocessor reads it: :func:`~.includes.preprocessor_view`).
 _SHAPED = re.compile(rb"^\s*#\s*(?:if|ifdef|ifndef|elif|define)\b|##", re.MULTILINE)
 
 
@@ -263,7 +267,7 @@ def holds_its_kernels(
     is asked for.)
     """
     data = plan.source.encode("utf-8") if isinstance(plan.source, str) else plan.source
-    if _SHAPED.search(as_c_reads(bytes(data)).replace(b"%:", b"#")):
+    if _SHAPED.search(preprocessor_view(bytes(data))):
         return True  # #if, #define or ##: the kernels compiled are not the ones written
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
     declared = argument_kinds(source)
