@@ -29,6 +29,7 @@ __all__ = ["BackendURL", "folder_url", "redact", "redact_url", "redacted", "tier
 # time quadratic in the text's length.
 _TOKEN_END = re.compile(r"[\s'\"]")
 _SCHEME_TYPO = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:")
+_WELL_FORMED = re.compile(r"\s*(?:tiered://)?[A-Za-z][A-Za-z0-9+.-]*://")
 _SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _SECRET_OPTION = re.compile(
     r"([?&;]\s*(?:password|passwd|pass|pwd|secret|token|auth|api_key|access_key)\s*=)"
@@ -93,23 +94,55 @@ def _scheme_start(text: str, end: int) -> int | None:
     start = end
     while start > 0 and text[start - 1] in _SCHEME_CHARS:
         start -= 1
+    if start > 0 and text[start - 1] in ":/@":
+        return None  # inside another URL (a password that holds "://"), not one of its own
     return start if any(c.isalpha() for c in text[start:end]) else None
 
 
-def _has_scheme(text: str, end: int) -> bool:
-    return _scheme_start(text, end) is not None
+def _url_starts(text: str) -> list[int]:
+    """Where each ``scheme://`` of ``text`` has its ``://`` (one of its own, not one inside
+    another URL's userinfo or path): found in one pass."""
+    found = []
+    at = text.find("://")
+    while at >= 0:
+        if _scheme_start(text, at) is not None:
+            found.append(at)
+        at = text.find("://", at + 3)
+    return found
+
+
+def _hide_userinfos(text: str) -> str:
+    """``text`` with the userinfo of every ``scheme://userinfo@`` in it hidden."""
+    out: list[str] = []
+    done = 0  # text[:done] is in out
+    token_end = last_at = -1  # the end of the token around the current "://", its last "@"
+    starts = _url_starts(text)
+    for index, at in enumerate(starts):
+        start = at + 3
+        after = starts[index + 1] if index + 1 < len(starts) else -1
+        if at < done:
+            continue
+        if at >= token_end:
+            found = _TOKEN_END.search(text, at)
+            token_end = found.start() if found else len(text)
+            last_at = text.rfind("@", at, token_end)
+        # Another URL before the "@" (a tier list): this one's userinfo ends at its own
+        # last "@" before that URL, if it has one (a search of its own stretch only).
+        end = last_at if not 0 <= after < last_at else text.rfind("@", start, after)
+        if end > start and text[start] != "/":
+            out += [text[done:start], _hidden(text[start:end])]
+            done = end
+    return "".join(out) + text[done:] if out else text
 
 
 def _hide_each_url(url: str) -> str:
     """One URL, or a tier list: each URL's userinfo hidden up to its last '@' before the
     next URL, whatever it holds (a space, a quote, a ',')."""
     starts: list[tuple[int, int]] = []
-    at = url.find("://")
-    while at >= 0:
+    for at in _url_starts(url):
         start = _scheme_start(url, at)
         if start is not None and (not starts or start >= starts[-1][1]):
             starts.append((start, at + 3))
-        at = url.find("://", at + 3)
     if not starts:
         return url
     out = [url[: starts[0][0]]]
@@ -121,30 +154,6 @@ def _hide_each_url(url: str) -> str:
         else:
             out.append(url[start:end])
     return "".join(out)
-
-
-def _hide_userinfos(text: str) -> str:
-    """``text`` with the userinfo of every ``scheme://userinfo@`` in it hidden."""
-    out: list[str] = []
-    done = 0  # text[:done] is in out
-    token_end = last_at = -1  # the end of the token around the current "://", its last "@"
-    at = text.find("://")
-    while at >= 0:
-        start = at + 3
-        after = text.find("://", start)
-        if at >= done and _has_scheme(text, at):
-            if at >= token_end:
-                found = _TOKEN_END.search(text, at)
-                token_end = found.start() if found else len(text)
-                last_at = text.rfind("@", at, token_end)
-            # Another URL before the "@" (a tier list): this one's userinfo ends at its own
-            # last "@" before that URL, if it has one (a search of its own stretch only).
-            end = last_at if not 0 <= after < last_at else text.rfind("@", start, after)
-            if end > start and text[start] != "/":
-                out += [text[done:start], _hidden(text[start:end])]
-                done = end
-        at = after
-    return "".join(out) + text[done:] if out else text
 
 
 def redact(text: str) -> str:
@@ -175,13 +184,19 @@ def redacted(url: str) -> str:
     >>> redacted("memory://,redis://:pass word@cache:6379/0")
     'memory://,redis://:***@cache:6379/0'
     """
-    if "://" not in url and "@" in url and _SCHEME_TYPO.match(url):
-        # "redis:/:pw@host", "redis:pw@host": no "://" to find, so all before the last "@"
-        # but the scheme goes.
-        scheme, _, rest = url.partition(":")
-        return f"{scheme}:***@{rest.rpartition('@')[2]}"
+    hidden = _hide_each_url(url)
+    if any(
+        "@" in part and "***@" not in part and not _WELL_FORMED.match(part)
+        for part in hidden.split(",")
+    ):
+        # A URL (or a tier of a list) that is no "scheme://..." ("redis:/:pw@host",
+        # "redis//:pw@host"): where its userinfo ends cannot be told, so all before the
+        # last "@" goes, but a scheme it starts with.
+        typo = _SCHEME_TYPO.match(url)
+        head = typo.group(0) if typo else ""
+        return f"{head}***@{url.rpartition('@')[2]}"
     # (A space or a quote ends the pass over free text in redact(); not here.)
-    return redact(_hide_each_url(url))
+    return redact(hidden)
 
 
 @dataclass(frozen=True)

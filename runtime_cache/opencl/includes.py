@@ -79,10 +79,15 @@ _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*("[^"\
 #: stands for it, called with what the key cannot see. Asking whether it exists
 #: (``defined(__has_include)``, ``#ifdef __has_include``) reads no file.
 _HAS_INCLUDE_BARE = re.compile(
-    rb"(?<!defined)(?<!defined\()(?<![A-Za-z0-9_])__has_include(?:_next)?(?![A-Za-z0-9_])"
-    rb"(?![ \t\f\v]*\()"
+    rb"(?<![A-Za-z0-9_])__has_include(?:_next)?(?![A-Za-z0-9_])(?![ \t\f\v]*\()"
 )
-_ASKS_IF_DEFINED = re.compile(rb"(?:defined[ \t\f\v]*\(?|(?:#|%:)[ \t\f\v]*ifn?def)[ \t\f\v]*$")
+#: What may stand before a bare ``__has_include`` on its line that only asks whether it is
+#: defined: the ``defined`` operator (a whole word), or ``#ifdef``, ``#ifndef``,
+#: ``#elifdef``, ``#elifndef``, ``#undef``. (Never a ``#define``'s body.)
+_ASKS_IF_DEFINED = re.compile(
+    rb"(?:^[ \t\f\v]*#[ \t\f\v]*(?:if|elif)\b.*(?<![A-Za-z0-9_])defined[ \t\f\v]*\(?"
+    rb"|^[ \t\f\v]*#[ \t\f\v]*(?:ifn?def|elifn?def|undef))[ \t\f\v]*$"
+)
 _BOM = b"\xef\xbb\xbf"
 _WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
@@ -226,7 +231,7 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
             operands.append(b"")  # a pasted __has_include (CAT(__has_, include)): a macro
         for bare in _HAS_INCLUDE_BARE.finditer(spelling):
             line = spelling[spelling.rfind(b"\n", 0, bare.start()) + 1 : bare.start()]
-            if not _ASKS_IF_DEFINED.search(line):
+            if not _ASKS_IF_DEFINED.match(line.replace(b"%:", b"#")):
                 operands.append(b"")  # (#define HAS __has_include)
         for operand in operands:
             named = _NAMED.match(operand)
