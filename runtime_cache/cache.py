@@ -33,7 +33,7 @@ from .batch_reads import BatchReads, read_again
 from .builds import Builds
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
-from .errors import EntryTooLargeError
+from .errors import CorruptEntryError, EntryTooLargeError, NewerFormatError, RejectedEntryError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike
@@ -365,6 +365,26 @@ class Cache(Inventory, BatchReads, Builds):
         """Whether the backend refused this cache's latest store of ``key`` for its size
         (not when that store failed otherwise, or landed)."""
         return str(key) in self._refusals
+
+    def delete_if_holds(self, key: KeyLike, value: bytes) -> None:
+        """Remove ``key``'s entry only while it still holds ``value`` (one judged bad by
+        its user), or bytes now damaged; keep one stored since, and one this cache rejects
+        or reads in a newer format (its owner's). Compare-and-delete, best effort."""
+        skey = str(key)
+        try:
+            blob = self._backend.peek(skey)
+            if blob is None:
+                return
+            try:
+                held: bytes | None = bytes(self.check(skey, blob).value)
+            except (RejectedEntryError, NewerFormatError):
+                return  # not this cache's to judge: the read path counts and keeps it
+            except CorruptEntryError:
+                held = None  # damaged bytes: gone either way
+            if held is None or held == value:
+                self._backend.delete_if(skey, bytes(blob))
+        except Exception as exc:  # advisory: a failing store only keeps the entry
+            log.debug("runtime-cache: could not remove %s: %s", skey, exc)
 
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there."""

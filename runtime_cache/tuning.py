@@ -199,7 +199,7 @@ class TuningCache:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError as exc:
             log.warning("runtime-cache: bad tuning record %s (%s); deleting it", key, exc)
-            _discard_if_held(cache, str(key), data)
+            cache.delete_if_holds(key, data)  # (not a good record stored since)
             return None
 
     def put(self, symbol: str, record: Mapping[str, Any], *, tune_seconds: float = 0.0) -> bool:
@@ -316,15 +316,3 @@ class TuningCache:
             if stored:
                 accepted += 1
         return accepted
-
-
-def _discard_if_held(cache: Cache, skey: str, value: bytes) -> None:
-    """Remove the entry at ``skey`` only while its value is still ``value`` (the record
-    judged bad): a good record another process stored since is kept (compare-and-delete,
-    as the front removes a corrupt entry). Best effort: a failure leaves it."""
-    try:
-        blob = cache.backend.peek(skey)
-        if blob is not None and bytes(cache.check(skey, blob).value) == value:
-            cache.backend.delete_if(skey, bytes(blob))
-    except Exception as exc:  # (a store that fails now, or an entry that fails the check)
-        log.debug("runtime-cache: tuning record %s left in place: %s", skey, exc)

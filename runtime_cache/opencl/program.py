@@ -20,7 +20,6 @@ import xxhash
 
 from .. import environment
 from ..cache import Cache
-from ..errors import CorruptEntryError, NewerFormatError, RejectedEntryError
 from ..key_template import KeyTemplate
 from ..keys import make_key, module_id_from_sources
 from ..provider import get_cache
@@ -157,24 +156,7 @@ def evict(
             cache.delete(key)
         return
     for key, binary in zip(plan.keys, binaries, strict=True):
-        _evict_if_held(cache, str(key), bytes(binary))
-
-
-def _evict_if_held(cache: Cache, skey: str, binary: bytes) -> None:
-    try:
-        blob = cache.backend.peek(skey)
-        if blob is None:
-            return
-        try:
-            held: bytes | None = bytes(cache.check(skey, blob).entry().value)
-        except (RejectedEntryError, NewerFormatError):
-            return  # not this process's to judge: the read path counts and keeps it
-        except CorruptEntryError:
-            held = None  # damaged bytes: gone either way
-        if held is None or held == binary:
-            cache.backend.delete_if(skey, blob)
-    except Exception as exc:  # advisory: a failing store only keeps the entry
-        log.debug("runtime-cache: could not evict %s: %s", skey, exc)
+        cache.delete_if_holds(key, bytes(binary))
 
 
 def load_from_binaries(
@@ -266,13 +248,15 @@ def holds_its_kernels(
     option or a header) or the driver cannot tell. (``OpenCLModule`` checks the kernel it
     is asked for.)
     """
-    data = plan.source.encode("utf-8") if isinstance(plan.source, str) else plan.source
-    if _SHAPED.search(preprocessor_view(bytes(data))):
-        return True  # #if, #define or ##: the kernels compiled are not the ones written
     source = plan.source if isinstance(plan.source, str) else plan.source.decode("utf-8", "replace")
     declared = argument_kinds(source)
     names = kernel_names(program) if declared else None
-    if names is None or set(declared) <= set(names) or macro_named(list(declared), plan):
+    if names is None or set(declared) <= set(names):
+        return True
+    # A mismatch: unless the preprocessor shapes the kernels (#if, #define, ##: the kernels
+    # compiled are not the ones written) or a macro names one, another program's binary.
+    data = plan.source.encode("utf-8") if isinstance(plan.source, str) else plan.source
+    if _SHAPED.search(preprocessor_view(bytes(data))) or macro_named(list(declared), plan):
         return True
     keys = plan.keys or []
     binaries = [found.get(str(k)) for k in keys] if found is not None else []
