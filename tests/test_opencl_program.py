@@ -264,14 +264,14 @@ def test_every_spelling_of_an_include_puts_its_header_in_the_key(
 def test_an_include_that_cannot_be_hashed_makes_the_build_uncacheable(tmp_path: Path) -> None:
     """A macro include and a header over the size limit were recorded as nothing and as
     "absent": the key kept, whatever the header held."""
-    from runtime_cache.opencl import includes
+    from runtime_cache.opencl import header_reads, includes
 
     (tmp_path / "val.h").write_text("#define VAL 1\n")
     options = ["-I", str(tmp_path)]
     assert includes.include_digests('#define HDR "val.h"\n#include HDR\n', options) is None
     big = tmp_path / "big.h"
     with open(big, "wb") as handle:
-        handle.truncate(includes._MAX_FILE_SIZE + 1)
+        handle.truncate(header_reads.MAX_FILE_SIZE + 1)
     assert includes.include_digests('#include "big.h"\n', options) is None
     (tmp_path / "empty.h").write_text("")
     assert includes.include_digests('#include "empty.h"\n', options) == [

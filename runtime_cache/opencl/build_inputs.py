@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from .counters import counters
-from .includes import include_digests, normalize_options, preprocessor_view
+from .includes import HeaderReads, include_digests, normalize_options, preprocessor_view
 from .plan import ProgramPlan
 
 __all__ = ["macro_named", "settle", "unkeyed"]
@@ -31,17 +31,21 @@ log = logging.getLogger(__name__)
 unkeyed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def settle(plan: ProgramPlan, program: Any = None) -> ProgramPlan:
+def settle(plan: ProgramPlan, program: Any = None, root: str | None = None) -> ProgramPlan:
     """``plan`` as it holds for a build just made from it, its headers read again in the
-    build's folder. A header that changed since the keys were made (a checkout during a
-    long build) leaves no key (``keys`` ``None``; ``program`` noted in :data:`unkeyed`):
-    the binary may hold either version. Otherwise ``includes`` is dropped: nothing is left
-    to check, so a store made later (in the background, after a ``chdir``) reads nothing."""
+    build's folder (``root``; the working folder now when ``None``). A header that changed
+    since the keys were made (a checkout during a long build), even one changed back since
+    (its file's times moved), leaves no key (``keys`` ``None``; ``program`` noted in
+    :data:`unkeyed`): the binary may hold either version. Otherwise ``includes`` is
+    dropped: nothing is left to check, so a store made later (in the background, after a
+    ``chdir``) reads nothing."""
     if not plan.includes or plan.keys is None:
         return plan
     text = plan.options_text
-    if include_digests(plan.source, lambda: normalize_options(text)) == plan.includes:
-        return replace(plan, includes=None)
+    reads = HeaderReads(root=root)
+    now = include_digests(plan.source, lambda: normalize_options(text), reads)
+    if now == plan.includes and reads.stamps == plan.stamps:
+        return replace(plan, includes=None, stamps=None)
     counters.add(uncacheable=1)
     log.warning(
         "runtime-cache: a header changed during the build of %s; not storing it", plan.keys[0]
@@ -49,7 +53,7 @@ def settle(plan: ProgramPlan, program: Any = None) -> ProgramPlan:
     if program is not None:
         with contextlib.suppress(TypeError):  # (an object no weak reference can hold)
             unkeyed.add(program)
-    return replace(plan, keys=None, includes=None)
+    return replace(plan, keys=None, includes=None, stamps=None)
 
 
 def macro_named(declared: Sequence[str], plan: ProgramPlan) -> bool:
@@ -65,7 +69,7 @@ def macro_named(declared: Sequence[str], plan: ProgramPlan) -> bool:
     if not plan.includes:
         return False
     texts: list[bytes] = []
-    if include_digests(plan.source, tokens, texts) is None:
+    if include_digests(plan.source, tokens, HeaderReads(plan.folder, texts=texts)) is None:
         return True  # (cannot be read now: not evicted for a name it cannot tell)
     pattern = rb"^\s*#\s*define\s+(?:%s)\b" % b"|".join(re.escape(n.encode()) for n in names)
     found = re.compile(pattern, re.MULTILINE)

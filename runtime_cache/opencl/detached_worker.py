@@ -36,6 +36,7 @@ from typing import Any
 
 import msgpack
 
+from .. import environment
 from ..cache import Cache
 from .detached_store import MAX_DETACHED_SECONDS, runs_folder, write_record
 from .wire import read_message
@@ -45,18 +46,19 @@ __all__ = ["main"]
 _GRACE_SECONDS = 30
 
 
-def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> str:
-    """Build, read back and store one program; return what became of it."""
+def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any], home: str) -> str:
+    """Build, read back and store one program (in its folder, else in ``home``, where
+    the process started: not where the last job left it); return what became of it."""
     from ._driver import import_pyopencl, read_binaries
     from .build_inputs import settle
     from .program import plan_program, source_build, store_binaries
 
     source, options, _, _, module_id, keys, seconds, *rest = job
     context, devices = opened
-    if rest and rest[0]:  # where its headers were found (relative -I folders)
-        try:
-            os.chdir(str(rest[0]))
-        except OSError:
+    try:  # where its headers were found (relative -I folders)
+        os.chdir(str(rest[0]) if rest and rest[0] else home)
+    except OSError:
+        if rest and rest[0]:
             return "changed"
     plan = plan_program(context, source, options, devices=devices, module_id=module_id)
     if plan.keys is None or [str(k) for k in plan.keys] != list(keys):
@@ -73,6 +75,7 @@ def _store_one(cache: Cache, opened: tuple[Any, list[Any]], job: list[Any]) -> s
 
 def _store_all(cache: Cache, jobs: list[Any], deadline: float, record: dict[str, Any]) -> None:
     contexts: dict[str, tuple[Any, list[Any]] | None] = {}
+    home = environment.working_folder() or os.sep
     for done, job in enumerate(jobs):
         if time.monotonic() >= deadline:
             record["left"] = len(jobs) - done
@@ -88,7 +91,7 @@ def _store_all(cache: Cache, jobs: list[Any], deadline: float, record: dict[str,
 
                 contexts[which] = open_devices(job[3])
             opened = contexts[which]
-            outcome = "failed" if opened is None else _store_one(cache, opened, job)
+            outcome = "failed" if opened is None else _store_one(cache, opened, job, home)
         record[outcome] += 1
 
 

@@ -34,8 +34,13 @@ link's folder) and beside the file the link names. Finding a directive that is
 not one is harmless (its file is hashed, or recorded absent); missing one would
 serve a stale binary. An include whose name is not written out (``#include
 HEADER``, ``__has_include(HEADER)``, a macro) where the preprocessor sees it, or a
-header that exists but cannot be read whole (over ``_MAX_FILE_SIZE``, unreadable),
-makes the build uncacheable too. Each text is scanned once a process.
+header that exists but cannot be read whole (over ``MAX_FILE_SIZE``, unreadable),
+makes the build uncacheable too; ``__has_include`` inside a string literal, or as the
+name a ``#define`` defines, reads no file. Each text is scanned once a process.
+
+Relative names resolve from one folder for the whole scan (:class:`HeaderReads`), which
+also records each file's identity and times, so that a look after a build tells a header
+changed and changed back from one left alone.
 """
 
 from __future__ import annotations
@@ -48,9 +53,13 @@ from typing import Any
 
 import xxhash
 
+from .header_reads import HeaderReads, Stamp, Unreadable, read_header
+
 __all__ = [
     "ABSENT",
     "SYSTEM_DIRS",
+    "HeaderReads",
+    "Stamp",
     "as_c_reads",
     "include_digests",
     "include_dirs",
@@ -88,12 +97,16 @@ _ASKS_IF_DEFINED = re.compile(
     rb"(?:^[ \t\f\v]*#[ \t\f\v]*(?:if|elif)\b.*(?<![A-Za-z0-9_])defined[ \t\f\v]*\(?"
     rb"|^[ \t\f\v]*#[ \t\f\v]*(?:ifn?def|elifn?def|undef))[ \t\f\v]*$"
 )
+#: A string or character literal, on one line.
+_LITERAL = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+#: What stands before ``__has_include`` on its line where a ``#define`` names it
+#: (``#define __has_include(x) 0``, for compilers without it). The body is read as any text.
+_DEFINES = re.compile(rb"^[ \t\f\v]*#[ \t\f\v]*define[ \t\f\v]+$")
 _BOM = b"\xef\xbb\xbf"
 _WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
 _NAMED = re.compile(rb'^("([^"\n]+)"|<([^>\n]+)>)')
 _MAX_FILES = 512
-_MAX_FILE_SIZE = 16 << 20
 #: Folders a C compiler searches by default; a driver's compiler may too.
 SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/include", "/usr/include")
 ABSENT = "absent"
@@ -131,28 +144,6 @@ def include_dirs(tokens: Sequence[str]) -> list[str]:
             found.append(token[2:].strip().strip('"'))
         index += 1
     return found
-
-
-class _Unreadable:
-    """A header that is there but cannot be read whole (too large, unreadable)."""
-
-
-_UNREADABLE = _Unreadable()
-
-
-def _read(path: str) -> bytes | _Unreadable | None:
-    """The file's bytes; ``None`` where there is no file; :data:`_UNREADABLE` where there
-    is one that cannot be read whole."""
-    try:
-        if not os.path.isfile(path):
-            return None
-        if os.path.getsize(path) > _MAX_FILE_SIZE:
-            return _UNREADABLE
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_FILE_SIZE + 1)
-    except OSError:
-        return _UNREADABLE if os.path.lexists(path) else None
-    return _UNREADABLE if len(data) > _MAX_FILE_SIZE else data
 
 
 #: The directives of texts seen, by their xxh3-128: a module's programs include the same
@@ -211,6 +202,18 @@ def preprocessor_view(text: bytes) -> bytes:
     return text.replace(b"%:", b"#") if b"%:" in text else text
 
 
+def _reads_nothing(text: bytes, at: int) -> bool:
+    """Whether the ``__has_include`` at ``at`` in ``text`` (the preprocessor's view) reads no
+    file where it stands: inside a string or character literal (``#pragma message("...
+    __has_include")``), or as the name a ``#define`` defines."""
+    start = text.rfind(b"\n", 0, at) + 1
+    if _DEFINES.match(text[start:at].replace(b"%:", b"#")):
+        return True
+    end = text.find(b"\n", at)
+    end = len(text) if end < 0 else end
+    return any(m.start() < at < m.end() for m in _LITERAL.finditer(text, start, end))
+
+
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
     text = as_c_reads(text)
     if b"include" not in text and b"import" not in text:
@@ -226,12 +229,17 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
     for spelling in (seen, text) if seen is not text else (text,):
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
         if b"__has_include" in spelling:
-            operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
+            operands += [
+                m.group(1) or b""
+                for m in _HAS_INCLUDE.finditer(spelling)
+                if m.group(1) or not _reads_nothing(spelling, m.start())
+            ]
         if b"##" in spelling and b"__has_" in spelling:
             operands.append(b"")  # a pasted __has_include (CAT(__has_, include)): a macro
         for bare in _HAS_INCLUDE_BARE.finditer(spelling):
             line = spelling[spelling.rfind(b"\n", 0, bare.start()) + 1 : bare.start()]
-            if not _ASKS_IF_DEFINED.match(line.replace(b"%:", b"#")):
+            asks = _ASKS_IF_DEFINED.match(line.replace(b"%:", b"#"))
+            if not asks and not _reads_nothing(spelling, bare.start()):
                 operands.append(b"")  # (#define HAS __has_include)
         for operand in operands:
             named = _NAMED.match(operand)
@@ -248,16 +256,17 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
 def include_digests(
     source: str | bytes,
     tokens: Sequence[str] | Callable[[], Sequence[str]],
-    texts: list[bytes] | None = None,
+    reads: HeaderReads | None = None,
 ) -> list[Any] | None:
     """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
 
     Returns ``[]`` when the source includes nothing. A name that matches no
     readable file in the search path nor in :data:`SYSTEM_DIRS` is recorded
     as ``[name, -1, "absent"]``. Returns ``None`` (the build must not be
-    cached) only past the limit on files. ``tokens``, the build options, may be
-    given as a callable: called only for a source that reads a file. ``texts``, when
-    given, gets the content of each header read.
+    cached) only past the limit on files, or when relative names cannot be resolved (a
+    working folder removed). ``tokens``, the build options, may be given as a callable:
+    called only for a source that reads a file. ``reads``, when given, says where relative
+    names resolve from and gets what was read (:class:`HeaderReads`).
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
@@ -265,7 +274,15 @@ def include_digests(
     first = xxhash.xxh3_128_intdigest(data)
     if not _directives(data, first):
         return []  # (before the options are split: that costs more than the scan)
-    search = [*include_dirs(tokens() if callable(tokens) else tokens), "."]
+    reads = reads if reads is not None else HeaderReads()
+    if reads.root is None:
+        try:
+            reads.root = os.getcwd()
+        except OSError:  # (a working folder removed since: nothing here can be told)
+            return None
+    root = reads.root
+    named = include_dirs(tokens() if callable(tokens) else tokens)
+    search = [os.path.join(root, folder) for folder in (*named, ".")]
     result: list[Any] = []
     seen: set[tuple[str, str, int]] = set()
     queued: set[tuple[str, tuple[str, ...]]] = set()
@@ -282,12 +299,14 @@ def include_digests(
             joined = os.path.join(base, name)
             try:
                 path = os.path.realpath(joined)
-            except OSError:  # (a working folder removed since: nothing here can be told)
+            except OSError:
                 return None
-            content = _read(path)
+            content, stamp = read_header(path)
+            if stamp is not None:
+                reads.stamps[path] = stamp
             if content is None:
                 continue
-            if isinstance(content, _Unreadable):
+            if isinstance(content, Unreadable):
                 return None  # a header the build may read, that cannot go into the key
             hits += 1
             mark = marks.get(path)
@@ -306,8 +325,8 @@ def include_digests(
             queued.add((path, folders))
             if len(queued) > _MAX_FILES or len(seen) > 4 * _MAX_FILES:
                 return None
-            if texts is not None:
-                texts.append(content)
+            if reads.texts is not None:
+                reads.texts.append(content)
             pending.append((content, mark, folders))
         return hits
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .. import environment
 from .child import PARENT_ENV, child_folder, python_command
 from .fingerprint import device_fingerprint
 from .watchdog import Watchdog
@@ -47,8 +46,9 @@ START_TIMEOUT = 30.0
 #: Signals that end a worker from outside (see :func:`stopped_from_outside`).
 _OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
-#: ``(name, source, options)``
-Job = tuple[str, str | bytes, list[str]]
+#: ``(name, source, options, folder)``: ``folder``, where the worker builds (relative ``-I``
+#: folders resolve there): the one the keys were made in.
+Job = tuple[str, str | bytes, list[str], str]
 #: ``(name, binaries or None, build seconds, options text seen by the worker,
 #: CPU seconds of the build, packed driver files the build added or None)``
 WorkerResult = tuple[str, list[bytes] | None, float, str, float, bytes | None]
@@ -76,9 +76,9 @@ def _serve(
                 current = take()
                 if current is None:
                     return
-            # In this process's folder, where relative -I folders and the working folder's
-            # headers resolve as they did for the keys (the worker itself runs elsewhere).
-            write_message(process.stdin, ["build", *current, environment.working_folder() or ""])
+            # In the job's folder, where relative -I folders and the working folder's headers
+            # resolve as they did for the keys (the worker itself runs elsewhere).
+            write_message(process.stdin, ["build", *current])
             reply = read_message(process.stdout)
             binaries, seconds, options_text = reply[1:4]
             cpu, files = reply[4:6]

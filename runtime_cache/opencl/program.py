@@ -18,7 +18,6 @@ from typing import Any
 
 import xxhash
 
-from .. import environment
 from ..cache import Cache
 from ..key_template import KeyTemplate
 from ..keys import make_key, module_id_from_sources
@@ -37,7 +36,13 @@ from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
-from .includes import Options, include_digests, normalize_options, preprocessor_view
+from .includes import (
+    HeaderReads,
+    Options,
+    include_digests,
+    normalize_options,
+    preprocessor_view,
+)
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
 from .vetting import screen_binaries, vet_unknown
@@ -91,11 +96,12 @@ def plan_program(
     devs = list(devices) if devices is not None else list(context.devices)
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     # Splitting the options costs more than the rest of the key: only when a file is read.
-    headers = include_digests(data, lambda: normalize_options(text))
+    reads = HeaderReads()
+    headers = include_digests(data, lambda: normalize_options(text), reads)
     if headers is None:
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
-    folder = environment.working_folder() if read else None
+    folder, stamps = (reads.root, reads.stamps) if read else (None, None)
     extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
     if headers:
         extra["includes"] = headers
@@ -103,9 +109,8 @@ def plan_program(
         extra["program"] = program
     if templates is not None and len(templates) == len(devs):
         del extra["options"]  # a template's own
-        return ProgramPlan(
-            source, tokens, text, devs, [t.key(**extra) for t in templates], read, folder
-        )
+        keys = [t.key(**extra) for t in templates]
+        return ProgramPlan(source, tokens, text, devs, keys, read, folder, stamps)
     mid = module_id or module_id_from_sources(data, name="program")
     keys = [
         make_key(
@@ -117,7 +122,7 @@ def plan_program(
         )
         for dev in devs
     ]
-    return ProgramPlan(source, tokens, text, devs, keys, read, folder)
+    return ProgramPlan(source, tokens, text, devs, keys, read, folder, stamps)
 
 
 def key_templates(devices: Sequence[Any], module_id: str, options_text: str) -> list[KeyTemplate]:

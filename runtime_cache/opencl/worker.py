@@ -6,7 +6,7 @@ a msgpack body (plain types only):
 * parent -> worker, first: ``[fingerprints]``; worker -> parent: ``true``
   when it opened those devices, else ``false`` (and exits);
 * then per job, either a build, ``["build", name, source, options, folder]`` (built in
-  the parent's working ``folder``, where relative ``-I`` folders resolve) ->
+  ``folder``, where the parent made its keys and relative ``-I`` folders resolve) ->
   ``[name, binaries or nil, seconds, options text, CPU seconds, driver files or nil]``
   (driver files: what the build added to the worker's private driver folder,
   named by ``RUNTIME_CACHE_WORKER_DRIVER_DIR``; see

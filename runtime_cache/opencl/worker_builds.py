@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import environment
 from ..cache import Cache
 from ._driver import import_pyopencl
 from .build_inputs import settle, unkeyed
@@ -120,7 +121,10 @@ def build_in_workers(
             hold = held(claim, name)
             if hold.take():  # (waits for a program() call that holds it)
                 holding.put(name, hold)
-                return name, hooks.sources[name], hooks.options
+                # Built where its keys were made, not where a chdir since (another
+                # thread's) moved this process: the check after reads there too.
+                folder = hooks.plan_of(name).folder or environment.working_folder() or ""
+                return name, hooks.sources[name], hooks.options, folder
             hold.release()
             if next_name is not None and done is not None:
                 done(name)
@@ -140,7 +144,7 @@ def build_in_workers(
         counters.add(compile_cpu_seconds=cpu)
         if binaries is None or options_text != plan.options_text:
             return False
-        settled = settle(plan)  # (the worker built in this process's folder: see .parallel)
+        settled = settle(plan, root=plan.folder)  # (where the worker built: see job())
         if files is not None and packed is not None and settled.keys:
             # Stored before the binaries, so whoever finds these finds the files too;
             # added here first, so this load skips the driver's JIT as well.

@@ -1,0 +1,69 @@
+"""Reading the headers a build may read: each file's bytes and what tells its versions apart.
+
+:func:`read_header` opens a header once (without waiting: a FIFO planted at its name is no
+header and blocks nothing) and gives its bytes with its :data:`Stamp`. :class:`HeaderReads`
+gathers what one scan of :func:`~runtime_cache.opencl.includes.include_digests` read, so
+that the look after a build (:func:`~runtime_cache.opencl.build_inputs.settle`) compares
+the files, not only their digests: a header changed and changed back between the two looks
+has the same digest and another ``ctime``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_FILE_SIZE", "UNREADABLE", "HeaderReads", "Stamp", "Unreadable", "read_header"]
+
+#: The largest header read: one larger cannot go into a key (the build is uncacheable).
+MAX_FILE_SIZE = 16 << 20
+
+#: What tells one version of a file from another: its device and inode (a file put in its
+#: place has another), its size, ``st_mtime_ns``, and ``st_ctime_ns``, which any write
+#: moves and no user can set back.
+Stamp = tuple[int, int, int, int, int]
+
+
+class Unreadable:
+    """A header that is there but cannot be read whole (too large, unreadable)."""
+
+
+UNREADABLE = Unreadable()
+
+
+def read_header(path: str) -> tuple[bytes | Unreadable | None, Stamp | None]:
+    """The file's bytes and its :data:`Stamp`; ``None`` where there is no regular file;
+    :data:`UNREADABLE` where there is one that cannot be read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return (UNREADABLE if os.path.lexists(path) else None), None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, None
+        stamp = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if info.st_size > MAX_FILE_SIZE:
+            return UNREADABLE, stamp
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_FILE_SIZE + 1)
+    except OSError:
+        return UNREADABLE, None
+    finally:
+        os.close(fd)
+    return (UNREADABLE if len(data) > MAX_FILE_SIZE else data), stamp
+
+
+@dataclass
+class HeaderReads:
+    """What one scan read, for a later look to compare with.
+
+    ``root``: the folder relative names resolve from (the working folder when ``None``,
+    set to it then). ``stamps``: each file's :data:`Stamp` by its real path. ``texts``,
+    when a list, gets each header's content.
+    """
+
+    root: str | None = None
+    stamps: dict[str, Stamp] = field(default_factory=dict)
+    texts: list[bytes] | None = None

@@ -1,0 +1,197 @@
+"""What a build reads besides its source, on real PoCL: a header changed and changed back
+during a build, a build in worker processes while another thread moves the process, and
+``__has_include`` forms that read no file."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from opencl_support import run_kernel
+
+import runtime_cache as rc
+from runtime_cache.opencl import OpenCLModule, build_program, includes, opencl_stats
+
+pytestmark = pytest.mark.opencl
+
+_SRC = '#include "val.h"\n__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }'
+
+
+def _rewrite(path: Path, text: str) -> None:
+    time.sleep(0.03)  # past the file system's clock tick: each write moves the file's times
+    path.write_text(text)
+
+
+def test_a_header_changed_and_changed_back_during_the_build_is_stored_under_no_key(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noted in the last closing note: the check after a build compared the headers'
+    digests only, so a header edited during the build and put back before the check (a
+    branch switched and switched back) stored the edited header's binary under the key of
+    the one put back."""
+    from runtime_cache.opencl import program as module
+
+    header = tmp_path / "val.h"
+    header.write_text("#define VAL 3.0f\n")
+    options = ["-I", str(tmp_path)]
+    built = module.source_build
+
+    def build_while_edited(context: Any, plan: Any) -> Any:
+        _rewrite(header, "#define VAL 7.0f\n")
+        try:
+            return built(context, plan)
+        finally:
+            _rewrite(header, "#define VAL 3.0f\n")  # as it was when the key was made
+
+    monkeypatch.setattr(module, "source_build", build_while_edited)
+    data = np.ones(4, dtype=np.float32)
+    program = build_program(ctx, _SRC, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 7)
+    assert cache.stats().stores == 0 and opencl_stats().uncacheable == 1
+    monkeypatch.setattr(module, "source_build", built)
+    for _ in range(2):  # built from source and stored, then loaded: the header's own value
+        program = build_program(ctx, _SRC, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 3)
+    assert cache.stats().stores == 1 and opencl_stats().binary_loads == 1
+
+
+def test_touching_a_header_during_a_build_costs_one_store_and_serves_the_right_binary(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The price of the check above: a header rewritten with the same bytes during the
+    build (a generator run again) leaves that build unstored; the next one stores."""
+    from runtime_cache.opencl import program as module
+
+    header = tmp_path / "val.h"
+    header.write_text("#define VAL 3.0f\n")
+    built = module.source_build
+
+    def build_while_touched(context: Any, plan: Any) -> Any:
+        _rewrite(header, "#define VAL 3.0f\n")
+        return built(context, plan)
+
+    monkeypatch.setattr(module, "source_build", build_while_touched)
+    build_program(ctx, _SRC, ["-I", str(tmp_path)], cache=cache)
+    monkeypatch.setattr(module, "source_build", built)
+    build_program(ctx, _SRC, ["-I", str(tmp_path)], cache=cache)
+    assert cache.stats().stores == 1 and opencl_stats().uncacheable == 1
+
+
+def test_workers_build_where_the_keys_were_made_though_another_thread_moves_the_process(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noted in the last closing note: ``build_all()``'s workers built in the folder the
+    process was in when each job was sent, and the check read the headers in the folder it
+    was in when the result came, so a ``chdir`` on another thread in between stored a
+    binary of another folder's header under these keys. (A memory cache: no build is
+    shared with other processes, so every program goes to a worker; one built in this
+    process would read the headers wherever the other thread left it.)"""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.opencl import reset_opencl_stats, worker_builds
+
+    reset_opencl_stats()
+    cache = rc.Cache(MemoryBackend())
+
+    for app, value in (("app", 7), ("other", 2)):
+        (tmp_path / app / "overrides").mkdir(parents=True)
+        (tmp_path / app / "overrides" / "cfg.h").write_text(f"#define VAL {value}.0f\n")
+    monkeypatch.chdir(tmp_path / "app")
+    options = ["-I", "overrides"]
+    sources = {
+        f"k{i}": f'#include "cfg.h"\n__kernel void k{i}(__global float *a) '
+        f"{{ a[get_global_id(0)] *= VAL + {i}.0f; }}"
+        for i in range(8)
+    }
+    real = worker_builds.build_in_processes
+
+    def moved_by_another_thread(
+        devices: Any, jobs: Any, workers: int, on_result: Any, *a: Any
+    ) -> Any:
+        def back_home(result: Any) -> bool:
+            os.chdir(tmp_path / "app")  # ... and back, before each result is taken
+            taken: bool = on_result(result)
+            os.chdir(tmp_path / "other")
+            return taken
+
+        os.chdir(tmp_path / "other")  # the app's other thread moves the process ...
+        try:
+            return real(devices, jobs, workers, back_home, *a)
+        finally:
+            os.chdir(tmp_path / "app")
+
+    monkeypatch.setattr(worker_builds, "build_in_processes", moved_by_another_thread)
+    OpenCLModule(ctx, sources, options=options, cache=cache).build_all(workers=3, processes=True)
+    assert opencl_stats().source_builds == 8
+    monkeypatch.setattr(worker_builds, "build_in_processes", real)
+    warm = OpenCLModule(ctx, sources, options=options, cache=cache)
+    data = np.ones(4, dtype=np.float32)
+    got = [float(run_kernel(ctx, warm.kernel(f"k{i}"), data)[0]) for i in range(8)]
+    assert got == [7.0 + i for i in range(8)]
+    assert opencl_stats().binary_loads == 8
+
+
+def test_has_include_forms_that_read_no_file_leave_the_build_cacheable(
+    ctx: Any, cache: rc.Cache, tmp_path: Path
+) -> None:
+    """Noted in the last closing note: ``__has_include`` inside a string literal, and the
+    ``#ifndef __has_include`` / ``#define __has_include(x) 0`` idiom for compilers without
+    it, made a build uncacheable: built from source on every run."""
+    options = ["-I", str(tmp_path)]
+    idiom = "#ifndef __has_include\n#  define __has_include(x) 0\n#endif\n"
+    message = '#pragma message("this kernel asks __has_include(HDR) nothing")\n'
+    for harmless in (idiom, message, "#define __has_include_next 0\n"):
+        assert includes.include_digests(harmless, options) == [], harmless
+    keyed = idiom + '#if __has_include("fast.h")\n#define VAL 2.0f\n#endif\n'
+    assert includes.include_digests(keyed, options) == [["fast.h", -1, includes.ABSENT]]
+    for unsound in (
+        "#define __has_include(x) __has_include_next(x)\n",  # a body is read as any text
+        '#define HAS "x" __has_include\n',  # after a literal, not in one
+        "#error don't use __has_include\n",  # an apostrophe that opens no literal
+        "#if __has_include(HDR)\n#endif\n",
+    ):
+        assert includes.include_digests(unsound, options) is None, unsound
+    src = idiom + message + '#if __has_include("fast.h")\n#define VAL 2.0f\n#else\n'
+    src += "#define VAL 1.0f\n#endif\n"
+    src += "__kernel void f(__global float *a) { a[get_global_id(0)] *= VAL; }"
+    data = np.ones(4, dtype=np.float32)
+    for _ in range(2):
+        program = build_program(ctx, src, options, cache=cache)
+        np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data)
+    stats = opencl_stats()
+    assert (stats.source_builds, stats.binary_loads, stats.uncacheable) == (1, 1, 0)
+    (tmp_path / "fast.h").write_text("/* here */\n")
+    program = build_program(ctx, src, options, cache=cache)
+    np.testing.assert_array_equal(run_kernel(ctx, program.f, data), data * 2)
+
+
+def test_the_detached_worker_builds_a_job_without_a_folder_where_it_started(
+    ctx: Any, cache: rc.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noted in the last closing note: a job that carries no folder (its program reads no
+    header) ran in the folder the job before it had moved the detached process to."""
+    from runtime_cache.opencl.detached_worker import _store_one
+    from runtime_cache.opencl.program import plan_program
+
+    home, app = tmp_path / "home", tmp_path / "app"
+    home.mkdir()
+    app.mkdir()
+    (app / "val.h").write_text("#define VAL 3.0f\n")
+    monkeypatch.chdir(app)
+    plain = "__kernel void g(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+    jobs = []
+    for source, options in ((_SRC, ["-I", "."]), (plain, [])):
+        plan = plan_program(ctx, source, options, module_id="m")
+        assert plan.keys is not None
+        keys = [str(k) for k in plan.keys]
+        jobs.append([source, options, plan.options_text, [], "m", keys, 0.1, plan.folder])
+    assert jobs[0][-1] == str(app) and jobs[1][-1] is None
+    monkeypatch.chdir(home)
+    opened = (ctx, list(ctx.devices))
+    assert _store_one(cache, opened, jobs[0], str(home)) == "stored"
+    assert os.getcwd() == str(app)
+    assert _store_one(cache, opened, jobs[1], str(home)) == "stored"
+    assert os.getcwd() == str(home)
