@@ -185,7 +185,9 @@ class TuningCache:
     def get(self, symbol: str) -> Record | None:
         """Return ``symbol``'s record, or ``None`` when it was never tuned here.
 
-        A stored record that does not decode is deleted and reported as missing.
+        A stored record that does not decode is deleted and reported as missing; one
+        larger than this reader's ``max_record_size`` (another user's) is missing here,
+        and kept.
         """
         key = self.key(symbol)
         cache = self.cache
@@ -194,7 +196,24 @@ class TuningCache:
             return None
         return self._decode_or_discard(cache, key, data)
 
+    def _over_limit(self, key: CacheKey, data: bytes) -> bool:
+        """Whether ``data`` is larger than this reader takes: a record another user of the
+        store with a larger ``max_record_size`` stored. A miss here, neither removed nor
+        replaced (it is good for its writer)."""
+        if len(data) <= self.max_record_size:
+            return False
+        log.info(
+            "runtime-cache: tuning record %s of %d bytes is over this reader's limit of %d; "
+            "tuning here without replacing it",
+            key,
+            len(data),
+            self.max_record_size,
+        )
+        return True
+
     def _decode_or_discard(self, cache: Cache, key: CacheKey, data: bytes) -> Record | None:
+        if self._over_limit(key, data):
+            return None
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError as exc:
@@ -219,16 +238,20 @@ class TuningCache:
         """
         key = self.key(symbol)
         cache = self.cache
-        data = cache.get(key)
-        if data is not None:
-            record = self._decode_or_discard(cache, key, data)
-            if record is not None:
-                return record
 
         def build() -> bytes:
             return encode_record(tune(), self.max_record_size)
 
+        data = cache.get(key)
+        if data is not None:
+            if self._over_limit(key, data):
+                return decode_record(build(), self.max_record_size)
+            record = self._decode_or_discard(cache, key, data)
+            if record is not None:
+                return record
         data = cache.get_or_build(key, build)
+        if self._over_limit(key, data):  # (stored by another user meanwhile)
+            return decode_record(build(), self.max_record_size)
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError:

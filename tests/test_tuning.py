@@ -289,3 +289,22 @@ def test_a_bad_record_never_takes_a_good_one_stored_since_with_it(tmp_path: Any)
     # Without a store in between, the bad record is removed as before.
     mine.put(victim.key("conv2"), msgpack.packb([1, 2, 3]))
     assert victim.get("conv2") is None and mine.get(victim.key("conv2")) is None
+
+
+def test_a_record_over_a_readers_limit_is_its_miss_and_stays_for_its_writer(
+    cache: rc.Cache,
+) -> None:
+    """Noted in session 26's closing note: two users of one store with different
+    ``max_record_size``; the smaller reader took the larger record for a bad one and removed
+    it (a good entry lost), and on ``get_or_tune`` replaced it with its own."""
+    writer = TuningCache("net@1", "opencl", GPU_A, cache=cache)
+    reader = TuningCache("net@1", "opencl", GPU_A, cache=cache, max_record_size=1024)
+    big = {"table": list(range(2000))}
+    assert writer.put("conv1", big)
+    assert reader.get("conv1") is None
+    calls = []
+    got = reader.get_or_tune("conv1", lambda: calls.append(1) or {"tile": 4})
+    assert got == {"tile": 4} and calls == [1]
+    assert writer.get("conv1") == big  # kept, as it was
+    assert reader.get_or_tune("conv1", lambda: {"tile": 8}) == {"tile": 8}
+    assert writer.get("conv1") == big
