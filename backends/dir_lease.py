@@ -48,6 +48,7 @@ import time
 
 from runtime_cache.api import Lease
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
+from runtime_cache.file_locks import flock_within
 
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
@@ -86,16 +87,9 @@ def unlink_if_same(folder: int, name: str, fd: int, modes: Modes | None = None) 
         if modes.file_chmod is not None:
             with contextlib.suppress(OSError):  # another member's: made with the modes
                 os.fchmod(lock, modes.file_chmod)
-        deadline = time.monotonic() + UNLINK_WAIT
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(lock)
-                    return False  # held (a stopped process): the file stays
-                time.sleep(0.002)
+        if not flock_within(lock, UNLINK_WAIT):
+            os.close(lock)
+            return False  # held (a stopped process): the file stays
     except OSError:
         pass  # no lock to be had here: unlocked, as before
     try:

@@ -27,6 +27,7 @@ import stat
 import time
 from collections.abc import Callable, Sequence, Set
 
+from ..file_locks import flock_within
 from .known_list import (
     MAX_LIST_BYTES,
     OPEN_FLAGS,
@@ -207,17 +208,12 @@ def open_mark_file(folder: str) -> tuple[int, str] | None:
     except OSError:
         return None
     try:
-        if fcntl is not None:
-            for _ in range(50):  # another process may hold it a moment (dead_marks' test)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    time.sleep(0.001)
-                except OSError:  # a file system without locks: others ask the pid
-                    break
-            else:
-                raise BlockingIOError(errno.EWOULDBLOCK, "held by another process", temp)
+        try:  # another process may hold it a moment (dead_marks' test)
+            taken = flock_within(fd, 0.05, pause=0.001)
+        except OSError:  # a file system without locks: others ask the pid
+            taken = True
+        if not taken:
+            raise BlockingIOError(errno.EWOULDBLOCK, "held by another process", temp)
         os.rename(temp, os.path.join(folder, name))
     except OSError:
         _remove(temp, fd)

@@ -35,13 +35,9 @@ import contextlib
 import mmap
 import os
 import stat
-import time
 from collections.abc import Callable, Iterable, Iterator
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: merges go unlocked (a lost mark is only vetted again)
-    fcntl = None  # type: ignore[assignment]
+from ..file_locks import flock_within
 
 __all__ = [
     "LOCK_WAIT",
@@ -338,21 +334,7 @@ def file_lock(path: str, shared: bool = False) -> Iterator[bool]:
     longer). ``OSError`` when the lock file cannot be opened."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS, 0o600)
     try:
-        if fcntl is None:
-            yield True
-            return
-        deadline = time.monotonic() + LOCK_WAIT
-        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        while True:
-            try:
-                fcntl.flock(fd, kind | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.005)
-        yield True
+        yield flock_within(fd, LOCK_WAIT, shared=shared, pause=0.005)
     finally:
         os.close(fd)
 
