@@ -61,9 +61,11 @@ class HeaderReads:
 
     ``root``: the folder relative names resolve from (the working folder when ``None``,
     set to it then). ``stamps``: each file's :data:`Stamp` by its real path. ``texts``,
-    when a list, gets each header's content.
+    when a list, gets each header's content. ``source_mark``: the source's xxh3-128 where
+    the scan took it (a source that may read a file), for the key to use again.
     """
 
     root: str | None = None
     stamps: dict[str, Stamp] = field(default_factory=dict)
     texts: list[bytes] | None = None
+    source_mark: int | None = None

@@ -272,6 +272,8 @@ def include_digests(
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
         return []  # (a splice or a trigraph could spell one)
     first = xxhash.xxh3_128_intdigest(data)
+    if reads is not None:
+        reads.source_mark = first
     if not _directives(data, first):
         return []  # (before the options are split: that costs more than the scan)
     reads = reads if reads is not None else HeaderReads()

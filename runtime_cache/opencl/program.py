@@ -102,7 +102,9 @@ def plan_program(
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
     folder, stamps = (reads.root, reads.stamps) if read else (None, None)
-    extra: dict[str, Any] = {"options": text, "source": xxhash.xxh3_128_hexdigest(data)}
+    mark = reads.source_mark  # (the scan's digest of the source, where it took one)
+    source_digest = f"{mark:032x}" if mark is not None else xxhash.xxh3_128_hexdigest(data)
+    extra: dict[str, Any] = {"options": text, "source": source_digest}
     if headers:
         extra["includes"] = headers
     if program is not None:
