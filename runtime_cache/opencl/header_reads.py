@@ -1,11 +1,12 @@
 """Reading the headers a build may read: each file's bytes and what tells its versions apart.
 
-:func:`read_header` opens a header once (without waiting: a FIFO planted at its name is no
-header and blocks nothing) and gives its bytes with its :data:`Stamp`. :class:`HeaderReads`
-gathers what one scan of :func:`~runtime_cache.opencl.includes.include_digests` read, so
-that the look after a build (:func:`~runtime_cache.opencl.build_inputs.settle`) compares
-the files, not only their digests: a header changed and changed back between the two looks
-has the same digest and another ``ctime``.
+:func:`read_header` opens a header once (a regular file only: a FIFO or a device at its
+name is no header, and is never waited on) and gives its bytes with its :data:`Stamp`.
+:class:`HeaderReads` gathers what one scan of
+:func:`~runtime_cache.opencl.includes.include_digests` read, so that the look after a build
+(:func:`~runtime_cache.opencl.build_inputs.settle`) compares the files, not only their
+digests: a header changed and changed back between the two looks has the same digest and
+another ``ctime``.
 """
 
 from __future__ import annotations
@@ -31,12 +32,22 @@ class Unreadable:
 
 UNREADABLE = Unreadable()
 
+_OPEN = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
 
 def read_header(path: str) -> tuple[bytes | Unreadable | None, Stamp | None]:
     """The file's bytes and its :data:`Stamp`; ``None`` where there is no regular file;
-    :data:`UNREADABLE` where there is one that cannot be read whole."""
+    :data:`UNREADABLE` where there is one that cannot be read whole. Only a regular file
+    is opened (a device or a socket at the name is none), and without waiting (a FIFO
+    swapped in meanwhile blocks nothing), but for a file a lease holder answers
+    ``EAGAIN`` for: that one waits for its lease to break, as any reader does."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None, None
+        try:
+            fd = os.open(path, _OPEN | os.O_NONBLOCK)
+        except BlockingIOError:  # (a kernel lease: an SMB oplock, an NFS delegation)
+            fd = os.open(path, _OPEN)
     except OSError:
         return (UNREADABLE if os.path.lexists(path) else None), None
     try:

@@ -97,12 +97,26 @@ _ASKS_IF_DEFINED = re.compile(
     rb"(?:^[ \t\f\v]*#[ \t\f\v]*(?:if|elif)\b.*(?<![A-Za-z0-9_])defined[ \t\f\v]*\(?"
     rb"|^[ \t\f\v]*#[ \t\f\v]*(?:ifn?def|elifn?def|undef))[ \t\f\v]*$"
 )
-#: A string or character literal, on one line.
-_LITERAL = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 #: What stands before ``__has_include`` on its line where a ``#define`` names it
 #: (``#define __has_include(x) 0``, for compilers without it). The body is read as any text.
 _DEFINES = re.compile(rb"^[ \t\f\v]*#[ \t\f\v]*define[ \t\f\v]+$")
+_DEFINE_REACH = 256
 _BOM = b"\xef\xbb\xbf"
+#: C's trigraphs (what they stand for holds no ``?``: the order of the replacements is free).
+_TRIGRAPHS = tuple(
+    (b"??" + k, v)
+    for k, v in (
+        (b"=", b"#"),
+        (b"'", b"^"),
+        (b"(", b"["),
+        (b")", b"]"),
+        (b"!", b"|"),
+        (b"<", b"{"),
+        (b">", b"}"),
+        (b"-", b"~"),
+        (b"/", b"\\"),
+    )
+)
 _WORDS = re.compile(rb"include|import")
 #: A name a directive reads: ``"name"`` or ``<name>``.
 _NAMED = re.compile(rb'^("([^"\n]+)"|<([^>\n]+)>)')
@@ -176,20 +190,33 @@ def _lines_with_directives(text: bytes) -> Iterable[re.Match[bytes]]:
             yield match
 
 
-def as_c_reads(text: bytes) -> bytes:
-    """``text`` in lines as C reads them: any line end, a byte-order mark anywhere dropped,
-    trigraphs read, splices joined."""
+def as_c_reads(text: bytes, *, trigraphs: bool = True, bom: bytes = b"") -> bytes:
+    """``text`` in lines as C reads them: any line end, a byte-order mark at the start
+    dropped (one further on as ``bom``: dropped by default), trigraphs read (unless
+    ``trigraphs`` is false), splices joined."""
     if _BOM in text:
-        text = text.replace(_BOM, b"")
+        text = text[len(_BOM) :] if text.startswith(_BOM) else text
+        text = text.replace(_BOM, bom)
     if b"\r" in text:
         text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    if b"??" in text:  # ??= is #, ??/ is a backslash
-        text = text.replace(b"??=", b"#").replace(b"??/", b"\\")
+    if trigraphs and b"??" in text:
+        for trigraph, char in _TRIGRAPHS:
+            text = text.replace(trigraph, char)
     if b"\\" in text:
         text = text.replace(b"\\\n", b"")  # the usual splice, at C speed; then the rest
         if b"\\" in text:
             text = _SPLICE.sub(b"", text)
     return text
+
+
+def _readings(text: bytes) -> list[bytes]:
+    """``text`` as each compiler may read its lines (:func:`as_c_reads`): with trigraphs
+    and without (some compilers leave them off), and a byte-order mark past the start
+    dropped or standing as a character of its own (it then joins no splice). The scan
+    keys what any reading finds."""
+    boms = (b"", b"\x01") if _BOM in text[len(_BOM) :] else (b"",)
+    both = (True, False) if b"??" in text else (True,)
+    return list(dict.fromkeys(as_c_reads(text, trigraphs=t, bom=b) for t in both for b in boms))
 
 
 def preprocessor_view(text: bytes) -> bytes:
@@ -203,21 +230,25 @@ def preprocessor_view(text: bytes) -> bytes:
 
 
 def _reads_nothing(text: bytes, at: int) -> bool:
-    """Whether the ``__has_include`` at ``at`` in ``text`` (the preprocessor's view) reads no
-    file where it stands: inside a string or character literal (``#pragma message("...
-    __has_include")``), or as the name a ``#define`` defines."""
-    start = text.rfind(b"\n", 0, at) + 1
-    if _DEFINES.match(text[start:at].replace(b"%:", b"#")):
-        return True
-    end = text.find(b"\n", at)
-    end = len(text) if end < 0 else end
-    return any(m.start() < at < m.end() for m in _LITERAL.finditer(text, start, end))
+    """Whether the ``__has_include`` at ``at`` in ``text`` (the preprocessor's view) is the
+    name a ``#define`` defines (``#define __has_include(x) 0``): it reads no file there.
+    (Only a short line start is looked at: a long one is no such directive.)"""
+    start = text.rfind(b"\n", max(0, at - _DEFINE_REACH), at) + 1
+    if start == 0 and at > _DEFINE_REACH:
+        return False
+    return _DEFINES.match(text[start:at].replace(b"%:", b"#")) is not None
 
 
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
-    text = as_c_reads(text)
+    found: set[tuple[bool, str] | None] = set()
+    for reading in _readings(text):
+        found.update(_scan_reading(reading))
+    return sorted(found, key=repr)
+
+
+def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
     if b"include" not in text and b"import" not in text:
-        return []
+        return set()
     # The preprocessor's view: each comment one space, string literals as they are. The
     # text as written is read too (a directive in what looks like a comment is hashed all
     # the same); only the preprocessor's view can make a build uncacheable.
@@ -250,7 +281,7 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
             quoted = named.group(2) is not None
             name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
             found.add((quoted, name))  # blanks kept: the compiler looks for " x.h" as is
-    return sorted(found, key=repr)
+    return found
 
 
 def include_digests(
