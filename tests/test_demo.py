@@ -207,6 +207,28 @@ def test_demo_on_redis(redis_server: RedisProcess) -> None:
     _check_cold_then_warm(json.loads(done.stdout))
 
 
+@opencl
+def test_a_demo_on_tiers_with_one_down_gives_its_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator review (helper-77): with the Redis tier of ``dir://...,redis://...``
+    down, both runs went well, and then removing the demo's entries raised ("1 of 2 tiers
+    could not remove"): the figures were lost, and the exit code was 2, a usage error."""
+    import socket
+
+    _device()
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"dir://{tmp_path}/c,redis://127.0.0.1:{port}/0"
+    code = cli_main(["--cache", url, "--secret", "demo-secret", "demo", "--tiny", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    _check_cold_then_warm(json.loads(out))
+    assert "could not be removed" in err
+
+
 # ---------------------------------------------------------------------- clean failures
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""

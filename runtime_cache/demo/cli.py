@@ -45,6 +45,7 @@ from ..cache import Cache
 from ..errors import RuntimeCacheError
 from ..provider import OFF
 from ..urls import redact, redacted
+from .entries import demo_entries, remove_entries
 from .report import compare, format_text
 
 if TYPE_CHECKING:
@@ -193,14 +194,6 @@ def _open(url: str, secret: list[str] | None) -> Cache:
     return cache_from_url(url, strict=True, secret=secret)
 
 
-def _demo_entries(cache: Cache, module_id: str) -> list[Any]:
-    return list(cache.entries(runtime="opencl", module_id=module_id))
-
-
-def _remove(cache: Cache, module_id: str) -> int:
-    return sum(cache.delete(info.key) for info in _demo_entries(cache, module_id))
-
-
 # ---------------------------------------------------------------------- the runs
 def _child(
     label: str, model: str, device: str, env: dict[str, str], progress: bool
@@ -318,7 +311,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     started = False
     try:
         _, index = choose(getattr(args, "device", None))
-        _remove(cache, model.module_id)
+        remove_entries(cache, model.module_id)
         started = True
         progress = sys.stderr.isatty()
         with tempfile.TemporaryDirectory(prefix="runtime-cache-demo-driver-") as folder:
@@ -329,11 +322,11 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
             cold = _child("cold", name, str(index), cold_env, progress)
             warm_env = _child_env(url, driver_cache, warm_dir, keys)
             warm = _child("warm", name, str(index), warm_env, progress)
-        entries = _demo_entries(cache, model.module_id)
+        entries = demo_entries(cache, model.module_id)
     finally:
         try:
             if started and not keep:
-                _remove(cache, model.module_id)  # also after a failed run
+                remove_entries(cache, model.module_id)  # also after a failed run
         finally:
             cache.close()
     by_purpose: dict[str, int] = {}

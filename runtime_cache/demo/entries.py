@@ -1,0 +1,39 @@
+"""The demo's entries in the cache: listed for the report, removed before and after."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..cache import Cache
+from ..errors import RuntimeCacheError
+from ..urls import redact
+
+__all__ = ["demo_entries", "remove_entries"]
+
+
+def demo_entries(cache: Cache, module_id: str) -> list[Any]:
+    """The entries of the demo's model (its programs, tuning records, driver files)."""
+    return list(cache.entries(runtime="opencl", module_id=module_id))
+
+
+def remove_entries(cache: Cache, module_id: str) -> int:
+    """Remove the demo's entries; how many. What cannot go (a tier down: its entries stay
+    there) is said in one line on stderr, and stops nothing: the runs and their figures
+    matter more than the tidying."""
+    removed, failed = 0, []
+    try:
+        for info in demo_entries(cache, module_id):
+            try:
+                removed += cache.delete(info.key)
+            except RuntimeCacheError as exc:
+                failed.append(exc)
+    except RuntimeCacheError as exc:  # (the listing itself)
+        failed.append(exc)
+    if failed:
+        print(
+            f"runtime-cache demo: warning: {len(failed)} of the demo's entries could not be "
+            f"removed, and stay in the cache (the first: {redact(str(failed[0]))})",
+            file=sys.stderr,
+        )
+    return removed
