@@ -13,7 +13,7 @@ from typing import Protocol
 from .api import Backend
 from .check import screen_many
 from .codec import Limits, SecretKeys
-from .errors import PartialReadError
+from .errors import InvalidKeyError, PartialReadError
 from .inventory import KeyLike
 from .stats import CacheStats, Counters
 
@@ -75,6 +75,8 @@ class BatchReads:
         wanted = [str(k) for k in given]
         try:
             blobs = self.backend.get_many(wanted)
+        except InvalidKeyError as exc:  # one key the store cannot hold: the others served
+            blobs = _each_key(self, wanted, exc)
         except PartialReadError as exc:  # some unreadable: an error each, the rest served
             blobs = exc.found
             self._counters.add(errors=len(exc.failed) - 1)
@@ -128,6 +130,22 @@ class BatchReads:
         :meth:`get_many_views` read with ``defer_hits`` and that are used now."""
         for size, saved in tally:
             self._counters.hit(size, saved)
+
+
+def _each_key(host: _Host, wanted: list[str], first: InvalidKeyError) -> dict[str, bytes]:
+    """``wanted`` read one key at a time, after a batch read refused one of them: each key
+    the store cannot hold is a miss and a refusal (not an outage), the rest are served."""
+    host._failed("get_many", first)
+    blobs: dict[str, bytes] = {}
+    for skey in dict.fromkeys(wanted):
+        try:
+            blobs.update(host.backend.get_many([skey]))
+        except InvalidKeyError:
+            continue  # (counted once above: the batch's refusal)
+        except Exception as exc:  # the store failed: the rest are misses
+            host._failed("get_many", exc)
+            break
+    return blobs
 
 
 def read_again(backend: Backend, bad: Mapping[str, bytes]) -> dict[str, bytes]:

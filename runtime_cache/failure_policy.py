@@ -62,7 +62,7 @@ class FailurePolicy:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._failing: set[str] = set()
-        self._told_refused = False
+        self._told_refused: set[type[BaseException]] = set()  # (each kind logged once)
         #: The sides (``"read"``, ``"write"``) whose last call failed: a hot path calls
         #: :meth:`succeeded` only when this is not empty.
         self.failing_sides = self._failing
@@ -72,13 +72,13 @@ class FailurePolicy:
         self.last_error = f"{op}: {type(exc).__name__}: {exc}"
 
     def refused(self, exc: BaseException) -> None:
-        """A write the store refused for what was written, not for the store's state (a
-        value over its size cap): counted, logged once (then at debug level), never an
-        outage to recover from; re-raised when strict."""
+        """A call the store refused for what it was given, not for the store's state (a
+        value over its size cap, a key it cannot hold): counted, logged once a kind (then
+        at debug level), never an outage to recover from; re-raised when strict."""
         with self._lock:
             self.errors += 1
-            first = not self._told_refused
-            self._told_refused = True
+            first = type(exc) not in self._told_refused
+            self._told_refused.add(type(exc))
         if self.strict:
             raise exc
         self.log.log(logging.WARNING if first else logging.DEBUG, "runtime-cache: %s", exc)
@@ -94,9 +94,9 @@ class FailurePolicy:
 
     def failed(self, op: str, exc: BaseException, side: str | None = None) -> None:
         """Count a failure of ``op``; log it if it starts an outage; re-raise when strict.
-        A value the store refused for its size (:class:`EntryTooLargeError`) is no outage:
-        see :meth:`refused`."""
-        if isinstance(exc, EntryTooLargeError):
+        A value the store refused for its size (:class:`EntryTooLargeError`), or a key it
+        cannot hold (:class:`InvalidKeyError`), is no outage: see :meth:`refused`."""
+        if isinstance(exc, (EntryTooLargeError, InvalidKeyError)):
             self.refused(exc)
             return
         side = side or self.side(op)

@@ -261,3 +261,23 @@ def test_a_copied_entry_is_named_by_both_whole_keys() -> None:
     with pytest.raises(KeyMismatchError) as caught:
         check_entry(str(other), long_blob)
     assert len(str(caught.value)) < 300 and "tail" in str(caught.value)
+
+
+@pytest.mark.parametrize("tiers", [False, True], ids=["dir", "memory,dir"])
+def test_a_key_the_store_cannot_hold_is_a_miss_and_the_rest_of_its_batch_are_served(
+    tmp_path: Path, tiers: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator review (helper-77): one key a directory cannot hold (``..``) in a
+    ``get_many`` made every key of the batch a miss, and was logged as an outage of the
+    store ("carrying on without the cache until it recovers")."""
+    url = f"dir://{tmp_path}" if not tiers else f"memory://,dir://{tmp_path}"
+    keys = [_key(i) for i in range(3)]
+    rc.Cache(rc.open_backend(url)).put_many({k: b"v" * 10 for k in keys})
+    reader = rc.Cache(rc.open_backend(url))
+    found = reader.get_many([*keys, "opencl/../x"])
+    assert sorted(found) == sorted(str(k) for k in keys)
+    assert reader.get("opencl/../x") is None
+    stats = reader.stats()
+    assert (stats.hits, stats.misses) == (3, 2)
+    assert "until it recovers" not in caplog.text and "'..'" in caplog.text
+    assert reader.get(keys[0]) == b"v" * 10
