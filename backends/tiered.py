@@ -1,20 +1,19 @@
 """``TieredBackend``: fast tiers over slow ones, e.g. memory over a directory over Redis.
 
-- A read goes through the tiers in order; a hit in a lower tier is copied up
-  into the faster ones (promotion).
-- A write goes to every tier. Tiers that declare ``remote = True`` (Redis) are
-  written by a background thread with a bounded queue, so the caller never waits
-  on the network; the queue is flushed on :meth:`TieredBackend.close` and at exit.
-- A failing tier is skipped and its error counted; it never hides a hit in
-  another tier. Only when every tier fails does the call raise, so the front
-  counts it.
+- A read goes through the tiers in order; a hit in a lower tier is copied up into the
+  faster ones (promotion).
+- A write goes to every tier. Tiers that declare ``remote = True`` (Redis) are written by
+  a background thread with a bounded queue, so the caller never waits on the network; the
+  queue is flushed on :meth:`TieredBackend.close` and at exit.
+- A failing tier is skipped and its error counted; it never hides a hit in another tier.
+  Only when every tier fails does the call raise, so the front counts it.
 
 From a URL (this is the form ``RUNTIME_CACHE`` takes)::
 
     RUNTIME_CACHE="memory://?max_size=64MB,dir:///var/cache/app,redis://cache.internal:6379/0"
 
-Tiers are separated by commas, fastest first; each is a URL of its own, so a
-tier's options may not contain a comma.
+Tiers are separated by commas, fastest first; each is a URL of its own, so a tier's options
+may not contain a comma.
 """
 
 from __future__ import annotations
@@ -27,7 +26,12 @@ from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
-from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
+from runtime_cache.errors import (
+    BackendError,
+    EntryTooLargeError,
+    InvalidURLError,
+    PartialDeleteError,
+)
 from runtime_cache.partial_reads import found_so_far
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
@@ -71,10 +75,8 @@ class TieredBackend(Backend):
         for backend in tiers:
             tier = Tier(backend, log)
             if backend.remote:
-                hook = self._error_hook(tier)
-                tier.writer = WriteBehind(
-                    backend, max_items=queue_items, max_bytes=queue_bytes, on_error=hook
-                )
+                hook, items, size = self._error_hook(tier), queue_items, queue_bytes
+                tier.writer = WriteBehind(backend, max_items=items, max_bytes=size, on_error=hook)
             self._tiers.append(tier)
         self.private = all(t.private for t in tiers)
         self._lock = threading.Lock()
@@ -323,8 +325,8 @@ class TieredBackend(Backend):
 
     def delete(self, key: str) -> bool:
         """Delete from every tier, remote ones included, synchronously (deletes are rare);
-        :class:`BackendError` when any tier failed (it may hold the entry still), after
-        trying the rest."""
+        after trying the rest, :class:`PartialDeleteError` when some tier failed (it may hold
+        the entry still), :class:`BackendError` when every one did."""
         return self._delete(key, None)
 
     def delete_if(self, key: str, expected: bytes) -> bool:
@@ -333,9 +335,7 @@ class TieredBackend(Backend):
         return self._delete(key, bytes(expected))
 
     def _delete(self, key: str, expected: bytes | None) -> bool:
-        removed = False
-        errors: list[Exception] = []
-        kept: list[str] = []
+        removed, errors, kept = False, list[Exception](), list[str]()
         for tier in self._tiers:
             writer = tier.writer
             if expected is None:
@@ -356,9 +356,10 @@ class TieredBackend(Backend):
                 kept.append(repr(tier.backend))
         self._raise_if_all_failed(errors, len(self._tiers))
         if errors:  # "removed" would be untrue: the entry may live on in these tiers
-            raise BackendError(
+            raise PartialDeleteError(
                 f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
-                f" ({', '.join(kept)}); last error: {errors[-1]}"
+                f" ({', '.join(kept)}); last error: {errors[-1]}",
+                tuple(kept),
             ) from errors[-1]
         return removed
 

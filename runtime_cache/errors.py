@@ -129,6 +129,16 @@ class PartialReadError(BackendError):
         self.failed = failed
 
 
+class PartialDeleteError(BackendError):
+    """A delete that some tiers of a store made and others could not (a tier down):
+    ``failed`` names those tiers, where the entry may live on. The entry is gone from
+    the others."""
+
+    def __init__(self, message: str, failed: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 class CallbackTypeError(BackendError, TypeError):
     """A user callback of :class:`CallbackBackend` returned a value of the wrong type."""
 
@@ -154,6 +164,7 @@ __all__ = [
     "MissingDependencyError",
     "NewerFormatError",
     "OverLimitError",
+    "PartialDeleteError",
     "PartialReadError",
     "ReadOnlyBackendError",
     "RejectedEntryError",

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from .api import StoredItem
 from .cache import Cache
-from .errors import CorruptEntryError, InvalidValueError, RuntimeCacheError
+from .errors import CorruptEntryError, InvalidValueError, PartialDeleteError, RuntimeCacheError
 from .listing import OnProgress, read_info, skip_kind, skip_reason
 from .units import parse_duration, parse_size
 
@@ -56,6 +56,9 @@ class PruneReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: Corrupt entries found, and why: counted at their stored size, first to go for size.
     corrupt: list[tuple[str, str]] = field(default_factory=list)
+    #: Entries removed from the tiers of a store that could be reached, not from those
+    #: named (a tier down), where they may live on until it is back; counted as removed.
+    elsewhere: list[tuple[str, str]] = field(default_factory=list)
 
 
 class _Weighed(NamedTuple):
@@ -113,6 +116,9 @@ def prune(
         attempted = True
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
             outcome, now_there = (_remove_corrupt if entry.corrupt else _remove)(cache, key)
+        except PartialDeleteError as exc:  # gone from what could be reached
+            report.elsewhere.append((key, ", ".join(exc.failed)))
+            outcome, now_there = "removed", 0
         except RuntimeCacheError as exc:
             report.failed.append((key, str(exc)))
             outcome, now_there = "stuck", entry.size

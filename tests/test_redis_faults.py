@@ -278,3 +278,30 @@ def test_threads_during_a_hang_wait_at_most_once_each(
     assert len(slow) <= len(threads) + breaker.probes
     assert breaker.fast_failures > 10 * len(slow)
     backend.close()
+
+
+def test_prune_with_the_redis_tier_down_says_what_it_removed_and_where_entries_live_on(
+    redis_process: RedisProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator review (helper-77): ``prune --max-size`` on ``dir://...,redis://...``
+    with Redis down removed entries from the folder and said "removed 0 entries", "20
+    remain", and that they could not be removed for "an immutable file or folder, a
+    read-only mount, a permission"."""
+    from runtime_cache.cli import main
+
+    url = f"dir://{tmp_path / 'c'},{redis_process.url}?prefix=prune:"
+    secret = ["--secret", "s" * 32]
+    cache = rc.Cache(rc.open_backend(url), secret="s" * 32)
+    for i in range(20):
+        cache.put(_key(i), bytes([i]) * 10_000)
+    cache.close()
+    redis_process.stop()
+    capsys.readouterr()
+    assert main(["--cache", url, *secret, "prune", "--max-size", "100KB"]) == 1
+    out, err = capsys.readouterr()
+    from runtime_cache.backends.directory import DirectoryBackend
+
+    left = len(list(DirectoryBackend(tmp_path / "c").keys()))
+    removed = int(out.split()[1])
+    assert removed == 20 - left and removed > 0, out
+    assert "immutable" not in err and "could not be reached" in err, err

@@ -81,7 +81,8 @@ def add_parsers(add: AddCommand) -> None:
         cmd_prune,
         "Remove entries unused for a while, then least recently "
         "used ones until the cache fits a size. Exit code 1 when some could not be removed "
-        "(an immutable file, a permission); where those alone exceed the size, the rest is kept.",
+        "(an immutable file, a permission; where those alone exceed the size, the rest is "
+        "kept) or a tier that is down may still hold some it removed from the others.",
         [
             "runtime-cache prune --older-than 30d",
             "runtime-cache prune --max-size 500MB",
@@ -240,7 +241,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
         )
     finally:
         progress.close()
-    code = 1 if report.failed or report.over_cap or report.skipped else 0
+    code = 1 if report.failed or report.over_cap or report.skipped or report.elsewhere else 0
     if args.json:
         ctx.emit_json(asdict(report))
         return code
@@ -262,6 +263,14 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
     """The entries prune could not remove or read, and the cap left unmet, on stderr."""
+    if report.elsewhere:
+        tiers = sorted({tier for _, named in report.elsewhere for tier in named.split(", ")})
+        print(
+            f"runtime-cache: {count(len(report.elsewhere), 'entry', 'entries')} removed "
+            f"(counted above) may live on in {', '.join(clean(t) for t in tiers)}, which "
+            "could not be reached: prune again once it is back",
+            file=ctx.err,
+        )
     if report.stuck:
         line = (
             f"runtime-cache: {count(report.stuck, 'entry', 'entries')} "
