@@ -212,6 +212,9 @@ class Registry:
         """Open a backend from a URL; a comma-separated list opens tiers, fastest first."""
         if not isinstance(url, str):
             raise InvalidURLError(f"a backend URL must be a str, not {type(url).__name__}")
+        # Blanks around it are no part of it (as around each tier, and in RUNTIME_CACHE): a
+        # folder whose name ends in one is written %20.
+        url = url.strip()
         insecure, given = False, url
         if "," in url:  # each tier comes back here with its own options
             scheme = "tiered"

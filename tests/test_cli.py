@@ -161,18 +161,24 @@ def test_a_command_that_only_reads_or_removes_creates_no_cache_folder(
 
 @pytest.mark.parametrize(
     "url",
-    ["memory://,dir://{root}", "dir://{root} ", "dir://{root}, memory://"],
-    ids=["a tier", "a trailing space", "a first tier, stripped"],
+    ["memory://,dir://{root}", "dir://{root} ", " dir://{root}", "dir://{root}, memory://"],
+    ids=["a tier", "a trailing space", "a leading space", "a first tier, stripped"],
 )
 def test_no_cache_folder_is_made_for_a_tier_or_an_odd_spelling(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str
 ) -> None:
-    """The folder checked is the folder the registry would open: each tier, stripped; a
-    single URL as written (a trailing space is part of its path)."""
+    """The folder checked is the folder the registry would open: each tier, and a single
+    URL, stripped, as ``RUNTIME_CACHE`` is. (The operator review, helper-77: with a leading
+    space, ``stats`` made the folder; with a trailing one, ``--cache`` wrote into another
+    folder than the same text in ``RUNTIME_CACHE``.)"""
     root = tmp_path / "nothing-here"
     code, _, err = Run(capsys, url.format(root=root))("ls")
     assert code == 1 and "no cache at" in err and "nothing-here" in err
     assert list(tmp_path.iterdir()) == []
+    backend = rc.open_backend(url.format(root=root))
+    backend.set("k/x", b"v")
+    backend.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["nothing-here"]
 
 
 def test_no_cache_folder_is_made_from_the_environment_or_the_default(

@@ -66,6 +66,7 @@ def missing_folder(url: str | None) -> str | None:
         return None
     # As the registry opens them: a list of tiers, each stripped; else the URL as it is.
     try:
+        url = url.strip()
         tiers = tier_urls(url) if "," in url or url.lower().startswith("tiered://") else [url]
     except RuntimeCacheError:
         return None  # opening it reports the error
