@@ -302,6 +302,24 @@ def test_import_keep_existing_counts_no_hits(
     assert hits_after == hits_before
 
 
+def test_a_bundle_whose_header_lies_is_named_invalid_not_too_large(
+    run: Run, backend: DirectoryBackend, tmp_path: Path
+) -> None:
+    """The operator review (helper-77): one flipped bit in a bundle's entry count (byte 9)
+    of a 30 KB file was reported as "larger than 4.0 GiB"; the file is no such thing."""
+    cache = rc.Cache(backend)
+    for i in range(3):
+        cache.put(key(i), b"v" * 10_000)
+    bundle = tmp_path / "b.rcb"
+    assert run("export", str(bundle))[0] == 0
+    data = bytearray(bundle.read_bytes())
+    data[9] ^= 1
+    bundle.write_bytes(bytes(data))
+    code, _, err = run("import", str(bundle))
+    assert code == 1 and "not a valid bundle" in err and "GiB" not in err, err
+    assert f"holds {len(data)}" in err
+
+
 def test_import_refuses_fifos_and_devices_without_hanging(root: Path, tmp_path: Path) -> None:
     url = f"dir://{root}"
     fifo = tmp_path / "bundle.fifo"

@@ -62,7 +62,9 @@ def _exact(read: Callable[[int], bytes], size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> bytes:
+def _read_limited(
+    read: Callable[[int], bytes], path: str, limits: Limits, known_size: int | None = None
+) -> bytes:
     """Read one bundle as its own framing says, and one byte more (trailing data).
 
     Nothing past what the header and the entry lengths announce is read (an endless
@@ -70,6 +72,8 @@ def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> by
     total over :func:`max_bundle_size` is refused, and short pieces are kept together
     (2**32 empty entries took 30x the file's size). What is announced within those limits
     is read, holes of a sparse file too: up to about twice the bundle's size in memory.
+    ``known_size``, a file's size, tells a length past it (a damaged header) from a
+    bundle too large.
     """
     limit = max_bundle_size(limits)
     head = _exact(read, BUNDLE_HEADER_SIZE)
@@ -99,8 +103,16 @@ def _read_limited(read: Callable[[int], bytes], path: str, limits: Limits) -> by
             small.clear()
         if len(blob) < want:
             break
+    if size > limit and known_size is not None:
+        raise BundleFileError(
+            f"{path} is not a valid bundle: its entries claim {size} bytes, and the file "
+            f"holds {known_size}"
+        )
     if size > limit:
-        raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
+        raise BundleFileError(
+            f"{path} claims more than {human_size(limit)} (not a valid bundle, or too large);"
+            " refusing it"
+        )
     small += _exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1)
     return b"".join([*chunks, small])
 
@@ -122,7 +134,7 @@ def _read_file(path: str, limits: Limits) -> bytes:
         if info.st_size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
         try:
-            return _read_limited(handle.read, path, limits)
+            return _read_limited(handle.read, path, limits, info.st_size)
         except OSError as exc:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
