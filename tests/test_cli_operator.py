@@ -585,6 +585,27 @@ def test_links_and_fifos_at_entry_names_are_reported_and_repaired(tmp_path: Path
     assert cli("verify").returncode == 0
 
 
+def test_an_import_that_writes_over_junk_at_an_entry_name_succeeds(
+    run: Run, backend: DirectoryBackend, tmp_path: Path
+) -> None:
+    """The operator review (helper-77): a FIFO at one of a bundle's entry names was
+    replaced by the import, and verify passed after; yet the import exited 1 with a clean
+    report ("imported 3 of 3"), which a script cannot tell from a failed import."""
+    cache = rc.Cache(backend)
+    for i in range(3):
+        cache.put(key(i), b"v" * 100)
+    bundle = tmp_path / "b.rcb"
+    assert run("export", str(bundle))[0] == 0
+    entry = next(Path(backend.root).rglob("*.rce"))
+    entry.unlink()
+    os.mkfifo(entry)
+    code, out, err = run("import", str(bundle), "--keep-existing", "--json")
+    report = json.loads(out)
+    assert (report["accepted"], report["kept_existing"]) == (1, 2), out
+    assert code == 0 and "non-entries" in err, err
+    assert run("verify")[0] == 0
+
+
 def _filled(tmp_path: Path, entries: int, size: int) -> str:
     url = f"dir://{tmp_path / 'big'}"
     cache = rc.Cache(rc.open_backend(url))
