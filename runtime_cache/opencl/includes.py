@@ -35,8 +35,8 @@ not one is harmless (its file is hashed, or recorded absent); missing one would
 serve a stale binary. An include whose name is not written out (``#include
 HEADER``, ``__has_include(HEADER)``, a macro) where the preprocessor sees it, or a
 header that exists but cannot be read whole (over ``MAX_FILE_SIZE``, unreadable),
-makes the build uncacheable too; ``__has_include`` inside a string literal, or as the
-name a ``#define`` defines, reads no file. Each text is scanned once a process.
+makes the build uncacheable too. A header name is read as one (``<a/*b.h>`` opens no
+comment). Each text is scanned once a process.
 
 Relative names resolve from one folder for the whole scan (:class:`HeaderReads`), which
 also records each file's identity and times, so that a look after a build tells a header
@@ -75,11 +75,15 @@ _DIRECTIVE = re.compile(
     re.MULTILINE,
 )
 _SPLICE = re.compile(rb"\\[ \t\f\v]*\n")  # compilers take blanks after the backslash too
-#: A string or character literal (group 1: kept as it is), or a comment (one space).
-_TOKENS = re.compile(rb'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|//[^\n]*', re.DOTALL)
-#: A comment, when no literal holds a comment opener (:data:`_QUOTED_OPENER`): 4x faster.
-_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
-_QUOTED_OPENER = re.compile(rb"[\"'][^\"'\n/]*(?:/(?![*/])[^\"'\n/]*)*/[*/]")  # no backtracking
+#: A header name where one is read (``<a/*b.h>`` after ``__has_include(`` or ``#include``:
+#: no comment or literal opens in it), a string or character literal (group 1: kept as it
+#: is), or a comment (one space).
+_TOKENS = re.compile(
+    rb"(__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*<[^>\n]*>"
+    rb"|^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*<[^>\n]*>"
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|//[^\n]*',
+    re.DOTALL | re.MULTILINE,
+)
 #: ``__has_include("name")`` (or ``<name>``, or ``_next``) in an ``#if``: whether a header
 #: exists decides what compiles, so its name goes into the key as an include's does
 #: (group 1: the operand written out; none: a macro).
@@ -97,10 +101,6 @@ _ASKS_IF_DEFINED = re.compile(
     rb"(?:^[ \t\f\v]*#[ \t\f\v]*(?:if|elif)\b.*(?<![A-Za-z0-9_])defined[ \t\f\v]*\(?"
     rb"|^[ \t\f\v]*#[ \t\f\v]*(?:ifn?def|elifn?def|undef))[ \t\f\v]*$"
 )
-#: What stands before ``__has_include`` on its line where a ``#define`` names it
-#: (``#define __has_include(x) 0``, for compilers without it). The body is read as any text.
-_DEFINES = re.compile(rb"^[ \t\f\v]*#[ \t\f\v]*define[ \t\f\v]+$")
-_DEFINE_REACH = 256
 _BOM = b"\xef\xbb\xbf"
 #: C's trigraphs (what they stand for holds no ``?``: the order of the replacements is free).
 _TRIGRAPHS = tuple(
@@ -224,19 +224,8 @@ def preprocessor_view(text: bytes) -> bytes:
     space (string literals kept), ``%:`` as ``#``."""
     text = as_c_reads(text)
     if b"/" in text:
-        literals = _QUOTED_OPENER.search(text) is not None
-        text = _TOKENS.sub(rb"\1 ", text) if literals else _COMMENT.sub(b" ", text)
+        text = _TOKENS.sub(rb"\1 ", text)
     return text.replace(b"%:", b"#") if b"%:" in text else text
-
-
-def _reads_nothing(text: bytes, at: int) -> bool:
-    """Whether the ``__has_include`` at ``at`` in ``text`` (the preprocessor's view) is the
-    name a ``#define`` defines (``#define __has_include(x) 0``): it reads no file there.
-    (Only a short line start is looked at: a long one is no such directive.)"""
-    start = text.rfind(b"\n", max(0, at - _DEFINE_REACH), at) + 1
-    if start == 0 and at > _DEFINE_REACH:
-        return False
-    return _DEFINES.match(text[start:at].replace(b"%:", b"#")) is not None
 
 
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
@@ -254,23 +243,17 @@ def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
     # the same); only the preprocessor's view can make a build uncacheable.
     seen = text
     if b"/" in text:
-        literals = _QUOTED_OPENER.search(text) is not None
-        seen = _TOKENS.sub(rb"\1 ", text) if literals else _COMMENT.sub(b" ", text)
+        seen = _TOKENS.sub(rb"\1 ", text)
     found: set[tuple[bool, str] | None] = set()
     for spelling in (seen, text) if seen is not text else (text,):
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
         if b"__has_include" in spelling:
-            operands += [
-                m.group(1) or b""
-                for m in _HAS_INCLUDE.finditer(spelling)
-                if m.group(1) or not _reads_nothing(spelling, m.start())
-            ]
+            operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
         if b"##" in spelling and b"__has_" in spelling:
             operands.append(b"")  # a pasted __has_include (CAT(__has_, include)): a macro
         for bare in _HAS_INCLUDE_BARE.finditer(spelling):
             line = spelling[spelling.rfind(b"\n", 0, bare.start()) + 1 : bare.start()]
-            asks = _ASKS_IF_DEFINED.match(line.replace(b"%:", b"#"))
-            if not asks and not _reads_nothing(spelling, bare.start()):
+            if not _ASKS_IF_DEFINED.match(line.replace(b"%:", b"#")):
                 operands.append(b"")  # (#define HAS __has_include)
         for operand in operands:
             named = _NAMED.match(operand)
