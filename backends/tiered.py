@@ -28,6 +28,7 @@ from typing import TypeVar
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
     BackendError,
+    BackendUnavailableError,
     EntryTooLargeError,
     InvalidURLError,
     PartialDeleteError,
@@ -356,11 +357,11 @@ class TieredBackend(Backend):
                 kept.append(repr(tier.backend))
         self._raise_if_all_failed(errors, len(self._tiers))
         if errors:  # "removed" would be untrue: the entry may live on in these tiers
-            raise PartialDeleteError(
-                f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
-                f" ({', '.join(kept)}); last error: {errors[-1]}",
-                tuple(kept),
-            ) from errors[-1]
+            said = f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
+            said += f" ({', '.join(kept)}); last error: {errors[-1]}"
+            down = all(isinstance(e, BackendUnavailableError) for e in errors)  # (not refused)
+            error = PartialDeleteError(said, tuple(kept)) if down else BackendError(said)
+            raise error from errors[-1]
         return removed
 
     def removable(self, key: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Protocol
 from .api import Backend
 from .check import screen_many
 from .codec import Limits, SecretKeys
-from .errors import InvalidKeyError, PartialReadError
+from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
 from .inventory import KeyLike
 from .stats import CacheStats, Counters
 
@@ -142,9 +142,13 @@ def _each_key(host: _Host, wanted: list[str], first: InvalidKeyError) -> dict[st
             blobs.update(host.backend.get_many([skey]))
         except InvalidKeyError:
             continue  # (counted once above: the batch's refusal)
-        except Exception as exc:  # the store failed: the rest are misses
+        except PartialReadError as exc:  # this entry unreadable (a file of another user's)
+            host._failed("get_many", exc)
+        except BackendUnavailableError as exc:  # the store is down: the rest are misses
             host._failed("get_many", exc)
             break
+        except Exception as exc:  # this key's own failure: the others are still read
+            host._failed("get_many", exc)
     return blobs
 
 

@@ -130,9 +130,10 @@ class PartialReadError(BackendError):
 
 
 class PartialDeleteError(BackendError):
-    """A delete that some tiers of a store made and others could not (a tier down):
-    ``failed`` names those tiers, where the entry may live on. The entry is gone from
-    the others."""
+    """A delete that some tiers of a store made and others could not, since they are down
+    (each failed with :class:`BackendUnavailableError`): ``failed`` names those tiers, where
+    the entry may live on. The entry is gone from the others. A tier that refused (an
+    immutable file) makes a plain :class:`BackendError`."""
 
     def __init__(self, message: str, failed: tuple[str, ...]) -> None:
         super().__init__(message)

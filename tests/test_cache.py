@@ -600,3 +600,24 @@ def test_prune_counts_what_a_tier_it_could_not_list_kept() -> None:
     assert report.remaining == 3 and report.stuck == len(report.failed) == 0
     assert len(report.elsewhere) == 2 and report.over_cap == 0
     assert all("MemoryBackend" in tiers for _, tiers in report.elsewhere)
+
+
+def test_prune_names_a_tier_that_refused_a_removal_as_not_removed() -> None:
+    """The review of the fix (helper-78): any tier's failure made the delete a partial one,
+    so an entry an immutable file kept in a reachable tier was reported "removed" (and
+    "may live on" in that tier) while it stayed, and prune stopped short of the cap. Only a
+    tier that is down makes a partial delete; a refusal is a failure, kept and counted."""
+    from runtime_cache import maintenance
+    from runtime_cache.backends.tiered import TieredBackend
+    from runtime_cache.errors import BackendError
+
+    class Stubborn(MemoryBackend):
+        def delete(self, key_: str) -> bool:
+            raise BackendError("Operation not permitted")
+
+    cache = rc.Cache(TieredBackend([MemoryBackend(), Stubborn()]), strict=True)
+    for i in range(3):
+        cache.put(key(i), b"x" * 100)
+    report = maintenance.prune(cache, older_than=0.0, now=time.time() + 10)
+    assert report.elsewhere == [] and report.removed == 0 and len(report.failed) == 3
+    assert "not permitted" in report.failed[0][1]

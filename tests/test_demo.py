@@ -333,6 +333,25 @@ def test_no_opencl_device_names_what_to_install(tmp_path: Path, hidden: str) -> 
         assert "PoCL 3.0" in done.stderr  # each platform tried, with its error
 
 
+@opencl
+def test_a_cold_run_that_loads_from_the_cache_is_no_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the tier-down fix (helper-78): when the last run's entries could not be
+    removed (immutable files), the "cold" run loaded them, and the demo printed 1.0x and
+    exit 0 as if it had measured something."""
+    from runtime_cache.demo import cli as demo_cli
+
+    _device()
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    url = f"dir://{tmp_path}"
+    assert cli_main(["--cache", url, "demo", "--tiny", "--keep"]) == 0
+    monkeypatch.setattr(demo_cli, "remove_entries", lambda cache, module_id: 0)
+    capsys.readouterr()
+    assert cli_main(["--cache", url, "demo", "--tiny", "--json"]) == 1
+    assert "no cold run" in capsys.readouterr().err
+
+
 def test_a_warm_run_without_hits_or_entries_is_a_failure() -> None:
     from runtime_cache.demo.cli import _broken_cache
 

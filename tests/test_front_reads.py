@@ -281,3 +281,25 @@ def test_a_key_the_store_cannot_hold_is_a_miss_and_the_rest_of_its_batch_are_ser
     assert (stats.hits, stats.misses) == (3, 2)
     assert "until it recovers" not in caplog.text and "'..'" in caplog.text
     assert reader.get(keys[0]) == b"v" * 10
+
+
+def test_a_bad_key_beside_an_unreadable_entry_loses_no_other_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the fix (helper-78): read a key at a time, one unreadable entry (a
+    socket at its name here; another user's file in a shared folder) was taken for an
+    outage, and every key after it was a miss."""
+    import socket
+
+    url = f"dir://{tmp_path}"
+    keys = [_key(i) for i in range(4)]
+    rc.Cache(rc.open_backend(url)).put_many({k: b"v" * 10 for k in keys})
+    reader = rc.Cache(rc.open_backend(url))
+    assert len(reader.get_many(keys)) == 4
+    entry = next(p for p in tmp_path.rglob("*.rce"))
+    entry.unlink()
+    monkeypatch.chdir(entry.parent)  # (a socket's path is short: bound where it lies)
+    with socket.socket(socket.AF_UNIX) as planted:
+        planted.bind(entry.name)
+        fresh = rc.Cache(rc.open_backend(url))
+        assert len(fresh.get_many(["opencl/../x", *keys])) == 3

@@ -379,6 +379,9 @@ def _broken_cache(result: dict[str, Any]) -> str | None:
         errors = cold.get("errors", 0)
         why = f" ({errors} errors; the last: {cold.get('last_error')})" if errors else ""
         return f"the cache stored nothing{why}, so the warm run could not load from it"
+    early = result.get("cold", {}).get("cache_stats", {}).get("hits", 0)
+    if early:  # (entries left by a run before, that could not be removed)
+        return f"the cold run loaded {early} entries from the cache, so it was no cold run"
     if not result["warm"]["cache_stats"]["hits"]:
         return "the warm run got no cache hits, so the cache did not work"
     return None
