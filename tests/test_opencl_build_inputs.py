@@ -239,3 +239,43 @@ def test_a_socket_at_a_header_name_is_no_header(tmp_path: Path) -> None:
         listener.bind(str(tmp_path / "s.h"))
         got = includes.include_digests('#include "s.h"\n', ["-I", str(tmp_path)])
     assert got == [["s.h", -1, includes.ABSENT]]
+
+
+def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> None:
+    """helper-78: PoCL adds ``POCL_EXTRA_BUILD_FLAGS`` to every build's options, and the key
+    did not hold it: built with ``-DV=1``, then loaded for ``-DV=2``. (PoCL reads it once a
+    process: each build runs in a process of its own.)"""
+    import json
+    import subprocess
+    import sys
+
+    if "pocl" not in ctx.devices[0].platform.version.lower():
+        pytest.skip("a variable of PoCL's")
+    script = (
+        "import json, os, numpy as np, pyopencl as cl, runtime_cache as rc\n"
+        "from runtime_cache.backends.directory import DirectoryBackend\n"
+        "from runtime_cache.opencl import build_program, opencl_stats\n"
+        "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+        "src = '__kernel void f(__global float *a) { a[get_global_id(0)] *= V; }'\n"
+        "cache = rc.Cache(DirectoryBackend(os.environ['CACHE_UNDER_TEST']))\n"
+        "prg = build_program(ctx, src, [], cache=cache)\n"
+        "q = cl.CommandQueue(ctx); a = np.ones(1, np.float32)\n"
+        "buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)\n"
+        "prg.f(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
+        "print(json.dumps([float(a[0]), opencl_stats().binary_loads]))\n"
+    )
+    seen = []
+    for value in (1, 2, 1):
+        env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={value}.0f", "POCL_KERNEL_CACHE": "0"}
+        env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        seen.append(json.loads(done.stdout.splitlines()[-1]))
+    assert seen == [[1.0, 0], [2.0, 0], [1.0, 1]]

@@ -6,6 +6,7 @@ its cache key, and a driver update changes the fingerprint (and so the key).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -58,6 +59,11 @@ def _read(device: Any) -> dict[str, Any]:
             continue
         if isinstance(value, (str, int, bool)):
             fingerprint[name] = value
+    # PoCL adds this variable's options to every build's (it can name -D and -I): what it
+    # builds then differs, so its binaries do too. Only where it is set: no key changes else.
+    extra = os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
+    if extra and "pocl" in fingerprint["platform_version"].lower():
+        fingerprint["pocl_extra_build_flags"] = extra
     return fingerprint
 
 
@@ -68,7 +74,8 @@ def device_fingerprint(device: Any) -> dict[str, Any]:
     vendor id, name, version and driver version; its type, address bits and
     byte order; and, where the driver reports them, the OpenCL C and IL
     versions and vendor-specific architecture ids (NVIDIA compute capability,
-    AMD gfx ip). The result is memoized per device handle.
+    AMD gfx ip); on PoCL, ``POCL_EXTRA_BUILD_FLAGS`` where it is set. The result is
+    memoized per device handle.
 
     Example::
 
