@@ -12,10 +12,9 @@ provider (:func:`runtime_cache.get_cache`), that is ``RUNTIME_CACHE`` or the
 embedded default folder. ``--secret`` (or ``RUNTIME_CACHE_SECRET``) signs what
 is written and makes ``show``, ``verify`` and ``import`` check signatures.
 
-Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a
-failing backend, an aborted ``clear``, a listing left partial by a tier or a
-folder that could not be read), 2 usage errors (a bad option or URL, a shared
-store without a secret).
+Exit codes: 0 ok, 1 problems found (bad or skipped entries, missing keys, a failing
+backend, an aborted ``clear``, a listing left partial by a tier or a folder that could not
+be read), 2 usage errors (a bad option or URL, a shared store without a secret).
 
 Plug-in subcommands come through the entry-point group ``runtime_cache.cli``:
 each entry point names a function ``add_parser(subparsers)`` that adds one
@@ -360,10 +359,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _partial(ctx: CommandContext, code: int, checks: bool = False) -> int:
     """Exit code 1, and a line naming them, when tiers or folders could not be listed
-    (partial results) or junk stood at entry names and is still there (see the directory
-    backend's ``unlisted_folders``, ``listed_junk`` and ``junk``). Junk found and removed
-    is a line, and exit code 1 only for a command that ``checks`` the cache (verify): an
-    import that wrote over it did all it was asked."""
+    (partial results) or junk stood at entry names and is still there (the directory
+    backend's ``unlisted_folders``, ``listed_junk``); junk removed (``junk``) is a line,
+    and exit code 1 only for a command that ``checks`` the cache (verify)."""
     backend = ctx.opened.backend if ctx.opened is not None else None
     failed = list(getattr(backend, "failed_tiers", None) or ())
     unread = list(getattr(backend, "unlisted_folders", None) or ())
