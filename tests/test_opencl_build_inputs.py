@@ -160,6 +160,17 @@ def test_no_spelling_hides_a_has_include_the_compiler_reads(
         "#if __has_include(<nonexist/*>)\n#endif\n#include M\n// */>)\n",
         "#include <a/*b.h>\n#include M\n// */\n",
         "#ifndef __has_include\n#  define __has_include(x) 0\n#endif\n",
+        # helper-79: a comment opener the compiler reads as text, and comments around a
+        # header name
+        '#warning headers moved to include/*.h\n#define HDR "x.h"\n#include HDR\n/* e */\n',
+        "#if 0\nit's slow /* for now\n#endif\n#include HDR\n// */\n",
+        '#if 0\nsay "see src/*.cl\n#endif\n#include HDR\n// */\n',
+        "#define Q it's /* odd\n#include HDR\n// */\n",
+        "#if __has_include/**/(<a/*b.h>)\n#endif\n#include HDR\n// */>\n",
+        "#if __has_include( /**/ <a/*b.h>)\n#endif\n#include HDR\n// */>\n",
+        "#include /* */ <a/*b.h>\n#include HDR\n// */\n",
+        "#warning x/*y\n/*\n*/ #include HDR\n// */\n",
+        "#warning x/*y\n/* c */ #include HDR\n// */\n",
     ):
         assert includes.include_digests(unsound, options) is None, unsound
     src = '#define M "evil.h"\n#if __has_include(<nonexist/*>)\n#endif\n#if __has_include(M)\n'
@@ -279,3 +290,17 @@ def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr
         seen.append(json.loads(done.stdout.splitlines()[-1]))
     assert seen == [[1.0, 0], [2.0, 0], [1.0, 1]]
+
+
+def test_the_include_folders_of_pocls_extra_build_flags_are_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """helper-79: with ``POCL_EXTRA_BUILD_FLAGS="-I extra"``, a header found only there was
+    recorded absent, and an edit to it served the old binary."""
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "y.h").write_text("#define VAL 1\n")
+    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", f"-I {tmp_path / 'extra'}")
+    before = includes.include_digests('#include "y.h"\n', [])
+    assert before is not None and before[0][1] != -1
+    (tmp_path / "extra" / "y.h").write_text("#define VAL 2\n")
+    assert includes.include_digests('#include "y.h"\n', []) != before

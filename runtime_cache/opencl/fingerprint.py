@@ -59,11 +59,6 @@ def _read(device: Any) -> dict[str, Any]:
             continue
         if isinstance(value, (str, int, bool)):
             fingerprint[name] = value
-    # PoCL adds this variable's options to every build's (it can name -D and -I): what it
-    # builds then differs, so its binaries do too. Only where it is set: no key changes else.
-    extra = os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
-    if extra and "pocl" in fingerprint["platform_version"].lower():
-        fingerprint["pocl_extra_build_flags"] = extra
     return fingerprint
 
 
@@ -92,6 +87,11 @@ def device_fingerprint(device: Any) -> dict[str, Any]:
         found = _read(device)
         with _memo_lock:
             _memo[handle] = found
+    # PoCL adds this variable's options to every build's, read at each build (it can name
+    # -D and -I): what it builds then differs. Only where it is set: no key changes else.
+    extra = os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
+    if extra and "pocl" in found["platform_version"].lower():
+        return {**found, "pocl_extra_build_flags": extra}
     return dict(found)
 
 

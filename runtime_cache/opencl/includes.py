@@ -33,10 +33,13 @@ header's quoted includes are looked for beside it as the compiler found it (a
 link's folder) and beside the file the link names. Finding a directive that is
 not one is harmless (its file is hashed, or recorded absent); missing one would
 serve a stale binary. An include whose name is not written out (``#include
-HEADER``, ``__has_include(HEADER)``, a macro) where the preprocessor sees it, or a
-header that exists but cannot be read whole (over ``MAX_FILE_SIZE``, unreadable),
-makes the build uncacheable too. A header name is read as one (``<a/*b.h>`` opens no
-comment). Each text is scanned once a process.
+HEADER``, ``__has_include(HEADER)``, a macro) anywhere it reads as one (in the
+preprocessor's view, as written, or with the comments within a line taken out: a comment
+opener the compiler reads as text, in a ``#warning`` or after a quote left open, must hide
+nothing), or a header that exists but cannot be read whole (over ``MAX_FILE_SIZE``,
+unreadable), makes the build uncacheable too. A header name is read as one token
+(``<a/*b.h>`` opens no comment). The ``-I`` folders of ``POCL_EXTRA_BUILD_FLAGS`` are
+searched after the options' own. Each text is scanned once a process.
 
 Relative names resolve from one folder for the whole scan (:class:`HeaderReads`), which
 also records each file's identity and times, so that a look after a build tells a header
@@ -101,6 +104,9 @@ _ASKS_IF_DEFINED = re.compile(
     rb"(?:^[ \t\f\v]*#[ \t\f\v]*(?:if|elif)\b.*(?<![A-Za-z0-9_])defined[ \t\f\v]*\(?"
     rb"|^[ \t\f\v]*#[ \t\f\v]*(?:ifn?def|elifn?def|undef))[ \t\f\v]*$"
 )
+#: A comment within one line, or a line's start up to the first ``*/`` (the end of a
+#: comment begun on a line before).
+_LINE_COMMENTS = re.compile(rb"^[^\n]*?\*/|/\*[^\n]*?\*/", re.MULTILINE)
 _BOM = b"\xef\xbb\xbf"
 #: C's trigraphs (what they stand for holds no ``?``: the order of the replacements is free).
 _TRIGRAPHS = tuple(
@@ -238,14 +244,17 @@ def _scan(text: bytes) -> list[tuple[bool, str] | None]:
 def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
     if b"include" not in text and b"import" not in text:
         return set()
-    # The preprocessor's view: each comment one space, string literals as they are. The
-    # text as written is read too (a directive in what looks like a comment is hashed all
-    # the same); only the preprocessor's view can make a build uncacheable.
-    seen = text
+    # Three views, and what any of them finds counts, a name not written out too (the build
+    # is then uncacheable): the preprocessor's (each comment one space, literals and header
+    # names kept), the text as written, and the text with only the comments that stand
+    # within a line taken out (and a line's start up to a "*/", the end of one before).
+    # Where the compiler reads a comment opener as text (a #warning's words, a quote left
+    # open in an #if 0 block), the first view hides lines it reads; the other two do not.
+    spellings = [text]
     if b"/" in text:
-        seen = _TOKENS.sub(rb"\1 ", text)
+        spellings += [_TOKENS.sub(rb"\1 ", text), _LINE_COMMENTS.sub(b" ", text)]
     found: set[tuple[bool, str] | None] = set()
-    for spelling in (seen, text) if seen is not text else (text,):
+    for spelling in spellings:
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
         if b"__has_include" in spelling:
             operands += [m.group(1) or b"" for m in _HAS_INCLUDE.finditer(spelling)]
@@ -258,8 +267,7 @@ def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
         for operand in operands:
             named = _NAMED.match(operand)
             if named is None:
-                if spelling is seen:
-                    found.add(None)  # #include MACRO, __has_include(MACRO)
+                found.add(None)  # #include MACRO, __has_include(MACRO)
                 continue
             quoted = named.group(2) is not None
             name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
@@ -298,6 +306,8 @@ def include_digests(
             return None
     root = reads.root
     named = include_dirs(tokens() if callable(tokens) else tokens)
+    # PoCL adds POCL_EXTRA_BUILD_FLAGS after the options: its -I folders are searched too.
+    named += include_dirs(normalize_options(os.environ.get("POCL_EXTRA_BUILD_FLAGS", "")))
     search = [os.path.join(root, folder) for folder in (*named, ".")]
     result: list[Any] = []
     seen: set[tuple[str, str, int]] = set()
