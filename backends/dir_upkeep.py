@@ -68,7 +68,8 @@ class Upkeep:
             log.warning(
                 "runtime-cache: %s: max_size keeps no entry over %d bytes stored (the "
                 "entry's header and key included: a value a few hundred bytes less)",
-                *(backend.root, largest),
+                backend.root,
+                largest,
             )
 
     def after_fork(self) -> None:

@@ -6,11 +6,12 @@ import logging
 from dataclasses import dataclass
 
 from runtime_cache.api import Backend
+from runtime_cache.errors import BackendError, EntryTooLargeError
 from runtime_cache.failure_policy import FailurePolicy
 
 from .write_behind import WriteBehind
 
-__all__ = ["Tier", "TierStats"]
+__all__ = ["Tier", "TierStats", "raise_if_all_failed"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,15 @@ class Tier:
             writer.written if writer else 0,
             writer.failed if writer else 0,
         )
+
+
+def raise_if_all_failed(errors: list[Exception], tried: int) -> None:
+    """Raise when each of the ``tried`` tiers failed (``errors``, one each): a value too
+    large for every tier is :class:`EntryTooLargeError` (no outage), else
+    :class:`BackendError`."""
+    if errors and len(errors) == tried:
+        sized = [e for e in errors if isinstance(e, EntryTooLargeError)]
+        if len(sized) == len(errors):  # no outage: a value too large for every tier
+            refused = frozenset().union(*(e.refused for e in sized))
+            raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
+        raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]

@@ -37,7 +37,7 @@ from runtime_cache.partial_reads import found_so_far
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
-from .tier import Tier, TierStats
+from .tier import Tier, TierStats, raise_if_all_failed
 from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
@@ -76,8 +76,10 @@ class TieredBackend(Backend):
         for backend in tiers:
             tier = Tier(backend, log)
             if backend.remote:
-                hook, items, size = self._error_hook(tier), queue_items, queue_bytes
-                tier.writer = WriteBehind(backend, max_items=items, max_bytes=size, on_error=hook)
+                hook = self._error_hook(tier)
+                tier.writer = WriteBehind(
+                    backend, max_items=queue_items, max_bytes=queue_bytes, on_error=hook
+                )
             self._tiers.append(tier)
         self.private = all(t.private for t in tiers)
         self._lock = threading.Lock()
@@ -142,15 +144,6 @@ class TieredBackend(Backend):
     def _error_hook(tier: Tier) -> Callable[[BaseException], None]:
         return lambda exc: tier.policy.failed("background write", exc)
 
-    @staticmethod
-    def _raise_if_all_failed(errors: list[Exception], tried: int) -> None:
-        if errors and len(errors) == tried:
-            sized = [e for e in errors if isinstance(e, EntryTooLargeError)]
-            if len(sized) == len(errors):  # no outage: a value too large for every tier
-                refused = frozenset().union(*(e.refused for e in sized))
-                raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
-            raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
-
     def _write(self, tiers: Iterable[Tier], items: Mapping[str, bytes], op: str) -> None:
         for key in items:  # queued writes are checked here: the remote tier would be too late
             check_text_key(key)
@@ -171,7 +164,7 @@ class TieredBackend(Backend):
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
-        self._raise_if_all_failed(errors, tried)
+        raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         for tier in self._tiers:
@@ -211,7 +204,7 @@ class TieredBackend(Backend):
             if value is not None:
                 self._promote(index, {key: value})
                 return value
-        self._raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers))
         return None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
@@ -256,7 +249,7 @@ class TieredBackend(Backend):
                 self._promote(index, here)
             found.update(here)
         if not found:
-            self._raise_if_all_failed(errors, len(self._tiers))
+            raise_if_all_failed(errors, len(self._tiers))
         return found
 
     def head(self, key: str, size: int) -> bytes | None:
@@ -268,7 +261,7 @@ class TieredBackend(Backend):
             _, part = tier.policy.attempt("head", partial(tier.backend.head, key, size), errors)
             if part is not None:
                 return part
-        self._raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers))
         return None
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
@@ -292,7 +285,7 @@ class TieredBackend(Backend):
             for item in items or ():
                 seen.setdefault(item.key, item)
         self.failed_tiers = failed
-        self._raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen.values()))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
@@ -313,7 +306,7 @@ class TieredBackend(Backend):
                 failed.append(repr(tier.backend))  # reprs are redacted
             seen.update(dict.fromkeys(found or ()))
         self.failed_tiers = failed
-        self._raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers))
         return iter(list(seen))
 
     # ----------------------------------------------------------------- writing
@@ -336,7 +329,9 @@ class TieredBackend(Backend):
         return self._delete(key, bytes(expected))
 
     def _delete(self, key: str, expected: bytes | None) -> bool:
-        removed, errors, kept = False, list[Exception](), list[str]()
+        removed = False
+        errors: list[Exception] = []
+        kept: list[str] = []
         for tier in self._tiers:
             writer = tier.writer
             if expected is None:
@@ -355,7 +350,7 @@ class TieredBackend(Backend):
             removed = bool(done) | removed
             if len(errors) > len(kept):
                 kept.append(repr(tier.backend))
-        self._raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers))
         if errors:  # "removed" would be untrue: the entry may live on in these tiers
             said = f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
             said += f" ({', '.join(kept)}); last error: {errors[-1]}"

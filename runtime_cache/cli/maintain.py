@@ -264,10 +264,10 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
 def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
     """The entries prune could not remove or read, and the cap left unmet, on stderr."""
     if report.elsewhere:
-        tiers = sorted({tier for _, named in report.elsewhere for tier in named.split(", ")})
+        tiers = ", ".join(sorted({clean(named) for _, named in report.elsewhere}))
         print(
             f"runtime-cache: {count(len(report.elsewhere), 'entry', 'entries')} removed "
-            f"(counted above) may live on in {', '.join(clean(t) for t in tiers)}, which "
+            f"(counted above) may live on in {tiers}, which "
             "could not be reached: prune again once it is back",
             file=ctx.err,
         )

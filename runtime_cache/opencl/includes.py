@@ -56,6 +56,7 @@ from typing import Any
 
 import xxhash
 
+from .. import environment
 from .header_reads import HeaderReads, Stamp, Unreadable, read_header
 
 __all__ = [
@@ -300,9 +301,8 @@ def include_digests(
         return []  # (before the options are split: that costs more than the scan)
     reads = reads if reads is not None else HeaderReads()
     if reads.root is None:
-        try:
-            reads.root = os.getcwd()
-        except OSError:  # (a working folder removed since: nothing here can be told)
+        reads.root = environment.working_folder()
+        if reads.root is None:  # (a working folder removed since: nothing here can be told)
             return None
     root = reads.root
     named = include_dirs(tokens() if callable(tokens) else tokens)
