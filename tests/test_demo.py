@@ -3,6 +3,7 @@ through the cache, and ``runtime-cache demo`` end to end, cold then warm, on dir
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -318,6 +319,8 @@ def test_a_demo_killed_outright_takes_its_run_with_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("hidden", ["no platform", "no device"])
 def test_no_opencl_device_names_what_to_install(tmp_path: Path, hidden: str) -> None:
     pytest.importorskip("pyopencl")
+    if hidden == "no device" and importlib.util.find_spec("pocl_binary_distribution") is None:
+        pytest.skip("pip's PoCL (pocl-binary-distribution, the opencl extra's) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "PYOPENCL_CTX"}
     if hidden == "no platform":  # the ICD loader finds no driver at all
         env["OCL_ICD_VENDORS"] = str(tmp_path / "no-such-folder")
@@ -567,3 +570,20 @@ def test_two_different_models_asked_for_is_a_usage_error() -> None:
 
     code = demo_cli.main(["--model", "cnn", "--tiny"])
     assert code == 2
+
+
+def test_the_runs_carry_the_drivers_cache_only_in_folders_the_demo_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H200 run of the suite: NVIDIA's files, one set per device, were stored under the
+    device's key, which the demo neither listed nor removed, and a later demo's cold run
+    restored them (a cache hit: "no cold run"). The runs now store them as the model's, and
+    a user's RUNTIME_CACHE_DRIVER_CACHE=1 does not make a run carry the user's own folder."""
+    from runtime_cache.demo import cli as demo_cli
+
+    monkeypatch.setenv("RUNTIME_CACHE_DRIVER_CACHE", "1")
+    assert "RUNTIME_CACHE_DRIVER_CACHE" not in demo_cli._child_env("dir:///tmp/x", False)
+    assert "RUNTIME_CACHE_DRIVER_CACHE" not in demo_cli._child_env("dir:///tmp/x", True)
+    env = demo_cli._child_env("dir:///tmp/x", False, "/tmp/demo-driver")
+    assert env["RUNTIME_CACHE_DRIVER_CACHE"] == "1"
+    assert env["RUNTIME_CACHE_DRIVER_DIR"] == "/tmp/demo-driver"

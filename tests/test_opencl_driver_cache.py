@@ -478,5 +478,10 @@ def test_an_indexed_folder_is_stored_by_a_later_process_and_restored_index_last(
     # A warm folder that holds everything is left as it is.
     again = DriverCacheSession(cache, ctx.devices[0], "m3", driver="nvidia")
     assert again.restore() == 0
+    # A folder made for one module alone (the demo's runs): its files are that module's, so
+    # the module's entries list them, and another module's device-wide set is not restored.
+    own = DriverCacheSession(cache, ctx.devices[0], "m4", driver="nvidia", own_folder=True)
+    assert own.key is not None and own.key != first.key
+    assert own.key.parts["module_id"] == "m4"
     with pytest.raises(ValueError):
         DriverCacheSession(cache, ctx.devices[0], "m", driver="amd")

@@ -271,9 +271,10 @@ def _child_env(
     if not driver_cache:
         env["POCL_KERNEL_CACHE"] = "0"
         env["CUDA_CACHE_DISABLE"] = "1"
-    if driver_dir is not None:
-        from ..opencl.driver_cache import ENV_DIR, ENV_SWITCH
+    from ..opencl.driver_cache import ENV_DIR, ENV_SWITCH
 
+    env.pop(ENV_SWITCH, None)  # the runs carry only in folders made for them (the engine's)
+    if driver_dir is not None:
         # The drivers' folders are ours for these runs: a new one for the cold run.
         for name in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH"):
             env.pop(name, None)

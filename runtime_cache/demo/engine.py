@@ -90,10 +90,12 @@ class Engine:
                 cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=b),
             )
         self.prepared: list[Prepared] = []
-        # The driver's own JIT cache travels through the cache too (RUNTIME_CACHE_DRIVER_CACHE=1).
+        # The driver's own JIT cache travels through the cache too (RUNTIME_CACHE_DRIVER_CACHE=1),
+        # in folders the demo made for this run: their files are the model's, also NVIDIA's
+        # (one set per device elsewhere), so the demo lists and removes them with its own.
         self.driver: DriverCaches | None = None
         if driver_cache_enabled():
-            self.driver = DriverCaches(self.context, model.module_id)
+            self.driver = DriverCaches(self.context, model.module_id, own_folder=True)
         self._driver_stored = 0
 
     # ------------------------------------------------------------------ programs

@@ -10,23 +10,19 @@ With the driver cache switched on (``install(driver_cache=True)``,
 ``OpenCLModule(..., driver_cache=True)``, or ``RUNTIME_CACHE_DRIVER_CACHE=1``):
 
 * :func:`prepare` points each driver at a folder that runtime-cache manages,
-  ``<RUNTIME_CACHE_DRIVER_DIR or user cache dir>/<driver>``, by setting the
-  driver's variable. It must run before the driver starts (the first
-  ``pyopencl.get_platforms()``); a variable the user set is left alone, and so
-  is the folder it names.
-* :class:`DriverCacheSession` restores, before the first program of a module
-  loads, the files an earlier process captured, and captures the files the
-  driver added since (after ``build_all`` and at exit). PoCL's files are kept
-  per module and device (``add_missing``: a file present is never replaced);
-  NVIDIA's folder has one index for all, so it is kept per device: missing
-  data files are added and the index is replaced last, in one rename. What a
-  driver writes after the last capture (say, at exit) is not lost: a later
-  process stores the files that an earlier one left and the stored set lacks.
+  ``<RUNTIME_CACHE_DRIVER_DIR or user cache dir>/<driver>``, before the driver
+  starts (the first ``pyopencl.get_platforms()``); a variable the user set, and
+  the folder it names, are left alone.
+* :class:`DriverCacheSession` restores the files an earlier process captured
+  before a module's first program loads, and captures what the driver added
+  (after ``build_all`` and at exit). PoCL's files are kept per module and device
+  (a file present is never replaced); NVIDIA's folder has one index for all, so
+  it is kept per device (data files added, the index replaced last, in one
+  rename). A later process stores what an earlier one left after its capture.
 
-Trust: these files reach the driver unvetted, so they are read only from a
-cache that signs its entries or whose backend is private to this user
-(``backend.private``). A restored set that was in use when a process died
-(the crash guard's record) is blocklisted, deleted, and not restored again.
+Trust: these files reach the driver unvetted, so they are read only from a cache
+that signs its entries or whose backend is this user's alone. A restored set in
+use when a process died (the crash guard's record) is blocklisted and deleted.
 """
 
 from __future__ import annotations
@@ -202,7 +198,13 @@ class DriverCacheSession:
     """
 
     def __init__(
-        self, cache: Cache, device: Any, module_id: str, *, driver: str | None = None
+        self,
+        cache: Cache,
+        device: Any,
+        module_id: str,
+        *,
+        driver: str | None = None,
+        own_folder: bool = False,
     ) -> None:
         self.cache = cache
         fingerprint = device_fingerprint(device)
@@ -213,7 +215,9 @@ class DriverCacheSession:
         self.folder = managed_folder(self.kind) if self.kind else None
         self.key: CacheKey | None = None
         if self.kind is not None and self.folder is not None:
-            per_module = _DRIVERS[self.kind].per_module
+            # A folder made for this module alone (``own_folder``) holds only its files,
+            # even for a driver that keeps one set per device: they are the module's.
+            per_module = _DRIVERS[self.kind].per_module or own_folder
             self.key = make_key(
                 module_id=module_id if per_module else "*device*",
                 runtime="opencl",
@@ -334,17 +338,17 @@ class DriverCacheSession:
 class DriverCaches:
     """The sessions of one module on every device of a context (what ``OpenCLModule`` holds).
 
-    Example::
+    ``own_folder``: the drivers' folders were made for this module alone (as the demo's
+    runs do), so a per-device driver's files are stored under the module's key. Example::
 
         caches = DriverCaches(ctx, "resnet18@3f2a")
-        caches.restore(cache)      # before the first program loads
-        ...                        # build, load and launch
+        caches.restore(cache)      # before the first program loads; build, load and launch
         caches.capture()           # store what the driver added
     """
 
-    def __init__(self, context: Any, module_id: str) -> None:
+    def __init__(self, context: Any, module_id: str, *, own_folder: bool = False) -> None:
         self.devices = list(context.devices)
-        self.module_id = module_id
+        self.module_id, self.own_folder = module_id, own_folder
         self.sessions: list[DriverCacheSession] | None = None
         self._lock = threading.Lock()
 
@@ -352,7 +356,10 @@ class DriverCaches:
         """Restore once per device (later calls do nothing); return how many files were added."""
         with self._lock:
             if self.sessions is None:
-                self.sessions = [DriverCacheSession(cache, d, self.module_id) for d in self.devices]
+                self.sessions = [
+                    DriverCacheSession(cache, d, self.module_id, own_folder=self.own_folder)
+                    for d in self.devices
+                ]
             sessions = self.sessions
         return sum(s.restore() for s in sessions)
 
