@@ -355,7 +355,7 @@ class TieredBackend(Backend):
             said = f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
             said += f" ({', '.join(kept)}); last error: {errors[-1]}"
             down = all(isinstance(e, BackendUnavailableError) for e in errors)  # (not refused)
-            error = PartialDeleteError(said, tuple(kept)) if down else BackendError(said)
+            error = PartialDeleteError(said, tuple(kept), removed) if down else BackendError(said)
             raise error from errors[-1]
         return removed
 

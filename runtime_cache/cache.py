@@ -387,12 +387,14 @@ class Cache(Inventory, BatchReads, Builds):
             log.debug("runtime-cache: could not remove %s: %s", skey, exc)
 
     def delete(self, key: KeyLike) -> bool:
-        """Remove ``key``; return whether it was there."""
+        """Remove ``key``; return whether it was there. A tiered store with a tier down
+        raises :class:`~runtime_cache.errors.PartialDeleteError` when strict; otherwise the
+        error is counted and the answer is whether a tier that was reached held it."""
         try:
             removed = self._backend.delete(str(key))
         except Exception as exc:
             self._failed("delete", exc)
-            return False
+            return getattr(exc, "removed", False) is True  # (a PartialDeleteError's)
         self._succeeded("write")
         if removed:
             self._bump()

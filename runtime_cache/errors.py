@@ -133,11 +133,13 @@ class PartialDeleteError(BackendError):
     """A delete that some tiers of a store made and others could not, since they are down
     (each failed with :class:`BackendUnavailableError`): ``failed`` names those tiers, where
     the entry may live on. The entry is gone from the others. A tier that refused (an
-    immutable file) makes a plain :class:`BackendError`."""
+    immutable file) makes a plain :class:`BackendError`. ``removed``: whether a tier that
+    was reached held the entry (what a non-strict ``Cache.delete`` returns)."""
 
-    def __init__(self, message: str, failed: tuple[str, ...]) -> None:
+    def __init__(self, message: str, failed: tuple[str, ...], removed: bool = False) -> None:
         super().__init__(message)
         self.failed = failed
+        self.removed = removed
 
 
 class CallbackTypeError(BackendError, TypeError):

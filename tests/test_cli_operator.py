@@ -542,6 +542,45 @@ def test_an_import_whose_remote_tier_takes_nothing_says_so(tmp_path: Path) -> No
     assert report["accepted"] == 3 and sum(report["tiers_not_written"].values()) >= 1
 
 
+def test_rm_and_clear_with_a_tier_down_say_what_they_removed(tmp_path: Path) -> None:
+    """Noted in session 27: with the remote tier down, ``rm`` said "not removed" for an entry
+    it had removed from the near tier, and ``clear`` said "removed 0 entries" after emptying
+    it. Each now says the entry is gone but from the tier that could not be reached (exit 1:
+    that tier may still hold it)."""
+    secret = "s3cret-0123456789"
+    near = tmp_path / "near"
+    near.mkdir(mode=0o700)
+    local = rc.Cache(DirectoryBackend(near), secret=secret)
+    keys = [rc.make_key(module_id=f"m{i}", runtime="r", purpose="p") for i in range(3)]
+    for k in keys:
+        local.put(k, b"v")
+    url = f"dir://{near},redis://127.0.0.1:1/0"
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "runtime_cache", "--cache", url, "--secret", secret, *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+
+    done = run("rm", str(keys[0]))
+    assert done.returncode == 1 and "not removed" not in done.stderr, done.stderr
+    assert "removed, except from <RedisBackend" in done.stderr and "Traceback" not in done.stderr
+    assert local.get(keys[0]) is None and local.get(keys[1]) == b"v"
+    done = run("clear", "--yes")
+    assert done.returncode == 1, done.stderr
+    assert "removed 0 entries, and 2 from the tiers that could be reached" in done.stdout
+    assert list(DirectoryBackend(near).keys()) == []
+    for k in keys:
+        local.put(k, b"v")
+    done = run("clear", "--yes", "--json")
+    report = json.loads(done.stdout)
+    assert report["removed"] == 0 and report["partly_removed"] == 3
+    assert all("could not be reached" in s["reason"] for s in report["skipped"])
+
+
 def test_a_tier_that_cannot_be_listed_makes_maintenance_say_so(tmp_path: Path) -> None:
     url = f"dir://{tmp_path / 'near'},redis://:pw@127.0.0.1:1/0?insecure=1"
     (tmp_path / "near").mkdir(mode=0o700)  # (a command that only reads makes no tier folder)

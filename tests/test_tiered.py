@@ -529,3 +529,26 @@ def test_an_import_that_keeps_existing_entries_mends_a_tier_below(tmp_path: Path
     assert other.get(key) == b"bundle value" and other.stats().rejected == 0
     # Where every tier holds a good copy, it is kept.
     assert cache.loads(source.dumps(), overwrite=False) == 0
+
+
+def test_a_delete_with_a_tier_down_says_whether_a_reached_tier_held_it(tmp_path: Path) -> None:
+    """Noted in session 27: a non-strict delete that removed the entry from the tiers it
+    reached returned False ("was not there"), as for a key no tier held. It counts the
+    error and answers for the tiers it reached; a strict one raises PartialDeleteError."""
+    from runtime_cache.errors import PartialDeleteError
+
+    url = f"dir://{tmp_path / 'd'},{_dead_redis_url()}&insecure=1"
+    cache = rc.Cache(rc.open_backend(url), insecure=True)
+    local = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'd'}"))
+    held, other = (rc.make_key(module_id=m, runtime="demo", purpose="rm") for m in "ab")
+    local.put(held, b"v")
+    local.put(other, b"v")
+    assert cache.delete(held) is True and local.get(held) is None
+    assert cache.delete(held) is False  # (no tier reached holds it now)
+    assert cache.stats().errors == 2 and "could not remove" in str(cache.last_error)
+    cache.strict = True
+    with pytest.raises(PartialDeleteError) as raised:
+        cache.delete(other)
+    assert raised.value.removed and local.get(other) is None
+    assert len(raised.value.failed) == 1 and "Redis" in raised.value.failed[0]
+    cache.close()

@@ -14,7 +14,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
-from ..errors import BackendUnavailableError, InvalidKeyError, RuntimeCacheError
+from ..errors import (
+    BackendUnavailableError,
+    InvalidKeyError,
+    PartialDeleteError,
+    RuntimeCacheError,
+)
 from ..maintenance import PruneReport, prune, verify
 from ..units import parse_duration, parse_size
 from .context import CommandContext, Handler, KeyNotFound, UsageError, resolve_key
@@ -137,9 +142,9 @@ def cmd_rm(args: argparse.Namespace, ctx: CommandContext) -> int:
         except BackendUnavailableError:
             raise  # the whole store is down: said once
         except RuntimeCacheError as exc:  # (a tier that kept it): the other keys go on
-            failed.append((skey, str(exc)))
+            failed.append((skey, _not_removed(exc)))
             if not args.json:
-                print(f"runtime-cache: not removed {clean(skey)}: {clean(exc)}", file=ctx.err)
+                print(f"runtime-cache: {clean(_not_removed(exc))}: {clean(skey)}", file=ctx.err)
             continue
         if gone:
             removed.append(skey)
@@ -189,7 +194,7 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
         if answer not in ("y", "yes"):
             print("aborted; nothing removed", file=ctx.err)
             return 1
-    removed = 0
+    removed = partly = 0
     skipped: list[tuple[str, str]] = []
     for key in keys:
         try:
@@ -199,15 +204,30 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
         except InvalidKeyError as exc:
             skipped.append((key, f"not a cache key: {exc}"))
         except RuntimeCacheError as exc:
-            skipped.append((key, f"not removed: {exc}"))
+            skipped.append((key, _not_removed(exc)))
+            partly += isinstance(exc, PartialDeleteError)
     if args.json:
         ctx.emit_json(
-            {"removed": removed, "skipped": [{"key": k, "reason": r} for k, r in skipped]}
+            {
+                "removed": removed,
+                "partly_removed": partly,
+                "skipped": [{"key": k, "reason": r} for k, r in skipped],
+            }
         )
     else:
-        print(f"removed {count(removed, 'entry', 'entries')}", file=ctx.out)
+        some = f", and {partly} from the tiers that could be reached" if partly else ""
+        print(f"removed {count(removed, 'entry', 'entries')}{some}", file=ctx.out)
         _report_skipped(ctx, skipped)
     return 1 if skipped else 0
+
+
+def _not_removed(exc: RuntimeCacheError) -> str:
+    """Why an entry is not (wholly) removed: a delete that only down tiers failed removed it
+    from the others, and says which still hold it."""
+    if isinstance(exc, PartialDeleteError):
+        why = exc.__cause__ or exc
+        return f"removed, except from {', '.join(exc.failed)}, which could not be reached: {why}"
+    return f"not removed: {exc}"
 
 
 def _report_skipped(ctx: CommandContext, skipped: list[tuple[str, str]]) -> None:
