@@ -138,7 +138,9 @@ class TuningCache:
         purpose: the key purpose; ``"tuning"`` unless one runtime keeps several kinds.
         cache: the :class:`~runtime_cache.Cache` to use; ``None`` means the
             process-wide one, :func:`runtime_cache.get_cache`, looked up at each call.
-        max_record_size: the largest encoded record accepted, in bytes.
+        max_record_size: the largest encoded record accepted, in bytes. A stored record
+            over it (another user's, with a larger limit) is a miss here and stays: what
+            this reader tunes in its place is kept in this object, not stored.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class TuningCache:
         self.purpose = purpose
         self.max_record_size = max_record_size
         self._cache = cache
+        self._here: dict[str, Record] = {}  # tuned where the stored record is over the limit
         # Fail early on bad parts (unsupported device types, bad names).
         self.key("probe")
 
@@ -194,6 +197,8 @@ class TuningCache:
         data = cache.get(key)
         if data is None:
             return None
+        if self._over_limit(key, data):
+            return self._here.get(symbol)
         return self._decode_or_discard(cache, key, data)
 
     def _over_limit(self, key: CacheKey, data: bytes) -> bool:
@@ -212,8 +217,6 @@ class TuningCache:
         return True
 
     def _decode_or_discard(self, cache: Cache, key: CacheKey, data: bytes) -> Record | None:
-        if self._over_limit(key, data):
-            return None
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError as exc:
@@ -242,16 +245,21 @@ class TuningCache:
         def build() -> bytes:
             return encode_record(tune(), self.max_record_size)
 
+        def here() -> Record:  # tuned once for this reader, which cannot take the stored one
+            if symbol not in self._here:
+                self._here[symbol] = decode_record(build(), self.max_record_size)
+            return self._here[symbol]
+
         data = cache.get(key)
         if data is not None:
             if self._over_limit(key, data):
-                return decode_record(build(), self.max_record_size)
+                return here()
             record = self._decode_or_discard(cache, key, data)
             if record is not None:
                 return record
         data = cache.get_or_build(key, build)
         if self._over_limit(key, data):  # (stored by another user meanwhile)
-            return decode_record(build(), self.max_record_size)
+            return here()
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError:
@@ -262,6 +270,7 @@ class TuningCache:
 
     def delete(self, symbol: str) -> bool:
         """Remove ``symbol``'s record; return whether it was there."""
+        self._here.pop(symbol, None)
         return self.cache.delete(self.key(symbol))
 
     # ------------------------------------------------------------ all records
@@ -289,7 +298,9 @@ class TuningCache:
         return out
 
     def clear(self) -> int:
-        """Delete every record of this module and device; return how many were removed."""
+        """Delete every record of this module and device, those over this reader's limit
+        too (the module's, whoever stored them); return how many were removed."""
+        self._here.clear()
         return sum(self.delete(symbol) for symbol in self.symbols())
 
     def dumps(self) -> bytes:

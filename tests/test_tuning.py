@@ -306,5 +306,11 @@ def test_a_record_over_a_readers_limit_is_its_miss_and_stays_for_its_writer(
     got = reader.get_or_tune("conv1", lambda: calls.append(1) or {"tile": 4})
     assert got == {"tile": 4} and calls == [1]
     assert writer.get("conv1") == big  # kept, as it was
-    assert reader.get_or_tune("conv1", lambda: {"tile": 8}) == {"tile": 8}
+    # Noted in session 27: the reader tuned again at each call. It keeps what it tuned.
+    assert reader.get_or_tune("conv1", lambda: calls.append(2) or {"tile": 8}) == {"tile": 4}
+    assert reader.get("conv1") == {"tile": 4} and calls == [1]
     assert writer.get("conv1") == big
+    other = TuningCache("net@1", "opencl", GPU_A, cache=cache, max_record_size=1024)
+    assert other.get("conv1") is None  # (kept in the reader, not stored)
+    assert other.get_or_tune("conv1", lambda: {"tile": 8}) == {"tile": 8}
+    assert reader.delete("conv1") and reader.get("conv1") is None
