@@ -66,7 +66,8 @@ def add_parsers(add: AddCommand) -> None:
         "Merge a bundle file into the cache; entries that fail "
         "their checksum, key or signature are skipped. Exit code 1 when the bundle is "
         "invalid or some of its entries were not written (refused by the checks, or native "
-        "code from an unsigned bundle, which only a signed one brings).",
+        "code from an unsigned bundle, which only a signed one brings), or are no longer "
+        "there afterwards (a size cap smaller than the bundle evicted them).",
         [
             "runtime-cache import app-assets/kernels.rcb",
             "runtime-cache import kernels.rcb --keep-existing --json",
