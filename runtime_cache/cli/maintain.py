@@ -95,7 +95,11 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     prune_cmd.add_argument(
-        "--max-size", type=_size, metavar="SIZE", help="e.g. 500MB or 2GiB (a unit is needed)"
+        "--max-size",
+        type=_size,
+        metavar="SIZE",
+        help="e.g. 500MB or 2GiB (a unit is needed); entries' stored sizes, as ls sums them "
+        "(a dir:// cache's own max_size counts the disk blocks its files take, which is more)",
     )
     prune_cmd.add_argument(
         "--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m (a unit is needed)"
