@@ -292,6 +292,65 @@ def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> Non
     assert seen == [[1.0, 0], [2.0, 0], [1.0, 1]]
 
 
+def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
+    ctx: Any, tmp_path: Path
+) -> None:
+    """Noted in session 27, and worse than noted: PoCL reads ``POCL_EXTRA_BUILD_FLAGS`` once
+    a process, at its first build, while the key read it at each call. A process started
+    with ``-DV=1`` that set ``V=2`` stored a ``V=1`` build under the ``V=2`` key, and a
+    process started with ``V=2`` loaded it (1.0 for 2.0). After such a change, PoCL builds
+    are not cached (those of a module planned before the change too)."""
+    import json
+    import subprocess
+    import sys
+
+    if "pocl" not in ctx.devices[0].platform.version.lower():
+        pytest.skip("a variable of PoCL's")
+    script = (
+        "import json, os, sys, numpy as np, pyopencl as cl, runtime_cache as rc\n"
+        "from runtime_cache.backends.directory import DirectoryBackend\n"
+        "from runtime_cache.opencl import OpenCLModule, build_program, opencl_stats\n"
+        "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+        "src = '__kernel void f(__global float *a) { a[get_global_id(0)] *= V; }'\n"
+        "cache = rc.Cache(DirectoryBackend(os.environ['CACHE_UNDER_TEST']))\n"
+        "q = cl.CommandQueue(ctx)\n"
+        "def run(prg):\n"
+        "    a = np.ones(1, np.float32)\n"
+        "    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)\n"
+        "    prg.f(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
+        "    return float(a[0])\n"
+        "module = OpenCLModule(ctx, {'f': src, 'g': src + ' // g'}, cache=cache)\n"
+        "seen = [run(module.program('f'))]\n"
+        "if sys.argv[1] == 'change':\n"
+        "    os.environ['POCL_EXTRA_BUILD_FLAGS'] = '-DV=2.0f'\n"
+        "seen += [run(build_program(ctx, src, [], cache=cache)), run(module.program('g'))]\n"
+        "more = OpenCLModule(ctx, {n: src + ' // ' + n for n in 'hij'}, cache=cache)\n"
+        "more.build_all(workers=2, processes=True)  # (workers would take the new flags)\n"
+        "seen += [run(more.program(n)) for n in 'hij']\n"
+        "s = opencl_stats()\n"
+        "print(json.dumps([seen, s.binary_loads, s.uncacheable, len(list(cache.entries()))]))\n"
+    )
+    seen = []
+    for start, how in ((1, "change"), (2, "keep"), (1, "keep")):
+        env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={start}.0f", "POCL_KERNEL_CACHE": "0"}
+        env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", script, how],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        seen.append(json.loads(done.stdout.splitlines()[-1]))
+    # The changing process: PoCL kept V=1; only 'f', built before the change, was stored.
+    one, two = [1.0] * 6, [2.0] * 6
+    assert seen[0] == [one, 0, 5, 1], seen[0]
+    assert seen[1] == [two, 0, 0, 7]  # V=2 from its start: built, not loaded
+    assert seen[2] == [one, 1, 0, 12]  # V=1: 'f' loads; the other five are built
+
+
 def test_the_include_folders_of_pocls_extra_build_flags_are_searched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

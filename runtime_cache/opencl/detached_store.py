@@ -44,7 +44,7 @@ import msgpack
 from .. import environment
 from ..cache import Cache
 from .child import python_command
-from .fingerprint import device_fingerprint
+from .fingerprint import device_fingerprint, pocl_flags_unknown
 from .guard import ENV_GUARD_DIR, process_alive
 from .plan import ProgramPlan
 from .wire import write_message
@@ -290,6 +290,9 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
     from .reopen import reopen_spec
 
     spec = reopen_spec(cache)
+    # Not where this process changed PoCL's extra flags since its builds: the detached
+    # process's PoCL would build with the new ones, for keys made with the old.
+    jobs = [job for job in jobs if not pocl_flags_unknown(job[0].devices)]
     if spec is None or not jobs:
         return False
     folder = runs_folder()

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..key_template import KeyTemplate
+from .fingerprint import pocl_flags_unknown
 from .includes import Options
 from .plan import ProgramPlan
 from .program import key_templates, options_text, plan_program
@@ -33,10 +34,14 @@ class ModulePlans:
         self._plans: dict[str, ProgramPlan] = {}
         self._text = ""
         self._templates: list[KeyTemplate] | None = None
+        self._replanned = False
 
     def plan(self, name: str) -> ProgramPlan:
         """The plan of program ``name``; ``KeyError`` if the module has none of that name."""
         with self._lock:
+            if self._plans and not self._replanned and pocl_flags_unknown(self._context.devices):
+                self._plans.clear()  # (planned with keys before: now built uncached)
+                self._replanned = True
             plan = self._plans.get(name)
             if plan is not None:
                 return plan

@@ -34,7 +34,7 @@ from ._driver import (
 from .build_inputs import macro_named, settle
 from .capture import origins, remember
 from .counters import counters
-from .fingerprint import device_fingerprint
+from .fingerprint import device_fingerprint, pocl_flags_unknown
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
 from .includes import (
     HeaderReads,
@@ -98,7 +98,7 @@ def plan_program(
     # Splitting the options costs more than the rest of the key: only when a file is read.
     reads = HeaderReads()
     headers = include_digests(data, lambda: normalize_options(text), reads)
-    if headers is None:
+    if headers is None or pocl_flags_unknown(devs):
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
     folder, stamps = (reads.root, reads.stamps) if read else (None, None)

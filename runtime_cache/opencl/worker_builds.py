@@ -20,6 +20,7 @@ from ._driver import import_pyopencl
 from .build_inputs import settle, unkeyed
 from .cached_load import held
 from .counters import counters
+from .fingerprint import pocl_flags_unknown
 from .holdings import Holdings
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
@@ -112,6 +113,8 @@ def build_in_workers(
         # program() call beside build_all() waits for the worker's build, not compiles it
         # too. One it built meanwhile is skipped (with ``done``: it stored the binaries).
         while True:
+            if pocl_flags_unknown(devices):  # a worker's PoCL would take other flags than ours
+                return None  # (what is left is built here)
             if next_name is not None:
                 name = next_name()
             else:
