@@ -9,7 +9,7 @@ cache folder (``POCL_CACHE_DIR``). A fresh container has both folders empty.
 With the driver cache switched on (``install(driver_cache=True)``,
 ``OpenCLModule(..., driver_cache=True)``, or ``RUNTIME_CACHE_DRIVER_CACHE=1``):
 
-* :func:`prepare` points each driver at a folder that runtime-cache manages,
+* :func:`prepare` (:mod:`.driver_folders`) points each driver at a folder it manages,
   ``<RUNTIME_CACHE_DRIVER_DIR or user cache dir>/<driver>``, before the driver
   starts (the first ``pyopencl.get_platforms()``); a variable the user set, and
   the folder it names, are left alone.
@@ -30,13 +30,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from .. import environment
 from ..cache import Cache
 from ..errors import CorruptEntryError
 from ..keys import CacheKey, make_key
@@ -51,6 +48,18 @@ from .driver_files import (
     sweep_temporaries,
     unpack_files,
 )
+from .driver_folders import (
+    ENV_DIR,
+    ENV_SWITCH,
+    driver_cache_enabled,
+    driver_kind,
+    driver_variables,
+    known_drivers,
+    managed_folder,
+    prepare,
+    trusted_source,
+)
+from .driver_folders import per_module as carried_per_module
 from .fingerprint import device_fingerprint
 from .guard import binary_digest, guard
 
@@ -71,121 +80,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PURPOSE = "driver-cache"
-ENV_SWITCH = "RUNTIME_CACHE_DRIVER_CACHE"
 #: Seconds after a restore at which its files stop taking the blame for a crash, if the
 #: process has not settled them sooner (a driver that trips over its cache files does it
 #: while loading the programs or at their first launch, within seconds).
 SETTLE_AFTER = 60.0
-ENV_DIR = "RUNTIME_CACHE_DRIVER_DIR"
-
-
-@dataclass(frozen=True)
-class _Driver:
-    variable: str  # the driver's folder variable
-    switch: tuple[str, str]  # the variable and value that turn its cache on
-    per_module: bool  # files can be told apart per module (else one set per device)
-    platform: str  # a substring of the OpenCL platform name
-
-
-_DRIVERS = {
-    "pocl": _Driver("POCL_CACHE_DIR", ("POCL_KERNEL_CACHE", "1"), True, "Portable Computing"),
-    "nvidia": _Driver("CUDA_CACHE_PATH", ("CUDA_CACHE_DISABLE", "0"), False, "NVIDIA"),
-}
-
-
-def driver_cache_enabled(flag: bool | None = None) -> bool:
-    """``flag`` when given, else whether ``RUNTIME_CACHE_DRIVER_CACHE`` says on (1/true/yes/on)."""
-    if flag is not None:
-        return bool(flag)
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _root() -> str | None:
-    """The folder the drivers' caches go under; ``None`` when none is this user's own (no
-    home, and another user made the temporary folder's name first: see prepare)."""
-    env = os.environ.get(ENV_DIR, "").strip()
-    if env:
-        return environment.from_start(os.path.expanduser(env))
-    import platformdirs
-
-    try:
-        return platformdirs.user_cache_dir("runtime-cache-driver", appauthor=False)
-    except RuntimeError as exc:  # no HOME and no passwd entry: one warning, as for the cache
-        environment.warn_no_home(str(exc))
-    try:
-        return environment.private_fallback("driver")  # made 0700, or checked as ours
-    except OSError as exc:
-        log.warning("runtime-cache: drivers' caches left alone: %s", exc)
-        return None
-
-
-def prepare() -> dict[str, str]:
-    """Point each driver at its folder under runtime-cache's root; return ``{driver: folder}``.
-
-    Call it before the driver starts: NVIDIA and PoCL read their variables
-    once, when the platform is first listed. A variable already set to a
-    folder outside the root is the user's own choice and is left alone (that
-    driver's cache is then neither restored nor captured). It also turns the
-    drivers' caches on (``POCL_KERNEL_CACHE=1``, ``CUDA_CACHE_DISABLE=0``),
-    since there is nothing to carry otherwise.
-
-    Example::
-
-        from runtime_cache.opencl import prepare_driver_cache
-        prepare_driver_cache()          # first, before pyopencl lists platforms
-        import pyopencl as cl
-        ctx = cl.create_some_context()
-    """
-    root = _root()
-    chosen: dict[str, str] = {}
-    for kind, driver in _DRIVERS.items():
-        if root is None:
-            break
-        mine = os.path.join(root, kind)
-        current = os.environ.get(driver.variable, "").strip()
-        if current and os.path.abspath(current) != mine:
-            log.debug("runtime-cache: %s is set by the user; its driver cache is left alone", kind)
-            continue
-        if not private_folder(mine):  # the driver loads native code from it: left alone
-            log.warning("runtime-cache: %s is not this user's private folder; not used", mine)
-            continue
-        os.environ[driver.variable] = mine
-        os.environ[driver.switch[0]] = driver.switch[1]
-        chosen[kind] = mine
-    return chosen
-
-
-def driver_kind(fingerprint: dict[str, Any]) -> str | None:
-    """``"pocl"``, ``"nvidia"``, or ``None`` for a driver whose cache is not carried."""
-    name = str(fingerprint.get("platform_name", ""))
-    for kind, driver in _DRIVERS.items():
-        if driver.platform in name:
-            return kind
-    return None
-
-
-def driver_variables(kind: str, folder: str) -> dict[str, str]:
-    """The environment that points the driver ``kind`` at ``folder``, with its cache on."""
-    driver = _DRIVERS[kind]
-    return {driver.variable: folder, driver.switch[0]: driver.switch[1]}
-
-
-def managed_folder(kind: str) -> str | None:
-    """The folder the driver ``kind`` uses, if runtime-cache manages it (else ``None``)."""
-    driver = _DRIVERS[kind]
-    current = os.environ.get(driver.variable, "").strip()
-    root = _root()
-    mine = None if root is None else os.path.join(root, kind)
-    if mine is None or not current or os.path.abspath(current) != mine:
-        return None
-    if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:
-        return None  # the driver's cache is off: it neither reads nor writes the folder
-    return mine
-
-
-def trusted_source(cache: Cache) -> bool:
-    """Whether ``cache`` may supply driver files: it signs entries, or only this user writes it."""
-    return cache.signed or bool(getattr(cache.backend, "private", False))
 
 
 class DriverCacheSession:
@@ -208,8 +106,8 @@ class DriverCacheSession:
     ) -> None:
         self.cache = cache
         fingerprint = device_fingerprint(device)
-        if driver is not None and driver not in _DRIVERS:
-            raise ValueError(f"unknown driver {driver!r}; known: {sorted(_DRIVERS)}")
+        if driver is not None and driver not in known_drivers():
+            raise ValueError(f"unknown driver {driver!r}; known: {known_drivers()}")
         # ``driver`` overrides what the platform name says (tests play one driver on another).
         self.kind = driver or driver_kind(fingerprint)
         self.folder = managed_folder(self.kind) if self.kind else None
@@ -217,7 +115,7 @@ class DriverCacheSession:
         if self.kind is not None and self.folder is not None:
             # A folder made for this module alone (``own_folder``) holds only its files,
             # even for a driver that keeps one set per device: they are the module's.
-            per_module = _DRIVERS[self.kind].per_module or own_folder
+            per_module = carried_per_module(self.kind) or own_folder
             self.key = make_key(
                 module_id=module_id if per_module else "*device*",
                 runtime="opencl",
@@ -260,7 +158,7 @@ class DriverCacheSession:
 
     def _restore(self, key: CacheKey, folder: str) -> int:
         assert self.kind is not None
-        per_module = _DRIVERS[self.kind].per_module
+        per_module = carried_per_module(self.kind)
         sweep_temporaries({folder: True})
         if not trusted_source(self.cache):
             return 0
@@ -319,7 +217,7 @@ class DriverCacheSession:
                 return False
             self._harvest = False
             assert self.kind is not None
-            names = set(now) if not _DRIVERS[self.kind].per_module else self._mine | changed
+            names = self._mine | changed if carried_per_module(self.kind) else set(now)
             value = pack_files(self.folder, [n for n in names if n in now])
             self._baseline = now
             if value is None:
