@@ -256,9 +256,6 @@ def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> Non
     """helper-78: PoCL adds ``POCL_EXTRA_BUILD_FLAGS`` to every build's options, and the key
     did not hold it: built with ``-DV=1``, then loaded for ``-DV=2``. (PoCL reads it once a
     process: each build runs in a process of its own.)"""
-    import json
-    import subprocess
-    import sys
 
     if "pocl" not in ctx.devices[0].platform.version.lower():
         pytest.skip("a variable of PoCL's")
@@ -275,21 +272,29 @@ def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> Non
         "prg.f(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
         "print(json.dumps([float(a[0]), opencl_stats().binary_loads]))\n"
     )
-    seen = []
-    for value in (1, 2, 1):
-        env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={value}.0f", "POCL_KERNEL_CACHE": "0"}
-        env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", script],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        seen.append(json.loads(done.stdout.splitlines()[-1]))
+    seen = [_run_with_flags(script, value, tmp_path) for value in (1, 2, 1)]
     assert seen == [[1.0, 0], [2.0, 0], [1.0, 1]]
+
+
+def _run_with_flags(script: str, value: int, tmp_path: Path, *argv: str) -> Any:
+    """``script``'s last line of JSON, run in a fresh process started with PoCL's extra
+    flags ``-DV=<value>.0f`` over the cache in ``tmp_path / "cache"``."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={value}.0f", "POCL_KERNEL_CACHE": "0"}
+    env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
@@ -300,9 +305,6 @@ def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
     with ``-DV=1`` that set ``V=2`` stored a ``V=1`` build under the ``V=2`` key, and a
     process started with ``V=2`` loaded it (1.0 for 2.0). After such a change, PoCL builds
     are not cached (those of a module planned before the change too)."""
-    import json
-    import subprocess
-    import sys
 
     if "pocl" not in ctx.devices[0].platform.version.lower():
         pytest.skip("a variable of PoCL's")
@@ -316,7 +318,8 @@ def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
         "q = cl.CommandQueue(ctx)\n"
         "def run(prg):\n"
         "    a = np.ones(1, np.float32)\n"
-        "    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)\n"
+        "    mf = cl.mem_flags\n"
+        "    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)\n"
         "    prg.f(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
         "    return float(a[0])\n"
         "module = OpenCLModule(ctx, {'f': src, 'g': src + ' // g'}, cache=cache)\n"
@@ -330,20 +333,8 @@ def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
         "s = opencl_stats()\n"
         "print(json.dumps([seen, s.binary_loads, s.uncacheable, len(list(cache.entries()))]))\n"
     )
-    seen = []
-    for start, how in ((1, "change"), (2, "keep"), (1, "keep")):
-        env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={start}.0f", "POCL_KERNEL_CACHE": "0"}
-        env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", script, how],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr
-        seen.append(json.loads(done.stdout.splitlines()[-1]))
+    runs = ((1, "change"), (2, "keep"), (1, "keep"))
+    seen = [_run_with_flags(script, start, tmp_path, how) for start, how in runs]
     # The changing process: PoCL kept V=1; only 'f', built before the change, was stored.
     one, two = [1.0] * 6, [2.0] * 6
     assert seen[0] == [one, 0, 5, 1], seen[0]
