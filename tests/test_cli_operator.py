@@ -427,7 +427,7 @@ def test_rm_and_clear_speak_json(run: Run, backend: DirectoryBackend) -> None:
         "failed": [],
     }
     code, out, _ = run("clear", "--yes", "--json")
-    assert code == 0 and json.loads(out) == {"removed": 2, "skipped": []}
+    assert code == 0 and json.loads(out) == {"removed": 2, "partly_removed": 0, "skipped": []}
 
 
 def test_python_dash_m_runtime_cache_and_every_help_has_examples() -> None:
