@@ -231,7 +231,6 @@ def test_recapture_restores_changed_binaries(ctx: Any, cache: rc.Cache) -> None:
         '#/**/include "val.h"',
         '#include \\\n"val.h"',
         '#inc\\\nlude "val.h"',
-        '# /* a\n b */ include "val.h"',
         '#include_next "val.h"',
         '#import "val.h"',
         '%:include "val.h"',
@@ -259,6 +258,10 @@ def test_every_spelling_of_an_include_puts_its_header_in_the_key(
     assert found and found[0][0] == "val.h", found
     (tmp_path / "val.h").write_text("#define VAL 2\n")
     assert include_digests(spelling + "\n__kernel void k() {}\n", options) != found
+    # A comment from a directive's "#" to a later line: the name comes after it. Such a
+    # build is not cached (helper-80 hid one behind a #warning's "/*").
+    split = '# /* a\n b */ include "val.h"\n__kernel void k() {}\n'
+    assert include_digests(split, options) is None
 
 
 def test_an_include_that_cannot_be_hashed_makes_the_build_uncacheable(tmp_path: Path) -> None:

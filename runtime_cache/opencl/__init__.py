@@ -32,6 +32,7 @@ cache's backend class, so that the first program does not pay for it.
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING
 
 from .. import lazy_exports as _exports
@@ -52,6 +53,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on f
 
 # Before pyopencl's first platform query (nothing imported above makes one).
 expose_intel_runtime()
+
+#: PoCL's extra build flags when this package was imported: one set since the process
+#: started, and before, is a change too (see :func:`.fingerprint.pocl_flags_unknown`).
+_POCL_FLAGS_AT_IMPORT = _os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
 
 __all__ = [
     "DRIVER_CACHE_PURPOSE",

@@ -43,7 +43,7 @@ def settle(plan: ProgramPlan, program: Any = None, root: str | None = None) -> P
         return plan
     text = plan.options_text
     reads = HeaderReads(root=root)
-    now = include_digests(plan.source, lambda: normalize_options(text), reads)
+    now = include_digests(plan.source, text, reads)
     if now == plan.includes and reads.stamps == plan.stamps:
         return replace(plan, includes=None, stamps=None)
     counters.add(uncacheable=1)
@@ -69,7 +69,8 @@ def macro_named(declared: Sequence[str], plan: ProgramPlan) -> bool:
     if not plan.includes:
         return False
     texts: list[bytes] = []
-    if include_digests(plan.source, tokens, HeaderReads(plan.folder, texts=texts)) is None:
+    reads = HeaderReads(plan.folder, texts=texts)
+    if include_digests(plan.source, plan.options_text, reads) is None:
         return True  # (cannot be read now: not evicted for a name it cannot tell)
     pattern = rb"^\s*#\s*define\s+(?:%s)\b" % b"|".join(re.escape(n.encode()) for n in names)
     found = re.compile(pattern, re.MULTILINE)

@@ -114,12 +114,17 @@ def _start_value() -> str:
 
 def pocl_flags_unknown(devices: Sequence[Any]) -> bool:
     """Whether PoCL builds on ``devices`` use extra flags that no key can name: this process
-    changed ``POCL_EXTRA_BUILD_FLAGS`` since it started. PoCL reads the variable once, at
+    changed ``POCL_EXTRA_BUILD_FLAGS`` since it started (as this call or the import of
+    :mod:`runtime_cache.opencl` saw it). PoCL reads the variable once, at
     its first build, which may have come before the change or after it (a build with
     ``-DV=1`` and one after ``V=2`` was set both multiplied by 1). Such builds are not
     cached. Once true, true for the rest of the process."""
-    if not _changed and os.environ.get(_EXTRA, "").strip() != _start_value():
-        _changed.append(True)
+    if not _changed:
+        from . import _POCL_FLAGS_AT_IMPORT as imported
+
+        start = _start_value()
+        if os.environ.get(_EXTRA, "").strip() != start or imported != start:
+            _changed.append(True)
     if not _changed:
         return False
     return any("pocl" in device_fingerprint(d)["platform_version"].lower() for d in devices)

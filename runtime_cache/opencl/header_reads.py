@@ -1,7 +1,8 @@
 """Reading the headers a build may read: each file's bytes and what tells its versions apart.
 
 :func:`read_header` opens a header once (a regular file only: a FIFO or a device at its
-name is no header, and is never waited on) and gives its bytes with its :data:`Stamp`.
+name is never opened, and makes the build uncacheable) and gives its bytes with its
+:data:`Stamp`.
 :class:`HeaderReads` gathers what one scan of
 :func:`~runtime_cache.opencl.includes.include_digests` read, so that the look after a build
 (:func:`~runtime_cache.opencl.build_inputs.settle`) compares the files, not only their
@@ -36,14 +37,15 @@ _OPEN = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 def read_header(path: str) -> tuple[bytes | Unreadable | None, Stamp | None]:
-    """The file's bytes and its :data:`Stamp`; ``None`` where there is no regular file;
-    :data:`UNREADABLE` where there is one that cannot be read whole. Only a regular file
-    is opened (a device or a socket at the name is none), and without waiting (a FIFO
+    """The file's bytes and its :data:`Stamp`; ``None`` where there is no file (or a
+    folder or socket); :data:`UNREADABLE` where there is one that cannot be read whole, or
+    a device or a FIFO. Only a regular file is opened, without waiting (a FIFO
     swapped in meanwhile blocks nothing), but for a file a lease holder answers
     ``EAGAIN`` for: that one waits for its lease to break, as any reader does."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None, None
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            return _not_a_file(mode), None
         try:
             fd = os.open(path, _OPEN | os.O_NONBLOCK)
         except BlockingIOError:  # (a kernel lease: an SMB oplock, an NFS delegation)
@@ -53,7 +55,7 @@ def read_header(path: str) -> tuple[bytes | Unreadable | None, Stamp | None]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            return None, None
+            return _not_a_file(info.st_mode), None
         stamp = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         if info.st_size > MAX_FILE_SIZE:
             return UNREADABLE, stamp
@@ -64,6 +66,13 @@ def read_header(path: str) -> tuple[bytes | Unreadable | None, Stamp | None]:
     finally:
         os.close(fd)
     return (UNREADABLE if len(data) > MAX_FILE_SIZE else data), stamp
+
+
+def _not_a_file(mode: int) -> Unreadable | None:
+    """A folder at a header's name is none (compilers look on), nor is a socket (the build
+    fails to open it); a device or a FIFO is one that cannot go into a key (a compiler
+    reads it as a stream: ``/dev/null`` stubs a header out)."""
+    return None if stat.S_ISDIR(mode) or stat.S_ISSOCK(mode) else UNREADABLE
 
 
 @dataclass

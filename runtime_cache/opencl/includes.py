@@ -36,10 +36,14 @@ serve a stale binary. An include whose name is not written out (``#include
 HEADER``, ``__has_include(HEADER)``, a macro) anywhere it reads as one (in the
 preprocessor's view, as written, or with the comments within a line taken out: a comment
 opener the compiler reads as text, in a ``#warning`` or after a quote left open, must hide
-nothing), or a header that exists but cannot be read whole (over ``MAX_FILE_SIZE``,
-unreadable), makes the build uncacheable too. A header name is read as one token
+nothing), a header that exists but cannot be read whole (over ``MAX_FILE_SIZE``,
+unreadable; a device or a FIFO), a text with a NUL byte (a blank to the compiler), a
+name that is not UTF-8, a directive split by a comment to a later line (``#/*``), or a
+text naming ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``, makes the build uncacheable too. A header name is read as one token
 (``<a/*b.h>`` opens no comment). The ``-I`` folders of ``POCL_EXTRA_BUILD_FLAGS`` are
-searched after the options' own. Each text is scanned once a process.
+searched after the options' own, the options read as :mod:`.include_paths` says, and the
+main source's quoted includes are looked for where PoCL writes its copy too. Each text is
+scanned once a process.
 
 Relative names resolve from one folder for the whole scan (:class:`HeaderReads`), which
 also records each file's identity and times, so that a look after a build tells a header
@@ -50,7 +54,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -58,11 +61,19 @@ import xxhash
 
 from .. import environment
 from .header_reads import HeaderReads, Stamp, Unreadable, read_header
+from .include_paths import (
+    Options,
+    include_dirs,
+    normalize_options,
+    pocl_source_folders,
+    search_folders,
+)
 
 __all__ = [
     "ABSENT",
     "SYSTEM_DIRS",
     "HeaderReads",
+    "Options",
     "Stamp",
     "as_c_reads",
     "include_digests",
@@ -108,6 +119,12 @@ _ASKS_IF_DEFINED = re.compile(
 #: A comment within one line, or a line's start up to the first ``*/`` (the end of a
 #: comment begun on a line before).
 _LINE_COMMENTS = re.compile(rb"^[^\n]*?\*/|/\*[^\n]*?\*/", re.MULTILINE)
+#: A directive whose ``#`` a comment follows that ends on a later line: its name (and
+#: the rest) come after the ``*/`` (seen with the comments within a line taken out).
+_SPLIT_DIRECTIVE = re.compile(rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*/\*", re.MULTILINE)
+#: Macros whose value is the time of the build (or of a header's last change): a text
+#: that names one builds differently at each build.
+_BUILD_TIME = (b"__TIME", b"__DATE__")
 _BOM = b"\xef\xbb\xbf"
 #: C's trigraphs (what they stand for holds no ``?``: the order of the replacements is free).
 _TRIGRAPHS = tuple(
@@ -131,41 +148,6 @@ _MAX_FILES = 512
 #: Folders a C compiler searches by default; a driver's compiler may too.
 SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/include", "/usr/include")
 ABSENT = "absent"
-
-Options = str | bytes | Sequence[str | bytes] | None
-
-
-def normalize_options(options: Options) -> list[str]:
-    """Split build options into a list of tokens (a string is split like a shell would)."""
-    if options is None:
-        return []
-    if isinstance(options, bytes):
-        options = options.decode("utf-8")
-    if isinstance(options, str):
-        return shlex.split(options)
-    tokens: list[str] = []
-    for item in options:
-        text = item.decode("utf-8") if isinstance(item, bytes) else str(item)
-        tokens.append(text)
-    return tokens
-
-
-def include_dirs(tokens: Sequence[str]) -> list[str]:
-    """Return the ``-I`` folders named in ``tokens``, in order (``-I dir`` and ``-Idir``)."""
-    found: list[str] = []
-    index = 0
-    while index < len(tokens):
-        token = tokens[index].strip()
-        if token in ("-I", "/I"):
-            if index + 1 < len(tokens):
-                found.append(tokens[index + 1].strip().strip('"'))
-            index += 2
-            continue
-        if token.startswith(("-I", "/I")):
-            found.append(token[2:].strip().strip('"'))
-        index += 1
-    return found
-
 
 #: The directives of texts seen, by their xxh3-128: a module's programs include the same
 #: headers, each scanned once a process. Cleared when full.
@@ -235,7 +217,14 @@ def preprocessor_view(text: bytes) -> bytes:
     return text.replace(b"%:", b"#") if b"%:" in text else text
 
 
+def _made_at_build(text: bytes) -> bool:
+    """Whether ``text`` names ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``."""
+    return b"__" in text and any(name in text for name in _BUILD_TIME)
+
+
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
+    if b"\0" in text or _made_at_build(text):
+        return [None]  # a NUL reads as a blank to the compiler, not to the scan
     found: set[tuple[bool, str] | None] = set()
     for reading in _readings(text):
         found.update(_scan_reading(reading))
@@ -252,9 +241,11 @@ def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
     # Where the compiler reads a comment opener as text (a #warning's words, a quote left
     # open in an #if 0 block), the first view hides lines it reads; the other two do not.
     spellings = [text]
+    found: set[tuple[bool, str] | None] = set()
     if b"/" in text:
         spellings += [_TOKENS.sub(rb"\1 ", text), _LINE_COMMENTS.sub(b" ", text)]
-    found: set[tuple[bool, str] | None] = set()
+        if _SPLIT_DIRECTIVE.search(spellings[-1]):
+            found.add(None)  # "#/*" to a later line: the directive goes on past "*/"
     for spelling in spellings:
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
         if b"__has_include" in spelling:
@@ -271,14 +262,18 @@ def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
                 found.add(None)  # #include MACRO, __has_include(MACRO)
                 continue
             quoted = named.group(2) is not None
-            name = (named.group(2) if quoted else named.group(3)).decode("utf-8", "replace")
+            try:
+                name = (named.group(2) if quoted else named.group(3)).decode("utf-8")
+            except UnicodeDecodeError:  # the compiler opens the bytes; probed, another name
+                found.add(None)
+                continue
             found.add((quoted, name))  # blanks kept: the compiler looks for " x.h" as is
     return found
 
 
 def include_digests(
     source: str | bytes,
-    tokens: Sequence[str] | Callable[[], Sequence[str]],
+    tokens: str | Sequence[str] | Callable[[], str | Sequence[str]],
     reads: HeaderReads | None = None,
 ) -> list[Any] | None:
     """Return ``[[name, folder index, digest], ...]`` for every header a build may read.
@@ -286,12 +281,16 @@ def include_digests(
     Returns ``[]`` when the source includes nothing. A name that matches no
     readable file in the search path nor in :data:`SYSTEM_DIRS` is recorded
     as ``[name, -1, "absent"]``. Returns ``None`` (the build must not be
-    cached) only past the limit on files, or when relative names cannot be resolved (a
-    working folder removed). ``tokens``, the build options, may be given as a callable:
-    called only for a source that reads a file. ``reads``, when given, says where relative
-    names resolve from and gets what was read (:class:`HeaderReads`).
+    cached) past the limit on files, when relative names cannot be resolved (a working
+    folder removed), and where the module's notes say. ``tokens``, the build options (an
+    option string, read as :func:`.include_paths.search_folders` says, or a token list),
+    may be given as a callable: called only for a source that reads a file. ``reads``,
+    when given, says where relative names resolve from and gets what was read
+    (:class:`HeaderReads`).
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
+    if _made_at_build(data):
+        return None
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
         return []  # (a splice or a trigraph could spell one)
     first = xxhash.xxh3_128_intdigest(data)
@@ -305,9 +304,9 @@ def include_digests(
         if reads.root is None:  # (a working folder removed since: nothing here can be told)
             return None
     root = reads.root
-    named = include_dirs(tokens() if callable(tokens) else tokens)
+    named = search_folders(tokens() if callable(tokens) else tokens)
     # PoCL adds POCL_EXTRA_BUILD_FLAGS after the options: its -I folders are searched too.
-    named += include_dirs(normalize_options(os.environ.get("POCL_EXTRA_BUILD_FLAGS", "")))
+    named += search_folders(os.environ.get("POCL_EXTRA_BUILD_FLAGS", ""))
     search = [os.path.join(root, folder) for folder in (*named, ".")]
     result: list[Any] = []
     seen: set[tuple[str, str, int]] = set()
@@ -325,7 +324,7 @@ def include_digests(
             joined = os.path.join(base, name)
             try:
                 path = os.path.realpath(joined)
-            except OSError:
+            except (OSError, ValueError):  # (ValueError: a NUL in the name)
                 return None
             content, stamp = read_header(path)
             if stamp is not None:
@@ -363,6 +362,8 @@ def include_digests(
                 return None  # #include MACRO: which file it reads is the preprocessor's to say
             quoted, name = directive
             folders = (list(beside) if quoted else []) + search
+            if quoted and text is data:  # (last: every file of the name is hashed anyway)
+                folders += pocl_source_folders()  # where PoCL writes the source it compiles
             hits = probe(name, enumerate(folders))
             if hits == 0:  # not on the search path: where a driver's compiler may look next
                 hits = probe(name, enumerate(SYSTEM_DIRS, len(folders)))

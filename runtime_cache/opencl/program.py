@@ -97,7 +97,7 @@ def plan_program(
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     # Splitting the options costs more than the rest of the key: only when a file is read.
     reads = HeaderReads()
-    headers = include_digests(data, lambda: normalize_options(text), reads)
+    headers = include_digests(data, text, reads)
     if headers is None or pocl_flags_unknown(devs):
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
