@@ -39,11 +39,11 @@ opener the compiler reads as text, in a ``#warning`` or after a quote left open,
 nothing), a header that exists but cannot be read whole (over ``MAX_FILE_SIZE``,
 unreadable; a device or a FIFO), a text with a NUL byte (a blank to the compiler), a
 name that is not UTF-8, a directive split by a comment to a later line (``#/*``), or a
-text naming ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``, makes the build uncacheable too. A header name is read as one token
-(``<a/*b.h>`` opens no comment). The ``-I`` folders of ``POCL_EXTRA_BUILD_FLAGS`` are
-searched after the options' own, the options read as :mod:`.include_paths` says, and the
-main source's quoted includes are looked for where PoCL writes its copy too. Each text is
-scanned once a process.
+text naming ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``, makes the build uncacheable
+too. A header name is read as one token (``<a/*b.h>`` opens no comment). The ``-I``
+folders of ``POCL_EXTRA_BUILD_FLAGS`` are searched after the options' own, the options
+read as :mod:`.include_paths` says, and the main source's quoted includes are looked for
+where PoCL writes its copy too. Each text is scanned once a process.
 
 Relative names resolve from one folder for the whole scan (:class:`HeaderReads`), which
 also records each file's identity and times, so that a look after a build tells a header
