@@ -32,10 +32,10 @@ cache's backend class, so that the first program does not pay for it.
 
 from __future__ import annotations
 
-import os as _os
 from typing import TYPE_CHECKING
 
 from .. import lazy_exports as _exports
+from . import pocl_flags as pocl_flags  # (imported early, to see the variable: see there)
 from .icd import expose_intel_runtime
 from .install import driver_cache_wanted, flush, install, installed, is_installed, uninstall
 
@@ -53,10 +53,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time they load on f
 
 # Before pyopencl's first platform query (nothing imported above makes one).
 expose_intel_runtime()
-
-#: PoCL's extra build flags when this package was imported: one set since the process
-#: started, and before, is a change too (see :func:`.fingerprint.pocl_flags_unknown`).
-_POCL_FLAGS_AT_IMPORT = _os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
 
 __all__ = [
     "DRIVER_CACHE_PURPOSE",

@@ -44,9 +44,10 @@ import msgpack
 from .. import environment
 from ..cache import Cache
 from .child import python_command
-from .fingerprint import device_fingerprint, pocl_flags_unknown
+from .fingerprint import device_fingerprint
 from .guard import ENV_GUARD_DIR, process_alive
 from .plan import ProgramPlan
+from .pocl_flags import pocl_flags_unknown
 from .wire import write_message
 
 __all__ = [

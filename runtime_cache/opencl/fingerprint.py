@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from ._driver import import_pyopencl
 
-__all__ = ["device_fingerprint", "open_devices", "pocl_flags_unknown"]
+__all__ = ["device_fingerprint", "open_devices"]
 
 _memo: dict[int, dict[str, Any]] = {}
 _memo_lock = threading.Lock()
-_EXTRA = "POCL_EXTRA_BUILD_FLAGS"
-_started_with: list[str] = []  # the variable's value when the process started, read once
-_changed: list[bool] = []  # (set once it differed: what PoCL took is unknown from then on)
 
 # Optional properties: read when the driver has them, left out when it raises. A
 # vendor's properties are asked for only when the device reports the extension that
@@ -97,37 +93,6 @@ def device_fingerprint(device: Any) -> dict[str, Any]:
     if extra and "pocl" in found["platform_version"].lower():
         return {**found, "pocl_extra_build_flags": extra}
     return dict(found)
-
-
-def _start_value() -> str:
-    if not _started_with:
-        value = os.environ.get(_EXTRA, "")
-        try:  # the environment the process was started with (os.environ changes leave it)
-            with open("/proc/self/environ", "rb") as handle:
-                start = dict(v.partition(b"=")[::2] for v in handle.read().split(b"\0"))
-            value = start.get(_EXTRA.encode(), b"").decode("utf-8", "surrogateescape")
-        except OSError:
-            pass  # (no /proc: the value at the first call)
-        _started_with.append(value.strip())
-    return _started_with[0]
-
-
-def pocl_flags_unknown(devices: Sequence[Any]) -> bool:
-    """Whether PoCL builds on ``devices`` use extra flags that no key can name: this process
-    changed ``POCL_EXTRA_BUILD_FLAGS`` since it started (as this call or the import of
-    :mod:`runtime_cache.opencl` saw it). PoCL reads the variable once, at
-    its first build, which may have come before the change or after it (a build with
-    ``-DV=1`` and one after ``V=2`` was set both multiplied by 1). Such builds are not
-    cached. Once true, true for the rest of the process."""
-    if not _changed:
-        from . import _POCL_FLAGS_AT_IMPORT as imported
-
-        start = _start_value()
-        if os.environ.get(_EXTRA, "").strip() != start or imported != start:
-            _changed.append(True)
-    if not _changed:
-        return False
-    return any("pocl" in device_fingerprint(d)["platform_version"].lower() for d in devices)
 
 
 def open_devices(fingerprints: list[dict[str, Any]]) -> tuple[Any, list[Any]] | None:

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..key_template import KeyTemplate
-from .fingerprint import pocl_flags_unknown
 from .includes import Options
 from .plan import ProgramPlan
+from .pocl_flags import pocl_flags_unknown
 from .program import key_templates, options_text, plan_program
 
 __all__ = ["ModulePlans"]

@@ -34,7 +34,7 @@ from ._driver import (
 from .build_inputs import macro_named, settle
 from .capture import origins, remember
 from .counters import counters
-from .fingerprint import device_fingerprint, pocl_flags_unknown
+from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
 from .includes import (
     HeaderReads,
@@ -45,6 +45,7 @@ from .includes import (
 )
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
+from .pocl_flags import pocl_flags_unknown
 from .vetting import screen_binaries, vet_unknown
 
 __all__ = [

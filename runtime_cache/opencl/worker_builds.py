@@ -20,10 +20,10 @@ from ._driver import import_pyopencl
 from .build_inputs import settle, unkeyed
 from .cached_load import held
 from .counters import counters
-from .fingerprint import pocl_flags_unknown
 from .holdings import Holdings
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
+from .pocl_flags import pocl_flags_unknown
 from .program import load_from_binaries, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles, with_driver_files
 from .sharing import Claims, build_claimed, build_shared

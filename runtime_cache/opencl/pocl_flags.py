@@ -1,0 +1,54 @@
+"""Whether PoCL's extra build flags in this process are known: ``POCL_EXTRA_BUILD_FLAGS``.
+
+PoCL adds the variable's options to every build's, and reads it once a process, at its
+first build (PoCL 3.1: a build after ``os.environ`` set ``-DV=2.0f`` still multiplied by
+1). The key names the variable's value (:func:`.fingerprint.device_fingerprint`), which
+is right while the process has not changed it. Once it has (the value differs from the
+one the process started with, at the import of :mod:`runtime_cache.opencl` or at a
+build), PoCL may hold either value, and :func:`pocl_flags_unknown` says so: such builds
+are neither cached nor handed to other processes. This module is imported with the
+package, to see the value early.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["VARIABLE", "flags_at_import", "pocl_flags_unknown"]
+
+VARIABLE = "POCL_EXTRA_BUILD_FLAGS"
+
+#: The variable's value when this module was imported.
+flags_at_import = os.environ.get(VARIABLE, "").strip()
+_started_with: list[str] = []  # its value when the process started, read once
+_changed: list[bool] = []  # (set once it differed: what PoCL took is unknown from then on)
+
+
+def _start_value() -> str:
+    if not _started_with:
+        value = flags_at_import
+        try:  # the environment the process was started with (os.environ changes leave it)
+            with open("/proc/self/environ", "rb") as handle:
+                start = dict(v.partition(b"=")[::2] for v in handle.read().split(b"\0"))
+            value = start.get(VARIABLE.encode(), b"").decode("utf-8", "surrogateescape")
+        except OSError:
+            pass  # (no /proc: the value at the import)
+        _started_with.append(value.strip())
+    return _started_with[0]
+
+
+def pocl_flags_unknown(devices: Sequence[Any]) -> bool:
+    """Whether PoCL builds on ``devices`` use extra flags that no key can name: this
+    process changed ``POCL_EXTRA_BUILD_FLAGS`` since it started (see the module's notes).
+    Once true, true for the rest of the process."""
+    if not _changed:
+        start = _start_value()
+        if os.environ.get(VARIABLE, "").strip() != start or flags_at_import != start:
+            _changed.append(True)
+    if not _changed:
+        return False
+    from .fingerprint import device_fingerprint
+
+    return any("pocl" in device_fingerprint(d)["platform_version"].lower() for d in devices)
