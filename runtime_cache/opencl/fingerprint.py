@@ -87,8 +87,9 @@ def device_fingerprint(device: Any) -> dict[str, Any]:
         found = _read(device)
         with _memo_lock:
             _memo[handle] = found
-    # PoCL adds this variable's options to every build's, read at each build (it can name
-    # -D and -I): what it builds then differs. Only where it is set: no key changes else.
+    # PoCL adds this variable's options to every build's (it can name -D and -I): what it
+    # builds then differs. Only where it is set: no key changes else. (PoCL reads it once a
+    # process: a process that changed it caches no PoCL build, see pocl_flags.py.)
     extra = os.environ.get("POCL_EXTRA_BUILD_FLAGS", "").strip()
     if extra and "pocl" in found["platform_version"].lower():
         return {**found, "pocl_extra_build_flags": extra}
