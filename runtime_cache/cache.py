@@ -387,9 +387,8 @@ class Cache(Inventory, BatchReads, Builds):
             log.debug("runtime-cache: could not remove %s: %s", skey, exc)
 
     def delete(self, key: KeyLike) -> bool:
-        """Remove ``key``; return whether it was there. A tiered store with a tier down
-        raises :class:`~runtime_cache.errors.PartialDeleteError` when strict; otherwise the
-        error is counted and the answer is whether a tier that was reached held it."""
+        """Remove ``key``; return whether it was there. With a tier down: strict, raises
+        :class:`~runtime_cache.errors.PartialDeleteError`; else whether a reached tier held it."""
         try:
             removed = self._backend.delete(str(key))
         except Exception as exc:
