@@ -188,3 +188,104 @@ def test_pocls_flags_set_before_the_import_and_taken_back_are_a_change(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == [1, 0]
+
+
+# ---------------------------------------------------------------- helper-81's review
+@pytest.mark.parametrize(
+    "source",
+    [
+        "constant char t[] = __TI\\\nME__;\n",  # a splice
+        "#define CAT(a, b) a##b\nconstant char t[] = CAT(__TI, ME__);\n",  # pasted
+        "constant int n = sizeof(__FILE__);\n",  # PoCL's temporary file, in its folder
+        "constant int n = sizeof(__FILE_NAME__);\n",
+        "constant int n = sizeof(__BASE_FILE__);\n",
+    ],
+)
+def test_a_source_that_names_the_build_time_in_other_spellings_is_not_cached(
+    source: str,
+) -> None:
+    assert include_digests(source + KERNEL, []) is None
+
+
+def test_a_header_may_name_its_own_file_but_not_the_builds_time_or_base_file(
+    tmp_path: Path,
+) -> None:
+    """A header's ``__FILE__`` is its path, which the key holds (the -I folder and which
+    one); ``__BASE_FILE__`` is PoCL's temporary file, and a splice spells ``__TIME__``."""
+    options = ["-I", str(tmp_path)]
+    for text, cached in (
+        ("constant int n = sizeof(__FILE__);\n", True),
+        ("constant int n = sizeof(__BASE_FILE__);\n", False),
+        ("constant char t[] = __TI\\\nME__;\n", False),
+    ):
+        _write(tmp_path / "a.h", text)
+        assert (include_digests('#include "a.h"\n' + KERNEL, options) is not None) == cached
+
+
+def test_a_header_through_a_link_no_path_names_is_not_cached(tmp_path: Path) -> None:
+    """A link to /proc/<pid>/fd/N resolves to no path (``/memfd:hdr (deleted)``), so the
+    header was recorded absent while the compiler read it."""
+    fd = os.memfd_create("hdr")
+    try:
+        os.write(fd, b"#define VAL 1\n")
+        (tmp_path / "b.h").symlink_to(f"/proc/{os.getpid()}/fd/{fd}")
+        assert include_digests('#include "b.h"\n' + KERNEL, ["-I", str(tmp_path)]) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("where", ["kcache", "uncached", "no home", "blank", "changed"])
+def test_every_folder_pocl_may_copy_the_source_to_is_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """PoCL writes the source it compiles to ``<top>/kcache`` with its kernel cache on (its
+    default), to ``/tmp/pocl`` without a home, keeps blanks in the variables, and reads them
+    once a process: each such folder is in the key's search."""
+    from runtime_cache.opencl import pocl_flags
+    from runtime_cache.opencl.include_paths import pocl_source_folders
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("POCL_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    expected = tmp_path / "xdg" / "pocl" / "kcache"
+    if where == "uncached":
+        expected = tmp_path / "xdg" / "pocl" / "uncached"
+    elif where == "no home":
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", "")
+        expected = Path("/tmp/pocl/uncached")
+    elif where == "blank":
+        monkeypatch.setenv("XDG_CACHE_HOME", " ")
+        expected = tmp_path / " " / "pocl"
+    elif where == "changed":  # PoCL keeps the value it read first: one seen at the import
+        monkeypatch.setitem(pocl_flags._at_import, "POCL_CACHE_DIR", str(tmp_path / "first"))
+        monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "second"))
+        expected = tmp_path / "first"
+    assert str(expected) in pocl_source_folders(str(tmp_path)), pocl_source_folders(str(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_many_unclosed_comment_openers_on_a_line_scan_in_linear_time() -> None:
+    """40,000 ``/*`` in a string literal (valid C) took the scan 22.6 s (plain pyopencl
+    built it in 0.5 s): each opener was tried to the line's end. A million bytes of them
+    would have taken about 20 minutes."""
+    literal = "/* " * 350_000
+    source = f'#include "b.h"\nconstant char s[] = "{literal}";\n' + KERNEL
+    assert include_digests(source, []) == [["b.h", -1, "absent"]]
+    assert include_digests(f'#include "b.h"\n{literal}\n' + KERNEL, []) is not None
+
+
+@pytest.mark.opencl
+def test_options_that_define_a_macro_as_the_builds_time_are_not_cached(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reset_opencl_stats()
+    source = "constant char t[] = WHEN;\n" + KERNEL.replace("VAL", "(float)t[0]")
+    build_program(ctx, source, ["-DWHEN=__TIME__"], cache=cache)
+    assert opencl_stats().uncacheable == 1 and not list(cache.entries())
+    # PoCL's extra flags too. (Not through a build here: a process that changes them caches
+    # no PoCL build for the rest of its life, the other tests' included.)
+    from runtime_cache.opencl.program import _options_name_build_time
+
+    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", "-DWHEN=__DATE__")
+    assert _options_name_build_time("-cl-mad-enable")

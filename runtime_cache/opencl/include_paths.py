@@ -69,13 +69,21 @@ def search_folders(options: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def pocl_source_folders() -> tuple[str, ...]:
-    """The folders PoCL writes a program's source file to (its cache folder, or
-    ``uncached`` under it), where the compiler looks for the source's quoted includes
-    first. (With PoCL's kernel cache on, the file goes in a folder of PoCL's named by the
-    build's hash, which holds PoCL's files alone.)"""
-    top = os.environ.get("POCL_CACHE_DIR", "").strip()
-    if not top:
-        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-        top = os.path.join(base, "pocl")
-    return (top, os.path.join(top, "uncached"))
+def pocl_source_folders(root: str) -> tuple[str, ...]:
+    """The folders PoCL may write a program's source file to, where the compiler looks
+    for the source's quoted includes first: its cache folder (``POCL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pocl``, ``$HOME/.cache/pocl``, ``/tmp/pocl`` without a home), and
+    ``uncached`` and ``kcache`` under it, for every value the variables had in this
+    process (PoCL reads them once), as set and stripped; relative ones under ``root``."""
+    from .pocl_flags import values_seen
+
+    def spellings(name: str) -> list[str]:
+        return [v for value in values_seen(name) for v in (value, value.strip()) if v]
+
+    tops = [*spellings("POCL_CACHE_DIR")]
+    tops += [os.path.join(value, "pocl") for value in spellings("XDG_CACHE_HOME")]
+    tops += [os.path.join(value, ".cache", "pocl") for value in spellings("HOME")]
+    if not all(value.strip() for value in values_seen("HOME") or [""]):  # no home at a time
+        tops += ["/tmp/pocl"]
+    found = (os.path.join(root, top, sub) for top in tops for sub in ("", "uncached", "kcache"))
+    return tuple(dict.fromkeys(os.path.normpath(folder) for folder in found))

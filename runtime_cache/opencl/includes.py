@@ -39,7 +39,7 @@ opener the compiler reads as text, in a ``#warning`` or after a quote left open,
 nothing), a header that exists but cannot be read whole (over ``MAX_FILE_SIZE``,
 unreadable; a device or a FIFO), a text with a NUL byte (a blank to the compiler), a
 name that is not UTF-8, a directive split by a comment to a later line (``#/*``), or a
-text naming ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``, makes the build uncacheable
+text naming the build's time or file (:mod:`.build_time`), makes the build uncacheable
 too. A header name is read as one token (``<a/*b.h>`` opens no comment). The ``-I``
 folders of ``POCL_EXTRA_BUILD_FLAGS`` are searched after the options' own, the options
 read as :mod:`.include_paths` says, and the main source's quoted includes are looked for
@@ -60,6 +60,7 @@ from typing import Any
 import xxhash
 
 from .. import environment
+from .build_time import BUILD_TIME, OWN_FILE, names_build_time
 from .header_reads import HeaderReads, Stamp, Unreadable, read_header
 from .include_paths import (
     Options,
@@ -96,7 +97,7 @@ _SPLICE = re.compile(rb"\\[ \t\f\v]*\n")  # compilers take blanks after the back
 _TOKENS = re.compile(
     rb"(__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*<[^>\n]*>"
     rb"|^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*<[^>\n]*>"
-    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|//[^\n]*',
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*(?:.*?\*/|.*)|//[^\n]*',
     re.DOTALL | re.MULTILINE,
 )
 #: ``__has_include("name")`` (or ``<name>``, or ``_next``) in an ``#if``: whether a header
@@ -118,13 +119,14 @@ _ASKS_IF_DEFINED = re.compile(
 )
 #: A comment within one line, or a line's start up to the first ``*/`` (the end of a
 #: comment begun on a line before).
-_LINE_COMMENTS = re.compile(rb"^[^\n]*?\*/|/\*[^\n]*?\*/", re.MULTILINE)
-#: A directive whose ``#`` a comment follows that ends on a later line: its name (and
-#: the rest) come after the ``*/`` (seen with the comments within a line taken out).
-_SPLIT_DIRECTIVE = re.compile(rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*/\*", re.MULTILINE)
-#: Macros whose value is the time of the build (or of a header's last change): a text
-#: that names one builds differently at each build.
-_BUILD_TIME = (b"__TIME", b"__DATE__")
+_LINE_COMMENTS = re.compile(rb"^[^\n]*?\*/|/\*(?:[^\n]*?\*/|(?P<open>[^\n]*))", re.MULTILINE)
+#: A directive whose ``#`` a comment follows that ends on a later line (after any that
+#: end on its own): its name (and the rest) come after the ``*/``.
+_SPLIT_DIRECTIVE = re.compile(
+    rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:/\*(?:(?!\*/)[^\n])*\*/[ \t\f\v]*)*"
+    rb"/\*(?:(?!\*/)[^\n])*$",
+    re.MULTILINE,
+)
 _BOM = b"\xef\xbb\xbf"
 #: C's trigraphs (what they stand for holds no ``?``: the order of the replacements is free).
 _TRIGRAPHS = tuple(
@@ -217,18 +219,21 @@ def preprocessor_view(text: bytes) -> bytes:
     return text.replace(b"%:", b"#") if b"%:" in text else text
 
 
-def _made_at_build(text: bytes) -> bool:
-    """Whether ``text`` names ``__TIME__``, ``__DATE__`` or ``__TIMESTAMP__``."""
-    return b"__" in text and any(name in text for name in _BUILD_TIME)
-
-
 def _scan(text: bytes) -> list[tuple[bool, str] | None]:
-    if b"\0" in text or _made_at_build(text):
-        return [None]  # a NUL reads as a blank to the compiler, not to the scan
+    readings = _readings(text)
+    if b"\0" in text or any(names_build_time(reading) for reading in readings):
+        return [None]  # (a NUL reads as a blank to the compiler, not to the scan)
     found: set[tuple[bool, str] | None] = set()
-    for reading in _readings(text):
+    for reading in readings:
         found.update(_scan_reading(reading))
     return sorted(found, key=repr)
+
+
+def _one_space(comment: re.Match[bytes]) -> bytes:
+    """A comment within a line as one space; an opener it does not close there as it is
+    (matched to the line's end, so that the next openers are not tried again: 40,000 of
+    them on one line took 20 s)."""
+    return comment.group(0) if comment.group("open") is not None else b" "
 
 
 def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
@@ -243,8 +248,8 @@ def _scan_reading(text: bytes) -> set[tuple[bool, str] | None]:
     spellings = [text]
     found: set[tuple[bool, str] | None] = set()
     if b"/" in text:
-        spellings += [_TOKENS.sub(rb"\1 ", text), _LINE_COMMENTS.sub(b" ", text)]
-        if _SPLIT_DIRECTIVE.search(spellings[-1]):
+        spellings += [_TOKENS.sub(rb"\1 ", text), _LINE_COMMENTS.sub(_one_space, text)]
+        if b"/*" in text and _SPLIT_DIRECTIVE.search(text):
             found.add(None)  # "#/*" to a later line: the directive goes on past "*/"
     for spelling in spellings:
         operands = [m.group(1).strip() for m in _lines_with_directives(spelling)]
@@ -289,7 +294,10 @@ def include_digests(
     (:class:`HeaderReads`).
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
-    if _made_at_build(data):
+    if names_build_time(data, BUILD_TIME + OWN_FILE):
+        return None
+    spelled = b"\\" in data or b"??" in data  # (spliced or trigraph spellings of those)
+    if spelled and any(names_build_time(r, BUILD_TIME + OWN_FILE) for r in _readings(data)):
         return None
     if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
         return []  # (a splice or a trigraph could spell one)
@@ -329,6 +337,8 @@ def include_digests(
             content, stamp = read_header(path)
             if stamp is not None:
                 reads.stamps[path] = stamp
+            if content is None and path != os.path.abspath(joined) and os.path.exists(joined):
+                return None  # a link no path names (/proc/PID/fd/N): the compiler reads it
             if content is None:
                 continue
             if isinstance(content, Unreadable):
@@ -363,7 +373,7 @@ def include_digests(
             quoted, name = directive
             folders = (list(beside) if quoted else []) + search
             if quoted and text is data:  # (last: every file of the name is hashed anyway)
-                folders += pocl_source_folders()  # where PoCL writes the source it compiles
+                folders += pocl_source_folders(root)  # where PoCL writes the source it builds
             hits = probe(name, enumerate(folders))
             if hits == 0:  # not on the search path: where a driver's compiler may look next
                 hits = probe(name, enumerate(SYSTEM_DIRS, len(folders)))

@@ -16,27 +16,43 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["VARIABLE", "flags_at_import", "pocl_flags_unknown"]
+__all__ = ["VARIABLE", "flags_at_import", "pocl_flags_unknown", "values_seen"]
 
 VARIABLE = "POCL_EXTRA_BUILD_FLAGS"
+#: What else PoCL reads once a process: where it writes the source it compiles.
+_FOLDERS = ("POCL_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
 
-#: The variable's value when this module was imported.
-flags_at_import = os.environ.get(VARIABLE, "").strip()
-_started_with: list[str] = []  # its value when the process started, read once
+#: The variables' values when this module was imported.
+_at_import = {name: os.environ.get(name) for name in (VARIABLE, *_FOLDERS)}
+flags_at_import = (_at_import[VARIABLE] or "").strip()
+_started: list[dict[str, str | None]] = []  # their values when the process started
 _changed: list[bool] = []  # (set once it differed: what PoCL took is unknown from then on)
 
 
-def _start_value() -> str:
-    if not _started_with:
-        value = flags_at_import
+def _start() -> dict[str, str | None]:
+    if not _started:
+        found = dict(_at_import)
         try:  # the environment the process was started with (os.environ changes leave it)
             with open("/proc/self/environ", "rb") as handle:
                 start = dict(v.partition(b"=")[::2] for v in handle.read().split(b"\0"))
-            value = start.get(VARIABLE.encode(), b"").decode("utf-8", "surrogateescape")
+            for name in found:
+                value = start.get(name.encode())
+                found[name] = None if value is None else value.decode("utf-8", "surrogateescape")
         except OSError:
-            pass  # (no /proc: the value at the import)
-        _started_with.append(value.strip())
-    return _started_with[0]
+            pass  # (no /proc: the values at the import)
+        _started.append(found)
+    return _started[0]
+
+
+def _start_value() -> str:
+    return (_start()[VARIABLE] or "").strip()
+
+
+def values_seen(name: str) -> list[str]:
+    """The values ``name`` (one of PoCL's folder variables) had when the process started,
+    at the import and now, as set (blanks kept, as PoCL keeps them): PoCL took one."""
+    seen = (_start().get(name), _at_import.get(name), os.environ.get(name))
+    return [value for value in dict.fromkeys(seen) if value is not None]
 
 
 def pocl_flags_unknown(devices: Sequence[Any]) -> bool:

@@ -11,6 +11,7 @@ refuses is evicted, logged, and replaced by a fresh source build.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from ._driver import (
     read_binaries,
 )
 from .build_inputs import macro_named, settle
+from .build_time import names_build_time
 from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
@@ -99,7 +101,7 @@ def plan_program(
     # Splitting the options costs more than the rest of the key: only when a file is read.
     reads = HeaderReads()
     headers = include_digests(data, text, reads)
-    if headers is None or pocl_flags_unknown(devs):
+    if headers is None or pocl_flags_unknown(devs) or _options_name_build_time(text):
         return ProgramPlan(source, tokens, text, devs, None)
     read = headers or None
     folder, stamps = (reads.root, reads.stamps) if read else (None, None)
@@ -126,6 +128,13 @@ def plan_program(
         for dev in devs
     ]
     return ProgramPlan(source, tokens, text, devs, keys, read, folder, stamps)
+
+
+def _options_name_build_time(text: str) -> bool:
+    """Whether the options (PoCL's extra flags too) define a macro as the build's time
+    (``-DWHEN=__TIME__``): each build differs."""
+    extra = os.environ.get("POCL_EXTRA_BUILD_FLAGS", "")
+    return "__" in text + extra and names_build_time(f"{text} {extra}".encode())
 
 
 def key_templates(devices: Sequence[Any], module_id: str, options_text: str) -> list[KeyTemplate]:
