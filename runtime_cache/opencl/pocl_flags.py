@@ -65,6 +65,4 @@ def pocl_flags_unknown(devices: Sequence[Any]) -> bool:
             _changed.append(True)
     if not _changed:
         return False
-    from .fingerprint import device_fingerprint
-
-    return any("pocl" in device_fingerprint(d)["platform_version"].lower() for d in devices)
+    return any("pocl" in str(d.platform.version).lower() for d in devices)
