@@ -591,6 +591,10 @@ def test_rm_and_clear_with_a_tier_down_say_what_they_removed(tmp_path: Path) -> 
     assert done.returncode == 1 and "not removed" not in done.stderr, done.stderr
     assert "removed, except from <RedisBackend" in done.stderr and "Traceback" not in done.stderr
     assert local.get(keys[0]) is None and local.get(keys[1]) == b"v"
+    # (helper-82) Again: no tier reached holds it now, so nothing was removed.
+    done = run("rm", str(keys[0]))
+    assert done.returncode == 1 and "removed, except" not in done.stderr, done.stderr
+    assert "in no tier reached" in done.stderr
     done = run("clear", "--yes")
     assert done.returncode == 1, done.stderr
     assert "removed 0 entries, and 2 from the tiers that could be reached" in done.stdout

@@ -357,3 +357,46 @@ def test_a_detached_store_builds_in_the_folder_the_headers_were_found_from(
     (record,) = detached_runs(str(runs))
     assert record["stored"] == 1 and record["changed"] == 0, record
     assert len(_keys(folder)) == 1
+
+
+def test_jobs_kept_from_the_hand_off_are_stored_here_not_counted_handed(tmp_path: Path) -> None:
+    """helper-82: where the hand-off left out a job (PoCL's, after this process changed its
+    extra flags), the whole group was counted handed off and released, and that job was
+    never stored. It now stays queued and is stored in the process. (A second platform is
+    played: the check answers yes for the first program only.)"""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import pyopencl as cl, runtime_cache as rc, runtime_cache.opencl as rco
+        import importlib
+        wb = importlib.import_module("runtime_cache.opencl.write_behind")
+        cache = rc.Cache(rc.open_backend(sys.argv[1])); rco.install(cache=cache)
+        ctx = cl.create_some_context(interactive=False)
+        for n in (1, 2):
+            cl.Program(ctx, f"__kernel void k{n}(__global float *a) {{ a[0] = {n}; }}").build()
+        answers = iter([True, False])
+        wb.pocl_flags_unknown = lambda devices: next(answers, False)
+        handed = wb.write_behind.detach()
+        left = wb.write_behind.pending()
+        rco.flush(120)
+        print(json.dumps([handed, left, rco.wait_for_detached_stores(120)]))
+        """
+    )
+    env = {
+        **os.environ,
+        "RUNTIME_CACHE_OPENCL_DETACH": "1",
+        "RUNTIME_CACHE_OPENCL_DETACHED_DIR": str(tmp_path / "runs"),
+        "POCL_KERNEL_CACHE": "0",
+    }
+    folder = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script, f"dir://{folder}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [1, 1, True]
+    assert len(_keys(folder)) == 2

@@ -209,7 +209,7 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
             skipped.append((key, f"not a cache key: {exc}"))
         except RuntimeCacheError as exc:
             skipped.append((key, _not_removed(exc)))
-            partly += isinstance(exc, PartialDeleteError)
+            partly += isinstance(exc, PartialDeleteError) and exc.removed
     if args.json:
         ctx.emit_json(
             {
@@ -230,7 +230,8 @@ def _not_removed(exc: RuntimeCacheError) -> str:
     from the others, and says which still hold it."""
     if isinstance(exc, PartialDeleteError):
         why = exc.__cause__ or exc
-        return f"removed, except from {', '.join(exc.failed)}, which could not be reached: {why}"
+        done = "removed, except from" if exc.removed else "in no tier reached; not looked for in"
+        return f"{done} {', '.join(exc.failed)}, which could not be reached: {why}"
     return f"not removed: {exc}"
 
 

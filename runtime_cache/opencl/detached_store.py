@@ -47,7 +47,6 @@ from .child import python_command
 from .fingerprint import device_fingerprint
 from .guard import ENV_GUARD_DIR, process_alive
 from .plan import ProgramPlan
-from .pocl_flags import pocl_flags_unknown
 from .wire import write_message
 
 __all__ = [
@@ -291,9 +290,6 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
     from .reopen import reopen_spec
 
     spec = reopen_spec(cache)
-    # Not where this process changed PoCL's extra flags since its builds: the detached
-    # process's PoCL would build with the new ones, for keys made with the old.
-    jobs = [job for job in jobs if not pocl_flags_unknown(job[0].devices)]
     if spec is None or not jobs:
         return False
     folder = runs_folder()

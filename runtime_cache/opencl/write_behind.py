@@ -52,6 +52,7 @@ from ._driver import import_pyopencl
 from .counters import counters
 from .detached_store import SLOW_READ_SECONDS, compiles_on_read, detach_mode, hand_off
 from .plan import ProgramPlan
+from .pocl_flags import pocl_flags_unknown
 from .program import store_binaries
 from .readback import read_binaries_released
 
@@ -266,7 +267,12 @@ class WriteBehind:
         kept: list[_Job] = []
         handed = 0
         for group in _by_cache(jobs):
-            if hand_off(group[0].cache, [(j.plan, j.seconds) for j in group]):
+            # Not PoCL's, where this process changed its extra flags since those builds: the
+            # detached process would build with the new ones (they are stored here).
+            here = [j for j in group if pocl_flags_unknown(j.plan.devices)]
+            kept += here
+            group = [j for j in group if j not in here]
+            if group and hand_off(group[0].cache, [(j.plan, j.seconds) for j in group]):
                 handed += len(group)
                 self._release(group)
             else:
