@@ -9,6 +9,8 @@ floor's program at the same position in the same round:
 * ``lazy``: ``OpenCLModule(ctx, sources)`` on the default ``dir://`` cache, then
   ``kernel(name)`` for each kernel in turn;
 * ``lazy-no-read-ahead``: the same with ``RUNTIME_CACHE_OPENCL_READ_AHEAD=0``;
+* ``lazy-no-load-ahead``: the same with ``RUNTIME_CACHE_OPENCL_LOAD_AHEAD=0`` (the
+  thread reads ahead and loads nothing);
 * any side may end in ``@PATH``: its process imports runtime-cache from ``PATH`` (an A/B of
   two installed trees in one run: ``--sides floor,lazy@/tmp/A,lazy@/tmp/B``).
 
@@ -51,6 +53,7 @@ from _common import (  # noqa: E402
 )
 
 NO_READ_AHEAD = "lazy-no-read-ahead"
+NO_LOAD_AHEAD = "lazy-no-load-ahead"
 
 
 def child(side: str, n: int, salt: str, folder: str) -> list[float]:
@@ -96,6 +99,8 @@ def run_side(side: str, n: int, salt: str, top: Path, env: dict[str, str]) -> li
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     if base == NO_READ_AHEAD:
         env["RUNTIME_CACHE_OPENCL_READ_AHEAD"] = "0"
+    if base == NO_LOAD_AHEAD:
+        env["RUNTIME_CACHE_OPENCL_LOAD_AHEAD"] = "0"
     kind = "floor" if base == "floor" else "fill" if base == "fill" else "lazy"
     marks: list[float] = run_child(__file__, kind, n, salt, top, env)
     return marks
@@ -143,7 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=12, help="programs per process")
     parser.add_argument("--rounds", type=int, default=25)
-    parser.add_argument("--sides", default=f"floor,lazy,{NO_READ_AHEAD}")
+    parser.add_argument("--sides", default=f"floor,lazy,{NO_LOAD_AHEAD},{NO_READ_AHEAD}")
     parser.add_argument("--platform", default=None, help="platform index (default: PYOPENCL_CTX)")
     parser.add_argument("--known", type=int, default=0, help="marks on the known list first")
     parser.add_argument("--machine", default="this-machine", help="a label for the JSON")

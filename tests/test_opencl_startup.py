@@ -389,10 +389,10 @@ def test_a_fork_waits_for_the_chunk_being_read() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_from_inside_a_read_does_not_wait_for_itself() -> None:
     """A backend that forks while the read-ahead thread reads through it: the fork goes on."""
-    from runtime_cache.opencl.prefetch import _gate
+    from runtime_cache.opencl.fork_gate import gate
 
     def read() -> None:
-        with _gate.reading():
+        with gate.reading():
             pid = os.fork()
             if pid == 0:
                 os._exit(0)

@@ -13,14 +13,22 @@ from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
 from .build_inputs import settle
-from .cached_load import CONCURRENT_LOADS, Claim, held, load_cached_programs
+from .cached_load import (
+    CONCURRENT_LOADS,
+    Claim,
+    held,
+    load_ahead,
+    load_cached_programs,
+    loads_ahead,
+    taken,
+)
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
 from .module_bundles import PrecompiledPrograms
 from .module_plans import ModulePlans
 from .parallel import build_in_threads
-from .prefetch import ReadAhead, read_ahead_enabled
+from .prefetch import NOT_HERE, Loaded, Read, ReadAhead, load_ahead_enabled, read_ahead_enabled
 from .program import ProgramPlan, evict, fetch, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles
 from .progress import BuildProgress, ProgressCallback
@@ -179,6 +187,10 @@ class OpenCLModule(PrecompiledPrograms):
             cache = self.cache
             ahead = self._read_ahead(cache, name)
             read = ahead.take(name) if ahead is not None else None
+            if isinstance(read, Loaded):  # loaded ahead, from entries read ahead
+                loaded = taken(read, cache)
+                self._adopt(name, loaded, 0.0, cached=True)
+                return loaded
             plan, found, digests = read if read is not None else (self._plan(name), None, None)
             if self._driver is not None:
                 self._driver.restore(cache)
@@ -203,9 +215,18 @@ class OpenCLModule(PrecompiledPrograms):
                 and not self._programs
                 and read_ahead_enabled()
             ):
-                self._ahead = ReadAhead(cache, list(self.sources), self._plan)
+                loads = load_ahead_enabled() and loads_ahead(self.context)
+                load = functools.partial(self._load_ahead, cache) if loads else None
+                self._ahead = ReadAhead(cache, list(self.sources), self._plan, load)
                 self._ahead.start(name)
             return self._ahead
+
+    def _load_ahead(self, cache: Cache, name: str, read: Read) -> Any:
+        # On the read-ahead thread: no name is held (the caller's take() waits for this).
+        with self._lock:
+            if name in self._programs:
+                return NOT_HERE
+        return load_ahead(self.context, cache, read)
 
     def kernel(self, name: str) -> Any:
         """Return a new ``pyopencl.Kernel`` for ``name``.

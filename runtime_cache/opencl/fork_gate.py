@@ -1,0 +1,93 @@
+"""Holds ``fork()`` back while a background thread is inside the cache or the driver.
+
+A forked child has only the thread that forked. A lock another thread held at the fork
+(a module's plan lock while it reads ``#include`` files, the cache's, the backend's, the
+driver's own while it loads a program) stays locked in the child for ever. The read-ahead
+thread (:mod:`.prefetch`) enters :func:`reading` around each chunk's read and each load,
+and ``fork()`` waits for those to end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+__all__ = ["FORK_WAIT", "ForkGate", "gate"]
+
+#: Seconds a ``fork()`` waits for reads and loads in progress on other threads.
+FORK_WAIT = 10.0
+
+
+class ForkGate:
+    """Holds ``fork()`` back while a read-ahead thread is inside the cache.
+
+    A child has only the thread that forked; a lock that a reading thread held at the fork
+    (a module's plan lock while it reads ``#include`` files, the cache's, the backend's)
+    would stay locked there for ever. So ``fork()`` waits until no other thread is in
+    :meth:`reading` (a chunk's read), at most :data:`FORK_WAIT` seconds, and no thread
+    enters one until it is done. A fork from inside a read (a backend that forks) does
+    not wait for itself.
+    """
+
+    def __init__(self) -> None:
+        self._cond: threading.Condition
+        self._inside: dict[int, int]  # reads in progress, per thread
+        self._forking: bool
+        self._reset()
+
+    def _reset(self) -> None:
+        # A new lock (in a child, the parent's is held through the fork), no reads going on.
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = {}
+        self._forking = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """The span of one chunk's read on a read-ahead thread."""
+        me = threading.get_ident()
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._inside[me] = self._inside.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside[me] -= 1
+                if not self._inside[me]:
+                    del self._inside[me]
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        """Wait for other threads' reads in progress; hold the gate shut through the fork."""
+        me = threading.get_ident()
+        self._cond.acquire()
+        self._forking = True
+        deadline = time.monotonic() + FORK_WAIT
+        while any(who != me for who in self._inside):
+            left = deadline - time.monotonic()
+            if left <= 0:  # a read that hangs (a dead network file system): fork anyway
+                break
+            self._cond.wait(left)
+
+    def after_fork_in_parent(self) -> None:
+        """Open the gate again."""
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        """A fresh gate: the child has none of the parent's reading threads."""
+        self._reset()
+
+
+gate = ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=gate.before_fork,
+        after_in_parent=gate.after_fork_in_parent,
+        after_in_child=gate.after_fork_in_child,
+    )

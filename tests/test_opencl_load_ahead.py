@@ -1,0 +1,247 @@
+"""A lazy module's read-ahead thread also loads what it read, on the CPU drivers.
+
+The thread hands programs to the driver beside the caller's own loads, never the caller's
+next one, at most ``LOAD_WINDOW`` not yet taken; a program loaded ahead counts (hits,
+loads) only when it is asked for. The ``ReadAhead`` tests use a stand-in loader; the
+module tests run on the OpenCL driver under test, skipping where the thread only reads
+(NVIDIA's driver serializes loads: ``LOADS_AHEAD``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from opencl_support import generated_sources, run_kernel
+
+import runtime_cache as rc
+from runtime_cache.backends.memory import MemoryBackend
+from runtime_cache.opencl import (
+    OpenCLModule,
+    cached_load,
+    opencl_stats,
+    prefetch,
+    reset_opencl_stats,
+)
+from runtime_cache.opencl.prefetch import LOAD_WINDOW, NOT_HERE, Loaded, ReadAhead
+
+
+class _Plan:
+    """A stand-in plan: only its keys matter to the read-ahead."""
+
+    def __init__(self, name: str) -> None:
+        self.keys = [rc.make_key(module_id="m", runtime="t", purpose="p", name=name)]
+
+
+def _ahead(count: int, load: Any) -> tuple[ReadAhead, rc.Cache]:
+    """A read-ahead over ``count`` stored programs ``p0``.. with loader ``load``, begun
+    as a module begins it: ``p0`` asked first, then ``p1`` (read by the caller)."""
+    cache = rc.Cache(MemoryBackend())
+    plans = {f"p{i}": _Plan(f"p{i}") for i in range(count)}
+    for i, plan in enumerate(plans.values()):
+        cache.put(plan.keys[0], f"value {i}".encode())
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__, load)
+    ahead.start("p0")
+    assert ahead.take("p0") is None and ahead.take("p1") is None
+    ahead.begin()
+    return ahead, cache
+
+
+def test_the_thread_loads_at_most_a_window_ahead_then_gives_up_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.2)
+    loaded: list[str] = []
+
+    def load(name: str, read: Any) -> str:
+        loaded.append(name)
+        return f"program {name}"
+
+    ahead, cache = _ahead(20, load)
+    assert ahead.join(10)  # nothing taken: it stopped after LOAD_PATIENCE
+    assert 1 <= len(loaded) <= LOAD_WINDOW
+    assert cache.stats().hits == 0  # read and loaded ahead, not asked for: no hit
+    got = ahead.take(loaded[0])
+    assert isinstance(got, Loaded) and got.program == f"program {loaded[0]}"
+    assert cache.stats().hits == 1
+    for i in range(2, 20):  # the rest: loaded, read, or (not reached) the caller's
+        name = f"p{i}"
+        if name not in loaded:
+            assert not isinstance(ahead.take(name), Loaded)
+
+
+def test_a_program_the_loader_leaves_is_handed_out_as_read_and_a_refused_one_not() -> None:
+    def load(name: str, read: Any) -> Any:
+        return None if name == "p3" else NOT_HERE
+
+    ahead, _ = _ahead(8, load)
+    assert ahead.join(10)  # (every program read, none kept loaded: nothing to wait for)
+    got = ahead.take("p2")
+    assert got is not None and not isinstance(got, Loaded)
+    assert bytes(next(iter(got[1].values()))) == b"value 2"
+    assert ahead.take("p3") is None  # refused (its entries evicted): read again, a miss
+
+
+def test_a_loader_that_raises_stops_the_thread_and_leaves_the_read() -> None:
+    def load(name: str, read: Any) -> Any:
+        raise RuntimeError("driver fault")
+
+    ahead, _ = _ahead(8, load)
+    assert ahead.join(10)
+    got = ahead.take("p2")
+    assert got is not None and not isinstance(got, Loaded)  # the caller's, as read
+
+
+def test_the_thread_leaves_the_callers_next_programs_to_it() -> None:
+    """The caller asks in order: the thread never loads a program within LEAD places
+    after the one the caller took last."""
+    taken_last: list[int] = [-1]
+    too_close: list[str] = []
+    lock = threading.Lock()
+
+    def load(name: str, read: Any) -> str:
+        with lock:
+            if int(name[1:]) <= taken_last[0] + 1:
+                too_close.append(name)
+        return name
+
+    ahead, _ = _ahead(30, load)
+    for i in range(2, 30):
+        with lock:
+            taken_last[0] = i
+        ahead.take(f"p{i}")
+    assert ahead.join(10)
+    assert too_close == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_waits_for_a_load_on_the_thread() -> None:
+    """The driver holds its own locks while it loads: a child forked meanwhile could not
+    use it. The fork waits until the load is done."""
+    entered, go_on = threading.Event(), threading.Event()
+
+    def load(name: str, read: Any) -> str:
+        entered.set()
+        go_on.wait(10)
+        return name
+
+    ahead, _ = _ahead(8, load)
+    assert entered.wait(10)
+    threading.Timer(0.3, go_on.set).start()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert go_on.is_set()  # the fork waited for the load
+    os.waitpid(pid, 0)
+    ahead.stop()
+    assert ahead.join(10)
+
+
+# ------------------------------------------------------------------ on the driver under test
+def _module(ctx: Any, cache: rc.Cache, count: int, salt: int) -> tuple[list[str], OpenCLModule]:
+    if not cached_load.loads_ahead(ctx):
+        pytest.skip("this driver's read-ahead thread only reads (LOADS_AHEAD)")
+    sources = generated_sources(count, salt=salt)
+    OpenCLModule(ctx, sources, cache=cache).build_all()
+    reset_opencl_stats()
+    return list(sources), OpenCLModule(ctx, sources, cache=cache)
+
+
+def _loads_by_thread(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread of each load the read-ahead makes (the real loads, noted)."""
+    threads: list[int] = []
+    real = cached_load.load_from_binaries
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cached_load, "load_from_binaries", noted)
+    return threads
+
+
+def _works(ctx: Any, module: OpenCLModule, names: list[str], salt: int) -> None:
+    data = np.arange(16, dtype=np.float32)
+    for name in names:
+        out = run_kernel(ctx, module.kernel(name), data)
+        np.testing.assert_array_equal(out, data * (int(name[1:]) + 2) + salt)
+
+
+@pytest.mark.opencl
+def test_lazy_programs_load_beside_the_caller(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names, module = _module(ctx, cache, 12, salt=3)
+    threads = _loads_by_thread(monkeypatch)
+    before = cache.stats()
+    for name in names:
+        module.kernel(name)
+    stats, after = opencl_stats(), cache.stats()
+    assert (stats.binary_loads, stats.source_builds, stats.rejected_binaries) == (12, 0, 0)
+    assert (after.hits - before.hits, after.misses - before.misses) == (12, 0)
+    assert threads and threading.get_ident() not in threads  # the loads ahead are the thread's
+    assert module.built == sorted(names)
+    _works(ctx, module, names, 3)
+
+
+@pytest.mark.opencl
+def test_programs_loaded_ahead_and_never_asked_for_count_nothing(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.2)
+    names, module = _module(ctx, cache, 10, salt=4)
+    threads = _loads_by_thread(monkeypatch)
+    module.program(names[0])
+    module.program(names[1])  # the thread begins: reads, and loads a window ahead
+    assert module._ahead is not None and module._ahead.join(30)
+    assert 1 <= len(threads) <= LOAD_WINDOW
+    assert opencl_stats().binary_loads == 2 and cache.stats().hits == 2
+    assert module.built == sorted(names[:2])
+    for name in names[2:]:  # the rest: loaded ahead, read ahead, or read here
+        module.program(name)
+    stats = opencl_stats()
+    assert (stats.binary_loads, stats.source_builds) == (10, 0)
+    assert cache.stats().hits == 10
+    _works(ctx, module, names, 4)
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_load_ahead_can_be_turned_off(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("RUNTIME_CACHE_OPENCL_LOAD_AHEAD", value)
+    names, module = _module(ctx, cache, 8, salt=5)
+    threads = _loads_by_thread(monkeypatch)
+    for name in names:
+        module.program(name)
+    assert threads == []  # the thread read ahead; every load was the caller's
+    assert module._ahead is not None and module._ahead.begun
+    assert opencl_stats().binary_loads == 8
+
+
+@pytest.mark.opencl
+def test_a_binary_the_driver_refuses_on_the_thread_is_evicted_and_built_here(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A binary no child vets first (vetting off), refused by the driver on the thread:
+    its entry is evicted once, and the caller builds the program from source."""
+    monkeypatch.setenv("RUNTIME_CACHE_OPENCL_VET", "off")
+    names, module = _module(ctx, cache, 10, salt=6)
+    victim = module._plan("k6").keys
+    assert victim is not None
+    flipped = bytearray(cache.get(victim[0]) or b"")
+    for i in range(8):  # every driver checks the header and refuses it
+        flipped[i] ^= 0xFF
+    cache.put(victim[0], bytes(flipped))
+    threads = _loads_by_thread(monkeypatch)
+    for name in names:
+        module.kernel(name)
+    stats = opencl_stats()
+    assert (stats.binary_loads, stats.source_builds, stats.rejected_binaries) == (9, 1, 1)
+    assert threads  # (whichever thread met k6, it was evicted once)
+    assert bytes(cache.get(victim[0]) or b"") != bytes(flipped)  # the source build's, stored
+    _works(ctx, module, names, 6)
