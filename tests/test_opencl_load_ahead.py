@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -245,3 +246,81 @@ def test_a_binary_the_driver_refuses_on_the_thread_is_evicted_and_built_here(
     assert threads  # (whichever thread met k6, it was evicted once)
     assert bytes(cache.get(victim[0]) or b"") != bytes(flipped)  # the source build's, stored
     _works(ctx, module, names, 6)
+
+
+def test_the_gate_closed_at_exit_waits_for_a_load_and_lets_none_begin() -> None:
+    from runtime_cache.opencl.fork_gate import ForkGate
+
+    gate = ForkGate()
+    inside, go_on, began = threading.Event(), threading.Event(), threading.Event()
+
+    def load() -> None:
+        with gate.reading():
+            inside.set()
+            go_on.wait(10)
+
+    def late() -> None:
+        with gate.reading():
+            began.set()
+
+    threading.Thread(target=load, daemon=True).start()
+    assert inside.wait(10)
+    threading.Timer(0.3, go_on.set).start()
+    gate.close(timeout=10)
+    assert go_on.is_set()  # close() waited for the load in progress
+    threading.Thread(target=late, daemon=True).start()
+    assert not began.wait(0.3)  # nothing begins after the exit's close
+
+
+_EXIT_SCRIPT = """
+import os, sys
+import pyopencl as cl
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.opencl import OpenCLModule, choose_device, opencl_stats
+sources = {
+    f"k{i}": "__kernel void k%d(__global float *a) { a[get_global_id(0)] *= %d.0f; }" % (i, i)
+    for i in range(12)
+}
+ctx = cl.Context([choose_device()])
+cache = rc.Cache(DirectoryBackend(os.environ["CACHE_UNDER_TEST"]))
+module = OpenCLModule(ctx, sources, cache=cache)
+if sys.argv[1] == "fill":
+    module.build_all()
+else:
+    for name in list(sources)[: int(sys.argv[1])]:
+        module.kernel(name)  # from the second on, the thread loads ahead: then the exit
+print(opencl_stats().source_builds, opencl_stats().binary_loads, flush=True)
+"""
+
+
+@pytest.mark.opencl
+def test_a_process_that_exits_while_the_thread_loads_exits_cleanly(
+    ctx: Any, tmp_path: Path
+) -> None:
+    """The exit waits for a load on the thread (the driver's exit handlers must not run
+    beside it): every process exits 0, and no binary is blocklisted for it."""
+    import subprocess
+    import sys
+
+    if not cached_load.loads_ahead(ctx):
+        pytest.skip("this driver's read-ahead thread only reads (LOADS_AHEAD)")
+    env = {**os.environ, "CACHE_UNDER_TEST": str(tmp_path / "cache")}
+
+    def run(arg: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _EXIT_SCRIPT, arg],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr and "Fatal" not in done.stderr, done.stderr
+        return done.stdout.split("\n")[-2]
+
+    assert run("fill") == "12 0"
+    for _ in range(4):
+        assert run("2") == "0 2"  # exits as the thread loads the programs after
+    assert run("12") == "0 12"  # none was blocklisted: all load from the cache

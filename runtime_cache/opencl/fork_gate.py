@@ -1,10 +1,13 @@
-"""Holds ``fork()`` back while a background thread is inside the cache or the driver.
+"""Holds ``fork()`` and the interpreter's exit back while a background thread is inside
+the cache or the driver.
 
 A forked child has only the thread that forked. A lock another thread held at the fork
 (a module's plan lock while it reads ``#include`` files, the cache's, the backend's, the
 driver's own while it loads a program) stays locked in the child for ever. The read-ahead
-thread (:mod:`.prefetch`) enters :func:`reading` around each chunk's read and each load,
-and ``fork()`` waits for those to end.
+thread (:mod:`.prefetch`) enters :meth:`ForkGate.reading` around each chunk's read and
+each load, and ``fork()`` waits for those to end. At the exit, :meth:`ForkGate.close`
+waits for them too: the driver's own exit handlers must not run while a thread is still
+inside a load.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ class ForkGate:
         self._cond = threading.Condition(threading.Lock())
         self._inside = {}
         self._forking = False
+        self._closed = False  # at the exit: nothing more begins
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """The span of one chunk's read on a read-ahead thread."""
         me = threading.get_ident()
         with self._cond:
-            while self._forking:
+            while self._forking or self._closed:
                 self._cond.wait()
             self._inside[me] = self._inside.get(me, 0) + 1
         try:
@@ -60,6 +64,19 @@ class ForkGate:
                 if not self._inside[me]:
                     del self._inside[me]
                     self._cond.notify_all()
+
+    def close(self, timeout: float = FORK_WAIT) -> None:
+        """Wait (at most ``timeout`` seconds) for other threads' reads and loads in
+        progress, and let none begin after: called at the interpreter's exit."""
+        me = threading.get_ident()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closed = True
+            while any(who != me for who in self._inside):
+                left = deadline - time.monotonic()
+                if left <= 0:  # a load that hangs: exit anyway
+                    break
+                self._cond.wait(left)
 
     def before_fork(self) -> None:
         """Wait for other threads' reads in progress; hold the gate shut through the fork."""
