@@ -276,14 +276,16 @@ def test_pocls_extra_build_flags_are_in_the_key(ctx: Any, tmp_path: Path) -> Non
     assert seen == [[1.0, 0], [2.0, 0], [1.0, 1]]
 
 
-def _run_with_flags(script: str, value: int, tmp_path: Path, *argv: str) -> Any:
+def _run_with_flags(script: str, value: int | None, tmp_path: Path, *argv: str) -> Any:
     """``script``'s last line of JSON, run in a fresh process started with PoCL's extra
-    flags ``-DV=<value>.0f`` over the cache in ``tmp_path / "cache"``."""
+    flags ``-DV=<value>.0f`` (``None``: none) over the cache in ``tmp_path / "cache"``."""
     import json
     import subprocess
     import sys
 
     env = {**os.environ, "POCL_EXTRA_BUILD_FLAGS": f"-DV={value}.0f", "POCL_KERNEL_CACHE": "0"}
+    if value is None:
+        del env["POCL_EXTRA_BUILD_FLAGS"]
     env["CACHE_UNDER_TEST"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, "-I", "-c", script, *argv],
@@ -340,6 +342,52 @@ def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
     assert seen[0] == [one, 0, 5, 1], seen[0]
     assert seen[1] == [two, 0, 0, 7]  # V=2 from its start: built, not loaded
     assert seen[2] == [one, 1, 0, 12]  # V=1: 'f' loads; the other five are built
+
+
+def test_flags_pocl_took_before_the_process_took_them_back_are_seen(
+    ctx: Any, tmp_path: Path
+) -> None:
+    """Closing note 28, left open: a process sets ``POCL_EXTRA_BUILD_FLAGS``, PoCL builds
+    (and holds that value for good), and the variable is taken back before runtime-cache
+    looks. Every value runtime-cache can see agrees, and it loaded the ``V=1`` binary where
+    this process's PoCL builds ``V=2``. PoCL's reported build options end in the flags it
+    held: now such a load is refused here (the entry kept for others), and nothing this
+    process builds is stored."""
+    if "pocl" not in ctx.devices[0].platform.version.lower():
+        pytest.skip("a variable of PoCL's")
+    script = (
+        "import json, os, sys, numpy as np, pyopencl as cl, runtime_cache as rc\n"
+        "from runtime_cache.backends.directory import DirectoryBackend\n"
+        "from runtime_cache.opencl import OpenCLModule, build_program, opencl_stats\n"
+        "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+        "src = '#ifndef V\\n#define V 1.0f\\n#endif\\n'\n"
+        "src += '__kernel void f(__global float *a) { a[get_global_id(0)] *= V; }'\n"
+        "cache = rc.Cache(DirectoryBackend(os.environ['CACHE_UNDER_TEST'] + sys.argv[2]))\n"
+        "q = cl.CommandQueue(ctx)\n"
+        "def run(prg, name='f'):\n"
+        "    a = np.ones(1, np.float32)\n"
+        "    mf = cl.mem_flags\n"
+        "    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)\n"
+        "    getattr(prg, name)(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
+        "    return float(a[0])\n"
+        "if sys.argv[1] == 'set-and-take-back':\n"
+        "    os.environ['POCL_EXTRA_BUILD_FLAGS'] = '-DV=2.0f'\n"
+        "    cl.Program(ctx, '__kernel void z(__global int *a) { a[0] = 0; }').build()\n"
+        "    del os.environ['POCL_EXTRA_BUILD_FLAGS']\n"
+        "seen = [run(build_program(ctx, src, [], cache=cache))]\n"
+        "named = {n: src.replace('void f', 'void ' + n) for n in 'ghi'}\n"
+        "module = OpenCLModule(ctx, named, cache=cache)\n"
+        "seen += [run(module.program(n), n) for n in 'ghi']\n"
+        "s, stored = opencl_stats(), len(list(cache.entries()))\n"
+        "print(json.dumps([seen, s.binary_loads, s.rejected_binaries, stored]))\n"
+    )
+    one, two = [1.0] * 4, [2.0] * 4
+    assert _run_with_flags(script, None, tmp_path, "keep", "-a") == [one, 0, 0, 4]
+    # Loads refused here, nothing evicted; built with PoCL's V=2, nothing stored.
+    assert _run_with_flags(script, None, tmp_path, "set-and-take-back", "-a") == [two, 0, 0, 4]
+    assert _run_with_flags(script, None, tmp_path, "keep", "-a") == [one, 4, 0, 4]
+    assert _run_with_flags(script, None, tmp_path, "set-and-take-back", "-b") == [two, 0, 0, 0]
+    assert _run_with_flags(script, None, tmp_path, "keep", "-b") == [one, 0, 0, 4]
 
 
 def test_the_include_folders_of_pocls_extra_build_flags_are_searched(

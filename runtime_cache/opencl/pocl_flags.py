@@ -8,6 +8,13 @@ one the process started with, at the import of :mod:`runtime_cache.opencl` or at
 build), PoCL may hold either value, and :func:`pocl_flags_unknown` says so: such builds
 are neither cached nor handed to other processes. This module is imported with the
 package, to see the value early.
+
+A process can also set the variable, have PoCL build (PoCL then holds that value), and
+take the variable back before runtime-cache looks: all three values then agree, and only
+PoCL knows. PoCL says it, though: a program's ``CL_PROGRAM_BUILD_OPTIONS`` is the options
+it was given with the extra flags PoCL held added at the end, after a build from source
+and after a load from a binary alike. :func:`pocl_took_other_flags` reads them after each
+build and load, and a mismatch makes :func:`pocl_flags_unknown` true from then on.
 """
 
 from __future__ import annotations
@@ -16,7 +23,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["VARIABLE", "flags_at_import", "pocl_flags_unknown", "values_seen"]
+__all__ = [
+    "VARIABLE",
+    "flags_at_import",
+    "pocl_flags_unknown",
+    "pocl_took_other_flags",
+    "values_seen",
+]
 
 VARIABLE = "POCL_EXTRA_BUILD_FLAGS"
 #: What else PoCL reads once a process: where it writes the source it compiles.
@@ -65,4 +78,41 @@ def pocl_flags_unknown(devices: Sequence[Any]) -> bool:
             _changed.append(True)
     if not _changed:
         return False
-    return any("pocl" in str(d.platform.version).lower() for d in devices)
+    return any(_is_pocl(d) for d in devices)
+
+
+_pocl: dict[int, bool] = {}  # by device handle: whether it is PoCL's
+
+
+def _is_pocl(device: Any) -> bool:
+    handle = getattr(device, "int_ptr", None)
+    found = _pocl.get(handle) if isinstance(handle, int) else None
+    if found is None:
+        found = "pocl" in str(device.platform.version).lower()
+        if isinstance(handle, int):
+            _pocl[handle] = found
+    return found
+
+
+def pocl_took_other_flags(program: Any, devices: Sequence[Any], options_text: str) -> bool:
+    """Whether PoCL built or loaded ``program`` (given ``options_text``) with extra flags
+    other than this process's ``POCL_EXTRA_BUILD_FLAGS``, which the keys name: the options
+    PoCL reports end in other flags. Then :func:`pocl_flags_unknown` is true from now on.
+    ``False`` where PoCL reports options that do not begin with ``options_text`` (it cannot
+    tell), and on other drivers."""
+    if _changed:
+        return pocl_flags_unknown(devices)
+    given, extra = options_text.split(), flags_at_import.split()
+    for device in devices:
+        if not _is_pocl(device):
+            continue
+        try:
+            import pyopencl as cl
+
+            took = str(program.get_build_info(device, cl.program_build_info.OPTIONS)).split()
+        except Exception:  # (no options to read: nothing to tell)
+            continue
+        if took[: len(given)] == given and took[len(given) :] != extra:
+            _changed.append(True)
+            return True
+    return False

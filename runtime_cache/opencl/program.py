@@ -47,7 +47,7 @@ from .includes import (
 )
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
-from .pocl_flags import pocl_flags_unknown
+from .pocl_flags import pocl_flags_unknown, pocl_took_other_flags
 from .vetting import screen_binaries, vet_unknown
 
 __all__ = [
@@ -162,6 +162,8 @@ def evict(
     this one read it is kept (compare-and-delete).
     """
     assert plan.keys is not None
+    if pocl_flags_unknown(plan.devices):  # (refused for PoCL's flags here: kept for others)
+        return
     counters.add(rejected_binaries=1)
     log.warning(
         "runtime-cache: cached binaries %s rejected (%s); evicting them and building from source",
@@ -207,10 +209,11 @@ def load_from_binaries(
     except Exception as exc:  # any driver refusal is a miss, never the caller's error
         log.debug("runtime-cache: binary load failed: %s", exc)
         return None
-    # pyopencl's Kernel() reads its program's ``_source``. A program made from binaries has
-    # none, so the read falls back to Program.__getattr__, which tries (and fails) to make a
-    # kernel named "_source" in the driver: 20-30 µs a kernel on CPU drivers. Ours carries
-    # its source, as a program built from source does.
+    if pocl_took_other_flags(program, plan.devices, plan.options_text):
+        return None  # PoCL holds other extra flags than the key names: built here instead
+    # pyopencl's Kernel() reads its program's ``_source``; without it, Program.__getattr__
+    # tries to make a kernel named "_source" in the driver (20-30 µs a kernel on CPU
+    # drivers). Ours carries its source, as a program built from source does.
     program._source = plan.source
     if not known:  # loaded without harm: known from now on under these keys
         guard.vouch(bindings(plan.keys, digests))
@@ -321,6 +324,7 @@ def source_build(context: Any, plan: ProgramPlan) -> tuple[Any, float]:
     program = cl.Program(context, plan.source)
     original_build(cl)(program, plan.options, plan.devices, cache_dir=False)
     counters.add(source_builds=1)
+    pocl_took_other_flags(program, plan.devices, plan.options_text)  # (then stored nowhere)
     return program, time.perf_counter() - started
 
 
@@ -335,7 +339,7 @@ def store_binaries(
     """Store one program's binaries (one entry per device) in one backend call; ``program``
     (``None``: none) is noted for :func:`.recapture_binaries` (while it still holds
     ``made``, when given: see :func:`.capture.remember`)."""
-    if plan.keys is None:
+    if plan.keys is None or pocl_flags_unknown(plan.devices):
         return False
     if len(binaries) != len(plan.keys) or not all(binaries):
         log.debug("runtime-cache: the driver returned no binary for some device; not storing")
