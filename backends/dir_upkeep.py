@@ -388,14 +388,13 @@ class Upkeep:
         """Vacuum when the last one (by anyone) was over an hour ago."""
         if self.backend.read_only:
             return
-        root_fd = self.backend.root_fd
         try:
-            st = os.stat(_MARKER, dir_fd=root_fd, follow_symlinks=False)
+            st = os.stat(_MARKER, dir_fd=self.backend.root_fd, follow_symlinks=False)
         except OSError:
             st = None
         if st is not None and not stat.S_ISREG(st.st_mode):
             # A FIFO or a folder planted there could never be touched: every open would vacuum.
-            set_aside(root_fd, _MARKER, ".junk-")
+            set_aside(self.backend.root_fd, _MARKER, ".junk-")
             st = None
         if st is None or time.time() - st.st_mtime > 3600:
             self.vacuum()

@@ -12,13 +12,14 @@ inside a load.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["FORK_WAIT", "ForkGate", "gate"]
+__all__ = ["FORK_WAIT", "ForkGate", "close_at_exit", "gate"]
 
 #: Seconds a ``fork()`` waits for reads and loads in progress on other threads.
 FORK_WAIT = 10.0
@@ -108,3 +109,14 @@ if hasattr(os, "register_at_fork"):
         after_in_parent=gate.after_fork_in_parent,
         after_in_child=gate.after_fork_in_child,
     )
+
+_closes: list[bool] = []
+
+
+def close_at_exit() -> None:
+    """Have the exit wait for a load on a read-ahead thread to end (:meth:`ForkGate.close`).
+    Called when the first thread that loads starts: registered after the package's own
+    exit handlers, it runs before them."""
+    if not _closes:
+        _closes.append(True)
+        atexit.register(gate.close)

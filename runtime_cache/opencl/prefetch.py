@@ -35,7 +35,6 @@ vetting are left to the caller, which starts the child).
 from __future__ import annotations
 
 import _thread
-import atexit
 import os
 import threading
 import time
@@ -43,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..cache import Cache
-from .fork_gate import gate
+from .fork_gate import close_at_exit, gate
 from .guard import Binary, binary_digest
 from .plan import ProgramPlan
 
@@ -228,7 +227,7 @@ class ReadAhead:
                 return
             self._begun = True
         if self._load is not None:
-            _close_gate_at_exit()
+            close_at_exit()
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
         # costs the caller a GIL hand-over. Like a daemon thread, it does not hold up the
         # interpreter's exit.
@@ -389,18 +388,6 @@ class ReadAhead:
     def __repr__(self) -> str:
         state = "stopped" if self._stop.is_set() else "reading"
         return f"ReadAhead({len(self._names)} programs, {state})"
-
-
-_gate_closes: list[bool] = []
-
-
-def _close_gate_at_exit() -> None:
-    """At the exit, wait for a load on a read-ahead thread to end (see
-    :meth:`.fork_gate.ForkGate.close`). Registered by the first thread that loads, after
-    the package's own exit handlers, so it runs before them."""
-    if not _gate_closes:
-        _gate_closes.append(True)
-        atexit.register(gate.close)
 
 
 def _size(read: Read) -> int:
