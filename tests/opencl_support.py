@@ -3,7 +3,9 @@ and kernels."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "opencl_context",
     "opencl_device",
     "run_kernel",
+    "run_python",
 ]
 
 
@@ -82,3 +85,19 @@ def fresh_guard(folder: Path) -> Iterator[None]:
     guard.reset()
     yield
     guard.reset()
+
+
+def run_python(
+    code: str, cwd: Path, env: Mapping[str, str], *argv: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh, isolated interpreter (``-I``: the current folder is not on
+    its path) in ``cwd`` with ``env``; its result, whatever the exit status."""
+    return subprocess.run(
+        [sys.executable, "-I", "-c", code, *argv],
+        cwd=cwd,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

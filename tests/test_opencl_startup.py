@@ -6,8 +6,6 @@ On real PoCL (or the driver under test) and a real ``dir://`` cache.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opencl_support import generated_sources, run_kernel
+from opencl_support import generated_sources, run_kernel, run_python
 
 import runtime_cache as rc
 from runtime_cache import registry as reg
@@ -52,15 +50,8 @@ def _imports(tmp_path: Path, env: dict[str, str], statement: str) -> str:
         f"{statement}\n"
         "print('runtime_cache.backends.directory' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    done = run_python(code, tmp_path, env)
+    assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
 
 

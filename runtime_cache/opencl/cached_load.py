@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cache import Cache
+from .ahead_terms import NOT_HERE, Loaded, Read
 from .capture import remember
 from .counters import counters
-from .guard import KNOWN, Binary, binary_digest
+from .guard import BLOCKED, KNOWN, SET_ASIDE, Binary, binary_digest
 from .plan import ProgramPlan
-from .prefetch import NOT_HERE, Loaded, Read
-from .program import evict, load_cached, load_from_binaries
+from .program import load_cached, load_from_binaries
 from .read_ahead import drain, read_ahead
 from .vetting import screen_binaries, vet_unknown
 
@@ -200,23 +200,22 @@ def load_cached_programs(
 
 def load_ahead(context: Any, cache: Cache, read: Read) -> Any:
     """Load one program a read-ahead thread read (see :data:`.prefetch.Loader`): the
-    program, ``None`` when the driver refused its binaries (they are evicted), or
-    ``NOT_HERE`` when they are not all there or need vetting (a child started by the
-    caller, as :func:`~.program.fetch` does). Checked as any other load: the digests
-    against the crash guard's lists, the load under its watch. Nothing is counted until
-    the caller takes the program (:func:`taken`)."""
+    program, or ``NOT_HERE`` when it is the caller's: binaries not all there, to be
+    vetted (a child the caller starts, as :func:`~.program.fetch` does), blocklisted or
+    set aside by the crash guard, or refused by the driver. The caller then loads them
+    as it would have, and evicts and counts what it must, only if it asks for them.
+    Checked as any other load: the digests against the crash guard's lists, the load
+    under its watch. Nothing is counted until the caller takes the program (:func:`taken`)."""
     plan, found, digests = read
     binaries = [found.get(str(key)) for key in plan.keys or ()]
     ready: list[Binary] = [b for b in binaries if b is not None]
     if plan.keys is None or not ready or len(ready) != len(binaries):
         return NOT_HERE
     vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
-    if vet:
+    if vet or standing in (BLOCKED, SET_ASIDE):
         return NOT_HERE
     program = load_from_binaries(context, plan, ready, digests, known=standing == KNOWN)
-    if program is None:
-        evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", ready)
-    return program
+    return NOT_HERE if program is None else program
 
 
 def taken(loaded: Loaded, cache: Cache) -> Any:

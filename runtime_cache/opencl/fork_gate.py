@@ -15,14 +15,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["FORK_WAIT", "ForkGate", "close_at_exit", "gate"]
+__all__ = ["FORK_WAIT", "ForkGate", "GateClosed", "close_at_exit", "gate"]
 
 #: Seconds a ``fork()`` waits for reads and loads in progress on other threads.
 FORK_WAIT = 10.0
+
+
+class GateClosed(RuntimeError):
+    """A load asked to begin after the exit's :meth:`ForkGate.close`."""
 
 
 class ForkGate:
@@ -38,7 +43,8 @@ class ForkGate:
 
     def __init__(self) -> None:
         self._cond: threading.Condition
-        self._inside: dict[int, int]  # reads in progress, per thread
+        self._inside: dict[int, int]  # reads and loads in progress, per thread
+        self._loads: dict[int, int]  # of those, loads
         self._forking: bool
         self._reset()
 
@@ -46,34 +52,41 @@ class ForkGate:
         # A new lock (in a child, the parent's is held through the fork), no reads going on.
         self._cond = threading.Condition(threading.Lock())
         self._inside = {}
+        self._loads = {}
         self._forking = False
-        self._closed = False  # at the exit: nothing more begins
+        self._closed = False  # at the exit: no load begins
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
-        """The span of one chunk's read on a read-ahead thread."""
+    def reading(self, *, load: bool = False) -> Iterator[None]:
+        """The span of one chunk's read, or (``load``) of one load into the driver, on a
+        read-ahead thread. A load after :meth:`close` raises :class:`GateClosed`."""
         me = threading.get_ident()
         with self._cond:
-            while self._forking or self._closed:
+            while self._forking:
                 self._cond.wait()
+            if load and self._closed:
+                raise GateClosed("the interpreter is exiting")
             self._inside[me] = self._inside.get(me, 0) + 1
+            if load:
+                self._loads[me] = self._loads.get(me, 0) + 1
         try:
             yield
         finally:
             with self._cond:
-                self._inside[me] -= 1
-                if not self._inside[me]:
-                    del self._inside[me]
-                    self._cond.notify_all()
+                for spans in (self._inside, self._loads) if load else (self._inside,):
+                    spans[me] -= 1
+                    if not spans[me]:
+                        del spans[me]
+                self._cond.notify_all()
 
     def close(self, timeout: float = FORK_WAIT) -> None:
-        """Wait (at most ``timeout`` seconds) for other threads' reads and loads in
-        progress, and let none begin after: called at the interpreter's exit."""
+        """Wait (at most ``timeout`` seconds) for other threads' loads in progress, and
+        let none begin after (reads go on): called at the interpreter's exit."""
         me = threading.get_ident()
         deadline = time.monotonic() + timeout
         with self._cond:
             self._closed = True
-            while any(who != me for who in self._inside):
+            while any(who != me for who in self._loads):
                 left = deadline - time.monotonic()
                 if left <= 0:  # a load that hangs: exit anyway
                     break
@@ -110,13 +123,19 @@ if hasattr(os, "register_at_fork"):
         after_in_child=gate.after_fork_in_child,
     )
 
-_closes: list[bool] = []
+_closes: set[int] = set()  # the processes (pids) whose exit closes the gate
 
 
 def close_at_exit() -> None:
     """Have the exit wait for a load on a read-ahead thread to end (:meth:`ForkGate.close`).
-    Called when the first thread that loads starts: registered after the package's own
-    exit handlers, it runs before them."""
-    if not _closes:
-        _closes.append(True)
-        atexit.register(gate.close)
+    Called when a thread that loads starts: registered after the package's own exit
+    handlers, it runs before them. A ``multiprocessing`` child ends with ``os._exit``,
+    which runs no exit handler, so there it is one of ``multiprocessing``'s finalizers."""
+    pid = os.getpid()
+    if pid in _closes:
+        return
+    _closes.add(pid)
+    atexit.register(gate.close)
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.Finalize(None, gate.close, exitpriority=100)

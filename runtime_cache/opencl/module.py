@@ -12,6 +12,7 @@ from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
+from .ahead_terms import NOT_HERE, Loaded, Read, load_ahead_enabled, read_ahead_enabled
 from .build_inputs import settle
 from .cached_load import (
     CONCURRENT_LOADS,
@@ -28,7 +29,7 @@ from .includes import Options, normalize_options
 from .module_bundles import PrecompiledPrograms
 from .module_plans import ModulePlans
 from .parallel import build_in_threads
-from .prefetch import NOT_HERE, Loaded, Read, ReadAhead, load_ahead_enabled, read_ahead_enabled
+from .prefetch import ReadAhead
 from .program import ProgramPlan, evict, fetch, read_binaries, source_build, store_binaries
 from .program_files import ProgramFiles
 from .progress import BuildProgress, ProgressCallback
@@ -285,8 +286,14 @@ class OpenCLModule(PrecompiledPrograms):
         """
         with self._lock:
             missing = [n for n in self.sources if n not in self._programs]
-            if self._ahead is not None:
-                self._ahead.stop()  # the loads below read what is left their own way
+            ahead = self._ahead
+            if ahead is not None:
+                ahead.stop()  # the loads below read what is left their own way
+        for name in list(missing) if ahead is not None else ():
+            got = ahead.take_loaded(name) if ahead is not None else None
+            if got is not None:  # loaded ahead and not taken: adopted, not loaded again
+                self._adopt(name, taken(got, self.cache), 0.0, cached=True)
+                missing.remove(name)
         if not missing:
             return 0
         if on_progress is None:

@@ -38,12 +38,22 @@ import _thread
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..cache import Cache
+from .ahead_terms import (
+    ENV_LOAD_AHEAD,
+    ENV_READ_AHEAD,
+    NOT_HERE,
+    Loaded,
+    Loader,
+    Read,
+    load_ahead_enabled,
+    read_ahead_enabled,
+)
 from .fork_gate import close_at_exit, gate
-from .guard import Binary, binary_digest
+from .guard import binary_digest
 from .plan import ProgramPlan
 
 __all__ = [
@@ -55,15 +65,12 @@ __all__ = [
     "LOAD_PATIENCE",
     "LOAD_WINDOW",
     "MAX_HELD",
+    "NOT_HERE",
     "Loaded",
     "ReadAhead",
     "load_ahead_enabled",
     "read_ahead_enabled",
 ]
-
-#: ``0`` (or ``off``, ``no``, ``false``) turns the read-ahead thread off: each program's
-#: entries are then read on the caller's thread when it asks for the program.
-ENV_READ_AHEAD = "RUNTIME_CACHE_OPENCL_READ_AHEAD"
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so that a program asked for early waits for few others' reads. The chunks leave out
@@ -77,9 +84,6 @@ _FIRST_CHUNKS = (1, 2, 4, 8)
 #: has not reached are then read one at a time, when asked for (a module whose caller
 #: asks for few of many programs does not hold every binary in memory).
 MAX_HELD = 64 << 20
-#: ``0`` (or ``off``, ``no``, ``false``) keeps the thread to reading: programs are then
-#: handed to the driver only on the caller's thread, when it asks for them.
-ENV_LOAD_AHEAD = "RUNTIME_CACHE_OPENCL_LOAD_AHEAD"
 #: Programs the thread has loaded (or is loading) ahead and the caller has not taken, at
 #: which it waits for the caller: a module whose caller asks for few of many programs
 #: has at most this many loaded for nothing.
@@ -89,7 +93,7 @@ LOAD_WINDOW = 2
 LOAD_CHUNK = 2
 #: Seconds the thread waits for the caller to take a program loaded ahead; then it ends
 #: (what it loaded stays for the caller to take; the rest is read when asked for).
-LOAD_PATIENCE = 1.0
+LOAD_PATIENCE = 0.25
 #: Places after the caller's last program (in the chunks' order) that the thread leaves
 #: to the caller: with 3, a caller asking in order loads every other program itself
 #: while the thread loads the one after, two loads at once (PoCL 3.1, 12 programs: each
@@ -98,37 +102,6 @@ LOAD_PATIENCE = 1.0
 LEAD = 3
 #: The thread's pause between two programs' plans (see ``ReadAhead._read``).
 YIELD_SECONDS = 20e-6
-
-#: What was read for one program: its plan, the entries found under its keys, and the
-#: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
-Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
-
-#: ``load(name, read)`` hands one program read ahead to the driver, on the thread: the
-#: program, ``None`` when the driver refused it (its entries are evicted), or
-#: :data:`NOT_HERE` when it is the caller's to load (its binaries need vetting first).
-Loader = Callable[[str, Read], Any]
-NOT_HERE = object()
-
-
-class Loaded(NamedTuple):
-    """A program the thread loaded ahead, and what it was loaded from."""
-
-    program: Any
-    read: Read
-
-
-def _on(variable: str) -> bool:
-    return os.environ.get(variable, "").strip().lower() not in ("0", "off", "no", "false")
-
-
-def read_ahead_enabled() -> bool:
-    """Whether a module's first ``program()`` may start a read-ahead (``ENV_READ_AHEAD``)."""
-    return _on(ENV_READ_AHEAD)
-
-
-def load_ahead_enabled() -> bool:
-    """Whether the read-ahead thread also loads what it read (``ENV_LOAD_AHEAD``)."""
-    return _on(ENV_LOAD_AHEAD)
 
 
 class _Chunk:
@@ -234,13 +207,19 @@ class ReadAhead:
         _thread.start_new_thread(self._run, ())
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end; whether it has (``True`` if it never started)."""
+        """Wait for the thread to end; whether it has (``True`` if it never started, and
+        in a forked child, which has no thread)."""
+        if os.getpid() != self._pid:
+            return True
         with self._lock:
             begun = self._begun
         return self._finished.wait(timeout) if begun else True
 
     def stop(self) -> None:
         """Read and load nothing more (``build_all`` reads the rest its own way)."""
+        if os.getpid() != self._pid:  # (a forked child: the lock may be the parent thread's)
+            self._stop.set()
+            return
         with self._lock:
             self._stop.set()
             self._room.notify_all()
@@ -298,7 +277,7 @@ class ReadAhead:
                 done = self._loading[name] = threading.Event()
             outcome: Any = NOT_HERE
             try:
-                with gate.reading():  # (a fork meanwhile: the driver's locks are held)
+                with gate.reading(load=True):  # (the driver's locks are held meanwhile)
                     outcome = self._load(name, read)
             except Exception:  # the caller loads it itself, and sees the error then
                 self._stop.set()
@@ -362,9 +341,7 @@ class ReadAhead:
                     got, chunk = self._loaded.pop(name)
                     self._room.notify_all()
                 if got is not None:
-                    read = got.read if isinstance(got, Loaded) else got
-                    self._held -= _size(read)
-                    used = [chunk.tally.pop(key) for key in read[1] if key in chunk.tally]
+                    used = self._handed(got, chunk)
                     break
                 loading = self._loading.get(name)
                 if loading is None:  # not found, or refused
@@ -372,6 +349,26 @@ class ReadAhead:
             loading.wait()  # then handed back as read, loaded, or refused
         self._cache.count_hits(used)
         return got
+
+    def take_loaded(self, name: str) -> Loaded | None:
+        """The program loaded ahead for ``name`` and not yet taken, without waiting
+        (``build_all`` adopts it rather than load it again); ``None`` otherwise."""
+        if os.getpid() != self._pid:
+            return None
+        with self._lock:
+            if name not in self._loaded:
+                return None
+            got, chunk = self._loaded.pop(name)
+            self._room.notify_all()
+            used = self._handed(got, chunk)
+        self._cache.count_hits(used)
+        return got
+
+    def _handed(self, got: Read | Loaded, chunk: _Chunk) -> list[tuple[int, float]]:
+        # (under the lock) What ``got`` holds is no longer held; its hits, to count.
+        read = got.read if isinstance(got, Loaded) else got
+        self._held -= _size(read)
+        return [chunk.tally.pop(key) for key in read[1] if key in chunk.tally]
 
     @property
     def begun(self) -> bool:
