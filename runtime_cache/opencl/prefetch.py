@@ -21,15 +21,16 @@ about 1 ms more than the floor's). A module with nothing left to read starts no 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``),
 while the caller loads another: the caller, asking in order, loads every other program
-itself and takes the rest loaded. The thread loads none of the ``LEAD`` programs after
-the one the caller took last, and keeps at most ``LOAD_WINDOW`` loaded and not taken;
-when the caller takes none for ``LOAD_PATIENCE`` seconds, it ends. A program loaded
-ahead counts (a hit, a binary load) only when the caller takes it.
+itself and takes the rest loaded. The thread loads none of the ``LEAD - 1`` programs
+after the one the caller took last, and keeps at most ``LOAD_WINDOW`` loaded and not
+taken; when the caller takes none for ``LOAD_PATIENCE`` seconds, it ends. A program
+loaded ahead counts (a hit, a binary load) only when the caller takes it.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
-checks each binary as it would any other (digest, crash guard; binaries that need
-vetting are left to the caller, which starts the child).
+checks each binary as it would any other (digest, crash guard). Binaries that need
+vetting, that the crash guard blocklisted or set aside, or that the driver refused are
+left to the caller, which vets, evicts and counts them only if it asks for them.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ LOAD_CHUNK = 2
 #: Seconds the thread waits for the caller to take a program loaded ahead; then it ends
 #: (what it loaded stays for the caller to take; the rest is read when asked for).
 LOAD_PATIENCE = 0.25
-#: Places after the caller's last program (in the chunks' order) that the thread leaves
-#: to the caller: with 3, a caller asking in order loads every other program itself
+#: The first place after the caller's last program (in the chunks' order) that the
+#: thread may load (it leaves the ones before to the caller): with 3, a caller asking
+#: in order loads every other program itself
 #: while the thread loads the one after, two loads at once (PoCL 3.1, 12 programs: each
 #: program the thread loaded took 0.15 ms on the caller's thread, the caller's own 0.25
 #: ms more than the floor's; with 1 or 2 the caller waited for the thread's loads).
@@ -139,8 +141,8 @@ class ReadAhead:
         self._loading: dict[str, threading.Event] = {}  # being loaded on the thread now
         self._loaded: dict[str, tuple[Loaded, _Chunk]] = {}  # loaded, not yet taken
         self._order: dict[str, int] = {}  # each program's place in the chunks
-        # The place of the program the caller last took: the thread loads none of the
-        # LEAD places after it. (-2: the caller is loading the program before the first.)
+        # The place of the program the caller last took: the thread loads places from
+        # LEAD after it on. (-2: the caller is loading the program before the first.)
         self._asked = -2
         self._chunks: list[_Chunk] = []
         self._where: dict[str, _Chunk] = {}
