@@ -289,11 +289,11 @@ class OpenCLModule(PrecompiledPrograms):
             ahead = self._ahead
             if ahead is not None:
                 ahead.stop()  # the loads below read what is left their own way
-        for name in list(missing) if ahead is not None else ():
-            got = ahead.take_loaded(name) if ahead is not None else None
-            if got is not None:  # loaded ahead and not taken: adopted, not loaded again
-                self._adopt(name, taken(got, self.cache), 0.0, cached=True)
-                missing.remove(name)
+        if ahead is not None:  # loaded ahead and not taken: adopted, not loaded again
+            for name, got in [(n, ahead.take_loaded(n)) for n in missing]:
+                if got is not None:
+                    self._adopt(name, taken(got, self.cache), 0.0, cached=True)
+                    missing.remove(name)
         if not missing:
             return 0
         if on_progress is None:
