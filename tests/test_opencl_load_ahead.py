@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from runtime_cache.opencl import (
     prefetch,
     reset_opencl_stats,
 )
+from runtime_cache.opencl.ahead_terms import weakly
 from runtime_cache.opencl.prefetch import LOAD_WINDOW, NOT_HERE, Loaded, ReadAhead
 
 
@@ -118,6 +120,55 @@ def test_the_thread_leaves_the_callers_next_programs_to_it() -> None:
     assert too_close == []
 
 
+class _Owner:
+    """A stand-in module: the read-ahead holds it only weakly, through its methods."""
+
+    def __init__(self, count: int, cache: rc.Cache) -> None:
+        self.plans = {f"p{i}": _Plan(f"p{i}") for i in range(count)}
+        for i, plan in enumerate(self.plans.values()):
+            cache.put(plan.keys[0], f"value {i}".encode())
+        self.loaded: list[str] = []
+
+    def plan(self, name: str) -> _Plan:
+        return self.plans[name]
+
+    def load(self, name: str, read: Any) -> str:
+        self.loaded.append(name)
+        return name
+
+
+def test_an_owner_dropped_while_the_thread_waits_is_freed_and_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 120.0)  # only the drop can end it early
+    cache = rc.Cache(MemoryBackend())
+    owner = _Owner(20, cache)
+    ahead = ReadAhead(cache, list(owner.plans), weakly(owner.plan), weakly(owner.load))
+    ahead.start("p0", owner=owner)
+    assert ahead.take("p0") is None and ahead.take("p1") is None
+    ahead.begin()
+    loaded = owner.loaded
+    for _ in range(1000):  # until the window is full and the thread waits for a take
+        if len(loaded) == LOAD_WINDOW:
+            break
+        threading.Event().wait(0.01)
+    assert len(loaded) == LOAD_WINDOW
+    gone = weakref.ref(owner)
+    del owner
+    assert gone() is None  # the thread held it only weakly
+    assert ahead.join(10)  # and it ended without waiting out its patience
+    assert len(loaded) == LOAD_WINDOW
+
+
+def test_a_weakly_held_method_raises_once_its_object_is_gone() -> None:
+    owner = _Owner(1, rc.Cache(MemoryBackend()))
+    call = weakly(owner.load, "p0")
+    assert call("read") == "p0"
+    del owner
+    with pytest.raises(ReferenceError):
+        call("read")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_waits_for_a_load_on_the_thread() -> None:
     """The driver holds its own locks while it loads: a child forked meanwhile could not
@@ -142,8 +193,12 @@ def test_a_fork_waits_for_a_load_on_the_thread() -> None:
 
 
 # ------------------------------------------------------------------ on the driver under test
+def _driver_loads_ahead(ctx: Any) -> bool:
+    return {device.platform.name for device in ctx.devices} <= cached_load.LOADS_AHEAD
+
+
 def _module(ctx: Any, cache: rc.Cache, count: int, salt: int) -> tuple[list[str], OpenCLModule]:
-    if not cached_load.loads_ahead(ctx):
+    if not _driver_loads_ahead(ctx):
         pytest.skip("this driver's read-ahead thread only reads (LOADS_AHEAD)")
     sources = generated_sources(count, salt=salt)
     OpenCLModule(ctx, sources, cache=cache).build_all()
@@ -207,6 +262,59 @@ def test_programs_loaded_ahead_and_never_asked_for_count_nothing(
     assert (stats.binary_loads, stats.source_builds) == (10, 0)
     assert cache.stats().hits == 10
     _works(ctx, module, names, 4)
+
+
+@pytest.mark.opencl
+def test_a_module_dropped_while_its_thread_waits_is_freed_at_once(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop of modules that each ask for a few kernels: the thread of a module dropped
+    ends with it, and what it loaded for nobody goes too (it waited LOAD_PATIENCE)."""
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 120.0)
+    names, module = _module(ctx, cache, 10, salt=6)
+    threads = _loads_by_thread(monkeypatch)
+    module.program(names[0])
+    module.program(names[1])
+    ahead = module._ahead
+    assert ahead is not None
+    for _ in range(3000):  # until the thread has loaded a window ahead, and waits
+        if len([t for t in threads if t != threading.get_ident()]) == LOAD_WINDOW:
+            break
+        threading.Event().wait(0.01)
+    gone = weakref.ref(module)
+    del module
+    assert gone() is None
+    assert ahead.join(10)
+    assert opencl_stats().binary_loads == 2  # the loads ahead were never counted
+
+
+@pytest.mark.opencl
+def test_modules_asked_for_few_programs_stop_loading_ahead_until_those_are_used(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.05)
+    monkeypatch.setattr(cached_load, "UNUSED_AHEAD", 4)
+    names, first = _module(ctx, cache, 8, salt=7)
+    kept = [first, *(OpenCLModule(ctx, first.sources, cache=cache) for _ in range(9))]
+    for module in kept:  # each asked for two programs: its thread loads two for nobody
+        module.program(names[0])
+        module.program(names[1])
+        assert module._ahead is not None and module._ahead.join(30)
+    stats = opencl_stats()
+    assert stats.loaded_ahead_used == 0
+    assert 4 < stats.loaded_ahead <= 4 + LOAD_WINDOW  # then the new modules only read ahead
+    assert kept[-1]._ahead is not None and kept[-1]._ahead.begun
+    for module in kept:  # asked for at last: used, so new modules load ahead again
+        for name in names:
+            module.program(name)
+    stats = opencl_stats()
+    assert stats.loaded_ahead_used == stats.loaded_ahead
+    assert stats.binary_loads == 8 * len(kept)
+    threads = _loads_by_thread(monkeypatch)
+    module = OpenCLModule(ctx, first.sources, cache=cache)
+    for name in names:
+        module.program(name)
+    assert any(thread != threading.get_ident() for thread in threads)
 
 
 @pytest.mark.opencl
@@ -310,7 +418,7 @@ module.kernel("k0"); module.kernel("k1")
 def _run_script(ctx: Any, tmp_path: Path, script: str, *argv: str) -> list[str]:
     """``script``'s output lines, run in a fresh process over the cache in ``tmp_path``;
     it must exit 0 with no traceback (skips where the thread only reads)."""
-    if not cached_load.loads_ahead(ctx):
+    if not _driver_loads_ahead(ctx):
         pytest.skip("this driver's read-ahead thread only reads (LOADS_AHEAD)")
     env = {**os.environ, "CACHE_UNDER_TEST": str(tmp_path / "cache")}
     done = run_python(script, tmp_path, env, *argv, timeout=180)

@@ -7,6 +7,7 @@ load it makes.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ __all__ = [
     "Read",
     "load_ahead_enabled",
     "read_ahead_enabled",
+    "weakly",
 ]
 
 #: ``0`` (or ``off``, ``no``, ``false``) turns the read-ahead thread off: each program's
@@ -62,3 +64,18 @@ def read_ahead_enabled() -> bool:
 def load_ahead_enabled() -> bool:
     """Whether the read-ahead thread also loads what it read (``ENV_LOAD_AHEAD``)."""
     return _on(ENV_LOAD_AHEAD)
+
+
+def weakly(method: Callable[..., Any], *first: Any) -> Callable[..., Any]:
+    """``method`` (a bound method) with ``first`` as its first arguments, holding its
+    object weakly, as the read-ahead thread holds its module: a call once the object is
+    gone raises ``ReferenceError``."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        live = ref()
+        if live is None:
+            raise ReferenceError("the module this read-ahead served is gone")
+        return live(*first, *args)
+
+    return call

@@ -36,7 +36,10 @@ class OpenCLStats:
     store, and ``stores_dropped`` those still queued when the flush at exit
     ran out of time (:mod:`runtime_cache.opencl.write_behind`); ``stores_handed_off``
     those handed at exit to a detached process that stores them after this one has
-    exited (:mod:`runtime_cache.opencl.detached_store`).
+    exited (:mod:`runtime_cache.opencl.detached_store`). ``loaded_ahead`` counts
+    programs a lazy module's read-ahead thread loaded, and ``loaded_ahead_used`` those of
+    them asked for since (:mod:`runtime_cache.opencl.prefetch`): the rest were loaded for
+    nobody, or wait to be asked for.
     """
 
     binary_loads: int = 0
@@ -54,6 +57,8 @@ class OpenCLStats:
     store_errors: int = 0
     stores_dropped: int = 0
     stores_handed_off: int = 0
+    loaded_ahead: int = 0
+    loaded_ahead_used: int = 0
 
 
 counters = Counters(OpenCLStats)

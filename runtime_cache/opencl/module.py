@@ -12,7 +12,7 @@ from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
-from .ahead_terms import NOT_HERE, Loaded, Read, load_ahead_enabled, read_ahead_enabled
+from .ahead_terms import NOT_HERE, Loaded, Read, load_ahead_enabled, read_ahead_enabled, weakly
 from .build_inputs import settle
 from .cached_load import (
     CONCURRENT_LOADS,
@@ -217,9 +217,9 @@ class OpenCLModule(PrecompiledPrograms):
                 and read_ahead_enabled()
             ):
                 loads = load_ahead_enabled() and loads_ahead(self.context)
-                load = functools.partial(self._load_ahead, cache) if loads else None
-                self._ahead = ReadAhead(cache, list(self.sources), self._plan, load)
-                self._ahead.start(name)
+                load = weakly(self._load_ahead, cache) if loads else None
+                self._ahead = ReadAhead(cache, list(self.sources), weakly(self._plan), load)
+                self._ahead.start(name, owner=self)  # (dropped, the module stops its thread)
             return self._ahead
 
     def _load_ahead(self, cache: Cache, name: str, read: Read) -> Any:

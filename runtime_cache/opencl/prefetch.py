@@ -23,8 +23,9 @@ On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 while the caller loads another: the caller, asking in order, loads every other program
 itself and takes the rest loaded. The thread loads none of the ``LEAD - 1`` programs
 after the one the caller took last, and keeps at most ``LOAD_WINDOW`` loaded and not
-taken; when the caller takes none for ``LOAD_PATIENCE`` seconds, it ends. A program
-loaded ahead counts (a hit, a binary load) only when the caller takes it.
+taken; when the caller takes none for ``LOAD_PATIENCE`` seconds, or drops the module
+(which the thread holds weakly), it ends. A program loaded ahead counts (a hit, a
+binary load) only when the caller takes it.
 
 Nothing is trusted more for being read ahead: the entries come from
 ``Cache.get_many_views``, which checks every blob against its key, and the loader
@@ -39,6 +40,7 @@ import _thread
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,8 +98,7 @@ LOAD_CHUNK = 2
 #: (what it loaded stays for the caller to take; the rest is read when asked for).
 LOAD_PATIENCE = 0.25
 #: The first place after the caller's last program (in the chunks' order) that the
-#: thread may load (it leaves the ones before to the caller): with 3, a caller asking
-#: in order loads every other program itself
+#: thread may load: with 3, a caller asking in order loads every other program itself
 #: while the thread loads the one after, two loads at once (PoCL 3.1, 12 programs: each
 #: program the thread loaded took 0.15 ms on the caller's thread, the caller's own 0.25
 #: ms more than the floor's; with 1 or 2 the caller waited for the thread's loads).
@@ -154,11 +155,21 @@ class ReadAhead:
         self._pid = os.getpid()
         self._finished = threading.Event()  # set when the thread ends (or never starts)
 
-    def start(self, first: str) -> None:
+    def start(self, first: str, owner: object | None = None) -> None:
         """Read every program but ``first``, in order from the one after it, once the
         caller has asked for another program (:meth:`take`) and read it (:meth:`begin`);
-        nothing is done before that."""
+        nothing is done before that. When ``owner`` (the module, which ``plan_of`` and
+        ``load`` should hold weakly) is collected, the thread stops."""
         self._first = first
+        if owner is not None:
+            weakref.finalize(owner, self._owner_gone).atexit = False
+
+    def _owner_gone(self) -> None:
+        # The collector's, on any thread, maybe one holding the lock: wake only if it is free.
+        self._stop.set()
+        if self._lock.acquire(blocking=False):
+            self._room.notify_all()
+            self._lock.release()
 
     def _lay_out(self, asked: str) -> None:
         # The chunks, made when the caller first comes back, for ``asked`` (under the
