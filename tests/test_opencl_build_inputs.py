@@ -299,6 +299,23 @@ def _run_with_flags(script: str, value: int | None, tmp_path: Path, *argv: str) 
     return json.loads(done.stdout.splitlines()[-1])
 
 
+#: What both PoCL-flags scripts begin with: imports, a context, and ``run(prg, name)``, a
+#: kernel's output for an input of 1.0.
+_FLAGS_SCRIPT_HEAD = (
+    "import json, os, sys, numpy as np, pyopencl as cl, runtime_cache as rc\n"
+    "from runtime_cache.backends.directory import DirectoryBackend\n"
+    "from runtime_cache.opencl import OpenCLModule, build_program, opencl_stats\n"
+    "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+    "q = cl.CommandQueue(ctx)\n"
+    "def run(prg, name='f'):\n"
+    "    a = np.ones(1, np.float32)\n"
+    "    mf = cl.mem_flags\n"
+    "    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)\n"
+    "    getattr(prg, name)(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
+    "    return float(a[0])\n"
+)
+
+
 def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
     ctx: Any, tmp_path: Path
 ) -> None:
@@ -310,20 +327,9 @@ def test_a_process_that_changes_pocls_extra_build_flags_caches_nothing_after(
 
     if "pocl" not in ctx.devices[0].platform.version.lower():
         pytest.skip("a variable of PoCL's")
-    script = (
-        "import json, os, sys, numpy as np, pyopencl as cl, runtime_cache as rc\n"
-        "from runtime_cache.backends.directory import DirectoryBackend\n"
-        "from runtime_cache.opencl import OpenCLModule, build_program, opencl_stats\n"
-        "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+    script = _FLAGS_SCRIPT_HEAD + (
         "src = '__kernel void f(__global float *a) { a[get_global_id(0)] *= V; }'\n"
         "cache = rc.Cache(DirectoryBackend(os.environ['CACHE_UNDER_TEST']))\n"
-        "q = cl.CommandQueue(ctx)\n"
-        "def run(prg):\n"
-        "    a = np.ones(1, np.float32)\n"
-        "    mf = cl.mem_flags\n"
-        "    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)\n"
-        "    prg.f(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
-        "    return float(a[0])\n"
         "module = OpenCLModule(ctx, {'f': src, 'g': src + ' // g'}, cache=cache)\n"
         "seen = [run(module.program('f'))]\n"
         "if sys.argv[1] == 'change':\n"
@@ -355,21 +361,10 @@ def test_flags_pocl_took_before_the_process_took_them_back_are_seen(
     process builds is stored."""
     if "pocl" not in ctx.devices[0].platform.version.lower():
         pytest.skip("a variable of PoCL's")
-    script = (
-        "import json, os, sys, numpy as np, pyopencl as cl, runtime_cache as rc\n"
-        "from runtime_cache.backends.directory import DirectoryBackend\n"
-        "from runtime_cache.opencl import OpenCLModule, build_program, opencl_stats\n"
-        "ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])\n"
+    script = _FLAGS_SCRIPT_HEAD + (
         "src = '#ifndef V\\n#define V 1.0f\\n#endif\\n'\n"
         "src += '__kernel void f(__global float *a) { a[get_global_id(0)] *= V; }'\n"
         "cache = rc.Cache(DirectoryBackend(os.environ['CACHE_UNDER_TEST'] + sys.argv[2]))\n"
-        "q = cl.CommandQueue(ctx)\n"
-        "def run(prg, name='f'):\n"
-        "    a = np.ones(1, np.float32)\n"
-        "    mf = cl.mem_flags\n"
-        "    buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)\n"
-        "    getattr(prg, name)(q, (1,), None, buf); cl.enqueue_copy(q, a, buf); q.finish()\n"
-        "    return float(a[0])\n"
         "if sys.argv[1] == 'set-and-take-back':\n"
         "    os.environ['POCL_EXTRA_BUILD_FLAGS'] = '-DV=2.0f'\n"
         "    cl.Program(ctx, '__kernel void z(__global int *a) { a[0] = 0; }').build()\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -200,8 +201,6 @@ def test_build_error_in_a_worker_is_raised_by_the_parent(ctx: Any, cache: rc.Cac
 
 def _race(module: OpenCLModule, warm_up: Any, orders: Sequence[list[str]]) -> None:
     """``warm_up()`` on one thread while one thread per order asks for those kernels."""
-    import threading
-
     start = threading.Barrier(1 + len(orders))
 
     def run(step: Any) -> None:
@@ -252,3 +251,29 @@ def test_cold_build_all_in_workers_beside_program_calls_compiles_each_program_on
     data = np.arange(16, dtype=np.float32)
     out = run_kernel(ctx, module.kernel("k7"), data)
     np.testing.assert_array_equal(out, data * 9 + 23)
+
+
+def test_a_bundle_loaded_beside_build_all_and_program_calls_loads_each_program_once(
+    ctx: Any, cache: rc.Cache
+) -> None:
+    """helper-83: ``set_precompiled_programs()`` on one thread while ``build_all()`` ran on
+    another counted 54-73 binary loads for 40 programs: the bundle's loads did not hold a
+    program's name as ``program()`` and ``build_all()`` do, so both loaded it."""
+    sources = generated_sources(40, salt=29)
+    bundle = OpenCLModule(ctx, sources, cache=cache).get_precompiled_programs()
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, sources, cache=cache)
+    names = list(sources)
+    supplied: list[int] = []
+
+    def load_bundle_and_build_all() -> None:
+        both = threading.Thread(target=module.build_all)
+        both.start()
+        supplied.append(module.set_precompiled_programs(bundle))
+        both.join()
+
+    _race(module, load_bundle_and_build_all, (names[::-1], names[20:] + names[:20]))
+    assert sorted(module.built) == sorted(names)
+    stats = opencl_stats()
+    assert stats.binary_loads == 40 and stats.source_builds == 0
+    assert 0 <= supplied[0] <= 40

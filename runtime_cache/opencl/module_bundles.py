@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ..bundles import LoadResult
 from ..cache import Cache
 from .bundle import unpack_programs
+from .cached_load import Claim
 from .plan import ProgramPlan
 from .precompiled import load_bundle, pack_built
 
@@ -33,6 +34,9 @@ class _Host(Protocol):
 
     @property
     def cache(self) -> Cache: ...
+
+    @property
+    def _claims(self) -> Claim: ...
 
     def _plan(self, name: str) -> ProgramPlan: ...
 
@@ -90,7 +94,7 @@ class PrecompiledPrograms:
             pending = [n for n in self.sources if n not in self._programs]
         plans = {name: self._plan(name) for name in pending}
         adopt = functools.partial(self._adopt, cached=True)
-        return load_bundle(self.context, cache, entries, plans, adopt)
+        return load_bundle(self.context, cache, entries, plans, adopt, self._claims)
 
     def recapture_binaries(self: _Host) -> int:
         """Re-read every built program's binaries after first launch; re-store changed ones.

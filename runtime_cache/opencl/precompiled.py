@@ -21,6 +21,7 @@ from ..keys import CacheKey
 from ._driver import import_pyopencl, read_binaries
 from .build_inputs import unkeyed
 from .bundle import pack_programs
+from .cached_load import Claim, held
 from .capture import remember
 from .counters import counters
 from .guard import Binary
@@ -89,10 +90,13 @@ def load_bundle(
     entries: Sequence[tuple[Entry, bytes]],
     plans: Mapping[str, ProgramPlan],
     adopt: Callable[[str, Any, float], None],
+    claim: Claim | None = None,
 ) -> LoadResult:
     """Load the programs of ``plans`` that ``entries`` supply; ``adopt(name, program, seconds)``
     takes each one loaded. See :meth:`OpenCLModule.set_precompiled_programs
-    <runtime_cache.opencl.OpenCLModule.set_precompiled_programs>` for the rules.
+    <runtime_cache.opencl.OpenCLModule.set_precompiled_programs>` for the rules. With
+    ``claim``, each program's name is held while it is loaded, and one built meanwhile (by
+    ``program()`` or ``build_all()`` on another thread) is left as it is, not supplied.
     """
     refused: list[str] = []
     complete = match_programs(entries, cache, plans, refused)
@@ -117,18 +121,21 @@ def load_bundle(
         if name in skip:
             continue  # could not vet here: built from source later
         plan = plans[name]
-        program = load_from_binaries(context, plan, binaries)
-        if program is None:
-            counters.add(rejected_binaries=1)
-            log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
-            continue
-        counters.add(binary_loads=1)
-        if signed or not cache.backend.shared:
-            store_binaries(cache, plan, program, binaries, seconds)
-        else:  # unsigned: never into a store that others trust
-            withheld += 1
-        remember(program, plan, cache, binaries, seconds)
-        adopt(name, program, seconds)
+        with held(claim, name) as needed:
+            if not needed:
+                continue  # built meanwhile on another thread: kept, and not supplied here
+            program = load_from_binaries(context, plan, binaries)
+            if program is None:
+                counters.add(rejected_binaries=1)
+                log.warning("runtime-cache: the driver rejected bundled binaries of %r", name)
+                continue
+            counters.add(binary_loads=1)
+            if signed or not cache.backend.shared:
+                store_binaries(cache, plan, program, binaries, seconds)
+            else:  # unsigned: never into a store that others trust
+                withheld += 1
+            remember(program, plan, cache, binaries, seconds)
+            adopt(name, program, seconds)
         accepted += 1
     if withheld:
         log.warning(
