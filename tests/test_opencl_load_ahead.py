@@ -9,6 +9,7 @@ module tests run on the OpenCL driver under test, skipping where the thread only
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import weakref
@@ -137,6 +138,28 @@ class _Owner:
         return name
 
 
+def _window_full(ahead: ReadAhead) -> bool:
+    """Wait until the thread has loaded a window ahead and waits for a take (no load of
+    its own under way, so it holds no strong reference to its module)."""
+    for _ in range(3000):
+        with ahead._lock:
+            if len(ahead._loaded) == LOAD_WINDOW and not ahead._loading:
+                return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def _freed(gone: weakref.ref[Any]) -> bool:
+    """Whether the object is freed within 10 s (the thread, planning its next chunk, may
+    hold it for a moment; its patience is far longer). If not, what holds it is shown."""
+    for _ in range(1000):
+        if gone() is None:
+            return True
+        threading.Event().wait(0.01)
+    holders = [type(r).__name__ for r in gc.get_referrers(gone())]
+    raise AssertionError(f"still alive, held by {holders}")
+
+
 def test_an_owner_dropped_while_the_thread_waits_is_freed_and_stops_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -148,14 +171,10 @@ def test_an_owner_dropped_while_the_thread_waits_is_freed_and_stops_it(
     assert ahead.take("p0") is None and ahead.take("p1") is None
     ahead.begin()
     loaded = owner.loaded
-    for _ in range(1000):  # until the window is full and the thread waits for a take
-        if len(loaded) == LOAD_WINDOW:
-            break
-        threading.Event().wait(0.01)
-    assert len(loaded) == LOAD_WINDOW
+    assert _window_full(ahead)
     gone = weakref.ref(owner)
     del owner
-    assert gone() is None  # the thread held it only weakly
+    assert _freed(gone)  # the thread held it only weakly
     assert ahead.join(10)  # and it ended without waiting out its patience
     assert len(loaded) == LOAD_WINDOW
 
@@ -277,13 +296,11 @@ def test_a_module_dropped_while_its_thread_waits_is_freed_at_once(
     module.program(names[1])
     ahead = module._ahead
     assert ahead is not None
-    for _ in range(3000):  # until the thread has loaded a window ahead, and waits
-        if len([t for t in threads if t != threading.get_ident()]) == LOAD_WINDOW:
-            break
-        threading.Event().wait(0.01)
+    assert _window_full(ahead)
+    assert len([t for t in threads if t != threading.get_ident()]) == LOAD_WINDOW
     gone = weakref.ref(module)
     del module
-    assert gone() is None
+    assert _freed(gone)
     assert ahead.join(10)
     assert opencl_stats().binary_loads == 2  # the loads ahead were never counted
 
