@@ -29,8 +29,8 @@ from runtime_cache.opencl import (
     prefetch,
     reset_opencl_stats,
 )
-from runtime_cache.opencl.ahead_terms import weakly
-from runtime_cache.opencl.prefetch import LOAD_WINDOW, NOT_HERE, Loaded, ReadAhead
+from runtime_cache.opencl.ahead_terms import NOT_HERE, Loaded, weakly
+from runtime_cache.opencl.prefetch import LOAD_WINDOW, ReadAhead
 
 
 class _Plan:
@@ -333,6 +333,51 @@ def test_modules_asked_for_few_programs_stop_loading_ahead_until_those_are_used(
         module.program(name)
     # (whether it loads any depends on how fast this caller takes them)
     assert module._ahead is not None and module._ahead._load is not None
+
+
+@pytest.mark.opencl
+def test_after_refusals_the_8th_and_16th_module_try_loading_ahead_again(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """helper-84: loads dropped unused counted for good, so one early burst of such modules
+    kept every later one from loading ahead. Now the 8th, 16th, 32nd.. refused tries."""
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.05)
+    monkeypatch.setattr(cached_load, "UNUSED_AHEAD", 0)
+    names, first = _module(ctx, cache, 8, salt=8)
+    loaders = []
+    for _ in range(17):
+        module = OpenCLModule(ctx, first.sources, cache=cache)
+        module.program(names[0])
+        module.program(names[1])
+        assert module._ahead is not None and module._ahead.join(30)
+        loaders.append(module._ahead._load is not None)
+    assert loaders == [True, *[False] * 7, True, *[False] * 7, True]
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("then", ["set_precompiled_programs", "build_all"])
+def test_a_bundle_or_build_all_after_lazy_calls_adopts_what_the_thread_loaded(
+    ctx: Any, cache: rc.Cache, then: str
+) -> None:
+    """helper-84: ``set_precompiled_programs`` neither stopped the thread nor took what it
+    loaded (14 loads for 12), and ``build_all`` loaded again what the thread was loading."""
+    names, first = _module(ctx, cache, 12, salt=9)
+    bundle = OpenCLModule(ctx, first.sources, cache=cache).get_precompiled_programs()
+    reset_opencl_stats()
+    for _ in range(5):
+        module = OpenCLModule(ctx, first.sources, cache=cache)
+        module.program(names[0])
+        module.program(names[1])
+        if then == "build_all":
+            module.build_all()  # (at once: the thread may be loading)
+        else:
+            assert module._ahead is not None and _window_full(module._ahead)
+            assert module.set_precompiled_programs(bundle) == 12 - 2 - LOAD_WINDOW
+        assert module.built == sorted(names)
+    stats = opencl_stats()
+    assert stats.binary_loads == 5 * 12 and stats.source_builds == 0
+    assert stats.loaded_ahead == stats.loaded_ahead_used
+    _works(ctx, module, names, 9)
 
 
 @pytest.mark.opencl

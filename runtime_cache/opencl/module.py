@@ -12,20 +12,19 @@ from ..cache import Cache
 from ..keys import module_id_from_sources
 from ..provider import get_cache
 from ._driver import import_pyopencl, kernel_names
-from .ahead_terms import NOT_HERE, Loaded, Read, load_ahead_enabled, read_ahead_enabled, weakly
+from .ahead_terms import Loaded
 from .build_inputs import settle
 from .cached_load import (
     CONCURRENT_LOADS,
     Claim,
     held,
-    load_ahead,
     load_cached_programs,
-    loads_ahead,
     taken,
 )
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
 from .includes import Options, normalize_options
+from .module_ahead import LazyReadAhead
 from .module_bundles import PrecompiledPrograms
 from .module_plans import ModulePlans
 from .parallel import build_in_threads
@@ -48,7 +47,7 @@ __all__ = ["CONCURRENT_LOADS", "PROCESS_THRESHOLD", "OpenCLModule"]
 log = logging.getLogger(__name__)
 
 
-class OpenCLModule(PrecompiledPrograms):
+class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
     """A set of OpenCL kernels, one ``cl_program`` per kernel function, built lazily.
 
     ``sources`` maps each kernel function name to the source of its program.
@@ -207,28 +206,6 @@ class OpenCLModule(PrecompiledPrograms):
             self._build_from_source(name)
             return self._programs[name]
 
-    def _read_ahead(self, cache: Cache, name: str) -> ReadAhead | None:
-        """The module's read-ahead, started by its first ``program()`` (see :mod:`.prefetch`)."""
-        with self._lock:
-            if (
-                self._ahead is None
-                and len(self.sources) > 1
-                and not self._programs
-                and read_ahead_enabled()
-            ):
-                loads = load_ahead_enabled() and loads_ahead(self.context)
-                load = weakly(self._load_ahead, cache) if loads else None
-                self._ahead = ReadAhead(cache, list(self.sources), weakly(self._plan), load)
-                self._ahead.start(name, owner=self)  # (dropped, the module stops its thread)
-            return self._ahead
-
-    def _load_ahead(self, cache: Cache, name: str, read: Read) -> Any:
-        # On the read-ahead thread: no name is held (the caller's take() waits for this).
-        with self._lock:
-            if name in self._programs:
-                return NOT_HERE
-        return load_ahead(self.context, cache, read)
-
     def kernel(self, name: str) -> Any:
         """Return a new ``pyopencl.Kernel`` for ``name``.
 
@@ -281,19 +258,13 @@ class OpenCLModule(PrecompiledPrograms):
         ``on_progress(done, total)`` is called each time one of the ``total``
         programs this call makes ready is loaded or built (from the loading
         and building threads, one call at a time); the last call is always
-        ``(total, total)``; with nothing left to make ready it is not called. See
+        ``(total, total)``; with nothing left to make ready it is not called. It runs
+        while the program it reports is held: it must not call back into this module's
+        loads (``program``, ``kernel``, ``build_all``, ``set_precompiled_programs``),
+        which may wait on a program held by a thread that waits for it. See
         :class:`~runtime_cache.opencl.progress.BuildProgress`.
         """
-        with self._lock:
-            missing = [n for n in self.sources if n not in self._programs]
-            ahead = self._ahead
-            if ahead is not None:
-                ahead.stop()  # the loads below read what is left their own way
-        if ahead is not None:  # loaded ahead and not taken: adopted, not loaded again
-            for name, got in [(n, ahead.take_loaded(n)) for n in missing]:
-                if got is not None:
-                    self._adopt(name, taken(got, self.cache), 0.0, cached=True)
-                    missing.remove(name)
+        missing = self._stop_reading_ahead()
         if not missing:
             return 0
         if on_progress is None:

@@ -40,6 +40,8 @@ class _Host(Protocol):
 
     def _plan(self, name: str) -> ProgramPlan: ...
 
+    def _stop_reading_ahead(self) -> list[str]: ...
+
     def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None: ...
 
     def build_all(self) -> int: ...
@@ -90,8 +92,7 @@ class PrecompiledPrograms:
         """
         cache = self.cache
         entries = unpack_programs(data, secret=cache.secret_keys(), limits=cache.limits)
-        with self._lock:
-            pending = [n for n in self.sources if n not in self._programs]
+        pending = self._stop_reading_ahead()  # (what the read-ahead loaded is adopted)
         plans = {name: self._plan(name) for name in pending}
         adopt = functools.partial(self._adopt, cached=True)
         return load_bundle(self.context, cache, entries, plans, adopt, self._claims)

@@ -45,35 +45,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cache import Cache
-from .ahead_terms import (
-    ENV_LOAD_AHEAD,
-    ENV_READ_AHEAD,
-    NOT_HERE,
-    Loaded,
-    Loader,
-    Read,
-    load_ahead_enabled,
-    read_ahead_enabled,
-)
+from .ahead_terms import NOT_HERE, Loaded, Loader, Read
 from .fork_gate import close_at_exit, gate
 from .guard import binary_digest
 from .plan import ProgramPlan
 
-__all__ = [
-    "CHUNK",
-    "ENV_LOAD_AHEAD",
-    "ENV_READ_AHEAD",
-    "LEAD",
-    "LOAD_CHUNK",
-    "LOAD_PATIENCE",
-    "LOAD_WINDOW",
-    "MAX_HELD",
-    "NOT_HERE",
-    "Loaded",
-    "ReadAhead",
-    "load_ahead_enabled",
-    "read_ahead_enabled",
-]
+__all__ = ["CHUNK", "LEAD", "LOAD_CHUNK", "LOAD_PATIENCE", "LOAD_WINDOW", "MAX_HELD", "ReadAhead"]
 
 #: Programs whose entries one backend call reads ahead; the first chunks are smaller,
 #: so that a program asked for early waits for few others' reads. The chunks leave out
@@ -364,16 +341,21 @@ class ReadAhead:
         return got
 
     def take_loaded(self, name: str) -> Loaded | None:
-        """The program loaded ahead for ``name`` and not yet taken, without waiting
-        (``build_all`` adopts it rather than load it again); ``None`` otherwise."""
+        """The program loaded ahead for ``name`` and not yet taken, waiting only if it is
+        being loaded (``build_all`` adopts it rather than load it again); else ``None``."""
         if os.getpid() != self._pid:
             return None
-        with self._lock:
-            if name not in self._loaded:
-                return None
-            got, chunk = self._loaded.pop(name)
-            self._room.notify_all()
-            used = self._handed(got, chunk)
+        while True:
+            with self._lock:
+                if name in self._loaded:
+                    got, chunk = self._loaded.pop(name)
+                    self._room.notify_all()
+                    used = self._handed(got, chunk)
+                    break
+                loading = self._loading.get(name)
+                if loading is None:
+                    return None
+            loading.wait()
         self._cache.count_hits(used)
         return got
 

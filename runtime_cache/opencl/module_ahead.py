@@ -1,0 +1,86 @@
+"""The read-ahead of :class:`~runtime_cache.opencl.OpenCLModule`: its lazy loads' hooks.
+
+:class:`LazyReadAhead` gives the module the three steps of :mod:`.prefetch` that touch its
+own state: starting the read-ahead at its first ``program()``, the loads the thread makes
+for it (none of a program it has), and stopping it, adopting what it loaded, before a
+batch load (``build_all``, ``set_precompiled_programs``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from ..cache import Cache
+from .ahead_terms import NOT_HERE, Read, load_ahead_enabled, read_ahead_enabled, weakly
+from .cached_load import load_ahead, loads_ahead, taken
+from .plan import ProgramPlan
+from .prefetch import ReadAhead
+
+__all__ = ["LazyReadAhead"]
+
+
+class _Host(Protocol):
+    """What :class:`LazyReadAhead`'s methods use of the module they belong to."""
+
+    context: Any
+    _lock: threading.RLock
+    _programs: dict[str, Any]
+    _ahead: ReadAhead | None
+
+    @property
+    def sources(self) -> Mapping[str, str]: ...
+
+    @property
+    def cache(self) -> Cache: ...
+
+    def _plan(self, name: str) -> ProgramPlan: ...
+
+    def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None: ...
+
+    @property
+    def _load_ahead(self) -> Callable[[Cache, str, Read], Any]: ...
+
+
+class LazyReadAhead:
+    """The read-ahead methods of :class:`~runtime_cache.opencl.OpenCLModule`."""
+
+    _ahead: ReadAhead | None  # (set by the module: None until its first program())
+
+    def _read_ahead(self: _Host, cache: Cache, name: str) -> ReadAhead | None:
+        """The module's read-ahead, started by its first ``program()`` (see :mod:`.prefetch`)."""
+        with self._lock:
+            if (
+                self._ahead is None
+                and len(self.sources) > 1
+                and not self._programs
+                and read_ahead_enabled()
+            ):
+                loads = load_ahead_enabled() and loads_ahead(self.context)
+                load = weakly(self._load_ahead, cache) if loads else None
+                ahead = ReadAhead(cache, list(self.sources), weakly(self._plan), load)
+                ahead.start(name, owner=self)  # (dropped, the module stops its thread)
+                self._ahead = ahead
+            return self._ahead
+
+    def _stop_reading_ahead(self: _Host) -> list[str]:
+        """Stop the read-ahead (the loads that follow read what is left their own way),
+        adopt what it loaded and nobody took, and return the programs still missing."""
+        with self._lock:
+            missing = [n for n in self.sources if n not in self._programs]
+            ahead = self._ahead
+            if ahead is not None:
+                ahead.stop()
+        for name, got in [(n, ahead.take_loaded(n)) for n in missing] if ahead else ():
+            if got is not None:
+                self._adopt(name, taken(got, self.cache), 0.0, cached=True)
+                missing.remove(name)
+        return missing
+
+    def _load_ahead(self: _Host, cache: Cache, name: str, read: Read) -> Any:
+        # On the read-ahead thread: no name is held (the caller's take() waits for this).
+        with self._lock:
+            if name in self._programs:
+                return NOT_HERE
+        return load_ahead(self.context, cache, read)
