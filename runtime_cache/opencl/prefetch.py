@@ -324,38 +324,32 @@ class ReadAhead:
         if chunk is None:
             return None
         chunk.done.wait()
-        while True:
-            with self._lock:
-                got: Read | Loaded | None = chunk.found.pop(name, None)  # (then not loaded)
-                if got is None and name in self._loaded:
-                    got, chunk = self._loaded.pop(name)
-                    self._room.notify_all()
-                if got is not None:
-                    used = self._handed(got, chunk)
-                    break
-                loading = self._loading.get(name)
-                if loading is None:  # not found, or refused
-                    return None
-            loading.wait()  # then handed back as read, loaded, or refused
-        self._cache.count_hits(used)
-        return got
+        return self._hand_out(name, chunk)
 
     def take_loaded(self, name: str) -> Loaded | None:
         """The program loaded ahead for ``name`` and not yet taken, waiting only if it is
         being loaded (``build_all`` adopts it rather than load it again); else ``None``."""
         if os.getpid() != self._pid:
             return None
+        got = self._hand_out(name, None)
+        return got if isinstance(got, Loaded) else None
+
+    def _hand_out(self, name: str, chunk: _Chunk | None) -> Read | Loaded | None:
+        # What was read for ``name`` in ``chunk`` (if given) or loaded from it, waiting for
+        # a load of it under way; ``None`` when not found, or refused. Its hits counted.
         while True:
             with self._lock:
-                if name in self._loaded:
+                got: Read | Loaded | None = chunk.found.pop(name, None) if chunk else None
+                if got is None and name in self._loaded:
                     got, chunk = self._loaded.pop(name)
                     self._room.notify_all()
+                if got is not None and chunk is not None:
                     used = self._handed(got, chunk)
                     break
                 loading = self._loading.get(name)
                 if loading is None:
                     return None
-            loading.wait()
+            loading.wait()  # then handed back as read, loaded, or refused
         self._cache.count_hits(used)
         return got
 
