@@ -160,23 +160,42 @@ def _freed(gone: weakref.ref[Any]) -> bool:
     raise AssertionError(f"still alive, held by {holders}")
 
 
-def test_an_owner_dropped_while_the_thread_waits_is_freed_and_stops_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 120.0)  # only the drop can end it early
+def _owned_window() -> tuple[_Owner, ReadAhead]:
+    """An owner of 20 programs and its read-ahead (holding it weakly), begun as a module
+    begins it and waiting with a window loaded ahead."""
     cache = rc.Cache(MemoryBackend())
     owner = _Owner(20, cache)
     ahead = ReadAhead(cache, list(owner.plans), weakly(owner.plan), weakly(owner.load))
     ahead.start("p0", owner=owner)
     assert ahead.take("p0") is None and ahead.take("p1") is None
     ahead.begin()
-    loaded = owner.loaded
     assert _window_full(ahead)
+    return owner, ahead
+
+
+def test_an_owner_dropped_while_the_thread_waits_is_freed_and_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 120.0)  # only the drop can end it early
+    owner, ahead = _owned_window()
+    loaded = owner.loaded
     gone = weakref.ref(owner)
     del owner
     assert _freed(gone)  # the thread held it only weakly
     assert ahead.join(10)  # and it ended without waiting out its patience
     assert len(loaded) == LOAD_WINDOW
+
+
+def test_an_owner_dropped_on_a_thread_inside_the_lock_stops_it_without_a_deadlock() -> None:
+    # The finalizer runs on whatever thread drops the module, maybe one holding the
+    # read-ahead's lock: it sets a plain flag, and the thread sees it within its patience.
+    owner, ahead = _owned_window()
+    gone = weakref.ref(owner)
+    with ahead._lock:
+        del owner  # collected here, the finalizer run inside the lock
+        assert gone() is None
+    assert ahead.join(10)
+    assert "stopped" in repr(ahead)
 
 
 def test_a_weakly_held_method_raises_once_its_object_is_gone() -> None:

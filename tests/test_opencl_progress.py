@@ -85,3 +85,97 @@ def test_a_failing_callback_does_not_stop_the_build(
     assert calls == [(1, 4)]  # called once, then dropped
     assert module.built == sorted(sources)
     assert any("on_progress raised" in r.getMessage() for r in caplog.records)
+
+
+def test_a_callback_may_ask_for_a_program_another_thread_is_loading(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A program is reported once its name is let go of: a callback that asks for one
+    # program while another thread loads it (holding it, and then reporting it) waits
+    # for that load, and both go on. Reported while held, the two waited for each other.
+    from runtime_cache.opencl import program as program_module
+
+    sources = generated_sources(2, salt=46)
+    OpenCLModule(ctx, sources, cache=cache).build_all(workers=1)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    in_callback = threading.Event()
+    loading_k1 = threading.Event()
+    real = program_module.create_and_build
+
+    def slow_k1(*args: Any) -> Any:
+        if threading.current_thread().name == "k1":
+            loading_k1.set()
+            in_callback.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(program_module, "create_and_build", slow_k1)
+    other = threading.Thread(target=module.program, args=("k1",), name="k1", daemon=True)
+    other.start()
+    assert loading_k1.wait(10)  # the other thread holds k1, loading it
+    asked: list[Any] = []
+
+    def ask_for_k1(done: int, total: int) -> None:
+        if not in_callback.is_set():
+            in_callback.set()
+            asked.append(module.program("k1"))
+
+    finished = threading.Thread(
+        target=module.build_all, kwargs={"workers": 1, "on_progress": ask_for_k1}, daemon=True
+    )
+    finished.start()
+    finished.join(20)
+    other.join(20)
+    assert not finished.is_alive() and not other.is_alive(), "the callback and the load hung"
+    assert asked and asked[0] is module.program("k1")
+
+
+def test_a_callback_asking_for_programs_of_a_build_in_processes_never_hangs(
+    ctx: Any, cache: rc.Cache
+) -> None:
+    # The first report comes from whichever thread lands a program first. Where that is
+    # the thread that holds the programs handed to the worker processes, asking for one
+    # of them raises (it would wait for itself) and the callback is dropped, logged;
+    # elsewhere it waits for the worker's result. Either way the build ends.
+    sources = generated_sources(4, salt=47)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    asked: list[str] = []
+
+    def ask_for_all(done: int, total: int) -> None:
+        for name in sorted(sources):
+            module.program(name)
+            asked.append(name)
+
+    build = threading.Thread(
+        target=module.build_all,
+        kwargs={"workers": 2, "processes": True, "on_progress": ask_for_all},
+        daemon=True,
+    )
+    build.start()
+    build.join(120)
+    assert not build.is_alive(), "the build hung"
+    assert module.built == sorted(sources)
+    data = np.arange(8, dtype=np.float32)
+    np.testing.assert_array_equal(run_kernel(ctx, module.kernel("k3"), data), data * 5 + 47)
+
+
+def test_a_report_never_waits_for_a_callback_under_way() -> None:
+    from runtime_cache.opencl.progress import BuildProgress
+
+    calls: list[tuple[int, int]] = []
+    second_landed = threading.Event()
+
+    def slow(done: int, total: int) -> None:
+        calls.append((done, total))
+        if done == 1:
+            assert second_landed.wait(10)  # the other thread's report did not wait for this
+
+    progress = BuildProgress(slow, ["a", "b", "c"])
+    first = threading.Thread(target=progress.landed, args=("a",))
+    first.start()
+    while not calls:
+        threading.Event().wait(0.001)
+    progress.landed("b")  # left to the thread in the callback
+    second_landed.set()
+    first.join(10)
+    progress.finish()
+    assert calls == [(1, 3), (2, 3), (3, 3)]

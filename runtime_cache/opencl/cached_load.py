@@ -15,6 +15,7 @@ from .ahead_terms import NOT_HERE, Loaded, Read
 from .capture import remember
 from .counters import counters
 from .guard import BLOCKED, KNOWN, SET_ASIDE, Binary, binary_digest
+from .holdings import NameLock
 from .plan import ProgramPlan
 from .program import load_cached, load_from_binaries
 from .read_ahead import drain, read_ahead
@@ -72,7 +73,7 @@ Fetched = tuple[str, ProgramPlan, list[Binary] | None, list[str], bool, bool]
 
 #: ``(lock_of, is_built)``: the lock a program's name is held by while it is loaded or
 #: built (as ``program()`` holds it), and whether it is built.
-Claim = tuple[Callable[[str], threading.Lock], Callable[[str], bool]]
+Claim = tuple[Callable[[str], NameLock], Callable[[str], bool]]
 
 
 class held:
@@ -83,7 +84,7 @@ class held:
     __slots__ = ("_built", "_lock", "_name")
 
     def __init__(self, claim: Claim | None, name: str) -> None:
-        self._lock: threading.Lock | None = None
+        self._lock: NameLock | None = None
         self._built: Callable[[str], bool] | None = None
         if claim is not None:
             self._lock, self._built = claim[0](name), claim[1]

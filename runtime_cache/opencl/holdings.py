@@ -3,15 +3,18 @@
 A builder that hands a program to another thread or process holds something for
 it (the fleet's lease in :mod:`.sharing`, the program's name in
 :mod:`.worker_builds`) until the result is in; :class:`Holdings` keeps them, so
-each is released once, and all of them after an error.
+each is released once, and all of them after an error. A program's name is held
+by a :class:`NameLock`, which says when it is let go of.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Holdings", "Releasable"]
+__all__ = ["Holdings", "NameLock", "Releasable"]
 
 
 class Releasable(Protocol):
@@ -52,3 +55,47 @@ class Holdings(Generic[R]):
             things, self._held = list(self._held.values()), {}
         for thing in things:
             thing.release()
+
+
+class NameLock:
+    """The lock a program's name is held by while it is loaded or built; a plain lock,
+    which calls ``let_go(name)`` each time it is released (on the releasing thread), and
+    knows whether the thread asking holds it (:meth:`held_here`). ``let_go`` is a bound
+    method of the lock's owner, held weakly: the owner's locks keep it from no collection."""
+
+    __slots__ = ("_let_go", "_lock", "_name", "_owner")
+
+    def __init__(self, name: str, let_go: Callable[[str], None]) -> None:
+        self._lock = threading.Lock()
+        self._name = name
+        self._let_go = weakref.WeakMethod(let_go)
+        self._owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock, as :meth:`threading.Lock.acquire`."""
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._owner = threading.get_ident()
+        return got
+
+    def release(self) -> None:
+        """Let go of it (any thread may), then call ``let_go``."""
+        self._owner = None
+        self._lock.release()
+        let_go = self._let_go()
+        if let_go is not None:
+            let_go(self._name)
+
+    def locked(self) -> bool:
+        """Whether some thread holds it."""
+        return self._lock.locked()
+
+    def held_here(self) -> bool:
+        """Whether this thread took it and holds it still."""
+        return self._owner == threading.get_ident() and self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

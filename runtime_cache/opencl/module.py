@@ -23,6 +23,7 @@ from .cached_load import (
 )
 from .counters import counters
 from .driver_cache import DriverCaches, driver_cache_enabled
+from .holdings import NameLock
 from .includes import Options, normalize_options
 from .module_ahead import LazyReadAhead
 from .module_bundles import PrecompiledPrograms
@@ -91,10 +92,11 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         self._seconds: dict[str, float] = {}
         self._plans = ModulePlans(context, self.sources, self.options, self.module_id)
         self._lock = threading.RLock()
-        self._name_locks: dict[str, threading.Lock] = {}
+        self._name_locks: dict[str, NameLock] = {}
         self._cached: set[str] = set()
         self._holds: set[str] = set()  # of _cached: seen to hold their kernel (program())
         self._watchers: list[Callable[[str], None]] = []  # build_all progress, per call
+        self._unreported: set[str] = set()  # adopted while held: reported when let go of
         self._ahead: ReadAhead | None = None  # the first program() reads the others ahead
         # The driver's own cache files travel too (see .driver_cache); None: the environment.
         self._driver: DriverCaches | None = None
@@ -116,9 +118,12 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
     def _plan(self, name: str) -> ProgramPlan:
         return self._plans.plan(name)
 
-    def _name_lock(self, name: str) -> threading.Lock:
+    def _name_lock(self, name: str) -> NameLock:
         with self._lock:
-            return self._name_locks.setdefault(name, threading.Lock())
+            lock = self._name_locks.get(name)
+            if lock is None:
+                lock = self._name_locks[name] = NameLock(name, self._let_go)
+            return lock
 
     @property
     def _claims(self) -> Claim:
@@ -135,6 +140,24 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
             if self._programs.setdefault(name, program) is program and cached:
                 self._cached.add(name)  # from binaries out of the cache or a bundle
             self._seconds.setdefault(name, seconds)
+            if not self._watchers:
+                return
+            if self._name_lock(name).locked():
+                # Reported once its name is let go of (_let_go): a callback that asks for
+                # a program another thread holds waits for it, never for itself.
+                self._unreported.add(name)
+                return
+            watchers = list(self._watchers)
+        for watch in watchers:
+            watch(name)
+
+    def _let_go(self, name: str) -> None:
+        if not self._unreported:  # (most releases: nothing to report)
+            return
+        with self._lock:
+            if name not in self._unreported:
+                return
+            self._unreported.discard(name)
             watchers = list(self._watchers)
         for watch in watchers:
             watch(name)
@@ -179,7 +202,13 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
             found = self._programs.get(name)
         if found is not None:
             return found
-        with self._name_lock(name):
+        lock = self._name_lock(name)
+        if lock.held_here():  # (an on_progress callback on a builder that holds it)
+            raise RuntimeError(
+                f"program {name!r} is being built by this thread's build_all; "
+                "it cannot wait for it here"
+            )
+        with lock:
             with self._lock:
                 found = self._programs.get(name)
             if found is not None:

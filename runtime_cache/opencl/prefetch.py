@@ -127,7 +127,9 @@ class ReadAhead:
         self._first: str | None = None
         self._laid_out = False
         self._begun = False
-        self._stop = threading.Event()
+        # A plain flag, not an Event: the finalizer sets it on whatever thread drops the
+        # module, maybe one inside an Event's own lock (a collection while it is held).
+        self._stopped = False
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._finished = threading.Event()  # set when the thread ends (or never starts)
@@ -143,7 +145,7 @@ class ReadAhead:
 
     def _owner_gone(self) -> None:
         # The collector's, on any thread, maybe one holding the lock: wake only if it is free.
-        self._stop.set()
+        self._stopped = True
         if self._lock.acquire(blocking=False):
             self._room.notify_all()
             self._lock.release()
@@ -184,7 +186,7 @@ class ReadAhead:
             if (
                 self._begun
                 or not self._laid_out
-                or self._stop.is_set()
+                or self._stopped
                 or not any(chunk.names for chunk in self._chunks)
             ):
                 return
@@ -208,17 +210,17 @@ class ReadAhead:
     def stop(self) -> None:
         """Read and load nothing more (``build_all`` reads the rest its own way)."""
         if os.getpid() != self._pid:  # (a forked child: the lock may be the parent thread's)
-            self._stop.set()
+            self._stopped = True
             return
         with self._lock:
-            self._stop.set()
+            self._stopped = True
             self._room.notify_all()
 
     def _run(self) -> None:
         try:
             for chunk in self._chunks:
                 with self._lock:
-                    if self._stop.is_set() or self._held > MAX_HELD:
+                    if self._stopped or self._held > MAX_HELD:
                         break
                     chunk.started = True
                     if not chunk.names:  # all taken by the caller before the thread began
@@ -240,7 +242,7 @@ class ReadAhead:
                     self._load_chunk(chunk)
         finally:
             with self._lock:
-                self._stop.set()  # (the thread is gone: nothing more is read or loaded)
+                self._stopped = True  # (the thread is gone: nothing more is read or loaded)
             for chunk in self._chunks:  # never leave a waiter behind
                 chunk.done.set()
             self._finished.set()
@@ -252,12 +254,12 @@ class ReadAhead:
         for name in list(chunk.names):
             with self._lock:
                 while len(self._loaded) + len(self._loading) >= LOAD_WINDOW:
-                    if self._stop.is_set():
+                    if self._stopped:
                         return
                     if not self._room.wait(LOAD_PATIENCE):  # the caller asks for no more
-                        self._stop.set()
+                        self._stopped = True
                         return
-                if self._stop.is_set():
+                if self._stopped:
                     return
                 if self._order[name] < self._asked + LEAD:
                     continue  # the caller's next: left read, for it to load
@@ -270,7 +272,7 @@ class ReadAhead:
                 with gate.reading(load=True):  # (the driver's locks are held meanwhile)
                     outcome = self._load(name, read)
             except Exception:  # the caller loads it itself, and sees the error then
-                self._stop.set()
+                self._stopped = True
             finally:
                 with self._lock:
                     del self._loading[name]
@@ -372,7 +374,7 @@ class ReadAhead:
             return self._held
 
     def __repr__(self) -> str:
-        state = "stopped" if self._stop.is_set() else "reading"
+        state = "stopped" if self._stopped else "reading"
         return f"ReadAhead({len(self._names)} programs, {state})"
 
 

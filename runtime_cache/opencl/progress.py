@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 
 __all__ = ["BuildProgress", "ProgressCallback"]
@@ -17,10 +18,12 @@ ProgressCallback = Callable[[int, int], None]
 class BuildProgress:
     """Counts the programs of one call as they are loaded or built, and reports each one.
 
-    Loader and builder threads call :meth:`landed`; the callback runs under a
-    lock, so ``done`` never goes backwards, and it should be quick. A callback
-    that raises is logged once and not called again: a progress bar must not
-    stop a build.
+    Loader and builder threads call :meth:`landed`. Reports go out one at a time and in
+    order, so ``done`` never goes backwards, but no thread waits to make one: while one
+    thread is in the callback, the others leave their reports to it, and it makes them
+    when the callback returns (a thread that holds a program waits for nobody's
+    callback, and a callback may wait for such a program). A callback that raises is
+    logged once and not called again: a progress bar must not stop a build.
     """
 
     def __init__(self, callback: ProgressCallback, names: Iterable[str]) -> None:
@@ -29,6 +32,9 @@ class BuildProgress:
         self.total = len(self._waiting)
         self.done = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # no report under way
+        self._due: deque[int] = deque()  # counts to report, in order
+        self._reporter: int | None = None  # the thread making the reports now
 
     def landed(self, name: str) -> None:
         """Program ``name`` is ready; report it if this call was waiting for it."""
@@ -37,10 +43,12 @@ class BuildProgress:
                 return
             self._waiting.discard(name)
             self.done += 1
-            self._report()
+            self._due.append(self.done)
+        self._report_due()
 
     def finish(self) -> None:
-        """The call is over: report ``(total, total)`` if the last report was short of it.
+        """The call is over: report ``(total, total)`` if the last report was short of it,
+        and wait for the reports another thread is making.
 
         (Programs that another thread made ready before this call started
         watching are counted here.)
@@ -49,13 +57,38 @@ class BuildProgress:
             if self.done < self.total:
                 self._waiting.clear()
                 self.done = self.total
-                self._report()
+                self._due.append(self.done)
+        self._report_due()
+        here = threading.get_ident()
+        with self._lock:
+            while self._reporter is not None and self._reporter != here:
+                self._idle.wait()
 
-    def _report(self) -> None:
+    def _report_due(self) -> None:
+        with self._lock:
+            if self._reporter is not None:  # (that thread reports these too)
+                return
+            self._reporter = threading.get_ident()
+        while True:
+            with self._lock:
+                if not self._due:
+                    self._reporter = None
+                    self._idle.notify_all()
+                    return
+                done = self._due.popleft()
+            try:
+                self._report(done)
+            except BaseException:  # (an interrupt: the next thread to land reports on)
+                with self._lock:
+                    self._reporter = None
+                    self._idle.notify_all()
+                raise
+
+    def _report(self, done: int) -> None:
         if self._callback is None:
             return
         try:
-            self._callback(self.done, self.total)
+            self._callback(done, self.total)
         except Exception as exc:
             log.warning("runtime-cache: on_progress raised %r; no more progress reports", exc)
             self._callback = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from ._driver import import_pyopencl
 from .build_inputs import settle, unkeyed
 from .cached_load import held
 from .counters import counters
-from .holdings import Holdings
+from .holdings import Holdings, NameLock
 from .parallel import Job, WorkerResult, build_in_processes
 from .plan import ProgramPlan
 from .pocl_flags import pocl_flags_unknown
@@ -69,7 +68,7 @@ class BuildHooks:
     adopt: Callable[[str, Any, float], None]
     build_here: Callable[[str], None]
     is_built: Callable[[str], bool]
-    name_lock: Callable[[str], threading.Lock]
+    name_lock: Callable[[str], NameLock]
     program_files: ProgramFiles | None = None
 
 
