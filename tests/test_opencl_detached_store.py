@@ -4,6 +4,7 @@ store cannot be reopened."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -317,6 +318,35 @@ def test_a_record_left_by_a_killed_store_does_not_wait_on_a_pid_reused(tmp_path:
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_live_store_whose_command_line_reads_empty_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load, ``/proc/<pid>/cmdline`` of a live detached store read empty now and then
+    (Intel's CPU runtime, 1 run in 5-10): the wait ended at once and the app's test found
+    one program of two stored. An empty command line of a process with a program file is
+    waited for; a kernel thread's (no program file) is not."""
+    from runtime_cache.opencl import detached_store
+
+    real_open = open
+
+    def empty_cmdline(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith("/cmdline"):
+            return io.BytesIO(b"")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", empty_cmdline)
+    assert detached_store._a_worker(os.getpid())  # a live process with a program file
+    real_readlink = os.readlink
+
+    def no_program(path: Any) -> str:
+        if str(path).endswith("/exe"):
+            raise FileNotFoundError(path)
+        return real_readlink(path)
+
+    monkeypatch.setattr(os, "readlink", no_program)
+    assert not detached_store._a_worker(os.getpid())  # as a kernel thread reads
 
 
 CHDIR_APP = textwrap.dedent(

@@ -148,11 +148,22 @@ def _a_worker(pid: int) -> bool:
     :func:`wait_for_detached_stores` waiting for as long as that one lived."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"detached_worker" in handle.read(1 << 16)
+            command = handle.read(1 << 16)
     except FileNotFoundError:
         return not os.path.isdir("/proc/self")  # no /proc here: the pid alone tells
     except OSError:
         return True
+    if command:
+        return b"detached_worker" in command
+    # An empty command line: a kernel thread (no program file), or, now and then, a live
+    # worker busy in the driver (seen under load on Intel's CPU runtime), which is waited for.
+    try:
+        os.readlink(f"/proc/{pid}/exe")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def wait_for_detached_stores(timeout: float | None = None, folder: str | None = None) -> bool:
