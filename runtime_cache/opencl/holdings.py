@@ -59,28 +59,23 @@ class Holdings(Generic[R]):
 
 class NameLock:
     """The lock a program's name is held by while it is loaded or built; a plain lock,
-    which calls ``let_go(name)`` each time it is released (on the releasing thread), and
-    knows whether the thread asking holds it (:meth:`held_here`). ``let_go`` is a bound
-    method of the lock's owner, held weakly: the owner's locks keep it from no collection."""
+    which calls ``let_go(name)`` each time it is released (on the releasing thread).
+    ``let_go`` is a bound method of the lock's owner, held weakly: the owner's locks
+    keep it from no collection."""
 
-    __slots__ = ("_let_go", "_lock", "_name", "_owner")
+    __slots__ = ("_let_go", "_lock", "_name")
 
     def __init__(self, name: str, let_go: Callable[[str], None]) -> None:
         self._lock = threading.Lock()
         self._name = name
         self._let_go = weakref.WeakMethod(let_go)
-        self._owner: int | None = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take the lock, as :meth:`threading.Lock.acquire`."""
-        got = self._lock.acquire(blocking, timeout)
-        if got:
-            self._owner = threading.get_ident()
-        return got
+        return self._lock.acquire(blocking, timeout)
 
     def release(self) -> None:
         """Let go of it (any thread may), then call ``let_go``."""
-        self._owner = None
         self._lock.release()
         let_go = self._let_go()
         if let_go is not None:
@@ -89,10 +84,6 @@ class NameLock:
     def locked(self) -> bool:
         """Whether some thread holds it."""
         return self._lock.locked()
-
-    def held_here(self) -> bool:
-        """Whether this thread took it and holds it still."""
-        return self._owner == threading.get_ident() and self._lock.locked()
 
     def __enter__(self) -> bool:
         return self.acquire()

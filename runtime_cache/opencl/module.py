@@ -152,9 +152,7 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
             watch(name)
 
     def _let_go(self, name: str) -> None:
-        if not self._unreported:  # (most releases: nothing to report)
-            return
-        with self._lock:
+        with self._lock:  # (no unlocked look first: an _adopt under way may be adding it)
             if name not in self._unreported:
                 return
             self._unreported.discard(name)
@@ -202,13 +200,7 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
             found = self._programs.get(name)
         if found is not None:
             return found
-        lock = self._name_lock(name)
-        if lock.held_here():  # (an on_progress callback on a builder that holds it)
-            raise RuntimeError(
-                f"program {name!r} is being built by this thread's build_all; "
-                "it cannot wait for it here"
-            )
-        with lock:
+        with self._name_lock(name):
             with self._lock:
                 found = self._programs.get(name)
             if found is not None:
@@ -287,11 +279,10 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         ``on_progress(done, total)`` is called each time one of the ``total``
         programs this call makes ready is loaded or built (from the loading
         and building threads, one call at a time); the last call is always
-        ``(total, total)``; with nothing left to make ready it is not called. It runs
-        while the program it reports is held: it must not call back into this module's
-        loads (``program``, ``kernel``, ``build_all``, ``set_precompiled_programs``),
-        which may wait on a program held by a thread that waits for it. See
-        :class:`~runtime_cache.opencl.progress.BuildProgress`.
+        ``(total, total)``; with nothing left to make ready it is not called. A program
+        is reported once the thread that made it ready has let go of it, and no thread
+        waits to report, so the callback may ask for programs (``program``, ``kernel``).
+        See :class:`~runtime_cache.opencl.progress.BuildProgress`.
         """
         missing = self._stop_reading_ahead()
         if not missing:

@@ -20,10 +20,13 @@ class BuildProgress:
 
     Loader and builder threads call :meth:`landed`. Reports go out one at a time and in
     order, so ``done`` never goes backwards, but no thread waits to make one: while one
-    thread is in the callback, the others leave their reports to it, and it makes them
-    when the callback returns (a thread that holds a program waits for nobody's
-    callback, and a callback may wait for such a program). A callback that raises is
-    logged once and not called again: a progress bar must not stop a build.
+    thread is in the callback, another that lands a program leaves its report queued
+    and goes on (a thread that holds a program waits for nobody's callback, and a
+    callback may wait for such a program). A thread reports what is due up to its own
+    count, never the reports of programs that landed after its own (a thread that only
+    asked for one program is not kept making the build's reports); what is left goes
+    out with the next landing or at :meth:`finish`. A callback that raises is logged
+    once and not called again: a progress bar must not stop a build.
     """
 
     def __init__(self, callback: ProgressCallback, names: Iterable[str]) -> None:
@@ -34,7 +37,7 @@ class BuildProgress:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # no report under way
         self._due: deque[int] = deque()  # counts to report, in order
-        self._reporter: int | None = None  # the thread making the reports now
+        self._reporter: int | None = None  # the thread making reports now
 
     def landed(self, name: str) -> None:
         """Program ``name`` is ready; report it if this call was waiting for it."""
@@ -43,12 +46,13 @@ class BuildProgress:
                 return
             self._waiting.discard(name)
             self.done += 1
-            self._due.append(self.done)
-        self._report_due()
+            own = self.done
+            self._due.append(own)
+        self._report_due(own)
 
     def finish(self) -> None:
         """The call is over: report ``(total, total)`` if the last report was short of it,
-        and wait for the reports another thread is making.
+        and make every report still due (waiting for a thread in the callback first).
 
         (Programs that another thread made ready before this call started
         watching are counted here.)
@@ -58,31 +62,32 @@ class BuildProgress:
                 self._waiting.clear()
                 self.done = self.total
                 self._due.append(self.done)
-        self._report_due()
         here = threading.get_ident()
-        with self._lock:
-            while self._reporter is not None and self._reporter != here:
-                self._idle.wait()
-
-    def _report_due(self) -> None:
-        with self._lock:
-            if self._reporter is not None:  # (that thread reports these too)
-                return
-            self._reporter = threading.get_ident()
         while True:
             with self._lock:
-                if not self._due:
-                    self._reporter = None
-                    self._idle.notify_all()
+                while self._reporter is not None and self._reporter != here:
+                    self._idle.wait()
+                if not self._due or self._reporter == here:  # (called from the callback)
                     return
-                done = self._due.popleft()
-            try:
-                self._report(done)
-            except BaseException:  # (an interrupt: the next thread to land reports on)
+            self._report_due(self.total)
+
+    def _report_due(self, upto: int) -> None:
+        # Make the reports due, up to count ``upto``, unless another thread is making them.
+        with self._lock:
+            if self._reporter is not None:
+                return
+            self._reporter = threading.get_ident()
+        try:
+            while True:
                 with self._lock:
-                    self._reporter = None
-                    self._idle.notify_all()
-                raise
+                    if not self._due or self._due[0] > upto:
+                        return
+                    done = self._due.popleft()
+                self._report(done)
+        finally:
+            with self._lock:
+                self._reporter = None
+                self._idle.notify_all()
 
     def _report(self, done: int) -> None:
         if self._callback is None:
