@@ -577,3 +577,44 @@ def test_build_all_adopts_what_the_thread_loaded(
     stats = opencl_stats()
     assert (stats.binary_loads, stats.source_builds) == (12, 0) and cache.stats().hits == 12
     _works(ctx, module, names, 8)
+
+
+@pytest.mark.opencl
+def test_build_all_and_a_caller_waiting_for_the_same_load_ahead_load_it_once(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI (Intel's runtime, 25 loads for 24): a program() call and build_all()'s stop both
+    waited for the thread's load of one program; when build_all took it (without holding
+    the program's name), the caller found nothing and loaded it again."""
+    names, module = _module(ctx, cache, 10, salt=8)
+    real = cached_load.load_from_binaries
+    loading, go_on = threading.Event(), threading.Event()
+    first: list[int] = []
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() != caller and not first:  # the thread's first load
+            first.append(1)
+            loading.set()
+            assert go_on.wait(10)
+        return real(*args, **kwargs)
+
+    caller = threading.get_ident()
+    monkeypatch.setattr(cached_load, "load_from_binaries", held_up)
+    module.program(names[0])
+    module.program(names[1])
+    assert loading.wait(10)
+    ahead = module._ahead
+    assert ahead is not None
+    with ahead._lock:
+        (on_it,) = ahead._loading  # the program the thread is loading
+    asking = threading.Thread(target=module.program, args=(on_it,), daemon=True)
+    asking.start()  # waits for that load (take)
+    building = threading.Thread(target=module.build_all, daemon=True)
+    building.start()  # waits for it too (its stop takes what the thread loaded)
+    threading.Event().wait(0.3)
+    go_on.set()
+    asking.join(30)
+    building.join(60)
+    assert not asking.is_alive() and not building.is_alive()
+    assert sorted(module.built) == sorted(names)
+    assert opencl_stats().binary_loads == 10  # each program loaded once

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ..cache import Cache
 from .ahead_terms import NOT_HERE, Read, load_ahead_enabled, read_ahead_enabled, weakly
 from .cached_load import load_ahead, loads_ahead, taken
+from .holdings import NameLock
 from .plan import ProgramPlan
 from .prefetch import ReadAhead
 
@@ -36,6 +37,7 @@ class _Host(Protocol):
     def cache(self) -> Cache: ...
 
     def _plan(self, name: str) -> ProgramPlan: ...
+    def _name_lock(self, name: str) -> NameLock: ...
 
     def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None: ...
 
@@ -72,10 +74,14 @@ class LazyReadAhead:
             ahead = self._ahead
             if ahead is not None:
                 ahead.stop()
-        for name, got in [(n, ahead.take_loaded(n)) for n in missing] if ahead else ():
-            if got is not None:
-                self._adopt(name, taken(got, self.cache), 0.0, cached=True)
-                missing.remove(name)
+        for name in list(missing) if ahead else ():
+            # Held as program() holds it: a caller waiting for the same load ahead takes
+            # it, or this does, never both (the other then loaded it again).
+            with self._name_lock(name):
+                got = ahead.take_loaded(name) if ahead else None
+                if got is not None:
+                    self._adopt(name, taken(got, self.cache), 0.0, cached=True)
+                    missing.remove(name)
         return missing
 
     def _load_ahead(self: _Host, cache: Cache, name: str, read: Read) -> Any:
