@@ -74,11 +74,16 @@ class LazyReadAhead:
             ahead = self._ahead
             if ahead is not None:
                 ahead.stop()
-        for name in list(missing) if ahead else ():
+        if ahead is None:
+            return missing
+        for name in ahead.loads_begun():  # (stopped: no load begins after this)
+            if name not in missing:
+                continue
             # Held as program() holds it: a caller waiting for the same load ahead takes
-            # it, or this does, never both (the other then loaded it again).
+            # it, or this does, never both (the other then loaded it again). Only these
+            # names: the others are not waited for (a long build holding one).
             with self._name_lock(name):
-                got = ahead.take_loaded(name) if ahead else None
+                got = ahead.take_loaded(name)
                 if got is not None:
                     self._adopt(name, taken(got, self.cache), 0.0, cached=True)
                     missing.remove(name)

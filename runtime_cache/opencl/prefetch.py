@@ -336,6 +336,13 @@ class ReadAhead:
         got = self._hand_out(name, None)
         return got if isinstance(got, Loaded) else None
 
+    def loads_begun(self) -> list[str]:
+        """The programs the thread loaded and nobody took yet, and those it is loading."""
+        if os.getpid() != self._pid:  # (a forked child: the lock may be the parent thread's)
+            return []
+        with self._lock:
+            return [*self._loaded, *self._loading]
+
     def _hand_out(self, name: str, chunk: _Chunk | None) -> Read | Loaded | None:
         # What was read for ``name`` in ``chunk`` (if given) or loaded from it, waiting for
         # a load of it under way; ``None`` when not found, or refused. Its hits counted.
