@@ -277,3 +277,42 @@ def test_a_bundle_loaded_beside_build_all_and_program_calls_loads_each_program_o
     stats = opencl_stats()
     assert stats.binary_loads == 40 and stats.source_builds == 0
     assert 0 <= supplied[0] <= 40
+
+
+@pytest.mark.parametrize(
+    ("backend", "workers", "processes"),
+    [
+        ("dir", 2, False),
+        ("dir", 2, True),
+        ("memory", 1, False),
+        ("memory", 2, False),
+        ("memory", 2, True),
+    ],
+    ids=["shared-threads", "shared-processes", "one-thread", "threads", "processes"],
+)
+def test_concurrent_build_alls_count_each_source_build_once(
+    ctx: Any, tmp_path: Any, backend: str, workers: int, processes: bool
+) -> None:
+    """Two threads' cold ``build_all()`` of one module each returned every program they
+    found missing (24 for 12 source builds): the count is now of the programs each call
+    built itself. ``dir://`` leases take the shared path, memory the plain one."""
+    from runtime_cache.backends.memory import MemoryBackend
+
+    store = DirectoryBackend(tmp_path / "c") if backend == "dir" else MemoryBackend()
+    cache = rc.Cache(store)
+    reset_opencl_stats()
+    module = OpenCLModule(ctx, generated_sources(12, salt=41 + workers), cache=cache)
+    start = threading.Barrier(2)
+    counts: list[int] = []
+
+    def build() -> None:
+        start.wait()
+        counts.append(module.build_all(workers=workers, processes=processes))
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(counts) == 2 and len(module.built) == 12
+    assert sum(counts) == opencl_stats().source_builds == 12, counts

@@ -210,3 +210,42 @@ def test_finish_makes_the_reports_left_by_a_callback_that_ended_its_thread() -> 
     progress.finish()  # waits for the thread in the callback, then reports what is left
     first.join(10)
     assert calls == [(1, 2), (2, 2)]
+
+
+def test_a_callback_may_run_a_build_all_of_another_module(ctx: Any, cache: rc.Cache) -> None:
+    """A progress callback that builds a second module (nested ``build_all``, with its own
+    callback) neither hangs nor mixes the two builds' reports."""
+    inner_sources = generated_sources(4, salt=53)
+    outer, inner = Recorder(), Recorder()
+    nested: list[int] = []
+
+    def on_outer(done: int, total: int) -> None:
+        outer(done, total)
+        if not nested:
+            module = OpenCLModule(ctx, inner_sources, cache=cache)
+            nested.append(module.build_all(workers=2, on_progress=inner))
+
+    module = OpenCLModule(ctx, generated_sources(6, salt=59), cache=cache)
+    assert module.build_all(workers=2, on_progress=on_outer) == 6
+    assert nested == [4]
+    _counts_up_to(outer.calls, 6)
+    _counts_up_to(inner.calls, 4)
+
+
+def test_a_callback_may_run_build_all_of_its_own_module(ctx: Any, cache: rc.Cache) -> None:
+    """A callback that calls ``build_all()`` of the module being built waits for the
+    programs other threads hold and builds the rest; the outer call counts only its own."""
+    sources = generated_sources(6, salt=61)
+    module = OpenCLModule(ctx, sources, cache=cache)
+    nested: list[int] = []
+    calls: list[tuple[int, int]] = []
+
+    def on_progress(done: int, total: int) -> None:
+        calls.append((done, total))
+        if not nested:
+            nested.append(module.build_all(workers=1))
+
+    built = module.build_all(workers=2, on_progress=on_progress)
+    assert sorted(module.built) == sorted(sources)
+    assert built + nested[0] == 6
+    _counts_up_to(calls, 6)

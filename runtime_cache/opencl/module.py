@@ -130,10 +130,12 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         # Held as program() holds a name while it loads or builds it (see .cached_load.held).
         return self._name_lock, self._is_built
 
-    def _build_if_missing(self, name: str) -> None:
+    def _build_if_missing(self, name: str) -> bool:
+        # Whether this call built it (not another thread meanwhile): build_all's count.
         with held(self._claims, name) as needed:
             if needed:
                 self._build_from_source(name)
+            return needed
 
     def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None:
         with self._lock:
@@ -265,7 +267,8 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         processes: bool | None = None,
         on_progress: ProgressCallback | None = None,
     ) -> int:
-        """Build every program not yet built; return how many were built from source.
+        """Build every program not yet built; return how many this call built from source
+        (a program another thread built meanwhile counts in that thread's call, not here).
 
         Cached binaries are loaded first: a background thread reads and checks
         the entries a chunk at a time while this thread (and, on drivers that
@@ -325,14 +328,13 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
                 hooks, keys, to_build, count, processes, load, self._longest_build, looked
             )
         if count <= 1 or len(to_build) == 1:
-            for name in to_build:
-                self._build_if_missing(name)
+            built = sum(self._build_if_missing(name) for name in to_build)
         elif processes:
-            build_in_workers(self._hooks(cold=True), to_build, count)
+            built = build_in_workers(self._hooks(cold=True), to_build, count)
         else:
-            build_in_threads(self._build_if_missing, to_build, count)
+            built = sum(build_in_threads(self._build_if_missing, to_build, count))
         self.capture_driver_cache(settle=False)
-        return len(to_build)
+        return built
 
     def capture_driver_cache(self, *, settle: bool = True) -> int:
         """Store the driver's own cache files this module added; return how many sets stored.

@@ -28,6 +28,7 @@ from .watchdog import Watchdog
 from .wire import read_message, write_message
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 __all__ = [
     "START_TIMEOUT",
@@ -222,8 +223,8 @@ def _next(jobs: queue.Queue[Job]) -> Job | None:
         return None
 
 
-def build_in_threads(build: Callable[[T], None], items: Sequence[T], workers: int) -> None:
-    """Call ``build(item)`` for every item on ``workers`` threads; re-raise the first error."""
+def build_in_threads(build: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """Call ``build(item)`` for every item on ``workers`` threads; return the results in
+    the items' order, or re-raise the first error."""
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
-        for future in [pool.submit(build, item) for item in items]:
-            future.result()
+        return [future.result() for future in [pool.submit(build, item) for item in items]]

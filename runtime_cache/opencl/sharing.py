@@ -142,12 +142,15 @@ class Claims:
 def build_claimed(
     claims: Claims,
     workers: int,
-    build_one: Callable[[str], None],
-    build_many: Callable[[list[str], Callable[[], str | None]], None] | None,
+    build_one: Callable[[str], bool],
+    build_many: Callable[[list[str], Callable[[], str | None]], int] | None,
     chunk: int,
-    build_here: Callable[[str], None] | None = None,
-) -> list[str]:
-    """Build every program ``claims`` hands out now; return their names.
+    build_here: Callable[[str], bool] | None = None,
+) -> int:
+    """Build every program ``claims`` hands out now; return how many this call built.
+
+    Each builder answers whether it built the program (``False``: another thread of this
+    process built it meanwhile), and ``build_many`` how many it built.
 
     With ``build_many`` (and ``workers > 1``), it builds them in worker processes:
     ``build_many(taken, next_name)`` pulls names from ``next_name()`` until
@@ -161,6 +164,7 @@ def build_claimed(
     start one worker fewer. Otherwise ``workers`` threads call ``build_one(name)``.
     """
     taken: list[str] = []
+    built: list[bool] = []  # (list.append: one step under the GIL, from any thread)
 
     def take() -> str | None:
         name = claims.take()
@@ -215,7 +219,7 @@ def build_claimed(
         def build_mine(name: str) -> None:
             assert build_here is not None
             try:
-                build_here(name)
+                built.append(build_here(name))
             except Exception as exc:  # the other programs still get built
                 failed.append(exc)
             finally:
@@ -236,12 +240,11 @@ def build_claimed(
                 raise
 
         if build_here is None:
-            build_many(taken, next_name)
-            return taken
+            return build_many(taken, next_name)
         with ThreadPoolExecutor(max_workers=1) as pool:
             mine = pool.submit(own)
             try:
-                build_many(handed, next_name)  # not ``taken``: this process builds the rest
+                many = build_many(handed, next_name)  # not ``taken``: this builds the rest
             finally:
                 mine.result()
                 # Claims set aside after this process's own builder ended: none is left.
@@ -249,17 +252,17 @@ def build_claimed(
                     build_mine(spare.popleft())
         if failed:
             raise failed[0]
-        return taken
+        return many + sum(built)
 
     def run(_: int) -> None:
         while (name := take()) is not None:
             try:
-                build_one(name)
+                built.append(build_one(name))
             finally:
                 claims.done(name)
 
     build_in_threads(run, range(max(1, workers)), max(1, workers))
-    return taken
+    return sum(built)
 
 
 def _acceptable(cache: Cache, keys: Mapping[str, Sequence[str]], names: list[str]) -> list[str]:

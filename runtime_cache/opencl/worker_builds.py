@@ -66,19 +66,19 @@ class BuildHooks:
     options: list[str]
     plan_of: Callable[[str], ProgramPlan]
     adopt: Callable[[str, Any, float], None]
-    build_here: Callable[[str], None]
+    build_here: Callable[[str], bool]  # whether it built it (not another thread meanwhile)
     is_built: Callable[[str], bool]
     name_lock: Callable[[str], NameLock]
     program_files: ProgramFiles | None = None
 
 
-def _timed(build_here: Callable[[str], None]) -> Callable[[str], None]:
+def _timed(build_here: Callable[[str], bool]) -> Callable[[str], bool]:
     """``build_here`` that counts its CPU time (this thread's) as compile seconds."""
 
-    def build(name: str) -> None:
+    def build(name: str) -> bool:
         started = time.thread_time()
         try:
-            build_here(name)
+            return build_here(name)
         finally:
             counters.add(compile_cpu_seconds=time.thread_time() - started)
 
@@ -91,9 +91,10 @@ def build_in_workers(
     workers: int,
     next_name: Callable[[], str | None] | None = None,
     done: Callable[[str], None] | None = None,
-) -> None:
+) -> int:
     """Build ``names`` in ``workers`` processes (or the names ``next_name()`` hands out,
-    which the caller adds to ``names``, until it answers ``None``).
+    which the caller adds to ``names``, until it answers ``None``); return how many this
+    call built (not those another thread built meanwhile).
 
     Each result is loaded into the context, stored in the cache and adopted;
     ``done(name)`` follows once its binaries were stored. A result whose option
@@ -134,9 +135,14 @@ def build_in_workers(
     files = hooks.program_files
     build_here = _timed(hooks.build_here)
 
+    accepted: list[str] = []  # (list.append: one step under the GIL, from any thread)
+
     def accept(result: WorkerResult) -> bool:
         try:
-            return take_result(result)
+            if not take_result(result):
+                return False
+            accepted.append(result[0])
+            return True
         finally:
             holding.release(result[0])
 
@@ -178,20 +184,23 @@ def build_in_workers(
         if files is not None:
             files.close()
     left += [n for n in names if not hooks.is_built(n) and n not in left]
+    built = len(accepted)
     for name in left:
         try:
-            build_here(name)
+            built += build_here(name)
         finally:
             if done is not None:
                 done(name)
+    return built
 
 
-def build_claims(hooks: BuildHooks, claims: Claims, workers: int, processes: bool) -> list[str]:
+def build_claims(hooks: BuildHooks, claims: Claims, workers: int, processes: bool) -> int:
     """Build the programs ``claims`` hands out (see :func:`.sharing.build_claimed`): in
-    ``workers - 1`` worker processes and this process, or in ``workers`` threads."""
+    ``workers - 1`` worker processes and this process, or in ``workers`` threads. Returns
+    how many this call built."""
 
-    def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> None:
-        build_in_workers(hooks, taken, max(1, workers - 1), next_name, claims.done)
+    def in_processes(taken: list[str], next_name: Callable[[], str | None]) -> int:
+        return build_in_workers(hooks, taken, max(1, workers - 1), next_name, claims.done)
 
     many = in_processes if processes else None
     timed = _timed(hooks.build_here)
@@ -199,22 +208,21 @@ def build_claims(hooks: BuildHooks, claims: Claims, workers: int, processes: boo
     return build_claimed(claims, workers, timed, many, PROCESS_THRESHOLD, here)
 
 
-def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
+def _capturing(hooks: BuildHooks) -> Callable[[str], bool]:
     """A source build in this process that, like a worker's, stores the driver files
     it added (before its binaries); this process builds one program at a time."""
     files = hooks.program_files
     if files is None:
         return hooks.build_here
 
-    def build(name: str) -> None:
+    def build(name: str) -> bool:
         plan = hooks.plan_of(name)
         if plan.keys is None:
-            hooks.build_here(name)
-            return
+            return hooks.build_here(name)
         key = str(plan.keys[0])
         with held((hooks.name_lock, hooks.is_built), name) as needed:
             if not needed:  # a program() call beside build_all() built it meanwhile
-                return
+                return False
             before = files.own_snapshot()
             program, seconds = source_build(hooks.context, plan)
             packed = files.own_capture(before)
@@ -225,6 +233,7 @@ def _capturing(hooks: BuildHooks) -> Callable[[str], None]:
                 binaries = read_binaries(import_pyopencl(), program, plan.devices)
                 store_binaries(hooks.cache, settled, program, binaries, seconds)
             hooks.adopt(name, program, seconds)
+            return True
 
     return build
 
@@ -248,7 +257,11 @@ def build_module_shared(
     whose entries the first look found (loaded or not). Returns how many programs this
     process built.
     """
-    built: list[str] = []
+    built = [0]  # programs this call built
+
+    def build(claims: Claims) -> None:
+        built[0] += build_claims(hooks, claims, workers, processes)
+
     load = with_driver_files(
         hooks.program_files, keys, lambda names: load_cached(names) if names else []
     )
@@ -256,9 +269,9 @@ def build_module_shared(
         hooks.cache,
         keys,
         to_build,
-        lambda claims: built.extend(build_claims(hooks, claims, workers, processes)),
+        build,
         load,
         longest_build,
         frozenset(looked),
     )
-    return len(built)
+    return built[0]
