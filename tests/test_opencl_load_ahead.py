@@ -415,6 +415,33 @@ def test_load_ahead_can_be_turned_off(
 
 
 @pytest.mark.opencl
+def test_a_module_that_only_reads_ahead_paces_its_thread(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading only (NVIDIA's way), the thread reads one program for each of the caller's
+    driver calls, and the caller still takes what it read rather than read it again."""
+    monkeypatch.setenv("RUNTIME_CACHE_OPENCL_LOAD_AHEAD", "0")
+    names, module = _module(ctx, cache, 10, salt=8)
+    took: list[bool] = []
+    take = ReadAhead.take
+
+    def noting(self: ReadAhead, name: str) -> Any:
+        got = take(self, name)
+        took.append(got is not None)
+        return got
+
+    monkeypatch.setattr(ReadAhead, "take", noting)
+    for name in names:
+        module.program(name)
+    assert module._ahead is not None and module._ahead._paced
+    assert took[:2] == [False, False]  # the first two are the caller's own reads
+    # The other 8 were read two ahead of the caller: at most a rare one, on a busy
+    # machine, was not begun in time and read by the caller itself.
+    assert took.count(True) >= 6, took
+    assert opencl_stats().binary_loads == 10 and opencl_stats().source_builds == 0
+
+
+@pytest.mark.opencl
 def test_a_binary_the_driver_refuses_on_the_thread_is_evicted_and_built_here(
     ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -404,3 +404,79 @@ def test_read_ahead_with_nothing_left_to_read_starts_no_thread() -> None:
     assert ahead.take("p1") is None  # the caller's to read
     ahead.begin()
     assert not ahead.begun
+
+
+def _until(condition: Any, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_paced_read_ahead_reads_one_program_for_each_driver_call() -> None:
+    """Paced (a thread that only reads, as on NVIDIA): two programs when it begins, then
+    one more at each of the caller's driver calls (``begin()``), so that it reads while
+    the driver holds the caller's thread and never when the caller needs the GIL back."""
+    cache, plans = _stored_plans(12, lambda i: f"value {i}".encode())
+    planned, plan_of = _noting_plans(plans)
+    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
+    ahead.start("p0")
+    assert ahead.take("p1") is None  # the caller's own read
+    ahead.begin()  # its driver call: the thread starts, with two to read
+    assert _until(lambda: planned == ["p2", "p3"])
+    time.sleep(0.05)
+    assert planned == ["p2", "p3"]  # and no more until the next driver call
+    for i in range(2, 6):
+        got = ahead.take(f"p{i}")
+        assert (
+            got is not None and bytes(got[1][str(plans[f"p{i}"].keys[0])]) == f"value {i}".encode()
+        )
+        ahead.begin()
+        assert _until(lambda i=i: len(planned) == i + 1)  # one more: two ahead of the caller
+        assert planned[-1] == f"p{i + 2}"
+    ahead.stop()
+    assert ahead.join(10)
+
+
+def test_a_paced_read_ahead_reads_the_rest_when_the_caller_pauses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller that makes no driver call for ``LOAD_PATIENCE`` seconds no longer paces
+    the thread: it reads the rest at once (nothing competes for the GIL meanwhile)."""
+    from runtime_cache.opencl import prefetch
+
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.05)
+    cache, plans = _stored_plans(10, lambda i: f"value {i}".encode())
+    planned, plan_of = _noting_plans(plans)
+    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    ahead.begin()
+    assert ahead.join(10)
+    assert planned == [f"p{i}" for i in range(2, 10)]
+    assert all(ahead.take(f"p{i}") is not None for i in range(2, 10))
+
+
+def test_stop_wakes_a_paced_read_ahead_at_once() -> None:
+    """``build_all()`` stops a paced thread that waits for the caller's next driver call:
+    it ends without reading more, and long before its patience is out."""
+    cache, plans = _stored_plans(10, lambda i: f"value {i}".encode())
+    planned, plan_of = _noting_plans(plans)
+    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    ahead.begin()
+    assert _until(lambda: len(planned) == 2)
+    started = time.monotonic()
+    ahead.stop()
+    assert ahead.join(10)
+    assert time.monotonic() - started < 0.2 and planned == ["p2", "p3"]
+
+
+def test_a_thread_that_loads_ahead_is_never_paced() -> None:
+    """Pacing is for a thread that only reads: one that also loads keeps its own window."""
+    cache, plans = _stored_plans(4, lambda i: f"value {i}".encode())
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__, lambda name, read: None, paced=True)
+    assert not ahead._paced

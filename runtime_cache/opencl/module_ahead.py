@@ -19,7 +19,11 @@ from .holdings import NameLock
 from .plan import ProgramPlan
 from .prefetch import ReadAhead
 
-__all__ = ["LazyReadAhead"]
+__all__ = ["PACED_READS", "LazyReadAhead"]
+
+#: Whether a lazy module's thread that only reads (no loads ahead: NVIDIA's driver) is
+#: paced, reading one program for each of the caller's driver calls (see :mod:`.prefetch`).
+PACED_READS = True
 
 
 class _Host(Protocol):
@@ -61,7 +65,9 @@ class LazyReadAhead:
             ):
                 loads = load_ahead_enabled() and loads_ahead(self.context)
                 load = weakly(self._load_ahead, cache) if loads else None
-                ahead = ReadAhead(cache, list(self.sources), weakly(self._plan), load)
+                ahead = ReadAhead(
+                    cache, list(self.sources), weakly(self._plan), load, paced=PACED_READS
+                )
                 ahead.start(name, owner=self)  # (dropped, the module stops its thread)
                 self._ahead = ahead
             return self._ahead

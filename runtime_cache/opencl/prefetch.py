@@ -18,6 +18,15 @@ loads the second, without the GIL. Started any earlier, the new thread took the 
 from the caller's own read of the second program (on the 2-core box that program cost
 about 1 ms more than the floor's). A module with nothing left to read starts no thread.
 
+A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: it
+reads two programs when it begins, then one more at each of the caller's driver calls
+(:meth:`ReadAhead.begin`), a program per backend call. NVIDIA's load is CPU work on the
+caller's thread, without the GIL, for about half a millisecond a program; a read takes
+the thread a fraction of that, so it is done before the caller needs the GIL back. Read
+as fast as it could, the thread held the GIL whenever the caller came back from the
+driver (an H100: the caller waited about 75 µs a program). A caller that makes no
+driver call for ``LOAD_PATIENCE`` seconds no longer paces it: the rest is read at once.
+
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``),
 while the caller loads another: the caller, asking in order, loads every other program
@@ -45,43 +54,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cache import Cache
+from .ahead_limits import (
+    CHUNK,
+    FIRST_CHUNKS,
+    LEAD,
+    LOAD_CHUNK,
+    LOAD_PATIENCE,
+    LOAD_WINDOW,
+    MAX_HELD,
+    PACED_LEAD,
+    YIELD_SECONDS,
+)
 from .ahead_terms import NOT_HERE, Loaded, Loader, Read
 from .fork_gate import close_at_exit, gate
 from .guard import binary_digest
 from .plan import ProgramPlan
 
 __all__ = ["CHUNK", "LEAD", "LOAD_CHUNK", "LOAD_PATIENCE", "LOAD_WINDOW", "MAX_HELD", "ReadAhead"]
-
-#: Programs whose entries one backend call reads ahead; the first chunks are smaller,
-#: so that a program asked for early waits for few others' reads. The chunks leave out
-#: the program the caller reads itself when it comes back, so in-order calls see chunks
-#: of 1, 2, 4, 8 from the third program. (With chunks of 2, 4, 8 from the third, the
-#: fourth waited for four reads: on the H200, 12 programs, 0.57 ms over the floor's
-#: program, against 0.11 ms with 1, 2, 4, 8.)
-CHUNK = 16
-_FIRST_CHUNKS = (1, 2, 4, 8)
-#: Bytes read ahead and not yet taken at which the thread stops reading; the programs it
-#: has not reached are then read one at a time, when asked for (a module whose caller
-#: asks for few of many programs does not hold every binary in memory).
-MAX_HELD = 64 << 20
-#: Programs the thread has loaded (or is loading) ahead and the caller has not taken, at
-#: which it waits for the caller: a module whose caller asks for few of many programs
-#: has at most this many loaded for nothing.
-LOAD_WINDOW = 2
-#: Programs a chunk reads while the thread also loads: small, because a caller that asks
-#: for a program of a chunk being read waits for the whole chunk.
-LOAD_CHUNK = 2
-#: Seconds the thread waits for the caller to take a program loaded ahead; then it ends
-#: (what it loaded stays for the caller to take; the rest is read when asked for).
-LOAD_PATIENCE = 0.25
-#: The first place after the caller's last program (in the chunks' order) that the
-#: thread may load: with 3, a caller asking in order loads every other program itself
-#: while the thread loads the one after, two loads at once (PoCL 3.1, 12 programs: each
-#: program the thread loaded took 0.15 ms on the caller's thread, the caller's own 0.25
-#: ms more than the floor's; with 1 or 2 the caller waited for the thread's loads).
-LEAD = 3
-#: The thread's pause between two programs' plans (see ``ReadAhead._read``).
-YIELD_SECONDS = 20e-6
 
 
 class _Chunk:
@@ -109,6 +98,7 @@ class ReadAhead:
         names: Sequence[str],
         plan_of: Callable[[str], ProgramPlan],
         load: Loader | None = None,
+        paced: bool = False,
     ) -> None:
         self._cache = cache
         self._names = list(names)
@@ -133,6 +123,10 @@ class ReadAhead:
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._finished = threading.Event()  # set when the thread ends (or never starts)
+        # Paced (reading only): one program read for each of the caller's driver calls
+        # (begin()), while the driver holds the caller's thread; _tickets are those owed.
+        self._paced = paced and load is None
+        self._tickets = 0
 
     def start(self, first: str, owner: object | None = None) -> None:
         """Read every program but ``first``, in order from the one after it, once the
@@ -162,9 +156,11 @@ class ReadAhead:
         if asked in rest:
             rest.remove(asked)
         at = 0
-        sizes = (*_FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1))
+        sizes = (*FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1))
         if self._load is not None:  # a caller that asks for the next waits for one read
             sizes = (1, *[LOAD_CHUNK] * (len(rest) // LOAD_CHUNK + 1))
+        elif self._paced:  # one program a driver call
+            sizes = (1,) * len(rest)
         self._order = {name: at for at, name in enumerate(rest)}
         for size in sizes:
             if at >= len(rest):
@@ -179,8 +175,13 @@ class ReadAhead:
         (:meth:`take`) and there is something left to read; otherwise do nothing. The
         caller calls it after its own read, just before its driver call."""
         if self._begun or os.getpid() != self._pid:
-            # Begun (asked again on every later program: no lock for that), or a forked
-            # child: the lock may be the parent thread's, and take() reads nothing there.
+            # Begun (asked again on every later program: no lock for that, unless paced),
+            # or a forked child: the lock may be the parent thread's, and take() reads
+            # nothing there.
+            if self._paced and self._begun and os.getpid() == self._pid:
+                with self._lock:
+                    self._tickets += 1
+                    self._room.notify()
             return
         with self._lock:
             if (
@@ -191,6 +192,7 @@ class ReadAhead:
             ):
                 return
             self._begun = True
+            self._tickets = PACED_LEAD
         if self._load is not None:
             close_at_exit()
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
@@ -220,6 +222,8 @@ class ReadAhead:
         try:
             for chunk in self._chunks:
                 with self._lock:
+                    if self._paced:
+                        self._wait_for_a_ticket()
                     if self._stopped or self._held > MAX_HELD:
                         break
                     chunk.started = True
@@ -246,6 +250,16 @@ class ReadAhead:
             for chunk in self._chunks:  # never leave a waiter behind
                 chunk.done.set()
             self._finished.set()
+
+    def _wait_for_a_ticket(self) -> None:
+        # (under the lock) Paced: wait until the caller is in the driver again. A caller
+        # that makes no driver call for LOAD_PATIENCE seconds no longer paces the thread,
+        # which then reads the rest at once.
+        while self._tickets <= 0 and not self._stopped:
+            if not self._room.wait(LOAD_PATIENCE):
+                self._paced = False
+                return
+        self._tickets -= 1
 
     def _load_chunk(self, chunk: _Chunk) -> None:
         """Hand the chunk's programs the caller has not taken to the driver, in order,
