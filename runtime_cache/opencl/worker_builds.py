@@ -135,14 +135,13 @@ def build_in_workers(
     files = hooks.program_files
     build_here = _timed(hooks.build_here)
 
+    # Built by a worker and taken here, counted with source_builds: what follows the count
+    # may fail (the result is then lost to _serve), but the program was built.
     accepted: list[str] = []  # (list.append: one step under the GIL, from any thread)
 
     def accept(result: WorkerResult) -> bool:
         try:
-            if not take_result(result):
-                return False
-            accepted.append(result[0])
-            return True
+            return take_result(result)
         finally:
             holding.release(result[0])
 
@@ -161,6 +160,7 @@ def build_in_workers(
         if program is None:
             return False
         counters.add(source_builds=1)
+        accepted.append(name)
         if plan.keys is None:
             counters.add(uncacheable=1)
         elif settled.keys is None:
