@@ -610,3 +610,34 @@ def test_a_kernel_named_by_a_macro_defined_after_a_comment_loads_from_the_cache(
         build_program(ctx, src, cache=cache)
     stats = opencl_stats()
     assert (stats.source_builds, stats.binary_loads, stats.rejected_binaries) == (1, 2, 0)
+
+
+def test_fetch_takes_a_known_standing_as_read_and_screens_any_other(
+    ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-ahead thread looks up each binary's standing with the crash guard as it
+    reads it; ``fetch`` takes ``KNOWN`` as it is (a known binary stays known, and the
+    blocklist is asked again at the load), and screens any other standing itself."""
+    from runtime_cache.opencl import OpenCLModule, program
+    from runtime_cache.opencl.guard import KNOWN, UNKNOWN, binary_digest
+
+    module = OpenCLModule(ctx, {"scale": SCALE_SRC}, cache=cache)
+    module.build_all()
+    plan = module._plan("scale")
+    assert plan.keys is not None
+    found = cache.get_many_views([str(k) for k in plan.keys])
+    digests = [binary_digest(found[str(k)]) for k in plan.keys]
+    screened: list[object] = []
+    screen = program.screen_binaries
+
+    def noting(*args: Any, **kwargs: Any) -> tuple[bool, str]:
+        screened.append(args)
+        return screen(*args, **kwargs)
+
+    monkeypatch.setattr(program, "screen_binaries", noting)
+    assert program.fetch(ctx, plan, cache, found, digests=digests, standing=KNOWN) is not None
+    assert screened == []
+    assert program.fetch(ctx, plan, cache, found, digests=digests, standing=UNKNOWN) is not None
+    assert len(screened) == 1
+    monkeypatch.setattr(program.guard, "blocked", lambda digests: True)  # blocklisted since
+    assert program.fetch(ctx, plan, cache, found, digests=digests, standing=KNOWN) is None

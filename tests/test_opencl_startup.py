@@ -480,3 +480,29 @@ def test_a_thread_that_loads_ahead_is_never_paced() -> None:
     cache, plans = _stored_plans(4, lambda i: f"value {i}".encode())
     ahead = ReadAhead(cache, list(plans), plans.__getitem__, lambda name, read: None, paced=True)
     assert not ahead._paced
+
+
+def test_a_read_carries_its_standing_with_the_crash_guard() -> None:
+    """What the thread read comes with the binaries' standing, looked up on the thread:
+    unknown at first, known once vouched for under these keys."""
+    from runtime_cache.opencl.guard import KNOWN, UNKNOWN, bindings, guard
+
+    cache, plans = _stored_plans(4, lambda i: f"standing {i} {time.time()}".encode())
+    ahead = ReadAhead(cache, list(plans), plans.__getitem__)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    ahead.begin()
+    assert ahead.join(10)  # all read
+    got = ahead.take("p2")
+    assert got is not None and got[3] == UNKNOWN
+    read = ahead.take("p3")
+    assert read is not None and read[3] == UNKNOWN
+    guard.vouch(bindings(plans["p3"].keys, read[2]))
+    again = ReadAhead(cache, list(plans), plans.__getitem__)
+    again.start("p0")
+    assert again.take("p1") is None
+    again.begin()
+    assert again.join(10)
+    assert again.take("p2") is not None
+    known = again.take("p3")
+    assert known is not None and known[3] == KNOWN

@@ -34,9 +34,11 @@ ENV_READ_AHEAD = "RUNTIME_CACHE_OPENCL_READ_AHEAD"
 #: handed to the driver only on the caller's thread, when it asks for them.
 ENV_LOAD_AHEAD = "RUNTIME_CACHE_OPENCL_LOAD_AHEAD"
 
-#: What was read for one program: its plan, the entries found under its keys, and the
-#: binaries' digests in the order of the keys (hashed here, off the caller's thread, once).
-Read = tuple[ProgramPlan, Mapping[str, Binary], list[str]]
+#: What was read for one program: its plan, the entries found under its keys, the
+#: binaries' digests in the order of the keys (hashed here, off the caller's thread, once),
+#: and their standing with the crash guard when read
+#: (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`).
+Read = tuple[ProgramPlan, Mapping[str, Binary], list[str], str]
 
 #: ``load(name, read)`` hands one program read ahead to the driver, on the thread: the
 #: program, ``None`` when the driver refused it (its entries are evicted), or

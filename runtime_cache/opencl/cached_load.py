@@ -231,12 +231,14 @@ def load_ahead(context: Any, cache: Cache, read: Read) -> Any:
     as it would have, and evicts and counts what it must, only if it asks for them.
     Checked as any other load: the digests against the crash guard's lists, the load
     under its watch. Nothing is counted until the caller takes the program (:func:`taken`)."""
-    plan, found, digests = read
+    plan, found, digests, standing = read
     binaries = [found.get(str(key)) for key in plan.keys or ()]
     ready: list[Binary] = [b for b in binaries if b is not None]
     if plan.keys is None or not ready or len(ready) != len(binaries):
         return NOT_HERE
-    vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
+    vet = False
+    if standing != KNOWN:
+        vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
     if vet or standing in (BLOCKED, SET_ASIDE):
         return NOT_HERE
     program = load_from_binaries(context, plan, ready, digests, known=standing == KNOWN)
@@ -249,7 +251,7 @@ def load_ahead(context: Any, cache: Cache, read: Read) -> Any:
 def taken(loaded: Loaded, cache: Cache) -> Any:
     """A program loaded ahead, now asked for: counted as loaded, and noted as
     :func:`~.program.load_cached` notes its own."""
-    plan, found, digests = loaded.read
+    plan, found, digests, _ = loaded.read
     binaries = [found[str(key)] for key in plan.keys or ()]
     counters.add(binary_loads=1, loaded_ahead_used=1)
     remember(loaded.program, plan, cache, binaries, 0.0, digests)

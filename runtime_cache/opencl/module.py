@@ -214,7 +214,9 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
                 loaded = taken(read, cache)
                 self._adopt(name, loaded, 0.0, cached=True)
                 return loaded
-            plan, found, digests = read if read is not None else (self._plan(name), None, None)
+            plan, found, digests, standing = (
+                read if read is not None else (self._plan(name), None, None, None)
+            )
             if self._driver is not None:
                 self._driver.restore(cache)
             if plan.keys is not None and found is None:
@@ -222,7 +224,7 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
             if ahead is not None:
                 ahead.begin()  # reads on while the driver takes this one (see .prefetch)
             if plan.keys is not None and found is not None:
-                loaded = fetch(self.context, plan, cache, found, digests=digests)
+                loaded = fetch(self.context, plan, cache, found, digests=digests, standing=standing)
                 if loaded is not None:
                     self._adopt(name, loaded, 0.0, cached=True)
                     return loaded

@@ -18,13 +18,10 @@ loads the second, without the GIL. Started any earlier, the new thread took the 
 from the caller's own read of the second program (on the 2-core box that program cost
 about 1 ms more than the floor's). A module with nothing left to read starts no thread.
 
-A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: it
-reads two programs when it begins, then one more at each of the caller's driver calls
-(:meth:`ReadAhead.begin`), a program per backend call. NVIDIA's load is CPU work on the
-caller's thread, without the GIL, for about half a millisecond a program; a read takes
-the thread a fraction of that, so it is done before the caller needs the GIL back. Read
-as fast as it could, the thread held the GIL whenever the caller came back from the
-driver (an H100: the caller waited about 75 µs a program). A caller that makes no
+A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: two
+programs when it begins, then one at each of the caller's driver calls (``begin()``),
+while the driver holds the caller's thread (NVIDIA's load is about 0.5 ms of CPU work
+without the GIL), so the GIL is free when the caller comes back. A caller that makes no
 driver call for ``LOAD_PATIENCE`` seconds no longer paces it: the rest is read at once.
 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
@@ -67,7 +64,7 @@ from .ahead_limits import (
 )
 from .ahead_terms import NOT_HERE, Loaded, Loader, Read
 from .fork_gate import close_at_exit, gate
-from .guard import binary_digest
+from .guard import binary_digest, bindings, guard
 from .plan import ProgramPlan
 
 __all__ = ["CHUNK", "LEAD", "LOAD_CHUNK", "LOAD_PATIENCE", "LOAD_WINDOW", "MAX_HELD", "ReadAhead"]
@@ -319,7 +316,10 @@ class ReadAhead:
             keys = [str(k) for k in plan.keys or ()]
             if keys and all(k in found for k in keys):
                 digests = [binary_digest(found[k]) for k in keys]
-                out[name] = (plan, {k: found[k] for k in keys}, digests)
+                # Looked up here, off the caller's thread: one known stays known (a
+                # blocklisted binary is still refused when it loads).
+                standing = guard.standing(bindings(plan.keys, digests), digests)
+                out[name] = (plan, {k: found[k] for k in keys}, digests, standing)
         return out
 
     def take(self, name: str) -> Read | Loaded | None:

@@ -38,13 +38,7 @@ from .capture import origins, remember
 from .counters import counters
 from .fingerprint import device_fingerprint
 from .guard import KNOWN, Binary, binary_digest, bindings, guard
-from .includes import (
-    HeaderReads,
-    Options,
-    include_digests,
-    normalize_options,
-    preprocessor_view,
-)
+from .includes import HeaderReads, Options, include_digests, normalize_options, preprocessor_view
 from .kernel_args import argument_kinds
 from .plan import ProgramPlan
 from .pocl_flags import pocl_flags_unknown, pocl_took_other_flags
@@ -228,12 +222,14 @@ def fetch(
     *,
     vet: bool = True,
     digests: list[str] | None = None,
+    standing: str | None = None,
 ) -> Any | None:
     """Return the program built from the binaries in ``found``, or ``None`` (evicting bad ones).
 
     ``vet=False`` when the caller has already vetted ``found`` as a batch; ``digests``
-    are the binaries' :func:`binary_digest` in the order of ``plan.keys``, when the
-    caller has them.
+    are the binaries' :func:`binary_digest` in the order of ``plan.keys``, and
+    ``standing`` their standing with the crash guard when they were read, when the
+    caller has them (only ``KNOWN`` is taken as it is: a known binary stays known).
     """
     if plan.keys is None:
         return None
@@ -244,7 +240,9 @@ def fetch(
     if digests is None or len(digests) != len(ready):
         digests = [binary_digest(b) for b in ready]
     signed = cache.signed
-    unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys)
+    unknown = False
+    if standing != KNOWN:
+        unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys)
     if vet and unknown:  # tried in a child first
         item = (ready, plan.options, plan.options_text, plan.source)
         if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:
