@@ -42,7 +42,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 from .. import environment
@@ -93,6 +93,21 @@ KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
 def _set_aside_in(path: str) -> frozenset[str]:
     """The marks the set-aside list at ``path`` holds for :data:`SET_ASIDE_SECONDS` more."""
     return marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(path)[-_MAX_BLOCKED:])
+
+
+class _Loading:
+    """:meth:`LoadGuard.loading`'s block (a plain class: a generator costs µs a load)."""
+
+    __slots__ = ("_digests", "_guard")
+
+    def __init__(self, guard: LoadGuard, digests: Sequence[str]) -> None:
+        self._guard, self._digests = guard, digests
+
+    def __enter__(self) -> None:
+        self._guard._count_loading(self._digests, 1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._guard._count_loading(self._digests, -1)
 
 
 class LoadGuard:
@@ -321,25 +336,21 @@ class LoadGuard:
             self._map[size : self._used] = bytes(self._used - size)
         self._used = size
 
-    @contextlib.contextmanager
-    def loading(self, digests: Sequence[str]) -> Iterator[None]:
-        """Mark ``digests`` as loading for the duration of the block (survives a crash)."""
+    def loading(self, digests: Sequence[str]) -> _Loading:
+        """``with guard.loading(digests):`` marks them as loading for the duration of the
+        block (the marks survive a crash)."""
+        return _Loading(self, digests)
+
+    def _count_loading(self, digests: Sequence[str], step: int) -> None:
         with self._lock:
-            self._start()
+            if step > 0:
+                self._start()
             for d in digests:
-                self._loading[d] = self._loading.get(d, 0) + 1
+                if (left := self._loading.get(d, 0) + step) > 0:
+                    self._loading[d] = left
+                else:
+                    self._loading.pop(d, None)
             self._write()
-        try:
-            yield
-        finally:
-            with self._lock:
-                for d in digests:
-                    left = self._loading.get(d, 1) - 1
-                    if left:
-                        self._loading[d] = left
-                    else:
-                        self._loading.pop(d, None)
-                self._write()
 
     def close(self) -> None:
         """Remove this process's file (at exit): nothing is loading any more."""

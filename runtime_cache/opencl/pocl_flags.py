@@ -102,10 +102,10 @@ def pocl_took_other_flags(program: Any, devices: Sequence[Any], options_text: st
     tell), and on other drivers."""
     if _changed:
         return pocl_flags_unknown(devices)
-    given, extra = options_text.split(), flags_at_import.split()
     for device in devices:
         if not _is_pocl(device):
             continue
+        given, extra = options_text.split(), flags_at_import.split()
         try:
             import pyopencl as cl
 
