@@ -435,3 +435,24 @@ def test_a_line_cut_short_never_swallows_the_next_one(tmp_path: Path, name: str)
         assert fresh.known(["c" * 32]) == (name == "vetted")
     finally:
         fresh.close()
+
+
+def test_a_load_sees_what_another_process_blocklisted_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """helper-87: ``blocked()``, asked before each load, never read the blocklist again,
+    so a binary another process blocklisted after this one looked still loaded here. It
+    now looks again once ``BLOCKLIST_LOOK_SECONDS`` have passed."""
+    from runtime_cache.opencl import guard as guard_code
+
+    one, two = LoadGuard(str(tmp_path)), LoadGuard(str(tmp_path))
+    try:
+        assert not two.blocked([D1])  # two has read the lists
+        one.block([D1])
+        monkeypatch.setattr(guard_code, "BLOCKLIST_LOOK_SECONDS", 60.0)
+        assert not two.blocked([D1])  # it looked a moment ago
+        monkeypatch.setattr(guard_code, "BLOCKLIST_LOOK_SECONDS", 0.0)
+        assert two.blocked([D1]) and two.standing([], [D1]) == guard_code.BLOCKED
+    finally:
+        one.close()
+        two.close()

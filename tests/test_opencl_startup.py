@@ -506,3 +506,23 @@ def test_a_read_carries_its_standing_with_the_crash_guard() -> None:
     assert again.take("p2") is not None
     known = again.take("p3")
     assert known is not None and known[3] == KNOWN
+
+
+def test_a_program_the_caller_read_itself_costs_a_paced_thread_no_turn() -> None:
+    """helper-87: a paced thread spent a driver call's turn on a chunk the caller had
+    emptied (asking out of order, it read that program itself), and fell behind."""
+    cache, plans = _stored_plans(12, lambda i: f"value {i}".encode())
+    planned, plan_of = _noting_plans(plans)
+    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    ahead.begin()
+    assert _until(lambda: planned == ["p2", "p3"])
+    assert ahead.take("p5") is None  # not begun: the caller reads it itself
+    ahead.begin()
+    assert _until(lambda: planned == ["p2", "p3", "p4"])
+    assert ahead.take("p2") is not None
+    ahead.begin()  # p5's chunk is empty: this turn reads p6
+    assert _until(lambda: planned == ["p2", "p3", "p4", "p6"])
+    ahead.stop()
+    assert ahead.join(10)

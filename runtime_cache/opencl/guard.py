@@ -55,11 +55,11 @@ from .guard_files import (
     open_folder,
     open_mark_file,
     process_alive,
-    reserve,
     rewrite_lines,
 )
 from .known_list import KnownList, read_lines
 from .list_watch import ListWatch
+from .loading_marks import PAGE, LoadingMarks
 
 __all__ = [
     "BLOCKED",
@@ -83,7 +83,6 @@ _SET_ASIDE = "set-aside"
 #: How long a binary stays set aside (its line in the file holds when it was set aside).
 SET_ASIDE_SECONDS = 86_400.0
 _MAX_BLOCKED = 10_000
-_PAGE = 4096
 
 
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
@@ -95,22 +94,13 @@ def _set_aside_in(path: str) -> frozenset[str]:
     return marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(path)[-_MAX_BLOCKED:])
 
 
-class _Loading:
-    """:meth:`LoadGuard.loading`'s block (a plain class: a generator costs µs a load)."""
-
-    __slots__ = ("_digests", "_guard")
-
-    def __init__(self, guard: LoadGuard, digests: Sequence[str]) -> None:
-        self._guard, self._digests = guard, digests
-
-    def __enter__(self) -> None:
-        self._guard._count_loading(self._digests, 1)
-
-    def __exit__(self, *exc: object) -> None:
-        self._guard._count_loading(self._digests, -1)
+#: Seconds after which :meth:`LoadGuard.blocked`, asked before each load, reads what other
+#: processes added to the blocklist since this one looked: a binary that killed another
+#: process is refused here too within that time, for a few ``stat`` calls at most that often.
+BLOCKLIST_LOOK_SECONDS = 0.1
 
 
-class LoadGuard:
+class LoadGuard(LoadingMarks):
     """Records the binaries being loaded; blocklists those a dead process was loading."""
 
     def __init__(self, folder: str | None = None) -> None:
@@ -122,6 +112,7 @@ class LoadGuard:
         self._map: mmap.mmap | None = None
         self._used = 0
         self._blocked: set[str] = set()
+        self._looked = 0.0  # (monotonic) when the lists were last read or looked at
         self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
         self._watch: ListWatch | None = None  # the lists as read (see .list_watch)
@@ -189,31 +180,26 @@ class LoadGuard:
         except OSError:
             self._watch = None
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
+        self._looked = time.monotonic()
         self._set_aside = _set_aside_in(aside)
         watch = self._watch
         self._known = KnownList(folder, watch.trusted if watch is not None else lambda: False)
         opened = open_mark_file(folder)
         if opened is not None:
             self._fd, self._mark = opened
-            self._map_file(_PAGE)
-
-    def _map_file(self, size: int) -> None:
-        """Map (or re-map, larger) this process's file; without a map, writes use pwrite."""
-        assert self._fd is not None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if not reserve(self._fd, size):  # a full disk: a write to the map would fault
-            return
-        try:
-            os.ftruncate(self._fd, size)
-            self._map = mmap.mmap(self._fd, size)  # shared, read-write
-        except (OSError, ValueError, AttributeError):
-            self._map = None
+            self._map_file(PAGE)
 
     def blocked(self, digests: Sequence[str]) -> bool:
-        """Whether any of these binaries once killed a process while loading."""
-        return self.standing((), digests) == BLOCKED
+        """Whether any of these binaries once killed a process while loading. What other
+        processes blocklisted since this one looked is read first, when
+        :data:`BLOCKLIST_LOOK_SECONDS` have passed (a few ``stat`` calls)."""
+        with self._lock:
+            self._start()
+            if any(d in self._blocked for d in digests):
+                return True
+            if time.monotonic() - self._looked < BLOCKLIST_LOOK_SECONDS:
+                return False
+            return self._refresh() and any(d in self._blocked for d in digests)
 
     def known(self, marks: Sequence[str]) -> bool:
         """Whether every one of these binaries is known to load here without harm
@@ -249,6 +235,7 @@ class LoadGuard:
         """Read what other processes added to the lists since this one read them (the
         blocklist and the set-aside list when they changed, the known list's new marks);
         whether anything changed. A few ``stat`` calls when nothing did."""
+        self._looked = time.monotonic()
         watch = self._watch
         if self._known is None or watch is None or not watch.trusted():
             return False  # no folder, or not one this process can trust to be the same
@@ -316,41 +303,6 @@ class LoadGuard:
             self._blocked -= gone
         # Of the lines there now: another process's blocked digests since stay blocked.
         rewrite_lines(os.path.join(self.folder, _BLOCKLIST), lambda old: lines_without(old, gone))
-
-    def _write(self) -> None:
-        if self._fd is None:
-            return
-        data = "".join(f"{d}\n" for d in self._loading).encode("ascii")
-        if self._map is not None and len(data) > len(self._map):
-            self._map_file(max(len(data), 2 * len(self._map)))
-        if self._map is None:
-            try:
-                os.pwrite(self._fd, data, 0)
-                os.ftruncate(self._fd, len(data))
-            except OSError:
-                pass
-            return
-        size = len(data)
-        self._map[:size] = data
-        if self._used > size:  # clear what the last write left beyond this one
-            self._map[size : self._used] = bytes(self._used - size)
-        self._used = size
-
-    def loading(self, digests: Sequence[str]) -> _Loading:
-        """``with guard.loading(digests):`` marks them as loading for the duration of the
-        block (the marks survive a crash)."""
-        return _Loading(self, digests)
-
-    def _count_loading(self, digests: Sequence[str], step: int) -> None:
-        with self._lock:
-            if step > 0:
-                self._start()
-            for d in digests:
-                if (left := self._loading.get(d, 0) + step) > 0:
-                    self._loading[d] = left
-                else:
-                    self._loading.pop(d, None)
-            self._write()
 
     def close(self) -> None:
         """Remove this process's file (at exit): nothing is loading any more."""

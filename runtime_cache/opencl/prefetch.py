@@ -219,8 +219,10 @@ class ReadAhead:
         try:
             for chunk in self._chunks:
                 with self._lock:
-                    if self._paced:
-                        self._wait_for_a_ticket()
+                    # A chunk the caller emptied (reading its programs itself) costs no
+                    # ticket, nor one it emptied while this waited: the next one's.
+                    if self._paced and chunk.names and self._took_a_ticket() and not chunk.names:
+                        self._tickets += 1
                     if self._stopped or self._held > MAX_HELD:
                         break
                     chunk.started = True
@@ -248,15 +250,17 @@ class ReadAhead:
                 chunk.done.set()
             self._finished.set()
 
-    def _wait_for_a_ticket(self) -> None:
+    def _took_a_ticket(self) -> bool:
         # (under the lock) Paced: wait until the caller is in the driver again. A caller
         # that makes no driver call for LOAD_PATIENCE seconds no longer paces the thread,
         # which then reads the rest at once.
         while self._tickets <= 0 and not self._stopped:
             if not self._room.wait(LOAD_PATIENCE):
                 self._paced = False
-                return
-        self._tickets -= 1
+                return False
+        if not self._stopped:
+            self._tickets -= 1
+        return not self._stopped
 
     def _load_chunk(self, chunk: _Chunk) -> None:
         """Hand the chunk's programs the caller has not taken to the driver, in order,
