@@ -9,20 +9,18 @@ backend call, in the order of the module's sources from that program on. A later
 ``program()`` takes what was read for it, or waits for the chunk being read, or,
 when the thread has not reached it yet, fetches it itself as before.
 
-The thread keeps out of the caller's way, because both need the GIL (and, on a small
-machine, the same cores). It does not start with the first program: a process's first
-program costs what it costs without a read-ahead. The caller reads the second program
-itself and then calls :meth:`ReadAhead.begin`, just before it hands that program to the
-driver: the thread starts then, and reads from the third program on while the driver
-loads the second, without the GIL. Started any earlier, the new thread took the GIL
-from the caller's own read of the second program (on the 2-core box that program cost
-about 1 ms more than the floor's). A module with nothing left to read starts no thread.
+The thread keeps out of the caller's way: both need the GIL. It does not start with the
+first program, which costs what it costs without a read-ahead. The caller reads the second
+program itself and then calls :meth:`ReadAhead.begin`, just before it hands that program
+to the driver: the thread reads from the third program on while the driver loads the
+second, without the GIL (started earlier, it took the GIL from the caller's own read:
+about 1 ms on the 2-core box). A module with nothing left to read starts no thread.
 
 A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: two
-programs when it begins, then one at each of the caller's driver calls (``begin()``),
-while the driver holds the caller's thread (NVIDIA's load is about 0.5 ms of CPU work
-without the GIL), so the GIL is free when the caller comes back. A caller that makes no
-driver call for ``LOAD_PATIENCE`` seconds no longer paces it: the rest is read at once.
+programs when it begins, then one for each of the caller's driver calls (``begin()``),
+woken every ``PACED_BATCH`` calls, while the driver holds the caller's thread (NVIDIA's
+load is about 0.5 ms of CPU work without the GIL): the GIL is free when the caller comes
+back. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest at once.
 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``),
@@ -59,6 +57,7 @@ from .ahead_limits import (
     LOAD_PATIENCE,
     LOAD_WINDOW,
     MAX_HELD,
+    PACED_BATCH,
     PACED_LEAD,
     YIELD_SECONDS,
 )
@@ -86,7 +85,8 @@ class ReadAhead:
     ``names`` are the module's programs in order; ``plan_of(name)`` plans one. With
     ``load`` (see :data:`Loader`), the thread also hands each program it read to the
     driver, at most :data:`LOAD_WINDOW` ahead of the caller, while the caller's own
-    driver calls and kernels run: :meth:`take` then gives a :class:`Loaded`.
+    driver calls and kernels run: :meth:`take` then gives a :class:`Loaded`. Without it,
+    ``paced`` paces the thread by the caller's driver calls (see the module's text).
     """
 
     def __init__(
@@ -120,10 +120,8 @@ class ReadAhead:
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._finished = threading.Event()  # set when the thread ends (or never starts)
-        # Paced (reading only): one program read for each of the caller's driver calls
-        # (begin()), while the driver holds the caller's thread; _tickets are those owed.
-        self._paced = paced and load is None
-        self._tickets = 0
+        self._paced = paced and load is None  # (see the module's text)
+        self._tickets = 0  # reads a paced thread is owed for the caller's driver calls
 
     def start(self, first: str, owner: object | None = None) -> None:
         """Read every program but ``first``, in order from the one after it, once the
@@ -178,7 +176,8 @@ class ReadAhead:
             if self._paced and self._begun and os.getpid() == self._pid:
                 with self._lock:
                     self._tickets += 1
-                    self._room.notify()
+                    if self._tickets >= PACED_BATCH:  # (a wake-up costs the caller ~20 µs)
+                        self._room.notify()
             return
         with self._lock:
             if (
