@@ -415,16 +415,23 @@ def _until(condition: Any, seconds: float = 10) -> bool:
     return True
 
 
+def _paced(count: int) -> tuple[ReadAhead, dict[str, Any], list[str]]:
+    """A paced read-ahead of ``count`` stored programs, the caller back for ``p1`` (its own
+    read); the plans, and the list of the names the thread planned, in order."""
+    cache, plans = _stored_plans(count, lambda i: f"value {i}".encode())
+    planned, plan_of = _noting_plans(plans)
+    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
+    ahead.start("p0")
+    assert ahead.take("p1") is None
+    return ahead, plans, planned
+
+
 def test_a_paced_read_ahead_reads_one_program_for_each_driver_call() -> None:
     """Paced (a thread that only reads, as on NVIDIA): two programs when it begins, then
     one for each of the caller's driver calls (``begin()``), woken every second call for
     two, so that it reads while the driver holds the caller's thread and never when the
     caller needs the GIL back."""
-    cache, plans = _stored_plans(14, lambda i: f"value {i}".encode())
-    planned, plan_of = _noting_plans(plans)
-    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
-    ahead.start("p0")
-    assert ahead.take("p1") is None  # the caller's own read
+    ahead, plans, planned = _paced(14)
     ahead.begin()  # its driver call: the thread starts, with two to read
     assert _until(lambda: planned == ["p2", "p3"])
     time.sleep(0.05)
@@ -452,11 +459,7 @@ def test_a_paced_read_ahead_reads_the_rest_when_the_caller_pauses(
     from runtime_cache.opencl import prefetch
 
     monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.05)
-    cache, plans = _stored_plans(10, lambda i: f"value {i}".encode())
-    planned, plan_of = _noting_plans(plans)
-    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
-    ahead.start("p0")
-    assert ahead.take("p1") is None
+    ahead, _, planned = _paced(10)
     ahead.begin()
     assert ahead.join(10)
     assert planned == [f"p{i}" for i in range(2, 10)]
@@ -466,11 +469,7 @@ def test_a_paced_read_ahead_reads_the_rest_when_the_caller_pauses(
 def test_stop_wakes_a_paced_read_ahead_at_once() -> None:
     """``build_all()`` stops a paced thread that waits for the caller's next driver call:
     it ends without reading more, and long before its patience is out."""
-    cache, plans = _stored_plans(10, lambda i: f"value {i}".encode())
-    planned, plan_of = _noting_plans(plans)
-    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
-    ahead.start("p0")
-    assert ahead.take("p1") is None
+    ahead, _, planned = _paced(10)
     ahead.begin()
     assert _until(lambda: len(planned) == 2)
     started = time.monotonic()
@@ -515,11 +514,7 @@ def test_a_read_carries_its_standing_with_the_crash_guard() -> None:
 def test_a_program_the_caller_read_itself_costs_a_paced_thread_no_turn() -> None:
     """helper-87: a paced thread spent a driver call's turn on a chunk the caller had
     emptied (asking out of order, it read that program itself), and fell behind."""
-    cache, plans = _stored_plans(12, lambda i: f"value {i}".encode())
-    planned, plan_of = _noting_plans(plans)
-    ahead = ReadAhead(cache, list(plans), plan_of, paced=True)
-    ahead.start("p0")
-    assert ahead.take("p1") is None
+    ahead, _, planned = _paced(12)
     ahead.begin()
     assert _until(lambda: planned == ["p2", "p3"])
     assert ahead.take("p5") is None  # not begun: the caller reads it itself
