@@ -524,3 +524,29 @@ def test_a_program_the_caller_read_itself_costs_a_paced_thread_no_turn() -> None
     assert _until(lambda: planned == ["p2", "p3", "p4", "p6"])
     ahead.stop()
     assert ahead.join(10)
+
+
+def test_a_thread_no_longer_paced_reads_the_rest_in_few_backend_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """helper-87: once the caller paused past ``LOAD_PATIENCE``, the paced layout's
+    one-program chunks were read one backend call each (38 round trips for 38 programs
+    on a remote store); the chunks not begun now join, ``CHUNK`` programs a call."""
+    from runtime_cache.opencl import prefetch
+
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 0.05)
+    ahead, _, planned = _paced(40)
+    cache = ahead._cache
+    calls: list[int] = []
+    read = cache.get_many_views
+
+    def counted(keys: Any, **kwargs: Any) -> Any:
+        calls.append(len(keys))
+        return read(keys, **kwargs)
+
+    monkeypatch.setattr(cache, "get_many_views", counted)
+    ahead.begin()
+    assert ahead.join(10)
+    assert planned == [f"p{i}" for i in range(2, 40)]
+    assert calls == [1, 1, 16, 16, 4]  # the lead of two, then the rest gathered
+    assert all(ahead.take(f"p{i}") is not None for i in range(2, 40))

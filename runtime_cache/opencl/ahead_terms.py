@@ -7,6 +7,7 @@ load it makes.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -18,11 +19,13 @@ __all__ = [
     "ENV_LOAD_AHEAD",
     "ENV_READ_AHEAD",
     "NOT_HERE",
+    "Chunk",
     "Loaded",
     "Loader",
     "Read",
     "load_ahead_enabled",
     "read_ahead_enabled",
+    "read_size",
     "weakly",
 ]
 
@@ -45,6 +48,23 @@ Read = tuple[ProgramPlan, Mapping[str, Binary], list[str], str]
 #: :data:`NOT_HERE` when it is the caller's to load (its binaries need vetting first).
 Loader = Callable[[str, Read], Any]
 NOT_HERE = object()
+
+
+class Chunk:
+    """Programs the thread reads in one backend call, and what it found for them."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.started = False
+        self.done = threading.Event()
+        self.found: dict[str, Read] = {}
+        #: (bytes read, seconds saved) per key read: counted as a hit when taken.
+        self.tally: dict[str, tuple[int, float]] = {}
+
+
+def read_size(read: Read) -> int:
+    """The bytes ``read`` holds."""
+    return sum(len(value) for value in read[1].values())
 
 
 class Loaded(NamedTuple):

@@ -20,7 +20,8 @@ A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*
 programs when it begins, then one for each of the caller's driver calls (``begin()``),
 woken every ``PACED_BATCH`` calls, while the driver holds the caller's thread (NVIDIA's
 load is about 0.5 ms of CPU work without the GIL): the GIL is free when the caller comes
-back. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest at once.
+back. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest at once, the
+chunks not begun gathered ``CHUNK`` programs a backend call.
 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``),
@@ -61,22 +62,12 @@ from .ahead_limits import (
     PACED_LEAD,
     YIELD_SECONDS,
 )
-from .ahead_terms import NOT_HERE, Loaded, Loader, Read
+from .ahead_terms import NOT_HERE, Chunk, Loaded, Loader, Read, read_size
 from .fork_gate import close_at_exit, gate
 from .guard import binary_digest, bindings, guard
 from .plan import ProgramPlan
 
 __all__ = ["CHUNK", "LEAD", "LOAD_CHUNK", "LOAD_PATIENCE", "LOAD_WINDOW", "MAX_HELD", "ReadAhead"]
-
-
-class _Chunk:
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
-        self.started = False
-        self.done = threading.Event()
-        self.found: dict[str, Read] = {}
-        #: (bytes read, seconds saved) per key read: counted as a hit when taken.
-        self.tally: dict[str, tuple[int, float]] = {}
 
 
 class ReadAhead:
@@ -104,13 +95,13 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # a loaded program taken, or stop()
         self._loading: dict[str, threading.Event] = {}  # being loaded on the thread now
-        self._loaded: dict[str, tuple[Loaded, _Chunk]] = {}  # loaded, not yet taken
+        self._loaded: dict[str, tuple[Loaded, Chunk]] = {}  # loaded, not yet taken
         self._order: dict[str, int] = {}  # each program's place in the chunks
         # The place of the program the caller last took: the thread loads places from
         # LEAD after it on. (-2: the caller is loading the program before the first.)
         self._asked = -2
-        self._chunks: list[_Chunk] = []
-        self._where: dict[str, _Chunk] = {}
+        self._chunks: list[Chunk] = []
+        self._where: dict[str, Chunk] = {}
         self._first: str | None = None
         self._laid_out = False
         self._begun = False
@@ -122,6 +113,7 @@ class ReadAhead:
         self._finished = threading.Event()  # set when the thread ends (or never starts)
         self._paced = paced and load is None  # (see the module's text)
         self._tickets = 0  # reads a paced thread is owed for the caller's driver calls
+        self._gathering = False  # no longer paced: chunks gathered (see _gather)
 
     def start(self, first: str, owner: object | None = None) -> None:
         """Read every program but ``first``, in order from the one after it, once the
@@ -160,7 +152,7 @@ class ReadAhead:
         for size in sizes:
             if at >= len(rest):
                 break
-            self._chunks.append(_Chunk(rest[at : at + size]))
+            self._chunks.append(Chunk(rest[at : at + size]))
             at += size
         self._where = {name: chunk for chunk in self._chunks for name in chunk.names}
         self._laid_out = True
@@ -224,6 +216,8 @@ class ReadAhead:
                         self._tickets += 1
                     if self._stopped or self._held > MAX_HELD:
                         break
+                    if self._gathering:
+                        self._gather(chunk)
                     chunk.started = True
                     if not chunk.names:  # all taken by the caller before the thread began
                         chunk.done.set()
@@ -238,7 +232,7 @@ class ReadAhead:
                 finally:
                     with self._lock:
                         chunk.found, chunk.tally = found, tally
-                        self._held += sum(_size(read) for read in found.values())
+                        self._held += sum(read_size(read) for read in found.values())
                     chunk.done.set()
                 if self._load is not None:
                     self._load_chunk(chunk)
@@ -255,13 +249,24 @@ class ReadAhead:
         # which then reads the rest at once.
         while self._tickets <= 0 and not self._stopped:
             if not self._room.wait(LOAD_PATIENCE):
-                self._paced = False
+                self._paced, self._gathering = False, True
                 return False
         if not self._stopped:
             self._tickets -= 1
         return not self._stopped
 
-    def _load_chunk(self, chunk: _Chunk) -> None:
+    def _gather(self, chunk: Chunk) -> None:
+        # (under the lock) No longer paced: the chunks after ``chunk`` not begun join it,
+        # up to CHUNK programs, so that the rest takes few backend calls.
+        for later in self._chunks[self._chunks.index(chunk) + 1 :]:
+            room = CHUNK - len(chunk.names)
+            if room <= 0 or later.started:
+                break
+            moved, later.names[:room] = later.names[:room], []
+            chunk.names.extend(moved)
+            self._where.update(dict.fromkeys(moved, chunk))
+
+    def _load_chunk(self, chunk: Chunk) -> None:
         """Hand the chunk's programs the caller has not taken to the driver, in order,
         keeping at most :data:`LOAD_WINDOW` loaded and not taken."""
         assert self._load is not None
@@ -295,7 +300,7 @@ class ReadAhead:
                     elif outcome is not None:
                         self._loaded[name] = (Loaded(outcome, read), chunk)
                     else:  # refused and evicted: the caller reads it again (a miss)
-                        self._held -= _size(read)
+                        self._held -= read_size(read)
                 done.set()
 
     def _read(self, names: list[str], tally: dict[str, tuple[int, float]]) -> dict[str, Read]:
@@ -360,7 +365,7 @@ class ReadAhead:
         with self._lock:
             return [*self._loaded, *self._loading]
 
-    def _hand_out(self, name: str, chunk: _Chunk | None) -> Read | Loaded | None:
+    def _hand_out(self, name: str, chunk: Chunk | None) -> Read | Loaded | None:
         # What was read for ``name`` in ``chunk`` (if given) or loaded from it, waiting for
         # a load of it under way; ``None`` when not found, or refused. Its hits counted.
         while True:
@@ -379,10 +384,10 @@ class ReadAhead:
         self._cache.count_hits(used)
         return got
 
-    def _handed(self, got: Read | Loaded, chunk: _Chunk) -> list[tuple[int, float]]:
+    def _handed(self, got: Read | Loaded, chunk: Chunk) -> list[tuple[int, float]]:
         # (under the lock) What ``got`` holds is no longer held; its hits, to count.
         read = got.read if isinstance(got, Loaded) else got
-        self._held -= _size(read)
+        self._held -= read_size(read)
         return [chunk.tally.pop(key) for key in read[1] if key in chunk.tally]
 
     @property
@@ -400,7 +405,3 @@ class ReadAhead:
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "reading"
         return f"ReadAhead({len(self._names)} programs, {state})"
-
-
-def _size(read: Read) -> int:
-    return sum(len(value) for value in read[1].values())
