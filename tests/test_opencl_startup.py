@@ -415,6 +415,15 @@ def _until(condition: Any, seconds: float = 10) -> bool:
     return True
 
 
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paced thread waits 5 s, not a quarter of one, before it stops being paced: a busy
+    machine's pauses between a test's steps do not end the pacing the test looks at."""
+    from runtime_cache.opencl import prefetch
+
+    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 5.0)
+
+
 def _paced(count: int) -> tuple[ReadAhead, dict[str, Any], list[str]]:
     """A paced read-ahead of ``count`` stored programs, the caller back for ``p1`` (its own
     read); the plans, and the list of the names the thread planned, in order."""
@@ -426,7 +435,7 @@ def _paced(count: int) -> tuple[ReadAhead, dict[str, Any], list[str]]:
     return ahead, plans, planned
 
 
-def test_a_paced_read_ahead_reads_one_program_for_each_driver_call() -> None:
+def test_a_paced_read_ahead_reads_one_program_for_each_driver_call(patient: None) -> None:
     """Paced (a thread that only reads, as on NVIDIA): two programs when it begins, then
     one for each of the caller's driver calls (``begin()``), woken every second call for
     two, so that it reads while the driver holds the caller's thread and never when the
@@ -466,7 +475,7 @@ def test_a_paced_read_ahead_reads_the_rest_when_the_caller_pauses(
     assert all(ahead.take(f"p{i}") is not None for i in range(2, 10))
 
 
-def test_stop_wakes_a_paced_read_ahead_at_once() -> None:
+def test_stop_wakes_a_paced_read_ahead_at_once(patient: None) -> None:
     """``build_all()`` stops a paced thread that waits for the caller's next driver call:
     it ends without reading more, and long before its patience is out."""
     ahead, _, planned = _paced(10)
@@ -475,7 +484,7 @@ def test_stop_wakes_a_paced_read_ahead_at_once() -> None:
     started = time.monotonic()
     ahead.stop()
     assert ahead.join(10)
-    assert time.monotonic() - started < 0.2 and planned == ["p2", "p3"]
+    assert time.monotonic() - started < 1.0 and planned == ["p2", "p3"]  # (patience: 5 s)
 
 
 def test_a_thread_that_loads_ahead_is_never_paced() -> None:
@@ -511,7 +520,7 @@ def test_a_read_carries_its_standing_with_the_crash_guard() -> None:
     assert known is not None and known[3] == KNOWN
 
 
-def test_a_program_the_caller_read_itself_costs_a_paced_thread_no_turn() -> None:
+def test_a_program_the_caller_read_itself_costs_a_paced_thread_no_turn(patient: None) -> None:
     """helper-87: a paced thread spent a driver call's turn on a chunk the caller had
     emptied (asking out of order, it read that program itself), and fell behind."""
     ahead, _, planned = _paced(12)
