@@ -434,13 +434,16 @@ def test_a_module_that_only_reads_ahead_paces_its_thread(
         return got
 
     monkeypatch.setattr(ReadAhead, "take", noting)
+    cache.reset_stats()
     for name in names:
         module.program(name)
     assert module._ahead is not None and module._ahead._paced
     assert took[:2] == [False, False]  # the first two are the caller's own reads
-    # The other 8 were read two ahead of the caller: at most a rare one, on a busy
-    # machine, was not begun in time and read by the caller itself.
-    assert took.count(True) >= 6, took
+    # How many of the other 8 the thread read in time is the machine's timing (measured
+    # in benchmarks/, not asserted here; CI on Intel's fast loads once saw 5): each entry
+    # was read once, by the thread or, for a program it had not begun, by the caller.
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (10, 0), (stats, took)
     assert opencl_stats().binary_loads == 10 and opencl_stats().source_builds == 0
 
 

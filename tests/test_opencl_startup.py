@@ -450,12 +450,11 @@ def test_a_paced_read_ahead_reads_one_program_for_each_driver_call(patient: None
         assert got is not None
         assert bytes(got[1][str(plans[f"p{i}"].keys[0])]) == f"value {i}".encode()
         ahead.begin()
-        if i % 2:  # every second driver call: two more, two ahead of the caller
+        if i % 2:  # every second driver call wakes it: two ahead of the caller again
             assert _until(lambda i=i: len(planned) == i + 1)
-            assert planned[-2:] == [f"p{i + 1}", f"p{i + 2}"]
-        else:
-            time.sleep(0.02)
-            assert len(planned) == i  # (the first of the two waits for the second call)
+        time.sleep(0.01)
+        assert len(planned) <= i + 1  # never more than the driver calls let it read
+    assert planned == [f"p{i}" for i in range(2, 10)]
     ahead.stop()
     assert ahead.join(10)
 
