@@ -1,42 +1,41 @@
 """Lazy loads read ahead: the first ``program()`` of a module fetches the others' entries.
 
-A module whose programs are asked for one at a time (``OpenCLModule.program``, the
-way TVM-style modules and ``install()`` use it) would pay one backend call, and one
-key plan, per program on the caller's thread. :class:`ReadAhead` moves that work
-to one background thread: when the first program is asked for, it plans the keys
-of the module's other programs and fetches their entries, a chunk of programs per
-backend call, in the order of the module's sources from that program on. A later
-``program()`` takes what was read for it, or waits for the chunk being read, or,
-when the thread has not reached it yet, fetches it itself as before.
+A module whose programs are asked for one at a time (``OpenCLModule.program``, the way
+TVM-style modules and ``install()`` use it) would pay one backend call, and one key plan,
+per program on the caller's thread. :class:`ReadAhead` moves that work to one background
+thread: when the first program is asked for, it plans the keys of the module's other
+programs and fetches their entries, a chunk of programs per backend call, in the order of
+the module's sources from that program on. A later ``program()`` takes what was read for it,
+or waits for the chunk being read, or, when the thread has not reached it yet, fetches it
+itself.
 
 The thread keeps out of the caller's way: both need the GIL. It does not start with the
 first program, which costs what it costs without a read-ahead. The caller reads the second
-program itself and then calls :meth:`ReadAhead.begin`, just before it hands that program
-to the driver: the thread reads from the third program on while the driver loads the
-second, without the GIL (started earlier, it took the GIL from the caller's own read:
-about 1 ms on the 2-core box). A module with nothing left to read starts no thread.
+program itself and then calls :meth:`ReadAhead.begin`, just before it hands that program to
+the driver: the thread reads from the third program on while the driver loads the second,
+without the GIL (started earlier, it took the GIL from the caller's own read: about 1 ms on
+the 2-core box). A module with nothing left to read starts no thread.
 
 A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: two
-programs when it begins, then one for each of the caller's driver calls (``begin()``),
-woken every ``PACED_BATCH`` calls, while the driver holds the caller's thread (NVIDIA's
-load is about 0.5 ms of CPU work without the GIL): the GIL is free when the caller comes
-back. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest at once, the
-chunks not begun gathered ``CHUNK`` programs a backend call.
+programs when it begins, then one for each of the caller's driver calls (``begin()``), woken
+every ``PACED_BATCH`` calls, while the driver holds the caller's thread (NVIDIA's: 0.5 ms of
+CPU without the GIL), so the GIL is free when the caller comes back. With no driver call for
+``LOAD_PATIENCE`` seconds, it reads the rest, ``CHUNK`` a call.
 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
-:mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``),
-while the caller loads another: the caller, asking in order, loads every other program
-itself and takes the rest loaded. The thread loads none of the ``LEAD - 1`` programs
-after the one the caller took last, and keeps at most ``LOAD_WINDOW`` loaded and not
-taken; when the caller takes none for ``LOAD_PATIENCE`` seconds, or drops the module
-(which the thread holds weakly), it ends. A program loaded ahead counts (a hit, a
-binary load) only when the caller takes it.
+:mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``), while
+the caller loads another: the caller, asking in order, loads every other program itself and
+takes the rest loaded. The thread loads none of the ``LEAD - 1`` programs after the one the
+caller took last, and keeps at most ``LOAD_WINDOW`` loaded and not taken; when the caller
+takes none for ``LOAD_PATIENCE`` seconds, or drops the module (which the thread holds
+weakly), it ends. A program loaded ahead counts (a hit, a binary load) only when the caller
+takes it.
 
 Nothing is trusted more for being read ahead: the entries come from
-``Cache.get_many_views``, which checks every blob against its key, and the loader
-checks each binary as it would any other (digest, crash guard). Binaries that need
-vetting, that the crash guard blocklisted or set aside, or that the driver refused are
-left to the caller, which vets, evicts and counts them only if it asks for them.
+``Cache.get_many_views``, which checks every blob against its key, and the loader checks
+each binary as it would any other (digest, crash guard). Binaries that need vetting, that
+the crash guard blocklisted or set aside, or that the driver refused are left to the caller,
+which vets, evicts and counts them only if it asks for them.
 """
 
 from __future__ import annotations
@@ -73,11 +72,11 @@ __all__ = ["CHUNK", "LEAD", "LOAD_CHUNK", "LOAD_PATIENCE", "LOAD_WINDOW", "MAX_H
 class ReadAhead:
     """Reads the entries of a module's programs on one background thread, a chunk at a time.
 
-    ``names`` are the module's programs in order; ``plan_of(name)`` plans one. With
-    ``load`` (see :data:`Loader`), the thread also hands each program it read to the
-    driver, at most :data:`LOAD_WINDOW` ahead of the caller, while the caller's own
-    driver calls and kernels run: :meth:`take` then gives a :class:`Loaded`. Without it,
-    ``paced`` paces the thread by the caller's driver calls (see the module's text).
+    ``names`` are the module's programs in order; ``plan_of(name)`` plans one. With ``load``
+    (see :data:`Loader`), the thread also hands each program it read to the driver, at most
+    :data:`LOAD_WINDOW` ahead of the caller, while the caller's own driver calls and kernels
+    run: :meth:`take` then gives a :class:`Loaded`. Without it, ``paced`` paces the thread
+    by the caller's driver calls (see the module's text).
     """
 
     def __init__(
@@ -159,13 +158,12 @@ class ReadAhead:
 
     def begin(self) -> None:
         """Start the thread, when the caller has come back for a program after the first
-        (:meth:`take`) and there is something left to read; otherwise do nothing. The
-        caller calls it after its own read, just before its driver call."""
-        if self._begun or os.getpid() != self._pid:
-            # Begun (asked again on every later program: no lock for that, unless paced),
-            # or a forked child: the lock may be the parent thread's, and take() reads
-            # nothing there.
-            if self._paced and self._begun and os.getpid() == self._pid:
+        (:meth:`take`) and there is something left to read; otherwise do nothing (paced: one
+        more read). The caller calls it after its own read, just before its driver call."""
+        if os.getpid() != self._pid:  # a forked child: the lock may be the parent's, take()
+            return  # reads nothing there
+        if self._begun:  # asked again on every later program: no lock for that, unless paced
+            if self._paced:
                 with self._lock:
                     self._tickets += 1
                     if self._tickets >= PACED_BATCH:  # (a wake-up costs the caller ~20 µs)
@@ -210,8 +208,7 @@ class ReadAhead:
         try:
             for chunk in self._chunks:
                 with self._lock:
-                    # A chunk the caller emptied (reading its programs itself) costs no
-                    # ticket, nor one it emptied while this waited: the next one's.
+                    # A chunk the caller emptied costs no ticket (one emptied meanwhile: back)
                     if self._paced and chunk.names and self._took_a_ticket() and not chunk.names:
                         self._tickets += 1
                     if self._stopped or self._held > MAX_HELD:
@@ -244,20 +241,17 @@ class ReadAhead:
             self._finished.set()
 
     def _took_a_ticket(self) -> bool:
-        # (under the lock) Paced: wait until the caller is in the driver again. A caller
-        # that makes no driver call for LOAD_PATIENCE seconds no longer paces the thread,
-        # which then reads the rest at once.
+        # (under the lock) Wait for the caller's next driver call; after LOAD_PATIENCE
+        # seconds without one the thread is no longer paced, and reads the rest at once.
         while self._tickets <= 0 and not self._stopped:
             if not self._room.wait(LOAD_PATIENCE):
                 self._paced, self._gathering = False, True
                 return False
-        if not self._stopped:
-            self._tickets -= 1
-        return not self._stopped
+        self._tickets -= 1  # (stopped: the thread ends before reading)
+        return True
 
     def _gather(self, chunk: Chunk) -> None:
-        # (under the lock) No longer paced: the chunks after ``chunk`` not begun join it,
-        # up to CHUNK programs, so that the rest takes few backend calls.
+        # (under the lock) Unpaced: the chunks not begun join ``chunk``, up to CHUNK programs.
         for later in self._chunks[self._chunks.index(chunk) + 1 :]:
             room = CHUNK - len(chunk.names)
             if room <= 0 or later.started:
@@ -324,8 +318,7 @@ class ReadAhead:
             keys = [str(k) for k in plan.keys or ()]
             if keys and all(k in found for k in keys):
                 digests = [binary_digest(found[k]) for k in keys]
-                # Looked up here, off the caller's thread: one known stays known (a
-                # blocklisted binary is still refused when it loads).
+                # Off the caller's thread (a known binary stays known; see screen_binaries)
                 standing = guard.standing(bindings(plan.keys, digests), digests)
                 out[name] = (plan, {k: found[k] for k in keys}, digests, standing)
         return out
