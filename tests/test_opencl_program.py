@@ -627,14 +627,14 @@ def test_fetch_takes_a_known_standing_as_read_and_screens_any_other(
     assert plan.keys is not None
     found = cache.get_many_views([str(k) for k in plan.keys])
     digests = [binary_digest(found[str(k)]) for k in plan.keys]
-    screened: list[object] = []
-    screen = program.screen_binaries
+    screened: list[object] = []  # the crash guard's look-ups of a standing
+    look_up = program.guard.standing
 
-    def noting(*args: Any, **kwargs: Any) -> tuple[bool, str]:
+    def noting(*args: Any, **kwargs: Any) -> str:
         screened.append(args)
-        return screen(*args, **kwargs)
+        return look_up(*args, **kwargs)
 
-    monkeypatch.setattr(program, "screen_binaries", noting)
+    monkeypatch.setattr(program.guard, "standing", noting)
     assert program.fetch(ctx, plan, cache, found, digests=digests, standing=KNOWN) is not None
     assert screened == []
     assert program.fetch(ctx, plan, cache, found, digests=digests, standing=UNKNOWN) is not None

@@ -236,9 +236,9 @@ def load_ahead(context: Any, cache: Cache, read: Read) -> Any:
     ready: list[Binary] = [b for b in binaries if b is not None]
     if plan.keys is None or not ready or len(ready) != len(binaries):
         return NOT_HERE
-    vet = False
-    if standing != KNOWN:
-        vet, standing = screen_binaries(digests, trusted=cache.signed, keys=plan.keys)
+    vet, standing = screen_binaries(
+        digests, trusted=cache.signed, keys=plan.keys, standing=standing
+    )
     if vet or standing in (BLOCKED, SET_ASIDE):
         return NOT_HERE
     program = load_from_binaries(context, plan, ready, digests, known=standing == KNOWN)

@@ -240,9 +240,7 @@ def fetch(
     if digests is None or len(digests) != len(ready):
         digests = [binary_digest(b) for b in ready]
     signed = cache.signed
-    unknown = False
-    if standing != KNOWN:
-        unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys)
+    unknown, standing = screen_binaries(digests, trusted=signed, keys=plan.keys, standing=standing)
     if vet and unknown:  # tried in a child first
         item = (ready, plan.options, plan.options_text, plan.source)
         if not vet_unknown(plan.devices, [item], trusted=signed, keys=[plan.keys])[0]:

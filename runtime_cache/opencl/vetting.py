@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import SET_ASIDE, UNKNOWN, Binary, binary_digest, bindings, guard
+from .guard import KNOWN, SET_ASIDE, UNKNOWN, Binary, binary_digest, bindings, guard
 from .vet_flights import Flights, Pending
 from .wire import read_message, write_message
 
@@ -69,7 +69,6 @@ __all__ = [
     "LOAD_TIMEOUT",
     "LOCAL",
     "Vetter",
-    "needs_vetting",
     "screen_binaries",
     "vet_unknown",
     "vetter",
@@ -310,23 +309,23 @@ def _enabled() -> bool:
     return os.environ.get(ENV_VET, "").strip().lower() not in ("off", "0", "no", "false")
 
 
-def needs_vetting(
-    digests: Sequence[str], *, trusted: bool, keys: Sequence[object] | None = None
-) -> bool:
-    """Whether binaries with these digests (stored under ``keys``) must be tried in a child
-    before this process loads them: they come from an unsigned source and are neither
-    known under these keys nor blocklisted."""
-    return screen_binaries(digests, trusted=trusted, keys=keys)[0]
-
-
 def screen_binaries(
-    digests: Sequence[str], *, trusted: bool, keys: Sequence[object] | None = None
+    digests: Sequence[str],
+    *,
+    trusted: bool,
+    keys: Sequence[object] | None = None,
+    standing: str | None = None,
 ) -> tuple[bool, str]:
-    """``(vet first, standing)``: :func:`needs_vetting`, and the binaries' standing with
-    the crash guard (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), from one
-    look-up. A loader given a known standing records nothing after the load. Binaries
-    set aside need vetting too: :func:`vet_unknown` then answers "build from source"
-    without a child."""
+    """``(vet first, standing)``: whether binaries with these digests (stored under
+    ``keys``) must be tried in a child before this process loads them (from an unsigned
+    source, neither known under these keys nor blocklisted), and their standing with the
+    crash guard (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), from one look-up.
+    A loader given a known standing records nothing after the load. Binaries set aside
+    need vetting too: :func:`vet_unknown` then answers "build from source" without a
+    child. ``standing``: one already looked up (a read-ahead thread's); only ``KNOWN`` is
+    taken as it is (a known binary stays known), any other is looked up again."""
+    if standing == KNOWN:
+        return False, KNOWN
     standing = guard.standing(bindings(keys, digests), digests)
     return standing in (UNKNOWN, SET_ASIDE) and not trusted and _enabled(), standing
 
