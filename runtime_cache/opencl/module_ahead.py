@@ -8,15 +8,14 @@ batch load (``build_all``, ``set_precompiled_programs``).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..cache import Cache
 from .ahead_terms import NOT_HERE, Read, load_ahead_enabled, read_ahead_enabled, weakly
 from .cached_load import load_ahead, loads_ahead, taken
 from .holdings import NameLock
-from .plan import ProgramPlan
+from .module_host import ModuleCore
 from .prefetch import ReadAhead
 
 __all__ = ["PACED_READS", "LazyReadAhead"]
@@ -26,24 +25,12 @@ __all__ = ["PACED_READS", "LazyReadAhead"]
 PACED_READS = True
 
 
-class _Host(Protocol):
+class _Host(ModuleCore, Protocol):
     """What :class:`LazyReadAhead`'s methods use of the module they belong to."""
 
-    context: Any
-    _lock: threading.RLock
-    _programs: dict[str, Any]
     _ahead: ReadAhead | None
 
-    @property
-    def sources(self) -> Mapping[str, str]: ...
-
-    @property
-    def cache(self) -> Cache: ...
-
-    def _plan(self, name: str) -> ProgramPlan: ...
     def _name_lock(self, name: str) -> NameLock: ...
-
-    def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None: ...
 
     @property
     def _load_ahead(self) -> Callable[[Cache, str, Read], Any]: ...

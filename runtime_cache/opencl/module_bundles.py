@@ -9,40 +9,26 @@ tagged with device fingerprints, for apps that keep the bytes themselves (see
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..bundles import LoadResult
-from ..cache import Cache
 from .bundle import unpack_programs
 from .cached_load import Claim
-from .plan import ProgramPlan
+from .module_host import ModuleCore
 from .precompiled import load_bundle, pack_built
 
 __all__ = ["PrecompiledPrograms"]
 
 
-class _Host(Protocol):
+class _Host(ModuleCore, Protocol):
     """What :class:`PrecompiledPrograms`' methods use of the module they belong to."""
 
-    context: Any
-    sources: Mapping[str, str]
-    _lock: threading.RLock
-    _programs: dict[str, Any]
     _seconds: dict[str, float]
-
-    @property
-    def cache(self) -> Cache: ...
 
     @property
     def _claims(self) -> Claim: ...
 
-    def _plan(self, name: str) -> ProgramPlan: ...
-
     def _stop_reading_ahead(self) -> list[str]: ...
-
-    def _adopt(self, name: str, program: Any, seconds: float, *, cached: bool = False) -> None: ...
 
     def build_all(self) -> int: ...
 
