@@ -202,6 +202,9 @@ def test_counters_hit_is_add() -> None:
     counters.add(hits=1, bytes_read=10, seconds_saved=1.5)
     stats = counters.snapshot()
     assert (stats.hits, stats.bytes_read, stats.seconds_saved) == (2, 20, 3.0)
+    # A few counters read together agree with the snapshot, queued hits included.
+    counters.hit(4, 0.5)
+    assert counters.values("hits", "bytes_read", "misses") == (3, 24, 0)
 
 
 def test_hits_counted_from_many_threads_are_all_there() -> None:

@@ -113,8 +113,8 @@ def loads_ahead(context: Any) -> bool:
     names = {str(device.platform.name) for device in context.devices}
     if not names or not names <= LOADS_AHEAD:
         return False
-    done = counters.snapshot()
-    if done.loaded_ahead - done.loaded_ahead_used <= UNUSED_AHEAD + done.loaded_ahead_used:
+    loaded, used = counters.values("loaded_ahead", "loaded_ahead_used")
+    if loaded - used <= UNUSED_AHEAD + used:
         _refused[0] = 0
         return True
     _refused[0] = refused = _refused[0] + 1  # (a race costs a try more or less)
