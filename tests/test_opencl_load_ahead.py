@@ -420,9 +420,10 @@ def test_a_module_that_only_reads_ahead_paces_its_thread(
 ) -> None:
     """Reading only (NVIDIA's way), the thread reads one program for each of the caller's
     driver calls, and the caller still takes what it read rather than read it again."""
-    from runtime_cache.opencl import prefetch
+    from runtime_cache.opencl import module_ahead, prefetch
 
     monkeypatch.setenv("RUNTIME_CACHE_OPENCL_LOAD_AHEAD", "0")
+    monkeypatch.setattr(module_ahead, "PACED_READS", True)  # (off by default: see there)
     monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 5.0)  # (a busy machine's pauses)
     names, module = _module(ctx, cache, 10, salt=8)
     took: list[bool] = []

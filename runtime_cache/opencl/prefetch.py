@@ -16,11 +16,10 @@ the driver: the thread reads from the third program on while the driver loads th
 without the GIL (started earlier, it took the GIL from the caller's own read: about 1 ms on
 the 2-core box). A module with nothing left to read starts no thread.
 
-A thread that only reads (NVIDIA's driver, or loads ahead turned off) is *paced*: two
-programs when it begins, then one for each of the caller's driver calls (``begin()``), woken
-every ``PACED_BATCH`` calls, while the driver holds the caller's thread (NVIDIA's: 0.5 ms of
-CPU without the GIL), so the GIL is free when the caller comes back. With no driver call for
-``LOAD_PATIENCE`` seconds, it reads the rest, ``CHUNK`` a call.
+A thread that only reads can be *paced* (``paced=True``; off by default, slower on an
+H100): two programs when it begins, then one for each of the caller's driver calls
+(``begin()``), woken every ``PACED_BATCH`` calls, while the driver holds the caller's
+thread. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest, ``CHUNK`` a call.
 
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``), while
