@@ -22,7 +22,7 @@ __all__ = ["PACED_READS", "LazyReadAhead"]
 
 #: Whether a lazy module's thread that only reads (no loads ahead: NVIDIA's driver) is
 #: paced, reading one program for each of the caller's driver calls (see :mod:`.prefetch`).
-#: Off: on an H100 it was slower than reading at once (12 and 100 programs one at a time,
+#: Off: on an H100 it was slower than reading at once (100 and 12 programs one at a time,
 #: 15-21 rotating rounds: 1.281 and 1.332 of the floor paced, 1.162 and 1.290 not), though
 #: a simulated NVIDIA load on a 2-core VM had it ahead (docs/benchmarks-opencl.md).
 PACED_READS = False
