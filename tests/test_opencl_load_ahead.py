@@ -415,16 +415,12 @@ def test_load_ahead_can_be_turned_off(
 
 
 @pytest.mark.opencl
-def test_a_module_that_only_reads_ahead_paces_its_thread(
+def test_a_module_that_only_reads_ahead_hands_the_caller_what_it_read(
     ctx: Any, cache: rc.Cache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reading only (NVIDIA's way), the thread reads one program for each of the caller's
-    driver calls, and the caller still takes what it read rather than read it again."""
-    from runtime_cache.opencl import module_ahead, prefetch
-
+    """Reading only (NVIDIA's way), the caller takes what the thread read rather than read
+    it again, and each entry counts once."""
     monkeypatch.setenv("RUNTIME_CACHE_OPENCL_LOAD_AHEAD", "0")
-    monkeypatch.setattr(module_ahead, "PACED_READS", True)  # (off by default: see there)
-    monkeypatch.setattr(prefetch, "LOAD_PATIENCE", 5.0)  # (a busy machine's pauses)
     names, module = _module(ctx, cache, 10, salt=8)
     took: list[bool] = []
     take = ReadAhead.take
@@ -438,7 +434,7 @@ def test_a_module_that_only_reads_ahead_paces_its_thread(
     cache.reset_stats()
     for name in names:
         module.program(name)
-    assert module._ahead is not None and module._ahead._paced
+    assert module._ahead is not None and module._ahead._load is None
     assert took[:2] == [False, False]  # the first two are the caller's own reads
     # How many of the other 8 the thread read in time is the machine's timing (measured
     # in benchmarks/, not asserted here; CI on Intel's fast loads once saw 5): each entry

@@ -14,8 +14,6 @@ __all__ = [
     "LOAD_PATIENCE",
     "LOAD_WINDOW",
     "MAX_HELD",
-    "PACED_BATCH",
-    "PACED_LEAD",
     "YIELD_SECONDS",
 ]
 
@@ -49,10 +47,3 @@ LOAD_PATIENCE = 0.25
 LEAD = 3
 #: The thread's pause between two programs' plans (see ``ReadAhead._read``).
 YIELD_SECONDS = 20e-6
-#: Programs a paced thread (``ReadAhead(paced=True)``) may read when it begins, before the
-#: caller's next driver call lets it read one more.
-PACED_LEAD = 2
-#: A paced thread waiting for the caller is woken every this many driver calls, to read
-#: as many programs: waking it costs the caller a system call (about 20 µs a wake-up on
-#: the 2-core EPYC, a virtual machine), paid once for the batch.
-PACED_BATCH = 2

@@ -18,14 +18,7 @@ from .holdings import NameLock
 from .module_host import ModuleCore
 from .prefetch import ReadAhead
 
-__all__ = ["PACED_READS", "LazyReadAhead"]
-
-#: Whether a lazy module's thread that only reads (no loads ahead: NVIDIA's driver) is
-#: paced, reading one program for each of the caller's driver calls (see :mod:`.prefetch`).
-#: Off: on an H100 it was slower than reading at once (100 and 12 programs one at a time,
-#: 15-21 rotating rounds: 1.281 and 1.332 of the floor paced, 1.162 and 1.290 not), though
-#: a simulated NVIDIA load on a 2-core VM had it ahead (docs/benchmarks-opencl.md).
-PACED_READS = False
+__all__ = ["LazyReadAhead"]
 
 
 class _Host(ModuleCore, Protocol):
@@ -55,9 +48,7 @@ class LazyReadAhead:
             ):
                 loads = load_ahead_enabled() and loads_ahead(self.context)
                 load = weakly(self._load_ahead, cache) if loads else None
-                ahead = ReadAhead(
-                    cache, list(self.sources), weakly(self._plan), load, paced=PACED_READS
-                )
+                ahead = ReadAhead(cache, list(self.sources), weakly(self._plan), load)
                 ahead.start(name, owner=self)  # (dropped, the module stops its thread)
                 self._ahead = ahead
             return self._ahead

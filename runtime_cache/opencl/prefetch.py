@@ -16,11 +16,6 @@ the driver: the thread reads from the third program on while the driver loads th
 without the GIL (started earlier, it took the GIL from the caller's own read: about 1 ms on
 the 2-core box). A module with nothing left to read starts no thread.
 
-A thread that only reads can be *paced* (``paced=True``; off by default, slower on an
-H100): two programs when it begins, then one for each of the caller's driver calls
-(``begin()``), woken every ``PACED_BATCH`` calls, while the driver holds the caller's
-thread. With no driver call for ``LOAD_PATIENCE`` seconds, it reads the rest, ``CHUNK`` a call.
-
 On drivers that load two programs at once (the CPU drivers: ``LOADS_AHEAD`` in
 :mod:`.cached_load`), the thread also hands what it read to the driver (its ``load``), while
 the caller loads another: the caller, asking in order, loads every other program itself and
@@ -56,8 +51,6 @@ from .ahead_limits import (
     LOAD_PATIENCE,
     LOAD_WINDOW,
     MAX_HELD,
-    PACED_BATCH,
-    PACED_LEAD,
     YIELD_SECONDS,
 )
 from .ahead_terms import NOT_HERE, Chunk, Loaded, Loader, Read, read_size
@@ -74,8 +67,7 @@ class ReadAhead:
     ``names`` are the module's programs in order; ``plan_of(name)`` plans one. With ``load``
     (see :data:`Loader`), the thread also hands each program it read to the driver, at most
     :data:`LOAD_WINDOW` ahead of the caller, while the caller's own driver calls and kernels
-    run: :meth:`take` then gives a :class:`Loaded`. Without it, ``paced`` paces the thread
-    by the caller's driver calls (see the module's text).
+    run: :meth:`take` then gives a :class:`Loaded`.
     """
 
     def __init__(
@@ -84,7 +76,6 @@ class ReadAhead:
         names: Sequence[str],
         plan_of: Callable[[str], ProgramPlan],
         load: Loader | None = None,
-        paced: bool = False,
     ) -> None:
         self._cache = cache
         self._names = list(names)
@@ -109,9 +100,6 @@ class ReadAhead:
         self._held = 0  # bytes read and not yet taken
         self._pid = os.getpid()
         self._finished = threading.Event()  # set when the thread ends (or never starts)
-        self._paced = paced and load is None  # (see the module's text)
-        self._tickets = 0  # reads a paced thread is owed for the caller's driver calls
-        self._gathering = False  # no longer paced: chunks gathered (see _gather)
 
     def start(self, first: str, owner: object | None = None) -> None:
         """Read every program but ``first``, in order from the one after it, once the
@@ -144,8 +132,6 @@ class ReadAhead:
         sizes = (*FIRST_CHUNKS, *[CHUNK] * (len(rest) // CHUNK + 1))
         if self._load is not None:  # a caller that asks for the next waits for one read
             sizes = (1, *[LOAD_CHUNK] * (len(rest) // LOAD_CHUNK + 1))
-        elif self._paced:  # one program a driver call
-            sizes = (1,) * len(rest)
         self._order = {name: at for at, name in enumerate(rest)}
         for size in sizes:
             if at >= len(rest):
@@ -157,16 +143,11 @@ class ReadAhead:
 
     def begin(self) -> None:
         """Start the thread, when the caller has come back for a program after the first
-        (:meth:`take`) and there is something left to read; otherwise do nothing (paced: one
-        more read). The caller calls it after its own read, just before its driver call."""
+        (:meth:`take`) and there is something left to read; otherwise do nothing. The
+        caller calls it after its own read, just before its driver call."""
         if os.getpid() != self._pid:  # a forked child: the lock may be the parent's, take()
             return  # reads nothing there
-        if self._begun:  # asked again on every later program: no lock for that, unless paced
-            if self._paced:
-                with self._lock:
-                    self._tickets += 1
-                    if self._tickets >= PACED_BATCH:  # (a wake-up costs the caller ~20 µs)
-                        self._room.notify()
+        if self._begun:  # asked again on every later program: no lock for that
             return
         with self._lock:
             if (
@@ -177,7 +158,6 @@ class ReadAhead:
             ):
                 return
             self._begun = True
-            self._tickets = PACED_LEAD
         if self._load is not None:
             close_at_exit()
         # A bare thread: threading.Thread.start() waits until the new thread runs, which
@@ -207,13 +187,8 @@ class ReadAhead:
         try:
             for chunk in self._chunks:
                 with self._lock:
-                    # A chunk the caller emptied costs no ticket (one emptied meanwhile: back)
-                    if self._paced and chunk.names and self._took_a_ticket() and not chunk.names:
-                        self._tickets += 1
                     if self._stopped or self._held > MAX_HELD:
                         break
-                    if self._gathering:
-                        self._gather(chunk)
                     chunk.started = True
                     if not chunk.names:  # all taken by the caller before the thread began
                         chunk.done.set()
@@ -238,26 +213,6 @@ class ReadAhead:
             for chunk in self._chunks:  # never leave a waiter behind
                 chunk.done.set()
             self._finished.set()
-
-    def _took_a_ticket(self) -> bool:
-        # (under the lock) Wait for the caller's next driver call; after LOAD_PATIENCE
-        # seconds without one the thread is no longer paced, and reads the rest at once.
-        while self._tickets <= 0 and not self._stopped:
-            if not self._room.wait(LOAD_PATIENCE):
-                self._paced, self._gathering = False, True
-                return False
-        self._tickets -= 1  # (stopped: the thread ends before reading)
-        return True
-
-    def _gather(self, chunk: Chunk) -> None:
-        # (under the lock) Unpaced: the chunks not begun join ``chunk``, up to CHUNK programs.
-        for later in self._chunks[self._chunks.index(chunk) + 1 :]:
-            room = CHUNK - len(chunk.names)
-            if room <= 0 or later.started:
-                break
-            moved, later.names[:room] = later.names[:room], []
-            chunk.names.extend(moved)
-            self._where.update(dict.fromkeys(moved, chunk))
 
     def _load_chunk(self, chunk: Chunk) -> None:
         """Hand the chunk's programs the caller has not taken to the driver, in order,
