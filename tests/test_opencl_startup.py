@@ -406,15 +406,6 @@ def test_read_ahead_with_nothing_left_to_read_starts_no_thread() -> None:
     assert not ahead.begun
 
 
-def _until(condition: Any, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def test_a_read_carries_its_standing_with_the_crash_guard() -> None:
     """What the thread read comes with the binaries' standing, looked up on the thread:
     unknown at first, known once vouched for under these keys."""
