@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .keys import CacheKey, check_named_parts, encode_parts, encoded_part, make_key
+from .keys import CacheKey, check_named_parts, encode_parts, encoded_part, make_key, parts_head
 from .packing import packb
 
 __all__ = ["KeyTemplate"]
@@ -33,6 +33,11 @@ __all__ = ["KeyTemplate"]
 _PACKER = msgpack.Packer(use_bin_type=True)
 #: The msgpack header of a two-item list: a part's ``[name, value]`` pair in the encoding.
 _PAIR = _PACKER.pack_array_header(2)
+
+#: A key's parts in name order, for one set of per-key part names: each shared part as
+#: ``(name, pair, metadata, copy)``, each per-key one as ``(name, None, packed name, None)``;
+#: then the encoding's head and the metadata map's header.
+_Layout = tuple[tuple[tuple[str, bytes | None, bytes, Any], ...], bytes, bytes]
 
 
 class KeyTemplate:
@@ -63,6 +68,7 @@ class KeyTemplate:
         for name, value in parts.items():
             self._pairs[name], self._copies[name] = encoded_part(name, value)
             self._meta[name] = packb(name) + packb(self._copies[name])
+        self._layouts: dict[tuple[str, ...], _Layout | None] = {}
 
     def key(self, **parts: Any) -> CacheKey:
         """The key of the shared parts plus ``parts``: ``make_key`` of them all.
@@ -70,8 +76,45 @@ class KeyTemplate:
         A part that would override a shared one, or that ``make_key`` would refuse,
         goes through ``make_key`` itself (which then raises, naming the part).
         """
-        if any(name in self._pairs for name in parts):
+        names = tuple(parts)
+        layout = self._layouts[names] if names in self._layouts else self._lay_out(names)
+        if layout is None:  # a shared part overridden
             return make_key(**{**self._shared, **parts})
+        order, head, map_header = layout
+        pairs: list[bytes] = []
+        metas: list[bytes] = []
+        copies: dict[str, Any] = {}
+        for name, pair, meta, copy in order:
+            if pair is None:  # the key's own: a digest or a name, as a rule
+                value = parts[name]
+                if type(value) is not str:
+                    return self._key_of_any(parts)
+                meta += _PACKER.pack(value)  # (meta held the packed name)
+                pair, copy = _PAIR + meta, value
+            pairs.append(pair)
+            metas.append(meta)
+            copies[name] = copy
+        digest = xxhash.xxh3_128_hexdigest(b"".join((head, *pairs)))
+        packed = b"".join((map_header, *metas))
+        return CacheKey.made(self._runtime, self._purpose, digest, copies, packed)
+
+    def _lay_out(self, names: tuple[str, ...]) -> _Layout | None:
+        # The layout of keys whose own parts are ``names`` (None: one is a shared part's).
+        if any(name in self._pairs for name in names):
+            layout = None
+        else:
+            order = tuple(
+                (name, self._pairs[name], self._meta[name], self._copies[name])
+                if name in self._pairs
+                else (name, None, _PACKER.pack(name), None)
+                for name in sorted((*self._pairs, *names))
+            )
+            layout = (order, parts_head(len(order)), _PACKER.pack_map_header(len(order)))
+        self._layouts[names] = layout
+        return layout
+
+    def _key_of_any(self, parts: dict[str, Any]) -> CacheKey:
+        # ``key`` for own parts of any type: each encoded as ``make_key`` encodes it.
         pairs = self._pairs.copy()
         copies = self._copies.copy()
         meta = self._meta.copy()

@@ -134,7 +134,14 @@ def encoded_part(name: str, value: Any) -> tuple[bytes, Any]:
 def encode_parts(pairs: Mapping[str, bytes]) -> bytes:
     """:func:`canonical_bytes` of the parts whose :func:`encoded_part` bytes are ``pairs``."""
     names = sorted(pairs)
-    return b"".join((_HEAD, _PACKER.pack_array_header(len(names)), *(pairs[n] for n in names)))
+    return b"".join((parts_head(len(names)), *(pairs[n] for n in names)))
+
+
+def parts_head(count: int) -> bytes:
+    """The bytes of :func:`canonical_bytes` before its ``count`` pairs: what
+    :func:`encode_parts` puts before the pairs, sorted by name, that it joins."""
+    header: bytes = _PACKER.pack_array_header(count)
+    return _HEAD + header
 
 
 class _Unsupported(Exception):

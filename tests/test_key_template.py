@@ -49,6 +49,23 @@ def test_template_keys_are_make_keys(extra: dict[str, Any]) -> None:
     _same(KeyTemplate(**SHARED).key(**extra), make_key(**SHARED, **extra))
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["a", "includes", "program", "source", "zz"]), values),
+        max_size=6,
+    )
+)
+def test_one_template_makes_make_keys_key_after_key(extras: list[dict[str, Any]]) -> None:
+    # One template keeps a layout per set of part names: the same names come back with
+    # values of other types, in another order, and as text (the fast path).
+    template = KeyTemplate(**SHARED)
+    for extra in extras:
+        _same(template.key(**extra), make_key(**SHARED, **extra))
+        text = {name: f"{name}:{len(extras)}" for name in reversed(list(extra))}
+        _same(template.key(**text), make_key(**SHARED, **text))
+
+
 def test_program_keys_and_overrides() -> None:
     template = KeyTemplate(**SHARED)
     for name in ("scale", "", "é", "z" * 300):

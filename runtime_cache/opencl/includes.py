@@ -144,6 +144,11 @@ _TRIGRAPHS = tuple(
     )
 )
 _WORDS = re.compile(rb"include|import")
+#: What may make a source read a file: a directive's word, or a splice or a trigraph
+#: that could spell one.
+_may_read = re.compile(rb"include|import|\\|\?\?").search
+#: The macros the main source may not name (see :mod:`.build_time`).
+_SOURCE_NAMES = BUILD_TIME + OWN_FILE
 #: A name a directive reads: ``"name"`` or ``<name>``.
 _NAMED = re.compile(rb'^("([^"\n]+)"|<([^>\n]+)>)')
 _MAX_FILES = 512
@@ -294,12 +299,12 @@ def include_digests(
     (:class:`HeaderReads`).
     """
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
-    if names_build_time(data, BUILD_TIME + OWN_FILE):
+    if names_build_time(data, _SOURCE_NAMES):
         return None
     spelled = b"\\" in data or b"??" in data  # (spliced or trigraph spellings of those)
-    if spelled and any(names_build_time(r, BUILD_TIME + OWN_FILE) for r in _readings(data)):
+    if spelled and any(names_build_time(r, _SOURCE_NAMES) for r in _readings(data)):
         return None
-    if not any(word in data for word in (b"include", b"import", b"\\", b"??")):
+    if _may_read(data) is None:
         return []  # (a splice or a trigraph could spell one)
     first = xxhash.xxh3_128_intdigest(data)
     if reads is not None:

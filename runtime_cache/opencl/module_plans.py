@@ -34,12 +34,13 @@ class ModulePlans:
         self._plans: dict[str, ProgramPlan] = {}
         self._text = ""
         self._templates: list[KeyTemplate] | None = None
+        self._devices: list[Any] = []  # the context's, asked of the driver once
         self._replanned = False
 
     def plan(self, name: str) -> ProgramPlan:
         """The plan of program ``name``; ``KeyError`` if the module has none of that name."""
         with self._lock:
-            if self._plans and not self._replanned and pocl_flags_unknown(self._context.devices):
+            if self._plans and not self._replanned and pocl_flags_unknown(self._devices):
                 self._plans.clear()  # (planned with keys before: now built uncached)
                 self._replanned = True
             plan = self._plans.get(name)
@@ -49,12 +50,13 @@ class ModulePlans:
                 raise KeyError(f"no kernel {name!r} in module {self._module_id}")
             if self._templates is None:
                 self._text = options_text(self._context, self._options)
-                devices = list(self._context.devices)
-                self._templates = key_templates(devices, self._module_id, self._text)
+                self._devices = list(self._context.devices)
+                self._templates = key_templates(self._devices, self._module_id, self._text)
             plan = plan_program(
                 self._context,
                 self._sources[name],
                 self._options,
+                devices=self._devices,
                 module_id=self._module_id,
                 program=name,
                 options_text=self._text,
