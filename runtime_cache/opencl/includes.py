@@ -144,9 +144,6 @@ _TRIGRAPHS = tuple(
     )
 )
 _WORDS = re.compile(rb"include|import")
-#: What may make a source read a file: a directive's word, or a splice or a trigraph
-#: that could spell one.
-_may_read = re.compile(rb"include|import|\\|\?\?").search
 #: The macros the main source may not name (see :mod:`.build_time`).
 _SOURCE_NAMES = BUILD_TIME + OWN_FILE
 #: A name a directive reads: ``"name"`` or ``<name>``.
@@ -304,7 +301,7 @@ def include_digests(
     spelled = b"\\" in data or b"??" in data  # (spliced or trigraph spellings of those)
     if spelled and any(names_build_time(r, _SOURCE_NAMES) for r in _readings(data)):
         return None
-    if _may_read(data) is None:
+    if not spelled and _WORDS.search(data) is None:
         return []  # (a splice or a trigraph could spell one)
     first = xxhash.xxh3_128_intdigest(data)
     if reads is not None:
