@@ -33,6 +33,7 @@ __all__ = [
     "encoded_part",
     "make_key",
     "module_id_from_sources",
+    "parts_head",
 ]
 
 #: Bump only with a migration note: it changes every key.
