@@ -28,7 +28,7 @@ import xxhash
 from .keys import CacheKey, check_named_parts, encode_parts, encoded_part, make_key, parts_head
 from .packing import packb
 
-__all__ = ["KeyTemplate"]
+__all__ = ["MAX_LAYOUTS", "KeyTemplate"]
 
 _PACKER = msgpack.Packer(use_bin_type=True)
 #: The msgpack header of a two-item list: a part's ``[name, value]`` pair in the encoding.
@@ -38,6 +38,9 @@ _PAIR = _PACKER.pack_array_header(2)
 #: ``(name, pair, metadata, copy)``, each per-key one as ``(name, None, packed name, None)``;
 #: then the encoding's head and the metadata map's header.
 _Layout = tuple[tuple[tuple[str, bytes | None, bytes, Any], ...], bytes, bytes]
+#: Layouts a template keeps: a program's keys use one or two sets of per-key names; a
+#: caller that names new parts key after key gets each laid out anew past this many.
+MAX_LAYOUTS = 32
 
 
 class KeyTemplate:
@@ -110,7 +113,8 @@ class KeyTemplate:
                 for name in sorted((*self._pairs, *names))
             )
             layout = (order, parts_head(len(order)), _PACKER.pack_map_header(len(order)))
-        self._layouts[names] = layout
+        if len(self._layouts) < MAX_LAYOUTS:  # (two threads may lay out the same: alike)
+            self._layouts[names] = layout
         return layout
 
     def _key_of_any(self, parts: dict[str, Any]) -> CacheKey:

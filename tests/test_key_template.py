@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime_cache.key_template import KeyTemplate
+from runtime_cache.key_template import MAX_LAYOUTS, KeyTemplate
 from runtime_cache.keys import canonical_bytes, encode_parts, encoded_part, make_key
 
 DEVICE = {"vendor": "V", "name": "N", "driver": "1.0", "limits": [1, 2.5, {"a": None}]}
@@ -64,6 +64,14 @@ def test_one_template_makes_make_keys_key_after_key(extras: list[dict[str, Any]]
         _same(template.key(**extra), make_key(**SHARED, **extra))
         text = {name: f"{name}:{len(extras)}" for name in reversed(list(extra))}
         _same(template.key(**text), make_key(**SHARED, **text))
+
+
+def test_a_template_keeps_a_bounded_number_of_layouts() -> None:
+    template = KeyTemplate(**SHARED)
+    for i in range(3 * MAX_LAYOUTS):  # a new part name each time
+        _same(template.key(**{f"p{i}": "v"}), make_key(**SHARED, **{f"p{i}": "v"}))
+    _same(template.key(program="k"), make_key(**SHARED, program="k"))
+    assert len(template._layouts) == MAX_LAYOUTS
 
 
 def test_program_keys_and_overrides() -> None:
