@@ -1,17 +1,4 @@
-"""A lazy module's read-ahead thread, gated or not, against a simulated NVIDIA load.
-
-The probe of 2026-12-05 (``probe-paced-read-ahead-cpu-driver-2026-12-05.py``) with its
-sides named on the command line: ``floor``, ``read`` (reading at once), ``gated`` (the
-thread reads only while a driver call runs; needs
-``gated-read-ahead-trial-2026-12-06.patch`` applied) and ``all`` (``build_all()``, one
-loading thread). The simulated driver call notes the process's driver window as the
-patched ``create_and_build`` does. Session 34's runs:
-
-    RUNTIME_CACHE=dir:///tmp/p/c RUNTIME_CACHE_GUARD_DIR=/tmp/p/g \\
-        python probe-gated-read-ahead-cpu-driver-2026-12-06.py 100 31 floor,read,gated
-
-The text of the 2026-12-05 probe follows.
-
+"""A lazy module's read-ahead thread against a simulated NVIDIA load, one probe for its forms.
 
 NVIDIA's driver loads a binary as CPU work on the calling thread, without the GIL (an
 H100: 0.48 ms a program, its wall time equal to its CPU time). Here the driver call
@@ -19,14 +6,26 @@ H100: 0.48 ms a program, its wall time equal to its CPU time). Here the driver c
 without the GIL; 0.55 ms on a 2-core AMD EPYC) under one lock, as NVIDIA serializes
 loads, handing back a program built beforehand; kernels are made by the real driver
 (PoCL, platform 0). The thread only reads (``RUNTIME_CACHE_OPENCL_LOAD_AHEAD=0``), as on
-NVIDIA. Sides, rotated in one process, ``rounds`` times: ``floor`` (read the binary file,
-the simulated load, ``pyopencl.Kernel``), ``read`` (a lazy module, the thread reading as
-fast as it can) and ``paced`` (one program for each driver call). Per side: the median
-ratio to the floor, and the median excess per program of the wall time and of the
-caller's own CPU time; the difference is the caller's wait (for the GIL).
+NVIDIA. Sides, named on the command line and rotated in one process, ``rounds`` times:
+
+* ``floor``: read the binary file, the simulated load, ``pyopencl.Kernel``;
+* ``read``: a lazy module, the thread reading as fast as it can;
+* ``all``: ``build_all()``, one loading thread;
+* ``paced``: one program for each driver call (``PACED_READS``; needs the code before
+  ``44c7d98``, which removed it);
+* ``gated``: the thread reads only while a driver call runs (needs
+  ``gated-read-ahead-trial-2026-12-06.patch`` applied); the simulated driver call then
+  notes the process's driver window as the patched ``create_and_build`` does.
+
+Per side: the median ratio to the floor, and the median excess per program of the wall
+time and of the caller's own CPU time; the difference is the caller's wait (for the GIL).
+The runs of 2026-12-05 (``probe-paced-read-ahead-cpu-driver-2026-12-05.txt``, code
+``837011c``) and of session 34 (2026-12-06):
 
     RUNTIME_CACHE=dir:///tmp/p/c RUNTIME_CACHE_GUARD_DIR=/tmp/p/g \\
-        python probe-paced-read-ahead-cpu-driver-2026-12-05.py 100 31
+        python probe-read-ahead-cpu-driver.py 100 31 floor,read,paced
+    RUNTIME_CACHE=dir:///tmp/p/c RUNTIME_CACHE_GUARD_DIR=/tmp/p/g \\
+        python probe-read-ahead-cpu-driver.py 100 31 floor,read,gated
 """
 
 import gc
@@ -108,6 +107,7 @@ def floor() -> float:
 
 def lazy(side: str) -> float:
     ahead_code.GATED_READS = side == "gated"  # (the patch's switch)
+    ahead_code.PACED_READS = side == "paced"  # (the switch before 44c7d98)
     gc.collect()
     started, cpu_started = time.perf_counter(), time.thread_time()
     module = OpenCLModule(ctx, sources)
