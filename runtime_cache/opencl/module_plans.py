@@ -40,6 +40,10 @@ class ModulePlans:
     def plan(self, name: str) -> ProgramPlan:
         """The plan of program ``name``; ``KeyError`` if the module has none of that name."""
         with self._lock:
+            if self._templates is None:  # (first: the PoCL look below needs the devices)
+                self._text = options_text(self._context, self._options)
+                self._devices = list(self._context.devices)
+                self._templates = key_templates(self._devices, self._module_id, self._text)
             if self._plans and not self._replanned and pocl_flags_unknown(self._devices):
                 self._plans.clear()  # (planned with keys before: now built uncached)
                 self._replanned = True
@@ -48,10 +52,6 @@ class ModulePlans:
                 return plan
             if name not in self._sources:
                 raise KeyError(f"no kernel {name!r} in module {self._module_id}")
-            if self._templates is None:
-                self._text = options_text(self._context, self._options)
-                self._devices = list(self._context.devices)
-                self._templates = key_templates(self._devices, self._module_id, self._text)
             plan = plan_program(
                 self._context,
                 self._sources[name],
