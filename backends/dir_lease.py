@@ -34,6 +34,19 @@ note set for next year is no note. How notes are written and removed: :mod:`.dir
 The folder and the files are opened under the cache root's descriptor with no
 link followed (a planted ``.locks`` symlink is refused, never written through),
 and made with the cache's modes, so a ``shared=1`` group shares its leases.
+
+In a ``shared=1`` folder whose caches have a secret
+(:meth:`~runtime_cache.api.Backend.sign_leases`), a holder writes a signed token
+(:mod:`.lease_tokens`) into its lock file when it takes the lease and at each renewal,
+stamped with the lock file's own time (the file system's clock). A member without the
+secret could otherwise hold a key's lock, touching it, and keep every process waiting out
+its deadline (92 s per key by default). A taker that finds the lock held with no token any
+key of the secret signed, or one that ran out, on two looks at least :data:`FOREIGN_GRACE`
+apart (a holder writes its token just after it locks), breaks the
+lock as a stale one is broken; where it cannot (the folder's unlinking lock held), it
+raises :class:`~runtime_cache.errors.BackendError`, and the caller builds without a lease.
+A token copied from a live holder and planted again (a replay) counts until it runs out,
+``ttl`` plus :data:`~.lease_tokens.SLACK_MS` after it was made.
 """
 
 from __future__ import annotations
@@ -53,8 +66,17 @@ from runtime_cache.file_locks import flock_within
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
+from .lease_tokens import MAX_TOKEN, LeaseSigning, genuine, make_token
 
-__all__ = ["LOCKS", "MAX_NOTE_SECONDS", "NOTE_SUFFIX", "UNLINKING", "DirLease", "unlink_if_same"]
+__all__ = [
+    "FOREIGN_GRACE",
+    "LOCKS",
+    "MAX_NOTE_SECONDS",
+    "NOTE_SUFFIX",
+    "UNLINKING",
+    "DirLease",
+    "unlink_if_same",
+]
 
 LOCKS = ".locks"
 _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -62,6 +84,9 @@ _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 UNLINKING = ".unlinking"
 #: Seconds an unlink waits for :data:`UNLINKING` before it leaves the file in place.
 UNLINK_WAIT = 1.0
+#: Seconds a lock must be seen held with no genuine token (two looks this far apart) before
+#: a taker with the secret breaks it: a holder writes its token just after it locks.
+FOREIGN_GRACE = 0.05
 #: A probe is always a new file of our own: never one that is there, never through a link.
 _PROBE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -111,8 +136,18 @@ class DirLease(Lease):
 
     renews = True
 
-    def __init__(self, root_fd: int, key: str, ttl: float, modes: Modes | None = None) -> None:
+    def __init__(
+        self,
+        root_fd: int,
+        key: str,
+        ttl: float,
+        modes: Modes | None = None,
+        signing: LeaseSigning | None = None,
+    ) -> None:
         super().__init__(key, ttl)
+        self._signing = signing if signing is not None else LeaseSigning()
+        #: The secret's keys (the first signs, any verifies); empty: locks carry no token.
+        self._keys = self._signing.keys
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
         self.name = f"{digest}.lock"
         self.note_name = f"{digest}{NOTE_SUFFIX}"
@@ -172,10 +207,16 @@ class DirLease(Lease):
                 # Stale by our clock; by the file system's, which stamped the touch? The lock's
                 # time is read again after the probe: a touch meanwhile is then counted.
                 stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
-                if stale and self._unlink_if_same(fd):
+                foreign = not stale and self._foreign_holder(fd)
+                if (stale or foreign) and self._unlink_if_same(fd):
                     os.close(fd)
                     continue
                 os.close(fd)
+                if foreign:
+                    raise BackendError(
+                        f"lease {self.key!r}: held with no token the secret signed, and "
+                        "the lock cannot be broken now"
+                    ) from None
                 return False
             if not self._same_file(fd):  # released or broken between our open and lock
                 os.close(fd)
@@ -184,9 +225,44 @@ class DirLease(Lease):
                 os.utime(fd)
             except OSError:
                 pass  # another member's file: staleness then counts from its last touch
+            self._stamp(fd)
+            self._signing.signed(self.name)
             self._fd = fd
             return True
         return False
+
+    def _stamp(self, fd: int) -> None:
+        """Write a fresh signed token into the held lock file (with the secret only),
+        counting from the file's time, which the touch just before set."""
+        if not self._keys:
+            return
+        try:
+            now_ms = int(os.fstat(fd).st_mtime * 1000)
+            token = make_token(self._keys[0], self.name, int(self.ttl * 1000), now_ms).encode()
+            os.pwrite(fd, token, 0)
+            os.ftruncate(fd, len(token))
+        except OSError:
+            pass  # (a full disk) takers with the secret then break the lock: built twice
+
+    def _foreign_holder(self, fd: int) -> bool:
+        """Whether the lock open as ``fd``, held by someone, has held no genuine token for
+        :data:`FOREIGN_GRACE` seconds (with the secret only; see the module's notes)."""
+        if not self._keys:
+            return False
+        try:
+            token = os.pread(fd, MAX_TOKEN + 1, 0)
+        except OSError:  # not a file that can be read: no holder's token is in it
+            token = b""
+        signed = genuine(self._keys, self.name, token, int(time.time() * 1000))
+        # Run out by our clock; by the file system's, which stamped it? (a taker ahead)
+        if not signed and token:
+            signed = genuine(self._keys, self.name, token, int(self._fs_now() * 1000))
+        if signed:
+            self._signing.signed(self.name)
+            return False
+        # Whatever file is there now (a member who swapped in fresh locks faster than the
+        # grace would never be found out), and whichever lease of the key looked first.
+        return self._signing.unsigned_for(self.name) >= FOREIGN_GRACE
 
     def _fs_now(self) -> float:
         """Now by the clock that stamps the lock files: the time a touch gives a fresh probe
@@ -227,6 +303,7 @@ class DirLease(Lease):
             os.utime(fd)
         except OSError:
             pass
+        self._stamp(fd)
         return True
 
     def _drop(self) -> None:

@@ -39,6 +39,7 @@ from .dir_url import DEFAULT_MAX_SIZE, url_settings
 from .dir_write import delete_entry, delete_if, removable, write_entry
 from .eviction import LockStats
 from .hits_journal import HitsJournal
+from .lease_tokens import LeaseSigning
 
 __all__ = ["DirectoryBackend"]
 
@@ -64,12 +65,10 @@ class DirectoryBackend(Backend):
         max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0: no cap.
         max_files: cap on the number of entry files (0: none); by default ``max_size / 4 KiB``
             (at least 1024).
-        fsync: fsync each file before it is renamed into place (durable on
-            power loss, slower).
+        fsync: fsync each file before its rename into place (durable on power loss, slower).
         track_access: bump mtime and count hits on every get (for LRU and listings).
-        shared: accept a root that another user owns or that its group or anyone
-            may write (a team's shared folder), and keep what this process makes
-            group-writable. Share with ``Cache(secret=...)``.
+        shared: accept a root that another user owns or that its group or anyone may write
+            (a team's folder), and keep what this makes group-writable; with ``Cache(secret=)``.
         max_entry_size: the largest file read as an entry; larger ones are junk.
     """
 
@@ -91,8 +90,7 @@ class DirectoryBackend(Backend):
         shared: bool = False,
         max_entry_size: int = MAX_ENTRY_SIZE,
     ) -> None:
-        # Kept as text: a Path is made only when asked for (``root``), off the open's path.
-        self._root_text = cache_folder(path)
+        self._root_text = cache_folder(path)  # text: a Path is made when asked for (root)
         self.max_size = (None if max_size is None else parse_size(max_size)) or None
         if max_files is None and self.max_size is not None:
             max_files = max(1024, self.max_size // 4096)
@@ -108,6 +106,7 @@ class DirectoryBackend(Backend):
         self.unlisted_folders: list[tuple[str, str]] = []
         self._read_only = self._closed = False
         self._rels: dict[str, str] = {}
+        self._signing = LeaseSigning()  # a shared folder's caches' secret, for its leases
         self.modes = Modes.for_cache(shared)
         #: The descriptor of the root folder that everything is opened under.
         self.root_fd = open_root(self._root_text, self.modes)
@@ -298,8 +297,7 @@ class DirectoryBackend(Backend):
         self._upkeep.account(len(value), rel)
 
     def _root_read_only(self, exc: OSError) -> bool:
-        # A folder another member made without group write fails this key alone;
-        # only a root we cannot write into makes the whole backend read-only.
+        # Only a root we cannot write into is read-only (a member's folder fails its keys).
         return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self.root_fd)
 
     def delete(self, key: str) -> bool:
@@ -340,11 +338,9 @@ class DirectoryBackend(Backend):
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         hits = self._journal.read() if self.track_access else {}
         for found in self._listing(prefix):
-            count, _ = hits.get(found.key, (0, 0.0))
+            count = hits.get(found.key, (0, 0.0))[0] if self.track_access else None
             st = found.stat
-            yield StoredItem(
-                found.key, st.st_size, st.st_mtime, count if self.track_access else None
-            )
+            yield StoredItem(found.key, st.st_size, st.st_mtime, count)
 
     def total_size(self) -> int:
         """The disk the entries take now (a full walk)."""
@@ -380,12 +376,16 @@ class DirectoryBackend(Backend):
         keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
         self._journal.compact(lambda: keys_until(self.root_fd, deadline), f"{_TEMP_PREFIX}hits-")
 
+    def sign_leases(self, keys: tuple[bytes, ...]) -> None:
+        if self.shared:  # (one's own folder holds one's own processes' locks only)
+            self._signing.add(keys)
+
     def lease(self, key: str, ttl: float) -> Lease:
-        """An ``flock`` on ``<root>/.locks/<digest>.lock`` (see :mod:`.dir_lease`)."""
-        from .dir_lease import DirLease
+        """An ``flock`` on ``.locks/<digest>.lock``, signed when shared (:mod:`.dir_lease`)."""
+        from .dir_lease import DirLease  # (fcntl: imported where leases are taken)
 
         self._rel(key)  # the same key rules as entries
-        return DirLease(self.root_fd, key, ttl, self.modes)
+        return DirLease(self.root_fd, key, ttl, self.modes, self._signing)
 
     def close(self) -> None:
         if not self._closed:

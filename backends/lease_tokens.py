@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
+import os
+import threading
+import time
 from collections.abc import Sequence
 
-__all__ = ["MAX_TOKEN", "SLACK_MS", "genuine", "make_token"]
+__all__ = ["MAX_TOKEN", "SLACK_MS", "LeaseSigning", "genuine", "make_token"]
 
 #: Milliseconds a token counts past its lease's time to live: what a holder's estimate of
 #: the server's clock may be off by (a node relearned late, a stepped server clock).
@@ -52,7 +54,7 @@ def make_token(key: bytes, name: str, ttl_ms: int, now_ms: int) -> str:
     """A fresh token for the lease at ``name``, signed with ``key``, counting for ``ttl_ms``
     (plus :data:`SLACK_MS`) from ``now_ms``, the server's time in milliseconds since the
     epoch (:meth:`.redis_clock.ServerClock.now_ms`)."""
-    nonce = secrets.token_hex(_NONCE)
+    nonce = os.urandom(_NONCE).hex()  # (what secrets.token_hex does; imported with dir://)
     expiry = str(now_ms + ttl_ms + SLACK_MS)
     return f"{nonce}.{expiry}.{_mac(key, name, nonce, expiry)}"
 
@@ -65,3 +67,33 @@ def genuine(keys: Sequence[bytes], name: str, token: bytes, now_ms: int) -> bool
         return False
     nonce, expiry, mac = parts
     return any(hmac.compare_digest(_mac(key, name, nonce, expiry), mac) for key in keys)
+
+
+class LeaseSigning:
+    """A shared folder's lease signing: the secret's keys (the newest cache's first signs,
+    any verifies; 8 at most), and since when each key's lock has been seen held with no
+    genuine token. Kept by the backend and shared by its leases: callers such as
+    ``build_all`` ask for a new lease at each try."""
+
+    def __init__(self) -> None:
+        self.keys: tuple[bytes, ...] = ()
+        self._unsigned: dict[str, float] = {}  # lock name -> first look with no token
+        self._lock = threading.Lock()
+
+    def add(self, keys: tuple[bytes, ...]) -> None:
+        """Sign with ``keys`` from now on; earlier keys still verify."""
+        self.keys = (*keys, *(k for k in self.keys if k not in keys))[:8]
+
+    def unsigned_for(self, name: str) -> float:
+        """Seconds since the lock ``name`` was first seen held with no genuine token (0.0
+        at the first look)."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._unsigned) >= 4096:
+                self._unsigned.clear()
+            return now - self._unsigned.setdefault(name, now)
+
+    def signed(self, name: str) -> None:
+        """The lock ``name`` is held with a genuine token, or was taken: forget any look."""
+        with self._lock:
+            self._unsigned.pop(name, None)

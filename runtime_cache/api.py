@@ -282,7 +282,7 @@ class Backend(abc.ABC):
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         """Sign build leases with the secret ``keys`` (the first signs, any verifies), so a
         taker can tell a lease planted without the secret and take it at once (given by a
-        :class:`~runtime_cache.Cache` with a secret; a folder's ``flock`` needs nothing)."""
+        :class:`~runtime_cache.Cache` with a secret; only stores others write need it)."""
         return None
 
     def lease(self, key: str, ttl: float) -> Lease | None:

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 import runtime_cache as rc
+from runtime_cache.backends.dir_lease import DirLease
 from runtime_cache.backends.dir_tree import rel_path
 
 SECRET = "group-secret"
@@ -47,6 +48,7 @@ import grp, json, os, pwd, select, signal, sys, time, fcntl
 import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.dir_tree import rel_path
+from runtime_cache.backends.dir_lease import DirLease  # (a lease imports it on first use)
 for name in rc.__all__:  # its names load on first use: load them before the switch
     getattr(rc, name)
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
@@ -70,6 +72,9 @@ for line in sys.stdin:
     if op == "put":
         sizes[n[0]] = n[1]
         out = cache.put(key(n[0]), value(n[0], n[1]))
+    elif op == "build":  # get_or_build under the key's lease
+        sizes[n[0]] = n[1]
+        out = cache.get_or_build(key(n[0]), lambda: value(n[0], n[1])) == value(n[0], n[1])
     elif op == "get":
         got = cache.get(key(n[0]))
         ours = got == value(n[0], sizes.get(n[0], 0))
@@ -469,6 +474,39 @@ def test_stopped_evictor_is_broken_and_the_cap_kept(group: Group) -> None:
         victim.close()
     finally:
         os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+
+
+HOLD_LEASE = """
+fd = os.open(sys.argv[3], os.O_RDWR | os.O_CREAT, 0o660)  # a key's lock, with no token
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+while True:
+    os.utime(fd); time.sleep(0.2)  # kept fresh: never stale
+"""
+
+
+def test_a_lease_held_without_the_secret_holds_nobody_off(group: Group) -> None:
+    """The attacker review of session 36: a member without the secret held a key's lock and
+    touched it, and every ``get_or_build`` of the key waited out its deadline (92 s)."""
+    g = group
+    victim = Victim(g)
+    assert victim("build 0 100") is True  # the folder of locks, made by the victim
+    lock = g.root / ".locks" / DirLease(-1, str(key(1)), 30.0).name
+    user = g.hostile
+    holder = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + HOLD_LEASE, str(user.uid), str(user.gid), str(lock)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HOME": "/tmp"},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert victim("build 1 100") is True  # within CALL_LIMIT
+        assert victim("get 1") == "ours"
+        victim.close()
+    finally:
         holder.kill()
         holder.wait()
 
