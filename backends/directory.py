@@ -7,9 +7,11 @@ then ``os.replace`` into place. Reads take only a regular file of at most
 ``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
 :attr:`DirectoryBackend.junk`, logged with its name, and removed where this process may. A
 file this process may not read raises a :class:`~runtime_cache.errors.BackendError` that
-names it; only a failed write makes the backend read-only. The caps count disk blocks and
-files (:mod:`runtime_cache.backends.dir_upkeep`). docs/backends/directory.md states every
-guarantee, and the ``shared=1`` group mode (:mod:`runtime_cache.backends.dir_root`).
+names it; only a failed write makes the backend read-only (looked at again after
+:data:`READ_ONLY_RECHECK` seconds). The caps count disk blocks and files
+(:mod:`.dir_upkeep`). docs/backends/directory.md states every guarantee, and the
+``shared=1`` group mode (:mod:`.dir_root`). A root removed under the process is made again
+(with an open's checks) by the next write that finds it gone.
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -21,6 +23,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -31,17 +34,17 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_range, read_to_end, regular_size
+from .dir_maintenance import DirMaintenance
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
-from .dir_tree import Found, keys_until, rel_path, walk
-from .dir_upkeep import VACUUM_SECONDS, Upkeep
+from .dir_tree import Found, rel_path, walk
+from .dir_upkeep import Upkeep
 from .dir_url import DEFAULT_MAX_SIZE, url_settings
 from .dir_write import delete_entry, delete_if, removable, write_entry
-from .eviction import LockStats
 from .hits_journal import HitsJournal
 from .lease_tokens import LeaseSigning
 
-__all__ = ["DirectoryBackend"]
+__all__ = ["READ_ONLY_RECHECK", "DirectoryBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,8 @@ _O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
 _LINKED = {errno.ELOOP, errno.EXDEV}
 _RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
 _TEMP_PREFIX = ".tmp-"
+#: Seconds a backend found read-only skips writes before it tries one again (a remount).
+READ_ONLY_RECHECK = 5.0
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
@@ -57,14 +62,13 @@ T = TypeVar("T")
 Reader = Callable[..., T]
 
 
-class DirectoryBackend(Backend):
+class DirectoryBackend(DirMaintenance, Backend):
     """Files in a directory tree; see the module docstring for the guarantees.
 
     Args:
         path: the root folder (created ``0700``); ``None`` for the default.
         max_size: cap on the disk the entries take (int or ``"500MB"``); ``None`` or 0: no cap.
-        max_files: cap on the number of entry files (0: none); by default ``max_size / 4 KiB``
-            (at least 1024).
+        max_files: cap on entry files (0: none); by default ``max_size / 4 KiB``, at least 1024.
         fsync: fsync each file before its rename into place (durable on power loss, slower).
         track_access: bump mtime and count hits on every get (for LRU and listings).
         shared: accept a root that another user owns or that its group or anyone may write
@@ -105,6 +109,7 @@ class DirectoryBackend(Backend):
         #: Folders the last listing could not read, and why: its result is partial.
         self.unlisted_folders: list[tuple[str, str]] = []
         self._read_only = self._closed = False
+        self._writable_again = 0.0  # (read-only: when a write is tried again, monotonic)
         self._rels: dict[str, str] = {}
         self._signing = LeaseSigning()  # a shared folder's caches' secret, for its leases
         self.modes = Modes.for_cache(shared)
@@ -142,12 +147,30 @@ class DirectoryBackend(Backend):
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
-            fd = os.open(".", ROOT_FLAGS, dir_fd=self.root_fd)
+            self._swap_root(os.open(".", ROOT_FLAGS, dir_fd=self.root_fd))
         except OSError:
             return
+
+    def _swap_root(self, fd: int) -> None:
         old, self.root_fd = self.root_fd, fd
         self._journal.dir_fd = fd
         os.close(old)
+
+    def _root_gone(self) -> None:
+        # The root was removed under us (``rm -rf``, a tmp cleaner): made and opened again,
+        # with an open's checks, or left as it is.
+        try:
+            if os.fstat(self.root_fd).st_nlink > 0:
+                return
+            fd = open_root(self._root_text, self.modes)
+        except (OSError, BackendError):
+            return
+        try:
+            owner_check(fd, self._root_text, self.shared)
+        except BackendError:
+            os.close(fd)
+            return
+        self._swap_root(fd)
 
     @property
     def root(self) -> Path:
@@ -273,7 +296,7 @@ class DirectoryBackend(Backend):
 
     def set(self, key: str, value: bytes) -> None:
         rel = self._rel(key)
-        if self._read_only:
+        if self._read_only and time.monotonic() < self._writable_again:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
         self._upkeep.refuse_if_too_large(key, len(value))
         try:
@@ -286,14 +309,18 @@ class DirectoryBackend(Backend):
                 # our temp file, or junk holds the name (a folder, a link): once more.
                 if exc.errno != errno.ENOENT:
                     self.found_junk(rel, "a folder or a link")
+                else:
+                    self._root_gone()
                 write_entry(self.root_fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
             error = self._error("write", exc, rel)
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
-                self._read_only = True
+                self._read_only, self._writable_again = True, time.monotonic() + READ_ONLY_RECHECK
                 self._journal.writable = False
                 log.debug("runtime-cache: %s is read-only; skipping writes", self.root)
             raise error from exc
+        if self._read_only:  # writable again (remounted)
+            self._read_only, self._journal.writable = False, True
         self._upkeep.account(len(value), rel)
 
     def _root_read_only(self, exc: OSError) -> bool:
@@ -341,40 +368,6 @@ class DirectoryBackend(Backend):
             count = hits.get(found.key, (0, 0.0))[0] if self.track_access else None
             st = found.stat
             yield StoredItem(found.key, st.st_size, st.st_mtime, count)
-
-    def total_size(self) -> int:
-        """The disk the entries take now (a full walk)."""
-        return self._upkeep.usage()[0]
-
-    def enforce_size(self, budget: float | None = None) -> int:
-        """Evict least recently used files until under 90% of the caps; return how many.
-
-        One process at a time evicts: when another one is at it, this waits up
-        to :attr:`lock_wait` seconds, then returns 0. ``budget`` bounds the
-        seconds spent walking, and again removing (call again to go on); a
-        write's own turn has 1 s for each.
-        """
-        return self._upkeep.enforce(self.lock_wait, budget)
-
-    @property
-    def lock_stats(self) -> LockStats:
-        """Evictions skipped for want of the lock, and stale locks broken."""
-        return self._upkeep.locks
-
-    def vacuum(self, seconds: float = VACUUM_SECONDS) -> int:
-        """Remove temp files that dead writers left, and compact the hits journal.
-
-        A temp file whose writer is gone (its lock is free) goes at once; where
-        the file system has no locks, one not written for 5 minutes goes. Only
-        names the backend gives its own files are removed; the walk stops after
-        ``seconds``, and the next vacuum goes on.
-        """
-        return self._upkeep.vacuum(seconds)
-
-    def compact_hits(self, deadline: float | None = None) -> None:
-        """Rewrite the hits journal as one line per live key once it passes 1 MiB; the
-        keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
-        self._journal.compact(lambda: keys_until(self.root_fd, deadline), f"{_TEMP_PREFIX}hits-")
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         if self.shared:  # (one's own folder holds one's own processes' locks only)

@@ -1,0 +1,89 @@
+"""A ``dir://`` cache comes back by itself: after its root was removed under the process,
+and after its storage was read-only for a while.
+
+Both from the operator review of session 36: a process whose cache folder a tmp cleaner
+(or an ``rm -rf ~/.cache/runtime-cache``) removed never cached again, and one that had found
+its mount read-only skipped every write for the rest of its life, though the mount was
+made read-write again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime_cache as rc
+import runtime_cache.backends.directory as directory
+from runtime_cache.backends.directory import DirectoryBackend
+
+
+def _key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"r{i}", runtime="r", purpose="p")
+
+
+def test_a_root_removed_under_the_process_is_made_again(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(0), b"zero")
+    shutil.rmtree(root)
+    assert cache.get(_key(0)) is None  # gone: a miss
+    assert cache.put(_key(1), b"one")  # the write finds the root gone and makes it again
+    assert cache.get(_key(1)) == b"one"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700  # made as an open makes it
+    for i in range(2, 5):
+        assert cache.put(_key(i), b"more") and cache.get(_key(i)) == b"more"
+    backend.flush_hits()
+    assert (root / ".hits").exists()  # the journal follows the new root
+    assert cache.stats().errors == 0
+
+
+def test_a_root_made_again_passes_an_opens_checks(tmp_path: Path) -> None:
+    """The root made again is opened as an open opens it: a link at its path leads to the
+    folder it names (as at an open), and a folder of another user's there is refused, so
+    the cache carries on without writes rather than write into it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    root, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chown(elsewhere, 65534, 65534)  # nobody's
+    cache = rc.Cache(DirectoryBackend(root))
+    assert cache.put(_key(0), b"zero")
+    shutil.rmtree(root)
+    root.symlink_to(elsewhere)
+    assert not cache.put(_key(1), b"one")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_read_only_store_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = DirectoryBackend(tmp_path / "cache")
+    cache = rc.Cache(backend)
+    real = directory.write_entry
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(directory, "write_entry", read_only)  # as a mount made read-only
+    monkeypatch.setattr(directory, "READ_ONLY_RECHECK", 0.3)
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert not cache.put(_key(1), b"one")
+        assert backend.read_only
+        monkeypatch.setattr(directory, "write_entry", real)  # made read-write again
+        assert not cache.put(_key(2), b"two")  # skipped until the recheck is due
+        time.sleep(0.35)
+        assert cache.put(_key(3), b"three")
+    assert not backend.read_only
+    assert cache.get(_key(3)) == b"three"
+    assert cache.put(_key(2), b"two") and cache.get(_key(2)) == b"two"
+    text = caplog.text
+    assert "read-only" in text and "work again" in text
