@@ -177,7 +177,7 @@ class RedisBackend(Backend):
         errors = self._redis.exceptions
         self._unavailable: tuple[type[BaseException], ...] = (
             *(errors.ConnectionError, errors.TimeoutError, errors.ClusterDownError),
-            *(errors.TryAgainError, errors.RedisClusterException, OSError),
+            *(errors.TryAgainError, errors.RedisClusterException, errors.InvalidResponse, OSError),
         )
         self._client: Any = None
         self._lease_keys: tuple[bytes, ...] = ()

@@ -143,6 +143,47 @@ def test_server_never_there(unique_prefix: str) -> None:
         strict.put(key, b"x")
 
 
+def test_a_server_that_does_not_speak_redis_opens_the_breaker(unique_prefix: str) -> None:
+    """Operator review, session 36: a URL pointing at an HTTP server answered every call
+    after 0.3 s with a protocol error, which counted as a plain error, not an outage, so
+    each call connected and waited again (1.2 s a loop of four calls, for ever)."""
+    import socket
+    import threading
+
+    from redis_servers import require_redis
+
+    require_redis()  # redis-py only; the server here is not Redis
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            while conn.recv(4096):
+                time.sleep(0.3)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        cache = rc.Cache(_backend(url, unique_prefix), secret="test-secret")
+        assert cache.get(_key(1)) is None  # the first call pays its wait, and opens it
+        started = time.monotonic()
+        for i in range(5):
+            assert cache.get(_key(i)) is None
+        assert time.monotonic() - started < 0.3  # refused by the open breaker, at once
+        assert "Protocol error" in (cache.last_error or "")
+    finally:
+        server.close()
+
+
 def test_tiers_keep_serving_over_a_dead_redis(
     tmp_path: Path, redis_process: RedisProcess, unique_prefix: str
 ) -> None:
