@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from .dir_upkeep import Upkeep
     from .hits_journal import HitsJournal
 
-__all__ = ["DirMaintenance"]
+__all__ = ["TEMP_HITS", "DirMaintenance"]
 
 #: The name a compacted journal is written under before it takes the journal's place.
-_TEMP_HITS = ".tmp-hits-"
+TEMP_HITS = ".tmp-hits-"
 
 
 class DirMaintenance:
@@ -63,4 +63,4 @@ class DirMaintenance:
     def compact_hits(self, deadline: float | None = None) -> None:
         """Rewrite the hits journal as one line per live key once it passes 1 MiB; the
         keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
-        self._journal.compact(lambda: keys_until(self.root_fd, deadline), _TEMP_HITS)
+        self._journal.compact(lambda: keys_until(self.root_fd, deadline), TEMP_HITS)

@@ -34,7 +34,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
 
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_range, read_to_end, regular_size
-from .dir_maintenance import DirMaintenance
+from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import track
 from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
 from .dir_tree import Found, rel_path, walk
@@ -122,7 +122,12 @@ class DirectoryBackend(DirMaintenance, Backend):
             raise
         modes = self.modes
         self._journal = HitsJournal(
-            self.root_fd, ".hits", batch=hits_batch, mode=modes.file, chmod=modes.file_chmod
+            self.root_fd,
+            ".hits",
+            batch=hits_batch,
+            mode=modes.file,
+            chmod=modes.file_chmod,
+            temp_prefix=TEMP_HITS,
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and only_mine(self.root_fd)
