@@ -255,6 +255,11 @@ class BackendURL:
                 f"cannot parse backend URL {redact_url(url)}: an '@' after its '?' or '#' "
                 "(in a password, write '/', '?', '#', '@' and ',' as %2F, %3F, %23, %40 and %2C)"
             )
+        if "#" in url:  # a fragment was dropped, unsaid: dir:///srv/a#b opened /srv/a
+            raise InvalidURLError(
+                f"a backend URL takes no '#' fragment: {redact_url(url)} (in a folder's name "
+                "or a password, write '#' as %23)"
+            )
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")
         if len(options) < len(pairs):  # which one counts would be a guess

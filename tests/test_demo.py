@@ -587,3 +587,22 @@ def test_the_runs_carry_the_drivers_cache_only_in_folders_the_demo_made(
     env = demo_cli._child_env("dir:///tmp/x", False, "/tmp/demo-driver")
     assert env["RUNTIME_CACHE_DRIVER_CACHE"] == "1"
     assert env["RUNTIME_CACHE_DRIVER_DIR"] == "/tmp/demo-driver"
+
+
+def test_a_listing_that_fails_is_not_called_entries_left(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Operator review, session 36: with the cache's store down, the demo warned that "1 of
+    the demo's entries could not be removed", though it could not even list them."""
+    from runtime_cache.backends.callback import CallbackBackend
+    from runtime_cache.demo.entries import remove_entries
+    from runtime_cache.errors import BackendUnavailableError
+
+    def down(*args: object) -> None:
+        raise BackendUnavailableError("the store is down")
+
+    cache = rc.Cache(CallbackBackend(load=down, store=down, delete=down, keys=down), strict=True)
+    assert remove_entries(cache, "m") == 0
+    err = capsys.readouterr().err
+    assert "could not be listed" in err and "could not be removed" not in err
+    assert "the store is down" in err

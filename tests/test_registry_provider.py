@@ -222,3 +222,11 @@ def test_a_tier_that_cannot_open_is_left_out(
     key = rc.make_key(module_id="m", runtime="r", purpose="p")
     assert cache.put(key, b"v") and cache.get(key) == b"v"
     assert not rc.set_cache_provider(f"dir://{blocker}/a,dir://{blocker}/b").enabled
+
+
+@pytest.mark.parametrize("url", ["dir:///tmp/rc-frag#b", "dir:///tmp/rc-frag#", "memory://#x"])
+def test_a_url_with_a_fragment_is_refused(url: str) -> None:
+    """Operator review, session 36: ``dir:///path#frag`` opened ``/path``, the fragment
+    dropped unsaid (a folder whose name holds a '#' is written with %23)."""
+    with pytest.raises(InvalidURLError, match="fragment"):
+        rc.open_backend(url)

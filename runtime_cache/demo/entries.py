@@ -21,19 +21,24 @@ def remove_entries(cache: Cache, module_id: str) -> int:
     """Remove the demo's entries; how many. What cannot go (a tier down: its entries stay
     there) is said in one line on stderr, and stops nothing: the runs and their figures
     matter more than the tidying."""
-    removed, failed = 0, []
+    removed, failed, listed = 0, [], True
     try:
         for info in demo_entries(cache, module_id):
             try:
                 removed += cache.delete(info.key)
             except RuntimeCacheError as exc:
                 failed.append(exc)
-    except RuntimeCacheError as exc:  # (the listing itself)
+    except RuntimeCacheError as exc:  # (the listing itself: how many are there is unknown)
         failed.append(exc)
+        listed = False
     if failed:
+        what = (
+            f"{len(failed)} of the demo's entries could not be removed, and stay in the cache"
+            if listed
+            else "the demo's entries could not be listed, so any there stay in the cache"
+        )
         print(
-            f"runtime-cache demo: warning: {len(failed)} of the demo's entries could not be "
-            f"removed, and stay in the cache (the first: {redact(str(failed[0]))})",
+            f"runtime-cache demo: warning: {what} (the first error: {redact(str(failed[0]))})",
             file=sys.stderr,
         )
     return removed
