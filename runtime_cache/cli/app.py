@@ -124,8 +124,8 @@ def _global_options() -> _Parser:
         "--secret",
         default=argparse.SUPPRESS,
         help="shared secret: sign what is written, check signatures on show, verify and "
-        "import (default: RUNTIME_CACHE_SECRET; 'NEW,OLD', each of 16 or more characters, "
-        "accepts both and signs with NEW)",
+        "import (default: RUNTIME_CACHE_SECRET; 'NEW,OLD' while keys rotate accepts both and "
+        "signs with NEW, each key of such a list of 16 or more characters)",
     )
     common.add_argument(
         "--secret-file",
