@@ -224,7 +224,8 @@ def regular_size(fd: int, limit: int) -> int:
     """The size of the open file ``fd``; :class:`Junk` unless regular and at most ``limit``."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise Junk(f"not a regular file (mode {st.st_mode:#o})")
+        kind = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(st.st_mode))
+        raise Junk(f"{kind or 'not a regular file'} (mode {st.st_mode:#o})")
     if st.st_size > limit:
         raise Junk(f"{st.st_size} bytes, over the {limit}-byte limit")
     return st.st_size
