@@ -161,7 +161,15 @@ class DirLease(Lease):
     def _locks(self) -> int:
         if self._folder is None:
             modes = self._modes
-            self._folder = make_folders(self._root_fd, LOCKS, modes.folder, modes.folder_chmod)
+            try:
+                self._folder = make_folders(self._root_fd, LOCKS, modes.folder, modes.folder_chmod)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                # Junk at the folder's name (a FIFO, a file, a link) kept every lease off for
+                # good: removed (never followed), and the folder made.
+                os.unlink(LOCKS, dir_fd=self._root_fd)
+                self._folder = make_folders(self._root_fd, LOCKS, modes.folder, modes.folder_chmod)
         return self._folder
 
     def _open(self) -> int:

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import runtime_cache as rc
 from runtime_cache.backends.dir_lease import FOREIGN_GRACE, DirLease
 from runtime_cache.backends.lease_tokens import make_token
@@ -202,3 +204,24 @@ def test_build_all_is_held_off_by_no_planted_lock(ctx: Any, tmp_path: Path) -> N
         assert time.monotonic() - started < 10.0
     assert again.built == sorted(sources)
     assert all(cache.get(key) is not None for key in keys)
+
+
+@pytest.mark.parametrize("junk", ["fifo", "file", "link"])
+def test_junk_at_the_locks_folders_name_is_replaced(tmp_path: Path, junk: str) -> None:
+    """Operator review, session 36: a FIFO planted at ``.locks`` kept leases off for good,
+    with a warning at each run; it is removed (a link never followed) and the folder made."""
+    root = tmp_path / "cache"
+    backend = rc.open_backend(f"dir://{root}")
+    locks, target = root / ".locks", tmp_path / "elsewhere"
+    target.mkdir()
+    if junk == "fifo":
+        os.mkfifo(locks)
+    elif junk == "file":
+        locks.write_bytes(b"x")
+    else:
+        locks.symlink_to(target)
+    lease = backend.lease(str(_key()), 30.0)
+    assert lease is not None and lease.acquire()
+    lease.release()
+    assert locks.is_dir() and not locks.is_symlink()
+    assert list(target.iterdir()) == []
