@@ -69,6 +69,8 @@ def _to_cache(provider: Provider) -> Cache:
     if isinstance(provider, str):
         if provider.strip().lower() in OFF:
             return Cache(None)
+        if provider.strip() == "dir://":  # the default folder: with the default's fallbacks
+            return _embedded()
         return cache_from_url(provider, secret=secret)
     raise TypeError(
         f"a cache provider is a URL, a Backend, a Cache or None, not {type(provider).__name__}"
@@ -103,7 +105,7 @@ def _embedded() -> Cache:
     except RuntimeCacheError as exc:
         return _off("(the default)", exc)
     try:
-        return _to_cache("dir://")
+        return cache_from_url("dir://", secret=environment.read_secret())
     except RuntimeCacheError as exc:
         environment.warn_no_home(str(exc))
     except Exception as exc:  # never the app's crash (see _default)

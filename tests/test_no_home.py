@@ -93,6 +93,26 @@ def test_get_cache_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> No
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("how", ["env", "provider"])
+def test_the_default_named_as_dir_falls_back_as_the_default_does(
+    fresh_uid: int, how: str, tmp_path: Path
+) -> None:
+    """Operator review, session 36: ``set_cache_provider("dir://")`` (or ``RUNTIME_CACHE=dir://``)
+    with a read-only home turned caching off, where the default it names falls back to a
+    private temporary folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)  # root's, and read-only to the test user
+    tmp_path.chmod(0o755)
+    script = "import runtime_cache as rc; print('cache', rc.set_cache_provider('dir://'))"
+    args = ["-c", SCRIPT, "plain"] if how == "env" else ["-c", script]
+    env = _env(HOME=str(home), **({"RUNTIME_CACHE": "dir://"} if how == "env" else {}))
+    done = _as_user(fresh_uid, [sys.executable, *args], env)
+    assert done.returncode == 0, done.stderr
+    assert f"runtime-cache-{fresh_uid}-cache" in done.stdout, done.stdout
+    assert "caching is off" not in done.stderr, done.stderr
+
+
 def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int) -> None:
     """Another user (root here) puts a link at the temporary folder this user would take,
     to a folder of this user's: the cache must not open there (its vacuum would clean it)."""
