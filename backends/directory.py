@@ -152,18 +152,17 @@ class DirectoryBackend(DirMaintenance, Backend):
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
-            self._swap_root(os.open(".", ROOT_FLAGS, dir_fd=self.root_fd))
+            fd = os.open(".", ROOT_FLAGS, dir_fd=self.root_fd)
         except OSError:
             return
-
-    def _swap_root(self, fd: int) -> None:
         old, self.root_fd = self.root_fd, fd
         self._journal.dir_fd = fd
         os.close(old)
 
     def _root_gone(self) -> None:
-        # The root was removed under us (``rm -rf``, a tmp cleaner): made and opened again,
-        # with an open's checks, or left as it is.
+        # The root was removed under us (``rm -rf``, a tmp cleaner): made again, with an
+        # open's checks, and put at the root's own descriptor number (dup2: a thread using
+        # it meanwhile has either folder, never a closed or reused descriptor).
         try:
             if os.fstat(self.root_fd).st_nlink > 0:
                 return
@@ -172,10 +171,11 @@ class DirectoryBackend(DirMaintenance, Backend):
             return
         try:
             owner_check(fd, self._root_text, self.shared)
-        except BackendError:
+            os.dup2(fd, self.root_fd, inheritable=False)
+        except (OSError, BackendError):
+            pass  # left as it is: writes fail, reads miss, as before
+        finally:
             os.close(fd)
-            return
-        self._swap_root(fd)
 
     @property
     def root(self) -> Path:
