@@ -15,6 +15,8 @@ A vacuum compacts it (one line per live key). So does a process whose append fin
 past :data:`COMPACT_AT`, on a thread of its own, at most once a :data:`COMPACT_EVERY`
 seconds: a long-lived process hitting many keys grew it to the read cap (64 MiB, 47
 bytes a hit) in about 20 minutes at 1,000 hits a second, and no hit counted after that.
+Where one line per live key is itself that large, the process waits for twice what its
+last compaction kept before it compacts again.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class HitsJournal:
         self._count = 0
         self._last_flush = time.monotonic()
         self._compacted = -COMPACT_EVERY  # (monotonic) when this process last compacted it
+        self._kept = 0  # twice what its last compaction kept: many live keys, no sooner
         #: Where a compaction writes first (a temp name under the root); None: never here.
         self.temp_prefix = temp_prefix
 
@@ -120,7 +123,7 @@ class HitsJournal:
                 os.close(fd)
         except OSError:
             pass  # advisory: losing counts never loses an entry
-        if size >= COMPACT_AT and self.temp_prefix is not None:
+        if size >= max(COMPACT_AT, self._kept) and self.temp_prefix is not None:
             self._compact_soon(self.temp_prefix)
 
     def _compact_soon(self, temp_prefix: str) -> None:
@@ -136,7 +139,7 @@ class HitsJournal:
 
         def compact() -> None:
             try:
-                self.compact(live, temp_prefix, COMPACT_AT)
+                self._kept = 2 * (self.compact(live, temp_prefix, COMPACT_AT) or 0)
             except Exception:  # (the root closed meanwhile) advisory: next time
                 pass
 
@@ -187,8 +190,9 @@ class HitsJournal:
 
     def compact(
         self, live: Callable[[], set[str] | None], temp_prefix: str, min_size: int = 1 << 20
-    ) -> None:
-        """Rewrite the journal as one line per live key once it exceeds ``min_size`` bytes.
+    ) -> int | None:
+        """Rewrite the journal as one line per live key once it exceeds ``min_size`` bytes;
+        the bytes written (``None``: not rewritten).
 
         ``live()`` lists the keys that still have entries (asked only when the journal
         is that large; ``None``: not now, compact another time). The new journal is
@@ -199,19 +203,19 @@ class HitsJournal:
         try:
             st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
-            return
+            return None
         if stat.S_ISREG(st.st_mode) and st.st_size < min_size:
-            return
+            return None
         keys = live()
         if keys is None:
-            return
+            return None
         # Not this process's unflushed counts: its next flush appends them (counted twice).
         counts = {k: v for k, v in self.read(pending=False).items() if k in keys}
         data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items()).encode()
         try:
             fd, temp = create_new(self.dir_fd, temp_prefix, self.mode, self.chmod)
         except OSError:
-            return
+            return None
         try:
             os.write(fd, data)
             os.replace(temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
@@ -220,5 +224,7 @@ class HitsJournal:
                 os.unlink(temp, dir_fd=self.dir_fd)
             except OSError:
                 pass
+            return None
         finally:
             os.close(fd)
+        return len(data)
