@@ -41,10 +41,13 @@ In a ``shared=1`` folder whose caches have a secret
 stamped with the lock file's own time (the file system's clock). A member without the
 secret could otherwise hold a key's lock, touching it, and keep every process waiting out
 its deadline (92 s per key by default). A taker that finds the lock held with no token any
-key of the secret signed, or one that ran out, on two looks at least :data:`FOREIGN_GRACE`
-apart (a holder writes its token just after it locks), breaks the
-lock as a stale one is broken; where it cannot (the folder's unlinking lock held), it
-raises :class:`~runtime_cache.errors.BackendError`, and the caller builds without a lease.
+key of the secret signed, or one that ran out, in looks over :data:`FOREIGN_GRACE` (a
+holder writes its token just after it locks), breaks the lock as a stale one is broken;
+where it cannot (the folder's unlinking lock held, or a fresh lock with no token there
+again at once), it raises :class:`~runtime_cache.errors.BackendError`, and the caller
+builds without a lease. Holders without the secret (a member on a library version before
+signed leases, or with only an older key of a rotated secret) are taken for planted locks:
+their keys may be built twice.
 A token copied from a live holder and planted again (a replay) counts until it runs out,
 ``ttl`` plus :data:`~.lease_tokens.SLACK_MS` after it was made.
 """
@@ -84,9 +87,11 @@ _FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 UNLINKING = ".unlinking"
 #: Seconds an unlink waits for :data:`UNLINKING` before it leaves the file in place.
 UNLINK_WAIT = 1.0
-#: Seconds a lock must be seen held with no genuine token (two looks this far apart) before
-#: a taker with the secret breaks it: a holder writes its token just after it locks.
-FOREIGN_GRACE = 0.05
+#: Seconds a lock must be seen held with no genuine token (looks this far apart) before a
+#: taker with the secret breaks it: a holder writes its token just after it locks, but its
+#: few calls in between wait for the GIL (up to 0.25 s seen with 8 busy threads) and, on
+#: NFS, for the server.
+FOREIGN_GRACE = 1.0
 #: A probe is always a new file of our own: never one that is there, never through a link.
 _PROBE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -203,7 +208,7 @@ class DirLease(Lease):
         return folder is not None and unlink_if_same(folder, self.name, fd, self._modes)
 
     def _take(self) -> bool:
-        for _ in range(2):  # the second round locks a fresh file after breaking a stale one
+        for again in (False, True):  # the second round locks a fresh file after a break
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -215,8 +220,10 @@ class DirLease(Lease):
                 # Stale by our clock; by the file system's, which stamped the touch? The lock's
                 # time is read again after the probe: a touch meanwhile is then counted.
                 stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
+                # Foreign at the second round too (a member making locks again at once): not
+                # broken twice, built without a lease, as where it cannot be broken at all.
                 foreign = not stale and self._foreign_holder(fd)
-                if (stale or foreign) and self._unlink_if_same(fd):
+                if (stale or (foreign and not again)) and self._unlink_if_same(fd):
                     os.close(fd)
                     continue
                 os.close(fd)

@@ -132,26 +132,36 @@ class HitsJournal:
             if time.monotonic() - self._compacted < COMPACT_EVERY:
                 return
             self._compacted = time.monotonic()
-        root = self.dir_fd
+        try:  # the thread's own descriptor: the backend may close its own meanwhile
+            root = os.dup(self.dir_fd)
+        except OSError:
+            return
 
         def live() -> set[str] | None:
             return keys_until(root, time.monotonic() + _LIST_SECONDS)
 
         def compact() -> None:
             try:
-                self._kept = 2 * (self.compact(live, temp_prefix, COMPACT_AT) or 0)
-            except Exception:  # (the root closed meanwhile) advisory: next time
+                self._kept = 2 * (self.compact(live, temp_prefix, COMPACT_AT, root) or 0)
+            except Exception:  # advisory: next time
                 pass
+            finally:
+                os.close(root)
 
-        threading.Thread(target=compact, name="runtime-cache hits", daemon=True).start()
+        try:
+            threading.Thread(target=compact, name="runtime-cache hits", daemon=True).start()
+        except RuntimeError:  # no new thread at the interpreter's exit (its last flush)
+            os.close(root)
 
-    def read(self, pending: bool = True) -> dict[str, tuple[int, float]]:
+    def read(self, pending: bool = True, dir_fd: int | None = None) -> dict[str, tuple[int, float]]:
         """Hits and last hit time per key: the journal plus this process's unflushed counts
-        (``pending=False``: the journal's alone, as a compaction writes it back)."""
+        (``pending=False``: the journal's alone, as a compaction writes it back; ``dir_fd``:
+        the root's descriptor to read it under, when not the journal's own)."""
         counts: dict[str, tuple[int, float]] = {}
         raw = b""
+        folder = self.dir_fd if dir_fd is None else dir_fd
         try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=self.dir_fd)
+            fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=folder)
         except OSError:
             fd = -1
         if fd >= 0:
@@ -189,7 +199,11 @@ class HitsJournal:
         return counts
 
     def compact(
-        self, live: Callable[[], set[str] | None], temp_prefix: str, min_size: int = 1 << 20
+        self,
+        live: Callable[[], set[str] | None],
+        temp_prefix: str,
+        min_size: int = 1 << 20,
+        dir_fd: int | None = None,
     ) -> int | None:
         """Rewrite the journal as one line per live key once it exceeds ``min_size`` bytes;
         the bytes written (``None``: not rewritten).
@@ -199,9 +213,11 @@ class HitsJournal:
         written to a fresh temp file (``O_EXCL``, a random name starting with
         ``temp_prefix``), then renamed over the old one, which also replaces anything
         planted there. Appends racing with the rewrite may be lost; counts are advisory.
+        ``dir_fd``: the root's descriptor to work under, when not the journal's own.
         """
+        folder = self.dir_fd if dir_fd is None else dir_fd
         try:
-            st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            st = os.stat(self.name, dir_fd=folder, follow_symlinks=False)
         except OSError:
             return None
         if stat.S_ISREG(st.st_mode) and st.st_size < min_size:
@@ -210,18 +226,18 @@ class HitsJournal:
         if keys is None:
             return None
         # Not this process's unflushed counts: its next flush appends them (counted twice).
-        counts = {k: v for k, v in self.read(pending=False).items() if k in keys}
+        counts = {k: v for k, v in self.read(pending=False, dir_fd=folder).items() if k in keys}
         data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items()).encode()
         try:
-            fd, temp = create_new(self.dir_fd, temp_prefix, self.mode, self.chmod)
+            fd, temp = create_new(folder, temp_prefix, self.mode, self.chmod)
         except OSError:
             return None
         try:
             os.write(fd, data)
-            os.replace(temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            os.replace(temp, self.name, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError:
             try:
-                os.unlink(temp, dir_fd=self.dir_fd)
+                os.unlink(temp, dir_fd=folder)
             except OSError:
                 pass
             return None

@@ -75,9 +75,14 @@ class LeaseSigning:
     genuine token. Kept by the backend and shared by its leases: callers such as
     ``build_all`` ask for a new lease at each try."""
 
+    #: Seconds after which a look with no token is forgotten: a waiter looks every 0.5 s
+    #: at most, so only a wait that ended (a later one, at another holder) goes past it.
+    FORGET_AFTER = 2.0
+
     def __init__(self) -> None:
         self.keys: tuple[bytes, ...] = ()
-        self._unsigned: dict[str, float] = {}  # lock name -> first look with no token
+        # lock name -> (first look with no genuine token, latest such look), monotonic
+        self._unsigned: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def add(self, keys: tuple[bytes, ...]) -> None:
@@ -85,13 +90,17 @@ class LeaseSigning:
         self.keys = (*keys, *(k for k in self.keys if k not in keys))[:8]
 
     def unsigned_for(self, name: str) -> float:
-        """Seconds since the lock ``name`` was first seen held with no genuine token (0.0
-        at the first look)."""
+        """Seconds since the lock ``name`` was first seen held with no genuine token, in
+        looks no further apart than :attr:`FORGET_AFTER` (0.0 at the first look)."""
         now = time.monotonic()
         with self._lock:
             if len(self._unsigned) >= 4096:
                 self._unsigned.clear()
-            return now - self._unsigned.setdefault(name, now)
+            first, latest = self._unsigned.get(name, (now, now))
+            if now - latest > self.FORGET_AFTER:  # an earlier wait's look: not this holder's
+                first = now
+            self._unsigned[name] = (first, now)
+            return now - first
 
     def signed(self, name: str) -> None:
         """The lock ``name`` is held with a genuine token, or was taken: forget any look."""

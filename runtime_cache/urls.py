@@ -256,9 +256,10 @@ class BackendURL:
                 "(in a password, write '/', '?', '#', '@' and ',' as %2F, %3F, %23, %40 and %2C)"
             )
         if "#" in url:  # a fragment was dropped, unsaid: dir:///srv/a#b opened /srv/a
+            # Named up to its '#' only: what follows may be the rest of a password.
             raise InvalidURLError(
-                f"a backend URL takes no '#' fragment: {redact_url(url)} (in a folder's name "
-                "or a password, write '#' as %23)"
+                f"a backend URL takes no '#' fragment: {redact_url(url.partition('#')[0])}#... "
+                "(in a folder's name or a password, write '#' as %23)"
             )
         if not parts.scheme:
             raise InvalidURLError(f"backend URL has no scheme: {redact_url(url)}")

@@ -230,3 +230,11 @@ def test_a_url_with_a_fragment_is_refused(url: str) -> None:
     dropped unsaid (a folder whose name holds a '#' is written with %23)."""
     with pytest.raises(InvalidURLError, match="fragment"):
         rc.open_backend(url)
+
+
+def test_a_fragment_error_shows_no_piece_of_a_password() -> None:
+    """The review of the fix: the message named the URL redacted only up to its '#', so a
+    password option holding a raw '#' showed its tail."""
+    with pytest.raises(InvalidURLError) as caught:
+        rc.open_backend("redis://127.0.0.1:6379/0?password=s3cr#etPART")
+    assert "etPART" not in str(caught.value) and "s3cr" not in str(caught.value)

@@ -106,14 +106,14 @@ def test_a_lock_held_without_a_signed_token_holds_nobody_off(tmp_path: Path) -> 
             value = cache.get_or_build(key, lambda: built.append("v") or b"built here")
             took = time.monotonic() - started
         assert value == b"built here"
-        assert took < 2.0, (planted, took)  # was the whole deadline, 92 s
+        assert took < 6.0, (planted, took)  # the grace and a poll or two; was 92 s
         cache.delete(key)
     assert built == ["v"] * 3
     stats = cache.stats()
     # Each waited one poll or two, then broke the lock as a stale one and took the lease
     # over (a takeover, as when a holder dies), far from its deadline.
     assert (stats.lease_waits, stats.takeovers, stats.builds) == (3, 3, 3)
-    assert stats.wait_seconds < 3.0
+    assert stats.wait_seconds < 3 * 6.0
 
 
 def test_a_token_of_the_secret_that_ran_out_is_no_holder(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_token_of_the_secret_that_ran_out_is_no_holder(tmp_path: Path) -> None
     with _holding(PLANTED, str(path), old):
         started = time.monotonic()
         assert cache.get_or_build(key, lambda: b"built here") == b"built here"
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 6.0
 
 
 def test_a_member_with_the_secret_is_waited_for(tmp_path: Path) -> None:
@@ -137,14 +137,14 @@ def test_a_member_with_the_secret_is_waited_for(tmp_path: Path) -> None:
     with _holding(MEMBER, url, str(key), SECRET):
         lease = cache.backend.lease(str(key), 30.0)
         assert lease is not None
-        for _ in range(4):  # looks further apart than the grace: still held, still signed
+        for _ in range(2):  # looks further apart than the grace: still held, still signed
             assert not lease.acquire()
-            time.sleep(FOREIGN_GRACE * 2)
+            time.sleep(FOREIGN_GRACE * 1.2)
         # Another secret's token is no team member's: broken like any planted lock.
         other = rc.Cache(rc.open_backend(url), secret="another-secret-0123456789")
         theirs = other.backend.lease(str(key), 30.0)
         assert theirs is not None and not theirs.acquire()
-        time.sleep(FOREIGN_GRACE * 2)
+        time.sleep(FOREIGN_GRACE * 1.2)
         assert theirs.acquire()
         theirs.release()
 
@@ -158,7 +158,7 @@ def test_a_lock_that_cannot_be_broken_is_built_without(tmp_path: Path) -> None:
     with _holding(PLANTED, str(path), "", str(path.parent / ".unlinking")):
         started = time.monotonic()
         assert cache.get_or_build(key, lambda: b"built here") == b"built here"
-        assert time.monotonic() - started < 4.0  # the unlinking lock's wait is 1 s
+        assert time.monotonic() - started < 8.0  # the grace, then the unlinking lock's 1 s
     assert cache.get(key) == b"built here"
 
 
@@ -225,3 +225,20 @@ def test_junk_at_the_locks_folders_name_is_replaced(tmp_path: Path, junk: str) -
     lease.release()
     assert locks.is_dir() and not locks.is_symlink()
     assert list(target.iterdir()) == []
+
+
+def test_a_look_from_an_earlier_wait_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review of the fix: a look with no token stayed for the life of the process, so
+    a later wait broke another holder, in its moment between lock and token, at once."""
+    from runtime_cache.backends.lease_tokens import LeaseSigning
+
+    signing = LeaseSigning()
+    monkeypatch.setattr(LeaseSigning, "FORGET_AFTER", 0.2)
+    assert signing.unsigned_for("a.lock") == 0.0
+    time.sleep(0.1)
+    assert 0.09 < signing.unsigned_for("a.lock") < 0.2  # the same wait: counted on
+    time.sleep(0.3)
+    assert signing.unsigned_for("a.lock") == 0.0  # a later wait: from its own first look
+    assert signing.unsigned_for("b.lock") == 0.0
+    signing.signed("a.lock")
+    assert signing.unsigned_for("a.lock") == 0.0
