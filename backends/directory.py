@@ -1,17 +1,15 @@
 """``dir://``: entries as files in a directory tree, safe for many processes and users.
 
-Layout: :mod:`runtime_cache.backends.dir_tree`. The root is held as a directory
-descriptor and every file under it is opened relative to it, never through a link
-(:mod:`runtime_cache.backends.dir_fs`). Writes go to a random temp file beside the entry,
-then ``os.replace`` into place. Reads take only a regular file of at most
-``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
+Layout: :mod:`.dir_tree`. The root is held as a directory descriptor and every file under it
+is opened relative to it, never through a link (:mod:`.dir_fs`). Writes go to a random temp
+file beside the entry, then ``os.replace`` into place. Reads take only a regular file of at
+most ``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
 :attr:`DirectoryBackend.junk`, logged with its name, and removed where this process may. A
 file this process may not read raises a :class:`~runtime_cache.errors.BackendError` that
-names it; only a failed write makes the backend read-only (looked at again after
-:data:`READ_ONLY_RECHECK` seconds). The caps count disk blocks and files
-(:mod:`.dir_upkeep`). docs/backends/directory.md states every guarantee, and the
-``shared=1`` group mode (:mod:`.dir_root`). A root removed under the process is made again
-(with an open's checks) by the next write that finds it gone.
+names it; only a failed write makes the backend read-only (tried again after
+:data:`READ_ONLY_RECHECK` seconds). The caps count disk blocks and files (:mod:`.dir_upkeep`).
+docs/backends/directory.md states every guarantee, and the ``shared=1`` group mode
+(:mod:`.dir_root`). A root removed under the process is made again by the next write.
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -160,12 +158,15 @@ class DirectoryBackend(DirMaintenance, Backend):
         os.close(old)
 
     def _root_gone(self) -> None:
-        # The root was removed under us (``rm -rf``, a tmp cleaner): made again, with an
-        # open's checks, and put at the root's own descriptor number (dup2: a thread using
-        # it meanwhile has either folder, never a closed or reused descriptor).
+        # The root was removed under us (``rm -rf``, a tmp cleaner): made again, with an open's
+        # checks, at the root's own descriptor number (dup2: no thread meets a closed one).
         try:
             if os.fstat(self.root_fd).st_nlink > 0:
                 return
+        except OSError as exc:
+            if exc.errno != errno.ESTALE:  # (NFS: the handle of a folder another removed)
+                return
+        try:
             fd = open_root(self._root_text, self.modes)
         except (OSError, BackendError):
             return

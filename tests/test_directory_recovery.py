@@ -121,3 +121,25 @@ def test_a_long_lived_process_compacts_the_hits_journal(
     # Appends that raced a rewrite may be lost (counts are advisory); most are kept.
     assert 0.8 * rounds * len(keys) <= counted <= rounds * len(keys), counted
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_root_removed_on_nfs_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of the fix: on NFS the descriptor of a folder another client removed
+    answers ``ESTALE`` rather than a link count of 0, so nothing was made again there."""
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root)
+    cache = rc.Cache(backend)
+    assert cache.put(_key(0), b"zero")
+    shutil.rmtree(root)
+    real, stale_fd = os.fstat, backend.root_fd
+
+    def fstat(fd: int) -> os.stat_result:
+        if fd == stale_fd and not root.exists():
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    assert cache.put(_key(1), b"one")
+    assert cache.get(_key(1)) == b"one"
