@@ -88,6 +88,21 @@ def closed_folder() -> Iterator[Path]:
         shutil.rmtree(made, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def holding(
+    command: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """A child that takes something (a lease, a lock), prints "held" and keeps it until it
+    is killed, at the end of the block."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=cwd, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def fill(folder: Path, leave: int = 0) -> Path:
     """Fill the file system of ``folder`` with one file, then free ``leave`` bytes of it;
     return the file."""

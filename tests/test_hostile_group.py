@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 import runtime_cache as rc
+from conftest import holding
 from runtime_cache.backends.dir_lease import DirLease
 from runtime_cache.backends.dir_tree import rel_path
 
@@ -495,20 +496,11 @@ def test_a_lease_held_without_the_secret_holds_nobody_off(group: Group) -> None:
     assert victim("build 0 100") is True  # the folder of locks, made by the victim
     lock = g.root / ".locks" / DirLease(-1, str(key(1)), 30.0).name
     user = g.hostile
-    holder = subprocess.Popen(
-        [sys.executable, "-c", PRELUDE + HOLD_LEASE, str(user.uid), str(user.gid), str(lock)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "HOME": "/tmp"},
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    command = [sys.executable, "-c", PRELUDE + HOLD_LEASE, str(user.uid), str(user.gid), str(lock)]
+    with holding(command, env={**os.environ, "HOME": "/tmp"}):
         assert victim("build 1 100") is True  # within CALL_LIMIT
         assert victim("get 1") == "ours"
         victim.close()
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 UNREADABLE = """

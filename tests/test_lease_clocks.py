@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import sys
 import textwrap
 import time
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import runtime_cache as rc
+from conftest import holding
 from runtime_cache.backends import dir_lease, lease_tokens
 from runtime_cache.backends.dir_fs import NOFOLLOW
 from runtime_cache.backends.dir_lease import DirLease
@@ -64,13 +64,8 @@ SKEWED_HOLDER = textwrap.dedent(
 def skewed_holder(url: str, shift: float, cwd: Path) -> Iterator[None]:
     """A live holder of ``KEY``'s lease whose clock is off by ``shift`` seconds."""
     args = [sys.executable, "-c", SKEWED_HOLDER, url, SECRET, str(shift), KEY, str(TTL)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=cwd)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    with holding(args, cwd):
         yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _shift_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

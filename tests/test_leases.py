@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import runtime_cache as rc
+from conftest import holding
 from runtime_cache.backends.callback import CallbackBackend
 from runtime_cache.backends.dir_lease import DirLease
 from runtime_cache.backends.directory import DirectoryBackend
@@ -40,19 +40,9 @@ HOLDER = textwrap.dedent(
 @contextmanager
 def hung_holder(url: str, ttl: float, cwd: Path, key: str = KEY) -> Iterator[None]:
     """A process that takes the lease on ``key``, then hangs (SIGSTOP): it stops renewing."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, key, str(ttl)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    with holding([sys.executable, "-c", HOLDER, url, key, str(ttl)], cwd) as proc:
         proc.send_signal(signal.SIGSTOP)
         yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _exclusive(backend: rc.Backend) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 import runtime_cache as rc
+from conftest import holding
 from runtime_cache.backends.dir_lease import FOREIGN_GRACE, DirLease
 from runtime_cache.backends.lease_tokens import make_token
 from runtime_cache.fleet import LeasePolicy
@@ -85,14 +85,8 @@ def _lock_path(cache: rc.Cache, key: rc.CacheKey | str) -> Path:
 
 @contextmanager
 def _holding(script: str, *args: str) -> Iterator[None]:
-    command = [sys.executable, "-c", script, *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    with holding([sys.executable, "-c", script, *args]):
         yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_lock_held_without_a_signed_token_holds_nobody_off(tmp_path: Path) -> None:
