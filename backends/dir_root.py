@@ -53,7 +53,13 @@ class Modes:
 
 
 def _not_a_folder(root: str | Path) -> BackendError:
-    return BackendError(f"cache root {root} is not a directory")
+    try:
+        target = os.readlink(root)
+    except OSError:  # not a link (a file), or gone
+        return BackendError(f"cache root {root} is not a directory")
+    return BackendError(
+        f"cache root {root} is a symbolic link to {target}, which is missing or no directory"
+    )
 
 
 def _failed(root: str | Path, exc: OSError) -> BackendError:

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import unquote
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
@@ -56,7 +56,7 @@ from .redis_scripts import (
     refuse_over_cap,
     scan_names,
 )
-from .redis_url import url_options
+from .redis_url import check_database, url_options
 
 __all__ = ["RedisBackend"]
 
@@ -67,6 +67,9 @@ _GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 #: brings (more comes in further round trips).
 MAX_ENTRY_SIZE = 64 << 20
 _REPLY_BUDGET = 32 << 20
+#: A server's answer to the connection's SELECT of a database it does not have (Redis,
+#: Valkey; a cluster takes only database 0).
+_REFUSED_DB = re.compile(r"DB index is out of range|invalid DB index|SELECT is not allowed")
 
 
 def _import_redis() -> Any:
@@ -82,7 +85,6 @@ def _import_redis() -> Any:
     return redis
 
 
-#: Compare-and-delete, run atomically by the server.
 class RedisBackend(Backend):
     """Values in Redis (standalone or cluster), pooled, with timeouts and a circuit breaker.
 
@@ -132,15 +134,7 @@ class RedisBackend(Backend):
                 f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://)"
             )
         self.cluster = parsed.scheme == "redis+cluster"
-        database = unquote(parsed.path).replace("/", "")  # as redis-py reads it: /0/, /%31
-        if database and not (database.isascii() and database.isdigit()):
-            # redis-py reads "/abc" and "/3/x" as database 0: a typo would share another's data
-            raise InvalidURLError(
-                f"a Redis URL's path is a database number, e.g. /0: {redact_url(url)} (in a "
-                "password, write '/' as %2F)"
-            )
-        if self.cluster and database not in ("", "0"):
-            raise InvalidURLError("a Redis Cluster has only database 0")
+        check_database(url, parsed.path, self.cluster)
         if ttl is not None and ttl <= 0:
             ttl = None
         if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
@@ -260,6 +254,14 @@ class RedisBackend(Backend):
         except errors.ReadOnlyError as exc:
             self.breaker.success()
             raise ReadOnlyBackendError(f"{op} on {self.name}: server is read-only") from exc
+        except errors.ResponseError as exc:
+            if not _REFUSED_DB.search(str(exc)):
+                self.breaker.success()
+                raise BackendError(f"{op} on {self.name} failed: {exc}") from exc
+            self.breaker.failure(exc, started)  # every connection is refused alike: fail fast
+            raise BackendUnavailableError(
+                f"{op} on {self.name}: the server refused the URL's database number: {exc}"
+            ) from exc
         except errors.RedisError as exc:
             self.breaker.success()
             raise BackendError(f"{op} on {self.name} failed: {exc}") from exc

@@ -9,12 +9,13 @@ cover the whole database), or a bad duration or size is an
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from runtime_cache.errors import InvalidURLError
 from runtime_cache.units import parse_duration, parse_size
-from runtime_cache.urls import BackendURL
+from runtime_cache.urls import BackendURL, redact_url
 
-__all__ = ["SSL_CERT_REQS", "url_options"]
+__all__ = ["SSL_CERT_REQS", "check_database", "url_options"]
 
 #: The values redis-py takes for ``ssl_cert_reqs`` (a typo failed every call, not the open).
 SSL_CERT_REQS = ("none", "optional", "required")
@@ -64,3 +65,16 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
         raise InvalidURLError("need 0 < backoff <= max_backoff")
     return f"{parsed.scheme}://{parsed.netloc}{parsed.path}", options
+
+
+def check_database(url: str, path: str, cluster: bool) -> None:
+    """Refuse a URL ``path`` that is not a database number (a cluster's: 0 only)."""
+    database = unquote(path).replace("/", "")  # as redis-py reads it: /0/, /%31
+    if database and not (database.isascii() and database.isdigit()):
+        # redis-py reads "/abc" and "/3/x" as database 0: a typo would share another's data
+        raise InvalidURLError(
+            f"a Redis URL's path is a database number, e.g. /0: {redact_url(url)} (in a "
+            "password, write '/' as %2F)"
+        )
+    if cluster and database not in ("", "0"):
+        raise InvalidURLError("a Redis Cluster has only database 0")

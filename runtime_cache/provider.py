@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from . import environment
 from .api import Backend
 from .cache import Cache
-from .errors import BackendError, RuntimeCacheError
+from .errors import BackendError, InvalidURLError, RuntimeCacheError
 from .registry import open_backend, registry
 from .urls import folder_url, redact, redact_url
 
@@ -69,8 +69,9 @@ def _to_cache(provider: Provider) -> Cache:
     if isinstance(provider, str):
         if provider.strip().lower() in OFF:
             return Cache(None)
-        if provider.strip() == "dir://":  # the default folder: with the default's fallbacks
-            return _embedded()
+        options = _default_folder_options(provider)
+        if options is not None:  # the default folder: with the default's fallbacks
+            return _embedded(options)
         return cache_from_url(provider, secret=secret)
     raise TypeError(
         f"a cache provider is a URL, a Backend, a Cache or None, not {type(provider).__name__}"
@@ -98,20 +99,33 @@ def _off(where: str, exc: Exception) -> Cache:
     return Cache(None)
 
 
-def _embedded() -> Cache:
-    """The user cache folder; with no usable home, a private temporary one, else memory."""
+def _default_folder_options(url: str) -> str | None:
+    """The query (``""`` or ``"?..."``) of a ``dir://`` URL that names no folder: the
+    default one's; ``None`` for any other URL."""
+    text = url.strip()
+    if text[:6].lower() != "dir://":
+        return None
+    path, mark, query = text[6:].partition("?")
+    return None if path else mark + query
+
+
+def _embedded(options: str = "") -> Cache:
+    """The user cache folder; with no usable home, a private temporary one, else memory.
+    ``options``: a ``dir://`` URL's query (``"?max_size=1GiB"``), for either folder."""
     try:  # a bad secret is a bad setting (as above), not a home folder's trouble
         environment.read_secret()
     except RuntimeCacheError as exc:
         return _off("(the default)", exc)
     try:
-        return cache_from_url("dir://", secret=environment.read_secret())
+        return cache_from_url("dir://" + options, secret=environment.read_secret())
+    except InvalidURLError:  # wrong wherever it runs: not a home folder's trouble
+        raise
     except RuntimeCacheError as exc:
         environment.warn_no_home(str(exc))
     except Exception as exc:  # never the app's crash (see _default)
         log.error("runtime-cache: cannot open the default cache (%s: %s)", type(exc).__name__, exc)
     try:
-        return _to_cache(folder_url(environment.private_fallback("cache")))
+        return _to_cache(folder_url(environment.private_fallback("cache")) + options)
     except Exception as exc:
         global _open_error
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)

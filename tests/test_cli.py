@@ -436,7 +436,7 @@ def test_clear_asks_on_a_terminal(
     os.close(follower)
     os.close(leader)
     assert proc.returncode == code, proc.stderr
-    assert "Remove all 2 entries" in proc.stderr
+    assert f"Remove all 2 entries from the folder {root}? [y/N]" in proc.stderr
     assert len(list(cache.entries())) == left
 
 
@@ -472,6 +472,10 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
         code, _, err = run("prune", option, bare)  # --max-size 500 emptied the cache too
         assert code == 2 and "has no unit" in err
     assert len(run.listing()) == 2
+    # Zero is zero in any unit: a bare 0 is taken.
+    code, out, _ = run("prune", "--max-size", "0")
+    assert code == 0 and "removed 2 entries" in out
+    assert run.listing() == []
 
 
 def test_verify_finds_a_hand_corrupted_entry_and_repair_removes_only_it(

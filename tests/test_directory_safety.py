@@ -248,6 +248,13 @@ def test_a_file_as_the_root_is_not_a_directory(tmp_path: Path) -> None:
         DirectoryBackend("/etc/passwd/sub")
 
 
+def test_a_dangling_link_as_the_root_is_named_as_one(tmp_path: Path) -> None:
+    (tmp_path / "root").symlink_to(tmp_path / "gone")
+    with pytest.raises(BackendError, match=r"is a symbolic link to .*gone, which is missing"):
+        DirectoryBackend(tmp_path / "root")
+    assert not (tmp_path / "gone").exists()  # nothing made through the link
+
+
 def test_a_forked_child_uses_the_backend(tmp_path: Path) -> None:
     backend = DirectoryBackend(tmp_path)
     backend.set(KEY, b"parent")

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 import runtime_cache as rc
+from runtime_cache.backends.dir_url import DEFAULT_MAX_SIZE
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.errors import InvalidURLError
 
 UID = 48213  # no passwd entry on a test machine
 WARNING = "no usable home folder"
@@ -93,24 +95,45 @@ def test_get_cache_without_home_or_passwd_entry_warns_once(fresh_uid: int) -> No
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("url", ["dir://", "dir://?max_size=64MiB"])
 @pytest.mark.parametrize("how", ["env", "provider"])
 def test_the_default_named_as_dir_falls_back_as_the_default_does(
-    fresh_uid: int, how: str, tmp_path: Path
+    fresh_uid: int, how: str, url: str, tmp_path: Path
 ) -> None:
     """Operator review, session 36: ``set_cache_provider("dir://")`` (or ``RUNTIME_CACHE=dir://``)
     with a read-only home turned caching off, where the default it names falls back to a
-    private temporary folder."""
+    private temporary folder; with options (``dir://?max_size=64MiB``) it still did."""
     home = tmp_path / "home"
     home.mkdir()
     home.chmod(0o555)  # root's, and read-only to the test user
     tmp_path.chmod(0o755)
-    script = "import runtime_cache as rc; print('cache', rc.set_cache_provider('dir://'))"
-    args = ["-c", SCRIPT, "plain"] if how == "env" else ["-c", script]
-    env = _env(HOME=str(home), **({"RUNTIME_CACHE": "dir://"} if how == "env" else {}))
-    done = _as_user(fresh_uid, [sys.executable, *args], env)
+    opened = "rc.set_cache_provider(sys.argv[1])" if how == "provider" else "rc.get_cache()"
+    script = f"import sys, runtime_cache as rc; c = {opened}; print('cache', c, c.backend.max_size)"
+    env = _env(HOME=str(home), **({"RUNTIME_CACHE": url} if how == "env" else {}))
+    done = _as_user(fresh_uid, [sys.executable, "-c", script, url], env)
     assert done.returncode == 0, done.stderr
     assert f"runtime-cache-{fresh_uid}-cache" in done.stdout, done.stdout
+    assert int(done.stdout.split()[-1]) == (DEFAULT_MAX_SIZE if url == "dir://" else 64 << 20)
     assert "caching is off" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("how", ["env", "provider"])
+def test_a_typo_in_the_default_folders_options_is_still_an_error(how: str) -> None:
+    url = "dir://?max_sise=64MiB"
+    if how == "provider":
+        with pytest.raises(InvalidURLError, match="max_sise"):
+            rc.set_cache_provider(url)
+        return
+    script = "import runtime_cache as rc; print('cache', rc.get_cache())"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(HOME=TMP, RUNTIME_CACHE=url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=TMP,
+    )
+    assert done.returncode == 0 and "max_sise" in done.stderr and "caching is off" in done.stderr
 
 
 def test_a_link_planted_at_the_fallback_folder_is_never_followed(fresh_uid: int) -> None:

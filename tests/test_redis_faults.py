@@ -184,6 +184,27 @@ def test_a_server_that_does_not_speak_redis_opens_the_breaker(unique_prefix: str
         server.close()
 
 
+def test_a_database_the_server_lacks_opens_the_breaker(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """Carried over from session 35: ``/99`` on a server of 16 databases failed every
+    call with a plain error, so each call connected again and was refused again."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/99"
+    cache = rc.Cache(_backend(url, unique_prefix), secret="test-secret")
+    assert cache.put(_key(1), b"v") is False  # refused: an outage, the breaker opens
+    assert "refused the URL's database number" in (cache.last_error or "")
+    with pytest.raises(BackendUnavailableError, match="database number"):
+        rc.Cache(_backend(url, unique_prefix), secret="test-secret", strict=True).get(_key(1))
+    assert cache.backend.breaker.state == "open"
+    import redis
+
+    with redis.Redis(port=redis_server.port) as admin:
+        connects = admin.info("stats")["total_connections_received"]
+        for i in range(20):
+            assert cache.get(_key(i)) is None
+        assert admin.info("stats")["total_connections_received"] == connects
+
+
 def test_tiers_keep_serving_over_a_dead_redis(
     tmp_path: Path, redis_process: RedisProcess, unique_prefix: str
 ) -> None:

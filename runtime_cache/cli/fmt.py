@@ -17,6 +17,7 @@ import datetime as _dt
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any, TextIO
 
 from ..units import format_size
@@ -48,6 +49,19 @@ def clean(text: object) -> str:
     return "".join(
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
     )
+
+
+def store_name(backend: object) -> str:
+    """What an operator calls ``backend``: a folder's path, a server's URL (without its
+    password), tiers joined by ``>``; else the backend's class name."""
+    tiers = getattr(backend, "tiers", None)
+    if isinstance(tiers, list) and tiers:
+        return " > ".join(store_name(tier) for tier in tiers)
+    for attribute, kind in (("root", "folder"), ("name", "server")):
+        value = getattr(backend, attribute, None)
+        if isinstance(value, (str, PurePath)) and value:
+            return clean(f"the {kind} {value}")
+    return clean(f"the {type(backend).__name__}")
 
 
 def count(n: int, one: str, many: str) -> str:

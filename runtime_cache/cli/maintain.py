@@ -23,7 +23,7 @@ from ..errors import (
 from ..maintenance import PruneReport, prune, verify
 from ..units import parse_duration, parse_size
 from .context import CommandContext, Handler, KeyNotFound, UsageError, resolve_key
-from .fmt import Progress, clean, count, human_size
+from .fmt import Progress, clean, count, human_size, store_name
 from .inspect import add_json
 
 __all__ = ["add_parsers", "cmd_clear", "cmd_prune", "cmd_rm", "cmd_verify"]
@@ -32,9 +32,10 @@ AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParse
 
 
 def _with_unit(text: str, examples: str) -> str:
-    # A unit is asked for: "--older-than 3" (meant as days) removed all but 3 seconds' worth,
-    # and "--max-size 500" (meant as MB) emptied the cache down to 500 bytes.
-    if text.strip().replace(".", "", 1).isdigit():
+    # A unit is asked for ("--older-than 3", meant as days, removed all but 3 seconds' worth;
+    # "--max-size 500", meant as MB, emptied the cache), but for zero, the same in any unit.
+    number = text.strip().replace(".", "", 1)
+    if number.isdigit() and number.strip("0"):
         raise argparse.ArgumentTypeError(f"{text!r} has no unit: write {examples}")
     return text
 
@@ -192,7 +193,8 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
     if not args.yes:
         if not _stdin_is_terminal():
             raise UsageError("refusing to clear without --yes: there is no terminal to ask")
-        ctx.err.write(f"Remove all {len(keys)} entries from {ctx.cache.backend!r}? [y/N] ")
+        where = store_name(ctx.cache.backend)
+        ctx.err.write(f"Remove all {len(keys)} entries from {where}? [y/N] ")
         ctx.err.flush()
         answer = sys.stdin.readline().strip().lower()
         if answer not in ("y", "yes"):
