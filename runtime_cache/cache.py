@@ -4,10 +4,10 @@ The front is pure and in memory; all I/O happens in the backend it wraps. A
 backend failure is logged once per outage, counted, and treated as a miss or a
 skipped store, unless ``strict=True`` (:mod:`.failure_policy`). Every blob read
 passes :func:`runtime_cache.check.check_entry` (or its quick form for the cache's own
-entries, :mod:`.own_entries`): a corrupt entry is counted, removed (only those bytes)
-and treated as a miss, so the caller rebuilds it; an entry that is not the one its key
-names is a ``rejected`` miss. A value read again by a cache that checked its entry is
-checked against the header it checked then (:meth:`~runtime_cache.api.Backend.get_range`).
+entries, :mod:`.own_entries`): a corrupt entry is counted, removed (only those bytes) and
+treated as a miss, so the caller rebuilds it; one not the entry its key names is a
+``rejected`` miss. A value read again by a cache that checked its entry is checked
+against the header it checked then (:meth:`~runtime_cache.api.Backend.get_range`).
 
 >>> import runtime_cache as rc
 >>> from runtime_cache.backends.memory import MemoryBackend
@@ -36,7 +36,7 @@ from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_
 from .errors import CorruptEntryError, EntryTooLargeError, NewerFormatError, RejectedEntryError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
-from .inventory import Inventory, KeyLike
+from .inventory import Inventory, KeyLike, key_text
 from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
@@ -232,7 +232,7 @@ class Cache(Inventory, BatchReads, Builds):
         return pieces
 
     def _read(self, key: KeyLike) -> Checked | None:
-        skey = str(key)
+        skey = key_text(key)
         pieces = self._fetch(skey)
         return None if pieces is None else self._screen(key, skey, pieces)
 
@@ -273,7 +273,7 @@ class Cache(Inventory, BatchReads, Builds):
 
     def get(self, key: KeyLike) -> bytes | None:
         """Return the value stored for ``key``, or ``None`` on a miss."""
-        skey = str(key)
+        skey = str(key) if type(key) is CacheKey else key_text(key)
         unread = True
         if type(key) is CacheKey and self._ranges is not None and "get_parts" not in self._patched:
             # An entry checked or written here before: its value alone, against the header
@@ -305,9 +305,7 @@ class Cache(Inventory, BatchReads, Builds):
         return whole if type(whole) is bytes and len(whole) == len(view) else bytes(view)
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, (CacheKey, str)):
-            return False
-        return self._read(key) is not None
+        return isinstance(key, (CacheKey, str)) and self._read(key) is not None
 
     def _encode(
         self, key: CacheKey, value: bytes, build_seconds: float, extra: Mapping[str, Any] | None
@@ -389,8 +387,9 @@ class Cache(Inventory, BatchReads, Builds):
     def delete(self, key: KeyLike) -> bool:
         """Remove ``key``; return whether it was there. With a tier down: strict, raises
         :class:`~runtime_cache.errors.PartialDeleteError`; else whether a reached tier held it."""
+        skey = key_text(key)  # (a TypeError is the caller's, not the store's failure)
         try:
-            removed = self._backend.delete(str(key))
+            removed = self._backend.delete(skey)
         except Exception as exc:
             self._failed("delete", exc)
             return getattr(exc, "removed", False) is True  # (a PartialDeleteError's)

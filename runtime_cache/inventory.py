@@ -19,9 +19,19 @@ from .keys import CacheKey
 from .listing import OnProgress, OnSkip, list_entries, read_heads, read_info
 from .stats import CacheStats, Counters, EntryInfo
 
-__all__ = ["Inventory", "KeyLike"]
+__all__ = ["Inventory", "KeyLike", "key_text"]
 
 KeyLike = CacheKey | str
+
+
+def key_text(key: object) -> str:
+    """The text of ``key``, a :class:`CacheKey` or such a text; :class:`TypeError` for any
+    other (``get(123)`` was a miss, where ``put(123, ...)`` raises)."""
+    if isinstance(key, (CacheKey, str)):
+        return str(key)
+    raise TypeError(
+        f"a cache key is a CacheKey from make_key() or its text, not {type(key).__name__}"
+    )
 
 
 class _Host(Protocol):
@@ -89,7 +99,7 @@ class Inventory:
         Raises :class:`CorruptEntryError` when the entry's head does not decode
         or holds another key. The signature is not checked (see :meth:`decode`).
         """
-        skey = str(key)
+        skey = key_text(key)
         stored = next((item for item in self.backend.scan(skey) if item.key == skey), None)
         try:
             info = read_info(self.backend, stored or StoredItem(skey, 0), self.limits)

@@ -72,6 +72,19 @@ def test_put_validates_types() -> None:
         cache.put("test/unit/" + "0" * 32, b"v")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("wrong", [123, None, b"test/unit/" + b"0" * 32])
+def test_reads_and_deletes_refuse_what_is_no_key(wrong: object) -> None:
+    """``get(123)`` was a counted miss (the text "123"), where ``put`` raises."""
+    cache = rc.Cache(MemoryBackend())
+    cache.put(key(), b"v")
+    for call in (cache.get, cache.get_entry, cache.info, cache.delete):
+        with pytest.raises(TypeError, match="a cache key is a CacheKey"):
+            call(wrong)  # type: ignore[arg-type]
+    assert wrong not in cache
+    assert cache.stats().misses == 0 and cache.stats().errors == 0
+    assert cache.get(str(key())) == b"v"  # its text is a key
+
+
 def test_corrupt_entry_counted_deleted_rebuilt() -> None:
     backend = MemoryBackend()
     cache = rc.Cache(backend)
