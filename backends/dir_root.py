@@ -12,6 +12,7 @@ and writable; the umask decides what others may read, and others never write.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from dataclasses import dataclass
@@ -21,7 +22,15 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .dir_fs import read_umask
 
-__all__ = ["ROOT_FLAGS", "Modes", "backend_error", "only_mine", "open_root", "owner_check"]
+__all__ = [
+    "ROOT_FLAGS",
+    "Modes",
+    "backend_error",
+    "only_mine",
+    "open_root",
+    "owner_check",
+    "remake_root",
+]
 
 #: Flags of the root descriptor (also used to reopen it after a fork).
 ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
@@ -95,6 +104,38 @@ def open_root(root: str | Path, modes: Modes) -> int:
         raise _not_a_folder(root) from None
     except OSError as exc:
         raise _failed(root, exc) from exc
+
+
+def remake_root(root_fd: int, root: str, modes: Modes, members: object) -> None:
+    """Make ``root`` again where it was removed under the process (``rm -rf``, a tmp
+    cleaner; NFS: ``root_fd`` answers ESTALE), with an open's checks, at ``root_fd``'s own
+    number (dup2: no thread meets a closed descriptor). A shared root (``members``:
+    :func:`owner_check`'s answer at the first open) gets back its group, not this
+    process's. Where it cannot be made, ``root_fd`` is left as it is: writes fail, reads
+    miss."""
+    try:
+        if os.fstat(root_fd).st_nlink > 0:
+            return
+    except OSError as exc:
+        if exc.errno != errno.ESTALE:
+            return
+    try:
+        fd = open_root(root, modes)
+    except (OSError, BackendError):
+        return
+    try:
+        if isinstance(members, GroupMembers) and os.fstat(fd).st_gid != members.gid:
+            with contextlib.suppress(OSError):  # (not this user's, or not a member)
+                path = f"/proc/self/fd/{fd}"  # the folder opened, whatever is at its name now
+                os.chown(path, -1, members.gid)
+                if modes.folder_chmod is not None:  # (a chown may drop the setgid bit)
+                    os.chmod(path, modes.folder_chmod)
+        owner_check(fd, root, members is not None)
+        os.dup2(fd, root_fd, inheritable=False)
+    except (OSError, BackendError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def owner_check(root_fd: int, root: str | Path, shared: bool) -> GroupMembers | None:

@@ -34,7 +34,15 @@ from runtime_cache.partial_reads import read_each
 from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_range, read_to_end, regular_size
 from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import track
-from .dir_root import ROOT_FLAGS, Modes, backend_error, only_mine, open_root, owner_check
+from .dir_root import (
+    ROOT_FLAGS,
+    Modes,
+    backend_error,
+    only_mine,
+    open_root,
+    owner_check,
+    remake_root,
+)
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_url import DEFAULT_MAX_SIZE, url_settings
@@ -156,27 +164,6 @@ class DirectoryBackend(DirMaintenance, Backend):
         old, self.root_fd = self.root_fd, fd
         self._journal.dir_fd = fd
         os.close(old)
-
-    def _root_gone(self) -> None:
-        # The root was removed under us (``rm -rf``, a tmp cleaner): made again, with an open's
-        # checks, at the root's own descriptor number (dup2: no thread meets a closed one).
-        try:
-            if os.fstat(self.root_fd).st_nlink > 0:
-                return
-        except OSError as exc:
-            if exc.errno != errno.ESTALE:  # (NFS: the handle of a folder another removed)
-                return
-        try:
-            fd = open_root(self._root_text, self.modes)
-        except (OSError, BackendError):
-            return
-        try:
-            owner_check(fd, self._root_text, self.shared)
-            os.dup2(fd, self.root_fd, inheritable=False)
-        except (OSError, BackendError):
-            pass  # left as it is: writes fail, reads miss, as before
-        finally:
-            os.close(fd)
 
     @property
     def root(self) -> Path:
@@ -315,8 +302,8 @@ class DirectoryBackend(DirMaintenance, Backend):
                 # our temp file, or junk holds the name (a folder, a link): once more.
                 if exc.errno != errno.ENOENT:
                     self.found_junk(rel, "a folder or a link")
-                else:
-                    self._root_gone()
+                else:  # the root removed under us (rm -rf, a tmp cleaner): made again
+                    remake_root(self.root_fd, self._root_text, self.modes, self._upkeep.members)
                 write_entry(self.root_fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
             error = self._error("write", exc, rel)

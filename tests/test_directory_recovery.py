@@ -47,6 +47,25 @@ def test_a_root_removed_under_the_process_is_made_again(tmp_path: Path) -> None:
     assert cache.stats().errors == 0
 
 
+def test_a_shared_root_made_again_gets_back_its_group(tmp_path: Path) -> None:
+    """Carried over from session 36: a shared folder made again took this process's group,
+    so the group's other members could no longer write it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the folder a group this process is not in")
+    root = tmp_path / "shared"
+    root.mkdir(mode=0o2770)
+    os.chown(root, -1, 65534)  # a group other than this process's
+    backend = DirectoryBackend(root, shared=True)
+    cache = rc.Cache(backend, secret="s")
+    assert cache.put(_key(0), b"zero")
+    shutil.rmtree(root)
+    assert cache.put(_key(1), b"one") and cache.get(_key(1)) == b"one"
+    st = root.stat()
+    assert st.st_gid == 65534 != os.getegid()
+    assert st.st_mode & stat.S_ISGID  # its files and folders take the group too
+    assert next(p for p in root.rglob("*") if p.is_file()).stat().st_gid == 65534
+
+
 def test_a_root_made_again_passes_an_opens_checks(tmp_path: Path) -> None:
     """The root made again is opened as an open opens it: a link at its path leads to the
     folder it names (as at an open), and a folder of another user's there is refused, so
