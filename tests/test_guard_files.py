@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fill, tmpfs
+from conftest import fill, holding, tmpfs
 from runtime_cache.opencl.guard import LoadGuard
 from runtime_cache.opencl.guard_files import append_lines, dead_marks, reserve
 from runtime_cache.opencl.known_list import MAX_LIST_BYTES, read_lines
@@ -358,28 +358,16 @@ def test_a_mark_file_whose_lock_is_held_is_a_live_process(tmp_path: Path) -> Non
     here, but its lock on its mark file does. Held: left alone; released (it died): taken."""
     folder = _folder(tmp_path)
     name = f"{_dead_pid()}.loading"  # no such process here
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys\n"
-            f"fd = os.open({str(folder / name)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
-            f"os.write(fd, b'{D1}\\n'); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('held', flush=True); sys.stdin.read()\n",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    script = (
+        "import fcntl, os, time\n"
+        f"fd = os.open({str(folder / name)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+        f"os.write(fd, b'{D1}\\n'); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(600)\n"
     )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with holding([sys.executable, "-c", script]):
         live = LoadGuard(str(folder))
         assert not live.blocked([D1]) and (folder / name).exists()
         live.close()
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(10)
     after = LoadGuard(str(folder))
     try:
         assert after.blocked([D1]) and not (folder / name).exists()
