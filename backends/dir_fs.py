@@ -42,7 +42,6 @@ __all__ = [
     "read_parts",
     "read_regular",
     "read_to_end",
-    "read_umask",
     "regular_size",
     "remove_tree",
     "set_aside",
@@ -255,23 +254,30 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     A file of at least :data:`PARTS_FROM` bytes is read in pieces: its first
     :data:`~runtime_cache.api.SPAN_HEAD` bytes, then the part ``span`` names
     with one ``pread``, so that part is a ``bytes`` of its own, then what
-    follows it. Anything unexpected (a smaller file, a span out of range, a
-    file that changed size) reads the whole file as :func:`read_to_end` does.
+    follows it. One whose head ``span`` finds no entry in, or whose span ends past its
+    end or more than ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a
+    sparse gigabyte planted in a shared folder was read whole). Anything else unexpected
+    (a span out of range, a file that changed size) reads the whole file as
+    :func:`read_to_end` does.
     """
     if size >= PARTS_FROM:
-        head = os.read(fd, SPAN_HEAD)
-        if len(head) == SPAN_HEAD and (where := span(head)) is not None:
-            start, end = where
-            # One byte more than is left shows a file that grew since fstat.
-            if end == size and 0 <= start <= SPAN_HEAD and start <= end:
-                middle = os.pread(fd, end - start + 1, start)
-                if len(middle) == end - start:
-                    return head[:start], middle, b""
-            elif 0 <= start <= SPAN_HEAD and start <= end < size:
-                middle = os.pread(fd, end - start, start)
-                tail = os.pread(fd, size - end + 1, end)
-                if len(middle) == end - start and len(tail) == size - end:
-                    return head[:start], middle, tail
+        head = os.pread(fd, SPAN_HEAD, 0)
+        where = span(head) if len(head) == SPAN_HEAD else None
+        if where is None:
+            raise Junk("a file with no entry header")
+        start, end = where
+        if 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:  # (after it: a signature)
+            raise Junk("an entry of another size than its header says")
+        # One byte more than is left shows a file that grew since fstat.
+        if end == size and 0 <= start <= SPAN_HEAD and start <= end:
+            middle = os.pread(fd, end - start + 1, start)
+            if len(middle) == end - start:
+                return head[:start], middle, b""
+        elif 0 <= start <= SPAN_HEAD and start <= end < size:
+            middle = os.pread(fd, end - start, start)
+            tail = os.pread(fd, size - end + 1, end)
+            if len(middle) == end - start and len(tail) == size - end:
+                return head[:start], middle, tail
         os.lseek(fd, 0, os.SEEK_SET)
     return (read_to_end(fd, size, limit),)
 
@@ -379,21 +385,3 @@ def remove_tree(dir_fd: int, name: str, prefix: str, deadline: float) -> bool:
         except OSError:
             complete = False
     return complete
-
-
-def read_umask() -> int:
-    """This process's umask, read without changing it where the system allows."""
-    try:
-        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            status = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-        for line in status.splitlines():
-            if line.startswith(b"Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o077)  # pragma: no cover - not Linux; racy with other threads
-    os.umask(mask)  # pragma: no cover
-    return mask  # pragma: no cover

@@ -61,6 +61,8 @@ class DirMaintenance:
         return self._upkeep.vacuum(seconds)
 
     def compact_hits(self, deadline: float | None = None) -> None:
-        """Rewrite the hits journal as one line per live key once it passes 1 MiB; the
-        keys are listed only then, and not past ``deadline`` (``time.monotonic()``)."""
-        self._journal.compact(lambda: keys_until(self.root_fd, deadline), TEMP_HITS)
+        """Rewrite the hits journal as one line per live key once it passes 1 MiB (a
+        sixteenth of a smaller ``max_size``); the keys are listed only then, and not past
+        ``deadline`` (``time.monotonic()``)."""
+        at = min(1 << 20, self._journal.compact_at)
+        self._journal.compact(lambda: keys_until(self.root_fd, deadline), TEMP_HITS, at)

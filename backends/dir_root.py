@@ -20,8 +20,6 @@ from pathlib import Path
 
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
-from .dir_fs import read_umask
-
 __all__ = [
     "ROOT_FLAGS",
     "Modes",
@@ -29,6 +27,7 @@ __all__ = [
     "only_mine",
     "open_root",
     "owner_check",
+    "read_umask",
     "remake_root",
 ]
 
@@ -231,3 +230,21 @@ def backend_error(root: Path, op: str, exc: OSError, name: str = "") -> BackendE
     if exc.errno in _FULL:
         return BackendError(f"{where}: disk full ({exc.strerror})")
     return BackendError(f"{where}: {exc.strerror or exc}")
+
+
+def read_umask() -> int:
+    """This process's umask, read without changing it where the system allows."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        for line in status.splitlines():
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # pragma: no cover - not Linux; racy with other threads
+    os.umask(mask)  # pragma: no cover
+    return mask  # pragma: no cover

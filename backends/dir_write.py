@@ -94,7 +94,7 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
     except OSError:
         return False
     try:
-        first = _read_at(dfd, name, limit)
+        first = _read_at(dfd, name, limit, len(expected))
         if first is None or first[1] != expected:
             return False
         aside = f".del-{os.urandom(8).hex()}"
@@ -102,7 +102,7 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
             os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             return False
-        moved = _read_at(dfd, aside, limit)
+        moved = _read_at(dfd, aside, limit, len(expected))
         if moved is not None and moved[0] == first[0] and moved[1] == expected:
             os.unlink(aside, dir_fd=dfd)
             return True
@@ -116,13 +116,16 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
         os.close(dfd)
 
 
-def _read_at(dfd: int, name: str, limit: int) -> tuple[int, bytes] | None:
+def _read_at(dfd: int, name: str, limit: int, size: int) -> tuple[int, bytes] | None:
+    # (inode, bytes) of a file of ``size`` bytes; another size is not read (a sparse
+    # gigabyte planted in a shared folder was read whole again to be compared).
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dfd)
     except OSError:
         return None
     try:
-        return os.fstat(fd).st_ino, read_regular(fd, limit)
+        st = os.fstat(fd)
+        return (st.st_ino, read_regular(fd, limit)) if st.st_size == size else None
     except (Junk, OSError):
         return None
     finally:

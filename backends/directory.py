@@ -134,6 +134,7 @@ class DirectoryBackend(DirMaintenance, Backend):
             mode=modes.file,
             chmod=modes.file_chmod,
             temp_prefix=TEMP_HITS,
+            cap=self.max_size,
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and only_mine(self.root_fd)
@@ -356,8 +357,9 @@ class DirectoryBackend(DirMaintenance, Backend):
         return iter([found.key for found in self._listing(prefix)])
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
-        hits = self._journal.read() if self.track_access else {}
-        for found in self._listing(prefix):
+        listed = self._listing(prefix)
+        hits = self._journal.read(keep={f.key for f in listed}) if self.track_access else {}
+        for found in listed:
             count = hits.get(found.key, (0, 0.0))[0] if self.track_access else None
             st = found.stat
             yield StoredItem(found.key, st.st_size, st.st_mtime, count)

@@ -13,7 +13,7 @@ huge file is not read.
 
 A vacuum compacts it (one line per live key). So does a process whose append finds it
 past :data:`COMPACT_AT`, on a thread of its own, at most once a :data:`COMPACT_EVERY`
-seconds: a long-lived process hitting many keys grew it to the read cap (64 MiB, 47
+seconds: a long-lived process hitting many keys grew it to the read cap (64 MiB then, 47
 bytes a hit) in about 20 minutes at 1,000 hits a second, and no hit counted after that.
 Where one line per live key is itself that large, the process waits for twice what its
 last compaction kept before it compacts again.
@@ -21,21 +21,31 @@ last compaction kept before it compacts again.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import math
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator
 
 from .dir_fs import NOFOLLOW, create_new
 from .dir_tree import keys_until
 
-__all__ = ["COMPACT_AT", "COMPACT_EVERY", "HitsJournal"]
+__all__ = ["COMPACT_AT", "COMPACT_EVERY", "MAX_READ", "READ_SECONDS", "HitsJournal"]
 
-_MAX_READ = 64 << 20
+log = logging.getLogger(__name__)
+
 #: A journal this large is compacted by the process whose append finds it so.
 COMPACT_AT = 8 << 20
+#: A larger journal is junk: read as empty, and compacted so.
+MAX_READ = 4 * COMPACT_AT
+#: The longest a read parses (a padded journal: about 20 MB of lines a second).
+READ_SECONDS = 0.5
+#: Bytes parsed between two looks at the clock.
+_PIECE = 1 << 18
 #: The fewest seconds between two such compactions by one process.
 COMPACT_EVERY = 60.0
 #: The longest the listing of live keys for such a compaction may take.
@@ -43,6 +53,7 @@ _LIST_SECONDS = 1.0
 #: The most hits a line may add (more digits: junk), and the most any key shows.
 _MAX_DIGITS = 16
 MAX_HITS = 1 << 53  # 16 digits: what compaction writes, a reader takes
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
 
 
@@ -59,8 +70,14 @@ class HitsJournal:
         mode: int = 0o600,
         chmod: int | None = None,
         temp_prefix: str | None = None,
+        cap: int | None = None,
     ) -> None:
         self.dir_fd = dir_fd
+        # A cache of ``cap`` bytes: its journal is compacted past a sixteenth of that and
+        # written no further past an eighth (it is not counted in the cap, and on a small
+        # disk it filled what the entries left: every store failed, a compaction too).
+        self.compact_at = COMPACT_AT if cap is None else max(1 << 16, min(COMPACT_AT, cap // 16))
+        self.append_until = MAX_READ if cap is None else max(1 << 17, min(MAX_READ, cap // 8))
         self.name = name
         self.mode = mode
         self.chmod = chmod
@@ -114,7 +131,7 @@ class HitsJournal:
             fd = os.open(self.name, _APPEND, self.mode, dir_fd=self.dir_fd)
             try:
                 st = os.fstat(fd)
-                if stat.S_ISREG(st.st_mode) and st.st_size < _MAX_READ:
+                if stat.S_ISREG(st.st_mode) and st.st_size < self.append_until:
                     if self.chmod is not None and st.st_size == 0:
                         os.fchmod(fd, self.chmod)
                     os.write(fd, data)  # one O_APPEND write: lines never interleave
@@ -123,7 +140,7 @@ class HitsJournal:
                 os.close(fd)
         except OSError:
             pass  # advisory: losing counts never loses an entry
-        if size >= max(COMPACT_AT, self._kept) and self.temp_prefix is not None:
+        if size >= max(self.compact_at, self._kept) and self.temp_prefix is not None:
             self._compact_soon(self.temp_prefix)
 
     def _compact_soon(self, temp_prefix: str) -> None:
@@ -142,7 +159,7 @@ class HitsJournal:
 
         def compact() -> None:
             try:
-                self._kept = 2 * (self.compact(live, temp_prefix, COMPACT_AT, root) or 0)
+                self._kept = 2 * (self.compact(live, temp_prefix, self.compact_at, root) or 0)
             except Exception:  # advisory: next time
                 pass
             finally:
@@ -153,10 +170,20 @@ class HitsJournal:
         except RuntimeError:  # no new thread at the interpreter's exit (its last flush)
             os.close(root)
 
-    def read(self, pending: bool = True, dir_fd: int | None = None) -> dict[str, tuple[int, float]]:
+    def read(
+        self,
+        pending: bool = True,
+        dir_fd: int | None = None,
+        keep: Container[str] | None = None,
+    ) -> dict[str, tuple[int, float]]:
         """Hits and last hit time per key: the journal plus this process's unflushed counts
         (``pending=False``: the journal's alone, as a compaction writes it back; ``dir_fd``:
-        the root's descriptor to read it under, when not the journal's own)."""
+        the root's descriptor to read it under, when not the journal's own; ``keep``: the
+        keys to count, the others' lines skipped).
+
+        A journal a writer of the folder padded (millions of lines of keys that are not
+        there) costs at most :data:`READ_SECONDS` of parsing: the lines after are left
+        out, and a compaction writes back what was counted."""
         counts: dict[str, tuple[int, float]] = {}
         raw = b""
         folder = self.dir_fd if dir_fd is None else dir_fd
@@ -167,35 +194,46 @@ class HitsJournal:
         if fd >= 0:
             try:
                 st = os.fstat(fd)
-                if stat.S_ISREG(st.st_mode) and st.st_size <= _MAX_READ:  # else junk: compact
-                    raw = os.read(fd, _MAX_READ)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_READ:  # else junk: compact
+                    raw = os.read(fd, MAX_READ)
             except OSError:
                 pass
             finally:
                 os.close(fd)
-        for line in raw.decode("utf-8", "replace").splitlines():
-            fields = line.split(" ", 2)
-            if len(fields) != 3:
-                continue
-            if fields[0] == "-":  # the entry was removed: its count starts again
-                counts.pop(fields[2], None)
-                continue
-            hits = fields[0]
-            # ASCII digits only ("²".isdigit() holds, and int() refuses it), and few of them.
-            if not (hits.isascii() and hits.isdigit()) or len(hits) > _MAX_DIGITS:
-                continue
-            try:
-                when = float(fields[1])
-            except ValueError:
-                continue
-            if not math.isfinite(when):
-                continue
-            n, last = counts.get(fields[2], (0, 0.0))
-            counts[fields[2]] = (min(n + int(hits), MAX_HITS), max(last, when))
+        deadline = time.monotonic() + READ_SECONDS
+        for lines in _pieces(raw):
+            if time.monotonic() > deadline:
+                log.warning(
+                    "runtime-cache: hits journal %s took over %.1f s to read; the rest left "
+                    "out (padded by a writer of the folder?)",
+                    self.name,
+                    READ_SECONDS,
+                )
+                break
+            for line in lines:
+                fields = line.split(" ", 2)
+                if len(fields) != 3 or (keep is not None and fields[2] not in keep):
+                    continue
+                if fields[0] == "-":  # the entry was removed: its count starts again
+                    counts.pop(fields[2], None)
+                    continue
+                hits = fields[0]
+                # ASCII digits only ("²".isdigit() holds, and int() refuses it), and few.
+                if not (hits.isascii() and hits.isdigit()) or len(hits) > _MAX_DIGITS:
+                    continue
+                try:
+                    when = float(fields[1])
+                except ValueError:
+                    continue
+                if not math.isfinite(when):
+                    continue
+                n, last = counts.get(fields[2], (0, 0.0))
+                counts[fields[2]] = (min(n + int(hits), MAX_HITS), max(last, when))
         with self._lock:
             for key, n in self._pending.items() if pending else ():
-                old, last = counts.get(key, (0, 0.0))
-                counts[key] = (old + n, last)
+                if keep is None or key in keep:
+                    old, last = counts.get(key, (0, 0.0))
+                    counts[key] = (old + n, last)
         return counts
 
     def compact(
@@ -226,21 +264,50 @@ class HitsJournal:
         if keys is None:
             return None
         # Not this process's unflushed counts: its next flush appends them (counted twice).
-        counts = {k: v for k, v in self.read(pending=False, dir_fd=folder).items() if k in keys}
+        counts = self.read(pending=False, dir_fd=folder, keep=keys)
         data = "".join(f"{n} {when:.3f} {k}\n" for k, (n, when) in counts.items()).encode()
         try:
             fd, temp = create_new(folder, temp_prefix, self.mode, self.chmod)
+        except OSError as exc:
+            return self._rewrite_in_place(folder, data) if exc.errno in _FULL else None
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            os.replace(temp, self.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=folder)
+            return self._rewrite_in_place(folder, data) if exc.errno in _FULL else None
+        finally:
+            os.close(fd)
+        return len(data)
+
+    def _rewrite_in_place(self, folder: int, data: bytes) -> int | None:
+        # A full disk has no room for a new journal beside the old: the old one is cut and
+        # written again (never more than it held). Appends racing it may be lost, and a
+        # crash in between loses counts: advisory, as ever.
+        try:
+            fd = os.open(self.name, os.O_WRONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=folder)
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            os.ftruncate(fd, 0)
             os.write(fd, data)
-            os.replace(temp, self.name, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError:
-            try:
-                os.unlink(temp, dir_fd=folder)
-            except OSError:
-                pass
             return None
         finally:
             os.close(fd)
         return len(data)
+
+
+def _pieces(raw: bytes) -> Iterator[list[str]]:
+    """The lines of ``raw``, about :data:`_PIECE` bytes of them at a time (so that no list
+    of a whole padded journal's lines is ever made)."""
+    start = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start + _PIECE)
+        end = len(raw) if end < 0 else end + 1
+        yield raw[start:end].decode("utf-8", "replace").splitlines()
+        start = end

@@ -142,6 +142,71 @@ def test_a_long_lived_process_compacts_the_hits_journal(
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_a_padded_journal_costs_a_bounded_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attacker review, session 37: a member of a shared folder padded ``.hits`` to just
+    under the 64 MiB read cap with 5.6 million distinct keys: every process opening the
+    cache parsed it all (13.5 s of CPU, 1.4 GiB). Only live keys are counted now, and a
+    read parses for at most ``READ_SECONDS``; the vacuum then writes back what it counted."""
+    import runtime_cache.backends.hits_journal as journal
+
+    root = tmp_path / "cache"
+    cache = rc.Cache(DirectoryBackend(root), secret="s")
+    keys = [_key(i) for i in range(3)]
+    for key in keys:
+        assert cache.put(key, b"v") and cache.get(key) == b"v"
+    cache.close()
+    with open(root / ".hits", "ab") as padded:
+        padded.write(b"".join(b"1 1 opencl/binary/%032x\n" % i for i in range(200_000)))
+    backend = DirectoryBackend(root, track_access=True)
+    assert {item.key: item.hits for item in backend.scan()} == {str(k): 1 for k in keys}
+    live = {str(k) for k in keys}
+    assert set(backend._journal.read(keep=live)) == live  # the padding is never held
+    monkeypatch.setattr(journal, "READ_SECONDS", 0.0)
+    with caplog.at_level(logging.WARNING):
+        assert backend._journal.read(keep=live) == {}  # out of time: the rest left out
+    assert "took over 0.0 s to read" in caplog.text
+    monkeypatch.setattr(journal, "READ_SECONDS", 10.0)
+    backend.compact_hits()
+    assert (root / ".hits").stat().st_size < 1000  # the live keys' lines alone
+
+
+def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -> None:
+    """Operator review, session 37: on a 2 MiB disk holding a cache of ``max_size=1MB``,
+    two readers grew ``.hits`` (outside the cap) to 1.36 MB in 5 s; the disk filled, every
+    store failed, and a compaction, which writes a new journal first, failed too."""
+    from conftest import fill, tmpfs
+
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        backend = DirectoryBackend(disk / "cache", max_size="1MB", hits_batch=64)
+        cache = rc.Cache(backend)
+        keys = [_key(i) for i in range(20)]
+        for key in keys:
+            assert cache.put(key, b"v" * 1000)
+        for _ in range(1000):  # 20,000 hits: about 1 MB of lines
+            for key in keys:
+                cache.get(key)
+        backend.flush_hits()
+        for thread in threading.enumerate():
+            if thread.name == "runtime-cache hits":
+                thread.join(10)
+        assert (disk / "cache" / ".hits").stat().st_size <= (1 << 17) + 64 * 60
+        # A full disk: the compaction cuts the journal in place.
+        with open(disk / "cache" / ".hits", "ab") as more:
+            more.write(b"".join(b"1 1 %s\n" % str(k).encode() for k in keys * 200))
+        filler = fill(disk)
+        try:
+            backend.compact_hits()
+            assert (disk / "cache" / ".hits").stat().st_size < 2000
+            assert not [p for p in (disk / "cache").iterdir() if p.name.startswith(".tmp-")]
+            hits = {item.key: item.hits for item in backend.scan()}
+            assert all((hits[str(k)] or 0) > 200 for k in keys)
+        finally:
+            filler.unlink()
+        assert cache.put(_key(99), b"room again")
+
+
 def test_a_root_removed_on_nfs_is_made_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -428,13 +428,46 @@ def test_import_onto_a_full_disk_keeps_the_entries_that_fit(
     assert report["accepted"] == 5 and report["kept_existing"] == 0  # each entry once
 
 
+def test_a_sparse_gigabyte_at_an_entry_name_is_not_read(tmp_path: Path) -> None:
+    """Attacker review, session 37: a member of a shared folder put a 1 GiB sparse file (no
+    disk blocks, under the entry limit) at an entry's name; every get read it whole (4.9 s,
+    3 GiB of memory) to find it corrupt, and the eviction read it again to compare. A file
+    whose head holds no entry is junk now: its first 4 KiB are read, and it is removed."""
+    import tracemalloc
+
+    backend = DirectoryBackend(tmp_path, shared=True)
+    cache = rc.Cache(backend, secret="s")
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.put(key, b"good")
+    path = next(p for p in tmp_path.rglob("*.rce"))
+    with open(path, "r+b") as planted:
+        planted.truncate(1 << 30)  # its head stays the entry's: a gigabyte after its end
+    other = rc.make_key(module_id="n", runtime="r", purpose="p")
+    assert cache.put(other, b"good")
+    other_path = next(p for p in tmp_path.rglob("*.rce") if p != path)
+    other_path.unlink()
+    with open(other_path, "wb") as planted:
+        planted.truncate(1 << 30)  # all zeros: no entry header at all
+    tracemalloc.start()
+    try:
+        assert cache.get(key) is None and cache.get(other) is None
+        assert not backend.delete_if(str(key), b"another size")  # compared by size first
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert backend.junk == 2 and not path.exists() and not other_path.exists()
+    assert cache.put(key, b"good") and cache.get(key) == b"good"
+
+
 def test_a_header_that_lies_about_an_over_limit_size_is_corrupt_and_removed(
     tmp_path: Path,
 ) -> None:
     """A planted file whose header claims a 2 GiB value, over the reader's limits, was a
     "rejected" miss: kept, and read whole again on every get (421 MiB RSS each time in the
     attacker review, with a 400 MiB file). Lengths that do not add up to the file are
-    corruption: it is read once, and removed."""
+    corruption: it is read once, and removed; since session 37 dir:// finds that from the
+    file's head alone (junk: an entry of another size than its header says)."""
     import struct
 
     from runtime_cache.codec import Limits
@@ -445,7 +478,7 @@ def test_a_header_that_lies_about_an_over_limit_size_is_corrupt_and_removed(
     header = struct.pack("<4sBBHIQQQ", b"RCE\x01", 1, 1, 0, 10, 2 << 30, 0, 0)
     backend.set(str(key), header + b"\xa5" * (2 << 20))
     assert cache.get(key) is None
-    assert cache.stats().corrupt == 1 and cache.stats().rejected == 0
+    assert cache.stats().rejected == 0 and backend.junk == 1
     assert backend.get(str(key)) is None  # removed: the next get reads nothing
     # An entry whose lengths add up, over this reader's limits, is another reader's: kept.
     big = rc.Cache(backend)
