@@ -213,7 +213,13 @@ def cache_folder(path: str | os.PathLike[str] | None) -> str:
     root = os.path.expanduser(os.fspath(path)) if path else default_directory()
     if not isinstance(root, str):
         raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
-    root = os.path.abspath(root)
+    try:
+        root = os.path.abspath(root)
+    except OSError as exc:  # a relative path, and the current folder removed
+        raise BackendError(
+            f"cache folder {root!r} is relative, and the current folder is gone "
+            f"({exc.strerror or exc}): give an absolute path"
+        ) from None
     if os.path.dirname(root) == root:  # "/": a URL made from an unset variable, dir://$DIR
         raise InvalidURLError(
             f"a cache folder cannot be the file system's root {root!r} (a path made from "

@@ -38,8 +38,8 @@ _SIZE_UNITS = {
     "gi": 1024**3,
     "ti": 1024**4,
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 _BOOLS = {
     "1": True,
     "true": True,
@@ -75,7 +75,8 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_duration(text: str | float) -> float:
-    """Parse a duration such as ``"30d"``, ``"2h"``, ``"250ms"`` or ``1.5`` into seconds.
+    """Parse a duration such as ``"30d"``, ``"2h"``, ``"90m"`` (or ``"90min"``), ``"250ms"``
+    or ``1.5`` into seconds. A capital ``M`` alone is refused (months, to some).
 
     >>> parse_duration("250ms")
     0.25
@@ -89,6 +90,11 @@ def parse_duration(text: str | float) -> float:
     match = _DURATION.match(text)
     if match is None:
         raise InvalidValueError(f"not a duration: {text!r} (try 250ms, 30s, 2h or 30d)")
+    if match.group(2) == "M":  # months in some tools' notation: "--older-than 6M" took minutes
+        raise InvalidValueError(
+            f"{text!r} is ambiguous (minutes or months?): write {match.group(1)}m or "
+            f"{match.group(1)}min for minutes, or days (30d) for longer"
+        )
     seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
     if not seconds < 10**12:  # about 31,700 years; also catches inf from a long run of digits
         raise InvalidValueError(f"duration {text!r} is too long")

@@ -472,6 +472,10 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
         code, _, err = run("prune", option, bare)  # --max-size 500 emptied the cache too
         assert code == 2 and "has no unit" in err
     assert len(run.listing()) == 2
+    # "6M" is months to some (systemd): it took 6 minutes and emptied the cache (session 37).
+    code, _, err = run("prune", "--older-than", "6M")
+    assert code == 2 and "ambiguous" in err and "6min" in err
+    assert len(run.listing()) == 2
     # Zero is zero in any unit: a bare 0 is taken.
     code, out, _ = run("prune", "--max-size", "0")
     assert code == 0 and "removed 2 entries" in out

@@ -300,6 +300,8 @@ def test_import_keep_existing_counts_no_hits(
     assert code == 0 and json.loads(out)["kept_existing"] == 3
     hits_after = {e["key"]: e["hits"] for e in json.loads(run("ls", "--json")[1])["entries"]}
     assert hits_after == hits_before
+    code, out, _ = run("import", str(bundle), "--keep-existing")  # says why none came in
+    assert code == 0 and "imported 0 of 3" in out and "kept 3 entries already in the cache" in out
 
 
 def test_a_bundle_whose_header_lies_is_named_invalid_not_too_large(
@@ -1025,3 +1027,47 @@ def test_import_goes_on_past_an_entry_it_cannot_replace(tmp_path: Path) -> None:
         done = cli("--cache", f"dir://{ro / 'c'}", "import", str(bundle))
         assert done.returncode == 1 and "read-only" in done.stderr, done
         assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_relative_folder_with_the_current_folder_gone_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator review, session 37: ``--cache dir://rel/x`` run from a folder that was
+    removed printed a traceback (``os.path.abspath`` found no current folder)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    here = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        for command in (["ls"], ["clear", "--yes"]):
+            assert main(["--cache", "dir://rel/x", *command]) == 1
+            err = capsys.readouterr().err
+            assert "relative, and the current folder is gone" in err and "Traceback" not in err
+        assert not rc.set_cache_provider("dir://rel/x").enabled  # logged: caching is off
+    finally:
+        os.chdir(here)
+
+
+def test_clear_says_what_it_removed_before_the_store_went_away(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operator review, session 37: a Redis server that stopped answering during ``clear``
+    ended it with the error alone; 2,124 of 3,000 entries were gone, unsaid."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.errors import BackendUnavailableError
+
+    class GoesAway(MemoryBackend):
+        def delete(self, key: str) -> bool:
+            if len(self._data) <= 3:
+                raise BackendUnavailableError("delete on the store failed: timeout")
+            return super().delete(key)
+
+    cache = rc.Cache(GoesAway())
+    for i in range(8):
+        cache.put(rc.make_key(module_id=f"m{i}", runtime="r", purpose="p"), b"v")
+    monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+    rc.set_cache_provider(cache)  # the store the command works on
+    assert main(["clear", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "timeout (removed 5 of 8 before)" in err and "Traceback" not in err

@@ -218,6 +218,10 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         ctx.emit_json(report)
     else:
         print(f"imported {accepted} of {len(blobs)} entries from {clean(args.file)}", file=ctx.out)
+        if report["kept_existing"]:
+            kept = fmt_count(report["kept_existing"], "entry", "entries")
+            flag = " (--keep-existing)" if args.keep_existing else ""
+            print(f"kept {kept} already in the cache{flag}", file=ctx.out)
         if rejected or corrupt:
             print(
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",

@@ -75,12 +75,12 @@ def missing_folder(url: str | None) -> str | None:
             continue
         try:
             path = _dir_folder(tier)
+            folder = None if path is None else environment.cache_folder(path)  # as opened
         except RuntimeCacheError:
             return None  # a URL that is wrong: opening it says so (a typo before a folder)
-        if path is None:
+        if folder is None:
             absent = _missing_default()
         else:
-            folder = environment.cache_folder(path)  # the folder the backend opens
             absent = None if os.path.lexists(folder) else folder
         if absent is not None:
             return absent

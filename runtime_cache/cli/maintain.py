@@ -32,8 +32,7 @@ AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParse
 
 
 def _with_unit(text: str, examples: str) -> str:
-    # A unit is asked for ("--older-than 3", meant as days, removed all but 3 seconds' worth;
-    # "--max-size 500", meant as MB, emptied the cache), but for zero, the same in any unit.
+    # A unit, but for zero ("--older-than 3", meant as days, removed all but 3 s' worth).
     number = text.strip().replace(".", "", 1)
     if number.isdigit() and number.strip("0"):
         raise argparse.ArgumentTypeError(f"{text!r} has no unit: write {examples}")
@@ -205,8 +204,9 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
     for key in keys:
         try:
             removed += ctx.cache.delete(key)
-        except BackendUnavailableError:
-            raise
+        except BackendUnavailableError as exc:  # the rest is left: say what was done
+            done = f"removed {removed} of {len(keys)} before"
+            raise BackendUnavailableError(f"{exc} ({done})") from exc
         except InvalidKeyError as exc:
             skipped.append((key, f"not a cache key: {exc}"))
         except RuntimeCacheError as exc:
