@@ -9,7 +9,8 @@
   The temp file stays locked until it is in place, so a cleaner can tell a
   dead writer's leftover (see :mod:`runtime_cache.backends.temp_files`).
 * :func:`delete_entry` unlinks an entry; a folder at its name is set aside.
-* :func:`delete_if` deletes an entry only while it holds the given bytes.
+* :func:`delete_if` deletes an entry only while it holds the given bytes, and
+  :func:`delete_if_unchanged` only while it is the file listed (size, mtime, head).
 * :func:`removable` tells whether an entry could be deleted, without deleting it.
 
 Each raises :class:`OSError`; the backend turns it into its typed errors.
@@ -21,12 +22,13 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
 
 from .dir_fs import NOFOLLOW, Junk, make_folders, open_folder, read_regular, set_aside
 from .dir_root import Modes
 from .temp_files import create_locked_temp
 
-__all__ = ["delete_entry", "delete_if", "removable", "write_entry"]
+__all__ = ["delete_entry", "delete_if", "delete_if_unchanged", "removable", "write_entry"]
 
 _GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV}
 _GET_FLAGS = 0x80086601  # FS_IOC_GETFLAGS
@@ -88,22 +90,50 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
     (same inode, same bytes), then removed. Were it replaced in between, the
     newer file is put back, unless yet another write is already in place.
     """
+    # Sizes first: a sparse gigabyte planted in a shared folder was read whole to compare.
+    return _delete_checked(
+        root_fd,
+        rel,
+        lambda fd, st: st.st_size == len(expected) and read_regular(fd, limit) == expected,
+    )
+
+
+def delete_if_unchanged(
+    root_fd: int, rel: str, size: int, last_use: float | None, head: bytes
+) -> bool:
+    """Delete the entry file ``rel`` if it is still the one listed: ``size`` bytes long,
+    beginning with ``head``, and with an mtime (its write, or its last use where uses are
+    tracked) no later than ``last_use`` (``None``: not compared). Renamed aside and looked
+    at again, as :func:`delete_if` does; return whether it was deleted."""
+
+    def same(fd: int, st: os.stat_result) -> bool:
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        if last_use is not None and st.st_mtime > last_use:
+            return False
+        return os.pread(fd, len(head), 0) == head
+
+    return _delete_checked(root_fd, rel, same)
+
+
+def _delete_checked(root_fd: int, rel: str, same: Callable[[int, os.stat_result], bool]) -> bool:
+    # Delete ``rel`` if ``same(fd, stat)`` holds for it, before and after it is renamed
+    # aside (the same inode); else put back what was taken, unless a newer write took the name.
     folder, _, name = rel.rpartition("/")
     try:
         dfd = open_folder(root_fd, folder)
     except OSError:
         return False
     try:
-        first = _read_at(dfd, name, limit, len(expected))
-        if first is None or first[1] != expected:
+        first = _inode_if(dfd, name, same)
+        if first is None:
             return False
         aside = f".del-{os.urandom(8).hex()}"
         try:
             os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             return False
-        moved = _read_at(dfd, aside, limit, len(expected))
-        if moved is not None and moved[0] == first[0] and moved[1] == expected:
+        if _inode_if(dfd, aside, same) == first:
             os.unlink(aside, dir_fd=dfd)
             return True
         try:  # link() fails when a newer write already took the name: that one stays
@@ -116,16 +146,15 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
         os.close(dfd)
 
 
-def _read_at(dfd: int, name: str, limit: int, size: int) -> tuple[int, bytes] | None:
-    # (inode, bytes) of a file of ``size`` bytes; another size is not read (a sparse
-    # gigabyte planted in a shared folder was read whole again to be compared).
+def _inode_if(dfd: int, name: str, same: Callable[[int, os.stat_result], bool]) -> int | None:
+    # The inode of the regular file ``name`` where ``same(fd, stat)`` holds for it, else None.
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dfd)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        return (st.st_ino, read_regular(fd, limit)) if st.st_size == size else None
+        return st.st_ino if same(fd, st) else None
     except (Junk, OSError):
         return None
     finally:

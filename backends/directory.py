@@ -46,7 +46,7 @@ from .dir_root import (
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_url import DEFAULT_MAX_SIZE, url_settings
-from .dir_write import delete_entry, delete_if, removable, write_entry
+from .dir_write import delete_entry, delete_if, delete_if_unchanged, removable, write_entry
 from .hits_journal import HitsJournal
 from .lease_tokens import LeaseSigning
 
@@ -329,6 +329,14 @@ class DirectoryBackend(DirMaintenance, Backend):
         again, removed; a newer file that took its place is put back); return whether it did."""
         cap, blob = self.max_entry_size, bytes(expected)
         return self._remove(key, lambda rel: delete_if(self.root_fd, rel, blob, cap))
+
+    def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
+        """Delete ``key`` only while its file is the one listed: same size, beginning with
+        ``head``, its mtime (write or last use) not past ``listed.last_access``."""
+        size, last, first = listed.size, listed.last_access, bytes(head)
+        return self._remove(
+            key, lambda rel: delete_if_unchanged(self.root_fd, rel, size, last, first)
+        )
 
     def removable(self, key: str) -> bool:
         return removable(self.root_fd, self._rel(key))

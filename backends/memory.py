@@ -152,6 +152,22 @@ class MemoryBackend(Backend):
             self._size -= len(current)
             return True
 
+    def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
+        """Remove ``key`` only while it is ``listed.size`` bytes long, begins with ``head``
+        and was not used after ``listed.last_access``, atomically (under the lock)."""
+        self._check(key)
+        with self._lock:
+            current = self._data.get(key)
+            if current is None or len(current) != listed.size or current[: len(head)] != head:
+                return False
+            last = self._access.get(key, (0, 0.0))[1]
+            if listed.last_access is not None and last > listed.last_access:
+                return False
+            del self._data[key]
+            self._access.pop(key, None)
+            self._size -= len(current)
+            return True
+
     def keys(self, prefix: str = "") -> Iterator[str]:
         with self._lock:
             return iter([k for k in self._data if k.startswith(prefix)])

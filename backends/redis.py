@@ -36,11 +36,9 @@ from typing import Any, ClassVar, TypeVar
 
 from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
 from runtime_cache.errors import (
-    INSTALL_REDIS,
     BackendError,
     BackendUnavailableError,
     InvalidURLError,
-    MissingDependencyError,
     ReadOnlyBackendError,
 )
 from runtime_cache.urls import BackendURL, redact_url
@@ -50,13 +48,14 @@ from .redis_clock import ServerClock
 from .redis_deadline import connection_classes
 from .redis_scripts import (
     DELETE_IF,
+    DELETE_IF_UNCHANGED,
     CappedReads,
     listed_sizes,
     own_name,
     refuse_over_cap,
     scan_names,
 )
-from .redis_url import check_database, url_options
+from .redis_url import check_database, import_redis, url_options
 
 __all__ = ["RedisBackend"]
 
@@ -70,19 +69,6 @@ _REPLY_BUDGET = 32 << 20
 #: A server's answer to the connection's SELECT of a database it does not have (Redis,
 #: Valkey; a cluster takes only database 0).
 _REFUSED_DB = re.compile(r"DB index is out of range|invalid DB index|SELECT is not allowed")
-
-
-def _import_redis() -> Any:
-    try:
-        import redis
-        import redis.backoff
-        import redis.cluster
-        import redis.retry
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the Redis backend needs redis-py, which is not installed: {INSTALL_REDIS}"
-        ) from exc
-    return redis
 
 
 class RedisBackend(Backend):
@@ -127,7 +113,7 @@ class RedisBackend(Backend):
         max_backoff: float = 30.0,
         ssl_options: Mapping[str, str] | None = None,
     ) -> None:
-        self._redis = _import_redis()
+        self._redis = import_redis()
         parsed = BackendURL.parse(url)
         if parsed.scheme not in _SCHEMES:
             raise InvalidURLError(
@@ -310,6 +296,13 @@ class RedisBackend(Backend):
         one Lua script), or holds something other than a string."""
         full, digest = self._full(key), hashlib.sha1(expected).hexdigest()
         return bool(self._run("delete_if", lambda c: c.eval(DELETE_IF, 1, full, digest)))
+
+    def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
+        """Remove ``key`` only while it is ``listed.size`` bytes long and begins with ``head``
+        (on the server, in one Lua script); Redis keeps no last use to compare."""
+        full, size, first = self._full(key), listed.size, bytes(head)
+        script = DELETE_IF_UNCHANGED
+        return bool(self._run("delete_if", lambda c: c.eval(script, 1, full, size, first)))
 
     def _scan_keys(self, client: Any, prefix: str) -> list[str]:
         match = (self.prefix + prefix).translate(_GLOB) + "*"

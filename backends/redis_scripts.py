@@ -18,6 +18,7 @@ from runtime_cache.errors import EntryTooLargeError
 
 __all__ = [
     "DELETE_IF",
+    "DELETE_IF_UNCHANGED",
     "READ_SMALL",
     "SMALL",
     "CappedReads",
@@ -35,6 +36,16 @@ DELETE_IF = (
     "if t == 'none' then return 0 end "
     "if t ~= 'string' or redis.sha1hex(redis.call('GET', KEYS[1])) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+#: Delete a key while it is the string listed: ARGV[1] bytes long and beginning with the
+#: bytes ARGV[2] (an entry's head: a rewrite changes it). Only the head is sent; ``prune``
+#: removes entries this way, so one written again while it ran stays.
+DELETE_IF_UNCHANGED = (
+    "if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then return 0 end "
+    "if redis.call('STRLEN', KEYS[1]) ~= tonumber(ARGV[1]) then return 0 end "
+    "if #ARGV[2] > 0 and redis.call('GETRANGE', KEYS[1], 0, #ARGV[2] - 1) ~= ARGV[2] then "
+    "return 0 end return redis.call('DEL', KEYS[1])"
 )
 
 

@@ -3,7 +3,8 @@
 Options are listed in :mod:`runtime_cache.backends.redis`. An unknown option, one given
 twice, an empty ``prefix=`` or ``namespace=`` (a URL made from an unset variable would
 cover the whole database), or a bad duration or size is an
-:class:`~runtime_cache.errors.InvalidURLError`.
+:class:`~runtime_cache.errors.InvalidURLError`. :func:`import_redis` loads redis-py for the
+backend, or says how to install it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote
 
-from runtime_cache.errors import InvalidURLError
+from runtime_cache.errors import INSTALL_REDIS, InvalidURLError, MissingDependencyError
 from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
-__all__ = ["SSL_CERT_REQS", "check_database", "url_options"]
+__all__ = ["SSL_CERT_REQS", "check_database", "import_redis", "url_options"]
 
 #: The values redis-py takes for ``ssl_cert_reqs`` (a typo failed every call, not the open).
 SSL_CERT_REQS = ("none", "optional", "required")
@@ -78,3 +79,18 @@ def check_database(url: str, path: str, cluster: bool) -> None:
         )
     if cluster and database not in ("", "0"):
         raise InvalidURLError("a Redis Cluster has only database 0")
+
+
+def import_redis() -> Any:
+    """The ``redis`` package (redis-py) with the submodules the backend uses, or
+    :class:`~runtime_cache.errors.MissingDependencyError` saying how to install it."""
+    try:
+        import redis
+        import redis.backoff
+        import redis.cluster
+        import redis.retry
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the Redis backend needs redis-py, which is not installed: {INSTALL_REDIS}"
+        ) from exc
+    return redis

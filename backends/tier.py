@@ -1,17 +1,25 @@
-"""One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts."""
+"""One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts, and
+deletes across the tiers (:func:`delete_in_tiers`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from runtime_cache.api import Backend
-from runtime_cache.errors import BackendError, EntryTooLargeError
+from runtime_cache.errors import (
+    BackendError,
+    BackendUnavailableError,
+    EntryTooLargeError,
+    PartialDeleteError,
+)
 from runtime_cache.failure_policy import FailurePolicy
 
 from .write_behind import WriteBehind
 
-__all__ = ["Tier", "TierStats", "raise_if_all_failed"]
+__all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,43 @@ def raise_if_all_failed(errors: list[Exception], tried: int) -> None:
             refused = frozenset().union(*(e.refused for e in sized))
             raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
         raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
+
+
+def delete_in_tiers(
+    tiers: Sequence[Tier],
+    key: str,
+    remove: Callable[[Backend], bool],
+    queued: Callable[[bytes], bool],
+) -> bool:
+    """Remove ``key`` from every tier with ``remove(backend)``; return whether any tier
+    removed it. A write of it queued for a tier goes too where ``queued(value)`` says it is
+    the one to remove; where not, the tier is left alone (the queued write replaces what it
+    holds). After trying the rest: :class:`PartialDeleteError` when some tier was down (it
+    may hold the entry still), :class:`BackendError` when one refused or every one failed."""
+    removed = False
+    errors: list[Exception] = []
+    kept: list[str] = []
+    for tier in tiers:
+        writer = tier.writer
+        one = partial(remove, tier.backend)
+        if writer is not None:
+            # Hold the writer's lock so a queued write cannot land after the delete.
+            with writer.apply_lock:
+                waiting = writer.lookup(key)
+                if waiting is not None and not queued(waiting):
+                    continue  # written again since: that write stays, and replaces this
+                removed = writer.discard(key) | removed
+                _, done = tier.policy.attempt("delete", one, errors)
+        else:
+            _, done = tier.policy.attempt("delete", one, errors)
+        removed = bool(done) | removed
+        if len(errors) > len(kept):
+            kept.append(repr(tier.backend))
+    raise_if_all_failed(errors, len(tiers))
+    if errors:  # "removed" would be untrue: the entry may live on in these tiers
+        said = f"{len(errors)} of {len(tiers)} tiers could not remove {key!r}"
+        said += f" ({', '.join(kept)}); last error: {errors[-1]}"
+        down = all(isinstance(e, BackendUnavailableError) for e in errors)  # (not refused)
+        error = PartialDeleteError(said, tuple(kept), removed) if down else BackendError(said)
+        raise error from errors[-1]
+    return removed

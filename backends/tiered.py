@@ -25,19 +25,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
 
-from runtime_cache.api import Backend, Lease, StoredItem, check_text_key
-from runtime_cache.errors import (
-    BackendError,
-    BackendUnavailableError,
-    EntryTooLargeError,
-    InvalidURLError,
-    PartialDeleteError,
-)
+from runtime_cache.api import Backend, Lease, StoredItem, check_text_key, delete_unchanged
+from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
 from runtime_cache.partial_reads import found_so_far
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
-from .tier import Tier, TierStats, raise_if_all_failed
+from .tier import Tier, TierStats, delete_in_tiers, raise_if_all_failed
 from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
@@ -321,43 +315,27 @@ class TieredBackend(Backend):
         """Delete from every tier, remote ones included, synchronously (deletes are rare);
         after trying the rest, :class:`PartialDeleteError` when some tier failed (it may hold
         the entry still), :class:`BackendError` when every one did."""
-        return self._delete(key, None)
+        return delete_in_tiers(self._tiers, key, lambda b: b.delete(key), lambda _value: True)
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Remove ``key`` from each tier that still holds ``expected`` (each tier atomically
         where it can); a tier holding other bytes keeps them. Raises as :meth:`delete`."""
-        return self._delete(key, bytes(expected))
+        blob = bytes(expected)
+        remove = lambda b: b.delete_if(key, blob)  # noqa: E731
+        return delete_in_tiers(self._tiers, key, remove, blob.__eq__)
 
-    def _delete(self, key: str, expected: bytes | None) -> bool:
-        removed = False
-        errors: list[Exception] = []
-        kept: list[str] = []
-        for tier in self._tiers:
-            writer = tier.writer
-            if expected is None:
-                one = partial(tier.backend.delete, key)
-            else:
-                one = partial(tier.backend.delete_if, key, expected)
-            if writer is not None:
-                # Hold the writer's lock so a queued write cannot land after the delete.
-                with writer.apply_lock:
-                    queued = writer.lookup(key)
-                    if expected is None or queued == expected:
-                        removed = writer.discard(key) | removed
-                    _, done = tier.policy.attempt("delete", one, errors)
-            else:
-                _, done = tier.policy.attempt("delete", one, errors)
-            removed = bool(done) | removed
-            if len(errors) > len(kept):
-                kept.append(repr(tier.backend))
-        raise_if_all_failed(errors, len(self._tiers))
-        if errors:  # "removed" would be untrue: the entry may live on in these tiers
-            said = f"{len(errors)} of {len(self._tiers)} tiers could not remove {key!r}"
-            said += f" ({', '.join(kept)}); last error: {errors[-1]}"
-            down = all(isinstance(e, BackendUnavailableError) for e in errors)  # (not refused)
-            error = PartialDeleteError(said, tuple(kept), removed) if down else BackendError(said)
-            raise error from errors[-1]
-        return removed
+    def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
+        """Remove ``key`` from each tier where it is ``listed.size`` bytes long and begins
+        with ``head`` (each tier as it checks that); uses are not compared, since the listing
+        gave one tier's. Raises as :meth:`delete`."""
+        first, same = bytes(head), StoredItem(key, listed.size)
+
+        def queued(value: bytes) -> bool:
+            return len(value) == listed.size and value.startswith(first)
+
+        return delete_in_tiers(
+            self._tiers, key, lambda b: delete_unchanged(b, key, same, first), queued
+        )
 
     def removable(self, key: str) -> bool:
         """Whether every tier can delete ``key`` (a tier without it can)."""

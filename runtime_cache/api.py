@@ -54,6 +54,7 @@ __all__ = [
     "Span",
     "StoredItem",
     "check_text_key",
+    "delete_unchanged",
     "parse_duration",
     "parse_size",
     "reads_ranges",
@@ -92,6 +93,20 @@ def reads_ranges(backend: Backend) -> bool:
     return ranges is not Backend and order.index(ranges) <= order.index(parts)
 
 
+def delete_unchanged(backend: Backend, key: str, listed: StoredItem, head: bytes) -> bool:
+    """:meth:`Backend.delete_if_unchanged` of ``backend``, where its class defines that at or
+    below the class that defines ``delete``; else the default (compare the head, then
+    ``delete``), so a subclass that changes ``delete`` alone (to refuse, to count, to log)
+    still sees every removal maintenance makes. Returns whether ``key`` was removed."""
+    order = type(backend).__mro__
+    mine, deletes = (
+        next(c for c in order if name in vars(c)) for name in ("delete_if_unchanged", "delete")
+    )
+    if order.index(mine) <= order.index(deletes):
+        return backend.delete_if_unchanged(key, listed, head)
+    return Backend.delete_if_unchanged(backend, key, listed, head)
+
+
 @dataclass(frozen=True)
 class StoredItem:
     """What a backend knows of one stored blob without reading it.
@@ -111,8 +126,8 @@ class Backend(abc.ABC):
 
     Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`.
     Optional, with defaults built on those: :meth:`get_many`, :meth:`set_many`,
-    :meth:`delete_if`, :meth:`head`, :meth:`get_parts`, :meth:`get_range`, :meth:`scan`,
-    :meth:`close`; and
+    :meth:`delete_if`, :meth:`delete_if_unchanged`, :meth:`head`, :meth:`get_parts`,
+    :meth:`get_range`, :meth:`scan`, :meth:`close`; and
     :meth:`lease` (default: none).
 
     Failures are raised as :class:`runtime_cache.errors.BackendError` (or a
@@ -172,6 +187,23 @@ class Backend(abc.ABC):
         """
         current = self.peek(key)
         if current is None or bytes(current) != bytes(expected):
+            return False
+        return self.delete(key)
+
+    def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
+        """Remove ``key`` only while it is still the value ``listed`` (an item of
+        :meth:`scan`) whose first bytes were ``head``: it begins with ``head``, is
+        ``listed.size`` bytes long and, where the store keeps last uses, was not used after
+        ``listed.last_access``. Return whether it was removed.
+
+        ``prune`` removes entries this way, so one written again or used while it ran is
+        kept (an entry's head holds its creation time and checksums: a rewrite changes it).
+        Like :meth:`delete_if`, this default (read the head, compare, delete) is best
+        effort, and checks neither size nor use; backends that can check more, or do it
+        atomically, override it.
+        """
+        current = self.head(key, len(head))
+        if current is None or bytes(current) != bytes(head):
             return False
         return self.delete(key)
 

@@ -33,7 +33,7 @@ from .batch_reads import BatchReads, read_again
 from .builds import Builds
 from .check import Checked, check_entry, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
-from .errors import CorruptEntryError, EntryTooLargeError, NewerFormatError, RejectedEntryError
+from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .inventory import Inventory, KeyLike, key_text
@@ -41,6 +41,7 @@ from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
 from .refusals import Refusals
+from .removals import Removals
 from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
@@ -51,7 +52,7 @@ __all__ = ["Cache", "KeyLike"]
 log = logging.getLogger(__name__)
 
 
-class Cache(Inventory, BatchReads, Builds):
+class Cache(Inventory, BatchReads, Builds, Removals):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -70,8 +71,9 @@ class Cache(Inventory, BatchReads, Builds):
     Listing and bundles (:meth:`entries`, :meth:`info`, :meth:`dumps`,
     :meth:`loads`) come from :class:`~runtime_cache.inventory.Inventory`, and
     :meth:`get_many` and :meth:`get_many_views` from
-    :class:`~runtime_cache.batch_reads.BatchReads`, and :meth:`get_or_build` from
-    :class:`~runtime_cache.builds.Builds`.
+    :class:`~runtime_cache.batch_reads.BatchReads`, :meth:`get_or_build` from
+    :class:`~runtime_cache.builds.Builds`, and :meth:`delete`, :meth:`delete_if_holds` and
+    :meth:`delete_if_unchanged` from :class:`~runtime_cache.removals.Removals`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -363,37 +365,3 @@ class Cache(Inventory, BatchReads, Builds):
         """Whether the backend refused this cache's latest store of ``key`` for its size
         (not when that store failed otherwise, or landed)."""
         return str(key) in self._refusals
-
-    def delete_if_holds(self, key: KeyLike, value: bytes) -> None:
-        """Remove ``key``'s entry only while it still holds ``value`` (one judged bad by
-        its user), or bytes now damaged; keep one stored since, and one this cache rejects
-        or reads in a newer format (its owner's). Compare-and-delete, best effort."""
-        skey = str(key)
-        try:
-            blob = self._backend.peek(skey)
-            if blob is None:
-                return
-            try:
-                held: bytes | None = bytes(self.check(skey, blob).value)
-            except (RejectedEntryError, NewerFormatError):
-                return  # not this cache's to judge: the read path counts and keeps it
-            except CorruptEntryError:
-                held = None  # damaged bytes: gone either way
-            if held is None or held == value:
-                self._backend.delete_if(skey, bytes(blob))
-        except Exception as exc:  # advisory: a failing store only keeps the entry
-            log.debug("runtime-cache: could not remove %s: %s", skey, exc)
-
-    def delete(self, key: KeyLike) -> bool:
-        """Remove ``key``; return whether it was there. With a tier down: strict, raises
-        :class:`~runtime_cache.errors.PartialDeleteError`; else whether a reached tier held it."""
-        skey = key_text(key)  # (a TypeError is the caller's, not the store's failure)
-        try:
-            removed = self._backend.delete(skey)
-        except Exception as exc:
-            self._failed("delete", exc)
-            return getattr(exc, "removed", False) is True  # (a PartialDeleteError's)
-        self._succeeded("write")
-        if removed:
-            self._bump()
-        return removed

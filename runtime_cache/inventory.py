@@ -86,12 +86,13 @@ class Inventory:
         )
 
     def heads(
-        self: _Host, prefix: str = ""
+        self: _Host, prefix: str = "", *, headers: dict[str, bytes] | None = None
     ) -> Iterator[tuple[StoredItem, EntryInfo | RuntimeCacheError]]:
         """Each stored item under the storage-key ``prefix`` with its metadata, or the error
         its head raised (corrupt, or unreadable here): what maintenance weighs. Entries that
-        vanish meanwhile are left out."""
-        return read_heads(self.backend, self.limits, self._failed, prefix)
+        vanish meanwhile are left out. ``headers``, where given, gets each good entry's
+        frame header as read, by storage key: what :meth:`delete_if_unchanged` compares."""
+        return read_heads(self.backend, self.limits, self._failed, prefix, headers)
 
     def info(self: _Host, key: KeyLike) -> EntryInfo | None:
         """The metadata of one entry (never its value), or ``None`` when it is absent.

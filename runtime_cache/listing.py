@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from .api import Backend, StoredItem
 from .check import check_binding
-from .codec import Limits, decode_meta
+from .codec import HEADER_SIZE, Limits, decode_meta
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
 from .stats import EntryInfo
 
@@ -21,6 +21,7 @@ __all__ = [
     "list_entries",
     "read_heads",
     "read_info",
+    "read_info_and_head",
     "skip_kind",
     "skip_reason",
 ]
@@ -37,6 +38,16 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
     (:func:`~runtime_cache.check.check_binding`; the value and signature are
     checked when the entry is read).
     """
+    return read_info_and_head(backend, item, limits)[0]
+
+
+def read_info_and_head(
+    backend: Backend, item: StoredItem, limits: Limits
+) -> tuple[EntryInfo, bytes]:
+    """:func:`read_info`, with the entry's frame header as read (its first
+    :data:`~runtime_cache.codec.HEADER_SIZE` bytes: lengths, and checksums of its metadata,
+    creation time included, and of its value), which tells this entry from one written
+    again under its key (see :meth:`~runtime_cache.api.Backend.delete_if_unchanged`)."""
     head = backend.head(item.key, HEAD_SIZE)
     if head is None:
         raise KeyError(item.key)
@@ -48,9 +59,10 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         meta, _, signed = decode_meta(head, limits)
         if not meta:
             raise CorruptEntryError("entry head is truncated")
+    first = bytes(head[:HEADER_SIZE])  # (of the head decoded)
     check_binding(item.key, meta)
     parts = meta["p"]
-    return EntryInfo(
+    info = EntryInfo(
         key=meta["k"],
         runtime=str(parts.get("runtime", "")),
         purpose=str(parts.get("purpose", "")),
@@ -67,14 +79,21 @@ def read_info(backend: Backend, item: StoredItem, limits: Limits) -> EntryInfo:
         last_access=item.last_access,
         extra=dict(meta.get("x", {})),
     )
+    return info, first
 
 
 def read_heads(
-    backend: Backend, limits: Limits, failed: Callable[[str, Exception], None], prefix: str = ""
+    backend: Backend,
+    limits: Limits,
+    failed: Callable[[str, Exception], None],
+    prefix: str = "",
+    headers: dict[str, bytes] | None = None,
 ) -> Iterator[tuple[StoredItem, EntryInfo | RuntimeCacheError]]:
     """Each stored item under ``prefix`` with its metadata, or the error that reading it
     raised (corrupt, or unreadable here). Entries that vanish while listing are left out;
-    other failures of the backend go to ``failed(op, exc)`` (the front's failure policy)."""
+    other failures of the backend go to ``failed(op, exc)`` (the front's failure policy).
+    ``headers``, where given, gets each good entry's frame header as read, by storage key
+    (see :func:`read_info_and_head`)."""
     try:
         items = list(backend.scan(prefix))
     except Exception as exc:
@@ -82,13 +101,18 @@ def read_heads(
         return
     for item in items:
         try:
-            yield item, read_info(backend, item, limits)
+            info, header = read_info_and_head(backend, item, limits)
         except KeyError:
             continue
         except RuntimeCacheError as exc:
             yield item, exc
+            continue
         except Exception as exc:
             failed("head", exc)
+            continue
+        if headers is not None:
+            headers[item.key] = header
+        yield item, info
 
 
 def skip_kind(exc: Exception) -> str:

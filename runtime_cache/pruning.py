@@ -8,8 +8,14 @@ swapped in from another key) count at the store's size for them and go first for
 size, whatever time their files claim: none of them can be served, and a file's
 time is anyone's to set. Each is removed only after its head, read again (and
 never whole: a planted file may be large or sparse), still fails so; an entry
-written again meanwhile stays. Entries in a newer format, over this cache's limits,
-or unreadable here are left out, as before: they may be another reader's. A removal
+written again meanwhile stays. Every removal is conditional
+(:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry goes only while it is
+the one weighed, neither written again (its header, holding its creation time and
+checksums, and its size) nor, where the store keeps last uses (dir://, memory://), used
+since; one that changed is kept and named in :attr:`PruneReport.changed`, so an app that
+rebuilds or reads an entry while prune runs keeps it. Entries in a newer format, over
+this cache's limits, or unreadable here are left out, as before: they may be another
+reader's. A removal
 that does not happen never lets prune remove others in its place beyond the cap:
 an entry still there counts as one that cannot go.
 """
@@ -24,6 +30,7 @@ from typing import NamedTuple
 
 from .api import StoredItem
 from .cache import Cache
+from .codec import HEADER_SIZE
 from .errors import CorruptEntryError, InvalidValueError, PartialDeleteError, RuntimeCacheError
 from .listing import OnProgress, read_info, skip_kind, skip_reason
 from .units import parse_duration, parse_size
@@ -59,15 +66,21 @@ class PruneReport:
     #: Entries removed from the tiers of a store that could be reached, not from those
     #: named (a tier down), where they may live on until it is back; counted as removed.
     elsewhere: list[tuple[str, str]] = field(default_factory=list)
+    #: Entries kept since they were written again, or used, after prune weighed them (by
+    #: another process, or from ``on_progress``): not removed, and not counted as removed.
+    changed: list[str] = field(default_factory=list)
 
 
 class _Weighed(NamedTuple):
     # What prune knows of an entry: its last use (None: unknown), its stored size, when
-    # it was made (None for a corrupt one), and whether it is corrupt.
+    # it was made (None for a corrupt one), whether it is corrupt, the store's listing of
+    # it, and its frame header as read (b"" for a corrupt one: read again before it goes).
     last: float | None
     size: int
     made: float | None
     corrupt: bool
+    item: StoredItem
+    head: bytes
 
 
 def prune(
@@ -90,6 +103,10 @@ def prune(
     size, since that could not meet it. Corrupt entries count too and go first for size
     (see the module documentation); for age they go by the store's last use, where it
     keeps one. ``on_progress(done, total)`` is told after each entry is weighed.
+
+    An entry is removed only while it is the one weighed: one written again, or used
+    (where the store keeps last uses), after the listing is kept and named in
+    :attr:`PruneReport.changed`, not counted as removed.
     """
     max_size = None if max_size is None else _size(max_size)
     older_than = None if older_than is None else _seconds(older_than)
@@ -115,11 +132,11 @@ def prune(
             continue
         attempted = True
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
-            outcome, now_there = (_remove_corrupt if entry.corrupt else _remove)(cache, key)
+            outcome, now_there = (_remove_corrupt if entry.corrupt else _remove)(cache, key, entry)
         except PartialDeleteError as exc:  # gone from what could be reached
             report.elsewhere.append((key, ", ".join(exc.failed)))
             outcome, now_there = "removed", 0
-        except RuntimeCacheError as exc:
+        except Exception as exc:  # (a store's failure, counted by the cache)
             report.failed.append((key, str(exc)))
             outcome, now_there = "stuck", entry.size
         if outcome == "removed":
@@ -133,6 +150,8 @@ def prune(
             pinned += entry.size
         elif outcome == "good":  # a corrupt entry written again meanwhile: kept
             total += now_there - entry.size
+        elif outcome == "changed":  # written again or used since weighed: kept
+            report.changed.append(key)
     if max_size is not None and pinned > max_size:
         report.kept_the_rest = True
     _settle(cache, report, weighed, tried if attempted else None, stuck, max_size)
@@ -158,12 +177,14 @@ def _seconds(value: object) -> float:
 def _weigh(cache: Cache, report: PruneReport | None) -> dict[str, _Weighed]:
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
     weighed: dict[str, _Weighed] = {}
-    for item, info in cache.heads():
+    headers: dict[str, bytes] = {}
+    for item, info in cache.heads(headers=headers):
         if not isinstance(info, RuntimeCacheError):
             last = info.last_access if info.last_access is not None else info.created_at
-            weighed[info.key] = _Weighed(last, info.stored_size, info.created_at, False)
+            head = headers[item.key]
+            weighed[info.key] = _Weighed(last, info.stored_size, info.created_at, False, item, head)
         elif _corrupt(info):
-            weighed[item.key] = _Weighed(item.last_access, item.size, None, True)
+            weighed[item.key] = _Weighed(item.last_access, item.size, None, True, item, b"")
             if report is not None:
                 report.corrupt.append((item.key, str(info)))
         elif report is not None:
@@ -176,15 +197,40 @@ def _corrupt(exc: Exception) -> bool:
     return skip_kind(exc) == "corrupt"
 
 
-def _remove(cache: Cache, key: str) -> tuple[str, int]:
-    # ("removed" | "gone": nothing there now | "stuck": still there though asked to go,
-    # and the bytes stored at the key now, where that was read).
-    if cache.delete(key):
+def _remove(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
+    # ("removed" | "gone": nothing there now | "changed": written again, or used since it
+    # was weighed, and kept | "stuck": still there as weighed, though asked to go; and the
+    # bytes stored at the key now, where that was read).
+    if cache.delete_if_unchanged(key, entry.item, entry.head):
         return "removed", 0
-    return ("gone", 0) if _gone(cache, key) else ("stuck", 0)
+    try:
+        now = cache.backend.head(key, len(entry.head))
+    except Exception:
+        return "stuck", 0
+    if now is None:
+        return "gone", 0
+    if bytes(now) != entry.head:
+        return "changed", 0
+    return _used_since(cache, key, entry.item), 0
 
 
-def _remove_corrupt(cache: Cache, key: str) -> tuple[str, int]:
+def _used_since(cache: Cache, key: str, listed: StoredItem) -> str:
+    # For one still holding the header weighed that did not go: "changed" where the store
+    # keeps last uses and lists it as used (or resized) since, else "stuck" (or "gone").
+    # Listed again by its own key (as Cache.info does), only where uses are kept at all.
+    if listed.last_access is None:
+        return "stuck"
+    try:
+        now = next((item for item in cache.backend.scan(key) if item.key == key), None)
+    except Exception:
+        return "stuck"
+    if now is None:
+        return "gone"
+    used = now.last_access is not None and now.last_access > listed.last_access
+    return "changed" if used or now.size != listed.size else "stuck"
+
+
+def _remove_corrupt(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
     # As _remove, once its head (read again, without counting a use) still fails the check
     # as corrupt; else "good" (written again meanwhile, with its size) or "gone" (nothing
     # there, or now another reader's). Only the head is read of what may still be junk: a
@@ -194,17 +240,12 @@ def _remove_corrupt(cache: Cache, key: str) -> tuple[str, int]:
     except KeyError:
         return "gone", 0
     except CorruptEntryError as exc:
-        return _remove(cache, key) if _corrupt(exc) else ("gone", 0)
+        if not _corrupt(exc):
+            return "gone", 0
+        head = cache.backend.head(key, HEADER_SIZE)  # what goes: only these bytes
+        return ("gone", 0) if head is None else _remove(cache, key, entry._replace(head=head))
     blob = cache.backend.peek(key)
     return ("good", len(blob)) if blob is not None else ("gone", 0)
-
-
-def _gone(cache: Cache, key: str) -> bool:
-    # Whether nothing is stored at ``key`` now (False when the store cannot say).
-    try:
-        return cache.backend.head(key, 1) is None
-    except Exception:
-        return False
 
 
 def _settle(

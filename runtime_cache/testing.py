@@ -83,6 +83,20 @@ class BackendConformance:
         assert backend.get("cf/cad") is None
         assert backend.delete_if("cf/cad", b"bad") is False
 
+    def test_delete_if_unchanged_keeps_a_value_written_again(self, backend: Backend) -> None:
+        key, other = _k("unchanged"), _k("unchanged-too")
+        backend.set(key, b"head-one:" + b"x" * 64)
+        (listed,) = [item for item in backend.scan(key) if item.key == key]
+        backend.set(key, b"head-two:" + b"x" * 64)  # written again: same size, other head
+        assert backend.delete_if_unchanged(key, listed, b"head-one:") is False
+        assert backend.peek(key) == b"head-two:" + b"x" * 64
+        backend.set(other, b"head-three:" + b"y" * 64)
+        (listed,) = [item for item in backend.scan(other) if item.key == other]
+        assert backend.delete_if_unchanged(other, listed, b"head-four:") is False
+        assert backend.delete_if_unchanged(other, listed, b"head-three:") is True
+        assert backend.peek(other) is None
+        assert backend.delete_if_unchanged(other, listed, b"head-three:") is False
+
     def test_keys_with_prefix(self, backend: Backend) -> None:
         backend.set(_k(7, "a/one"), b"1")
         backend.set(_k(8, "a/two"), b"2")

@@ -23,6 +23,7 @@ CORE = [
     "pruning",
     "listing",
     "inventory",
+    "removals",
 ]
 FORBIDDEN_IMPORTS = {"os", "io", "pathlib", "socket", "sqlite3", "shutil", "tempfile"}
 FORBIDDEN_ANYWHERE = {"pickle", "cPickle", "marshal", "dill", "shelve"}

@@ -4,7 +4,8 @@ Modules: :mod:`~runtime_cache.cli.app` (the parser and :func:`main`),
 :mod:`~runtime_cache.cli.context` (what every handler gets),
 :mod:`~runtime_cache.cli.fmt` (text, tables, the progress bar), and the
 commands grouped by job: :mod:`~runtime_cache.cli.inspect` (ls, show, stats),
-:mod:`~runtime_cache.cli.maintain` (rm, clear, prune, verify) and
+:mod:`~runtime_cache.cli.maintain` (rm, clear, prune, verify; prune's text in
+:mod:`~runtime_cache.cli.prune_text`) and
 :mod:`~runtime_cache.cli.bundles` (export, and the parsers of both) with
 :mod:`~runtime_cache.cli.bundle_import` (import). Plug-ins such as the demo
 come through the ``runtime_cache.cli`` entry-point group.

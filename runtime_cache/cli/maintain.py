@@ -20,11 +20,12 @@ from ..errors import (
     PartialDeleteError,
     RuntimeCacheError,
 )
-from ..maintenance import PruneReport, prune, verify
+from ..maintenance import prune, verify
 from ..units import parse_duration, parse_size
 from .context import CommandContext, Handler, KeyNotFound, UsageError, resolve_key
-from .fmt import Progress, clean, count, human_size, store_name
+from .fmt import Progress, clean, count, store_name
 from .inspect import add_json
+from .prune_text import print_prune_report
 
 __all__ = ["add_parsers", "cmd_clear", "cmd_prune", "cmd_rm", "cmd_verify"]
 
@@ -87,7 +88,9 @@ def add_parsers(add: AddCommand) -> None:
         "Remove entries unused for a while, then least recently "
         "used ones until the cache fits a size. Exit code 1 when some could not be removed "
         "(an immutable file, a permission; where those alone exceed the size, the rest is "
-        "kept) or a tier that is down may still hold some it removed from the others.",
+        "kept) or a tier that is down may still hold some it removed from the others. An "
+        "entry written again, or used (where the store keeps uses: dir://, memory://), "
+        "while prune runs is kept, and counted as kept, not removed.",
         [
             "runtime-cache prune --older-than 30d",
             "runtime-cache prune --max-size 500MB",
@@ -272,61 +275,8 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
     if args.json:
         ctx.emit_json(asdict(report))
         return code
-    print(
-        f"removed {count(report.removed, 'entry', 'entries')} ({human_size(report.freed)}); "
-        f"{count(report.remaining, 'entry remains', 'entries remain')} "
-        f"({human_size(report.remaining_bytes)})",
-        file=ctx.out,
-    )
-    if report.leftovers:
-        print(f"also removed {report.leftovers} stale temp files", file=ctx.out)
-    for key, reason in report.failed[:5]:
-        print(f"runtime-cache: not removed: {clean(key)}: {clean(reason)}", file=ctx.err)
-    if len(report.failed) > 5:
-        print(f"runtime-cache: {len(report.failed) - 5} more not removed", file=ctx.err)
-    _say_what_stays(report, ctx)
+    print_prune_report(report, ctx)
     return code
-
-
-def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
-    """The entries prune could not remove or read, and the cap left unmet, on stderr."""
-    if report.elsewhere:
-        tiers = ", ".join(sorted({clean(named) for _, named in report.elsewhere}))
-        print(
-            f"runtime-cache: {count(len(report.elsewhere), 'entry', 'entries')} removed "
-            f"(counted above) may live on in {tiers}, which "
-            "could not be reached: prune again once it is back",
-            file=ctx.err,
-        )
-    if report.stuck:
-        line = (
-            f"runtime-cache: {count(report.stuck, 'entry', 'entries')} "
-            f"({human_size(report.stuck_bytes)}) cannot be removed (an immutable file or "
-            "folder, a read-only mount, a permission): kept"
-        )
-        if report.over_cap:
-            line += f"; still {human_size(report.over_cap)} over --max-size"
-        if report.kept_the_rest and report.remaining > report.stuck:
-            line += "; the others were kept too, since removing them could not meet it"
-        print(line, file=ctx.err)
-    elif report.over_cap:  # (written meanwhile)
-        print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
-    if report.corrupt:
-        print(
-            f"runtime-cache: found {count(len(report.corrupt), 'corrupt entry', 'corrupt entries')}"
-            ": counted at their stored size, and the first to go for size (`runtime-cache "
-            "verify --repair` removes them all)",
-            file=ctx.err,
-        )
-    if report.skipped:
-        print(
-            f"runtime-cache: skipped {count(len(report.skipped), 'entry', 'entries')} "
-            "unreadable here (or in a newer format, or over this cache's limits): not weighed "
-            "(see `runtime-cache verify`)",
-            file=ctx.err,
-        )
-        for key, reason in report.skipped[:5]:
-            print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
 
 
 def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
