@@ -15,14 +15,20 @@ prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
 (default ``200ms``), ``timeout`` (per operation, default ``500ms``),
 ``max_connections`` (per pool, default 64), ``max_entry_size`` (the largest value
 read or written, default ``64MiB``: a larger one is never sent, see
-:class:`~.redis_scripts.CappedReads`), ``backoff`` and ``max_backoff``
+:class:`~.redis_scripts.CappedReads`), ``max_batch_size`` (the most bytes of values one
+``get_many`` holds, default four times ``max_entry_size``; the values past it are
+misses), ``backoff`` and ``max_backoff``
 (the circuit breaker's first and longest window, default ``500ms`` and
 ``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
 Unknown options are rejected.
 
+Keys are at most 1024 characters (:data:`~runtime_cache.api.MAX_TEXT_KEY`); listings
+never receive a longer name (:mod:`.redis_listing`).
+
 Failures become :class:`~runtime_cache.errors.BackendUnavailableError` (server
 down, timeout; these open the circuit breaker) or
-:class:`~runtime_cache.errors.BackendError` (the server answered with an error).
+:class:`~runtime_cache.errors.BackendError` (the server answered with an error, or a
+reply longer than any asked for: these do not).
 """
 
 from __future__ import annotations
@@ -46,22 +52,14 @@ from runtime_cache.urls import BackendURL, redact_url
 from .breaker import CircuitBreaker
 from .redis_clock import ServerClock
 from .redis_deadline import connection_classes
-from .redis_scripts import (
-    DELETE_IF,
-    DELETE_IF_UNCHANGED,
-    CappedReads,
-    listed_sizes,
-    own_name,
-    refuse_over_cap,
-    scan_names,
-)
+from .redis_listing import Listing
+from .redis_scripts import DELETE_IF, DELETE_IF_UNCHANGED, CappedReads, refuse_over_cap
 from .redis_url import check_database, import_redis, url_options
 
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
 _SCHEMES = ("redis", "rediss", "redis+cluster")
-_GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 #: The largest value read or written by default, and the most one reply of ``get_many``
 #: brings (more comes in further round trips).
 MAX_ENTRY_SIZE = 64 << 20
@@ -85,6 +83,8 @@ class RedisBackend(Backend):
         max_connections: size limit of the connection pool (per node in a cluster).
         max_entry_size: the largest value read or written, in bytes; a larger one is
             a miss on reads (never sent over the wire) and refused on writes.
+        max_batch_size: the most bytes of values one ``get_many`` holds (``None``: four
+            times ``max_entry_size``); the values past it (the largest) are misses.
         backoff: the circuit breaker's first window after a failure.
         max_backoff: the longest window the breaker grows to.
         ssl_options: extra ``ssl_*`` arguments for redis-py (``rediss://``).
@@ -109,6 +109,7 @@ class RedisBackend(Backend):
         timeout: float = 0.5,
         max_connections: int = 64,
         max_entry_size: int = MAX_ENTRY_SIZE,
+        max_batch_size: int | None = None,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         ssl_options: Mapping[str, str] | None = None,
@@ -123,8 +124,10 @@ class RedisBackend(Backend):
         check_database(url, parsed.path, self.cluster)
         if ttl is not None and ttl <= 0:
             ttl = None
-        if connect_timeout <= 0 or timeout <= 0 or max_connections < 1 or max_entry_size < 1:
-            raise InvalidURLError("timeouts, max_connections and max_entry_size must be positive")
+        if min(connect_timeout, timeout, max_connections, max_entry_size) <= 0 or (
+            max_batch_size is not None and max_batch_size < 1
+        ):
+            raise InvalidURLError("timeouts, connections and sizes must be positive")
         if not prefix.endswith(":") or "/" in prefix:
             # Else another application's prefix may start with this one (``app`` and
             # ``app2``): a listing matches ``<prefix>*``, and clear or verify --repair would
@@ -153,7 +156,10 @@ class RedisBackend(Backend):
         self.name = f"{parsed.scheme}://{host}{parsed.path}"
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
         self.max_entry_size = max_entry_size
-        self._reads = CappedReads(max_entry_size, _REPLY_BUDGET, self.name, self.cluster)
+        self._reads = CappedReads(
+            max_entry_size, _REPLY_BUDGET, self.name, self.cluster, max_batch_size
+        )
+        self._listing = Listing(prefix, self.name, self.cluster)
         errors = self._redis.exceptions
         self._unavailable: tuple[type[BaseException], ...] = (
             *(errors.ConnectionError, errors.TimeoutError, errors.ClusterDownError),
@@ -262,16 +268,8 @@ class RedisBackend(Backend):
         return result
 
     def _full(self, key: str) -> str:
-        return self.prefix + check_text_key(key)  # redis-py would raise on a lone surrogate
-
-    def _strip(self, raw: bytes) -> str | None:
-        # The name under this prefix, or None (not ours). A name whose first component holds
-        # a ":" is a nested namespace's, or a lease: see redis_scripts.own_name.
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None  # not written by us
-        return text[len(self.prefix) :] if text.startswith(self.prefix) else None
+        # (redis-py would raise on a lone surrogate; a listing leaves longer names out)
+        return self.prefix + check_text_key(key)
 
     def _px(self) -> int | None:
         return None if self.ttl is None else max(1, int(self.ttl * 1000))
@@ -304,16 +302,10 @@ class RedisBackend(Backend):
         script = DELETE_IF_UNCHANGED
         return bool(self._run("delete_if", lambda c: c.eval(script, 1, full, size, first)))
 
-    def _scan_keys(self, client: Any, prefix: str) -> list[str]:
-        match = (self.prefix + prefix).translate(_GLOB) + "*"
-        # TYPE string: a foreign hash or list under our prefix is not an entry, and
-        # reading it (STRLEN, GETRANGE) would fail the whole listing with WRONGTYPE.
-        found = (self._strip(k) for k in scan_names(client, match, self.cluster))
-        own = (k for k in found if k is not None and k.startswith(prefix) and own_name(k))
-        return list(dict.fromkeys(own))
-
     def keys(self, prefix: str = "") -> Iterator[str]:
-        return iter(self._run("keys", lambda c: self._scan_keys(c, prefix)))
+        # Strings only: a foreign hash or list under our prefix is not an entry, and reading
+        # it (STRLEN, GETRANGE) would fail the whole listing with WRONGTYPE.
+        return iter(self._run("keys", lambda c: self._listing.keys(c, prefix)))
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(keys))
@@ -322,7 +314,7 @@ class RedisBackend(Backend):
         fulls = [self._full(k) for k in wanted]
 
         # The sizes (and the small values) first, then the larger values in replies of
-        # about 32 MiB (see CappedReads).
+        # about 32 MiB, up to max_batch_size in all (see CappedReads).
         values = self._run("get_many", lambda c: self._reads.get_many(c, fulls))
         return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
 
@@ -371,9 +363,7 @@ class RedisBackend(Backend):
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         """List keys and sizes with SCAN and STRLEN; no value is transferred."""
-        return iter(
-            self._run("scan", lambda c: listed_sizes(c, self.prefix, self._scan_keys(c, prefix)))
-        )
+        return iter(self._run("scan", lambda c: self._listing.sizes(c, prefix)))
 
     def close(self) -> None:
         """Disconnect the pool; a later call connects again."""

@@ -11,9 +11,11 @@ redis-py reports as its ``TimeoutError`` (and the backend counts as an outage). 
 A reply may also be no longer than the largest one the backend asks for (its value cap,
 plus one batch's budget): a server that announces a 100 GB value and streams it fast grew
 the client's memory without end (300 MiB in 10 s seen). Past that length the connection
-is cut (``OSError(EMSGSIZE)``, which redis-py reports as its ``ConnectionError``), as it is
-at an array header announcing more elements than that length could hold
-(:mod:`.redis_reply_counts`).
+is cut and :class:`ReplyTooLongError` raised: no ``OSError``, so redis-py neither retries
+it nor reports it as its ``ConnectionError``, and the backend counts it as a bad reply
+(a ``BackendError``), not an outage: a server that holds planted names of 100 MiB is up.
+A connection is cut too at an array header announcing more elements than that length
+could hold (:mod:`.redis_reply_counts`: ``OSError(EMSGSIZE)``, no Redis sends one).
 
 A request is sent the same way: each wait for room within ``timeout``, the whole request
 within ``timeout`` plus its bytes at :data:`MIN_RATE` (Python's own ``sendall`` bounds all
@@ -22,7 +24,6 @@ of it by ``timeout``, so a large value could not be stored over a slow link).
 
 from __future__ import annotations
 
-import errno
 import functools
 import socket
 import ssl
@@ -40,7 +41,7 @@ try:  # the bytes a TCP socket has sent that its peer has not acknowledged (Linu
 except (ImportError, AttributeError):  # pragma: no cover (not Linux)
     _OUTQ = None
 
-__all__ = ["MIN_RATE", "DeadlineSocket", "connection_classes"]
+__all__ = ["MIN_RATE", "DeadlineSocket", "ReplyTooLongError", "connection_classes"]
 
 #: What a read that may not wait raises when nothing has come (TLS has its own).
 _NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError)
@@ -50,6 +51,10 @@ MIN_RATE = 256 << 10
 _ASK_QUEUE_FROM = MIN_RATE // 16
 #: The most bytes one ``send`` is given: TLS bounds a whole write by one timeout.
 _SLICE = 64 << 10
+
+
+class ReplyTooLongError(Exception):
+    """A reply longer than the connection's cap: cut off (the connection is closed)."""
 
 
 class DeadlineSocket:
@@ -166,7 +171,7 @@ class DeadlineSocket:
         self._got += size
         if self._max_reply is not None and self._got > self._max_reply:
             self._sock.close()  # the rest of this reply is never read
-            raise OSError(errno.EMSGSIZE, f"a reply longer than {self._max_reply} bytes")
+            raise ReplyTooLongError(f"a reply longer than {self._max_reply} bytes: cut off")
 
     def _watch(self, data: Any, size: int) -> None:
         try:

@@ -1,29 +1,28 @@
 """What ``redis://`` runs on the server, and how it reads names and replies.
 
 Kept apart from :mod:`.redis` (the backend): the Lua scripts of a compare-and-delete and
-of a capped read, the reads built on them (a value over the size cap is never sent; a key
-of another type is a miss), and the test of which names under a prefix are this
-namespace's entries.
+of a capped read, and the reads built on them (a value over the size cap is never sent; a
+key of another type is a miss; one ``get_many`` holds at most its total budget).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
-from runtime_cache.api import StoredItem
 from runtime_cache.errors import EntryTooLargeError
 
 __all__ = [
     "DELETE_IF",
     "DELETE_IF_UNCHANGED",
+    "HOLD_CAPS",
     "READ_SMALL",
     "SMALL",
     "CappedReads",
-    "own_name",
+    "checked",
     "refuse_over_cap",
+    "refused",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +66,8 @@ _READ_SMALL_SHA = hashlib.sha1(READ_SMALL.encode()).hexdigest()
 #: returns (1 KiB values: 0.2 ms for 32, against 0.45 ms asked apart; at 16 KiB the script
 #: is slower).
 SMALL = 4 << 10
+#: What one ``get_many`` holds by default, in values at the cap (``max_batch_size``).
+HOLD_CAPS = 4
 #: Names per script call or pipeline: one call's time on the server stays short.
 CHUNK = 1000
 #: Names remembered as over the cap, at most (each is logged once per process).
@@ -77,7 +78,8 @@ def _wrong_type(reply: object) -> bool:
     return isinstance(reply, Exception) and str(reply).startswith("WRONGTYPE")
 
 
-def _refused(exc: Exception) -> bool:
+def refused(exc: Exception) -> bool:
+    """Whether ``exc`` is a server's refusal of a command (not a failure of it)."""
     # An ACL's no (NOPERM, or inside a script "can't run this command"), or no such command.
     import redis
 
@@ -87,8 +89,9 @@ def _refused(exc: Exception) -> bool:
     )
 
 
-def _checked(reply: Any) -> Any:
-    # A pipeline's reply: a key of another type is a miss (None); another error is raised.
+def checked(reply: Any) -> Any:
+    """A pipeline's ``reply``: a key of another type is a miss (``None``); another error
+    reply is raised."""
     if isinstance(reply, Exception):
         if _wrong_type(reply):
             return None
@@ -97,8 +100,9 @@ def _checked(reply: Any) -> Any:
 
 
 class CappedReads:
-    """Reads that never bring more than ``cap`` bytes of one value over the wire, and
-    about ``budget`` bytes in one reply of ``get_many`` (the rest comes in further ones).
+    """Reads that never bring more than ``cap`` bytes of one value over the wire, about
+    ``budget`` bytes in one reply of ``get_many`` (the rest comes in further ones), and at
+    most ``hold`` bytes in all in one ``get_many`` (the values past it are left out).
 
     ``get`` is one ``GETRANGE 0 cap``: a reply of ``cap + 1`` bytes shows a value over
     the cap (a name seen so is asked its size first from then on). ``get_many`` first
@@ -110,10 +114,21 @@ class CappedReads:
     larger cap) is a miss, logged once per name; a key of another type is a quiet miss;
     any other error reply (an ACL that refuses a command) is raised. Large values never
     pass through Lua, which copies what it returns (4-5 times slower on 1 MiB).
+
+    Values planted at the cap added up: 16 of 64 MiB made one ``get_many`` hold 1.1 GiB
+    for 7 s before the front refused them all. The larger values are read smallest first
+    while what the call holds stays within ``hold``; those past it are left out of the
+    result (misses; the front's caller reads them again, alone or in a smaller batch, or
+    builds them), logged once per process at WARNING (then at DEBUG).
     """
 
-    def __init__(self, cap: int, budget: int, name: str, cluster: bool) -> None:
+    def __init__(
+        self, cap: int, budget: int, name: str, cluster: bool, hold: int | None = None
+    ) -> None:
         self.cap, self.budget, self.name, self.cluster = cap, budget, name, cluster
+        # Four values at the cap by default; one value at the cap is always read.
+        self.hold = max(HOLD_CAPS * cap if hold is None else hold, cap)
+        self._left_logged = False
         self.scripts = not cluster  # a cluster's scripts cannot span slots
         self.transactions = True
         self._logged: set[str] = set()
@@ -142,17 +157,20 @@ class CappedReads:
             return None
         return value
 
-    def _exists_and_read(self, client: Any, full: str) -> tuple[bool, bytes]:
+    def _exists_and_read(self, client: Any, full: str, last: int = -1) -> tuple[bool, bytes]:
         # In one transaction (MULTI/EXEC), so a value made or removed in between cannot
-        # read as empty. Where transactions fail (an ACL that refuses MULTI or EXEC, a
-        # redis-py whose cluster client has none), the two go in a plain pipeline (where
-        # a value removed in between reads as empty), said once.
+        # read as empty; bytes 0 to ``last`` (default: to the cap). Where transactions fail
+        # (an ACL that refuses MULTI or EXEC, a redis-py whose cluster client has none),
+        # the two go in a plain pipeline (where a value removed in between reads as empty),
+        # said once.
         import redis
+
+        end = self.cap if last < 0 else last
 
         def both(transaction: bool) -> tuple[bool, bytes]:
             pipe = client.pipeline(transaction=transaction)
             pipe.exists(full)
-            pipe.getrange(full, 0, self.cap)
+            pipe.getrange(full, 0, end)
             there, value = pipe.execute()
             return bool(there), value
 
@@ -172,41 +190,74 @@ class CappedReads:
         return both(False)
 
     def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
-        """The values of ``fulls`` in order (``None`` where :meth:`get` would give it)."""
+        """The values of ``fulls`` in order (``None`` where :meth:`get` would give it, and
+        for those left out past ``hold`` bytes)."""
         found: dict[str, bytes | None] = {}
         wanted = list(dict.fromkeys(fulls))
         sizes: dict[str, int] = {}
+        held = 0
         for start in range(0, len(wanted), CHUNK):
-            sizes.update(self._first(client, wanted[start : start + CHUNK], found))
-        while sizes:
+            chunk = wanted[start : start + CHUNK]
+            sizes.update(self._first(client, chunk, found, max(0, self.hold - held)))
+            held += sum(len(found.get(f) or b"") for f in chunk)
+        left, left_bytes = 0, 0
+        pending = sorted(sizes.items(), key=lambda item: item[1])  # the most values served
+        while pending:
             taken: list[tuple[str, int]] = []
             total = 0
-            for full, size in sizes.items():
+            for full, size in pending:
                 if size > self.cap:
                     found[full] = None
                     self._over(full, size)
                 elif not size:
-                    found[full] = self.get(client, full)  # empty, or gone: asked atomically
+                    found[full] = self._empty(client, full)
+                elif held + total + size > self.hold and (held or total):
+                    found[full] = None  # past what one call may hold
+                    left, left_bytes = left + 1, left_bytes + size
                 elif taken and (total + size > self.budget or len(taken) >= CHUNK):
                     break
                 else:
                     taken.append((full, size))
                     total += size
-            found.update(self._read_sized(client, taken))
-            sizes = {f: n for f, n in sizes.items() if f not in found}
+            read = self._read_sized(client, taken)
+            found.update(read)
+            held += sum(len(v or b"") for v in read.values())
+            pending = [(f, n) for f, n in pending if f not in found]
+        if left:
+            self._left_out(left, left_bytes)
         return [found.get(f) for f in fulls]
+
+    def _empty(self, client: Any, full: str) -> bytes | None:
+        # A value whose size was 0: b"" if it is still there and empty; a miss if it is gone,
+        # or holds bytes now (one byte is read, not what it holds).
+        there, value = self._exists_and_read(client, full, 0)
+        return value if there and value == b"" else None
+
+    def _left_out(self, count: int, size: int) -> None:
+        level = logging.DEBUG if self._left_logged else logging.WARNING
+        self._left_logged = True
+        log.log(
+            level,
+            "runtime-cache: %s: one get_many left out %d values (%d bytes) past the %d bytes "
+            "it may hold (max_batch_size); read as misses",
+            self.name,
+            count,
+            size,
+            self.hold,
+        )
 
     # ------------------------------------------------------------------ the parts
     def _first(
-        self, client: Any, fulls: list[str], found: dict[str, bytes | None]
+        self, client: Any, fulls: list[str], found: dict[str, bytes | None], room: int
     ) -> dict[str, int]:
-        # The small values into ``found`` (and the misses, as None); the others' sizes.
-        replies = self._script(client, fulls) if self.scripts else None
+        # The small values into ``found`` (at most ``room`` bytes of them; and the misses,
+        # as None); the others' sizes.
+        replies = self._script(client, fulls, room) if self.scripts else None
         if replies is None:
             pipe = client.pipeline(transaction=False)
             for full in fulls:
                 pipe.strlen(full)
-            replies = [_checked(n) for n in pipe.execute(raise_on_error=False)]
+            replies = [checked(n) for n in pipe.execute(raise_on_error=False)]
         sizes: dict[str, int] = {}
         for full, reply in zip(fulls, replies, strict=True):
             if isinstance(reply, bytes):
@@ -217,17 +268,17 @@ class CappedReads:
                 found[full] = None
         return sizes
 
-    def _script(self, client: Any, fulls: list[str]) -> list[Any] | None:
+    def _script(self, client: Any, fulls: list[str], room: int) -> list[Any] | None:
         import redis
 
-        args = (*fulls, min(SMALL, self.cap), self.budget)
+        args = (*fulls, min(SMALL, self.cap), min(room, self.budget))
         try:
             try:
                 return list(client.evalsha(_READ_SMALL_SHA, len(fulls), *args))
             except redis.exceptions.NoScriptError:
                 return list(client.eval(READ_SMALL, len(fulls), *args))
         except redis.exceptions.ResponseError as exc:
-            if not _refused(exc):
+            if not refused(exc):
                 raise
             self.scripts = False
             log.info("runtime-cache: %s refuses Lua scripts (%s); sizes by STRLEN", self.name, exc)
@@ -242,7 +293,7 @@ class CappedReads:
         replies = pipe.execute(raise_on_error=False)
         found: dict[str, bytes | None] = {}
         for (full, size), reply in zip(taken, replies, strict=True):
-            value = _checked(reply)
+            value = checked(reply)
             found[full] = value if isinstance(value, bytes) and 0 < len(value) <= size else None
         return found
 
@@ -260,55 +311,6 @@ class CappedReads:
             )
 
 
-#: Commands per pipeline round trip in listings.
-_BATCH = 500
-
-
-def listed_sizes(client: Any, prefix: str, keys: list[str]) -> list[StoredItem]:
-    """The sizes of ``keys`` (names under ``prefix``) by pipelined ``STRLEN``: no value is
-    sent. A key that changed type since it was listed answers WRONGTYPE: left out, not
-    fatal (any other error reply, an ACL's refusal, is raised); an empty answer is an empty
-    value only where the key exists."""
-    items: list[StoredItem] = []
-    for start in range(0, len(keys), _BATCH):
-        chunk = keys[start : start + _BATCH]
-        pipe = client.pipeline(transaction=False)
-        for key in chunk:
-            pipe.strlen(prefix + key)
-        replies = [_checked(n) for n in pipe.execute(raise_on_error=False)]
-        kept = [(k, n) for k, n in zip(chunk, replies, strict=True) if isinstance(n, int)]
-        present = {k for k, n in kept if not n and client.exists(prefix + k)}
-        items += [StoredItem(k, int(n)) for k, n in kept if n or k in present]
-    return items
-
-
-#: SCAN replies in a row with no name in them after which a listing gives up: a server whose
-#: cursor never comes back to 0 (no Redis) made every listing endless. A real one's table
-#: shrinks below 10 empty slots a key, so this is about 100 million empty slots.
-MAX_EMPTY_SCANS = 100_000
-
-
-def scan_names(client: Any, match: str, cluster: bool = False) -> Iterator[bytes]:
-    """The names of strings matching ``match``, by ``SCAN`` until the cursor is 0 again;
-    raises ``RuntimeError`` after :data:`MAX_EMPTY_SCANS` empty replies in a row. On a
-    cluster, redis-py's ``scan_iter`` over every primary (a cluster's nodes are the fleet's
-    own servers)."""
-    if cluster:
-        yield from client.scan_iter(
-            match=match, count=1000, _type="string", target_nodes=client.PRIMARIES
-        )
-        return
-    cursor, empty = 0, 0
-    while True:
-        cursor, names = client.scan(cursor=cursor, match=match, count=1000, _type="string")
-        yield from names
-        if int(cursor) == 0:
-            return
-        empty = 0 if names else empty + 1
-        if empty >= MAX_EMPTY_SCANS:
-            raise RuntimeError(f"SCAN gave {empty} empty replies in a row, and no end")
-
-
 def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
     """Raise :class:`EntryTooLargeError` naming the values of ``sizes`` (key: bytes) over
     ``cap``."""
@@ -321,11 +323,3 @@ def refuse_over_cap(name: str, cap: int, sizes: dict[str, int]) -> None:
             + (f" and {len(over) - 3} more" if len(over) > 3 else ""),
             frozenset(over),
         )
-
-
-def own_name(name: str) -> bool:
-    """Whether ``name`` (under this backend's prefix) is an entry of this namespace: a name
-    whose first ``/`` component holds a ``:`` is a lease (``lease:...``) or belongs to a
-    namespace nested in this one (``namespace=team`` must not list, clear or repair
-    ``team:ml``'s entries). Cache keys (``runtime/purpose/digest``) never hold one there."""
-    return ":" not in name.partition("/")[0]

@@ -53,6 +53,8 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
         raise InvalidURLError(f"max_connections must be a whole number: {max_connections!r}")
     options["max_connections"] = int(max_connections)
     options["max_entry_size"] = parse_size(parsed.pop("max_entry_size", "64MiB") or "64MiB")
+    batch = parsed.pop("max_batch_size")
+    options["max_batch_size"] = parse_size(batch) if batch else None
     if parsed.scheme == "rediss":
         options["ssl_options"] = {
             name: value

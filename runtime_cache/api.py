@@ -47,6 +47,7 @@ from .units import parse_duration, parse_size
 from .urls import BackendURL, redact_url
 
 __all__ = [
+    "MAX_TEXT_KEY",
     "SPAN_HEAD",
     "Backend",
     "BackendURL",
@@ -62,11 +63,20 @@ __all__ = [
 ]
 
 
+#: The longest text key, in characters (as ``dir://``'s): the library's own keys
+#: (``runtime/purpose/digest``) are at most 162, and a ``redis://`` listing never takes in
+#: a longer name (Redis allows 512 MB ones, which anyone who can write it could plant).
+MAX_TEXT_KEY = 1024
+
+
 def check_text_key(key: object) -> str:
-    """``key`` if it is a non-empty ``str`` that encodes as UTF-8 (a remote store's key: no
-    lone surrogates); :class:`~runtime_cache.errors.InvalidKeyError` otherwise."""
+    """``key`` if it is a non-empty ``str`` of at most :data:`MAX_TEXT_KEY` characters that
+    encodes as UTF-8 (a remote store's key: no lone surrogates);
+    :class:`~runtime_cache.errors.InvalidKeyError` otherwise."""
     if not isinstance(key, str) or not key:
         raise InvalidKeyError(f"a key must be a non-empty str, not {key!r}")
+    if len(key) > MAX_TEXT_KEY:
+        raise InvalidKeyError(f"a key must be 1-{MAX_TEXT_KEY} characters: {key[:80]!r}...")
     if not key.isascii():
         try:
             key.encode("utf-8")

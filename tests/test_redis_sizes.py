@@ -115,7 +115,7 @@ def test_get_many_brings_large_values_in_bounded_replies(
             return found
 
     backend = _open(f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=1MiB")
-    backend._reads = Counting(CAP, 3 * CAP, backend.name, cluster=False)
+    backend._reads = Counting(CAP, 3 * CAP, backend.name, cluster=False, hold=16 * CAP)
     values = {f"demo/t/{i:02d}": os.urandom(CAP - i) for i in range(10)}
     small = {f"demo/t/s{i}": os.urandom(SMALL - i) for i in range(5)}
     backend.set_many({**values, **small, "demo/t/empty": b""})
@@ -209,8 +209,8 @@ def test_a_value_swapped_for_a_larger_one_between_size_and_read_is_a_miss(
     from runtime_cache.backends.redis_scripts import CappedReads
 
     class Swapping(CappedReads):
-        def _first(self, client: Any, fulls: list[str], found: dict[str, Any]) -> Any:
-            sizes = super()._first(client, fulls, found)
+        def _first(self, client: Any, fulls: list[str], found: dict[str, Any], room: int) -> Any:
+            sizes = super()._first(client, fulls, found, room)
             direct.set(f"{unique_prefix}demo/t/a", os.urandom(CAP))  # the attacker's move
             return sizes
 
