@@ -20,6 +20,7 @@ __all__ = ["SSL_CERT_REQS", "check_database", "import_redis", "url_options"]
 
 #: The values redis-py takes for ``ssl_cert_reqs`` (a typo failed every call, not the open).
 SSL_CERT_REQS = ("none", "optional", "required")
+_TLS = ("ssl_ca_certs", "ssl_cert_reqs")
 
 
 def url_options(url: str) -> tuple[str, dict[str, Any]]:
@@ -55,12 +56,11 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     options["max_entry_size"] = parse_size(parsed.pop("max_entry_size", "64MiB") or "64MiB")
     batch = parsed.pop("max_batch_size")
     options["max_batch_size"] = parse_size(batch) if batch else None
+    tls = {name: value for name in _TLS if (value := parsed.pop(name)) is not None}
+    if tls and parsed.scheme != "rediss":  # (it said "unknown option")
+        raise InvalidURLError(f"TLS options ({', '.join(tls)}) need rediss://, a TLS server's URL")
     if parsed.scheme == "rediss":
-        options["ssl_options"] = {
-            name: value
-            for name in ("ssl_ca_certs", "ssl_cert_reqs")
-            if (value := parsed.pop(name)) is not None
-        }
+        options["ssl_options"] = tls
     reqs = options.get("ssl_options", {}).get("ssl_cert_reqs")
     if reqs is not None and reqs not in SSL_CERT_REQS:
         raise InvalidURLError(f"ssl_cert_reqs must be one of {', '.join(SSL_CERT_REQS)}: {reqs!r}")
