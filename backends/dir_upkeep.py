@@ -282,25 +282,24 @@ class Upkeep:
             except OSError:
                 continue
             try:
-                with os.scandir(fd) as it:
-                    listing = list(it)
-                for entry in listing:
-                    if time.monotonic() > deadline:
-                        stack.clear()  # the rest waits for the next vacuum
-                        break
-                    name = entry.name
-                    if not name.startswith("."):
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(f"{rel}/{name}" if rel else name)
-                            # A random next folder: a walk cut short covers another part.
-                            pick = random.randrange(len(stack))
-                            stack[pick], stack[-1] = stack[-1], stack[pick]
-                    elif not own_leftover(name):
-                        continue  # not a name of ours: never removed (a user's .tmp-notes)
-                    elif name.startswith(".tmp-"):
-                        removed += remove_if_orphaned(name, _TEMP_MAX_AGE, now, dir_fd=fd)
-                    else:
-                        removed += self._remove_old(fd, name, now, deadline)
+                with os.scandir(fd) as listing:  # as it goes: a million names, no list of them
+                    for entry in listing:
+                        if time.monotonic() > deadline:
+                            stack.clear()  # the rest waits for the next vacuum
+                            break
+                        name = entry.name
+                        if not name.startswith("."):
+                            if entry.is_dir(follow_symlinks=False):
+                                stack.append(f"{rel}/{name}" if rel else name)
+                                # A random next folder: a walk cut short covers another part.
+                                pick = random.randrange(len(stack))
+                                stack[pick], stack[-1] = stack[-1], stack[pick]
+                        elif not own_leftover(name):
+                            continue  # not a name of ours: never removed (a user's .tmp-notes)
+                        elif name.startswith(".tmp-"):
+                            removed += remove_if_orphaned(name, _TEMP_MAX_AGE, now, dir_fd=fd)
+                        else:
+                            removed += self._remove_old(fd, name, now, deadline)
             finally:
                 os.close(fd)
         removed += self._vacuum_locks(root_fd, now, deadline, self.backend.modes)
@@ -328,29 +327,30 @@ class Upkeep:
             return 0
         removed = 0
         try:
-            for name in os.listdir(fd):
-                if time.monotonic() > deadline:
-                    break
-                if name.endswith(NOTE_NAMES):  # a note, or one set aside or half made
-                    with contextlib.suppress(OSError):
-                        removed += remove_stale_note(fd, name)
-                    continue
-                if not name.endswith(".lock"):
-                    continue
-                try:
-                    lock = os.open(name, _LOCK_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue
-                try:
-                    mine = os.fstat(lock)
-                    if mine.st_mtime > now - _TEMP_MAX_AGE or not stat.S_ISREG(mine.st_mode):
+            with os.scandir(fd) as names:  # as it goes, as above
+                for name in (entry.name for entry in names):
+                    if time.monotonic() > deadline:
+                        break
+                    if name.endswith(NOTE_NAMES):  # a note, or one set aside or half made
+                        with contextlib.suppress(OSError):
+                            removed += remove_stale_note(fd, name)
                         continue
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while held
-                    removed += unlink_if_same(fd, name, lock, modes)
-                except OSError:
-                    continue
-                finally:
-                    os.close(lock)
+                    if not name.endswith(".lock"):
+                        continue
+                    try:
+                        lock = os.open(name, _LOCK_FLAGS, dir_fd=fd)
+                    except OSError:
+                        continue
+                    try:
+                        mine = os.fstat(lock)
+                        if mine.st_mtime > now - _TEMP_MAX_AGE or not stat.S_ISREG(mine.st_mode):
+                            continue
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while held
+                        removed += unlink_if_same(fd, name, lock, modes)
+                    except OSError:
+                        continue
+                    finally:
+                        os.close(lock)
         finally:
             os.close(fd)
         return removed

@@ -174,6 +174,51 @@ def test_a_vacuum_stops_at_its_budget_and_later_ones_reach_the_rest(tmp_path: Pa
     assert not stale.exists()
 
 
+def test_a_vacuum_reads_a_folder_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attacker review, session 37: the vacuum listed each folder whole before it looked at
+    the clock, so a member of a shared folder who put a million names in one cost every
+    process's open that listing (memory and seconds past the budget). Names are now read as
+    the walk goes, the budget looked at between them, in the tree and in ``.locks``."""
+    import runtime_cache.backends.dir_upkeep as upkeep
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    for folder in (tmp_path, tmp_path / ".locks"):
+        folder.mkdir(exist_ok=True)
+        for i in range(2000):
+            (folder / f".n{i}").touch()
+    drawn = []
+    real, listdir = os.scandir, os.listdir
+
+    class Counting:
+        def __init__(self, fd: int) -> None:
+            self.inner = real(fd)
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.close()
+
+        def __iter__(self) -> Counting:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            drawn.append(1)
+            return next(self.inner)
+
+    def counting_listdir(fd: int) -> list[str]:
+        names = listdir(fd)
+        drawn.extend([1] * len(names))
+        return names
+
+    monkeypatch.setattr(upkeep.os, "scandir", Counting)
+    monkeypatch.setattr(upkeep.os, "listdir", counting_listdir)
+    backend.vacuum(seconds=0.0)
+    assert len(drawn) < 10  # out of time at once: not 4,000 names drawn first
+
+
 def test_a_large_journal_is_compacted_only_when_its_keys_can_be_listed_in_time(
     tmp_path: Path,
 ) -> None:
