@@ -135,8 +135,8 @@ def walk(
             continue
         try:
             try:
-                with os.scandir(fd) as it:
-                    listing = list(it)
+                with os.scandir(fd) as it:  # the deadline looked at as it reads, too
+                    listing = _listed(it, deadline)
             except OSError as exc:
                 _note_unreadable(unreadable, rel, exc)
                 continue
@@ -171,6 +171,16 @@ def walk(
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+
+
+def _listed(names: Iterator[os.DirEntry[str]], deadline: float | None) -> list[os.DirEntry[str]]:
+    # A folder's entries; WalkCutShort past ``deadline`` (a million names take seconds).
+    listing = []
+    for entry in names:
+        listing.append(entry)
+        if deadline is not None and len(listing) % 4096 == 0 and time.monotonic() > deadline:
+            raise WalkCutShort
+    return listing
 
 
 #: Files every ``dir://`` cache that was written to has at its root (the vacuum's and the

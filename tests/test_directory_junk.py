@@ -217,6 +217,15 @@ def test_a_vacuum_reads_a_folder_as_it_goes(
     monkeypatch.setattr(upkeep.os, "listdir", counting_listdir)
     backend.vacuum(seconds=0.0)
     assert len(drawn) < 10  # out of time at once: not 4,000 names drawn first
+    # A walk with a deadline (the keys listed for a compaction) stops within a folder, too.
+    import time
+
+    from runtime_cache.backends.dir_tree import WalkCutShort, _listed
+
+    names = (tmp_path for _ in range(1_000_000))  # (a million names, as the walk's listing)
+    with pytest.raises(WalkCutShort):
+        _listed(names, time.monotonic())  # type: ignore[arg-type]
+    assert len(list(names)) == 1_000_000 - 4096  # stopped after 4,096, not all drawn first
 
 
 def test_a_large_journal_is_compacted_only_when_its_keys_can_be_listed_in_time(
