@@ -176,4 +176,7 @@ def _pair(reply: Any) -> tuple[int, list[bytes]]:
     # A SCAN reply (cursor, names), as a server may send it; anything else is raised.
     if not (isinstance(reply, list | tuple) and len(reply) == 2 and isinstance(reply[1], list)):
         raise TypeError(f"SCAN answered {type(reply).__name__}, not a cursor and names")
-    return int(reply[0]), [n for n in reply[1] if isinstance(n, bytes)]
+    cursor = reply[0]
+    if isinstance(cursor, dict) and len(cursor) == 1:  # redis-py's cluster client: {node: cursor}
+        cursor = next(iter(cursor.values()))
+    return int(cursor), [n for n in reply[1] if isinstance(n, bytes)]

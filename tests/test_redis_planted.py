@@ -134,6 +134,36 @@ def test_planted_long_names_on_a_cluster(redis_cluster: RedisCluster, unique_pre
         client.close()
 
 
+def test_a_cluster_that_refuses_scripts_is_listed_by_scan(
+    redis_cluster: RedisCluster, unique_prefix: str
+) -> None:
+    """Review of this session's fix: where an ACL refuses Lua on a cluster, the plain-SCAN
+    fallback got redis-py's cluster reply (``{node: cursor}``, names) and failed every
+    listing (``int()`` of a dict)."""
+    import redis
+
+    user = f"u{uuid.uuid4().hex[:8]}"
+    ports = [node.port for node in redis_cluster.nodes]
+    for port in ports:
+        with redis.Redis(port=port) as node:
+            node.acl_setuser(
+                user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"]
+            )
+    url = f"redis+cluster://{user}:pw@127.0.0.1:{ports[0]}?prefix={unique_prefix}"
+    cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+    try:
+        good = _good(cache, 8)  # over several primaries
+        assert sorted(cache.backend.keys()) == sorted(str(k) for k in good)
+        assert cache.backend.breaker.state == "closed" and cache.stats().errors == 0
+    finally:
+        for key in list(cache.backend.keys()):
+            cache.backend.delete(key)
+        cache.close()
+        for port in ports:
+            with redis.Redis(port=port) as node:
+                node.acl_deluser(user)
+
+
 def test_without_scripts_a_reply_over_the_cap_is_an_error_not_an_outage(
     private: tuple[RedisProcess, Any],
 ) -> None:
