@@ -23,7 +23,7 @@ import stat
 import sys
 import time
 
-from runtime_cache.api import SPAN_HEAD, Span
+from runtime_cache.api import SPAN_HEAD, Span, frames_blobs
 
 try:
     import ctypes
@@ -35,6 +35,7 @@ __all__ = [
     "PARTS_FROM",
     "Junk",
     "create_new",
+    "fstat_or_none",
     "make_folders",
     "open_beneath",
     "open_folder",
@@ -254,7 +255,8 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     A file of at least :data:`PARTS_FROM` bytes is read in pieces: its first
     :data:`~runtime_cache.api.SPAN_HEAD` bytes, then the part ``span`` names
     with one ``pread``, so that part is a ``bytes`` of its own, then what
-    follows it. One whose head ``span`` finds no entry in, or whose span ends past its
+    follows it. For a span that frames its blobs (:func:`~runtime_cache.api.framing_span`:
+    the front's entries), one whose head it finds no entry in, or whose span ends past its
     end or more than ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a
     sparse gigabyte planted in a shared folder was read whole). Anything else unexpected
     (a span out of range, a file that changed size) reads the whole file as
@@ -263,10 +265,11 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     if size >= PARTS_FROM:
         head = os.pread(fd, SPAN_HEAD, 0)
         where = span(head) if len(head) == SPAN_HEAD else None
-        if where is None:
+        framed = frames_blobs(span)  # (the front's entries: it can tell junk from a head)
+        if where is None and framed:
             raise Junk("a file with no entry header")
-        start, end = where
-        if 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:  # (after it: a signature)
+        start, end = where or (-1, -1)
+        if framed and 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:
             raise Junk("an entry of another size than its header says")
         # One byte more than is left shows a file that grew since fstat.
         if end == size and 0 <= start <= SPAN_HEAD and start <= end:
@@ -280,6 +283,14 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
                 return head[:start], middle, tail
         os.lseek(fd, 0, os.SEEK_SET)
     return (read_to_end(fd, size, limit),)
+
+
+def fstat_or_none(fd: int) -> os.stat_result | None:
+    """``os.fstat(fd)``, or ``None`` where it fails."""
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
 
 
 def read_range(

@@ -28,7 +28,14 @@ from .dir_fs import NOFOLLOW, Junk, make_folders, open_folder, read_regular, set
 from .dir_root import Modes
 from .temp_files import create_locked_temp
 
-__all__ = ["delete_entry", "delete_if", "delete_if_unchanged", "removable", "write_entry"]
+__all__ = [
+    "delete_entry",
+    "delete_if",
+    "delete_if_same",
+    "delete_if_unchanged",
+    "removable",
+    "write_entry",
+]
 
 _GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV}
 _GET_FLAGS = 0x80086601  # FS_IOC_GETFLAGS
@@ -95,6 +102,16 @@ def delete_if(root_fd: int, rel: str, expected: bytes, limit: int) -> bool:
         root_fd,
         rel,
         lambda fd, st: st.st_size == len(expected) and read_regular(fd, limit) == expected,
+    )
+
+
+def delete_if_same(root_fd: int, rel: str, st: os.stat_result) -> bool:
+    """Delete the file ``rel`` only while it is the one ``st`` describes (device, inode,
+    size): junk found at an entry's name, never an entry another process wrote there since.
+    Renamed aside and looked at again, as :func:`delete_if` does."""
+    found = (st.st_dev, st.st_ino, st.st_size)
+    return _delete_checked(
+        root_fd, rel, lambda _fd, now: (now.st_dev, now.st_ino, now.st_size) == found
     )
 
 

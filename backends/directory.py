@@ -4,12 +4,11 @@ Layout: :mod:`.dir_tree`. The root is held as a directory descriptor and every f
 is opened relative to it, never through a link (:mod:`.dir_fs`). Writes go to a random temp
 file beside the entry, then ``os.replace`` into place. Reads take only a regular file of at
 most ``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
-:attr:`DirectoryBackend.junk`, logged with its name, and removed where this process may. A
-file this process may not read raises a :class:`~runtime_cache.errors.BackendError` that
-names it; only a failed write makes the backend read-only (tried again after
-:data:`READ_ONLY_RECHECK` seconds). The caps count disk blocks and files (:mod:`.dir_upkeep`).
-docs/backends/directory.md states every guarantee, and the ``shared=1`` group mode
-(:mod:`.dir_root`). A root removed under the process is made again by the next write.
+:attr:`DirectoryBackend.junk`, logged, and removed where this process may. A file it may not
+read raises a :class:`~runtime_cache.errors.BackendError` naming it; only a failed write makes
+the backend read-only (tried again after :data:`READ_ONLY_RECHECK` s). The caps count disk
+blocks and files (:mod:`.dir_upkeep`). docs/backends/directory.md states every guarantee, and
+the ``shared=1`` group mode (:mod:`.dir_root`). A root removed is made again by a write.
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -21,6 +20,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,22 +31,15 @@ from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.partial_reads import read_each
 
-from .dir_fs import NOFOLLOW, Junk, open_beneath, read_parts, read_range, read_to_end, regular_size
+from . import dir_fs as fs
+from . import dir_root as roots
+from . import dir_write as writes
+from .dir_fs import NOFOLLOW, Junk
 from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import track
-from .dir_root import (
-    ROOT_FLAGS,
-    Modes,
-    backend_error,
-    only_mine,
-    open_root,
-    owner_check,
-    remake_root,
-)
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_url import DEFAULT_MAX_SIZE, url_settings
-from .dir_write import delete_entry, delete_if, delete_if_unchanged, removable, write_entry
 from .hits_journal import HitsJournal
 from .lease_tokens import LeaseSigning
 
@@ -118,11 +111,11 @@ class DirectoryBackend(DirMaintenance, Backend):
         self._writable_again = 0.0  # (read-only: when a write is tried again, monotonic)
         self._rels: dict[str, str] = {}
         self._signing = LeaseSigning()  # a shared folder's caches' secret, for its leases
-        self.modes = Modes.for_cache(shared)
+        self.modes = roots.Modes.for_cache(shared)
         #: The descriptor of the root folder that everything is opened under.
-        self.root_fd = open_root(self._root_text, self.modes)
+        self.root_fd = roots.open_root(self._root_text, self.modes)
         try:
-            members = owner_check(self.root_fd, self._root_text, shared)
+            members = roots.owner_check(self.root_fd, self._root_text, shared)
         except BaseException:
             os.close(self.root_fd)
             raise
@@ -137,7 +130,7 @@ class DirectoryBackend(DirMaintenance, Backend):
             cap=self.max_size,
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
-        self.private = not shared and only_mine(self.root_fd)
+        self.private = not shared and roots.only_mine(self.root_fd)
         self._upkeep = Upkeep(self, members)
         self._upkeep.maybe_vacuum()
         track(self)  # hits flushed at exit, the root reopened after a fork
@@ -159,7 +152,7 @@ class DirectoryBackend(DirMaintenance, Backend):
         self._journal.forget_pending()
         self._upkeep.after_fork()
         try:
-            fd = os.open(".", ROOT_FLAGS, dir_fd=self.root_fd)
+            fd = os.open(".", roots.ROOT_FLAGS, dir_fd=self.root_fd)
         except OSError:
             return
         old, self.root_fd = self.root_fd, fd
@@ -186,12 +179,16 @@ class DirectoryBackend(DirMaintenance, Backend):
         return rel
 
     def _error(self, op: str, exc: OSError, name: str = "") -> BackendError:
-        return backend_error(self.root, op, exc, name)
+        return roots.backend_error(self.root, op, exc, name)
 
-    def found_junk(self, rel: str, what: str) -> None:
-        """Count and log junk at the entry name ``rel``, and remove it where we may."""
+    def found_junk(self, rel: str, what: str, st: os.stat_result | None = None) -> None:
+        """Count and log junk at the entry name ``rel``, and remove it where we may (a file
+        only while it is the one ``st`` describes: an entry written there since stays)."""
         self.junk += 1
-        removed = self._upkeep.clear(rel)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            removed = writes.delete_if_same(self.root_fd, rel, st)
+        else:
+            removed = self._upkeep.clear(rel)
         log.warning(
             "runtime-cache: %s is %s, not a cache entry; %s",
             self.root / rel,
@@ -203,7 +200,7 @@ class DirectoryBackend(DirMaintenance, Backend):
         # (descriptor, size) of a regular entry file; None for a miss or junk (reported
         # unless ``quiet``).
         try:
-            fd = open_beneath(self.root_fd, rel, _O_READ)
+            fd = fs.open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -213,34 +210,35 @@ class DirectoryBackend(DirMaintenance, Backend):
                 return None
             raise self._error("read", exc, rel) from exc
         try:
-            return fd, regular_size(fd, self.max_entry_size)
+            return fd, fs.regular_size(fd, self.max_entry_size)
         except Junk as exc:
+            st = fs.fstat_or_none(fd)
             os.close(fd)
             if not quiet:
-                self.found_junk(rel, str(exc))
+                self.found_junk(rel, str(exc), st)
         except OSError as exc:
             os.close(fd)
             raise self._error("read", exc, rel) from exc
         return None
 
     def get(self, key: str) -> bytes | None:
-        return self._read(key, self.track_access, read_to_end)
+        return self._read(key, self.track_access, fs.read_to_end)
 
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
-        return self._read(key, self.track_access, read_parts, span)
+        return self._read(key, self.track_access, fs.read_parts, span)
 
     def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
         # Quiet: a miss, junk or another size is read whole next, which counts and reports it.
-        return self._read(key, self.track_access, read_range, (start, end, size), True)
+        return self._read(key, self.track_access, fs.read_range, (start, end, size), True)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return read_each(self.get, keys)  # a file we may not read costs its key alone
 
     def peek(self, key: str) -> bytes | None:
-        return self._read(key, False, read_to_end)
+        return self._read(key, False, fs.read_to_end)
 
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        read = ((key, self._read(key, False, read_to_end)) for key in keys)
+        read = ((key, self._read(key, False, fs.read_to_end)) for key in keys)
         return {key: value for key, value in read if value is not None}
 
     def _read(
@@ -265,7 +263,7 @@ class DirectoryBackend(DirMaintenance, Backend):
                 self._touch(fd, key)
         except Junk as exc:
             if not quiet:
-                self.found_junk(rel, str(exc))
+                self.found_junk(rel, str(exc), fs.fstat_or_none(fd))
             return None
         except OSError as exc:
             raise self._error("read", exc, rel) from exc
@@ -295,7 +293,7 @@ class DirectoryBackend(DirMaintenance, Backend):
         self._upkeep.refuse_if_too_large(key, len(value))
         try:
             try:
-                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
+                writes.write_entry(self.root_fd, rel, value, self.modes, self.fsync)
             except OSError as exc:
                 if exc.errno not in _RETRY:
                     raise
@@ -304,8 +302,9 @@ class DirectoryBackend(DirMaintenance, Backend):
                 if exc.errno != errno.ENOENT:
                     self.found_junk(rel, "a folder or a link")
                 else:  # the root removed under us (rm -rf, a tmp cleaner): made again
-                    remake_root(self.root_fd, self._root_text, self.modes, self._upkeep.members)
-                write_entry(self.root_fd, rel, value, self.modes, self.fsync)
+                    members = self._upkeep.members
+                    roots.remake_root(self.root_fd, self._root_text, self.modes, members)
+                writes.write_entry(self.root_fd, rel, value, self.modes, self.fsync)
         except OSError as exc:
             error = self._error("write", exc, rel)
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
@@ -322,24 +321,24 @@ class DirectoryBackend(DirMaintenance, Backend):
         return exc.errno == errno.EROFS or not os.access(".", os.W_OK, dir_fd=self.root_fd)
 
     def delete(self, key: str) -> bool:
-        return self._remove(key, lambda rel: delete_entry(self.root_fd, rel))
+        return self._remove(key, lambda rel: writes.delete_entry(self.root_fd, rel))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete ``key`` only if its file holds exactly ``expected`` (renamed aside, checked
         again, removed; a newer file that took its place is put back); return whether it did."""
         cap, blob = self.max_entry_size, bytes(expected)
-        return self._remove(key, lambda rel: delete_if(self.root_fd, rel, blob, cap))
+        return self._remove(key, lambda rel: writes.delete_if(self.root_fd, rel, blob, cap))
 
     def delete_if_unchanged(self, key: str, listed: StoredItem, head: bytes) -> bool:
         """Delete ``key`` only while its file is the one listed: same size, beginning with
         ``head``, its mtime (write or last use) not past ``listed.last_access``."""
         size, last, first = listed.size, listed.last_access, bytes(head)
         return self._remove(
-            key, lambda rel: delete_if_unchanged(self.root_fd, rel, size, last, first)
+            key, lambda rel: writes.delete_if_unchanged(self.root_fd, rel, size, last, first)
         )
 
     def removable(self, key: str) -> bool:
-        return removable(self.root_fd, self._rel(key))
+        return writes.removable(self.root_fd, self._rel(key))
 
     def _remove(self, key: str, remove: Callable[[str], bool]) -> bool:
         rel = self._rel(key)

@@ -56,6 +56,8 @@ __all__ = [
     "StoredItem",
     "check_text_key",
     "delete_unchanged",
+    "frames_blobs",
+    "framing_span",
     "parse_duration",
     "parse_size",
     "reads_ranges",
@@ -89,6 +91,21 @@ def check_text_key(key: object) -> str:
 Span = Callable[[bytes], "tuple[int, int] | None"]
 #: The fewest bytes :meth:`Backend.get_parts` passes to ``span`` (all of a shorter value).
 SPAN_HEAD = 4096
+
+
+def framing_span(span: Span) -> Span:
+    """Mark ``span`` as one that knows its blobs' whole framing (the front's entries): where
+    it finds no blob in a head (``None``), or one that ends past the value or more than
+    :data:`SPAN_HEAD` bytes before its end, the value is no blob its caller can use, and a
+    backend may take it for junk without reading the rest (:func:`frames_blobs`). Another
+    span's ``None`` still asks for the whole value."""
+    setattr(span, "_frames_blobs", True)  # noqa: B010 (an attribute of a function)
+    return span
+
+
+def frames_blobs(span: Span) -> bool:
+    """Whether ``span`` was marked by :func:`framing_span`."""
+    return getattr(span, "_frames_blobs", False) is True
 
 
 def reads_ranges(backend: Backend) -> bool:

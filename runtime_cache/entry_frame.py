@@ -12,6 +12,7 @@ import struct
 
 import xxhash
 
+from .api import framing_span
 from .entry_meta import Limits
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError
 from .signing import SIG_SIZE, SecretKeys, sign, signing_keys
@@ -113,6 +114,7 @@ def parse_header(
     return flags, meta_len, value_len, meta_sum, value_sum
 
 
+@framing_span  # (an entry's signature, after its value, is 32 bytes)
 def entry_span(head: bytes) -> tuple[int, int] | None:
     """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
 

@@ -88,17 +88,17 @@ def test_a_read_only_store_is_tried_again(
 ) -> None:
     backend = DirectoryBackend(tmp_path / "cache")
     cache = rc.Cache(backend)
-    real = directory.write_entry
+    real = directory.writes.write_entry
 
     def read_only(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(directory, "write_entry", read_only)  # as a mount made read-only
+    monkeypatch.setattr(directory.writes, "write_entry", read_only)  # a mount made read-only
     monkeypatch.setattr(directory, "READ_ONLY_RECHECK", 0.3)
     with caplog.at_level(logging.WARNING, logger="runtime_cache"):
         assert not cache.put(_key(1), b"one")
         assert backend.read_only
-        monkeypatch.setattr(directory, "write_entry", real)  # made read-write again
+        monkeypatch.setattr(directory.writes, "write_entry", real)  # made read-write again
         assert not cache.put(_key(2), b"two")  # skipped until the recheck is due
         time.sleep(0.35)
         assert cache.put(_key(3), b"three")

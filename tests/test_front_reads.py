@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import runtime_cache as rc
 from runtime_cache import codec
+from runtime_cache.api import framing_span
 from runtime_cache.backends.dir_fs import PARTS_FROM, Junk, read_parts
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
@@ -88,14 +89,21 @@ def test_a_file_that_changed_size_is_read_whole(tmp_path: Path, secret: bytes | 
     try:
         # fstat said len(data): the file grew since, so the pieces are not trusted.
         assert read_parts(fd, len(data), 1 << 30, codec.entry_span) == (data + b"grown",)
-        # A span out of range or backwards: the whole file.
-        for span in (lambda h: (-1, 10), lambda h: (100, 50)):
+        # A span out of range, backwards, or none at all: the whole file.
+        for span in (
+            lambda h: (5, 1 << 40),
+            lambda h: (9000, 9001),
+            lambda h: (-1, 10),
+            lambda h: (100, 50),
+            lambda h: None,
+        ):
             assert read_parts(fd, len(data) + 5, 1 << 30, span) == (data + b"grown",)
-        # No entry in the head, or one that ends past the file or far before its end: junk,
-        # not read on (session 37: a sparse gigabyte planted in a shared folder was read).
+        # The front's span frames its entries: no entry in the head, or one that ends past
+        # the file or far before its end, is junk, not read on (session 37: a sparse gigabyte
+        # planted in a shared folder was read whole). Another span's None asks for it all.
         for span in (lambda h: None, lambda h: (5, 1 << 40), lambda h: (9000, 9001)):
             with pytest.raises(Junk, match=r"no entry header|another size"):
-                read_parts(fd, len(data) + 5, 1 << 30, span)
+                read_parts(fd, len(data) + 5, 1 << 30, framing_span(span))
         # The size fstat gave: the pieces, the value on its own (read from a fresh open).
         os.lseek(fd, 0, os.SEEK_SET)
         start, end = codec.entry_span(data) or (0, 0)

@@ -21,6 +21,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -460,6 +461,36 @@ def test_a_sparse_gigabyte_at_an_entry_name_is_not_read(tmp_path: Path) -> None:
     assert peak < 8 << 20, peak
     assert backend.junk == 2 and not path.exists() and not other_path.exists()
     assert cache.put(key, b"good") and cache.get(key) == b"good"
+
+
+def test_junk_is_removed_only_while_it_is_the_file_that_was_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of the session-37 junk rule: a file with no entry header was removed by name,
+    so a good entry another process put in its place between the look and the removal was
+    removed too (the compare-and-delete it replaced kept it). And ``get_parts`` of another
+    caller's span that answers ``None`` still reads the value whole, and removes nothing."""
+    import runtime_cache.backends.directory as directory
+
+    backend = DirectoryBackend(tmp_path)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    writer = rc.Cache(DirectoryBackend(tmp_path))
+    backend.set(str(key), bytes(64 << 10))  # zeros: no entry header
+    real = directory.fs.read_parts
+
+    def read_then_a_good_entry_lands(*args: Any) -> Any:
+        try:
+            return real(*args)
+        finally:
+            assert writer.put(key, b"good")  # os.replace: a new file at the name
+
+    monkeypatch.setattr(directory.fs, "read_parts", read_then_a_good_entry_lands)
+    assert rc.Cache(backend).get(key) is None and backend.junk == 1
+    monkeypatch.undo()
+    assert writer.get(key) == b"good"  # the entry written since stays
+    backend.set("raw/value", bytes(40_000))
+    assert backend.get_parts("raw/value", lambda head: None) == (bytes(40_000),)
+    assert backend.get("raw/value") == bytes(40_000)  # not junk to a caller of its own
 
 
 def test_a_header_that_lies_about_an_over_limit_size_is_corrupt_and_removed(
