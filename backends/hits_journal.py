@@ -131,11 +131,11 @@ class HitsJournal:
             fd = os.open(self.name, _APPEND, self.mode, dir_fd=self.dir_fd)
             try:
                 st = os.fstat(fd)
+                size = st.st_size + len(data)  # (a full disk fails the write: compact then)
                 if stat.S_ISREG(st.st_mode) and st.st_size < self.append_until:
                     if self.chmod is not None and st.st_size == 0:
                         os.fchmod(fd, self.chmod)
                     os.write(fd, data)  # one O_APPEND write: lines never interleave
-                size = st.st_size + len(data)
             finally:
                 os.close(fd)
         except OSError:

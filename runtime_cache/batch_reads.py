@@ -14,7 +14,8 @@ from .api import Backend
 from .check import screen_many
 from .codec import Limits, SecretKeys
 from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
-from .inventory import KeyLike
+from .inventory import KeyLike, key_text
+from .keys import CacheKey
 from .stats import CacheStats, Counters
 
 __all__ = ["BatchReads", "read_again"]
@@ -72,7 +73,7 @@ class BatchReads:
         used (a value read ahead and never used is no hit).
         """
         given = list(keys)
-        wanted = [str(k) for k in given]
+        wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
         try:
             blobs = self.backend.get_many(wanted)
         except InvalidKeyError as exc:  # one key the store cannot hold: the others served

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from . import environment
 from .api import Backend
 from .cache import Cache
-from .errors import BackendError, InvalidURLError, RuntimeCacheError
+from .errors import BackendError, RuntimeCacheError
 from .registry import open_backend, registry
 from .urls import folder_url, redact, redact_url
 
@@ -118,9 +118,11 @@ def _embedded(options: str = "") -> Cache:
         return _off("(the default)", exc)
     try:
         return cache_from_url("dir://" + options, secret=environment.read_secret())
-    except InvalidURLError:  # wrong wherever it runs: not a home folder's trouble
-        raise
+    except BackendError as exc:  # the home folder's trouble: the temporary folder instead
+        environment.warn_no_home(str(exc))
     except RuntimeCacheError as exc:
+        if options:  # a setting of the URL's (a typo; shared=1 and no secret): the caller's
+            raise
         environment.warn_no_home(str(exc))
     except Exception as exc:  # never the app's crash (see _default)
         log.error("runtime-cache: cannot open the default cache (%s: %s)", type(exc).__name__, exc)

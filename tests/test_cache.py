@@ -80,6 +80,9 @@ def test_reads_and_deletes_refuse_what_is_no_key(wrong: object) -> None:
     for call in (cache.get, cache.get_entry, cache.info, cache.delete):
         with pytest.raises(TypeError, match="a cache key is a CacheKey"):
             call(wrong)  # type: ignore[arg-type]
+    for many in (cache.get_many, cache.get_many_views):
+        with pytest.raises(TypeError, match="a cache key is a CacheKey"):
+            many([key(), wrong])  # type: ignore[list-item]
     assert wrong not in cache
     assert cache.stats().misses == 0 and cache.stats().errors == 0
     assert cache.get(str(key())) == b"v"  # its text is a key

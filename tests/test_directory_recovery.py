@@ -205,6 +205,23 @@ def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -
         finally:
             filler.unlink()
         assert cache.put(_key(99), b"room again")
+        # A full disk fails the append itself: that append still sets off the compaction
+        # (review: its size was taken only after a write that worked, so none started).
+        with open(disk / "cache" / ".hits", "ab") as more:
+            more.write(b"".join(b"1 1 dead/key/%032x\n" % i for i in range(2000)))
+            pad = -(more.tell() + 1) % 4096  # to a whole page: no room left in its last one
+            more.write(b"#" * pad + b"\n")
+        again = rc.Cache(DirectoryBackend(disk / "cache", max_size="1MB", hits_batch=8))
+        filler = fill(disk)
+        try:
+            for key in keys[:8]:
+                again.get(key)  # the eighth hit appends: the write fails, the disk is full
+            for thread in threading.enumerate():
+                if thread.name == "runtime-cache hits":
+                    thread.join(10)
+            assert (disk / "cache" / ".hits").stat().st_size < 2000
+        finally:
+            filler.unlink()
 
 
 def test_a_root_removed_on_nfs_is_made_again(

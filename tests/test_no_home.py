@@ -117,6 +117,20 @@ def test_the_default_named_as_dir_falls_back_as_the_default_does(
     assert "caching is off" not in done.stderr, done.stderr
 
 
+def test_the_default_folder_shared_without_a_secret_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: ``dir://?shared=1`` and no secret fell back as a home folder's trouble, to a
+    temporary folder and then memory, saying "no usable home folder"; it is the setting's
+    error, raised as ``dir:///path?shared=1`` raises it."""
+    from runtime_cache.errors import InsecureStoreError
+
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
+    with pytest.raises(InsecureStoreError):
+        rc.set_cache_provider("dir://?shared=1")
+    assert "no usable home folder" not in caplog.text
+
+
 @pytest.mark.parametrize("how", ["env", "provider"])
 def test_a_typo_in_the_default_folders_options_is_still_an_error(how: str) -> None:
     url = "dir://?max_sise=64MiB"
