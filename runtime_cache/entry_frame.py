@@ -114,7 +114,9 @@ def parse_header(
     return flags, meta_len, value_len, meta_sum, value_sum
 
 
-@framing_span  # (an entry's signature, after its value, is 32 bytes)
+# Framing: what follows an entry's value (its signature, 32 bytes) stays within SPAN_HEAD
+# bytes in any later format version too, or dir:// readers of this one take it for junk.
+@framing_span
 def entry_span(head: bytes) -> tuple[int, int] | None:
     """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
 
