@@ -18,8 +18,7 @@ from .stats import CacheStats, Counters
 
 __all__ = ["Removals"]
 
-# The front's logger: these were the front's own methods, and their messages stay its.
-log = logging.getLogger("runtime_cache.cache")
+log = logging.getLogger(__name__)
 
 
 class _Host(Protocol):
