@@ -303,11 +303,14 @@ class HitsJournal:
 
 
 def _pieces(raw: bytes) -> Iterator[list[str]]:
-    """The lines of ``raw``, about :data:`_PIECE` bytes of them at a time (so that no list
-    of a whole padded journal's lines is ever made)."""
-    start = 0
-    while start < len(raw):
-        end = raw.find(b"\n", start + _PIECE)
-        end = len(raw) if end < 0 else end + 1
-        yield raw[start:end].decode("utf-8", "replace").splitlines()
-        start = end
+    """The ``\n``-ended lines of ``raw``, about :data:`_PIECE` bytes of them at a time: no
+    list of a whole padded journal's lines is made, and no piece runs on (lines ended by
+    ``\r``, or another break ``str.splitlines`` knows, made one piece of 32 MiB, parsed past
+    the read's deadline). A line longer than 4 KiB is junk, left out."""
+    carry = b""
+    for start in range(0, len(raw), _PIECE):
+        chunk = carry + raw[start : start + _PIECE]
+        cut = chunk.rfind(b"\n") + 1
+        carry = chunk[cut:] if len(chunk) - cut <= 4096 else b""
+        yield chunk[:cut].decode("utf-8", "replace").split("\n")  # (empty: the clock looks)
+    yield carry.decode("utf-8", "replace").split("\n")

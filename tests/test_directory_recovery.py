@@ -170,6 +170,14 @@ def test_a_padded_journal_costs_a_bounded_read(
     monkeypatch.setattr(journal, "READ_SECONDS", 10.0)
     backend.compact_hits()
     assert (root / ".hits").stat().st_size < 1000  # the live keys' lines alone
+    # Lines ended by "\r" made one piece of the whole file (str.splitlines splits there),
+    # parsed past the deadline, and counted the live key's padded lines (re-attack review).
+    padding = b"".join(b"9 1 %s\r" % str(keys[0]).encode() for _ in range(100_000))
+    pieces = list(journal._pieces(padding))
+    assert len(pieces) > 10 and max(len("\n".join(p)) for p in pieces) <= journal._PIECE + 4096
+    with open(root / ".hits", "ab") as padded:
+        padded.write(padding)
+    assert backend._journal.read(keep=live)[str(keys[0])][0] < 10  # none of them counted
 
 
 def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -> None:
