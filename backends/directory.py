@@ -234,6 +234,9 @@ class DirectoryBackend(DirMaintenance, Backend):
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return read_each(self.get, keys)  # a file we may not read costs its key alone
 
+    def get_many_parts(self, keys: Iterable[str], span: Span) -> dict[str, tuple[bytes, ...]]:
+        return read_each(lambda key: self.get_parts(key, span), keys)  # (its junk rule too)
+
     def peek(self, key: str) -> bytes | None:
         return self._read(key, False, fs.read_to_end)
 

@@ -273,6 +273,12 @@ class Backend(abc.ABC):
                 found[key] = value
         return found
 
+    def get_many_parts(self, keys: Iterable[str], span: Span) -> dict[str, tuple[bytes, ...]]:
+        """:meth:`get_many`, each value in the pieces :meth:`get_parts` would give (the
+        front's batch reads: a store that reads files applies what ``span`` says, as one
+        read does). This default gives each value whole, as one piece."""
+        return {key: (value,) for key, value in self.get_many(keys).items()}
+
     def get_many_past(self, bad: Mapping[str, bytes]) -> dict[str, bytes]:
         """The keys of ``bad`` read again, past the blobs ``bad`` holds: the front refused
         them (corrupt, and removed; or rejected, and kept). Returns what is stored that

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from .api import Backend
 from .check import screen_many
-from .codec import Limits, SecretKeys
+from .codec import Limits, SecretKeys, entry_span
 from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
 from .inventory import KeyLike, key_text
 from .keys import CacheKey
@@ -74,8 +74,9 @@ class BatchReads:
         """
         given = list(keys)
         wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
-        try:
-            blobs = self.backend.get_many(wanted)
+        blobs: Mapping[str, bytes | tuple[bytes, ...]]
+        try:  # in pieces, as one read takes them: the store applies the span's junk rule
+            blobs = self.backend.get_many_parts(wanted, entry_span)
         except InvalidKeyError as exc:  # one key the store cannot hold: the others served
             blobs = _each_key(self, wanted, exc)
         except PartialReadError as exc:  # some unreadable: an error each, the rest served
@@ -133,14 +134,16 @@ class BatchReads:
             self._counters.hit(size, saved)
 
 
-def _each_key(host: _Host, wanted: list[str], first: InvalidKeyError) -> dict[str, bytes]:
+def _each_key(
+    host: _Host, wanted: list[str], first: InvalidKeyError
+) -> dict[str, tuple[bytes, ...]]:
     """``wanted`` read one key at a time, after a batch read refused one of them: each key
     the store cannot hold is a miss and a refusal (not an outage), the rest are served."""
     host._failed("get_many", first)
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, tuple[bytes, ...]] = {}
     for skey in dict.fromkeys(wanted):
         try:
-            blobs.update(host.backend.get_many([skey]))
+            blobs.update(host.backend.get_many_parts([skey], entry_span))
         except InvalidKeyError:
             continue  # (counted once above: the batch's refusal)
         except PartialReadError as exc:  # this entry unreadable (a file of another user's)

@@ -176,7 +176,7 @@ def screen(
 def screen_many(
     wanted: Sequence[str],
     asked: Sequence[object],
-    blobs: Mapping[str, bytes],
+    blobs: Mapping[str, bytes | tuple[bytes, ...]],
     secret: SecretKeys | None,
     limits: Limits,
     discard: Callable[[str, bytes], None],
@@ -207,10 +207,11 @@ def screen_many(
             if checked != "misses":
                 counts[checked] += 1
             continue
-        read += len(blob)
+        size = sum(map(len, blob)) if isinstance(blob, tuple) else len(blob)
+        read += size
         saved += checked.meta["b"]
         found[skey] = checked.value
         if tally is not None:
-            tally[skey] = (len(blob), checked.meta["b"])
+            tally[skey] = (size, checked.meta["b"])
     counts.update(hits=len(found), bytes_read=read, seconds_saved=saved)
     return found, counts

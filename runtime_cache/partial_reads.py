@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from .errors import BackendError, PartialReadError
 
@@ -16,11 +17,15 @@ __all__ = ["found_so_far", "read_each"]
 
 log = logging.getLogger(__name__)
 
+#: A value, or its pieces.
+T = TypeVar("T", bytes, tuple[bytes, ...])
 
-def read_each(get: Callable[[str], bytes | None], keys: Iterable[str]) -> dict[str, bytes]:
-    """``{key: get(key)}`` of the keys found. A :class:`BackendError` on some keys raises
-    :class:`PartialReadError` with what was found; on every key, the first error."""
-    found: dict[str, bytes] = {}
+
+def read_each(get: Callable[[str], T | None], keys: Iterable[str]) -> dict[str, T]:
+    """``{key: get(key)}`` of the keys found (values, or the pieces ``get_parts`` gives). A
+    :class:`BackendError` on some keys raises :class:`PartialReadError` with what was found
+    (pieces joined); on every key, the first error."""
+    found: dict[str, T] = {}
     failed: dict[str, BackendError] = {}
     for key in keys:
         try:
@@ -35,7 +40,8 @@ def read_each(get: Callable[[str], bytes | None], keys: Iterable[str]) -> dict[s
         if not found:
             raise first
         total = len(failed) + len(found)
-        raise PartialReadError(f"{len(failed)} of {total} read: {first}", found, frozenset(failed))
+        whole = {k: v if isinstance(v, bytes) else b"".join(v) for k, v in found.items()}
+        raise PartialReadError(f"{len(failed)} of {total} read: {first}", whole, frozenset(failed))
     return found
 
 

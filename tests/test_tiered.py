@@ -503,7 +503,9 @@ def test_a_rejected_entry_is_served_once_another_process_stored_a_good_one(tmp_p
 
     def get_many(keys: object) -> dict[str, bytes]:
         calls.append(keys)
-        if len(calls) == 2:  # another process stores a good entry between the two reads
+        # The first read is get_many_parts'; this is the read again (get_many_past's):
+        # another process stores a good entry just before it.
+        if len(calls) == 1:
             rc.Cache(DirectoryBackend(tmp_path / "only"), secret=b"ours" * 8).put(key, b"good")
         return real_get_many(keys)  # type: ignore[arg-type]
 
