@@ -562,3 +562,34 @@ def test_a_bad_secret_with_the_default_cache_turns_caching_off(
         assert "caching is off" in text and "home" not in text, text
     finally:
         rc.reset_cache_provider()
+
+
+def test_a_sparse_gigabyte_in_a_shared_tier_is_not_read(tmp_path: Path) -> None:
+    """Re-attack review, session 37: under a tiered front (the fleet's layout: a machine's
+    own tier over a shared folder) each tier was read whole, so the junk rule of a dir://
+    tier never ran: a planted sparse gigabyte cost each get 3 s and 2 GiB."""
+    import tracemalloc
+
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.backends.tiered import TieredBackend
+
+    shared = DirectoryBackend(tmp_path / "shared", shared=True)
+    keys = [rc.make_key(module_id=f"t{i}", runtime="r", purpose="p") for i in range(3)]
+    rc.Cache(shared, secret="s").put(keys[0], b"good")
+    for k in keys[1:]:
+        rc.Cache(shared, secret="s").put(k, b"good")
+    for path in (tmp_path / "shared").rglob("*.rce"):
+        path.unlink()
+        with open(path, "wb") as planted:
+            planted.truncate(1 << 30)
+    cache = rc.Cache(TieredBackend([MemoryBackend(), shared]), secret="s")
+    tracemalloc.start()
+    try:
+        assert cache.get(keys[0]) is None
+        assert cache.get_many_views(keys[1:]) == {}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert shared.junk == 3 and not list((tmp_path / "shared").rglob("*.rce"))
+    assert cache.put(keys[0], b"good") and cache.get(keys[0]) == b"good"

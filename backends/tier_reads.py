@@ -1,0 +1,122 @@
+"""Reading through the tiers of a :class:`~runtime_cache.backends.tiered.TieredBackend`.
+
+A key is looked for tier by tier, fastest first: in the writes queued for a tier, then in
+the tier itself; a failing tier is skipped, its error kept for :func:`.tier.raise_if_all_failed`.
+Values are carried as pieces (``tuple[bytes, ...]``): a read with a ``span`` asks each
+tier for ``get_parts``/``get_many_parts``, so a tier that reads files applies what the span
+says (``dir://`` takes a file that holds no entry for junk, unread), as it does when read on
+its own. What is found below the first tier is handed to ``promote`` whole, to be copied up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+
+from runtime_cache.api import Span
+from runtime_cache.errors import PartialReadError
+from runtime_cache.partial_reads import found_so_far
+
+from .tier import Tier, raise_if_all_failed
+
+__all__ = ["Pieces", "Promote", "read_many", "read_one", "whole"]
+
+#: A value, as the pieces that join to it.
+Pieces = tuple[bytes, ...]
+#: ``promote(index, {key: value})``: copy what tier ``index`` held into the tiers above it.
+Promote = Callable[[int, Mapping[str, bytes]], None]
+
+
+def read_one(tiers: Sequence[Tier], key: str, span: Span | None, promote: Promote) -> Pieces | None:
+    """``key``'s value from the first tier that holds it (``get_parts`` with ``span``, else
+    ``get``), copied up; ``None`` when no tier does."""
+    errors: list[Exception] = []
+    for index, tier in enumerate(tiers):
+        queued = tier.writer.lookup(key) if tier.writer else None
+        found: Pieces | None = None if queued is None else (queued,)
+        if found is None:
+            if span is None:
+                ok, value = tier.policy.attempt("get", partial(tier.backend.get, key), errors)
+                found = None if value is None else (value,)
+            else:
+                read = partial(tier.backend.get_parts, key, span)
+                ok, found = tier.policy.attempt("get", read, errors)
+            if not ok:
+                continue
+        if found is not None:
+            if index:
+                promote(index, {key: _whole(found)})
+            return found
+    raise_if_all_failed(errors, len(tiers))
+    return None
+
+
+def read_many(
+    tiers: Sequence[Tier],
+    keys: Iterable[str],
+    promote: Promote,
+    *,
+    peek: bool = False,
+    past: Mapping[str, bytes] | None = None,
+    span: Span | None = None,
+) -> dict[str, Pieces]:
+    """The values of ``keys`` found through the tiers; a peek counts as no use and promotes
+    nothing. A value equal to ``past[key]`` (refused by the front and still there: rejected,
+    or its removal failed) is no find, so a good copy below is found and copied up over it.
+    With ``span``, each tier is read in parts (``get_many_parts``)."""
+    wanted = list(dict.fromkeys(keys))
+    found: dict[str, Pieces] = {}
+    errors: list[Exception] = []
+    for index, tier in enumerate(tiers):
+        missing = [k for k in wanted if k not in found]
+        if not missing:
+            break
+        here: dict[str, Pieces] = {}
+        if tier.writer is not None:
+            for key in missing:
+                queued = tier.writer.lookup(key)
+                if queued is not None:
+                    here[key] = (queued,)
+            missing = [k for k in missing if k not in here]
+        if missing:
+            if span is not None:
+                batch = partial(_parts_so_far, tier.backend.get_many_parts, missing, span)
+            else:
+                read = tier.backend.peek_many if peek else tier.backend.get_many
+                batch = partial(_whole_so_far, read, missing)
+            _, got = tier.policy.attempt("get_many", batch, errors)
+            here.update(got or {})
+        if past is not None:
+            here = {k: v for k, v in here.items() if _whole(v) != bytes(past[k])}
+        if not peek and index and here:
+            promote(index, {k: _whole(v) for k, v in here.items()})
+        found.update(here)
+    if not found:
+        raise_if_all_failed(errors, len(tiers))
+    return found
+
+
+def whole(found: Mapping[str, Pieces]) -> dict[str, bytes]:
+    """``found`` with each value joined (one piece: as it is, no copy)."""
+    return {key: _whole(pieces) for key, pieces in found.items()}
+
+
+def _whole(pieces: Pieces) -> bytes:
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _parts_so_far(
+    read: Callable[[list[str], Span], dict[str, Pieces]], keys: list[str], span: Span
+) -> dict[str, Pieces]:
+    # read(keys, span), or what it found when it failed on some keys only (the keys left
+    # out are then the front's counted misses).
+    try:
+        return read(keys, span)
+    except PartialReadError as exc:
+        return {k: (v,) for k, v in exc.found.items()}
+
+
+def _whole_so_far(
+    read: Callable[[list[str]], dict[str, bytes]], keys: list[str]
+) -> dict[str, Pieces]:
+    return {k: (v,) for k, v in found_so_far(partial(read, keys)).items()}
