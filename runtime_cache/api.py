@@ -113,11 +113,18 @@ def reads_ranges(backend: Backend) -> bool:
     class defines ``get_range`` (not the default), and ``get_parts`` nowhere below that, so
     a subclass that changes ``get_parts`` alone still sees every read the front makes. (A
     ``get_parts`` set on the instance is looked for on every read: :class:`Cache`.)"""
-    order = type(backend).__mro__
-    ranges, parts = (
-        next(c for c in order if name in vars(c)) for name in ("get_range", "get_parts")
+    return type(backend).get_range is not Backend.get_range and _owns(
+        backend, "get_range", "get_parts"
     )
-    return ranges is not Backend and order.index(ranges) <= order.index(parts)
+
+
+def _owns(backend: Backend, special: str, general: str) -> bool:
+    """Whether the class of ``backend`` that defines ``special`` is the one that defines
+    ``general``, or one below it: a subclass that changes ``general`` alone would be
+    passed by were ``special`` called."""
+    order = type(backend).__mro__
+    owner, base = (next(c for c in order if name in vars(c)) for name in (special, general))
+    return order.index(owner) <= order.index(base)
 
 
 def delete_unchanged(backend: Backend, key: str, listed: StoredItem, head: bytes) -> bool:
@@ -126,12 +133,8 @@ def delete_unchanged(backend: Backend, key: str, listed: StoredItem, head: bytes
     ``delete``), so a subclass that changes ``delete`` alone (to refuse, to count, to log)
     still sees every removal maintenance makes, as does a ``delete`` set on the instance.
     Returns whether ``key`` was removed."""
-    order = type(backend).__mro__
-    mine, deletes = (
-        next(c for c in order if name in vars(c)) for name in ("delete_if_unchanged", "delete")
-    )
     hooked = "delete" in getattr(backend, "__dict__", {})  # set on the instance (a test, a log)
-    if order.index(mine) <= order.index(deletes) and not hooked:
+    if _owns(backend, "delete_if_unchanged", "delete") and not hooked:
         return backend.delete_if_unchanged(key, listed, head)
     return Backend.delete_if_unchanged(backend, key, listed, head)
 
