@@ -23,7 +23,7 @@ import stat
 import sys
 import time
 
-from runtime_cache.api import SPAN_HEAD, Span, frames_blobs
+from runtime_cache.api import SPAN_HEAD, HeadOnly, Span, frames_blobs
 
 try:
     import ctypes
@@ -258,7 +258,8 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     follows it. For a span that frames its blobs (:func:`~runtime_cache.api.framing_span`:
     the front's entries), one whose head it finds no entry in, or whose span ends past its
     end or more than ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a
-    sparse gigabyte planted in a shared folder was read whole). Anything else unexpected
+    sparse gigabyte planted in a shared folder was read whole); a :class:`HeadOnly` answer
+    returns the head alone. Anything else unexpected
     (a span out of range, a file that changed size) reads the whole file as
     :func:`read_to_end` does.
     """
@@ -271,6 +272,8 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
         start, end = where or (-1, -1)
         if framed and 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:
             raise Junk("an entry of another size than its header says")
+        if framed and type(where) is HeadOnly:  # refused by its head: kept, not read on
+            return (head,)
         # One byte more than is left shows a file that grew since fstat.
         if end == size and 0 <= start <= SPAN_HEAD and start <= end:
             middle = os.pread(fd, end - start + 1, start)

@@ -5,7 +5,8 @@ the tier itself; a failing tier is skipped, its error kept for :func:`.tier.rais
 Values are carried as pieces (``tuple[bytes, ...]``): a read with a ``span`` asks each
 tier for ``get_parts``/``get_many_parts``, so a tier that reads files applies what the span
 says (``dir://`` takes a file that holds no entry for junk, unread), as it does when read on
-its own. What is found below the first tier is handed to ``promote`` whole, to be copied up.
+its own. What is found below the first tier is handed to ``promote`` whole, to be copied up,
+but a head a tier handed back alone (:class:`~runtime_cache.api.HeadOnly`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
-from runtime_cache.api import Span
+from runtime_cache.api import SPAN_HEAD, HeadOnly, Span
 from runtime_cache.errors import PartialReadError
 from runtime_cache.partial_reads import found_so_far
 
@@ -44,7 +45,7 @@ def read_one(tiers: Sequence[Tier], key: str, span: Span | None, promote: Promot
             if not ok:
                 continue
         if found is not None:
-            if index:
+            if index and not _head_only(span, found):
                 promote(index, {key: _whole(found)})
             return found
     raise_if_all_failed(errors, len(tiers))
@@ -89,7 +90,9 @@ def read_many(
         if past is not None:
             here = {k: v for k, v in here.items() if _whole(v) != bytes(past[k])}
         if not peek and index and here:
-            promote(index, {k: _whole(v) for k, v in here.items()})
+            up = {k: _whole(v) for k, v in here.items() if not _head_only(span, v)}
+            if up:
+                promote(index, up)
         found.update(here)
     if not found:
         raise_if_all_failed(errors, len(tiers))
@@ -99,6 +102,16 @@ def read_many(
 def whole(found: Mapping[str, Pieces]) -> dict[str, bytes]:
     """``found`` with each value joined (one piece: as it is, no copy)."""
     return {key: _whole(pieces) for key, pieces in found.items()}
+
+
+def _head_only(span: Span | None, pieces: Pieces) -> bool:
+    # A head the tier handed back alone, as the span's HeadOnly allows: never copied up.
+    return (
+        span is not None
+        and len(pieces) == 1
+        and len(pieces[0]) == SPAN_HEAD
+        and type(span(pieces[0])) is HeadOnly
+    )
 
 
 def _whole(pieces: Pieces) -> bytes:

@@ -51,6 +51,7 @@ __all__ = [
     "SPAN_HEAD",
     "Backend",
     "BackendURL",
+    "HeadOnly",
     "Lease",
     "Span",
     "StoredItem",
@@ -101,6 +102,20 @@ def framing_span(span: Span) -> Span:
     span's ``None`` still asks for the whole value."""
     setattr(span, "_frames_blobs", True)  # noqa: B010 (an attribute of a function)
     return span
+
+
+class HeadOnly(tuple[int, int]):
+    """A framing span's answer for a blob its caller will not use and that stays stored.
+
+    It is ``(start, end)``, where the value lies, like any answer, and it adds: the head
+    alone tells the caller (the front) that it refuses this blob and keeps it, as it
+    keeps an entry of a newer format or one this reader rejects. A backend that reads
+    files may then return the head it passed to the span, alone, as ``(head,)``, once the
+    checks a framing span asks for passed, and must not copy that head anywhere (a tier
+    that copies values up). Any other backend reads as for any span.
+    """
+
+    __slots__ = ()
 
 
 def frames_blobs(span: Span) -> bool:

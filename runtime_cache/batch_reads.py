@@ -12,10 +12,11 @@ from typing import Protocol
 
 from .api import Backend
 from .check import screen_many
-from .codec import Limits, SecretKeys, entry_span
+from .codec import Limits, SecretKeys
 from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
 from .inventory import KeyLike, key_text
 from .keys import CacheKey
+from .refused_heads import RefusedHeads
 from .stats import CacheStats, Counters
 
 __all__ = ["BatchReads", "read_again"]
@@ -27,6 +28,7 @@ class _Host(Protocol):
     limits: Limits
     _secret: SecretKeys | None
     _counters: Counters[CacheStats]
+    _heads: RefusedHeads
 
     @property
     def backend(self) -> Backend: ...
@@ -76,7 +78,7 @@ class BatchReads:
         wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
         blobs: Mapping[str, bytes | tuple[bytes, ...]]
         try:  # in pieces, as one read takes them: the store applies the span's junk rule
-            blobs = self.backend.get_many_parts(wanted, entry_span)
+            blobs = self.backend.get_many_parts(wanted, self._heads.span)
         except InvalidKeyError as exc:  # one key the store cannot hold: the others served
             blobs = _each_key(self, wanted, exc)
         except PartialReadError as exc:  # some unreadable: an error each, the rest served
@@ -95,8 +97,13 @@ class BatchReads:
             self._discard(skey, blob)
             bad[skey] = blob
 
+        def refused(skey: str, blob: bytes) -> None:
+            self._heads.remember(skey, blob)
+            bad[skey] = blob
+
+        kept = self._heads.kept_head
         found, counts = screen_many(
-            wanted, given, blobs, self._secret, self.limits, discard, defer_hits, bad.__setitem__
+            wanted, given, blobs, self._secret, self.limits, discard, defer_hits, refused, kept
         )
         if bad:
             # Removed as corrupt, or rejected (kept): read once more, since a tier below (a
@@ -143,7 +150,7 @@ def _each_key(
     blobs: dict[str, tuple[bytes, ...]] = {}
     for skey in dict.fromkeys(wanted):
         try:
-            blobs.update(host.backend.get_many_parts([skey], entry_span))
+            blobs.update(host.backend.get_many_parts([skey], host._heads.span))
         except InvalidKeyError:
             continue  # (counted once above: the batch's refusal)
         except PartialReadError as exc:  # this entry unreadable (a file of another user's)

@@ -31,8 +31,8 @@ from ._version import __version__
 from .api import Backend, reads_ranges
 from .batch_reads import BatchReads, read_again
 from .builds import Builds
-from .check import Checked, check_entry, screen
-from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, entry_span, normalize_secret
+from .check import Checked, check_entry, refused_head, screen
+from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, normalize_secret
 from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
@@ -41,6 +41,7 @@ from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
 from .refusals import Refusals
+from .refused_heads import RefusedHeads
 from .removals import Removals
 from .signing import SecretKeys
 from .single_flight import SingleFlight
@@ -102,7 +103,8 @@ class Cache(Inventory, BatchReads, Builds, Removals):
             log, repr(self._backend), "carrying on without the cache", strict=strict
         )
         self.producer = producer or f"runtime-cache {__version__}"
-        self.limits = limits
+        #: Heads refused unread, and the span the store's reads take (see .refused_heads).
+        self._heads = RefusedHeads(self._secret is not None, limits)
         self._counters = Counters()
         self._flights = SingleFlight()
         self._own = OwnEntries()
@@ -121,6 +123,15 @@ class Cache(Inventory, BatchReads, Builds, Removals):
     def backend(self) -> Backend:
         """The backend this cache stores into."""
         return self._backend
+
+    @property
+    def limits(self) -> Limits:
+        """The limits entries are checked against (see :class:`~runtime_cache.codec.Limits`)."""
+        return self._heads.limits
+
+    @limits.setter
+    def limits(self, value: Limits) -> None:
+        self._heads.limits = value
 
     @property
     def strict(self) -> bool:
@@ -219,7 +230,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         # a failure or no entry counts as a miss. Not ``count_use``: a use was counted.
         try:
             if count_use:
-                pieces = self._backend.get_parts(skey, entry_span)
+                pieces = self._backend.get_parts(skey, self._heads.span)
             else:
                 blob = self._backend.peek(skey)
                 pieces = None if blob is None else (blob,)
@@ -244,8 +255,13 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         # Through the one check; counts the hit or the miss. A corrupt entry (once removed)
         # or a rejected one is read ``again``: a tier below may hold a good copy (see
         # batch_reads).
+        kept = refused_head(skey, pieces, self._heads.kept_head)
+        if kept is not None:  # the head alone of an entry refused by it: kept, unread
+            self._counters.add(**{"misses": 1, kept: 1})
+            return None
         asked = key if isinstance(key, CacheKey) else None
-        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard)
+        refused = self._heads.remember
+        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard, refused)
         if (checked == "corrupt" or checked == "rejected") and again:
             self._counters.add(**{checked: 1})
             retry = read_again(self._backend, {skey: b"".join(pieces)}).get(skey)
@@ -355,6 +371,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         else:
             self._succeeded("write")
             stored, sized = blobs, ()
+            self._heads.forget(blobs.values())
         self._refusals.landed(k for k in blobs if k not in sized)  # the latest store's say
         if stored:
             self._counters.add(stores=len(stored), bytes_written=sum(map(len, stored.values())))

@@ -52,7 +52,7 @@ from .codec import DEFAULT_LIMITS, Entry, Limits, SecretKeys, meta_head, verify_
 from .errors import CorruptEntryError, KeyMismatchError, NewerFormatError, RejectedEntryError
 from .keys import CacheKey
 
-__all__ = ["Checked", "check_binding", "check_entry", "screen", "screen_many"]
+__all__ = ["Checked", "check_binding", "check_entry", "refused_head", "screen", "screen_many"]
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,20 @@ def screen(
         return "corrupt"
 
 
+def refused_head(
+    skey: str, blob: bytes | tuple[bytes, ...], kept: Callable[[bytes], str | None]
+) -> str | None:
+    """The counter for ``blob``, read under ``skey``, where it is the head alone of an
+    entry refused by it, and kept (``kept``:
+    :meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`); else ``None``."""
+    if type(blob) is not tuple or len(blob) != 1:
+        return None
+    why = kept(blob[0])
+    if why == "rejected":
+        log.warning("runtime-cache: rejected %s by its head, unread (kept)", skey)
+    return why
+
+
 def screen_many(
     wanted: Sequence[str],
     asked: Sequence[object],
@@ -182,6 +196,7 @@ def screen_many(
     discard: Callable[[str, bytes], None],
     tally: dict[str, tuple[int, float]] | None = None,
     refused: Callable[[str, bytes], None] | None = None,
+    kept: Callable[[bytes], str | None] | None = None,
 ) -> tuple[dict[str, memoryview], dict[str, float]]:
     """:func:`screen` over a batch: the values that passed, by storage key, and the
     counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
@@ -189,7 +204,9 @@ def screen_many(
     ``asked`` holds what the caller asked for, one per ``wanted`` key: a
     :class:`~runtime_cache.keys.CacheKey` makes the parts check one comparison.
     ``tally``, when given, gets each passed key's ``(bytes read, seconds saved)``;
-    ``refused``, each rejected blob (as in :func:`screen`).
+    ``refused``, each rejected blob (as in :func:`screen`). ``kept(blob)`` names the
+    counter of a blob that is the head alone of an entry refused by it, and kept
+    (:meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`): counted so, unchecked.
     """
     found: dict[str, memoryview] = {}
     counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
@@ -199,6 +216,12 @@ def screen_many(
         blob = blobs.get(skey)
         if blob is None:
             counts["misses"] += 1
+            continue
+        why = None if kept is None else refused_head(skey, blob, kept)
+        if why is not None:
+            counts["misses"] += 1
+            if why != "misses":
+                counts[why] += 1
             continue
         asked_key = key if type(key) is CacheKey else None
         checked = screen(skey, blob, secret, limits, asked_key, discard, refused)
