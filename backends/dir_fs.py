@@ -253,15 +253,14 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     """Read the file at ``fd`` (``size`` bytes) as :meth:`Backend.get_parts` describes.
 
     A file of at least :data:`PARTS_FROM` bytes is read in pieces: its first
-    :data:`~runtime_cache.api.SPAN_HEAD` bytes, then the part ``span`` names
-    with one ``pread``, so that part is a ``bytes`` of its own, then what
-    follows it. For a span that frames its blobs (:func:`~runtime_cache.api.framing_span`:
-    the front's entries), one whose head it finds no entry in, or whose span ends past its
-    end or more than ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a
-    sparse gigabyte planted in a shared folder was read whole); a :class:`HeadOnly` answer
-    returns the head alone. Anything else unexpected
-    (a span out of range, a file that changed size) reads the whole file as
-    :func:`read_to_end` does.
+    :data:`~runtime_cache.api.SPAN_HEAD` bytes, then the part ``span`` names with one
+    ``pread``, so that part is a ``bytes`` of its own, then what follows it. For a span that
+    frames its blobs (:func:`~runtime_cache.api.framing_span`: the front's entries), one
+    whose head it finds no entry in, or whose span ends past its end or more than
+    ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a sparse gigabyte
+    planted in a shared folder was read whole); a :class:`HeadOnly` answer returns the head
+    alone. Anything else unexpected (a span out of range, a file that changed size) reads
+    the whole file as :func:`read_to_end` does.
     """
     if size >= PARTS_FROM:
         head = os.pread(fd, SPAN_HEAD, 0)
@@ -273,7 +272,7 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
         if framed and 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:
             raise Junk("an entry of another size than its header says")
         if framed and type(where) is HeadOnly:  # refused by its head: kept, not read on
-            return (head,)
+            return head, b""
         # One byte more than is left shows a file that grew since fstat.
         if end == size and 0 <= start <= SPAN_HEAD and start <= end:
             middle = os.pread(fd, end - start + 1, start)

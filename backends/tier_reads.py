@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
-from runtime_cache.api import SPAN_HEAD, HeadOnly, Span
+from runtime_cache.api import Span, head_only
 from runtime_cache.errors import PartialReadError
 from runtime_cache.partial_reads import found_so_far
 
@@ -45,7 +45,7 @@ def read_one(tiers: Sequence[Tier], key: str, span: Span | None, promote: Promot
             if not ok:
                 continue
         if found is not None:
-            if index and not _head_only(span, found):
+            if index and not head_only(found):
                 promote(index, {key: _whole(found)})
             return found
     raise_if_all_failed(errors, len(tiers))
@@ -87,10 +87,12 @@ def read_many(
                 batch = partial(_whole_so_far, read, missing)
             _, got = tier.policy.attempt("get_many", batch, errors)
             here.update(got or {})
-        if past is not None:
-            here = {k: v for k, v in here.items() if _whole(v) != bytes(past[k])}
+        if past is not None:  # (a head read alone is refused again: no find either)
+            here = {
+                k: v for k, v in here.items() if not head_only(v) and _whole(v) != bytes(past[k])
+            }
         if not peek and index and here:
-            up = {k: _whole(v) for k, v in here.items() if not _head_only(span, v)}
+            up = {k: _whole(v) for k, v in here.items() if not head_only(v)}
             if up:
                 promote(index, up)
         found.update(here)
@@ -102,16 +104,6 @@ def read_many(
 def whole(found: Mapping[str, Pieces]) -> dict[str, bytes]:
     """``found`` with each value joined (one piece: as it is, no copy)."""
     return {key: _whole(pieces) for key, pieces in found.items()}
-
-
-def _head_only(span: Span | None, pieces: Pieces) -> bool:
-    # A head the tier handed back alone, as the span's HeadOnly allows: never copied up.
-    return (
-        span is not None
-        and len(pieces) == 1
-        and len(pieces[0]) == SPAN_HEAD
-        and type(span(pieces[0])) is HeadOnly
-    )
 
 
 def _whole(pieces: Pieces) -> bytes:

@@ -84,6 +84,8 @@ class TieredBackend(Backend):
         self.failed_tiers: list[str] = []
         self._checks: list[weakref.ref[Callable[[str, bytes], bool]]] = []
         self._refusals = Refusals()  # the shared tier's synchronous writes refused for size
+        #: Tiers :meth:`from_url` left out, as ``(URL, reason)``: the URL redacted.
+        self.left_out: list[tuple[str, str]] = []
 
     @property
     def unlisted_folders(self) -> list[tuple[str, str]]:
@@ -98,7 +100,8 @@ class TieredBackend(Backend):
         :func:`runtime_cache.registry.open_backend` (imported here, not at module
         level, since backends depend only on the contract). A tier this machine cannot
         open now (a :class:`BackendError`: a folder it may not make, a full disk) is left
-        out, with a warning; when no tier opens, the first such error is raised.
+        out, with a warning, and named in :attr:`left_out`; when no tier opens, the first
+        such error is raised.
         """
         if opener is None:
             from runtime_cache.registry import open_backend
@@ -109,6 +112,7 @@ class TieredBackend(Backend):
         parts = tier_urls(url)
         opened: list[Backend] = []
         failed: BackendError | None = None
+        left: list[tuple[str, str]] = []
         try:
             for part in parts:
                 try:
@@ -116,13 +120,16 @@ class TieredBackend(Backend):
                 except BackendError as exc:  # this machine cannot open it now: left out
                     log.warning("runtime-cache: tier %s left out: %s", redact_url(part), exc)
                     failed = failed or exc
+                    left.append((redact_url(part), str(exc)))
         except BaseException:
             for backend in opened:
                 backend.close()
             raise
         if not opened and failed is not None:
             raise failed
-        return cls(opened)
+        backend = cls(opened)
+        backend.left_out = left
+        return backend
 
     @property
     def tiers(self) -> list[Backend]:
@@ -208,8 +215,10 @@ class TieredBackend(Backend):
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         return whole(read_many(self._tiers, keys, self._promote, peek=True))
 
-    def get_many_past(self, bad: Mapping[str, bytes]) -> dict[str, bytes]:
-        return whole(read_many(self._tiers, bad, self._promote, past=bad))
+    def get_many_past(
+        self, bad: Mapping[str, bytes], *, span: Span | None = None
+    ) -> dict[str, bytes]:
+        return whole(read_many(self._tiers, bad, self._promote, past=bad, span=span))
 
     def head(self, key: str, size: int) -> bytes | None:
         errors: list[Exception] = []

@@ -59,6 +59,7 @@ __all__ = [
     "delete_unchanged",
     "frames_blobs",
     "framing_span",
+    "head_only",
     "parse_duration",
     "parse_size",
     "reads_ranges",
@@ -110,12 +111,19 @@ class HeadOnly(tuple[int, int]):
     It is ``(start, end)``, where the value lies, like any answer, and it adds: the head
     alone tells the caller (the front) that it refuses this blob and keeps it, as it
     keeps an entry of a newer format or one this reader rejects. A backend that reads
-    files may then return the head it passed to the span, alone, as ``(head,)``, once the
-    checks a framing span asks for passed, and must not copy that head anywhere (a tier
-    that copies values up). Any other backend reads as for any span.
+    files may then return the head it passed to the span, alone, as ``(head, b"")`` (two
+    pieces, the second empty: the one shape no value is read in), once the checks a
+    framing span asks for passed, and must not copy that head anywhere (a tier that copies
+    values up). Any other backend reads as for any span.
     """
 
     __slots__ = ()
+
+
+def head_only(pieces: tuple[bytes | bytearray | memoryview, ...]) -> bool:
+    """Whether ``pieces`` (as :meth:`Backend.get_parts` returns them) are a head returned
+    alone for a :class:`HeadOnly` answer: ``(head, b"")``."""
+    return len(pieces) == 2 and not pieces[1]
 
 
 def frames_blobs(span: Span) -> bool:
@@ -297,13 +305,21 @@ class Backend(abc.ABC):
         read does). This default gives each value whole, as one piece."""
         return {key: (value,) for key, value in self.get_many(keys).items()}
 
-    def get_many_past(self, bad: Mapping[str, bytes]) -> dict[str, bytes]:
+    def get_many_past(
+        self, bad: Mapping[str, bytes], *, span: Span | None = None
+    ) -> dict[str, bytes]:
         """The keys of ``bad`` read again, past the blobs ``bad`` holds: the front refused
         them (corrupt, and removed; or rejected, and kept). Returns what is stored that
         differs from those bytes. This default reads once more (another process may have
         stored a good entry since); stores that lie in tiers look below a tier that still
-        holds the refused blob."""
-        return {k: v for k, v in self.get_many(bad).items() if bytes(v) != bytes(bad[k])}
+        holds the refused blob. With ``span`` (the front's, where ``bad`` holds heads it
+        refused unread), values are read as :meth:`get_many_parts` reads them, and a head
+        read alone (:func:`head_only`) is no find."""
+        if span is None:
+            return {k: v for k, v in self.get_many(bad).items() if bytes(v) != bytes(bad[k])}
+        found = self.get_many_parts(bad, span)
+        joined = {k: b"".join(p) for k, p in found.items() if not head_only(p)}
+        return {k: v for k, v in joined.items() if v != bytes(bad[k])}
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         """Store every ``key -> value`` pair of ``items``.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from .api import Backend
+from .api import Backend, Span
 from .check import screen_many
 from .codec import Limits, SecretKeys
 from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
@@ -112,7 +112,7 @@ class BatchReads:
             again = list(
                 {k: (k, a) for k, a in zip(wanted, given, strict=True) if k in bad}.values()
             )
-            blobs = read_again(self.backend, bad)
+            blobs = read_again(self.backend, bad, self._heads.span)
             more, extra = screen_many(
                 [k for k, _ in again],
                 [a for _, a in again],
@@ -163,13 +163,19 @@ def _each_key(
     return blobs
 
 
-def read_again(backend: Backend, bad: Mapping[str, bytes]) -> dict[str, bytes]:
+def read_again(
+    backend: Backend, bad: Mapping[str, bytes], span: Span | None = None
+) -> dict[str, bytes]:
     """The keys of ``bad`` read once more, past the blobs the check refused (``bad``:
-    removed as corrupt, or kept as rejected): what the store holds that differs from
-    them (:meth:`~runtime_cache.api.Backend.get_many_past`). Advisory: a failure reads as
-    nothing found."""
+    removed as corrupt, or kept as rejected, maybe as their heads alone): what the store
+    holds that differs from them (:meth:`~runtime_cache.api.Backend.get_many_past`, with
+    the front's ``span``, so that a refused entry is not read whole again). Advisory: a
+    failure reads as nothing found."""
     try:
-        blobs = backend.get_many_past(bad)
+        try:
+            blobs = backend.get_many_past(bad, span=span)
+        except TypeError:  # (a store's own get_many_past, from before its span)
+            blobs = backend.get_many_past(bad)
     except Exception:  # counted as misses already
         return {}
     return {k: b for k, b in blobs.items() if k in bad and bytes(b) != bad[k]}

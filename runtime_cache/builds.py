@@ -12,11 +12,13 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
-from .api import Backend
+from .api import Backend, head_only
 from .codec import Entry
+from .errors import RejectedEntryError
 from .fleet import Fleet
 from .inventory import KeyLike
 from .keys import CacheKey
+from .refused_heads import RefusedHeads
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
 
@@ -31,6 +33,7 @@ class _Host(Protocol):
     _backend: Backend
     _counters: Counters[CacheStats]
     _flights: SingleFlight
+    _heads: RefusedHeads
 
     def get(self, key: KeyLike) -> bytes | None: ...
     def put(
@@ -85,10 +88,19 @@ class Builds:
 
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
-            # (one lookup, one count). A blob that fails its check was counted at the miss.
+            # (one lookup, one count). A blob that fails its check was counted at the miss;
+            # one refused by its head is not read whole again (see .refused_heads).
+            blob = None
             try:
-                blob = self._backend.get(skey)
-                entry = None if blob is None else self.decode(skey, blob)
+                pieces = self._backend.get_parts(skey, self._heads.span)
+                if pieces is None or head_only(pieces):
+                    return None
+                blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                entry = self.decode(skey, blob)
+            except RejectedEntryError:
+                if blob is not None:
+                    self._heads.remember(skey, blob)
+                return None
             except Exception:
                 return None
             if blob is None or entry is None:

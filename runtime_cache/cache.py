@@ -254,17 +254,17 @@ class Cache(Inventory, BatchReads, Builds, Removals):
     ) -> Checked | None:
         # Through the one check; counts the hit or the miss. A corrupt entry (once removed)
         # or a rejected one is read ``again``: a tier below may hold a good copy (see
-        # batch_reads).
-        kept = refused_head(skey, pieces, self._heads.kept_head)
-        if kept is not None:  # the head alone of an entry refused by it: kept, unread
-            self._counters.add(**{"misses": 1, kept: 1})
-            return None
-        asked = key if isinstance(key, CacheKey) else None
-        refused = self._heads.remember
-        checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard, refused)
+        # batch_reads). The head alone of an entry refused by it (see .refused_heads) is
+        # counted unchecked, as the entry's check would count it.
+        checked: Checked | str | None = refused_head(skey, pieces, self._heads.kept_head)
+        if checked is None:
+            asked = key if isinstance(key, CacheKey) else None
+            refused = self._heads.remember
+            checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard, refused)
         if (checked == "corrupt" or checked == "rejected") and again:
             self._counters.add(**{checked: 1})
-            retry = read_again(self._backend, {skey: b"".join(pieces)}).get(skey)
+            past = {skey: b"".join(pieces)}
+            retry = read_again(self._backend, past, self._heads.span).get(skey)
             if retry is not None:
                 return self._screen(key, skey, (retry,), again=False)
             self._counters.add(misses=1)

@@ -174,14 +174,16 @@ def screen(
 
 
 def refused_head(
-    skey: str, blob: bytes | tuple[bytes, ...], kept: Callable[[bytes], str | None]
+    skey: str,
+    blob: bytes | tuple[bytes, ...],
+    kept: Callable[[tuple[bytes, ...]], str | None],
 ) -> str | None:
     """The counter for ``blob``, read under ``skey``, where it is the head alone of an
     entry refused by it, and kept (``kept``:
     :meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`); else ``None``."""
-    if type(blob) is not tuple or len(blob) != 1:
+    if type(blob) is not tuple:
         return None
-    why = kept(blob[0])
+    why = kept(blob)
     if why == "rejected":
         log.warning("runtime-cache: rejected %s by its head, unread (kept)", skey)
     return why
@@ -196,7 +198,7 @@ def screen_many(
     discard: Callable[[str, bytes], None],
     tally: dict[str, tuple[int, float]] | None = None,
     refused: Callable[[str, bytes], None] | None = None,
-    kept: Callable[[bytes], str | None] | None = None,
+    kept: Callable[[tuple[bytes, ...]], str | None] | None = None,
 ) -> tuple[dict[str, memoryview], dict[str, float]]:
     """:func:`screen` over a batch: the values that passed, by storage key, and the
     counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
@@ -204,9 +206,10 @@ def screen_many(
     ``asked`` holds what the caller asked for, one per ``wanted`` key: a
     :class:`~runtime_cache.keys.CacheKey` makes the parts check one comparison.
     ``tally``, when given, gets each passed key's ``(bytes read, seconds saved)``;
-    ``refused``, each rejected blob (as in :func:`screen`). ``kept(blob)`` names the
-    counter of a blob that is the head alone of an entry refused by it, and kept
-    (:meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`): counted so, unchecked.
+    ``refused``, each rejected blob (as in :func:`screen`). ``kept(pieces)`` names the
+    counter of pieces that are the head alone of an entry refused by it, and kept
+    (:meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`): counted so, unchecked,
+    and a rejected one's head passed to ``refused``.
     """
     found: dict[str, memoryview] = {}
     counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
@@ -222,6 +225,8 @@ def screen_many(
             counts["misses"] += 1
             if why != "misses":
                 counts[why] += 1
+                if refused is not None:  # (a tier below may hold a good copy)
+                    refused(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
             continue
         asked_key = key if type(key) is CacheKey else None
         checked = screen(skey, blob, secret, limits, asked_key, discard, refused)

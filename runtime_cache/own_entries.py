@@ -230,8 +230,8 @@ class OwnEntries:
 
     def _check_head(self, key: CacheKey, skey: str, head: bytes, limits: Limits) -> _Seen | None:
         # Every check of the quick form that reads the header and metadata alone; what
-        # passes is remembered for ``skey``, so that the same bytes read again need only
-        # the value's checks.
+        # passes is remembered for ``skey`` by the caller once the value passed too, so
+        # that the same bytes read again need only the value's checks.
         if type(head) is not bytes:
             return None
         shape = self._shapes.get(head[:_LEAD_SIZE]) or self._shape(head, limits)
@@ -256,10 +256,7 @@ class OwnEntries:
         ):
             return None
         checked = head if len(head) == cut else head[:cut]
-        return self._remember(
-            skey,
-            (checked, known[0], value_len, sig_len, value_sum, built, cut + value_len + sig_len),
-        )
+        return (checked, known[0], value_len, sig_len, value_sum, built, cut + value_len + sig_len)
 
     def _remember(self, skey: str, seen: _Seen) -> _Seen:
         if len(self._seen) >= self.bound:
@@ -305,9 +302,9 @@ class OwnEntries:
             and len(value) == value_len
             and len(sig) == sig_len
             and _xxh3(value) == value_sum
+            and (secret is None or (sig_len and signed_by(secret, head, sig, (value,))))
         ):
-            return False
-        if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
+            self._failed(skey)
             return False
         return value, built, size
 
@@ -331,22 +328,26 @@ class OwnEntries:
         # The header and metadata as last checked for this key, byte for byte, or checked now;
         # then the value's length, checksum and signature.
         seen = self._seen.get(skey)
+        fresh = False  # (a header checked now is remembered once the value passed too)
         if len(pieces) == 3:
             head, value, sig = pieces
             if seen is None or head != seen[0] or seen[1] != key.packed_parts:
                 seen = self._check_head(key, skey, head, limits)
                 if seen is None or len(head) != len(seen[0]):
                     return None
+                fresh = True
             _, _, value_len, sig_len, value_sum, built, size = seen
             if not (
                 len(value) == value_len
                 and len(sig) == sig_len
                 and type(value) is bytes is type(sig)
                 and _xxh3(value) == value_sum
+                and (secret is None or (sig_len and signed_by(secret, head, sig, (value,))))
             ):
+                self._failed(skey)
                 return None
-            if secret is not None and not (sig_len and signed_by(secret, head, sig, (value,))):
-                return None
+            if fresh:
+                self._remember(skey, seen)
             return value, built, size
         if len(pieces) != 1 or type(blob := pieces[0]) is not bytes:
             return None
@@ -354,16 +355,28 @@ class OwnEntries:
             seen = self._check_head(key, skey, blob, limits)
             if seen is None:
                 return None
+            fresh = True
         _, _, value_len, sig_len, value_sum, built, size = seen
         cut = size - value_len - sig_len
         if len(blob) != size:
+            self._failed(skey)
             return None
         whole = memoryview(blob)
         view = whole[cut : cut + value_len]
-        if _xxh3(view) != value_sum:
-            return None
-        if secret is not None and not (
-            sig_len and signed_by(secret, whole[:cut], bytes(whole[cut + value_len :]), (view,))
+        if _xxh3(view) != value_sum or (
+            secret is not None
+            and not (
+                sig_len and signed_by(secret, whole[:cut], bytes(whole[cut + value_len :]), (view,))
+            )
         ):
+            self._failed(skey)
             return None
+        if fresh:
+            self._remember(skey, seen)
         return view, built, size
+
+    def _failed(self, skey: str) -> None:
+        # What was read is not the entry checked or written here: forgotten, so that the
+        # next read of ``skey`` goes through the front's span (an entry refused there is
+        # not read whole again: see runtime_cache.refused_heads).
+        self._seen.pop(skey, None)

@@ -128,18 +128,19 @@ def test_a_head_copied_from_a_good_entry_is_refused_until_this_cache_stores_it()
     key = _key()
     blob = forge(key, bytes(SIZE // 8), signature=bytes(32))
     head = blob[:SPAN_HEAD]
-    assert heads.kept_head(head) is None and type(heads.span(head)) is tuple
-    heads.remember(str(_key("another")), blob)  # rejected under a key its head does not name
+    assert type(heads.span(head)) is tuple
+    heads.remember(str(_key("another")), blob)  # rejected under a key it does not hold
     assert len(heads) == 0
     heads.remember(str(key), blob)
-    assert heads.kept_head(head) == "rejected" and type(heads.span(head)) is HeadOnly
-    assert heads.kept_head(blob) is None  # a whole blob is checked, never judged by its head
+    assert type(heads.span(head)) is HeadOnly
+    assert heads.kept_head((head, b"")) == "rejected"  # as dir:// hands a head back alone
+    assert heads.kept_head((head,)) is None and heads.kept_head((blob,)) is None  # checked
     heads.forget([blob])
-    assert heads.kept_head(head) is None and len(heads) == 0
+    assert type(heads.span(head)) is tuple and len(heads) == 0
     for i in range(REMEMBERED + 5):
         other = _key(f"k{i}")
         heads.remember(str(other), forge(other, bytes(SPAN_HEAD), signature=bytes(32)))
-    assert len(heads) == REMEMBERED  # the oldest forgotten first
+    assert len(heads) == REMEMBERED  # the least recently refused forgotten first
 
 
 def test_a_head_alone_from_a_lower_tier_is_never_copied_up(tmp_path: Path) -> None:
@@ -152,3 +153,109 @@ def test_a_head_alone_from_a_lower_tier_is_never_copied_up(tmp_path: Path) -> No
     assert found == [None, {}] and peak < SMALL_PEAK, peak
     assert cache.stats().rejected == 2 and top.get(str(key)) is None
     assert cache.put(key, b"good") and cache.get(key) == b"good"
+
+
+# ----------------------------------------------------------------- attack review, session 38
+def test_a_forgery_in_the_readers_own_format_is_read_whole_once(tmp_path: Path) -> None:
+    """A 48 MiB entry written by a Cache with another secret (the victim's producer, a
+    wrong signature: what a fleet member with a rotated secret writes) was read whole by
+    every get(CacheKey): the quick path for the cache's own entries kept its header and
+    read the value again, then the whole file."""
+    key = _key()
+    rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="other").put(key, bytes(SIZE))
+    cache = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    assert cache.get(key) is None
+    found, peak = _peak(lambda: [cache.get(key), cache.get(key), key in cache])
+    assert found == [None, None, False] and peak < SMALL_PEAK, peak
+    assert cache.get_or_build(key, lambda: b"built") == b"built"
+    assert cache.get(key) == b"built"
+
+
+def test_a_refused_head_in_a_tier_does_not_hide_the_good_copy_below(tmp_path: Path) -> None:
+    """The same user's cache without a secret wrote an unsigned entry into the machine's
+    own tier; the shared tier below holds the signed one. Reading past a refused entry
+    into the tier below must go on when the refusal came from its head alone."""
+    key = _key()
+    rc.Cache(DirectoryBackend(tmp_path / "own")).put(key, b"u" * (64 << 10))
+    rc.Cache(DirectoryBackend(tmp_path / "shared", shared=True), secret="s").put(key, b"good")
+    tiers = [DirectoryBackend(tmp_path / "own"), DirectoryBackend(tmp_path / "shared", shared=True)]
+    cache = rc.Cache(TieredBackend(tiers), secret="s")
+    assert cache.get_many([key]) == {str(key): b"good"}  # read past it, and copied up
+    assert cache.get(key) == b"good" and key in cache
+    fresh = rc.Cache(
+        TieredBackend([DirectoryBackend(tmp_path / "shared", shared=True)]), secret="s"
+    )
+    assert fresh.get(key) == b"good"
+
+
+def test_an_entry_whose_parts_name_another_key_is_not_remembered_for_it(tmp_path: Path) -> None:
+    """A good entry whose key parts hold a dependency's key, copied over that dependency's
+    file, was remembered (its head held the dependency's key as text) and then hid the good
+    entry under its own key."""
+    dep = _key("dep")
+    link = rc.make_key(module_id="link", runtime="r", purpose="p", inputs=[str(dep)])
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    assert cache.put(link, bytes(SIZE // 8))
+    (link_path,) = tmp_path.rglob("*.rce")
+    _plant(_path_of(tmp_path, cache, dep), link_path.read_bytes())
+    reader = rc.Cache(DirectoryBackend(tmp_path))
+    assert reader.get(dep) is None and reader.stats().rejected == 1
+    assert reader.get_many([link]) == {str(link): bytes(SIZE // 8)} and link in reader
+
+
+def test_get_or_build_reads_a_refused_entry_by_its_head(tmp_path: Path) -> None:
+    """get_or_build read the store again after its miss with a plain get (once a poll while
+    another process held the build lease): a forgery refused by its head was read whole."""
+    key = _key()
+    writer = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    _plant(_path_of(tmp_path, writer, key), forge(key, bytes(SIZE)))  # unsigned
+    cache = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    value, peak = _peak(lambda: cache.get_or_build(key, lambda: b"built"))
+    assert value == b"built" and peak < SMALL_PEAK, peak
+
+
+def test_a_4096_byte_file_is_checked_whole_and_junk_is_removed(tmp_path: Path) -> None:
+    """A file of exactly the head's size whose header claims more is junk (corrupt), not a
+    head some store cut: it was kept, and counted rejected."""
+    from runtime_cache.codec import encode_entry
+
+    backend = DirectoryBackend(tmp_path)
+    cache = rc.Cache(backend, secret="s")
+    key = _key()
+    blob = encode_entry(str(key), key.parts, bytes(SIZE // 8), created_at=0.0)
+    for store in (backend, MemoryBackend()):
+        store.set(str(key), blob[:SPAN_HEAD])
+        reader = rc.Cache(store, secret="s") if store is not backend else cache
+        assert reader.get(key) is None and reader.stats().corrupt >= 1
+        assert store.get(str(key)) is None  # removed
+
+
+def test_forgeries_read_in_turn_are_each_read_whole_once(tmp_path: Path) -> None:
+    """The heads remembered are many (4,096) and the least recently refused go first: 65
+    forged keys read in turn were read whole on every round with 64 remembered in order."""
+    writer = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    keys = [_key(f"f{i}") for i in range(80)]
+    for k in keys:
+        _plant(_path_of(tmp_path, writer, k), forge(k, bytes(64 << 10), signature=bytes(32)))
+    cache = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    assert [cache.get(k) for k in keys] == [None] * 80
+    _, peak = _peak(lambda: [cache.get(k) for k in keys * 2])
+    assert peak < (64 << 10) * 4, peak  # each read a head, not 64 KiB
+    assert cache.stats().rejected == 80 * 3
+
+
+def test_a_store_that_returns_bytearray_is_served(tmp_path: Path) -> None:
+    class Arrays(MemoryBackend):
+        def get(self, key: str) -> bytes | None:
+            value = super().get(key)
+            return None if value is None else bytearray(value)  # type: ignore[return-value]
+
+    backend = Arrays()
+    cache = rc.Cache(backend, secret="s")
+    forged = _key("forged")
+    blob = forge(forged, bytes(SPAN_HEAD * 2), signature=bytes(32))
+    backend.set(str(forged), blob)
+    assert cache.get(forged) is None and cache.get(forged) is None
+    key = _key()
+    assert cache.put(key, b"v" * SPAN_HEAD) and cache.get(key) == b"v" * SPAN_HEAD
+    assert cache.get_many([key, forged]) == {str(key): b"v" * SPAN_HEAD}
