@@ -476,8 +476,12 @@ def test_prune_older_than(run: Run, cache: rc.Cache, root: Path) -> None:
     code, _, err = run("prune", "--older-than", "6M")
     assert code == 2 and "ambiguous" in err and "6min" in err
     assert len(run.listing()) == 2
-    # Zero is zero in any unit: a bare 0 is taken.
-    code, out, _ = run("prune", "--max-size", "0")
+    # A bare 0 is taken for an age (older than no time at all), but not for a size: a
+    # max_size of 0 in a cache's URL means no cap, and this emptied the cache (new-user and
+    # operator review, session 38). 0B says it.
+    code, _, err = run("prune", "--max-size", "0")
+    assert code == 2 and "0B" in err and len(run.listing()) == 2
+    code, out, _ = run("prune", "--max-size", "0B")
     assert code == 0 and "removed 2 entries" in out
     assert run.listing() == []
 

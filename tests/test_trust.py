@@ -239,7 +239,7 @@ def test_a_refused_shared_folder_stays_and_a_callers_backend_stays_usable(
     made = tmp_path / "made-now"
     with pytest.raises(InsecureStoreError):
         rc.set_cache_provider(f"dir://{made}?shared=1")
-    assert main(["--cache", f"dir://{made}?shared=1", "import", str(tmp_path / "x")]) == 2
+    assert main(["--cache", f"dir://{made}?shared=1", "ls"]) == 2
     assert made.is_dir()
     # A backend object the caller made is the caller's: refused, it stays open and usable
     # (a first fix closed it and removed its new folder: a retry with a secret wrote nowhere).

@@ -60,6 +60,7 @@ from .context import (
 )
 from .fmt import clean
 from .output import WholeText, flush
+from .partial import partial_result
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -155,8 +156,9 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         "export and import entries.",
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit codes: 0 ok, 1 problems found (also when a tier, or a folder of a dir:// "
-        "cache, could not be read: what is shown is partial), 2 usage error, 130 interrupted "
+        epilog="Exit codes: 0 ok, 1 problems found (also when a tier could not be opened or "
+        "read, or a folder of a dir:// cache could not be read: what is shown or done is "
+        "partial), 2 usage error, 130 interrupted "
         "(Ctrl-C), 141 output cut short (a closed pipe).\n\n"
         + examples(
             "runtime-cache ls --sort size",
@@ -326,6 +328,11 @@ def _run(args: argparse.Namespace) -> int:
     if absent is not None:
         return _fail(f"no cache at {absent} (a command that only reads or removes creates none)", 1)
     try:
+        # What a command reads before its cache opens (import: its bundle), so that a bad
+        # input makes no cache folder; an exit code ends the command there.
+        prepared = getattr(args, "prepare", lambda _args, _ctx: None)(args, ctx)
+        if prepared is not None:
+            return int(prepared)
         if getattr(args, "needs_cache", False):
             try:
                 ctx.cache  # noqa: B018 - opened here so that open errors read as such
@@ -336,7 +343,7 @@ def _run(args: argparse.Namespace) -> int:
         code = int(handler(args, ctx))
         if ctx.out is not None:  # (None: started with stdout closed)
             flush(ctx.out)  # here, not at exit: a full non-blocking stdout is waited on
-        return _partial(ctx, code, checks=args.command == "verify")
+        return partial_result(ctx, code, checks=args.command == "verify")
     except _USAGE_ERRORS as exc:
         return _fail(str(exc), 2)
     except RuntimeCacheError as exc:
@@ -355,40 +362,6 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"{where}{exc.strerror or exc}", 1)
     finally:
         ctx.close()
-
-
-def _partial(ctx: CommandContext, code: int, checks: bool = False) -> int:
-    """Exit code 1, and a line naming them, when tiers or folders could not be listed
-    (partial results) or junk stood at entry names and is still there (the directory
-    backend's ``unlisted_folders``, ``listed_junk``); junk removed (``junk``) is a line,
-    and exit code 1 only for a command that ``checks`` the cache (verify)."""
-    backend = ctx.opened.backend if ctx.opened is not None else None
-    failed = list(getattr(backend, "failed_tiers", None) or ())
-    unread = list(getattr(backend, "unlisted_folders", None) or ())
-    listed = list(getattr(backend, "listed_junk", None) or ())
-    junk = getattr(backend, "junk", 0)
-    if failed:
-        names = ", ".join(clean(name) for name in failed)
-        print(f"runtime-cache: could not list tier {names}; what is shown is partial", file=ctx.err)
-    for folder, reason in unread:
-        print(
-            f"runtime-cache: folder {clean(folder)} left out ({clean(reason)}); "
-            "what is shown is partial",
-            file=ctx.err,
-        )
-    for name in listed:
-        print(
-            f"runtime-cache: {clean(name)} is not a file (a link, FIFO or folder at its "
-            "entry's name); left out, and removed when the key is next read or by verify --repair",
-            file=ctx.err,
-        )
-    if isinstance(junk, int) and junk:
-        print(
-            f"runtime-cache: found {junk} non-entries at entry names (links, FIFOs, folders, "
-            "oversized files); removed where this user may",
-            file=ctx.err,
-        )
-    return max(code, 1) if failed or unread or listed or (junk and checks) else code
 
 
 def _fail(message: str, code: int) -> int:

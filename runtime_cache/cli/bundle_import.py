@@ -14,11 +14,13 @@ import stat
 import sys
 from collections.abc import Callable
 
+from .. import environment
 from ..bundles import DUMP_BATCH, LoadResult, screen_bundle
 from ..cache import Cache
 from ..codec import (
     BUNDLE_HEADER_SIZE,
     BUNDLE_MAGIC,
+    DEFAULT_LIMITS,
     FLAG_SIGNED,
     Limits,
     SecretKeys,
@@ -139,19 +141,44 @@ def _read_file(path: str, limits: Limits) -> bytes:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
-    """Merge a bundle; exit code 1 if the bundle is invalid or some entries were refused."""
-    cache = ctx.cache
+def _in_process_only(ctx: CommandContext) -> bool:
+    # memory:// (every tier of it): nothing the command writes outlives it.
+    url = ctx.url or environment.read(environment.ENV_CACHE) or ""
+    return {part.strip().split("://", 1)[0].lower() for part in url.split(",")} == {"memory"}
+
+
+def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
+    """Read and check the bundle of ``import`` before its cache opens (a missing or bad
+        file makes no cache folder): its entries go to ``args.blobs``, whether it is signed to
+    ``args.bundle_signed``; on failure, exit code 1.
+        The CLI's caches check against the default limits."""
     secret = normalize_secret(ctx.secret)
     try:
-        data = _read_file(args.file, cache.limits)
-        blobs = decode_bundle(data, secret=secret, limits=cache.limits)
+        data = _read_file(args.file, DEFAULT_LIMITS)
+        args.blobs = decode_bundle(data, secret=secret, limits=DEFAULT_LIMITS)
+        args.bundle_signed = bundle_signed(data)
     except MemoryError:
         return _unread(args, ctx, f"not enough memory to read {args.file}")
     except BundleFileError as exc:
         return _unread(args, ctx, str(exc))
     except InvalidBundleError as exc:
         return _unread(args, ctx, f"{args.file} is not a valid bundle: {exc}")
+    return None
+
+
+def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
+    """Merge a bundle (read by :func:`read_import`); exit code 1 if the bundle is invalid
+    or some entries were refused."""
+    cache = ctx.cache
+    secret = normalize_secret(ctx.secret)
+    blobs: list[bytes] = args.blobs
+    if _in_process_only(ctx):
+        return _unread(
+            args,
+            ctx,
+            "this cache lives in this command's process only (memory://): the import would "
+            "keep nothing; import into dir:// or redis://",
+        )
     before = cache.stats()
     tiers_before = _tier_losses(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
@@ -227,7 +254,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
                 file=ctx.out,
             )
-        unchecked = secret is None and bundle_signed(data)  # signed, but no secret to check
+        unchecked = secret is None and args.bundle_signed  # signed, but no secret to check
         if unchecked and unsigned:
             print(
                 f"the bundle is signed, but no secret was given to check it: {unsigned} "

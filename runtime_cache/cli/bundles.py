@@ -23,7 +23,7 @@ from .. import environment
 from ..codec import (
     bundle_count,
 )
-from .bundle_import import BundleFileError, cmd_import, max_bundle_size
+from .bundle_import import BundleFileError, cmd_import, max_bundle_size, read_import
 from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
@@ -74,6 +74,7 @@ def add_parsers(add: AddCommand) -> None:
             "curl -s https://example.org/kernels.rcb | runtime-cache import -",
         ],
     )
+    imp.set_defaults(prepare=read_import)
     imp.add_argument("file", metavar="FILE", help="bundle to read ('-' for stdin)")
     imp.add_argument(
         "--keep-existing",

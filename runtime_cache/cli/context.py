@@ -16,7 +16,7 @@ from .. import environment
 from ..api import BackendURL
 from ..cache import Cache
 from ..codec import UNSIGNED_ENTRY as UNSIGNED
-from ..errors import InvalidURLError, InvalidValueError, RuntimeCacheError
+from ..errors import InvalidSecretError, InvalidURLError, InvalidValueError, RuntimeCacheError
 from ..urls import tier_urls
 from .fmt import clean, count
 from .output import WholeText, write_text
@@ -43,7 +43,11 @@ class KeyNotFound(LookupError):
 
 def resolve_secret(secret: str | None, secret_file: str | None = None) -> list[str] | None:
     """``--secret-file``, else ``--secret``, else the environment (see
-    :func:`runtime_cache.environment.read_secret`), else ``None``; keys split at commas."""
+    :func:`runtime_cache.environment.read_secret`), else ``None``; keys split at commas.
+    Both options at once are an :class:`~runtime_cache.errors.InvalidSecretError` (the file
+    won without a word)."""
+    if secret_file is not None and secret is not None:
+        raise InvalidSecretError("give --secret or --secret-file, not both")
     if secret_file is not None:
         return environment.read_secret_file(secret_file)
     if secret is not None:

@@ -226,6 +226,7 @@ def signed_line(signed: bool, unsigned: int = 0) -> str:
         them = "it" if unsigned == 1 else "them"
         line += (
             f"\n         {count(unsigned, 'entry carries', 'entries carry')} no signature: "
-            f"reads reject {them}, verify --repair deletes {them}"
+            f"reads reject {them}; verify --repair deletes {them} where some entry "
+            "verifies with this secret (a cache filled without it keeps them)"
         )
     return line

@@ -41,6 +41,12 @@ def _with_unit(text: str, examples: str) -> str:
 
 
 def _size(text: str) -> int:
+    number = text.strip().replace(".", "", 1)
+    if number and not number.strip("0"):  # a bare zero: in a cache's URL, no cap
+        raise argparse.ArgumentTypeError(
+            f"{text!r} would remove every entry (a max_size of 0 in a cache's URL means no "
+            "cap): write 0B to mean it, or use clear"
+        )
     try:
         return parse_size(_with_unit(text, "500MB, 2GiB or 4096B"))
     except ValueError as exc:

@@ -1,0 +1,96 @@
+"""The command line as the session-38 new-user and operator review found it.
+
+Each test names what the reviewer ran and what it did before.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RUNTIME_CACHE", "RUNTIME_CACHE_SECRET", "RUNTIME_CACHE_SECRET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _bundle(tmp_path: Path) -> Path:
+    source = f"dir://{tmp_path / 'source'}"
+    rc.Cache(rc.open_backend(source)).put(
+        rc.make_key(module_id="m", runtime="r", purpose="p"), b"value"
+    )
+    bundle = tmp_path / "b.rcb"
+    assert main(["--cache", source, "export", str(bundle)]) == 0
+    return bundle
+
+
+def test_a_tier_that_cannot_be_opened_is_said_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--cache "memory://,dir:///etc/passwd" ls` said "no entries", exit 0, and `import`
+    "imported 1 of 1" into the memory tier alone; the tier left out was said only with -v."""
+    bundle = _bundle(tmp_path)
+    capsys.readouterr()
+    url = f"memory://,dir://{tmp_path / 'b.rcb'}"  # a file, not a folder
+    assert main(["--cache", url, "ls"]) == 1
+    err = capsys.readouterr().err
+    assert "could not be opened" in err and "left out" in err and "b.rcb" in err
+    assert main(["--cache", url, "import", str(bundle)]) == 1
+    assert "could not be opened" in capsys.readouterr().err
+
+
+def test_import_reads_its_bundle_before_making_the_cache_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing bundle made the cache folder (and its parents) before it was found missing."""
+    target = tmp_path / "made" / "deep"
+    assert main(["--cache", f"dir://{target}", "import", str(tmp_path / "absent.rcb")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    assert not (tmp_path / "made").exists()
+    bundle = _bundle(tmp_path)
+    assert main(["--cache", f"dir://{target}", "import", str(bundle)]) == 0
+    assert target.is_dir()
+
+
+def test_import_into_memory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--cache memory:// import x.rcb` said "imported 1 of 1" and kept nothing."""
+    bundle = _bundle(tmp_path)
+    capsys.readouterr()
+    assert main(["--cache", "memory://", "import", str(bundle)]) == 1
+    assert "memory://" in capsys.readouterr().err
+
+
+def test_secret_and_secret_file_together_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file won, silently: a right file and a wrong --secret verified 0 bad."""
+    key_file = tmp_path / "key"
+    key_file.write_text("a-long-enough-secret-key\n")
+    url = f"dir://{tmp_path / 'c'}"
+    assert main(["--cache", url, "--secret", "x", "--secret-file", str(key_file), "ls"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_ls_says_when_verify_repair_removes_unsigned_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The footer said "verify --repair deletes them" of a cache filled without a secret,
+    whose entries --repair keeps."""
+    folder = tmp_path / "c"
+    rc.Cache(DirectoryBackend(folder)).put(
+        rc.make_key(module_id="m", runtime="r", purpose="p"), b"v"
+    )
+    assert main(["--cache", f"dir://{folder}", "--secret", "s" * 20, "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "where some entry verifies with this secret" in out
+    assert main(["--cache", f"dir://{folder}", "--secret", "s" * 20, "verify", "--repair"]) == 1
+    assert len(list(folder.rglob("*.rce"))) == 1  # kept: nothing verifies with this secret
+    assert os.path.isdir(folder)
