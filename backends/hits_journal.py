@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterator
 
-from .dir_fs import NOFOLLOW, create_new
+from .dir_fs import NOFOLLOW, create_new, set_aside
 from .dir_tree import keys_until
 
 __all__ = ["COMPACT_AT", "COMPACT_EVERY", "MAX_READ", "READ_SECONDS", "HitsJournal"]
@@ -84,6 +84,7 @@ class HitsJournal:
         self.batch = max(1, batch)
         self.interval = interval
         self.writable = True
+        self._set_aside = False  # a non-file at the journal's name removed, once a process
         self._lock = threading.Lock()
         self._pending: dict[str, int] = {}
         self._count = 0
@@ -132,16 +133,30 @@ class HitsJournal:
             try:
                 st = os.fstat(fd)
                 size = st.st_size + len(data)  # (a full disk fails the write: compact then)
-                if stat.S_ISREG(st.st_mode) and st.st_size < self.append_until:
+                if not stat.S_ISREG(st.st_mode):
+                    self._not_a_file()
+                elif st.st_size < self.append_until:
                     if self.chmod is not None and st.st_size == 0:
                         os.fchmod(fd, self.chmod)
                     os.write(fd, data)  # one O_APPEND write: lines never interleave
             finally:
                 os.close(fd)
-        except OSError:
-            pass  # advisory: losing counts never loses an entry
+        except OSError as exc:  # advisory: losing counts never loses an entry
+            if exc.errno in (errno.EISDIR, errno.ELOOP, errno.ENXIO):  # a folder, link, FIFO
+                self._not_a_file()
         if size >= max(self.compact_at, self._kept) and self.temp_prefix is not None:
             self._compact_soon(self.temp_prefix)
+
+    def _not_a_file(self) -> None:
+        # A folder, a link or a FIFO at the journal's name (planted, or left by a mistake)
+        # turned hit counting off for good, without a word: set aside once, and said.
+        if self._set_aside:
+            return
+        self._set_aside = True
+        log.warning(
+            "runtime-cache: %s is not a file; set aside, so that uses count again", self.name
+        )
+        set_aside(self.dir_fd, self.name, ".junk-")
 
     def _compact_soon(self, temp_prefix: str) -> None:
         # On a thread of its own: listing the keys and reading the journal take a second.

@@ -303,3 +303,31 @@ def test_a_backend_that_raises_something_unexpected_turns_caching_off(
     (tmp_path / "runtime-cache").mkdir()
     assert main(["ls"]) == 2  # never an empty listing of a cache in memory
     assert "no cache folder could be opened" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("planted", ["folder", "link", "fifo"])
+def test_a_non_file_at_the_hits_journal_is_set_aside_and_uses_count_again(
+    tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """New-user and operator review, session 38: a folder at `.hits` turned hit counting
+    off for good, without a word (`ls` showed HITS 0); a `.locks` file was repaired."""
+    journal = tmp_path / ".hits"
+    if planted == "folder":
+        journal.mkdir(parents=True)
+        (journal / "inside").write_text("x")
+    elif planted == "link":
+        tmp_path.mkdir(exist_ok=True)
+        journal.symlink_to(tmp_path / "elsewhere")
+    else:
+        tmp_path.mkdir(exist_ok=True)
+        os.mkfifo(journal)
+    backend = DirectoryBackend(tmp_path, hits_batch=1)
+    cache = rc.Cache(backend)
+    key = _key(0)
+    assert cache.put(key, b"v")
+    for _ in range(3):
+        assert cache.get(key) == b"v"
+    backend.flush_hits()
+    assert journal.is_file() and not journal.is_symlink()
+    assert "not a file" in caplog.text or planted != "folder"  # (the others went unread)
+    assert not (tmp_path / "elsewhere").exists()  # never followed
