@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime_cache.api import BackendURL, parse_size
+from runtime_cache.errors import InvalidValueError
 
 __all__ = ["DEFAULT_MAX_SIZE", "url_settings"]
 
@@ -28,6 +29,11 @@ def url_settings(url: str) -> tuple[str | None, dict[str, Any]]:
     parsed.reject_unknown()
     off = max_size is not None and max_size.lower() in ("", "none")  # (0 too: no cap)
     cap = None if off else parse_size(max_size or DEFAULT_MAX_SIZE)  # absent: the default
-    files = parse_size(max_files) if max_files else None
+    try:
+        files = parse_size(max_files) if max_files else None
+    except InvalidValueError:
+        raise InvalidValueError(
+            f"max_files is a count of files, such as 10000 or 10k: {max_files!r}"
+        ) from None
     options = {"fsync": fsync, "track_access": track, "shared": shared}
     return parsed.folder(), {"max_size": cap, "max_files": files, **options}

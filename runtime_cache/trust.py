@@ -51,8 +51,10 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
                 f"Set {ENV_SECRET} (or {ENV_SECRET_FILE}; --secret or --secret-file on the "
                 "command line; Cache(backend, secret=...) in code)"
             )
+        tiers = [t for t in getattr(backend, "tiers", ()) if t.shared]  # (a tiered store's)
+        what = " and ".join(map(repr, tiers)) if tiers else repr(backend)
         raise InsecureStoreError(
-            f"refusing to use {backend!r} without a secret: others can write it, so they "
+            f"refusing to use {what} without a secret: others can write it, so they "
             f"could plant binaries that this process would run. {how}, or add insecure=1 "
             "to the URL to use it unsigned on purpose"
         )

@@ -94,3 +94,16 @@ def test_ls_says_when_verify_repair_removes_unsigned_entries(
     assert main(["--cache", f"dir://{folder}", "--secret", "s" * 20, "verify", "--repair"]) == 1
     assert len(list(folder.rglob("*.rce"))) == 1  # kept: nothing verifies with this secret
     assert os.path.isdir(folder)
+
+
+def test_a_wrong_url_from_the_environment_says_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`RUNTIME_CACHE=garbage runtime-cache ls` said "not a backend URL ... 'garbage'", as if
+    typed on the line; and a dir:// `max_files=-1` was "not a size" with byte examples."""
+    monkeypatch.setenv("RUNTIME_CACHE", "garbage")
+    assert main(["ls"]) == 2
+    assert "RUNTIME_CACHE: not a backend URL" in capsys.readouterr().err
+    monkeypatch.delenv("RUNTIME_CACHE")
+    assert main(["--cache", "dir:///tmp/nowhere-s38?max_files=-1", "ls"]) == 2
+    assert "max_files is a count of files" in capsys.readouterr().err

@@ -16,7 +16,13 @@ from .. import environment
 from ..api import BackendURL
 from ..cache import Cache
 from ..codec import UNSIGNED_ENTRY as UNSIGNED
-from ..errors import InvalidSecretError, InvalidURLError, InvalidValueError, RuntimeCacheError
+from ..errors import (
+    InvalidSecretError,
+    InvalidURLError,
+    InvalidValueError,
+    RuntimeCacheError,
+    UnknownBackendError,
+)
 from ..urls import tier_urls
 from .fmt import clean, count
 from .output import WholeText, write_text
@@ -142,7 +148,12 @@ def open_cache(url: str | None, secret: str | list[str] | None) -> Cache:
 
     chosen = environment.read(environment.ENV_CACHE)
     if not url and chosen and chosen.strip().lower() not in OFF:
-        url = chosen  # opened as --cache is: its errors, and exit codes, are the same
+        # Opened as --cache is: its errors, and exit codes, are the same, and say where the
+        # URL came from (a wrong one in the environment read as if typed on this line).
+        try:
+            return cache_from_url(chosen, strict=True, secret=secret)
+        except (InvalidURLError, InvalidValueError, UnknownBackendError) as exc:
+            raise type(exc)(f"{environment.ENV_CACHE}: {exc}") from None
     if url:
         return cache_from_url(url, strict=True, secret=secret)
     quiet = logging.getLogger("runtime_cache.provider")  # its error is this command's to say
