@@ -107,3 +107,22 @@ def test_a_wrong_url_from_the_environment_says_where_it_came_from(
     monkeypatch.delenv("RUNTIME_CACHE")
     assert main(["--cache", "dir:///tmp/nowhere-s38?max_files=-1", "ls"]) == 2
     assert "max_files is a count of files" in capsys.readouterr().err
+
+
+def test_the_demo_stops_at_once_on_a_store_it_cannot_reach(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`demo --tiny` with a Redis that refuses connections warned twice ("could not be
+    listed"), compiled, and failed after 5.4 s; now one error before any run."""
+    import socket
+    import time
+
+    pytest.importorskip("pyopencl")
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    code = main(["--cache", f"redis://127.0.0.1:{port}/0?insecure=1", "demo", "--tiny"])
+    err = capsys.readouterr().err
+    assert code != 0 and "warning" not in err and "Connection refused" in err, err
+    assert time.monotonic() - started < 30  # (no compiling: it took 5.4 s, two runs' worth)

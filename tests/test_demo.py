@@ -349,7 +349,7 @@ def test_a_cold_run_that_loads_from_the_cache_is_no_result(
     monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
     url = f"dir://{tmp_path}"
     assert cli_main(["--cache", url, "demo", "--tiny", "--keep"]) == 0
-    monkeypatch.setattr(demo_cli, "remove_entries", lambda cache, module_id: 0)
+    monkeypatch.setattr(demo_cli, "remove_entries", lambda cache, module_id, **_: 0)
     capsys.readouterr()
     assert cli_main(["--cache", url, "demo", "--tiny", "--json"]) == 1
     assert "no cold run" in capsys.readouterr().err

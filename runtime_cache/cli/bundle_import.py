@@ -263,7 +263,8 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 file=ctx.out,
             )
         elif unsigned:
-            print(f"{unsigned} entries read had no signature to check (no secret)", file=ctx.out)
+            read = fmt_count(unsigned, "entry", "entries")
+            print(f"{read} read had no signature to check (no secret)", file=ctx.out)
         if code:
             kind = "unchecked" if unchecked else "unsigned"
             print(

@@ -312,7 +312,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     started = False
     try:
         _, index = choose(getattr(args, "device", None))
-        remove_entries(cache, model.module_id)
+        remove_entries(cache, model.module_id, before=True)
         started = True
         progress = sys.stderr.isatty()
         with tempfile.TemporaryDirectory(prefix="runtime-cache-demo-driver-") as folder:

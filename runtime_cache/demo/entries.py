@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from ..cache import Cache
-from ..errors import RuntimeCacheError
+from ..errors import BackendUnavailableError, RuntimeCacheError
 from ..urls import redact
 
 __all__ = ["demo_entries", "remove_entries"]
@@ -17,10 +17,12 @@ def demo_entries(cache: Cache, module_id: str) -> list[Any]:
     return list(cache.entries(runtime="opencl", module_id=module_id))
 
 
-def remove_entries(cache: Cache, module_id: str) -> int:
+def remove_entries(cache: Cache, module_id: str, *, before: bool = False) -> int:
     """Remove the demo's entries; how many. What cannot go (a tier down: its entries stay
     there) is said in one line on stderr, and stops nothing: the runs and their figures
-    matter more than the tidying."""
+    matter more than the tidying. ``before`` the runs, a store that cannot be reached at
+    all (:class:`~runtime_cache.errors.BackendUnavailableError`) raises: the runs would
+    only miss, and say so late (a dead Redis gave two warnings and an error after 5 s)."""
     removed, failed, listed = 0, [], True
     try:
         for info in demo_entries(cache, module_id):
@@ -29,6 +31,8 @@ def remove_entries(cache: Cache, module_id: str) -> int:
             except RuntimeCacheError as exc:
                 failed.append(exc)
     except RuntimeCacheError as exc:  # (the listing itself: how many are there is unknown)
+        if before and isinstance(exc, BackendUnavailableError):
+            raise
         failed.append(exc)
         listed = False
     if failed:
