@@ -40,6 +40,7 @@ from typing import ClassVar
 
 from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
 from .lease import Lease
+from .spans import SPAN_HEAD, HeadOnly, Span, frames_blobs, framing_span, head_only
 
 # Kept importable from here for code written before they moved: URL helpers live in
 # runtime_cache.urls, sizes and durations in runtime_cache.units.
@@ -87,48 +88,6 @@ def check_text_key(key: object) -> str:
         except UnicodeEncodeError:
             raise InvalidKeyError(f"a key must be valid UTF-8 text: {key!r}") from None
     return key
-
-
-#: ``span(head) -> (start, end) | None``: see :meth:`Backend.get_parts`.
-Span = Callable[[bytes], "tuple[int, int] | None"]
-#: The fewest bytes :meth:`Backend.get_parts` passes to ``span`` (all of a shorter value).
-SPAN_HEAD = 4096
-
-
-def framing_span(span: Span) -> Span:
-    """Mark ``span`` as one that knows its blobs' whole framing (the front's entries): where
-    it finds no blob in a head (``None``), or one that ends past the value or more than
-    :data:`SPAN_HEAD` bytes before its end, the value is no blob its caller can use, and a
-    backend may take it for junk without reading the rest (:func:`frames_blobs`). Another
-    span's ``None`` still asks for the whole value."""
-    setattr(span, "_frames_blobs", True)  # noqa: B010 (an attribute of a function)
-    return span
-
-
-class HeadOnly(tuple[int, int]):
-    """A framing span's answer for a blob its caller will not use and that stays stored.
-
-    It is ``(start, end)``, where the value lies, like any answer, and it adds: the head
-    alone tells the caller (the front) that it refuses this blob and keeps it, as it
-    keeps an entry of a newer format or one this reader rejects. A backend that reads
-    files may then return the head it passed to the span, alone, as ``(head, b"")`` (two
-    pieces, the second empty: the one shape no value is read in), once the checks a
-    framing span asks for passed, and must not copy that head anywhere (a tier that copies
-    values up). Any other backend reads as for any span.
-    """
-
-    __slots__ = ()
-
-
-def head_only(pieces: tuple[bytes | bytearray | memoryview, ...]) -> bool:
-    """Whether ``pieces`` (as :meth:`Backend.get_parts` returns them) are a head returned
-    alone for a :class:`HeadOnly` answer: ``(head, b"")``."""
-    return len(pieces) == 2 and not pieces[1]
-
-
-def frames_blobs(span: Span) -> bool:
-    """Whether ``span`` was marked by :func:`framing_span`."""
-    return getattr(span, "_frames_blobs", False) is True
 
 
 def reads_ranges(backend: Backend) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from .api import Backend, Span
+from .api import Backend
 from .check import screen_many
 from .codec import Limits, SecretKeys
 from .errors import BackendUnavailableError, InvalidKeyError, PartialReadError
@@ -76,9 +76,10 @@ class BatchReads:
         """
         given = list(keys)
         wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
+        heads = self._heads
         blobs: Mapping[str, bytes | tuple[bytes, ...]]
         try:  # in pieces, as one read takes them: the store applies the span's junk rule
-            blobs = self.backend.get_many_parts(wanted, self._heads.span)
+            blobs = self.backend.get_many_parts(wanted, heads.span)
         except InvalidKeyError as exc:  # one key the store cannot hold: the others served
             blobs = _each_key(self, wanted, exc)
         except PartialReadError as exc:  # some unreadable: an error each, the rest served
@@ -91,6 +92,15 @@ class BatchReads:
             return {}
         else:
             self._succeeded()
+        whole = [k for k, b in blobs.items() if type(b) is tuple and heads.whole_again(k, b)]
+        if whole:  # heads refused under other keys only: these keys read whole
+            blobs = dict(blobs)
+            for skey in whole:
+                del blobs[skey]
+            try:
+                blobs.update(self.backend.peek_many(whole))
+            except Exception as exc:  # (those are misses, as any read that fails)
+                self._failed("get_many", exc)
         bad: dict[str, bytes] = {}
 
         def discard(skey: str, blob: bytes) -> None:
@@ -112,7 +122,7 @@ class BatchReads:
             again = list(
                 {k: (k, a) for k, a in zip(wanted, given, strict=True) if k in bad}.values()
             )
-            blobs = read_again(self.backend, bad, self._heads.span)
+            blobs = read_again(self.backend, bad, self._heads)
             more, extra = screen_many(
                 [k for k, _ in again],
                 [a for _, a in again],
@@ -164,17 +174,17 @@ def _each_key(
 
 
 def read_again(
-    backend: Backend, bad: Mapping[str, bytes], span: Span | None = None
+    backend: Backend, bad: Mapping[str, bytes], heads: RefusedHeads | None = None
 ) -> dict[str, bytes]:
     """The keys of ``bad`` read once more, past the blobs the check refused (``bad``:
     removed as corrupt, or kept as rejected, maybe as their heads alone): what the store
     holds that differs from them (:meth:`~runtime_cache.api.Backend.get_many_past`, with
-    the front's ``span``, so that a refused entry is not read whole again). Advisory: a
-    failure reads as nothing found."""
+    the span of the cache's ``heads`` where it cuts them, so that a refused entry is not
+    read whole again). Advisory: a failure reads as nothing found."""
     try:
-        try:
-            blobs = backend.get_many_past(bad, span=span)
-        except TypeError:  # (a store's own get_many_past, from before its span)
+        if heads is not None and heads.enabled:
+            blobs = backend.get_many_past(bad, span=heads.span)
+        else:
             blobs = backend.get_many_past(bad)
     except Exception:  # counted as misses already
         return {}

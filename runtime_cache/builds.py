@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
-from .api import Backend, head_only
+from .api import Backend
 from .codec import Entry
 from .errors import RejectedEntryError
 from .fleet import Fleet
@@ -93,7 +93,10 @@ class Builds:
             blob = None
             try:
                 pieces = self._backend.get_parts(skey, self._heads.span)
-                if pieces is None or head_only(pieces):
+                if pieces is not None and self._heads.whole_again(skey, pieces):
+                    whole = self._backend.peek(skey)  # (refused under another key only)
+                    pieces = None if whole is None else (whole,)
+                if pieces is None or self._heads.kept_head(pieces) is not None:
                     return None
                 blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
                 entry = self.decode(skey, blob)

@@ -41,7 +41,7 @@ from .keys import CacheKey
 from .null import NullBackend
 from .own_entries import OwnEntries
 from .refusals import Refusals
-from .refused_heads import RefusedHeads
+from .refused_heads import RefusedHeads, cuts_heads
 from .removals import Removals
 from .signing import SecretKeys
 from .single_flight import SingleFlight
@@ -104,7 +104,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         )
         self.producer = producer or f"runtime-cache {__version__}"
         #: Heads refused unread, and the span the store's reads take (see .refused_heads).
-        self._heads = RefusedHeads(self._secret is not None, limits)
+        self._heads = RefusedHeads(self._secret is not None, limits, cuts_heads(self._backend))
         self._counters = Counters()
         self._flights = SingleFlight()
         self._own = OwnEntries()
@@ -231,6 +231,9 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         try:
             if count_use:
                 pieces = self._backend.get_parts(skey, self._heads.span)
+                if pieces is not None and self._heads.whole_again(skey, pieces):
+                    blob = self._backend.peek(skey)  # (refused under another key only)
+                    pieces = None if blob is None else (blob,)
             else:
                 blob = self._backend.peek(skey)
                 pieces = None if blob is None else (blob,)
@@ -264,7 +267,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         if (checked == "corrupt" or checked == "rejected") and again:
             self._counters.add(**{checked: 1})
             past = {skey: b"".join(pieces)}
-            retry = read_again(self._backend, past, self._heads.span).get(skey)
+            retry = read_again(self._backend, past, self._heads).get(skey)
             if retry is not None:
                 return self._screen(key, skey, (retry,), again=False)
             self._counters.add(misses=1)

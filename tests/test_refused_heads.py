@@ -125,21 +125,23 @@ def test_an_entry_moved_under_another_key_does_not_hide_the_good_one(tmp_path: P
 
 def test_a_head_copied_from_a_good_entry_is_refused_until_this_cache_stores_it() -> None:
     heads = RefusedHeads(signed=True, limits=Limits())
-    key = _key()
+    key, other = _key(), _key("another")
     blob = forge(key, bytes(SIZE // 8), signature=bytes(32))
     head = blob[:SPAN_HEAD]
     assert type(heads.span(head)) is tuple
-    heads.remember(str(_key("another")), blob)  # rejected under a key it does not hold
-    assert len(heads) == 0
-    heads.remember(str(key), blob)
-    assert type(heads.span(head)) is HeadOnly
+    heads.remember(str(other), blob)  # rejected under another key (moved there)
+    assert type(heads.span(head)) is HeadOnly and len(heads) == 1
     assert heads.kept_head((head, b"")) == "rejected"  # as dir:// hands a head back alone
+    assert not heads.whole_again(str(other), (head, b""))  # refused there
+    assert heads.whole_again(str(key), (head, b""))  # but read whole under its own key
+    heads.remember(str(key), blob)
+    assert not heads.whole_again(str(key), (head, b""))
     assert heads.kept_head((head,)) is None and heads.kept_head((blob,)) is None  # checked
     heads.forget([blob])
     assert type(heads.span(head)) is tuple and len(heads) == 0
     for i in range(REMEMBERED + 5):
-        other = _key(f"k{i}")
-        heads.remember(str(other), forge(other, bytes(SPAN_HEAD), signature=bytes(32)))
+        k = _key(f"k{i}")
+        heads.remember(str(k), forge(k, bytes(SPAN_HEAD), signature=bytes(32)))
     assert len(heads) == REMEMBERED  # the least recently refused forgotten first
 
 
@@ -259,3 +261,119 @@ def test_a_store_that_returns_bytearray_is_served(tmp_path: Path) -> None:
     key = _key()
     assert cache.put(key, b"v" * SPAN_HEAD) and cache.get(key) == b"v" * SPAN_HEAD
     assert cache.get_many([key, forged]) == {str(key): b"v" * SPAN_HEAD}
+
+
+# ------------------------------------------------------------- re-attack review, session 38
+def test_a_forgery_naming_another_key_is_read_whole_once(tmp_path: Path) -> None:
+    """Its metadata named another key, so its head was not remembered: read whole on every
+    get (48 MiB, 140 ms and 192 MiB a get). Remembered under the key it was read under."""
+    key, other = _key(), _key("other")
+    writer = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    _plant(_path_of(tmp_path, writer, key), forge(other, bytes(SIZE), signature=bytes(32)))
+    cache = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    assert cache.get(key) is None
+    found, peak = _peak(lambda: [cache.get(key), cache.get_many([key]), key in cache])
+    assert found == [None, {}, False] and peak < SMALL_PEAK, peak
+
+
+def test_a_wrong_signature_over_metadata_that_does_not_parse_is_remembered(
+    tmp_path: Path,
+) -> None:
+    """The signature is checked before the metadata is decoded, and the head was only
+    remembered once its metadata decoded: never, so it was read whole on every get."""
+    import struct
+
+    import xxhash
+
+    key = _key()
+    meta = b"\xc1"  # never a msgpack value; its checksum is right
+    value = bytes(SIZE)
+    header = struct.pack(
+        "<4sBBHIQQQ",
+        b"RCE\x01",
+        1,
+        1,
+        0,
+        len(meta),
+        len(value),
+        xxhash.xxh3_64_intdigest(meta),
+        xxhash.xxh3_64_intdigest(value),
+    )
+    writer = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    _plant(_path_of(tmp_path, writer, key), header + meta + value + bytes(32))
+    cache = rc.Cache(DirectoryBackend(tmp_path, shared=True), secret="s")
+    assert cache.get(key) is None
+    found, peak = _peak(lambda: [cache.get(key), cache.get(key)])
+    assert found == [None, None] and peak < SMALL_PEAK, peak
+    assert cache.stats().corrupt == 0
+
+
+def test_a_store_whose_read_past_takes_no_span_keeps_the_whole_reads(tmp_path: Path) -> None:
+    """A backend written to the earlier guide (a get_many_past without span) read past the
+    head it was handed, not the forgery, so the good copy in its lower store was never
+    found. Such a backend's reads are not cut: as before, the forgery is read whole."""
+    from runtime_cache.api import Backend
+
+    class TwoStores(Backend):
+        shared = True
+
+        def __init__(self, top: DirectoryBackend, low: DirectoryBackend) -> None:
+            self.stores = (top, low)
+
+        def get(self, key: str) -> bytes | None:
+            return self.stores[0].get(key) or self.stores[1].get(key)
+
+        def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+            found = self.stores[0].get_parts(key, span)
+            return found if found is not None else self.stores[1].get_parts(key, span)
+
+        def set(self, key: str, value: bytes) -> None:
+            for store in self.stores:
+                store.set(key, value)
+
+        def delete(self, key: str) -> bool:
+            return any([store.delete(key) for store in self.stores])
+
+        def scan(self, prefix: str = "") -> Any:
+            return self.stores[0].scan(prefix)
+
+        def keys(self, prefix: str = "") -> Any:
+            return self.stores[0].keys(prefix)
+
+        def get_many_past(self, bad: Any) -> dict[str, bytes]:  # (no span)
+            out = {}
+            for key, blob in bad.items():
+                for store in self.stores:
+                    value = store.get(key)
+                    if value is not None and value != bytes(blob):
+                        out[key] = value
+                        break
+            return out
+
+    key = _key()
+    top, low = DirectoryBackend(tmp_path / "a", shared=True), DirectoryBackend(tmp_path / "b")
+    rc.Cache(low, secret="s").put(key, b"good" * 20000)
+    _plant(_path_of(tmp_path / "a", rc.Cache(top, secret="s"), key), forge(key, bytes(SIZE)))
+    cache = rc.Cache(TwoStores(top, low), secret="s")
+    assert [cache.get(key) for _ in range(3)] == [b"good" * 20000] * 3
+    assert cache.get_many([key]) == {str(key): b"good" * 20000}
+
+
+def test_a_value_in_two_pieces_the_second_empty_is_served() -> None:
+    """A store that cuts a value in two at its end hands back an empty second piece for an
+    entry with no signature: it was taken for a head cut alone, and never served."""
+
+    class TwoPieces(MemoryBackend):
+        def get_parts(self, key: str, span: Any) -> tuple[bytes, ...] | None:
+            value = self.get(key)
+            if value is None:
+                return None
+            _, end = span(value[:SPAN_HEAD]) or (0, len(value))
+            return value[:end], value[end:]
+
+    cache = rc.Cache(TwoPieces())
+    keys = [_key(f"v{i}") for i in range(3)]
+    for size, k in zip((100, SPAN_HEAD - 40, SIZE // 16), keys, strict=True):
+        assert cache.put(k, b"v" * size)
+        assert cache.get(k) == b"v" * size
+    assert cache.stats().rejected == 0
