@@ -231,7 +231,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         try:
             if count_use:
                 pieces = self._backend.get_parts(skey, self._heads.span)
-                if pieces is not None and self._heads.whole_again(skey, pieces):
+                if pieces and len(pieces) == 2 and self._heads.whole_again(skey, pieces):
                     blob = self._backend.peek(skey)  # (refused under another key only)
                     pieces = None if blob is None else (blob,)
             else:
@@ -259,7 +259,9 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         # or a rejected one is read ``again``: a tier below may hold a good copy (see
         # batch_reads). The head alone of an entry refused by it (see .refused_heads) is
         # counted unchecked, as the entry's check would count it.
-        checked: Checked | str | None = refused_head(skey, pieces, self._heads.kept_head)
+        checked: Checked | str | None = None
+        if len(pieces) == 2:  # (only a head cut alone is two pieces)
+            checked = refused_head(skey, pieces, self._heads.kept_head)
         if checked is None:
             asked = key if isinstance(key, CacheKey) else None
             refused = self._heads.remember

@@ -28,6 +28,7 @@ none of this: the front's reads past a refused entry would then read it whole.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterable
 
@@ -43,6 +44,8 @@ __all__ = ["REMEMBERED", "RefusedHeads", "cuts_heads"]
 
 #: The most heads one cache remembers (a digest each, and the keys it was refused under).
 REMEMBERED = 4096
+#: An entry header's first 8 bytes (magic, version, flags, reserved) and its two lengths.
+_LEAD = struct.Struct("<8sIQ")
 #: The most keys one remembered head is refused under.
 KEYS_A_HEAD = 8
 
@@ -76,15 +79,28 @@ class RefusedHeads:
         self._seen: dict[bytes, set[str]] = {}  # head digest: keys, least recent first
         self._lock = threading.Lock()
 
+        # A good entry's first 8 bytes (magic, version, flags, reserved), as this reader
+        # takes them: its read then costs one unpack and a look-up.
+        good = {ENTRY_MAGIC + bytes((ENTRY_VERSION, FLAG_SIGNED, 0, 0))}
+        if not signed:
+            good.add(ENTRY_MAGIC + bytes((ENTRY_VERSION, 0, 0, 0)))
+
         def span(head: bytes) -> tuple[int, int] | None:
             if len(head) < HEADER_SIZE:
                 return None
-            magic, version, flags, reserved, meta_len, value_len, _, _ = ENTRY_HEADER.unpack_from(
-                head
-            )
+            lead, meta_len, value_len = _LEAD.unpack_from(head)
+            start = HEADER_SIZE + meta_len
+            limits = self.limits
+            if (
+                lead in good
+                and meta_len <= limits.max_meta_size
+                and value_len <= limits.max_value_size
+                and not self._seen
+            ):
+                return start, start + value_len
+            magic, version, flags, reserved = ENTRY_HEADER.unpack_from(head)[:4]
             if magic != ENTRY_MAGIC:
                 return None
-            start = HEADER_SIZE + meta_len
             refused = self._verdict(version, flags, reserved, meta_len, value_len) is not None
             if refused or (self._seen and self._refused(head)):
                 return HeadOnly((start, start + value_len))
