@@ -36,6 +36,7 @@ class _Host(Protocol):
     _heads: RefusedHeads
 
     def get(self, key: KeyLike) -> bytes | None: ...
+    def _read_parts(self, skey: str) -> tuple[bytes, ...] | None: ...
     def put(
         self,
         key: CacheKey,
@@ -92,10 +93,7 @@ class Builds:
             # one refused by its head is not read whole again (see .refused_heads).
             blob = None
             try:
-                pieces = self._backend.get_parts(skey, self._heads.span)
-                if pieces is not None and self._heads.whole_again(skey, pieces):
-                    whole = self._backend.peek(skey)  # (refused under another key only)
-                    pieces = None if whole is None else (whole,)
+                pieces = self._read_parts(skey)
                 if pieces is None or self._heads.kept_head(pieces) is not None:
                     return None
                 blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)

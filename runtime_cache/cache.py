@@ -230,10 +230,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         # a failure or no entry counts as a miss. Not ``count_use``: a use was counted.
         try:
             if count_use:
-                pieces = self._backend.get_parts(skey, self._heads.span)
-                if pieces and len(pieces) == 2 and self._heads.whole_again(skey, pieces):
-                    blob = self._backend.peek(skey)  # (refused under another key only)
-                    pieces = None if blob is None else (blob,)
+                pieces = self._read_parts(skey)
             else:
                 blob = self._backend.peek(skey)
                 pieces = None if blob is None else (blob,)
@@ -245,6 +242,15 @@ class Cache(Inventory, BatchReads, Builds, Removals):
             self._policy.succeeded()
         if pieces is None:
             self._counters.add(misses=1)
+        return pieces
+
+    def _read_parts(self, skey: str) -> tuple[bytes, ...] | None:
+        # One read through this cache's span (a use counted); a head the store cut for a
+        # key it was not refused under is read whole for this one (see .refused_heads).
+        pieces = self._backend.get_parts(skey, self._heads.span)
+        if pieces and len(pieces) == 2 and self._heads.whole_again(skey, pieces):
+            blob = self._backend.peek(skey)
+            pieces = None if blob is None else (blob,)
         return pieces
 
     def _read(self, key: KeyLike) -> Checked | None:

@@ -133,9 +133,11 @@ class RefusedHeads:
 
     def _cut(self, pieces: tuple[Buffer, ...]) -> str | None:
         # The header's verdict ("" for none) on pieces that are a head cut alone; else None.
-        if not (self.enabled and head_only(pieces) and len(head := pieces[0]) == SPAN_HEAD):
+        if not (self.enabled and head_only(pieces)):
             return None
-        magic, version, flags, reserved, meta_len, value_len, _, _ = ENTRY_HEADER.unpack_from(head)
+        magic, version, flags, reserved, meta_len, value_len, _, _ = ENTRY_HEADER.unpack_from(
+            pieces[0]
+        )
         whole = HEADER_SIZE + meta_len + value_len + (SIG_SIZE if flags & FLAG_SIGNED else 0)
         if magic != ENTRY_MAGIC or whole <= SPAN_HEAD:
             return None
