@@ -295,20 +295,21 @@ def fstat_or_none(fd: int) -> os.stat_result | None:
         return None
 
 
-def read_range(
-    fd: int, size: int, limit: int, where: tuple[int, int, int]
-) -> tuple[bytes, bytes] | None:
-    """The file's bytes ``[start:end]`` and ``[end:]`` for ``where = (start, end, expected)``,
-    when the file at ``fd`` (``size`` bytes by ``fstat``) is ``expected`` bytes long and
-    stays so while read; else ``None``."""
-    start, end, expected = where
-    if size != expected or not 0 <= start <= end <= size:
+def read_range(fd: int, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
+    """The bytes ``[start:end]`` and ``[end:]`` of the file at ``fd`` when it is ``size``
+    bytes long (a byte more than is left shows another size; no ``fstat``) and
+    ``0 <= start <= end <= size``; else ``None``, also for a FIFO or a folder."""
+    if not 0 <= start <= end <= size:
         return None
-    # One byte more than is left shows a file that grew since fstat.
-    if end == size:
-        middle, tail = os.pread(fd, end - start + 1, start), b""
-    else:
-        middle, tail = os.pread(fd, end - start, start), os.pread(fd, size - end + 1, end)
+    try:
+        if end == size:
+            middle, tail = os.pread(fd, end - start + 1, start), b""
+        else:
+            middle, tail = os.pread(fd, end - start, start), os.pread(fd, size - end + 1, end)
+    except OSError as exc:
+        if exc.errno in (errno.ESPIPE, errno.EISDIR, errno.EINVAL, errno.ENXIO):
+            return None
+        raise
     return (middle, tail) if len(middle) == end - start and len(tail) == size - end else None
 
 

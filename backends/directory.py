@@ -2,13 +2,14 @@
 
 Layout: :mod:`.dir_tree`. The root is held as a directory descriptor and every file under it
 is opened relative to it, never through a link (:mod:`.dir_fs`). Writes go to a random temp
-file beside the entry, then ``os.replace`` into place. Reads take only a regular file of at
-most ``max_entry_size`` bytes; anything else at an entry's name is junk: a miss, counted in
-:attr:`DirectoryBackend.junk`, logged, and removed where this process may. A file it may not
-read raises a :class:`~runtime_cache.errors.BackendError` naming it; only a failed write makes
-the backend read-only (tried again after :data:`READ_ONLY_RECHECK` s). The caps count disk
-blocks and files (:mod:`.dir_upkeep`). docs/backends/directory.md states every guarantee, and
-the ``shared=1`` group mode (:mod:`.dir_root`). A root removed is made again by a write.
+file beside the entry, then ``os.replace`` into place. Reads (:mod:`.dir_reads`) take only a
+regular file of at most ``max_entry_size`` bytes; anything else at an entry's name is junk: a
+miss, counted in :attr:`DirectoryBackend.junk`, logged, and removed where this process may. A
+file it may not read raises a :class:`~runtime_cache.errors.BackendError` naming it; only a
+failed write makes the backend read-only (tried again after :data:`READ_ONLY_RECHECK` s). The
+caps count disk blocks and files (:mod:`.dir_upkeep`). docs/backends/directory.md states every
+guarantee, and the ``shared=1`` group mode (:mod:`.dir_root`). A root removed is made again by
+a write.
 
 URL: ``dir:///abs/path?max_size=2GB&max_files=N&fsync=0&track_access=1&shared=0``;
 plain ``dir://`` is the embedded default, ``platformdirs.user_cache_dir("runtime-cache")``.
@@ -22,21 +23,18 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
-from runtime_cache.api import Backend, Lease, Span, StoredItem, parse_size
+from runtime_cache.api import Backend, Lease, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
-from runtime_cache.partial_reads import read_each
 
-from . import dir_fs as fs
 from . import dir_root as roots
 from . import dir_write as writes
-from .dir_fs import NOFOLLOW, Junk
 from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import track
+from .dir_reads import LINKED, DirReads
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
 from .dir_url import DEFAULT_MAX_SIZE, url_settings
@@ -47,21 +45,16 @@ __all__ = ["READ_ONLY_RECHECK", "DirectoryBackend"]
 
 log = logging.getLogger(__name__)
 
-_O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
-_LINKED = {errno.ELOOP, errno.EXDEV}
-_RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *_LINKED}
+_RETRY = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, *LINKED}
 _TEMP_PREFIX = ".tmp-"
 #: Seconds a backend found read-only skips writes before it tries one again (a remount).
 READ_ONLY_RECHECK = 5.0
 #: The largest file read as an entry: the codec's default limits (1 GiB value,
 #: 64 KiB metadata) plus room for the header and signature.
 MAX_ENTRY_SIZE = (1 << 30) + (1 << 17)
-T = TypeVar("T")
-#: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
-Reader = Callable[..., T]
 
 
-class DirectoryBackend(DirMaintenance, Backend):
+class DirectoryBackend(DirMaintenance, DirReads, Backend):
     """Files in a directory tree; see the module docstring for the guarantees.
 
     Args:
@@ -195,95 +188,6 @@ class DirectoryBackend(DirMaintenance, Backend):
             what,
             "removed it" if removed else "left it (not ours to remove)",
         )
-
-    def _open(self, rel: str, quiet: bool = False) -> tuple[int, int] | None:
-        # (descriptor, size) of a regular entry file; None for a miss or junk (reported
-        # unless ``quiet``).
-        try:
-            fd = fs.open_beneath(self.root_fd, rel, _O_READ)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                return None
-            if exc.errno in _LINKED:
-                if not quiet:
-                    self.found_junk(rel, "a symbolic link (or under one)")
-                return None
-            raise self._error("read", exc, rel) from exc
-        try:
-            return fd, fs.regular_size(fd, self.max_entry_size)
-        except Junk as exc:
-            st = fs.fstat_or_none(fd)
-            os.close(fd)
-            if not quiet:
-                self.found_junk(rel, str(exc), st)
-        except OSError as exc:
-            os.close(fd)
-            raise self._error("read", exc, rel) from exc
-        return None
-
-    def get(self, key: str) -> bytes | None:
-        return self._read(key, self.track_access, fs.read_to_end)
-
-    def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
-        return self._read(key, self.track_access, fs.read_parts, span)
-
-    def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
-        # Quiet: a miss, junk or another size is read whole next, which counts and reports it.
-        return self._read(key, self.track_access, fs.read_range, (start, end, size), True)
-
-    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        return read_each(self.get, keys)  # a file we may not read costs its key alone
-
-    def get_many_parts(self, keys: Iterable[str], span: Span) -> dict[str, tuple[bytes, ...]]:
-        return read_each(lambda key: self.get_parts(key, span), keys)  # (its junk rule too)
-
-    def peek(self, key: str) -> bytes | None:
-        return self._read(key, False, fs.read_to_end)
-
-    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        read = ((key, self._read(key, False, fs.read_to_end)) for key in keys)
-        return {key: value for key, value in read if value is not None}
-
-    def _read(
-        self,
-        key: str,
-        count_use: bool,
-        reader: Reader[T],
-        where: object = None,
-        quiet: bool = False,
-    ) -> T | None:
-        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span, a range);
-        # ``quiet``: junk is not reported.
-        rel = self._rels.get(key) or self._rel(key)
-        opened = self._open(rel, quiet)
-        if opened is None:
-            return None
-        fd, size = opened
-        cap = self.max_entry_size
-        try:
-            data = reader(fd, size, cap) if where is None else reader(fd, size, cap, where)
-            if count_use and data is not None:  # (a range of another size: none read)
-                self._touch(fd, key)
-        except Junk as exc:
-            if not quiet:
-                self.found_junk(rel, str(exc), fs.fstat_or_none(fd))
-            return None
-        except OSError as exc:
-            raise self._error("read", exc, rel) from exc
-        finally:
-            os.close(fd)
-        return data
-
-    def head(self, key: str, size: int) -> bytes | None:
-        return self._read(key, False, lambda fd, _size, _cap: os.read(fd, size))
-
-    def _touch(self, fd: int, key: str) -> None:
-        if not self._read_only:
-            try:
-                os.utime(fd)
-            except OSError:
-                pass  # not our file, or read-only: LRU falls back to write time
-        self._journal.record(key)
 
     def flush_hits(self) -> None:
         """Append the hits counted in memory to the shared journal."""

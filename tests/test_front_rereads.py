@@ -300,3 +300,44 @@ def test_a_backend_without_a_part_read_reads_whole() -> None:
     cache = rc.Cache(backend)
     assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
     assert backend.get_range(str(_key()), 0, 1, 1) is None
+
+
+@pytest.mark.parametrize("change", ["grown", "shrunk", "grown by a byte", "emptied"])
+def test_a_file_of_another_size_is_read_whole_and_judged(tmp_path: Path, change: str) -> None:
+    """The read alone takes no ``fstat`` (session 39): it reads one byte past the end it
+    expects, so a file that grew or shrank since it was checked is read whole and judged."""
+    backend, cache, value = _filled(tmp_path)
+    assert cache.get(_key()) == value
+    path = _path(backend, _key())
+    blob = path.read_bytes()
+    path.write_bytes(
+        {
+            "grown": blob + os.urandom(4096),
+            "grown by a byte": blob + b"\0",
+            "shrunk": blob[:-1],
+            "emptied": b"",
+        }[change]
+    )
+    reads = dict(backend.calls)
+    assert cache.get(_key()) is None  # never the bytes checked before
+    assert backend.calls["get_range"] == reads["get_range"] + 1
+    assert backend.calls["get_parts"] > reads["get_parts"]  # read whole, and judged
+    assert cache.stats().misses == 1 and cache.stats().hits == 1
+    assert cache.get(_key()) is None  # and it stays a miss
+
+
+def test_the_read_alone_asks_no_fstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the read alone trusts is the size it expects, checked by reading: a regular file's
+    ``fstat`` (the whole read's) is not asked, and a value read so counts one use."""
+    import runtime_cache.backends.dir_fs as dir_fs
+
+    backend, cache, value = _filled(tmp_path)
+    assert cache.get(_key()) == value
+
+    def no_fstat(fd: int, limit: int) -> int:
+        raise AssertionError("fstat asked")
+
+    monkeypatch.setattr(dir_fs, "regular_size", no_fstat)
+    assert cache.get(_key()) == value and cache.stats().hits == 2
+    backend.flush_hits()
+    assert [item.hits for item in backend.scan(str(_key()))] == [2]

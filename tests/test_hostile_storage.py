@@ -487,7 +487,7 @@ def test_junk_is_removed_only_while_it_is_the_file_that_was_looked_at(
     so a good entry another process put in its place between the look and the removal was
     removed too (the compare-and-delete it replaced kept it). And ``get_parts`` of another
     caller's span that answers ``None`` still reads the value whole, and removes nothing."""
-    import runtime_cache.backends.directory as directory
+    import runtime_cache.backends.dir_reads as directory
 
     backend = DirectoryBackend(tmp_path)
     key = rc.make_key(module_id="m", runtime="r", purpose="p")
