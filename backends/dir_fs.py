@@ -23,7 +23,7 @@ import stat
 import sys
 import time
 
-from runtime_cache.api import SPAN_HEAD, HeadOnly, Span, frames_blobs
+from runtime_cache.api import SPAN_HEAD, HeadOnly, Span, blob_tail, frames_blobs
 
 try:
     import ctypes
@@ -256,11 +256,11 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
     :data:`~runtime_cache.api.SPAN_HEAD` bytes, then the part ``span`` names with one
     ``pread``, so that part is a ``bytes`` of its own, then what follows it. For a span that
     frames its blobs (:func:`~runtime_cache.api.framing_span`: the front's entries), one
-    whose head it finds no entry in, or whose span ends past its end or more than
-    ``SPAN_HEAD`` bytes before it, is :class:`Junk`, read no further (a sparse gigabyte
-    planted in a shared folder was read whole); a :class:`HeadOnly` answer returns the head
-    alone. Anything else unexpected (a span out of range, a file that changed size) reads
-    the whole file as :func:`read_to_end` does.
+    whose head it finds no entry in, or of another size than the head says (its
+    :func:`~runtime_cache.api.blob_tail`, or else more than ``SPAN_HEAD`` bytes after the
+    span), is :class:`Junk`, read no further (a sparse gigabyte planted in a shared folder
+    was read whole); a :class:`HeadOnly` answer returns the head alone. Anything else
+    unexpected (a span out of range, a file that changed size) reads it as read_to_end does.
     """
     if size >= PARTS_FROM:
         head = os.pread(fd, SPAN_HEAD, 0)
@@ -269,20 +269,16 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
         if where is None and framed:
             raise Junk("a file with no entry header")
         start, end = where or (-1, -1)
-        if framed and 0 <= start <= end and not 0 <= size - end <= SPAN_HEAD:
-            raise Junk("an entry of another size than its header says")
+        if framed and 0 <= start <= end:
+            after = blob_tail(span, head)  # (None: within SPAN_HEAD)
+            if not 0 <= size - end <= SPAN_HEAD if after is None else size - end != after:
+                raise Junk("an entry of another size than its header says")
         if framed and type(where) is HeadOnly:  # refused by its head: kept, not read on
             return head, b""
-        # One byte more than is left shows a file that grew since fstat.
-        if end == size and 0 <= start <= SPAN_HEAD and start <= end:
-            middle = os.pread(fd, end - start + 1, start)
-            if len(middle) == end - start:
-                return head[:start], middle, b""
-        elif 0 <= start <= SPAN_HEAD and start <= end < size:
-            middle = os.pread(fd, end - start, start)
-            tail = os.pread(fd, size - end + 1, end)
-            if len(middle) == end - start and len(tail) == size - end:
-                return head[:start], middle, tail
+        # (None also for a file that grew or shrank since fstat.)
+        rest = read_range(fd, start, end, size) if 0 <= start <= SPAN_HEAD else None
+        if rest is not None:
+            return head[:start], *rest
         os.lseek(fd, 0, os.SEEK_SET)
     return (read_to_end(fd, size, limit),)
 

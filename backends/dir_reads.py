@@ -5,7 +5,9 @@ Every entry file is opened beneath the root without following a link
 ``max_entry_size`` bytes (:func:`.dir_fs.regular_size`); anything else at an entry's name is
 junk, reported and removed by the backend. A get with access tracking on bumps the file's
 mtime (the LRU order) and counts a hit in the journal. :meth:`DirReads.get_range` reads an
-entry whose size the caller knows, with no ``fstat``.
+entry whose size the caller knows, with no ``fstat``: at most that size and one byte, so
+another size, a FIFO or a folder answers ``None`` (the whole read then judges it); a
+device node (only root can make one) is read there too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = ["LINKED", "DirReads"]
 _O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
 #: What opening beneath the root answers for a link in the way.
 LINKED = {errno.ELOOP, errno.EXDEV}
-_ABSENT = {errno.ENOENT, errno.ENOTDIR, *LINKED}
+_ABSENT = {errno.ENOENT, errno.ENOTDIR, errno.ENXIO, *LINKED}
+_UNOPENED = {errno.ENXIO: "a socket (or a device without its driver)"}
 T = TypeVar("T")
 #: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
 Reader = Callable[..., T]
@@ -63,9 +66,9 @@ class DirReads:
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
-            if exc.errno in LINKED:
-                if not quiet:
-                    self.found_junk(rel, "a symbolic link (or under one)")
+            if exc.errno in LINKED or exc.errno == errno.ENXIO:
+                if not quiet:  # (ENXIO: a socket, which no open reads)
+                    self.found_junk(rel, _UNOPENED.get(exc.errno, "a symbolic link (or under one)"))
                 return None
             raise self._error("read", exc, rel) from exc
         try:
@@ -89,6 +92,8 @@ class DirReads:
     def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
         # Quiet: a miss, junk or another size is read whole next, which counts and reports it.
         # No fstat: ``size`` bounds the read, and a byte more than is left shows another size.
+        if size > self.max_entry_size:
+            return None  # (no entry file is read past that, whole or in part)
         rel = self._rels.get(key) or self._rel(key)
         try:
             fd = fs.open_beneath(self.root_fd, rel, _O_READ)

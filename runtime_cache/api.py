@@ -40,7 +40,7 @@ from typing import ClassVar
 
 from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
 from .lease import Lease
-from .spans import SPAN_HEAD, HeadOnly, Span, frames_blobs, framing_span, head_only
+from .spans import SPAN_HEAD, HeadOnly, Span, blob_tail, frames_blobs, framing_span, head_only
 
 # Kept importable from here for code written before they moved: URL helpers live in
 # runtime_cache.urls, sizes and durations in runtime_cache.units.
@@ -56,6 +56,7 @@ __all__ = [
     "Lease",
     "Span",
     "StoredItem",
+    "blob_tail",
     "check_text_key",
     "delete_unchanged",
     "frames_blobs",

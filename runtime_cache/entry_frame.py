@@ -9,6 +9,7 @@ lies, for the codec and for the front's quick check
 from __future__ import annotations
 
 import struct
+from functools import partial
 
 import xxhash
 
@@ -24,6 +25,7 @@ __all__ = [
     "FLAG_SIGNED",
     "HEADER_SIZE",
     "entry_span",
+    "entry_tail",
     "frame_entry",
     "header_fits",
     "parse_header",
@@ -114,9 +116,17 @@ def parse_header(
     return flags, meta_len, value_len, meta_sum, value_sum
 
 
+def entry_tail(head: bytes) -> int | None:
+    """How many bytes follow the value in an entry of this format version whose blob begins
+    with ``head``: its signature's, or none; ``None`` for another version or no header."""
+    if len(head) < HEADER_SIZE or head[4] != ENTRY_VERSION:
+        return None
+    return SIG_SIZE if head[5] & FLAG_SIGNED else 0
+
+
 # Framing: what follows an entry's value (its signature, 32 bytes) stays within SPAN_HEAD
 # bytes in any later format version too, or dir:// readers of this one take it for junk.
-@framing_span
+@partial(framing_span, tail=entry_tail)
 def entry_span(head: bytes) -> tuple[int, int] | None:
     """Where the value lies in an entry whose blob begins with ``head``: ``(start, end)``.
 

@@ -35,7 +35,14 @@ from collections.abc import Iterable
 import xxhash
 
 from .api import SPAN_HEAD, Backend, HeadOnly, Span, framing_span, head_only
-from .entry_frame import ENTRY_HEADER, ENTRY_MAGIC, ENTRY_VERSION, FLAG_SIGNED, HEADER_SIZE
+from .entry_frame import (
+    ENTRY_HEADER,
+    ENTRY_MAGIC,
+    ENTRY_VERSION,
+    FLAG_SIGNED,
+    HEADER_SIZE,
+    entry_tail,
+)
 from .entry_frame import entry_span as plain_span
 from .entry_meta import Limits
 from .signing import SIG_SIZE
@@ -108,7 +115,7 @@ class RefusedHeads:
 
         #: The front's span (:func:`~runtime_cache.entry_frame.entry_span`, which it
         #: answers as, but :class:`~runtime_cache.api.HeadOnly` for a refused head).
-        self.span: Span = framing_span(span) if enabled else plain_span
+        self.span: Span = framing_span(span, entry_tail) if enabled else plain_span
 
     def _verdict(
         self, version: int, flags: int, reserved: int, meta_len: int, value_len: int

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["SPAN_HEAD", "HeadOnly", "Span", "frames_blobs", "framing_span", "head_only"]
+__all__ = [
+    "SPAN_HEAD",
+    "HeadOnly",
+    "Span",
+    "blob_tail",
+    "frames_blobs",
+    "framing_span",
+    "head_only",
+]
 
 #: ``span(head) -> (start, end) | None``: see :meth:`~runtime_cache.api.Backend.get_parts`.
 Span = Callable[[bytes], "tuple[int, int] | None"]
@@ -18,14 +26,25 @@ Span = Callable[[bytes], "tuple[int, int] | None"]
 SPAN_HEAD = 4096
 
 
-def framing_span(span: Span) -> Span:
+def framing_span(span: Span, tail: Callable[[bytes], int | None] | None = None) -> Span:
     """Mark ``span`` as one that knows its blobs' whole framing (the front's entries): where
     it finds no blob in a head (``None``), or one that ends past the value or more than
     :data:`SPAN_HEAD` bytes before its end, the value is no blob its caller can use, and a
     backend may take it for junk without reading the rest (:func:`frames_blobs`). Another
-    span's ``None`` still asks for the whole value."""
+    span's ``None`` still asks for the whole value. ``tail(head)``, when given, is exactly
+    how many bytes follow the value in such a blob (``None``: not known), so a blob of
+    another size is junk too (:func:`blob_tail`)."""
     setattr(span, "_frames_blobs", True)  # noqa: B010 (an attribute of a function)
+    if tail is not None:
+        setattr(span, "_blob_tail", tail)  # noqa: B010
     return span
+
+
+def blob_tail(span: Span, head: bytes) -> int | None:
+    """How many bytes follow the value in the blob ``head`` begins, as the framing span
+    ``span`` says (:func:`framing_span`'s ``tail``); ``None`` where it says nothing."""
+    tail = getattr(span, "_blob_tail", None)
+    return None if tail is None else tail(head)
 
 
 class HeadOnly(tuple[int, int]):

@@ -341,3 +341,13 @@ def test_the_read_alone_asks_no_fstat(tmp_path: Path, monkeypatch: pytest.Monkey
     assert cache.get(_key()) == value and cache.stats().hits == 2
     backend.flush_hits()
     assert [item.hits for item in backend.scan(str(_key()))] == [2]
+
+
+def test_a_range_of_a_size_past_the_entry_limit_reads_nothing(tmp_path: Path) -> None:
+    """``get_range`` is public: a size past ``max_entry_size`` answers ``None`` before any
+    read (the whole read refuses such a file too)."""
+    backend = DirectoryBackend(tmp_path, max_size=None, max_entry_size=1 << 20)
+    backend.set("t/p/k", b"x" * 100)
+    assert backend.get_range("t/p/k", 0, 100, 100) == (b"x" * 100, b"")
+    assert backend.get_range("t/p/k", 0, 100, (1 << 20) + 1) is None
+    assert backend.get_range("t/p/k", 0, 1 << 40, 1 << 40) is None

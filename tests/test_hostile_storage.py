@@ -593,3 +593,65 @@ def test_a_sparse_gigabyte_in_a_shared_tier_is_not_read(tmp_path: Path) -> None:
     assert peak < 8 << 20, peak
     assert shared.junk == 3 and not list((tmp_path / "shared").rglob("*.rce"))
     assert cache.put(keys[0], b"good") and cache.get(keys[0]) == b"good"
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+@pytest.mark.parametrize("change", [1, -1, 4000])
+def test_an_entry_of_another_size_than_its_header_says_is_junk_unread(
+    tmp_path: Path, secret: str | None, change: int
+) -> None:
+    """Session 39's attack review: a sparse file with a forged entry's head, a byte longer
+    than the entry (or a signature's length off, or 4,000 bytes on), was read whole, and
+    one get peaked at four times the value it claimed (4 GiB for 1 GiB). The head says
+    exactly how long the entry is: another size is junk, and no byte past the head is
+    read. A newer format's tail is not this reader's to judge: that entry is kept."""
+    import tracemalloc
+
+    from runtime_cache.codec import encode_packed
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend, secret=secret)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    blob = encode_packed(
+        str(key), key.packed_parts, bytes(64 << 20), created_at=1e9, secret=b"wrong"
+    )
+    path = tmp_path / "r" / "p" / str(key)[-32:][:2] / f"{str(key)[-32:]}.rce"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as planted:
+        planted.write(blob[:4096])
+        planted.truncate(len(blob) + change)  # sparse: 8 KiB on disk
+    tracemalloc.start()
+    try:
+        assert cache.get(key) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert backend.junk == 1 and not path.exists() and cache.stats().misses == 1
+    assert cache.put(key, b"good") and cache.get(key) == b"good"
+    newer = bytearray(blob[:4096])
+    newer[4] = 2  # a later format version, whose framing this reader does not know
+    with open(path, "wb") as kept:
+        kept.write(newer)
+        kept.truncate(len(blob) + 100)
+    assert cache.get(key) is None and path.exists() and backend.junk == 1
+
+
+def test_a_socket_at_an_entrys_name_is_junk(tmp_path: Path) -> None:
+    """Session 39's attack review: a Unix socket bound at an entry's name (any member of a
+    shared folder's group can) failed every get as a backend error (``ENXIO``), and was
+    never removed; strict caches raised. It is junk now, as a FIFO is."""
+    import socket
+
+    backend = DirectoryBackend(tmp_path, max_size=None)
+    cache = rc.Cache(backend, strict=True)
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    assert cache.put(key, b"v" * 50_000) and cache.get(key) == b"v" * 50_000
+    path = next(tmp_path.rglob("*.rce"))
+    path.unlink()
+    with socket.socket(socket.AF_UNIX) as planted:
+        planted.bind(str(path))
+        assert cache.get(key) is None  # the remembered header's read, then the whole one
+        assert backend.junk == 1 and not path.exists()
+        assert cache.stats().errors == 0 and cache.stats().misses == 1
+    assert cache.put(key, b"w" * 50_000) and cache.get(key) == b"w" * 50_000

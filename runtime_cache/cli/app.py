@@ -5,7 +5,7 @@ Usage::
     runtime-cache ls --runtime opencl --sort size
     runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats --json
     runtime-cache prune --max-size 500MB --older-than 30d
-    runtime-cache export app-assets/kernels.rcb --runtime opencl
+    runtime-cache export kernels.rcb --runtime opencl
 
 ``--cache URL`` picks the cache; without it the command uses the process-wide
 provider (:func:`runtime_cache.get_cache`), that is ``RUNTIME_CACHE`` or the

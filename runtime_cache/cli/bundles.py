@@ -44,12 +44,16 @@ def add_parsers(add: AddCommand) -> None:
         "(signed when a secret is set). Exit code 1 when entries were left out as corrupt "
         "or unreadable.",
         [
-            "runtime-cache export app-assets/kernels.rcb --runtime opencl",
+            "runtime-cache export kernels.rcb --runtime opencl",
             'runtime-cache --secret "$APP_SECRET" export kernels.rcb --json',
             "runtime-cache export - --module resnet18@3f2a > resnet.rcb",
         ],
     )
-    export.add_argument("file", metavar="FILE", help="bundle to write ('-' for stdout)")
+    export.add_argument(
+        "file",
+        metavar="FILE",
+        help="bundle to write ('-' for stdout); its folder must exist, as for a shell's >",
+    )
     export.add_argument(
         "--sign",
         action="store_true",
@@ -69,7 +73,7 @@ def add_parsers(add: AddCommand) -> None:
         "code from an unsigned bundle, which only a signed one brings), or are no longer "
         "there afterwards (a size cap smaller than the bundle evicted them).",
         [
-            "runtime-cache import app-assets/kernels.rcb",
+            "runtime-cache import kernels.rcb",
             "runtime-cache import kernels.rcb --keep-existing --json",
             "curl -s https://example.org/kernels.rcb | runtime-cache import -",
         ],
