@@ -45,6 +45,7 @@ class _Host(Protocol):
         *,
         count_misses: bool = True,
         defer_hits: dict[str, tuple[int, float]] | None = None,
+        looked_before: bool = False,
     ) -> dict[str, memoryview]: ...
 
 
@@ -61,6 +62,7 @@ class BatchReads:
         *,
         count_misses: bool = True,
         defer_hits: dict[str, tuple[int, float]] | None = None,
+        looked_before: bool = False,
     ) -> dict[str, memoryview]:
         """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
 
@@ -72,7 +74,10 @@ class BatchReads:
         corrupt entries still are, under those names). ``defer_hits``, a dict, is for
         the same reader: hits are then not counted here either; each found key's ``(bytes
         read, seconds saved)`` goes into it, for :meth:`count_hits` when the value is
-        used (a value read ahead and never used is no hit).
+        used (a value read ahead and never used is no hit). ``looked_before``: each key was
+        looked for by an earlier read, not found, and counted a miss there (a shared build
+        loading what another process built since): a key found now turns that miss into a
+        hit, and one not found counts nothing again.
         """
         given = list(keys)
         wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
@@ -137,8 +142,8 @@ class BatchReads:
             counts["misses"] -= sum(1 for k in wanted if k in more)
             for name in ("hits", "bytes_read", "seconds_saved", "rejected", "corrupt"):
                 counts[name] += extra[name]
-        if not count_misses:
-            counts["misses"] = 0
+        if not count_misses or looked_before:
+            counts["misses"] = -len(found) if looked_before else 0
         if defer_hits is not None:
             del counts["hits"], counts["bytes_read"], counts["seconds_saved"]
         self._counters.add(**counts)

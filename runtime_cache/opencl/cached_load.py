@@ -137,6 +137,7 @@ def load_cached_programs(
     gate: threading.Thread | None = None,
     claim: Claim | None = None,
     looked: set[str] | None = None,
+    again: bool = False,
 ) -> list[str]:
     """Load the programs of ``names`` whose binaries are cached; return the names left to build.
 
@@ -147,7 +148,8 @@ def load_cached_programs(
     does: a program another thread loaded meanwhile (``program()`` beside
     ``build_all()``) is not loaded twice. ``looked``, when given, gets the names whose
     entries were all there, loaded or not (refused, or not vetted): a shared build
-    then tries again only those stored since (see :mod:`.sharing`).
+    then tries again only those stored since (see :mod:`.sharing`). ``again``: these
+    programs' entries were looked for before and counted as misses (``looked_before``).
 
     A background thread fetches the entries a chunk of programs at a time
     (one backend call each) and checks them, while the loading threads hand
@@ -176,7 +178,7 @@ def load_cached_programs(
     def fetch_chunk(chunk: list[str]) -> list[Fetched]:
         plans = {name: plan_of(name) for name in chunk}
         wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
-        found = cache.get_many_views(wanted) if wanted else {}
+        found = cache.get_many_views(wanted, looked_before=again) if wanted else {}
         fetched: list[Fetched] = []
         for name, plan in plans.items():
             binaries = [found.get(str(k)) for k in plan.keys or ()]

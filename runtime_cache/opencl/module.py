@@ -324,7 +324,8 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         first = next((k[0] for k in keys.values() if k), None)
         if first is not None and shares_builds(self.cache, first):
             # Other processes may be building the same module: share the work (see .sharing).
-            load = functools.partial(self._load_cached, workers=count)
+            # (Each missed at the look above: one found now is one hit, no second miss.)
+            load = functools.partial(self._load_cached, workers=count, again=True)
             hooks = self._hooks(cold=True)
             return build_module_shared(
                 hooks, keys, to_build, count, processes, load, self._longest_build, looked
@@ -354,13 +355,13 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         workers: int,
         gate: threading.Thread | None = None,
         looked: set[str] | None = None,
+        again: bool = False,
     ) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build
-        (``looked``: see :func:`.cached_load.load_cached_programs`)."""
+        (``looked``, ``again``: see :func:`.cached_load.load_cached_programs`)."""
         adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
-        return load_cached_programs(
-            self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims, looked
-        )
+        args = (self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims)
+        return load_cached_programs(*args, looked, again)
 
     def _longest_build(self) -> float:
         """How long a holder may take for one program: a worker claims up to
