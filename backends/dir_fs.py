@@ -1,17 +1,15 @@
 """Safe file-system primitives for the directory backend: everything relative to one root fd.
 
-The backend holds its root folder as a directory file descriptor and opens
-everything under it relative to that descriptor, never by a path string. A
-name is resolved without following any symbolic link, in any component, and
-without leaving the root: on Linux 5.6+ with one ``openat2`` call
-(``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``), elsewhere by opening one folder at
-a time with ``O_DIRECTORY | O_NOFOLLOW``. So a member of a shared cache who
-swaps a folder for a link, or renames a folder aside, cannot redirect a read
-or a write outside the cache.
+The backend holds its root folder as a directory file descriptor and opens everything under
+it relative to that descriptor, never by a path string. A name is resolved without following
+any symbolic link, in any component, and without leaving the root: on Linux 5.6+ with one
+``openat2`` call (``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``), elsewhere by opening one folder
+at a time with ``O_DIRECTORY | O_NOFOLLOW``. So a member of a shared cache who swaps a folder
+for a link, or renames a folder aside, cannot redirect a read or a write outside the cache.
 
-Files are opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never blocks an open), and
-checked with ``fstat`` before any read: only a regular file no larger than the
-caller's bound is read (:func:`read_regular`).
+Files are opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never blocks an open), and checked with
+``fstat`` before a read of unknown size: only a regular file no larger than the caller's
+bound is read (:func:`read_regular`); :func:`read_range` reads a size it is told, and one byte.
 """
 
 from __future__ import annotations
@@ -275,10 +273,16 @@ def read_parts(fd: int, size: int, limit: int, span: Span) -> tuple[bytes, ...]:
                 raise Junk("an entry of another size than its header says")
         if framed and type(where) is HeadOnly:  # refused by its head: kept, not read on
             return head, b""
-        # (None also for a file that grew or shrank since fstat.)
-        rest = read_range(fd, start, end, size) if 0 <= start <= SPAN_HEAD else None
-        if rest is not None:
-            return head[:start], *rest
+        # One byte more than is left shows a file that grew since fstat.
+        if end == size and 0 <= start <= SPAN_HEAD and start <= end:
+            middle = os.pread(fd, end - start + 1, start)
+            if len(middle) == end - start:
+                return head[:start], middle, b""
+        elif 0 <= start <= SPAN_HEAD and start <= end < size:
+            middle = os.pread(fd, end - start, start)
+            tail = os.pread(fd, size - end + 1, end)
+            if len(middle) == end - start and len(tail) == size - end:
+                return head[:start], middle, tail
         os.lseek(fd, 0, os.SEEK_SET)
     return (read_to_end(fd, size, limit),)
 
@@ -292,9 +296,8 @@ def fstat_or_none(fd: int) -> os.stat_result | None:
 
 
 def read_range(fd: int, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
-    """The bytes ``[start:end]`` and ``[end:]`` of the file at ``fd`` when it is ``size``
-    bytes long (a byte more than is left shows another size; no ``fstat``) and
-    ``0 <= start <= end <= size``; else ``None``, also for a FIFO or a folder."""
+    """The bytes ``[start:end]`` and ``[end:]`` of the file at ``fd`` when it is ``size`` bytes
+    long (a byte more than is left shows another size) and ``0 <= start <= end <= size``."""
     if not 0 <= start <= end <= size:
         return None
     try:
@@ -302,7 +305,7 @@ def read_range(fd: int, start: int, end: int, size: int) -> tuple[bytes, bytes] 
             middle, tail = os.pread(fd, end - start + 1, start), b""
         else:
             middle, tail = os.pread(fd, end - start, start), os.pread(fd, size - end + 1, end)
-    except OSError as exc:
+    except OSError as exc:  # a FIFO, a folder, a device: None, as for another size
         if exc.errno in (errno.ESPIPE, errno.EISDIR, errno.EINVAL, errno.ENXIO):
             return None
         raise
