@@ -126,3 +126,19 @@ def test_the_demo_stops_at_once_on_a_store_it_cannot_reach(
     err = capsys.readouterr().err
     assert code != 0 and "warning" not in err and "Connection refused" in err, err
     assert time.monotonic() - started < 30  # (no compiling: it took 5.4 s, two runs' worth)
+
+
+def test_a_reading_command_writes_nothing_in_a_folder_that_is_no_cache(tmp_path: Path) -> None:
+    """Session 38's review, left then: `ls` on a folder that is no cache (a checkout) left a
+    vacuum's marker (`.vacuumed`) there; the vacuum ran as the folder was opened. Reading
+    commands open it without the vacuum now, and main() puts the setting back after."""
+    folder = tmp_path / "checkout"
+    folder.mkdir()
+    (folder / "README").write_text("not a cache\n")
+    url = f"dir://{folder}"
+    for command in (["ls"], ["stats"], ["verify"], ["export", str(tmp_path / "out.rcb")]):
+        assert main(["--cache", url, *command]) == 0, command
+        assert sorted(p.name for p in folder.iterdir()) == ["README"], command
+    assert DirectoryBackend.vacuum_at_open is True
+    assert main(["--cache", url, "import", str(tmp_path / "out.rcb")]) == 0  # writes: vacuums
+    assert (folder / ".vacuumed").exists()

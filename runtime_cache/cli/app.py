@@ -47,6 +47,7 @@ from ..errors import (
     RuntimeCacheError,
     UnknownBackendError,
 )
+from ..registry import registry
 from ..urls import redact
 from . import bundles, inspect, maintain
 from .context import (
@@ -244,11 +245,19 @@ def _main(argv: Sequence[str] | None) -> int:
     saved = logger.level, where.level
     logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
     where.setLevel(logging.WARNING)
+    # A command that only reads writes nothing in a folder it reads (`ls` in one that is no
+    # cache left a vacuum's marker there).
+    folders = registry.resolve("dir") if getattr(args, "reads_only", False) else None
+    vacuums = getattr(folders, "vacuum_at_open", None)
+    if vacuums is not None:
+        folders.vacuum_at_open = False  # type: ignore[union-attr]
     try:
         return _settle_output(_run(args))
     finally:  # main() may run inside a host process (tests, notebooks)
         logger.setLevel(saved[0])
         where.setLevel(saved[1])
+        if vacuums is not None:
+            folders.vacuum_at_open = vacuums  # type: ignore[union-attr]
 
 
 def _drop_output(*streams: Any) -> None:
