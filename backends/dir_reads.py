@@ -33,8 +33,9 @@ __all__ = ["LINKED", "DirReads"]
 _O_READ = os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW
 #: What opening beneath the root answers for a link in the way.
 LINKED = {errno.ELOOP, errno.EXDEV}
-_ABSENT = {errno.ENOENT, errno.ENOTDIR, errno.ENXIO, *LINKED}
-_UNOPENED = {errno.ENXIO: "a socket (or a device without its driver)"}
+#: Opens a read of a value again answers ``None`` for: the whole read that follows reports
+#: the junk among them (a link; ``ENXIO``, a socket).
+_UNREAD = {errno.ENOENT, errno.ENOTDIR, errno.ENXIO, *LINKED}
 T = TypeVar("T")
 #: Reads an open entry file: ``reader(fd, size, max_entry_size[, span])``.
 Reader = Callable[..., T]
@@ -58,17 +59,18 @@ class DirReads:
 
         def found_junk(self, rel: str, what: str, st: os.stat_result | None = None) -> None: ...
 
-    def _open(self, rel: str, quiet: bool = False) -> tuple[int, int] | None:
-        # (descriptor, size) of a regular entry file; None for a miss or junk (reported
-        # unless ``quiet``).
+    def _open(self, rel: str) -> tuple[int, int] | None:
+        # (descriptor, size) of a regular entry file; None for a miss or junk (reported).
         try:
             fd = fs.open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
-            if exc.errno in LINKED or exc.errno == errno.ENXIO:
-                if not quiet:  # (ENXIO: a socket, which no open reads)
-                    self.found_junk(rel, _UNOPENED.get(exc.errno, "a symbolic link (or under one)"))
+            if exc.errno in LINKED:
+                self.found_junk(rel, "a symbolic link (or under one)")
+                return None
+            if exc.errno == errno.ENXIO:  # (no open reads one)
+                self.found_junk(rel, "a socket")
                 return None
             raise self._error("read", exc, rel) from exc
         try:
@@ -76,8 +78,7 @@ class DirReads:
         except Junk as exc:
             st = fs.fstat_or_none(fd)
             os.close(fd)
-            if not quiet:
-                self.found_junk(rel, str(exc), st)
+            self.found_junk(rel, str(exc), st)
         except OSError as exc:
             os.close(fd)
             raise self._error("read", exc, rel) from exc
@@ -98,7 +99,7 @@ class DirReads:
         try:
             fd = fs.open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
-            if exc.errno in _ABSENT:
+            if exc.errno in _UNREAD:
                 return None
             raise self._error("read", exc, rel) from exc
         try:
@@ -130,23 +131,20 @@ class DirReads:
         count_use: bool,
         reader: Reader[T],
         where: object = None,
-        quiet: bool = False,
     ) -> T | None:
-        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span, a range);
-        # ``quiet``: junk is not reported.
+        # ``reader(fd, size, cap)``, or ``reader(fd, size, cap, where)`` (a span).
         rel = self._rels.get(key) or self._rel(key)
-        opened = self._open(rel, quiet)
+        opened = self._open(rel)
         if opened is None:
             return None
         fd, size = opened
         cap = self.max_entry_size
         try:
             data = reader(fd, size, cap) if where is None else reader(fd, size, cap, where)
-            if count_use and data is not None:  # (a range of another size: none read)
+            if count_use and data is not None:
                 self._touch(fd, key)
         except Junk as exc:
-            if not quiet:
-                self.found_junk(rel, str(exc), fs.fstat_or_none(fd))
+            self.found_junk(rel, str(exc), fs.fstat_or_none(fd))
             return None
         except OSError as exc:
             raise self._error("read", exc, rel) from exc
