@@ -142,3 +142,23 @@ def test_a_reading_command_writes_nothing_in_a_folder_that_is_no_cache(tmp_path:
     assert DirectoryBackend.vacuum_at_open is True
     assert main(["--cache", url, "import", str(tmp_path / "out.rcb")]) == 0  # writes: vacuums
     assert (folder / ".vacuumed").exists()
+
+
+def test_an_export_whose_entries_were_all_left_out_writes_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Session 39's new-user review: `--secret S export k.rcb` over a cache of unsigned
+    entries left out every entry, exited 1, and wrote an empty bundle (52 bytes) over the
+    file, which could then be shipped. The file is left as it was now."""
+    source = f"dir://{tmp_path / 'source'}"
+    rc.Cache(rc.open_backend(source)).put(
+        rc.make_key(module_id="m", runtime="r", purpose="p"), b"value"
+    )
+    bundle = tmp_path / "k.rcb"
+    bundle.write_bytes(b"the bundle shipped last time")
+    assert main(["--secret", "s" * 32, "--cache", source, "export", str(bundle)]) == 1
+    captured = capsys.readouterr()
+    assert "not written" in captured.out and "--sign" in captured.err + captured.out
+    assert bundle.read_bytes() == b"the bundle shipped last time"
+    assert main(["--secret", "s" * 32, "--cache", source, "export", str(bundle), "--sign"]) == 0
+    assert bundle.read_bytes() != b"the bundle shipped last time"

@@ -151,8 +151,10 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             file=ctx.err,
         )
         return 1
+    # Nor may entries all left out (unsigned, with a secret set): the file is kept as it was.
+    written = bool(bundle_count(data)) or not skipped
     try:
-        replaced = _write_file(args.file, data)
+        replaced = _write_file(args.file, data) if written else None
     except BundleFileError as exc:
         print(f"runtime-cache: {clean(exc)}", file=ctx.err)
         return 1
@@ -171,6 +173,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         "signed": signed,
         "left_out": [key for key, _ in skipped.items],
         "skipped": len(skipped),
+        "written": written,
     }
     into_stdout = _is_stdout(args.file)
     if args.json and into_stdout:
@@ -181,7 +184,9 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         where = ctx.err if into_stdout else ctx.out
         print(
             f"exported {fmt_count(count, 'entry', 'entries')} ({human_size(len(data))}, "
-            f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}",
+            f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}"
+            if written
+            else f"no entry exported; {clean(args.file)} not written",
             file=where,
         )
         skipped.report(ctx, sign_hint=signed and not args.sign and not cache.backend.shared)
