@@ -118,22 +118,12 @@ class BatchReads:
 
         kept = self._heads.kept_head
         found, counts = screen_many(
-            wanted,
-            given,
-            blobs,
-            self._secret,
-            self.limits,
-            discard,
-            defer_hits,
-            refused,
-            kept,
-            bad.__setitem__,
+            wanted, given, blobs, self._secret, self.limits, discard, defer_hits, refused, kept
         )
         if bad:
-            # Removed as corrupt, rejected or of a newer format (kept): read once more, since
-            # a tier below (a fleet's shared store under a machine's own folder) may hold a
-            # good copy, which the tiered read then copies up; before, the caller missed and
-            # built it again.
+            # Removed as corrupt, or rejected (kept): read once more, since a tier below (a
+            # fleet's shared store under a machine's own folder) may hold a good copy, which
+            # the tiered read then copies up; before, the caller missed and built it again.
             again = list(
                 {k: (k, a) for k, a in zip(wanted, given, strict=True) if k in bad}.values()
             )

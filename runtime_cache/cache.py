@@ -261,10 +261,10 @@ class Cache(Inventory, BatchReads, Builds, Removals):
     def _screen(
         self, key: KeyLike, skey: str, pieces: tuple[bytes, ...], again: bool = True
     ) -> Checked | None:
-        # Through the one check; counts the hit or the miss. A corrupt entry (once removed),
-        # a rejected one or one of a newer format is read ``again``: a tier below may hold a
-        # good copy (see batch_reads). The head alone of an entry refused by it (see
-        # .refused_heads) is counted unchecked, as the entry's check would count it.
+        # Through the one check; counts the hit or the miss. A corrupt entry (once removed)
+        # or a rejected one is read ``again``: a tier below may hold a good copy (see
+        # batch_reads). The head alone of an entry refused by it (see .refused_heads) is
+        # counted unchecked, as the entry's check would count it.
         checked: Checked | str | None = None
         if len(pieces) == 2:  # (only a head cut alone is two pieces)
             checked = refused_head(skey, pieces, self._heads.kept_head)
@@ -272,9 +272,8 @@ class Cache(Inventory, BatchReads, Builds, Removals):
             asked = key if isinstance(key, CacheKey) else None
             refused = self._heads.remember
             checked = screen(skey, pieces, self._secret, self.limits, asked, self._discard, refused)
-        if (checked == "corrupt" or checked == "rejected" or checked == "misses") and again:
-            if checked != "misses":  # ("misses": a newer format's, kept for its readers)
-                self._counters.add(**{checked: 1})
+        if (checked == "corrupt" or checked == "rejected") and again:
+            self._counters.add(**{checked: 1})
             past = {skey: b"".join(pieces)}
             retry = read_again(self._backend, past, self._heads).get(skey)
             if retry is not None:

@@ -199,7 +199,6 @@ def screen_many(
     tally: dict[str, tuple[int, float]] | None = None,
     refused: Callable[[str, bytes], None] | None = None,
     kept: Callable[[tuple[bytes, ...]], str | None] | None = None,
-    newer: Callable[[str, bytes], None] | None = None,
 ) -> tuple[dict[str, memoryview], dict[str, float]]:
     """:func:`screen` over a batch: the values that passed, by storage key, and the
     counters to add (hits, misses, rejected, corrupt, bytes read, seconds saved).
@@ -210,8 +209,7 @@ def screen_many(
     ``refused``, each rejected blob (as in :func:`screen`). ``kept(pieces)`` names the
     counter of pieces that are the head alone of an entry refused by it, and kept
     (:meth:`~runtime_cache.refused_heads.RefusedHeads.kept_head`): counted so, unchecked,
-    and a rejected one's head passed to ``refused``. ``newer`` gets each blob (or head) of
-    a newer format, which is kept.
+    and a rejected one's head passed to ``refused``.
     """
     found: dict[str, memoryview] = {}
     counts: dict[str, float] = {"misses": 0, "rejected": 0, "corrupt": 0}
@@ -229,8 +227,6 @@ def screen_many(
                 counts[why] += 1
                 if refused is not None:  # (a tier below may hold a good copy)
                     refused(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
-            elif newer is not None:  # (so may one for a newer format's)
-                newer(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
             continue
         asked_key = key if type(key) is CacheKey else None
         checked = screen(skey, blob, secret, limits, asked_key, discard, refused)
@@ -238,8 +234,6 @@ def screen_many(
             counts["misses"] += 1
             if checked != "misses":
                 counts[checked] += 1
-            elif newer is not None:
-                newer(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
             continue
         size = sum(map(len, blob)) if isinstance(blob, tuple) else len(blob)
         read += size

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import os
 import struct
 import time
 from pathlib import Path
@@ -517,39 +516,3 @@ def test_checksums_come_before_the_signature() -> None:
     assert cache.get(_key(1)) is None and cache.stats().rejected == 1
     assert backend.get(str(_key(1))) is not None
     assert struct.unpack_from("<Q", forged, 28)[0] == xxhash.xxh3_64_intdigest(b"evil!")
-
-
-@pytest.mark.parametrize("read", ["get", "get_many", "in"])
-@pytest.mark.parametrize("top", ["memory", "dir"])
-def test_an_entry_of_a_newer_format_in_a_top_tier_hides_no_good_copy_below(
-    tmp_path: Path, read: str, top: str
-) -> None:
-    """Session 39: a newer format's entry in a machine's own tier (two versions of an app
-    sharing one folder) was a miss without a look below it, so the good copy in the shared
-    tier was never used: the caller built again. It is kept where it is found, and the
-    tiers below are read, as for a rejected entry."""
-    from runtime_cache.backends.tiered import TieredBackend
-
-    value = os.urandom(70_000)  # (on dir://, read as a head and the rest)
-    below = DirectoryBackend(tmp_path / "shared", max_size=None)
-    writer = rc.Cache(below)
-    assert writer.put(_key(1), value)
-    blob = below.get(str(_key(1)))
-    assert blob is not None
-    upper: rc.Backend = (
-        MemoryBackend() if top == "memory" else DirectoryBackend(tmp_path / "own", max_size=None)
-    )
-    upper.set(str(_key(1)), _newer(blob))
-    cache = rc.Cache(TieredBackend([upper, below]))
-    found = {
-        "get": lambda: cache.get(_key(1)),
-        "get_many": lambda: cache.get_many([_key(1)]).get(str(_key(1))),
-        "in": lambda: value if _key(1) in cache else None,
-    }[read]()
-    assert found == value
-    stats = cache.stats()
-    assert (stats.hits, stats.misses, stats.corrupt, stats.rejected) == (1, 0, 0, 0)
-    assert upper.get(str(_key(1))) == blob  # the good copy, copied up (as a put would)
-    # A tier with nothing below it: a miss, and the newer entry stays (as before).
-    upper.set(str(_key(1)), _newer(blob))
-    assert rc.Cache(upper).get(_key(1)) is None and upper.get(str(_key(1))) == _newer(blob)
