@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from runtime_cache.api import Backend, Lease, StoredItem, parse_size
+from runtime_cache.api import READING_ONLY, Backend, Lease, StoredItem, parse_size
 from runtime_cache.environment import cache_folder
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
@@ -73,10 +73,6 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
     lock_stale_after = 30.0
     #: Seconds a writer far over the cap waits for another process's eviction.
     lock_wait = 0.5
-    #: Whether opening a folder vacuums it when the last vacuum was over an hour ago (False
-    #: where a process only reads: the command line's reading commands, so that ``ls`` in a
-    #: folder that is no cache writes nothing there).
-    vacuum_at_open = True
 
     def __init__(
         self,
@@ -129,7 +125,7 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and roots.only_mine(self.root_fd)
         self._upkeep = Upkeep(self, members)
-        if self.vacuum_at_open:
+        if not READING_ONLY.get():  # (the hourly vacuum writes: see api.READING_ONLY)
             self._upkeep.maybe_vacuum()
         track(self)  # hits flushed at exit, the root reopened after a fork
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -49,6 +50,7 @@ from .urls import BackendURL, redact_url
 
 __all__ = [
     "MAX_TEXT_KEY",
+    "READING_ONLY",
     "SPAN_HEAD",
     "Backend",
     "BackendURL",
@@ -68,6 +70,11 @@ __all__ = [
     "redact_url",
 ]
 
+
+#: True (in this thread's context) while code that only reads opens stores: a backend opened
+#: then does no upkeep that writes (``dir://``'s hourly vacuum). The command line's reading
+#: commands set it, so that ``ls`` in a folder that is no cache writes nothing there.
+READING_ONLY: ContextVar[bool] = ContextVar("runtime_cache_reading_only", default=False)
 
 #: The longest text key, in characters (as ``dir://``'s): the library's own keys
 #: (``runtime/purpose/digest``) are at most 162, and a ``redis://`` listing never takes in

@@ -45,7 +45,6 @@ class _Host(Protocol):
         *,
         count_misses: bool = True,
         defer_hits: dict[str, tuple[int, float]] | None = None,
-        looked_before: bool = False,
     ) -> dict[str, memoryview]: ...
 
 
@@ -62,7 +61,6 @@ class BatchReads:
         *,
         count_misses: bool = True,
         defer_hits: dict[str, tuple[int, float]] | None = None,
-        looked_before: bool = False,
     ) -> dict[str, memoryview]:
         """Like :meth:`get_many`, but each value is a read-only view into the stored blob.
 
@@ -74,10 +72,7 @@ class BatchReads:
         corrupt entries still are, under those names). ``defer_hits``, a dict, is for
         the same reader: hits are then not counted here either; each found key's ``(bytes
         read, seconds saved)`` goes into it, for :meth:`count_hits` when the value is
-        used (a value read ahead and never used is no hit). ``looked_before``: each key was
-        looked for by an earlier read, not found, and counted a miss there (a shared build
-        loading what another process built since): a key found now turns that miss into a
-        hit, and one not found counts nothing again.
+        used (a value read ahead and never used is no hit).
         """
         given = list(keys)
         wanted = [str(k) if type(k) is CacheKey else key_text(k) for k in given]
@@ -142,18 +137,27 @@ class BatchReads:
             counts["misses"] -= sum(1 for k in wanted if k in more)
             for name in ("hits", "bytes_read", "seconds_saved", "rejected", "corrupt"):
                 counts[name] += extra[name]
-        if not count_misses or looked_before:
-            counts["misses"] = -len(found) if looked_before else 0
+        if not count_misses:
+            counts["misses"] = 0
         if defer_hits is not None:
             del counts["hits"], counts["bytes_read"], counts["seconds_saved"]
         self._counters.add(**counts)
         return found
 
-    def count_hits(self: _Host, tally: Iterable[tuple[int, float]]) -> None:
+    def count_hits(
+        self: _Host, tally: Iterable[tuple[int, float]], missed_before: bool = False
+    ) -> None:
         """Count a hit for each ``(bytes read, seconds saved)`` in ``tally``: values that
-        :meth:`get_many_views` read with ``defer_hits`` and that are used now."""
+        :meth:`get_many_views` read with ``defer_hits`` and that are used now.
+        ``missed_before``: each was a miss, counted, at an earlier look for it (a value
+        another process stored since, as a shared build loads it): that miss is taken back,
+        so that the look counts one hit, as ``get_or_build`` counts it."""
+        taken = 0
         for size, saved in tally:
             self._counters.hit(size, saved)
+            taken += 1
+        if missed_before and taken:
+            self._counters.add(misses=-taken)
 
 
 def _each_key(

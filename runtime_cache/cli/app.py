@@ -39,6 +39,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from .._version import __version__
+from ..api import READING_ONLY
 from ..errors import (
     InsecureStoreError,
     InvalidSecretError,
@@ -47,7 +48,6 @@ from ..errors import (
     RuntimeCacheError,
     UnknownBackendError,
 )
-from ..registry import registry
 from ..urls import redact
 from . import bundles, inspect, maintain
 from .context import (
@@ -247,17 +247,14 @@ def _main(argv: Sequence[str] | None) -> int:
     where.setLevel(logging.WARNING)
     # A command that only reads writes nothing in a folder it reads (`ls` in one that is no
     # cache left a vacuum's marker there).
-    folders = registry.resolve("dir") if getattr(args, "reads_only", False) else None
-    vacuums = getattr(folders, "vacuum_at_open", None)
-    if vacuums is not None:
-        folders.vacuum_at_open = False  # type: ignore[union-attr]
+    reading = READING_ONLY.set(True) if getattr(args, "reads_only", False) else None
     try:
         return _settle_output(_run(args))
     finally:  # main() may run inside a host process (tests, notebooks)
         logger.setLevel(saved[0])
         where.setLevel(saved[1])
-        if vacuums is not None:
-            folders.vacuum_at_open = vacuums  # type: ignore[union-attr]
+        if reading is not None:
+            READING_ONLY.reset(reading)
 
 
 def _drop_output(*streams: Any) -> None:

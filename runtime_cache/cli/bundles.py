@@ -42,7 +42,7 @@ def add_parsers(add: AddCommand) -> None:
         cmd_export,
         "Write entries to a bundle file, to ship a pre-filled cache with an app "
         "(signed when a secret is set). Exit code 1 when entries were left out as corrupt "
-        "or unreadable.",
+        "or unreadable, or when there is no entry to export (the file is then not written).",
         [
             "runtime-cache export kernels.rcb --runtime opencl",
             'runtime-cache --secret "$APP_SECRET" export kernels.rcb --json',
@@ -151,8 +151,9 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             file=ctx.err,
         )
         return 1
-    # Nor may entries all left out (unsigned, with a secret set): the file is kept as it was.
-    written = bool(bundle_count(data)) or not skipped
+    # Nor may entries all left out (unsigned, with a secret set), or an empty cache: the file
+    # is kept as it was (GNU tar, too, refuses to make an empty archive).
+    written = bool(bundle_count(data))
     try:
         replaced = _write_file(args.file, data) if written else None
     except BundleFileError as exc:
@@ -169,7 +170,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     report = {
         "file": args.file,
         "entries": count,
-        "bytes": len(data),
+        "bytes": len(data) if written else 0,
         "signed": signed,
         "left_out": [key for key, _ in skipped.items],
         "skipped": len(skipped),
@@ -186,8 +187,9 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             f"exported {fmt_count(count, 'entry', 'entries')} ({human_size(len(data))}, "
             f"{'signed' if signed else 'unsigned'}) to {clean(args.file)}"
             if written
-            else f"no entry exported; {clean(args.file)} not written",
+            else f"no entry {'exported' if skipped else 'to export'}; "
+            f"{clean(args.file)} not written",
             file=where,
         )
         skipped.report(ctx, sign_hint=signed and not args.sign and not cache.backend.shared)
-    return 1 if skipped else 0
+    return 1 if skipped or not written else 0

@@ -7,7 +7,7 @@ what the cache holds through :func:`load_cached_programs` before it builds the r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..cache import Cache
@@ -127,6 +127,32 @@ def concurrent_loads(context: Any) -> int:
     return min(CONCURRENT_LOADS.get(name, 1) for name in names) if names else 1
 
 
+def note_missed(
+    cache: Cache,
+    missed: dict[str, list[str]],
+    plans: Mapping[str, ProgramPlan],
+    found: Mapping[str, object],
+    tally: Mapping[str, tuple[int, float]] | None,
+) -> None:
+    """Note in ``missed`` each program's keys that a look missed; with ``tally`` (a later
+    look, its hits deferred), count a hit for each key noted before and found now, taking
+    back its miss, and note those no more. A key found now that the first look found too
+    counts nothing: that look counted it."""
+    if tally is None:
+        for name, plan in plans.items():
+            keys = [str(k) for k in plan.keys or ()]
+            if lost := [k for k in keys if k not in found]:  # (with repeats, as counted)
+                missed[name] = lost
+        return
+    served: list[tuple[int, float]] = []
+    for name in plans:
+        before = missed.get(name)
+        if before:
+            served += [tally[k] for k in before if k in tally]
+            missed[name] = [k for k in before if k not in tally]
+    cache.count_hits(served, missed_before=True)
+
+
 def load_cached_programs(
     context: Any,
     cache: Cache,
@@ -137,6 +163,7 @@ def load_cached_programs(
     gate: threading.Thread | None = None,
     claim: Claim | None = None,
     looked: set[str] | None = None,
+    missed: dict[str, list[str]] | None = None,
     again: bool = False,
 ) -> list[str]:
     """Load the programs of ``names`` whose binaries are cached; return the names left to build.
@@ -148,8 +175,11 @@ def load_cached_programs(
     does: a program another thread loaded meanwhile (``program()`` beside
     ``build_all()``) is not loaded twice. ``looked``, when given, gets the names whose
     entries were all there, loaded or not (refused, or not vetted): a shared build
-    then tries again only those stored since (see :mod:`.sharing`). ``again``: these
-    programs' entries were looked for before and counted as misses (``looked_before``).
+    then tries again only those stored since (see :mod:`.sharing`). ``missed``, when given,
+    gets each program's storage keys this look missed (and counted as misses); with
+    ``again`` (a later look of the same call: a shared build loading what another process
+    stored since), a key of it found now is counted as the hit that turns that miss, and
+    nothing else is counted again (:meth:`~runtime_cache.cache.Cache.count_hits`).
 
     A background thread fetches the entries a chunk of programs at a time
     (one backend call each) and checks them, while the loading threads hand
@@ -178,7 +208,12 @@ def load_cached_programs(
     def fetch_chunk(chunk: list[str]) -> list[Fetched]:
         plans = {name: plan_of(name) for name in chunk}
         wanted = [k for p in plans.values() if p.keys is not None for k in p.keys]
-        found = cache.get_many_views(wanted, looked_before=again) if wanted else {}
+        tally: dict[str, tuple[int, float]] | None = {} if again else None
+        found = (
+            cache.get_many_views(wanted, count_misses=not again, defer_hits=tally) if wanted else {}
+        )
+        if missed is not None:
+            note_missed(cache, missed, plans, found, tally)
         fetched: list[Fetched] = []
         for name, plan in plans.items():
             binaries = [found.get(str(k)) for k in plan.keys or ()]

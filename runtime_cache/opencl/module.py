@@ -312,7 +312,8 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         # The driver's files are restored while the first entries are read; loads wait for them.
         gate = self._driver.start_restore(self.cache) if self._driver is not None else None
         looked: set[str] = set()  # entries there at this look, loaded or not
-        to_build = self._load_cached(missing, count, gate, looked)
+        missed: dict[str, list[str]] = {}  # keys this look missed: see note_missed
+        to_build = self._load_cached(missing, count, gate, looked, missed)
         if gate is not None:
             gate.join()
         if not to_build:
@@ -325,7 +326,7 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         if first is not None and shares_builds(self.cache, first):
             # Other processes may be building the same module: share the work (see .sharing).
             # (Each missed at the look above: one found now is one hit, no second miss.)
-            load = functools.partial(self._load_cached, workers=count, again=True)
+            load = functools.partial(self._load_cached, workers=count, missed=missed, again=True)
             hooks = self._hooks(cold=True)
             return build_module_shared(
                 hooks, keys, to_build, count, processes, load, self._longest_build, looked
@@ -355,13 +356,14 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         workers: int,
         gate: threading.Thread | None = None,
         looked: set[str] | None = None,
+        missed: dict[str, list[str]] | None = None,
         again: bool = False,
     ) -> list[str]:
         """Load the programs whose binaries are cached; return the names left to build
-        (``looked``, ``again``: see :func:`.cached_load.load_cached_programs`)."""
+        (``looked``, ``missed``, ``again``: see :func:`.cached_load.load_cached_programs`)."""
         adopt = functools.partial(self._adopt, seconds=0.0, cached=True)
         args = (self.context, self.cache, names, workers, self._plan, adopt, gate, self._claims)
-        return load_cached_programs(*args, looked, again)
+        return load_cached_programs(*args, looked, missed, again)
 
     def _longest_build(self) -> float:
         """How long a holder may take for one program: a worker claims up to
