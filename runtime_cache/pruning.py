@@ -69,6 +69,11 @@ class PruneReport:
     #: Entries kept since they were written again, or used, after prune weighed them (by
     #: another process, or from ``on_progress``): not removed, and not counted as removed.
     changed: list[str] = field(default_factory=list)
+    #: Whether this was a dry run: ``removed`` and ``freed`` are what would go (the
+    #: entries in ``would_remove``, in the order they would), and nothing was removed
+    #: (stale temporary files included).
+    dry_run: bool = False
+    would_remove: list[str] = field(default_factory=list)
 
 
 class _Weighed(NamedTuple):
@@ -90,6 +95,7 @@ def prune(
     older_than: float | str | None = None,
     now: float | None = None,
     on_progress: OnProgress | None = None,
+    dry_run: bool = False,
 ) -> PruneReport:
     """Remove entries not used for ``older_than`` seconds, then the least recently
     used ones until the total stored size is at most ``max_size`` bytes.
@@ -107,11 +113,14 @@ def prune(
     An entry is removed only while it is the one weighed: one written again, or used
     (where the store keeps last uses), after the listing is kept and named in
     :attr:`PruneReport.changed`, not counted as removed.
+
+    With ``dry_run``, nothing is removed: the report says what would go (``removed``,
+    ``freed``) and what would stay, as the store is now.
     """
     max_size = None if max_size is None else _size(max_size)
     older_than = None if older_than is None else _seconds(older_than)
     now = time.time() if now is None else now
-    report = PruneReport(leftovers=cache.backend.vacuum())
+    report = PruneReport(dry_run=True) if dry_run else PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report)
     items = sorted(weighed.items(), key=lambda item: (not item[1].corrupt, item[1].last or 0.0))
     total = sum(entry.size for entry in weighed.values())
@@ -121,6 +130,7 @@ def prune(
     pinned = sum(weighed[key].size for key in stuck)
     report.kept_the_rest = max_size is not None and pinned > max_size
     tried: set[str] = set()
+    would: set[str] = set()
     attempted = False
     for done, (key, entry) in enumerate(items, 1):
         if on_progress is not None:
@@ -129,6 +139,12 @@ def prune(
         expired = older_than is not None and last is not None and now - last > older_than
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
+            continue
+        if dry_run:  # (one known not to go is not one that would)
+            if key not in stuck:
+                would.add(key)
+                report.would_remove.append(key)
+                total -= entry.size
             continue
         attempted = True
         try:  # one that cannot be removed does not stop the rest (as clear goes on)
@@ -154,7 +170,7 @@ def prune(
             report.changed.append(key)
     if max_size is not None and pinned > max_size:
         report.kept_the_rest = True
-    _settle(cache, report, weighed, tried if attempted else None, stuck, max_size)
+    _settle(cache, report, weighed, tried if attempted else None, stuck, max_size, would)
     return report
 
 
@@ -252,13 +268,15 @@ def _settle(
     tried: set[str] | None,
     stuck: set[str],
     max_size: int | None,
+    would: set[str],
 ) -> None:
     """Fill in what is left, listed again where any removal was tried (``tried`` is None
     where none was): a store of tiers says it removed an entry (or that it had none) while
     one of its tiers kept it, and another hand may have removed or written entries. An
-    entry written again meanwhile (a newer one under the key) is not one that stayed."""
+    entry written again meanwhile (a newer one under the key) is not one that stayed.
+    ``would`` holds what a dry run would remove: counted as gone, and not listed again."""
     sizes = {key: entry.size for key, entry in weighed.items()}
-    left, again = dict(sizes), {}
+    left, again = {key: size for key, size in sizes.items() if key not in would}, {}
     if tried is None:
         tried = set()
     else:
@@ -273,7 +291,7 @@ def _settle(
     said = {key for key, _ in report.failed}
     report.failed += [(key, "still there after its removal") for key in stayed - said]
     stuck |= stayed
-    gone = tried - stayed
+    gone = (tried - stayed) | would
     report.removed = len(gone)
     report.freed = sum(sizes[key] for key in gone)
     report.remaining, report.remaining_bytes = len(left), sum(left.values())

@@ -1,18 +1,22 @@
 """Secrets: one key or several (``[new, old]`` while a fleet rotates keys), HMAC-SHA256.
 
 The first key signs; any key verifies. An empty or blank key is an error, never
-"no secret".
+"no secret". A key shorter than :data:`SHORT_SECRET` bytes is taken, with a warning
+(once a process for each key): anyone who can read one signed entry can try to guess
+it offline.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Sequence
 
 from .errors import InvalidSecretError
 
 __all__ = [
+    "SHORT_SECRET",
     "SIG_SIZE",
     "Secret",
     "SecretKeys",
@@ -24,6 +28,13 @@ __all__ = [
 
 #: Bytes of an HMAC-SHA256 signature.
 SIG_SIZE = 32
+
+#: Keys shorter than this many bytes are warned about: a writer who can read one
+#: signed entry may guess such a key offline, and then sign anything.
+SHORT_SECRET = 16
+
+_log = logging.getLogger(__name__)
+_warned: set[bytes] = set()  # (digests of the short keys already warned about)
 
 #: What callers may pass as a secret: one key, or several (``[new, old]``) to rotate keys.
 Secret = str | bytes | Sequence[str | bytes] | None
@@ -39,9 +50,26 @@ def _one_secret(secret: object) -> bytes:
             raise InvalidSecretError("a secret must be text UTF-8 can encode") from None
     if not isinstance(secret, (bytes, bytearray)):
         raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
-    if not bytes(secret).strip():
+    key = bytes(secret)
+    if not key.strip():
         raise InvalidSecretError("a secret may not be empty or blank")
-    return bytes(secret)
+    if len(key) < SHORT_SECRET:
+        _warn_short(key)
+    return key
+
+
+def _warn_short(key: bytes) -> None:
+    digest = hashlib.sha256(key).digest()
+    if digest in _warned:
+        return
+    _warned.add(digest)
+    _log.warning(
+        "a secret key of %d bytes is short: anyone who can read a signed entry may guess it "
+        "and sign what they like; use %d or more random bytes, e.g. the output of "
+        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        len(key),
+        SHORT_SECRET,
+    )
 
 
 def normalize_secret(secret: Secret | SecretKeys) -> SecretKeys | None:

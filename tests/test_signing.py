@@ -182,3 +182,26 @@ def test_poisoned_store_cannot_feed_a_program_binary(store: rc.Backend) -> None:
     assert module.build_all(workers=1) == 1  # rebuilt from source, not loaded
     assert cache.stats().rejected == len(cached) and cache.stats().hits == 0
     assert opencl_stats().binary_loads == 0 and opencl_stats().source_builds == 1
+
+
+def test_a_short_key_is_taken_with_a_warning_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A key of under 16 bytes signs and verifies as before (fleets that use one keep
+    working), and is warned about once a process: a writer who reads one signed entry can
+    guess it offline. The command says so without --verbose."""
+    from runtime_cache.cli import main
+    from runtime_cache.signing import normalize_secret
+
+    short, long_ = "tiny-k3y-s40", "a-key-of-16-bytes"
+    with caplog.at_level("WARNING", logger="runtime_cache.signing"):
+        assert normalize_secret([long_, short]) == (long_.encode(), short.encode())
+        normalize_secret(short)
+        a, b = rc.Cache(MemoryBackend(), secret=short), rc.Cache(MemoryBackend(), secret=long_)
+    said = [r.getMessage() for r in caplog.records if r.name == "runtime_cache.signing"]
+    assert len(said) == 1 and "12 bytes is short" in said[0] and "16 or more" in said[0]
+    a.close()
+    b.close()
+    caplog.clear()  # the command keeps the warning on without --verbose
+    assert main(["--cache", "memory://", "--secret", "tiny-k3y-s40b", "ls"]) == 0
+    assert main(["--cache", "memory://", "--secret", long_ + "x", "ls"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "runtime_cache.signing"]
+    assert len(said) == 1 and "13 bytes is short" in said[0]

@@ -241,18 +241,22 @@ def _main(argv: Sequence[str] | None) -> int:
     logger = logging.getLogger("runtime_cache")
     # Except where the cache lives: a default folder that moved to a temporary one (no
     # usable home folder) is said always, or `ls` would show another cache without a word.
-    where = logging.getLogger("runtime_cache.environment")
-    saved = logger.level, where.level
+    # So is a short secret key.
+    said = [logging.getLogger(f"runtime_cache.{name}") for name in ("environment", "signing")]
+    saved = logger.level, [one.level for one in said]
     logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
-    where.setLevel(logging.WARNING)
+    for one in said:
+        one.setLevel(logging.WARNING)
     # A command that only reads writes nothing in a folder it reads (`ls` in one that is no
     # cache left a vacuum's marker there).
-    reading = READING_ONLY.set(True) if getattr(args, "reads_only", False) else None
+    reads = getattr(args, "reads_only", False) or getattr(args, "dry_run", False)
+    reading = READING_ONLY.set(True) if reads else None
     try:
         return _settle_output(_run(args))
     finally:  # main() may run inside a host process (tests, notebooks)
         logger.setLevel(saved[0])
-        where.setLevel(saved[1])
+        for one, level in zip(said, saved[1], strict=True):
+            one.setLevel(level)
         if reading is not None:
             READING_ONLY.reset(reading)
 

@@ -99,7 +99,7 @@ def add_parsers(add: AddCommand) -> None:
         "while prune runs is kept, and counted as kept, not removed.",
         [
             "runtime-cache prune --older-than 30d",
-            "runtime-cache prune --max-size 500MB",
+            "runtime-cache prune --max-size 500MB --dry-run",
             "runtime-cache prune --max-size 2GiB --older-than 12h --json",
         ],
     )
@@ -112,6 +112,11 @@ def add_parsers(add: AddCommand) -> None:
     )
     prune_cmd.add_argument(
         "--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m (a unit is needed)"
+    )
+    prune_cmd.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="remove nothing: say what would be removed and what would remain",
     )
     prune_cmd.set_defaults(removes_only=True, check=_prune_check)
     add_json(prune_cmd)
@@ -274,6 +279,7 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
             older_than=args.older_than,
             now=ctx.now,
             on_progress=progress.at,
+            dry_run=args.dry_run,
         )
     finally:
         progress.close()

@@ -13,12 +13,25 @@ __all__ = ["print_prune_report"]
 
 def print_prune_report(report: PruneReport, ctx: CommandContext) -> None:
     """Print ``report`` as text to ``ctx.out`` and ``ctx.err``."""
-    print(
-        f"removed {count(report.removed, 'entry', 'entries')} ({human_size(report.freed)}); "
-        f"{count(report.remaining, 'entry remains', 'entries remain')} "
-        f"({human_size(report.remaining_bytes)})",
-        file=ctx.out,
-    )
+    if report.dry_run:
+        print(
+            f"would remove {count(report.removed, 'entry', 'entries')} "
+            f"({human_size(report.freed)}); "
+            f"{count(report.remaining, 'entry', 'entries')} would remain "
+            f"({human_size(report.remaining_bytes)}); nothing was removed (--dry-run)",
+            file=ctx.out,
+        )
+        for key in report.would_remove[:10]:
+            print(f"  {clean(key)}", file=ctx.out)
+        if len(report.would_remove) > 10:
+            print(f"  and {len(report.would_remove) - 10} more (--json lists all)", file=ctx.out)
+    else:
+        print(
+            f"removed {count(report.removed, 'entry', 'entries')} ({human_size(report.freed)}); "
+            f"{count(report.remaining, 'entry remains', 'entries remain')} "
+            f"({human_size(report.remaining_bytes)})",
+            file=ctx.out,
+        )
     if report.leftovers:
         print(f"also removed {report.leftovers} stale temp files", file=ctx.out)
     if report.changed:
