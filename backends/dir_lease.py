@@ -216,17 +216,12 @@ class DirLease(Lease):
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     os.close(fd)
                     raise BackendError(f"lease {self.key!r}: {exc}") from exc
-                stale = time.time() - os.fstat(fd).st_mtime > self.ttl
-                # Stale by our clock; by the file system's, which stamped the touch? The lock's
-                # time is read again after the probe: a touch meanwhile is then counted.
-                stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
-                # Foreign at the second round too (a member making locks again at once): not
-                # broken twice, built without a lease, as where it cannot be broken at all.
-                foreign = not stale and self._foreign_holder(fd)
-                if (stale or (foreign and not again)) and self._unlink_if_same(fd):
+                try:  # (the lock's file is closed whatever its holder left in it)
+                    foreign, broken = self._judge_holder(fd, again)
+                finally:
                     os.close(fd)
+                if broken:
                     continue
-                os.close(fd)
                 if foreign:
                     raise BackendError(
                         f"lease {self.key!r}: held with no token the secret signed, and "
@@ -245,6 +240,19 @@ class DirLease(Lease):
             self._fd = fd
             return True
         return False
+
+    def _judge_holder(self, fd: int, again: bool) -> tuple[bool, bool]:
+        """For a lock open as ``fd`` that someone holds: whether its holder is foreign (no
+        genuine token), and whether the lock was broken (unlinked) here."""
+        stale = time.time() - os.fstat(fd).st_mtime > self.ttl
+        # Stale by our clock; by the file system's, which stamped the touch? The lock's
+        # time is read again after the probe: a touch meanwhile is then counted.
+        stale = stale and self._fs_now() - os.fstat(fd).st_mtime > self.ttl
+        # Foreign at the second round too (a member making locks again at once): not
+        # broken twice, built without a lease, as where it cannot be broken at all.
+        foreign = not stale and self._foreign_holder(fd)
+        broken = (stale or (foreign and not again)) and self._unlink_if_same(fd)
+        return foreign, broken
 
     def _stamp(self, fd: int) -> None:
         """Write a fresh signed token into the held lock file (with the secret only),

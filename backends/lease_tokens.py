@@ -62,7 +62,11 @@ def make_token(key: bytes, name: str, ttl_ms: int, now_ms: int) -> str:
 def genuine(keys: Sequence[bytes], name: str, token: bytes, now_ms: int) -> bool:
     """Whether ``token`` (found at the lease's ``name``) was signed by one of ``keys`` and
     has not run out by ``now_ms``, the time of the server that holds it."""
-    parts = token.decode("ascii", "replace").split(".")
+    # Bytes that are no ASCII are no holder's: compare_digest raised TypeError on a
+    # non-ASCII str (U+FFFD from a "replace" decode), which left a lock's file open.
+    if len(token) > MAX_TOKEN or not token.isascii():
+        return False
+    parts = token.decode("ascii").split(".")
     if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < now_ms:
         return False
     nonce, expiry, mac = parts

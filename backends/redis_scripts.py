@@ -181,12 +181,16 @@ class CappedReads:
                 cluster = isinstance(exc, redis.exceptions.RedisClusterException)
                 if _wrong_type(exc) or (cluster and "transaction" not in str(exc).lower()):
                     raise
-                self.transactions = False
-                log.info(
-                    "runtime-cache: %s: no MULTI/EXEC (%s); misses read in two steps",
-                    self.name,
-                    exc,
-                )
+                # Off for good only where MULTI/EXEC is refused (an ACL that refuses MULTI
+                # answers EXEC "without MULTI"); a passing error (a server over its maxmemory
+                # refuses MULTI) reads this miss in two steps alone.
+                if cluster or refused(exc) or "without multi" in str(exc).lower():
+                    self.transactions = False
+                    log.info(
+                        "runtime-cache: %s: no MULTI/EXEC (%s); misses read in two steps",
+                        self.name,
+                        exc,
+                    )
         return both(False)
 
     def get_many(self, client: Any, fulls: list[str]) -> list[bytes | None]:
@@ -301,7 +305,7 @@ class CappedReads:
         if full not in self._logged and len(self._logged) < _LOGGED_MAX:
             self._logged.add(full)
             log.warning(
-                "runtime-cache: %s holds %s%d bytes under %s, over the %d-byte cap "
+                "runtime-cache: %s holds %s%d bytes under %r, over the %d-byte cap "
                 "(max_entry_size); read as a miss",
                 self.name,
                 "more than " if more else "",

@@ -312,7 +312,9 @@ def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
 
 
 @pytest.mark.parametrize(
-    "planted", [b"x", b"", b"0123456789abcdef" * 8], ids=["short", "empty", "long"]
+    "planted",
+    [b"x", b"", b"0123456789abcdef" * 8, b"a" * 32 + b"." + b"9" * 13 + b"." + b"\xff" * 32],
+    ids=["short", "empty", "long", "non-ascii"],  # the last raised in compare_digest (s40)
 )
 def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
     redis_server: RedisProcess, unique_prefix: str, planted: bytes

@@ -264,7 +264,29 @@ def test_misses_read_without_transactions_where_an_acl_refuses_them(
         backend.set("demo/t/empty", b"")
         for _ in range(2):
             assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
-        assert backend.breaker.state == "closed"
+        assert backend.breaker.state == "closed" and not backend._reads.transactions
+
+
+def test_a_passing_error_of_multi_leaves_transactions_on(
+    redis_server: RedisProcess, unique_prefix: str, direct: Any
+) -> None:
+    """The operator review of session 40: a server over its maxmemory (noeviction) refuses
+    MULTI for a moment, and that turned transactional reads off for the rest of the
+    process. Now only a refusal (an ACL, a cluster client) does; that miss reads in two
+    steps."""
+    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend.set("demo/t/empty", b"")
+    policy = direct.config_get("maxmemory-policy")["maxmemory-policy"]
+    direct.config_set("maxmemory-policy", "noeviction")
+    direct.config_set("maxmemory", 1)
+    try:
+        assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
+    finally:
+        direct.config_set("maxmemory", 0)
+        direct.config_set("maxmemory-policy", policy)
+    assert backend._reads.transactions and backend.breaker.state == "closed"
+    assert backend.get("demo/t/none") is None and backend.get("demo/t/empty") == b""
+    backend.close()
 
 
 def test_a_cluster_client_without_transactions_reads_misses_in_two_steps(

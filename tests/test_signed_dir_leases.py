@@ -110,6 +110,24 @@ def test_a_lock_held_without_a_signed_token_holds_nobody_off(tmp_path: Path) -> 
     assert stats.wait_seconds < 3 * 6.0
 
 
+def test_a_token_of_bytes_no_ascii_leaks_no_descriptor(tmp_path: Path) -> None:
+    """The attacker review of session 40: a token-shaped string whose MAC held bytes that
+    are no ASCII made the check raise (compare_digest on non-ASCII text) while the lock's
+    file was open, and that descriptor was never closed: one leaked a miss, until the app
+    could open no file. Now it is no holder's token, like any other junk."""
+    cache = _cache(tmp_path)
+    key = _key()
+    path = _lock_path(cache, key)
+    planted = "a" * 32 + "." + "9" * 13 + "." + "\u00e9" * 16  # 32 bytes of UTF-8
+    open_fds = len(os.listdir("/proc/self/fd"))
+    with _holding(PLANTED, str(path), planted):
+        for _ in range(20):
+            assert cache.get_or_build(key, lambda: b"built here") == b"built here"
+            cache.delete(key)
+    assert len(os.listdir("/proc/self/fd")) <= open_fds + 1  # (+1: the folder's own)
+    assert cache.stats().errors == 0
+
+
 def test_a_token_of_the_secret_that_ran_out_is_no_holder(tmp_path: Path) -> None:
     """A replay: a live holder's token copied and planted again counts until it runs out."""
     cache = _cache(tmp_path)

@@ -237,7 +237,11 @@ def _main(argv: Sequence[str] | None) -> int:
     # The cache is strict here, so failures come back as errors that the command
     # reports; the library's own warnings ("carrying on without the cache") only
     # confuse a one-shot command unless asked for.
-    logging.basicConfig(format="%(message)s")
+    # Each line's control characters escaped: a message may name what a store holds (a
+    # Redis name with a terminal's escape sequences in it reached the screen with -v).
+    said_here = logging.StreamHandler()
+    said_here.setFormatter(_CleanLines("%(message)s"))
+    logging.basicConfig(handlers=[said_here])
     logger = logging.getLogger("runtime_cache")
     # Except where the cache lives: a default folder that moved to a temporary one (no
     # usable home folder) is said always, or `ls` would show another cache without a word.
@@ -259,6 +263,13 @@ def _main(argv: Sequence[str] | None) -> int:
             one.setLevel(level)
         if reading is not None:
             READING_ONLY.reset(reading)
+
+
+class _CleanLines(logging.Formatter):
+    """A formatter that escapes control and format characters in each line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(clean(line) for line in super().format(record).split("\n"))
 
 
 def _drop_output(*streams: Any) -> None:
