@@ -251,9 +251,13 @@ def state_directory() -> str:
 MAX_SECRET_FILE = 64 * 1024
 
 
+_WARNED_MODES: set[str] = set()  # (secret files warned about, once a process)
+
+
 def _read_small_file(path: str, limit: int) -> bytes:
     """A regular file's bytes, at most ``limit`` of them; ``OSError`` for anything else
-    (a FIFO or a device is never waited on: it is opened without blocking)."""
+    (a FIFO or a device is never waited on: it is opened without blocking). A file its
+    group or others can write is warned about (it holds a secret)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
@@ -261,6 +265,17 @@ def _read_small_file(path: str, limit: int) -> bytes:
             raise OSError(errno.EINVAL, "not a regular file")
         if info.st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and path not in _WARNED_MODES:
+            _WARNED_MODES.add(path)
+            # Taken (a mounted secret's modes are not always the app's to set), but said:
+            # whoever can write the file can put in a key of their own and sign with it.
+            log.warning(
+                "runtime-cache: the secret file %r can be written by %s (mode %o): whoever "
+                "can write it can choose the key; chmod go-w it",
+                path,
+                "anyone" if info.st_mode & stat.S_IWOTH else "its group",
+                stat.S_IMODE(info.st_mode),
+            )
         data = os.read(fd, limit + 1)
     finally:
         os.close(fd)

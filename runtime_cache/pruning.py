@@ -6,7 +6,10 @@ memory) give true LRU order, the others fall back to creation time. Entries that
 fail the check on their metadata (corrupt: garbage, a truncated head, an entry
 swapped in from another key) count at the store's size for them and go first for
 size, whatever time their files claim: none of them can be served, and a file's
-time is anyone's to set. Each is removed only after its head, read again (and
+time is anyone's to set. Entries that decode but that no reader of this cache serves
+(unsigned while the cache has a secret, or dated more than a day in the future) go
+next, before the least recently used. Each corrupt one is removed only after its
+head, read again (and
 never whole: a planted file may be large or sparse), still fails so; an entry
 written again meanwhile stays. Every removal is conditional
 (:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry goes only while it is
@@ -63,6 +66,11 @@ class PruneReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: Corrupt entries found, and why: counted at their stored size, first to go for size.
     corrupt: list[tuple[str, str]] = field(default_factory=list)
+    #: Entries no reader of this cache would serve though they decode, and why: unsigned
+    #: while the cache has a secret, or dated in the future (by more than a day: a time
+    #: anyone who can write the store may set). First to go for size, after corrupt ones;
+    #: one dated in the future goes for any ``older_than`` too.
+    untrusted: list[tuple[str, str]] = field(default_factory=list)
     #: Entries removed from the tiers of a store that could be reached, not from those
     #: named (a tier down), where they may live on until it is back; counted as removed.
     elsewhere: list[tuple[str, str]] = field(default_factory=list)
@@ -86,6 +94,7 @@ class _Weighed(NamedTuple):
     corrupt: bool
     item: StoredItem
     head: bytes
+    suspect: str = ""  # why no reader of this cache would serve it ("": none)
 
 
 def prune(
@@ -121,8 +130,8 @@ def prune(
     older_than = None if older_than is None else _seconds(older_than)
     now = time.time() if now is None else now
     report = PruneReport(dry_run=True) if dry_run else PruneReport(leftovers=cache.backend.vacuum())
-    weighed = _weigh(cache, report)
-    items = sorted(weighed.items(), key=lambda item: (not item[1].corrupt, item[1].last or 0.0))
+    weighed = _weigh(cache, report, now)
+    items = sorted(weighed.items(), key=_order)
     total = sum(entry.size for entry in weighed.values())
     over = max_size is not None and total > max_size
     # Known before removing any (asked only when over the cap: 19 µs an entry on dir://).
@@ -137,6 +146,7 @@ def prune(
             on_progress(done, len(items))
         last = entry.last
         expired = older_than is not None and last is not None and now - last > older_than
+        expired = expired or (older_than is not None and entry.suspect == _FUTURE)
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
@@ -190,15 +200,40 @@ def _seconds(value: object) -> float:
     return parse_duration(value if isinstance(value, str) else float(value))
 
 
-def _weigh(cache: Cache, report: PruneReport | None) -> dict[str, _Weighed]:
+#: Seconds past now a time may be before an entry is taken for one dated in the future:
+#: clocks of a fleet differ, by far less than this.
+FUTURE_SLACK = 86_400.0
+_FUTURE = "dated in the future"
+
+
+def _order(item: tuple[str, _Weighed]) -> tuple[int, float]:
+    # Corrupt ones first, then those no reader here serves, then least recently used.
+    entry = item[1]
+    return (0 if entry.corrupt else 1 if entry.suspect else 2, entry.last or 0.0)
+
+
+def _weigh(cache: Cache, report: PruneReport | None, now: float) -> dict[str, _Weighed]:
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
+    # Only the flag of a signature is read (a forged one passes here; readers refuse it).
     weighed: dict[str, _Weighed] = {}
     headers: dict[str, bytes] = {}
+    secret = cache.signed
     for item, info in cache.heads(headers=headers):
         if not isinstance(info, RuntimeCacheError):
             last = info.last_access if info.last_access is not None else info.created_at
             head = headers[item.key]
-            weighed[info.key] = _Weighed(last, info.stored_size, info.created_at, False, item, head)
+            suspect = (
+                _FUTURE
+                if max(last, info.created_at) > now + FUTURE_SLACK
+                else "unsigned, and this cache has a secret"
+                if secret and not info.signed
+                else ""
+            )
+            if suspect and report is not None:
+                report.untrusted.append((info.key, suspect))
+            weighed[info.key] = _Weighed(
+                last, info.stored_size, info.created_at, False, item, head, suspect
+            )
         elif _corrupt(info):
             weighed[item.key] = _Weighed(item.last_access, item.size, None, True, item, b"")
             if report is not None:
@@ -280,7 +315,7 @@ def _settle(
     if tried is None:
         tried = set()
     else:
-        listed = _weigh(cache, None)
+        listed = _weigh(cache, None, time.time())
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
         # One that did not go but is not listed again was on a tier that could not be

@@ -1,9 +1,9 @@
 """Secrets: one key or several (``[new, old]`` while a fleet rotates keys), HMAC-SHA256.
 
-The first key signs; any key verifies. An empty or blank key is an error, never
-"no secret". A key shorter than :data:`SHORT_SECRET` bytes is taken, with a warning
-(once a process for each key): anyone who can read one signed entry can try to guess
-it offline.
+The first key signs; any key verifies. Whitespace around a key is not part of it. An
+empty or blank key is an error, never "no secret". A key shorter than
+:data:`SHORT_SECRET` bytes is taken, with a warning (once a process for each key):
+anyone who can read one signed entry can try to guess it offline.
 """
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ SecretKeys = tuple[bytes, ...]
 def _one_secret(secret: object) -> bytes:
     if isinstance(secret, str):
         try:  # bytes the environment could not decode come back as they were given
-            secret = secret.encode("utf-8", "surrogateescape")
+            secret = secret.strip().encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise InvalidSecretError("a secret must be text UTF-8 can encode") from None
     if not isinstance(secret, (bytes, bytearray)):
         raise InvalidSecretError(f"a secret is str or bytes, not {type(secret).__name__}")
-    key = bytes(secret)
-    if not key.strip():
+    # Without the whitespace around it, as the command line, the environment and secret
+    # files give it: an app's open(path).read() signed with the file's newline, and the
+    # command's --secret-file then failed every entry.
+    key = bytes(secret).strip()
+    if not key:
         raise InvalidSecretError("a secret may not be empty or blank")
     if len(key) < SHORT_SECRET:
         _warn_short(key)

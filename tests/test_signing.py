@@ -205,3 +205,46 @@ def test_a_short_key_is_taken_with_a_warning_once(caplog: pytest.LogCaptureFixtu
     assert main(["--cache", "memory://", "--secret", long_ + "x", "ls"]) == 0
     said = [r.getMessage() for r in caplog.records if r.name == "runtime_cache.signing"]
     assert len(said) == 1 and "13 bytes is short" in said[0]
+
+
+def test_whitespace_around_a_key_is_not_part_of_it(tmp_path: Any) -> None:
+    """The attacker review of session 40: an app that read its key with open(path).read()
+    signed with the file's newline; the command's --secret-file strips it, so verify then
+    failed every entry. Keys are stripped everywhere now."""
+    from runtime_cache.cli import main
+    from runtime_cache.signing import normalize_secret
+
+    assert normalize_secret(" fleet-key-0123456789\n") == (b"fleet-key-0123456789",)
+    assert normalize_secret([b"\tfleet-key-0123456789\r\n"]) == (b"fleet-key-0123456789",)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("fleet-key-0123456789\n")
+    secret_file.chmod(0o600)
+    root = tmp_path / "cache"
+    cache = rc.Cache(rc.open_backend(f"dir://{root}"), secret=secret_file.read_text())
+    cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"value")
+    cache.close()
+    argv = ["--cache", f"dir://{root}", "--secret-file", str(secret_file), "verify"]
+    assert main(argv) == 0
+
+
+def test_a_secret_file_others_can_write_is_warned_about(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from runtime_cache.environment import read_secret_file
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("fleet-key-0123456789\n")
+    for mode, said in ((0o600, None), (0o644, None), (0o620, "its group"), (0o666, "anyone")):
+        secret_file.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="runtime_cache.environment"):
+            assert read_secret_file(str(secret_file)) == ["fleet-key-0123456789"]
+            read_secret_file(str(secret_file))  # (once a process a file)
+        lines = [r.getMessage() for r in caplog.records if "can be written" in r.getMessage()]
+        if said is None:
+            assert lines == []
+        else:
+            assert len(lines) == 1 and said in lines[0] and "chmod go-w" in lines[0]
+            from runtime_cache import environment
+
+            environment._WARNED_MODES.clear()

@@ -74,6 +74,13 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
             "verify --repair` removes them all)",
             file=ctx.err,
         )
+    if report.untrusted:
+        print(
+            f"runtime-cache: found {count(len(report.untrusted), 'entry', 'entries')} no "
+            "reader of this cache serves (unsigned while it has a secret, or dated in the "
+            "future): the first to go for size after corrupt ones",
+            file=ctx.err,
+        )
     if report.skipped:
         print(
             f"runtime-cache: skipped {count(len(report.skipped), 'entry', 'entries')} "
