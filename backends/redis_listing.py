@@ -119,14 +119,17 @@ class Listing:
         return listed_sizes(client, self.prefix, self.keys(client, prefix))
 
     def _strip(self, raw: bytes) -> str | None:
-        # The name under this prefix, or None (not ours, or longer than a key).
+        # The name under this prefix, or None (not ours, or no key's length: the prefix
+        # alone, or more characters than a key has, which no command could remove, so
+        # `verify` and `ls` said "skipped" for good).
         if len(raw) > self.longest:
             return None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             return None  # not written by us
-        return text[len(self.prefix) :] if text.startswith(self.prefix) else None
+        name = text[len(self.prefix) :]
+        return name if text.startswith(self.prefix) and 0 < len(name) <= MAX_KEY else None
 
     def names(self, client: Any, match: str) -> Iterator[bytes]:
         """The names of strings matching ``match`` of at most :attr:`longest` bytes (by

@@ -268,3 +268,27 @@ def test_max_batch_size_in_the_url() -> None:
     assert isinstance(backend, RedisBackend) and backend._reads.hold == 1 << 30
     with pytest.raises(InvalidURLError):
         rc.open_backend("redis://127.0.0.1:1/0?max_batch_size=0")
+
+
+@pytest.mark.parametrize(
+    "name", [b"", b"a" * 2000, "é".encode() * 1025], ids=["empty", "long", "wide"]
+)
+def test_names_of_no_keys_length_are_not_listed(
+    private: tuple[RedisProcess, Any], name: bytes
+) -> None:
+    """The attacker review of session 40: the prefix alone (``rc:``) and names of more
+    characters than a key has (but fewer bytes than a listing takes) were listed, and then
+    skipped as "not a cache key" by every command, none of which could remove them:
+    `verify` and `ls` said exit 1 for good. They are not this cache's names."""
+    server, client = private
+    url = f"{server.url}?prefix=rc:"
+    cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+    good = _good(cache)
+    client.set(b"rc:" + name, b"x")
+    assert sorted(cache.backend.keys()) == sorted(str(k) for k in good)
+    from runtime_cache.cli import main
+
+    for command in (["ls"], ["verify"], ["stats"]):
+        assert main(["--cache", url, "--secret", SECRET, *command]) == 0, command
+    assert client.exists(b"rc:" + name)  # left alone, as any name that is not ours
+    cache.close()
