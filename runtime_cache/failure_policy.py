@@ -3,7 +3,10 @@
 Both the front (:class:`runtime_cache.Cache`, per read and write side) and
 :class:`runtime_cache.backends.tiered.TieredBackend` (per tier) use it, so an
 outage reads the same in the logs wherever it is absorbed: one warning when it
-starts, debug lines while it lasts, and one line when it ends.
+starts, debug lines while it lasts, and one line when it ends. A side that fails again
+within :data:`FLAP_SECONDS` of the warning for its last outage starts a quiet one, its
+start and end at debug level: one immutable entry among good ones made each write flip
+the store between "read-only" and "works again", two warnings a call.
 
 >>> import logging
 >>> policy = FailurePolicy(logging.getLogger("doc"), "the store", "carrying on")
@@ -19,17 +22,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from .errors import EntryTooLargeError, InvalidKeyError, ReadOnlyBackendError
 
-__all__ = ["WRITES", "FailurePolicy"]
+__all__ = ["FLAP_SECONDS", "WRITES", "FailurePolicy"]
 
 #: Operations that count on the write side; every other one is a read.
 WRITES = frozenset({"set", "set_many", "delete", "delete_if", "promote", "background write"})
 
 T = TypeVar("T")
+
+#: Seconds after an outage's warning within which a side's next outage is logged quietly.
+FLAP_SECONDS = 60.0
 
 
 class FailurePolicy:
@@ -62,6 +69,8 @@ class FailurePolicy:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._failing: set[str] = set()
+        self._warned: dict[str, float] = {}  # side -> when its last outage was warned of
+        self._quiet: set[str] = set()  # sides in an outage logged at debug level
         self._told_refused: set[type[BaseException]] = set()  # (each kind logged once)
         #: The sides (``"read"``, ``"write"``) whose last call failed: a hot path calls
         #: :meth:`succeeded` only when this is not empty.
@@ -104,6 +113,13 @@ class FailurePolicy:
             self.errors += 1
             first = side not in self._failing
             self._failing.add(side)
+            if first:
+                now = time.monotonic()
+                if now - self._warned.get(side, -FLAP_SECONDS) < FLAP_SECONDS:
+                    self._quiet.add(side)
+                    first = False  # (said at debug level below)
+                else:
+                    self._warned[side] = now
         if self.strict:
             # The caller gets the error itself; "carrying on" would be untrue.
             self.log.debug("runtime-cache: %s failed on %s: %s", op, self.subject, exc)
@@ -135,10 +151,11 @@ class FailurePolicy:
             with self._lock:
                 was = side in self._failing
                 self._failing.discard(side)
+                quiet = side in self._quiet
+                self._quiet.discard(side)
             if was:
-                self.log.log(
-                    self.recovered_level, "runtime-cache: %ss on %s work again", side, self.subject
-                )
+                level = logging.DEBUG if quiet else self.recovered_level
+                self.log.log(level, "runtime-cache: %ss on %s work again", side, self.subject)
 
     def attempt(
         self, op: str, call: Callable[[], T], errors: list[Exception]

@@ -107,6 +107,36 @@ def test_read_only_mount_serves_reads_and_logs_once(
         DirectoryBackend(small_tmpfs).delete(str(key(0)))
 
 
+def test_one_immutable_folder_among_good_ones_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator review of session 40: with one fan-out folder immutable, every write
+    there said the store was read-only and the next good write said writes worked again,
+    two warnings a call. Now a side failing again within a minute of its last warning is
+    told at debug level."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    cache = rc.Cache(DirectoryBackend(tmp_path / "c"))
+    cache.put(key(0), b"x")
+    folder = os.path.dirname(cache.backend.root / cache.backend._rel(str(key(0))))  # type: ignore[attr-defined]
+    if subprocess.run(["chattr", "+i", folder]).returncode:
+        pytest.skip("chattr +i refused on this file system")
+    try:
+        caplog.set_level(logging.WARNING, logger="runtime_cache")
+        there = [
+            k for k in (key(i) for i in range(1, 3000)) if str(k)[-32:-30] == str(key(0))[-32:-30]
+        ]
+        assert len(there) >= 5
+        for i, k in enumerate(there[:10]):
+            assert cache.get_or_build(k, lambda: b"A") == b"A"
+            assert cache.get_or_build(key(5000 + i), lambda: b"B") == b"B"
+            assert cache.get(key(5000 + i)) == b"B"  # the other folders are written
+    finally:
+        subprocess.run(["chattr", "-i", folder], check=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) <= 2, warnings  # the first outage, and its end
+
+
 def test_full_disk_skips_stores_keeps_entries_and_recovers(
     small_tmpfs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
