@@ -30,7 +30,9 @@ The folder is ``$RUNTIME_CACHE_GUARD_DIR``, or ``opencl-guard`` in
 ``platformdirs.user_state_dir("runtime-cache")``; with no usable home folder (no
 ``HOME`` and no passwd entry, or a read-only one) it is ``opencl-guard`` in a
 private temporary folder (:func:`runtime_cache.environment.fallback_directory`).
-The guard is advisory: if no folder can be written, loading goes on unguarded.
+The guard is advisory: if no folder can be used, loading goes on unguarded. In one it
+can read but not write (a read-only mount) it still refuses what the folder blocklisted,
+and what dead processes were loading, but records no crash of its own.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from functools import partial
 from .. import environment
 from .binary_marks import Binary, binary_digest, binding, bindings
 from .guard_files import (
+    ReadOnlyFolder,
     append_lines,
     dead_marks,
     lines_without,
@@ -55,6 +58,8 @@ from .guard_files import (
     open_folder,
     open_mark_file,
     process_alive,
+    record_nothing,
+    remove_left_temps,
     rewrite_lines,
 )
 from .known_list import KnownList, read_lines
@@ -80,6 +85,8 @@ log = logging.getLogger(__name__)
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
 _BLOCKLIST = "blocklist"
 _SET_ASIDE = "set-aside"
+#: The lists written anew through temporary files (a killed writer's are removed later).
+_REWRITTEN = frozenset((_BLOCKLIST, _SET_ASIDE))
 #: How long a binary stays set aside (its line in the file holds when it was set aside).
 SET_ASIDE_SECONDS = 86_400.0
 _MAX_BLOCKED = 10_000
@@ -87,6 +94,14 @@ _MAX_BLOCKED = 10_000
 
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
 KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
+
+
+def _held_against(folder: str, names: list[str]) -> list[str]:
+    """The digests a guard folder this process cannot write (its ``names``) holds against
+    loading: its blocklist's, and its dead processes' marks (left for a process that can
+    record them)."""
+    found = dead_marks(folder, names, process_alive, None, record_nothing)
+    return read_lines(os.path.join(folder, _BLOCKLIST))[-_MAX_BLOCKED:] + found
 
 
 def _set_aside_in(path: str) -> frozenset[str]:
@@ -148,43 +163,70 @@ class LoadGuard(LoadingMarks):
             return
         self._ready = True
         folder = self.folder
+        earlier: list[str] = []  # what a read-only home folder holds against loading
         try:
-            names = self._open_folder(folder)
+            names, writable = self._open_folder(folder), True
         except OSError as exc:
-            if self._folder_given():
-                log.warning("runtime-cache: OpenCL crash guard off (%s)", exc)
+            failed: OSError | None = exc
+            if not self._folder_given():
+                # A read-only home: keep the guard in a private temporary folder instead,
+                # and still refuse what the home folder's guard blocklisted.
+                environment.warn_no_home(str(exc))
+                if isinstance(exc, ReadOnlyFolder):
+                    earlier = _held_against(folder, exc.names)
+                folder = self._folder = os.path.join(
+                    environment.fallback_directory("state"), "opencl-guard"
+                )
+                try:
+                    names, writable, failed = self._open_folder(folder), True, None
+                except OSError as again:  # (another user's folder at the temporary name)
+                    failed = again
+            if isinstance(failed, ReadOnlyFolder):  # read, though no crash can be recorded
+                log.warning(
+                    "runtime-cache: the OpenCL crash guard's folder %s cannot be written: "
+                    "binaries it blocklisted are still refused, but a crash while loading "
+                    "is not recorded",
+                    folder,
+                )
+                names, writable = failed.names, False
+            elif failed is not None:
+                log.warning("runtime-cache: OpenCL crash guard off (%s)", failed)
+                self._blocked = set(earlier)
                 return
-            # A read-only home: keep the guard in a private temporary folder instead.
-            environment.warn_no_home(str(exc))
-            folder = self._folder = os.path.join(
-                environment.fallback_directory("state"), "opencl-guard"
-            )
-            try:
-                names = self._open_folder(folder)
-            except OSError as again:  # (another user's folder at the temporary name)
-                log.warning("runtime-cache: OpenCL crash guard off (%s)", again)
-                return
+        self._read_folder(folder, names, writable, earlier)
+
+    def _read_folder(
+        self, folder: str, names: list[str], writable: bool, earlier: list[str]
+    ) -> None:
+        """Read the lists in ``folder`` (its ``names``) and its dead processes' marks, and
+        refuse those and ``earlier``; where it is ``writable``, record the marks on the
+        blocklist and make this process's mark file."""
         blocklist, aside = self._lists()
-        # A dead process's marks are removed only once its digests are on the blocklist.
-        keep = partial(append_lines, blocklist, limit=_MAX_BLOCKED)
+        # A dead process's marks are removed only once its digests are on the blocklist:
+        # in a folder that cannot be written they are refused here, and left there.
+        keep = partial(append_lines, blocklist, limit=_MAX_BLOCKED) if writable else record_nothing
         found = dead_marks(folder, names, process_alive, self._mark, keep)
+        if writable:
+            remove_left_temps(folder, names, _REWRITTEN)
         if found:
             self.recovered = len(found)
             log.warning(
                 "runtime-cache: a process died while loading %d cached OpenCL binaries; "
-                "they are blocklisted and will be rebuilt from source",
+                "they are %s and will be rebuilt from source",
                 len(found),
+                "blocklisted" if writable else "refused (not blocklisted: read-only folder)",
             )
         try:  # (before the reads: a change meanwhile is read at the next look)
             self._watch = ListWatch(folder, (blocklist, aside))
         except OSError:
             self._watch = None
         self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
+        self._blocked.update(earlier)
         self._looked = time.monotonic()
         self._set_aside = _set_aside_in(aside)
         watch = self._watch
         self._known = KnownList(folder, watch.trusted if watch is not None else lambda: False)
-        opened = open_mark_file(folder)
+        opened = open_mark_file(folder) if writable else None
         if opened is not None:
             self._fd, self._mark = opened
             self._map_file(PAGE)

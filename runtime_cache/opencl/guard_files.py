@@ -44,6 +44,7 @@ except ImportError:  # not POSIX: a process is told alive by its pid alone
 
 __all__ = [
     "MAX_LIST_BYTES",
+    "ReadOnlyFolder",
     "append_lines",
     "dead_marks",
     "lines_without",
@@ -51,27 +52,44 @@ __all__ = [
     "open_folder",
     "open_mark_file",
     "process_alive",
+    "record_nothing",
+    "remove_left_temps",
     "replace_lines",
     "reserve",
     "rewrite_lines",
+    "write_all",
 ]
 
 #: The ending of a list's lock file (``blocklist.lock``): see :func:`append_lines`.
 _LOCK = ".lock"
 #: A half-made mark file (``.<pid>.<token>.new``) younger than this is being made, not left.
 _NEW_SECONDS = 60.0
+#: A list's temporary file older than this was left by a writer that died mid-rewrite.
+_TEMP_SECONDS = 300.0
 #: The largest pid a Linux kernel gives (``pid_max`` at most 2**22).
 _MAX_PID = 1 << 22
+
+
+class ReadOnlyFolder(OSError):
+    """:func:`open_folder`'s error for a folder that passed its checks but cannot be
+    written (a read-only mount): its lists may still be read (``names``: what it holds)."""
+
+    def __init__(self, folder: str, names: list[str]) -> None:
+        super().__init__(errno.EROFS, f"{folder} cannot be written")
+        self.names = names
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
     """Make ``folder`` (private) and list it.
 
-    ``OSError`` when it is unusable, cannot be written (a read-only mount), is not this
-    user's own, or its group or others can write it (a member could plant a mark file
-    that evicts a good entry, or truncate a mapped table under this process: SIGBUS);
-    with ``private_parent`` (a shared temporary folder's), also when its parent is not
-    a private folder of this user.
+    ``OSError`` when it is unusable, is not this user's own, or its group or others can
+    write it (a member could plant a mark file that evicts a good entry, or truncate a
+    mapped table under this process: SIGBUS); with ``private_parent`` (a shared temporary
+    folder's), also when its parent is not a private folder of this user.
+    :class:`ReadOnlyFolder` when it passes those checks but cannot be written.
     """
     try:
         names = os.listdir(folder)
@@ -85,12 +103,13 @@ def open_folder(folder: str, *, private_parent: bool = False) -> list[str]:
     info = os.stat(folder)
     if info.st_uid != geteuid() or info.st_mode & 0o022:
         raise OSError(f"{folder} is not this user's own, or its group or others can write it")
-    if not os.access(folder, os.W_OK | os.X_OK):  # read-only: no mark could be written
-        raise OSError(f"{folder} cannot be written")
     if private_parent:
         parent = os.lstat(os.path.dirname(folder))
         if parent.st_uid != geteuid() or parent.st_mode & 0o022:
             raise OSError(f"{os.path.dirname(folder)} is not a private folder of this user")
+    # Checked last: a read-only folder that passed the checks above can still be read.
+    if not os.access(folder, os.W_OK | os.X_OK):  # read-only: no mark could be written
+        raise ReadOnlyFolder(folder, names)
     return names
 
 
@@ -149,6 +168,11 @@ def dead_marks(
         elif held is not None:
             os.close(held)  # (and the lock with it: the next process finds the file)
     return digests
+
+
+def record_nothing(digests: list[str]) -> bool:
+    """:func:`dead_marks`' ``keep`` for a folder that cannot be written: the marks stay."""
+    return False
 
 
 def _young(path: str) -> bool:
@@ -282,15 +306,43 @@ def replace_lines(path: str, lines: Sequence[str]) -> bool:
     try:
         fd = os.open(temp, flags, 0o600)
         try:
-            os.write(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
-        os.replace(temp, path)
+        os.replace(temp, path)  # only a whole list: a short one would forget the rest
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         return False  # advisory, as above
     return True
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``. ``OSError`` when the disk takes only part of it
+    (a nearly full disk writes what fits, then fails)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        view = view[written:]
+
+
+def remove_left_temps(folder: str, names: Sequence[str], lists: Set[str]) -> None:
+    """Remove the temporary files of :func:`replace_lines` (``<list>.<12 hex>.tmp``, for a
+    list named in ``lists``) that a writer killed mid-rewrite left: those made over
+    :data:`_TEMP_SECONDS` ago. A live writer renames its own within milliseconds; one
+    stopped that long finds it gone and leaves the list as it was."""
+    for name in names:
+        if not name.endswith(".tmp"):
+            continue  # (every name but a leftover stops here: no system call)
+        base, _, token = name[:-4].partition(".")
+        if base not in lists or len(token) != 12 or token.strip("0123456789abcdef"):
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(path).st_mtime > _TEMP_SECONDS:
+                os.unlink(path)
 
 
 def process_alive(pid: int) -> bool:

@@ -80,7 +80,8 @@ LOCK_WAIT = 1.0
 
 def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
     """The file's lines, blank ones and those with a byte outside ASCII left out (a mark
-    holds neither, and a list is written in ASCII again); ``[]`` if it is
+    holds neither, and a list is written in ASCII again), and a last line with no newline
+    after it (cut short: a full disk, a killed writer); ``[]`` if it is
     missing, unreadable, larger than ``limit`` bytes, or not a regular file (a FIFO
     planted there never blocks)."""
     opened = _open_regular(path)
@@ -106,6 +107,8 @@ def read_lines(path: str, limit: int = MAX_LIST_BYTES) -> list[str]:
         return []
     finally:
         os.close(fd)
+    if data[-1:] != b"\n":  # every writer ends its lines: a part-line is no entry
+        data = data[: data.rfind(b"\n") + 1]
     text = data.decode("ascii", "replace")
     lines = text.split()  # one split in C
     if "\ufffd" in text:  # bytes no list holds (a damaged or planted file): left out
