@@ -7,6 +7,9 @@
   queue is flushed on :meth:`TieredBackend.close` and at exit.
 - A failing tier is skipped and its error counted; it never hides a hit in another tier.
   Only when every tier fails does the call raise, so the front counts it.
+- A tier that fails a write another tier takes removes its older copy of the key where it
+  can, so that reads fall through to the newer one; what it did not write, and what it
+  could not remove, are counted per tier (:meth:`TieredBackend.tier_stats`).
 
 From a URL (this is the form ``RUNTIME_CACHE`` takes)::
 
@@ -137,7 +140,8 @@ class TieredBackend(Backend):
         return [t.backend for t in self._tiers]
 
     def tier_stats(self) -> list[TierStats]:
-        """Per tier: absorbed errors, promotions, and background-writer counters."""
+        """Per tier: absorbed errors, promotions, background-writer counters, and what its
+        own writes failed to store (``not_written``, ``may_be_stale``)."""
         return [t.stats() for t in self._tiers]
 
     # ------------------------------------------------------------- bookkeeping
@@ -149,6 +153,7 @@ class TieredBackend(Backend):
         for key in items:  # queued writes are checked here: the remote tier would be too late
             check_text_key(key)
         errors: list[Exception] = []
+        missed: list[tuple[Tier, Exception]] = []
         tried = 0
         for tier in tiers:
             tried += 1
@@ -160,11 +165,20 @@ class TieredBackend(Backend):
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
             else:
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
+            if not done:
+                missed.append((tier, errors[-1]))
             if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
                 failed = errors[-1] if not done else None
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
+        if missed and len(missed) < tried and op != "promote":
+            # Another tier took the new values: an older copy left in a tier that failed
+            # would be served before them (a read-only or full folder over Redis served
+            # the old entries after an import said "imported 3"). A promotion's value is
+            # the one below already.
+            for tier, error in missed:
+                tier.unwritten(items, error)
         raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
