@@ -75,12 +75,13 @@ class Tier:
             self.may_be_stale,
         )
 
-    def unwritten(self, items: Mapping[str, bytes], error: Exception) -> None:
+    def unwritten(self, items: Mapping[str, bytes], error: Exception, drop: bool = True) -> None:
         """After this tier failed to write ``items`` (``error``) that another tier took:
-        remove the older copies it holds of the keys it did not take, so that a read falls
-        through to the newer copy below rather than serve the older one from here. Counted
-        in ``not_written``; those it could not remove (it may serve them still) in
-        ``may_be_stale``. Runs only on a failure: a write that works costs nothing more."""
+        with ``drop`` (a tier below took them), remove the older copies it holds of the
+        keys it did not take, so that a read falls through to the newer copy below rather
+        than serve the older one from here. Counted in ``not_written``; those it could not
+        remove, or kept (it may serve them still), in ``may_be_stale``. Runs only on a
+        failure: a write that works costs nothing more."""
         backend = self.backend
         try:  # what it holds now: a batch may have landed in part (a disk that filled)
             held: dict[str, bytes] | None = backend.peek_many(list(items))
@@ -96,6 +97,10 @@ class Tier:
         # Only the copy seen here goes: one another process wrote since stays.
         older = [(key, None if held is None else held.get(key)) for key in failed]
         older = [(key, value) for key, value in older if held is None or value is not None]
+        if not drop:  # (the lowest tier that failed: its copy is what other machines read)
+            self.not_written += len(failed)
+            self.may_be_stale += len(older)
+            return
         kept = 0
         for index, (key, value) in enumerate(older):
             try:

@@ -154,11 +154,13 @@ class TieredBackend(Backend):
             check_text_key(key)
         errors: list[Exception] = []
         missed: list[tuple[Tier, Exception]] = []
+        took: list[Tier] = []
         tried = 0
         for tier in tiers:
             tried += 1
             if tier.writer is not None:
                 tier.writer.put(items)
+                took.append(tier)  # (queued: it lands, or its failure is counted there)
                 continue
             if len(items) == 1:
                 ((key, value),) = items.items()
@@ -167,18 +169,23 @@ class TieredBackend(Backend):
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
             if not done:
                 missed.append((tier, errors[-1]))
+            else:
+                took.append(tier)
             if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
                 failed = errors[-1] if not done else None
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
-        if missed and len(missed) < tried and op != "promote":
-            # Another tier took the new values: an older copy left in a tier that failed
-            # would be served before them (a read-only or full folder over Redis served
-            # the old entries after an import said "imported 3"). A promotion's value is
-            # the one below already.
+        if missed and took and op != "promote":
+            # A tier below took the new values: an older copy left in a tier above it that
+            # failed would be served before them (a read-only or full folder over Redis
+            # served the old entries after an import said "imported 3"). A tier with none
+            # below that took them keeps its copy (the shared tier's, which other machines
+            # read). A promotion's value is the one below already.
+            order = {id(tier): index for index, tier in enumerate(self._tiers)}
+            lowest = max(order[id(tier)] for tier in took)
             for tier, error in missed:
-                tier.unwritten(items, error)
+                tier.unwritten(items, error, drop=order[id(tier)] < lowest)
         raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:

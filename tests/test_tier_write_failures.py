@@ -124,6 +124,23 @@ def test_a_write_every_tier_fails_removes_nothing(tmp_path: Path) -> None:
         backend.close()
 
 
+def test_a_lower_tier_that_fails_keeps_its_copy(tmp_path: Path) -> None:
+    """Only a tier above one that took the value drops its older copy: the lowest tier
+    (the shared one, which other machines read) keeps its own when it alone fails, or they
+    would all rebuild the key."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        top = DirectoryBackend(tmp_path / "top")
+        backend = TieredBackend([top, DirectoryBackend(disk / "b")])
+        backend.set("k", b"OLD")
+        fill(disk)
+        backend.set("k", bytes(20000))  # the top tier took it
+        assert top.peek("k") == bytes(20000)
+        assert DirectoryBackend(disk / "b").peek("k") == b"OLD"
+        stats = backend.tier_stats()  # counted, and said to hold an older copy
+        assert [(s.not_written, s.may_be_stale) for s in stats] == [(0, 0), (1, 1)]
+        backend.close()
+
+
 # ------------------------------------------------------------------------ import
 def _bundle(tmp_path: Path, n: int) -> tuple[Path, list[rc.CacheKey]]:
     keys = [
