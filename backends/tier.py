@@ -1,10 +1,11 @@
-"""One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts, and
-deletes across the tiers (:func:`delete_in_tiers`)."""
+"""One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts, what
+a tier does with a write it failed (:meth:`Tier.unwritten`), and deletes across the tiers
+(:func:`delete_in_tiers`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -14,6 +15,7 @@ from runtime_cache.errors import (
     BackendUnavailableError,
     EntryTooLargeError,
     PartialDeleteError,
+    ReadOnlyBackendError,
 )
 from runtime_cache.failure_policy import FailurePolicy
 
@@ -24,7 +26,10 @@ __all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed"]
 
 @dataclass(frozen=True)
 class TierStats:
-    """What happened in one tier: errors absorbed, promotions, background writes."""
+    """What happened in one tier: errors absorbed, promotions, background writes, and
+    entries its own (synchronous) writes failed to store while another tier took them:
+    ``not_written``, and of those ``may_be_stale``, whose older copy it could not remove
+    (a read-only folder), so it may serve that copy still."""
 
     backend: str
     remote: bool
@@ -33,6 +38,8 @@ class TierStats:
     queued_dropped: int
     queued_written: int
     queued_failed: int
+    not_written: int = 0
+    may_be_stale: int = 0
 
 
 class Tier:
@@ -47,6 +54,8 @@ class Tier:
         self.backend = backend
         self.writer: WriteBehind | None = None
         self.promoted = 0
+        self.not_written = 0
+        self.may_be_stale = 0
         self.policy = FailurePolicy(
             log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
         )
@@ -62,7 +71,50 @@ class Tier:
             writer.dropped if writer else 0,
             writer.written if writer else 0,
             writer.failed if writer else 0,
+            self.not_written,
+            self.may_be_stale,
         )
+
+    def unwritten(self, items: Mapping[str, bytes], error: Exception, drop: bool = True) -> None:
+        """After this tier failed to write ``items`` (``error``) that another tier took:
+        with ``drop`` (a tier below took them), remove the older copies it holds of the
+        keys it did not take, so that a read falls through to the newer copy below rather
+        than serve the older one from here. Counted in ``not_written``; those it could not
+        remove, or kept (it may serve them still), in ``may_be_stale``. Runs only on a
+        failure: a write that works costs nothing more."""
+        backend = self.backend
+        try:  # what it holds now: a batch may have landed in part (a disk that filled)
+            held: dict[str, bytes] | None = backend.peek_many(list(items))
+        except Exception:
+            held = None  # unknown: each key is removed unchecked
+        refused = error.refused if isinstance(error, EntryTooLargeError) else frozenset()
+        if refused:  # the rest of the batch was written
+            failed = [key for key in items if key in refused]
+        elif held is not None:
+            failed = [key for key in items if held.get(key) != items[key]]
+        else:
+            failed = list(items)
+        # Only the copy seen here goes: one another process wrote since stays.
+        older = [(key, None if held is None else held.get(key)) for key in failed]
+        older = [(key, value) for key, value in older if held is None or value is not None]
+        if not drop:  # (the lowest tier that failed: its copy is what other machines read)
+            self.not_written += len(failed)
+            self.may_be_stale += len(older)
+            return
+        kept = 0
+        for index, (key, value) in enumerate(older):
+            try:
+                if value is None:
+                    backend.delete(key)
+                else:
+                    backend.delete_if(key, value)
+            except (BackendUnavailableError, ReadOnlyBackendError):
+                kept += len(older) - index  # the whole store: no use trying the rest
+                break
+            except Exception:
+                kept += 1  # (an entry that cannot go: an immutable file)
+        self.not_written += len(failed)
+        self.may_be_stale += kept
 
 
 def raise_if_all_failed(errors: list[Exception], tried: int) -> None:

@@ -7,6 +7,9 @@
   queue is flushed on :meth:`TieredBackend.close` and at exit.
 - A failing tier is skipped and its error counted; it never hides a hit in another tier.
   Only when every tier fails does the call raise, so the front counts it.
+- A tier that fails a write another tier takes removes its older copy of the key where it
+  can, so that reads fall through to the newer one; what it did not write, and what it
+  could not remove, are counted per tier (:meth:`TieredBackend.tier_stats`).
 
 From a URL (this is the form ``RUNTIME_CACHE`` takes)::
 
@@ -137,7 +140,8 @@ class TieredBackend(Backend):
         return [t.backend for t in self._tiers]
 
     def tier_stats(self) -> list[TierStats]:
-        """Per tier: absorbed errors, promotions, and background-writer counters."""
+        """Per tier: absorbed errors, promotions, background-writer counters, and what its
+        own writes failed to store (``not_written``, ``may_be_stale``)."""
         return [t.stats() for t in self._tiers]
 
     # ------------------------------------------------------------- bookkeeping
@@ -149,22 +153,39 @@ class TieredBackend(Backend):
         for key in items:  # queued writes are checked here: the remote tier would be too late
             check_text_key(key)
         errors: list[Exception] = []
+        missed: list[tuple[Tier, Exception]] = []
+        took: list[Tier] = []
         tried = 0
         for tier in tiers:
             tried += 1
             if tier.writer is not None:
                 tier.writer.put(items)
+                took.append(tier)  # (queued: it lands, or its failure is counted there)
                 continue
             if len(items) == 1:
                 ((key, value),) = items.items()
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
             else:
                 done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
+            if not done:
+                missed.append((tier, errors[-1]))
+            else:
+                took.append(tier)
             if tier is self._tiers[-1]:  # the shared tier: what its lease's holder asks
                 failed = errors[-1] if not done else None
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
+        if missed and took and op != "promote":
+            # A tier below took the new values: an older copy left in a tier above it that
+            # failed would be served before them (a read-only or full folder over Redis
+            # served the old entries after an import said "imported 3"). A tier with none
+            # below that took them keeps its copy (the shared tier's, which other machines
+            # read). A promotion's value is the one below already.
+            order = {id(tier): index for index, tier in enumerate(self._tiers)}
+            lowest = max(order[id(tier)] for tier in took)
+            for tier, error in missed:
+                tier.unwritten(items, error, drop=order[id(tier)] < lowest)
         raise_if_all_failed(errors, tried)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:

@@ -86,7 +86,9 @@ def test_a_server_that_is_down_is_an_error_not_an_empty_cache(
     code = main(["--cache", url, "--secret", "test-secret", "ls", "--json"])
     captured = capsys.readouterr()
     assert code == 1
-    assert captured.out == ""
+    # Not an empty listing: with --json, the failure itself (operator review, session 40).
+    report = json.loads(captured.out)
+    assert set(report) == {"error", "exit_code"} and report["exit_code"] == 1
     assert "error" in captured.err and "secret" not in captured.err  # the server, not trust
 
 

@@ -161,6 +161,12 @@ def build_parser(plugin_targets: Mapping[str, str] | None = None) -> argparse.Ar
         "read, or a folder of a dir:// cache could not be read: what is shown or done is "
         "partial), 2 usage error, 130 interrupted "
         "(Ctrl-C), 141 output cut short (a closed pipe).\n\n"
+        'With --json, a command that fails also prints {"error": MESSAGE, "exit_code": N} on '
+        "standard output, besides the message on standard error (import's report on failure "
+        "has these keys too; a command that printed its report already adds nothing). A usage "
+        "error that the argument parser finds (an unknown option, a missing argument: exit 2) "
+        "is said on standard error only, and so is a failure of export - or show --raw -, "
+        "whose standard output holds the bundle or the value.\n\n"
         + examples(
             "runtime-cache ls --sort size",
             "runtime-cache --secret-file ~/.rc-secret --cache redis://cache-host:6379/0 stats",
@@ -328,26 +334,30 @@ def _run(args: argparse.Namespace) -> int:
     args.secret = getattr(args, "secret", None)
     args.secret_file = getattr(args, "secret_file", None)
     handler: Handler = args.handler
+    # Made first, so that with --json every failure below is said on stdout too; not where
+    # stdout holds a bundle or a value (FILE -), which the JSON would spoil.
+    data = (args.command == "export" and args.file == "-") or getattr(args, "raw", None) == "-"
+    ctx = CommandContext(url=args.cache, json=bool(getattr(args, "json", False)) and not data)
     if args.cache is not None and not args.cache.strip():  # --cache "$UNSET_VARIABLE"
-        return _fail("--cache needs a URL, such as dir:///path or redis://host:6379/0", 2)
+        return _fail(ctx, "--cache needs a URL, such as dir:///path or redis://host:6379/0", 2)
     try:
-        keys = resolve_secret(args.secret, args.secret_file)
+        ctx.secret = resolve_secret(args.secret, args.secret_file)
     except RuntimeCacheError as exc:
-        return _fail(str(exc), 2)
+        return _fail(ctx, str(exc), 2)
     try:
         getattr(args, "check", lambda _args: None)(args)  # a usage error before anything else
     except _USAGE_ERRORS as exc:
-        return _fail(str(exc), 2)
-    ctx = CommandContext(url=args.cache, secret=keys)
+        return _fail(ctx, str(exc), 2)
     # A command that only reads or removes has nothing to do in a folder that is not there:
     # a typo'd folder is said so, and nothing is made there (import and put may make it).
     looks = getattr(args, "reads_only", False) or getattr(args, "removes_only", False)
     try:
         absent = missing_folder(args.cache) if looks else None
     except _USAGE_ERRORS as exc:
-        return _fail(str(exc), 2)
+        return _fail(ctx, str(exc), 2)
     if absent is not None:
-        return _fail(f"no cache at {absent} (a command that only reads or removes creates none)", 1)
+        made = "a command that only reads or removes creates none"
+        return _fail(ctx, f"no cache at {absent} ({made})", 1)
     try:
         # What a command reads before its cache opens (import: its bundle), so that a bad
         # input makes no cache folder; an exit code ends the command there.
@@ -358,19 +368,21 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 ctx.cache  # noqa: B018 - opened here so that open errors read as such
             except _USAGE_ERRORS as exc:
-                return _fail(str(exc), 2)
+                return _fail(ctx, str(exc), 2)
             except RuntimeCacheError as exc:
-                return _fail(f"cannot open the cache: {exc}", 1)
+                return _fail(ctx, f"cannot open the cache: {exc}", 1)
         code = int(handler(args, ctx))
         if ctx.out is not None:  # (None: started with stdout closed)
             flush(ctx.out)  # here, not at exit: a full non-blocking stdout is waited on
         return partial_result(ctx, code, checks=args.command == "verify")
     except _USAGE_ERRORS as exc:
-        return _fail(str(exc), 2)
+        return _fail(ctx, str(exc), 2)
     except RuntimeCacheError as exc:
-        return _fail(f"{type(exc).__name__}: {exc}", 1)
+        return _fail(ctx, f"{type(exc).__name__}: {exc}", 1)
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's code for SIGINT
         print("runtime-cache: interrupted", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            ctx.json_error("interrupted", 130)
         return 130
     except BrokenPipeError:
         # `runtime-cache ls | head`: the output was cut short. Quietly, with the code a
@@ -380,13 +392,16 @@ def _run(args: argparse.Namespace) -> int:
         return 128 + 13
     except OSError as exc:  # a file the user named: no traceback, its name and the reason
         where = f"{exc.filename}: " if isinstance(exc.filename, str) and exc.filename else ""
-        return _fail(f"{where}{exc.strerror or exc}", 1)
+        return _fail(ctx, f"{where}{exc.strerror or exc}", 1)
     finally:
         ctx.close()
 
 
-def _fail(message: str, code: int) -> int:
+def _fail(ctx: CommandContext, message: str, code: int) -> int:
+    """Say why the command failed on stderr, and with ``--json`` as JSON on stdout too."""
     print(f"runtime-cache: error: {clean(redact(message))}", file=sys.stderr)
+    with contextlib.suppress(OSError):  # stdout cannot take it: the line above said why
+        ctx.json_error(message, code)
     return code
 
 

@@ -39,6 +39,7 @@ from ..signing import SIG_SIZE
 from .context import CommandContext
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
+from .tier_writes import PENDING, TierLosses, say_losses, tier_counts
 
 __all__ = ["BundleFileError", "cmd_import", "max_bundle_size"]
 
@@ -180,7 +181,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
             "keep nothing; import into dir:// or redis://",
         )
     before = cache.stats()
-    tiers_before = _tier_losses(cache)
+    tiers_before = tier_counts(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = unsigned = withheld = code = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
@@ -210,17 +211,17 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         # reading --json gets a report too (it got nothing to parse).
         if args.json:
             report = {"file": args.file, "error": str(exc), "accepted": accepted}
-            ctx.emit_json({**report, "in_bundle": len(blobs)})
+            ctx.emit_json({**report, "in_bundle": len(blobs), "exit_code": 1})
         raise
     finally:
         progress.close()
     flush = getattr(cache.backend, "flush", None)
     # A tier written in the background: its outcome is known once flushed.
     flushed = flush(_FLUSH_SECONDS) is not False if callable(flush) else True
-    lost = {t: n - tiers_before.get(t, 0) for t, n in _tier_losses(cache).items()}
-    lost = {t: n for t, n in lost.items() if n > 0}
+    losses = TierLosses.between(tiers_before, tier_counts(cache))
+    lost = losses.not_written
     if not flushed:
-        lost["(background writes still pending)"] = 1
+        lost[PENDING] = 1
     after = cache.stats()
     rejected = after.rejected - before.rejected
     corrupt = after.corrupt - before.corrupt
@@ -239,6 +240,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "not_written": len(failures),
         "write_errors": failures[:5],
         "tiers_not_written": lost,
+        "tiers_may_serve_older": losses.may_serve_older,
         "gone_since": gone,
     }
     if args.json:
@@ -289,11 +291,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "cache: a size cap evicts as entries come in (or another process removed them)",
                 file=ctx.out,
             )
-        for tier, count in lost.items():
-            print(
-                f"not written to the tier {clean(tier)}: {fmt_count(count, 'entry', 'entries')}",
-                file=ctx.out,
-            )
+        say_losses(losses, ctx.out)
     return 1 if rejected or corrupt or withheld or failures or lost or gone else 0
 
 
@@ -302,7 +300,7 @@ def _unread(args: argparse.Namespace, ctx: CommandContext, why: str) -> int:
     # script reading the report got nothing to parse).
     print(f"runtime-cache: {clean(why)}", file=ctx.err)
     if args.json:
-        ctx.emit_json({"file": args.file, "error": why, "accepted": 0})
+        ctx.emit_json({"file": args.file, "error": why, "accepted": 0, "exit_code": 1})
     return 1
 
 
@@ -321,16 +319,6 @@ def _gone(cache: Cache, blobs: list[bytes], secret: SecretKeys | None, unwritten
     except BackendError:
         return 0
     return max(0, len(wanted) - held - unwritten)
-
-
-def _tier_losses(cache: Cache) -> dict[str, int]:
-    """Per remote tier of a tiered backend, the entries its background writer failed to write
-    or dropped so far (a failed batch is also one of the tier's ``errors``: not counted
-    twice; said "4 operations" for 3 entries)."""
-    stats = getattr(cache.backend, "tier_stats", None)
-    if not callable(stats):
-        return {}
-    return {s.backend: s.queued_failed + s.queued_dropped for s in stats() if s.remote}
 
 
 def _one_by_one(

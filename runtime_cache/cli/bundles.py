@@ -71,7 +71,9 @@ def add_parsers(add: AddCommand) -> None:
         "their checksum, key or signature are skipped. Exit code 1 when the bundle is "
         "invalid or some of its entries were not written (refused by the checks, or native "
         "code from an unsigned bundle, which only a signed one brings), or are no longer "
-        "there afterwards (a size cap smaller than the bundle evicted them).",
+        "there afterwards (a size cap smaller than the bundle evicted them), or when a tier "
+        "of a tiered store did not write them: the report names it, and says where it may "
+        "still serve older copies (a read-only folder, which cannot remove them).",
         [
             "runtime-cache import kernels.rcb",
             "runtime-cache import kernels.rcb --keep-existing --json",
@@ -122,6 +124,8 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
     if args.file == "-":
         binary_stdout()  # refused on a terminal before any work
+    if _is_stdout(args.file):  # (/dev/stdout too): it holds the bundle, so no JSON error
+        ctx.json = False
     cache = ctx.cache
     skipped = Skipped()
     progress = Progress(0, "export", ctx.err, enabled=not args.json and ctx.is_terminal())
@@ -146,19 +150,14 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     ]
     if wanted and not bundle_count(data):
         # A typo in a filter must not replace the file with an empty bundle.
-        print(
-            f"runtime-cache: no entry matches {' '.join(wanted)}; {clean(args.file)} not written",
-            file=ctx.err,
-        )
-        return 1
+        return ctx.fail(f"no entry matches {' '.join(wanted)}; {args.file} not written")
     # Nor may entries all left out (unsigned, with a secret set), or an empty cache: the file
     # is kept as it was (GNU tar, too, refuses to make an empty archive).
     written = bool(bundle_count(data))
     try:
         replaced = _write_file(args.file, data) if written else None
     except BundleFileError as exc:
-        print(f"runtime-cache: {clean(exc)}", file=ctx.err)
-        return 1
+        return ctx.fail(str(exc))
     if replaced:
         print(
             f"runtime-cache: {clean(args.file)} was a link; replaced by the bundle, not "

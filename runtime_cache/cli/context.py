@@ -23,7 +23,7 @@ from ..errors import (
     RuntimeCacheError,
     UnknownBackendError,
 )
-from ..urls import tier_urls
+from ..urls import redact, tier_urls
 from .fmt import clean, count
 from .output import WholeText, write_text
 
@@ -195,7 +195,9 @@ class CommandContext:
 
     ``url`` is the ``--cache`` option (``None``: the process-wide provider's
     cache). A command that never touches :attr:`cache` never opens it, so a
-    plug-in such as the demo can open caches of its own.
+    plug-in such as the demo can open caches of its own. ``json`` is the command's
+    ``--json``: a failure is then said on the output stream as JSON too
+    (:meth:`json_error`), unless the command printed its JSON already (``emitted``).
     """
 
     url: str | None = None
@@ -204,6 +206,8 @@ class CommandContext:
     err: TextIO = field(default_factory=lambda: sys.stderr)
     now: float = field(default_factory=time.time)
     opened: Cache | None = None
+    json: bool = False
+    emitted: bool = False
 
     @property
     def cache(self) -> Cache:
@@ -219,7 +223,22 @@ class CommandContext:
 
     def emit_json(self, value: Any) -> None:
         """Write ``value`` as JSON to the output stream."""
+        self.emitted = True
         write_text(self.out, json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+
+    def json_error(self, message: str, code: int) -> None:
+        """With ``--json``, write ``{"error": message, "exit_code": code}`` to the output
+        stream, unless the command wrote its JSON already: a script reading it has a
+        report to parse, as ``import`` always gave (the keys are import's)."""
+        if self.json and not self.emitted and self.out is not None:
+            self.emit_json({"error": redact(message), "exit_code": code})
+
+    def fail(self, message: str, code: int = 1) -> int:
+        """Say ``message`` on the error stream (and with ``--json`` on the output stream
+        too, :meth:`json_error`); return ``code``, the command's exit code."""
+        print(f"runtime-cache: {clean(message)}", file=self.err)
+        self.json_error(message, code)
+        return code
 
     def is_terminal(self) -> bool:
         """Whether the error stream (where progress bars go) is a terminal."""

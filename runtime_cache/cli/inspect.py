@@ -164,6 +164,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
             "signed": ctx.cache.signed,
             "unsigned": _unsigned(infos),
         }
+        ctx.emitted = True  # (its own writer: one compact line)
         write_text(ctx.out, json.dumps(listing, default=_json_default) + "\n")
         return code
     if not infos:
@@ -240,11 +241,9 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     except KeyNotFound:
         info, skey = None, args.key
     except CorruptEntryError as exc:
-        print(f"runtime-cache: {clean(args.key)}: corrupt entry: {clean(exc)}", file=ctx.err)
-        return 1
+        return ctx.fail(f"{args.key}: corrupt entry: {exc}")
     if info is None:
-        print(f"runtime-cache: no entry {clean(skey)}", file=ctx.err)
-        return 1
+        return ctx.fail(f"no entry {skey}")
     label, verdict, good = _signature(ctx, skey, info.signed)
     if args.raw:
         code = _write_raw(ctx, skey, args.raw)
@@ -287,13 +286,11 @@ def _show_check(args: argparse.Namespace) -> None:
 def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
     blob = ctx.cache.backend.peek(skey)
     if blob is None:
-        print(f"runtime-cache: {clean(skey)} vanished", file=ctx.err)
-        return 1
+        return ctx.fail(f"{skey} vanished")
     try:
         entry = ctx.cache.decode(skey, blob)
     except CorruptEntryError as exc:
-        print(f"runtime-cache: {clean(skey)}: not written, the entry is bad: {exc}", file=ctx.err)
-        return 1
+        return ctx.fail(f"{skey}: not written, the entry is bad: {exc}")
     if path == "-":
         stream = binary_stdout()
         write_all(stream, entry.value)
@@ -303,8 +300,7 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
         with open(path, "wb") as handle:
             handle.write(entry.value)
     except OSError as exc:
-        print(f"runtime-cache: cannot write {path}: {exc.strerror or exc}", file=ctx.err)
-        return 1
+        return ctx.fail(f"cannot write {path}: {exc.strerror or exc}")
     print(f"wrote {human_size(len(entry.value))} to {path}", file=ctx.err)
     return 0
 

@@ -212,6 +212,7 @@ def cmd_clear(args: argparse.Namespace, ctx: CommandContext) -> int:
         answer = sys.stdin.readline().strip().lower()
         if answer not in ("y", "yes"):
             print("aborted; nothing removed", file=ctx.err)
+            ctx.json_error("aborted; nothing removed", 1)
             return 1
     removed = partly = 0
     skipped: list[tuple[str, str]] = []

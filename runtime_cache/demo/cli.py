@@ -354,14 +354,11 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         result = demo(args)
     except DemoError as exc:
-        print(f"runtime-cache demo: error: {redact(str(exc))}", file=sys.stderr)
-        return exc.code
+        return _failed(args, f"error: {redact(str(exc))}", exc.code)
     except RuntimeCacheError as exc:  # no pyopencl, unknown backend, backend down, bad URL
-        print(f"runtime-cache demo: error: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return _failed(args, f"error: {redact(str(exc))}", 2)
     except KeyboardInterrupt:  # Ctrl-C, in this process or in a run's: a line, no traceback
-        print("runtime-cache demo: interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     else:
@@ -371,6 +368,14 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"runtime-cache demo: error: {problem}", file=sys.stderr)
         return 1
     return 0 if result["outputs_identical"] else 1
+
+
+def _failed(args: argparse.Namespace, line: str, code: int) -> int:
+    # Said on stderr; with --json as {"error", "exit_code"} on stdout too, as every command.
+    print(f"runtime-cache demo: {line}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": line.removeprefix("error: "), "exit_code": code}))
+    return code
 
 
 def _broken_cache(result: dict[str, Any]) -> str | None:

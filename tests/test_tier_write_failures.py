@@ -1,0 +1,215 @@
+"""A tier that fails a write another tier takes: its older copy of the key is removed where
+it can be, so reads get the new value, and ``import`` names the tier (operator review,
+session 40: a read-only or full ``dir://`` tier over Redis kept serving the old entries
+after an import that said "imported 3", exit code 0, tiers_not_written {}).
+
+Real folders on a small tmpfs (filled, or remounted read-only; these skip where no tmpfs
+can be mounted) over a real ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import runtime_cache as rc
+from conftest import fill, tmpfs
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.tiered import TieredBackend
+from runtime_cache.cli import main
+from runtime_cache.errors import BackendError
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+SECRET = "tier-write-secret-0123456789"
+
+
+def _keys(n: int) -> list[str]:
+    return [f"tier-write/k{i}" for i in range(n)]
+
+
+def _tiers(folder: Path, redis_url: str) -> TieredBackend:
+    backend = rc.open_backend(f"dir://{folder},{redis_url}")
+    assert isinstance(backend, TieredBackend)
+    return backend
+
+
+def _stats(backend: TieredBackend, folder: Path) -> tuple[int, int]:
+    (mine,) = [s for s in backend.tier_stats() if str(folder) in s.backend]
+    return mine.not_written, mine.may_be_stale
+
+
+def test_a_full_folder_tier_removes_its_older_copies(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
+    keys = _keys(3)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        folder = disk / "c"
+        backend = _tiers(folder, redis_url)
+        backend.set_many({k: b"OLD " + k.encode() for k in keys})
+        fill(disk)
+        new = {k: b"NEW " + k.encode() + bytes(8000) for k in keys}
+        backend.set_many(new)  # the Redis tier took them: no error
+        fill(disk)  # (the older copies removed made room)
+        backend.set(keys[0], new[keys[0]])  # a single write takes the same path
+        assert backend.flush(10)
+        assert _stats(backend, folder) == (4, 0)
+        backend.close()
+        local = DirectoryBackend(folder)
+        assert [local.peek(k) for k in keys] == [None, None, None]  # no older copy left
+        fresh = _tiers(folder, redis_url)  # as the next process reads
+        assert fresh.get_many(keys) == new
+        fresh.close()
+        assert rc.open_backend(redis_url).get_many(keys) == new
+
+
+def test_a_batch_that_landed_in_part_keeps_what_it_wrote(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
+    keys = _keys(4)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        folder = disk / "c"
+        backend = _tiers(folder, redis_url)
+        backend.set_many({k: b"OLD" for k in keys})
+        fill(disk, leave=3 * 4096)  # room for one larger value, not for all
+        new = {k: k.encode() + bytes(6000) for k in keys}
+        backend.set_many(new)
+        backend.close()
+        held = {k: DirectoryBackend(folder).peek(k) for k in keys}
+        landed = [k for k in keys if held[k] == new[k]]
+        assert 0 < len(landed) < len(keys), held
+        assert all(held[k] is None for k in keys if k not in landed)  # never the old value
+        assert _stats(backend, folder) == (len(keys) - len(landed), 0)
+
+
+def test_a_read_only_folder_tier_is_counted_as_maybe_stale(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
+    keys = _keys(3)
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        folder = ro / "c"
+        backend = _tiers(folder, redis_url)
+        backend.set_many({k: b"OLD" for k in keys})
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        backend.set_many({k: b"NEW" for k in keys})
+        assert backend.flush(10)
+        assert _stats(backend, folder) == (3, 3)  # it could not remove them either
+        backend.close()
+        assert [DirectoryBackend(folder).peek(k) for k in keys] == [b"OLD"] * 3
+        assert rc.open_backend(redis_url).get_many(keys) == {k: b"NEW" for k in keys}
+
+
+def test_a_write_every_tier_fails_removes_nothing(tmp_path: Path) -> None:
+    """No tier took the new value: each keeps the older entry, as a single store would,
+    and the front gets the error."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        backend = TieredBackend([DirectoryBackend(disk / "a"), DirectoryBackend(disk / "b")])
+        backend.set("k", b"OLD")
+        fill(disk)
+        with pytest.raises(BackendError):
+            backend.set("k", bytes(20000))
+        assert backend.get("k") == b"OLD"
+        assert [s.not_written for s in backend.tier_stats()] == [0, 0]
+        assert DirectoryBackend(disk / "b").peek("k") == b"OLD"
+        backend.close()
+
+
+def test_a_lower_tier_that_fails_keeps_its_copy(tmp_path: Path) -> None:
+    """Only a tier above one that took the value drops its older copy: the lowest tier
+    (the shared one, which other machines read) keeps its own when it alone fails, or they
+    would all rebuild the key."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        top = DirectoryBackend(tmp_path / "top")
+        backend = TieredBackend([top, DirectoryBackend(disk / "b")])
+        backend.set("k", b"OLD")
+        fill(disk)
+        backend.set("k", bytes(20000))  # the top tier took it
+        assert top.peek("k") == bytes(20000)
+        assert DirectoryBackend(disk / "b").peek("k") == b"OLD"
+        stats = backend.tier_stats()  # counted, and said to hold an older copy
+        assert [(s.not_written, s.may_be_stale) for s in stats] == [(0, 0), (1, 1)]
+        backend.close()
+
+
+# ------------------------------------------------------------------------ import
+def _bundle(tmp_path: Path, n: int) -> tuple[Path, list[rc.CacheKey]]:
+    keys = [
+        rc.make_key(module_id="net@1", runtime="opencl", purpose="tuning", device={"n": 1}, i=i)
+        for i in range(n)
+    ]
+    source = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'src'}"), secret=SECRET)
+    for k in keys:
+        source.put(k, b"BUNDLE " + str(k).encode())
+    path = tmp_path / "b.rcb"
+    path.write_bytes(source.dumps())
+    source.close()
+    return path, keys
+
+
+def _import(
+    capsys: pytest.CaptureFixture[str], url: str, bundle: Path, *more: str
+) -> tuple[int, pytest.CaptureResult[str]]:
+    capsys.readouterr()
+    code = main(["--cache", url, "--secret", SECRET, "import", str(bundle), *more])
+    return code, capsys.readouterr()
+
+
+def _old(url: str, keys: list[rc.CacheKey]) -> None:
+    cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+    for k in keys:
+        cache.put(k, b"OLD")
+    cache.close()
+
+
+def test_import_names_a_read_only_folder_tier_that_may_serve_older_entries(
+    tmp_path: Path,
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bundle, keys = _bundle(tmp_path, 3)
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        url = f"dir://{ro / 'c'},{redis_server.url}?prefix={unique_prefix}"
+        _old(url, keys)
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        code, got = _import(capsys, url, bundle, "--json")
+        report = json.loads(got.out)
+        assert code == 1 and report["accepted"] == 3, report
+        (tier,) = report["tiers_not_written"]
+        assert str(ro / "c") in tier and report["tiers_not_written"][tier] == 3
+        assert report["tiers_may_serve_older"] == {tier: 3}
+        code, got = _import(capsys, url, bundle)
+        assert code == 1
+        assert f"not written to the tier {tier}: 3 entries" in got.out
+        assert "it may still serve older copies of them" in got.out, got.out
+
+
+def test_import_through_a_full_folder_tier_is_reported_and_reads_get_the_bundle(
+    tmp_path: Path,
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bundle, keys = _bundle(tmp_path, 3)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        url = f"dir://{disk / 'c'},{redis_server.url}?prefix={unique_prefix}"
+        _old(url, keys)
+        fill(disk)
+        code, got = _import(capsys, url, bundle, "--json")
+        report = json.loads(got.out)
+        assert code == 1 and report["accepted"] == 3, report
+        (tier,) = report["tiers_not_written"]
+        assert str(disk / "c") in tier and report["tiers_may_serve_older"] == {}
+        cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+        assert [cache.get(k) for k in keys] == [b"BUNDLE " + str(k).encode() for k in keys]
+        cache.close()
