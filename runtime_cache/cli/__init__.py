@@ -2,7 +2,8 @@
 
 Modules: :mod:`~runtime_cache.cli.app` (the parser and :func:`main`),
 :mod:`~runtime_cache.cli.context` (what every handler gets),
-:mod:`~runtime_cache.cli.fmt` (text, tables, the progress bar), and the
+:mod:`~runtime_cache.cli.fmt` (text, tables, the progress bar),
+:mod:`~runtime_cache.cli.log_lines` (what the library logs meanwhile), and the
 commands grouped by job: :mod:`~runtime_cache.cli.inspect` (ls, show, stats),
 :mod:`~runtime_cache.cli.maintain` (rm, clear, prune, verify; prune's text in
 :mod:`~runtime_cache.cli.prune_text`) and

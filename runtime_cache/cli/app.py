@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -60,6 +59,7 @@ from .context import (
     standard_output,
 )
 from .fmt import clean
+from .log_lines import command_logging
 from .output import WholeText, flush
 from .partial import partial_result
 
@@ -240,42 +240,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return _settle_output(code)
     except OSError as exc:  # the help could not be written (a full disk, a cut pipe)
         return _output_failed(exc, 0)
-    # The cache is strict here, so failures come back as errors that the command
-    # reports; the library's own warnings ("carrying on without the cache") only
-    # confuse a one-shot command unless asked for.
-    # Each line's control characters escaped: a message may name what a store holds (a
-    # Redis name with a terminal's escape sequences in it reached the screen with -v).
-    said_here = logging.StreamHandler()
-    said_here.setFormatter(_CleanLines("%(message)s"))
-    logging.basicConfig(handlers=[said_here])
-    logger = logging.getLogger("runtime_cache")
-    # Except where the cache lives: a default folder that moved to a temporary one (no
-    # usable home folder) is said always, or `ls` would show another cache without a word.
-    # So is a short secret key.
-    said = [logging.getLogger(f"runtime_cache.{name}") for name in ("environment", "signing")]
-    saved = logger.level, [one.level for one in said]
-    logger.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.ERROR)
-    for one in said:
-        one.setLevel(logging.WARNING)
     # A command that only reads writes nothing in a folder it reads (`ls` in one that is no
     # cache left a vacuum's marker there).
     reads = getattr(args, "reads_only", False) or getattr(args, "dry_run", False)
     reading = READING_ONLY.set(True) if reads else None
     try:
-        return _settle_output(_run(args))
+        with command_logging(getattr(args, "verbose", False)):
+            return _settle_output(_run(args))
     finally:  # main() may run inside a host process (tests, notebooks)
-        logger.setLevel(saved[0])
-        for one, level in zip(said, saved[1], strict=True):
-            one.setLevel(level)
         if reading is not None:
             READING_ONLY.reset(reading)
-
-
-class _CleanLines(logging.Formatter):
-    """A formatter that escapes control and format characters in each line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(clean(line) for line in super().format(record).split("\n"))
 
 
 def _drop_output(*streams: Any) -> None:
