@@ -810,6 +810,60 @@ def test_export_to_stdout_piped_into_import_from_stdin(
     copy.close()
 
 
+def test_an_unsigned_bundle_is_refused_at_its_header_with_a_secret(
+    cache: rc.Cache, tmp_path: Path
+) -> None:
+    """The attacker review of session 40: with a secret set, `curl ... | runtime-cache
+    import -` read a whole unsigned bundle (up to its 4 GiB cap, about three times that in
+    memory) before refusing it. Its header says it is unsigned: refused there, and the
+    rest of the stream is never waited for."""
+    fill(cache, 2)
+    head = cache.dumps()[:20]  # the header and the first entry's length, then nothing
+    importer = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "runtime_cache.cli", "--cache", f"dir://{tmp_path / 'o'}"),
+            *("--secret", "a-fleet-secret-of-16+", "import", "-", "--json"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert importer.stdin is not None
+    importer.stdin.write(head)
+    importer.stdin.flush()  # and kept open: a reader of the whole stream would wait
+    try:
+        assert importer.wait(timeout=60) == 1  # (stdin still open)
+    finally:
+        importer.kill()
+        out, _ = importer.communicate()
+    assert "not signed, and a secret is set" in json.loads(out)["error"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_counts_a_repeated_key_apart(
+    capsys: pytest.CaptureFixture[str], cache: rc.Cache, tmp_path: Path
+) -> None:
+    """The attacker review of session 40: a bundle holding one key twice, imported into an
+    empty cache, said "kept 1 entry already in the cache"."""
+    from runtime_cache.codec import encode_bundle
+
+    keys = fill(cache, 2)
+    blobs = [cache.backend.peek(str(k)) for k in keys]
+    cache.put(keys[0], b"the same key, another value")
+    again = cache.backend.peek(str(keys[0]))
+    assert all(isinstance(b, bytes) for b in (*blobs, again))
+    bundle = tmp_path / "twice.rcb"
+    bundle.write_bytes(encode_bundle([*blobs, again]))  # type: ignore[list-item]
+    other = Run(capsys, f"dir://{tmp_path / 'other'}")
+    report = other.json("import", str(bundle))
+    assert (report["accepted"], report["repeated_keys"], report["kept_existing"]) == (2, 1, 0)
+    code, out, _ = other("import", str(bundle), "--keep-existing")
+    assert code == 0 and "kept 2 entries already in the cache" in out
+    assert "1 entry of the bundle repeated a key" in out
+    assert rc.Cache(DirectoryBackend(tmp_path / "other")).get(keys[0]) == cache.get(keys[0])
+
+
 def test_import_says_why_native_code_was_not_written(
     capsys: pytest.CaptureFixture[str], run: Run, cache: rc.Cache, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ from ..codec import (
     SecretKeys,
     bundle_signed,
     decode_bundle,
+    decode_meta,
     encode_bundle,
     normalize_secret,
 )
@@ -34,6 +35,7 @@ from ..errors import (
     BackendUnavailableError,
     InvalidBundleError,
     ReadOnlyBackendError,
+    RuntimeCacheError,
 )
 from ..signing import SIG_SIZE
 from .context import CommandContext
@@ -66,7 +68,11 @@ def _exact(read: Callable[[int], bytes], size: int) -> bytes:
 
 
 def _read_limited(
-    read: Callable[[int], bytes], path: str, limits: Limits, known_size: int | None = None
+    read: Callable[[int], bytes],
+    path: str,
+    limits: Limits,
+    known_size: int | None = None,
+    signed_only: bool = False,
 ) -> bytes:
     """Read one bundle as its own framing says, and one byte more (trailing data).
 
@@ -74,9 +80,11 @@ def _read_limited(
     stream costs no more than they announce), a count over ``limits.max_entries`` or a
     total over :func:`max_bundle_size` is refused, and short pieces are kept together
     (2**32 empty entries took 30x the file's size). What is announced within those limits
-    is read, holes of a sparse file too: up to about twice the bundle's size in memory.
-    ``known_size``, a file's size, tells a length past it (a damaged header) from a
-    bundle too large.
+    is read, holes of a sparse file too: up to about twice the bundle's size in memory
+    while it is read, and about three times while its entries are written. ``known_size``,
+    a file's size, tells a length past it (a damaged header) from a bundle too large. With
+    ``signed_only`` (a secret is set), a bundle whose header says it is unsigned is
+    refused at its header: its checksum and entries could not make it any better.
     """
     limit = max_bundle_size(limits)
     head = _exact(read, BUNDLE_HEADER_SIZE)
@@ -85,6 +93,10 @@ def _read_limited(
     if len(head) < BUNDLE_HEADER_SIZE:
         return head
     flags, count = head[5], int.from_bytes(head[8:12], "little")
+    if signed_only and not flags & FLAG_SIGNED:
+        raise BundleFileError(
+            f"{path} is not a valid bundle: bundle is not signed, and a secret is set"
+        )
     if count > limits.max_entries:
         raise BundleFileError(
             f"{path} is not a valid bundle: it claims {count} entries, over the limit "
@@ -120,10 +132,10 @@ def _read_limited(
     return b"".join([*chunks, small])
 
 
-def _read_file(path: str, limits: Limits) -> bytes:
+def _read_file(path: str, limits: Limits, signed_only: bool) -> bytes:
     limit = max_bundle_size(limits)
     if path == "-":
-        return _read_limited(sys.stdin.buffer.read, "standard input", limits)
+        return _read_limited(sys.stdin.buffer.read, "standard input", limits, None, signed_only)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -137,7 +149,7 @@ def _read_file(path: str, limits: Limits) -> bytes:
         if info.st_size > limit:
             raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
         try:
-            return _read_limited(handle.read, path, limits, info.st_size)
+            return _read_limited(handle.read, path, limits, info.st_size, signed_only)
         except OSError as exc:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
@@ -155,7 +167,7 @@ def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
         The CLI's caches check against the default limits."""
     secret = normalize_secret(ctx.secret)
     try:
-        data = _read_file(args.file, DEFAULT_LIMITS)
+        data = _read_file(args.file, DEFAULT_LIMITS, secret is not None)
         args.blobs = decode_bundle(data, secret=secret, limits=DEFAULT_LIMITS)
         args.bundle_signed = bundle_signed(data)
     except MemoryError:
@@ -165,6 +177,22 @@ def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
     except InvalidBundleError as exc:
         return _unread(args, ctx, f"{args.file} is not a valid bundle: {exc}")
     return None
+
+
+def _repeats(blobs: list[bytes]) -> int:
+    """How many of ``blobs`` hold a key an entry before them held (one copy of each key is
+    written: the last, or with --keep-existing the first); they are no entries the cache
+    kept. Blobs that do not decode are counted elsewhere."""
+    seen: set[object] = set()
+    repeats = 0
+    for blob in blobs:
+        try:
+            key = decode_meta(blob)[0].get("k")
+        except RuntimeCacheError:
+            continue
+        repeats += key in seen
+        seen.add(key)
+    return repeats
 
 
 def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
@@ -227,13 +255,16 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     corrupt = after.corrupt - before.corrupt
     # (not with a tier down: its listing would be partial, and that tier is said already)
     gone = _gone(cache, blobs, secret, withheld + len(failures)) if accepted and not lost else 0
+    repeats = _repeats(blobs)
+    kept_existing = len(blobs) - accepted - rejected - corrupt - withheld - len(failures)
     report = {
         "file": args.file,
         "in_bundle": len(blobs),
         "accepted": accepted,
         "rejected_signature": rejected,
         "corrupt": corrupt,
-        "kept_existing": len(blobs) - accepted - rejected - corrupt - withheld - len(failures),
+        "repeated_keys": min(repeats, kept_existing),
+        "kept_existing": kept_existing - min(repeats, kept_existing),
         "unsigned": unsigned,
         "withheld_unsigned": withheld,
         "withheld_native_code": code,
@@ -251,6 +282,9 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
             kept = fmt_count(report["kept_existing"], "entry", "entries")
             flag = " (--keep-existing)" if args.keep_existing else ""
             print(f"kept {kept} already in the cache{flag}", file=ctx.out)
+        if report["repeated_keys"]:
+            again = fmt_count(report["repeated_keys"], "entry", "entries")
+            print(f"{again} of the bundle repeated a key of an entry before them", file=ctx.out)
         if rejected or corrupt:
             print(
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
