@@ -52,7 +52,9 @@ def add_parsers(add: AddCommand) -> None:
     export.add_argument(
         "file",
         metavar="FILE",
-        help="bundle to write ('-' for stdout); its folder must exist, as for a shell's >",
+        help="bundle to write ('-' for stdout: with '> FILE' the shell makes FILE before "
+        "the command runs, so it is left empty where nothing is exported); its folder must "
+        "exist, as for a shell's >",
     )
     export.add_argument(
         "--sign",
