@@ -150,12 +150,13 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         for name in ("runtime", "purpose", "module")
         if (value := getattr(args, name, None))
     ]
-    if wanted and not bundle_count(data):
+    count = bundle_count(data)
+    if wanted and not count:
         # A typo in a filter must not replace the file with an empty bundle.
         return ctx.fail(f"no entry matches {' '.join(wanted)}; {args.file} not written")
     # Nor may entries all left out (unsigned, with a secret set), or an empty cache: the file
     # is kept as it was (GNU tar, too, refuses to make an empty archive).
-    written = bool(bundle_count(data))
+    written = bool(count)
     try:
         replaced = _write_file(args.file, data) if written else None
     except BundleFileError as exc:
@@ -167,7 +168,6 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
             file=ctx.err,
         )
     signed = cache.signed
-    count = bundle_count(data)
     report = {
         "file": args.file,
         "entries": count,
