@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any
 
 from runtime_cache.api import Lease
+from runtime_cache.errors import BackendError
 
 from .lease_tokens import MAX_TOKEN, genuine, make_token
 from .redis_clock import TIME_MS, ServerClock, node_of
@@ -111,7 +112,8 @@ _NOTE_GET_TIMED = TIME_MS + f"return {{(function() {_NOTE_GET} end)(), now}}"
 #: ARGV[1] (ARGV[5] 'exact'; an empty string too), a string longer than ARGV[4] (ARGV[5]
 #: 'long'), or (with ARGV[5] 'exact') any string that is not shaped as a signed token: no
 #: holder's. One step: a writer looping on the name cannot take it between a removal and a
-#: take, nor win by changing a junk value faster than a look and a swap.
+#: take, nor win by changing a junk value faster than a look and a swap; one that changes
+#: token-shaped values that fast, three looks running, is built past (_take_over).
 _SWAP = (
     "local t = redis.call('type', KEYS[1])['ok'] "
     "local n = t == 'string' and redis.call('strlen', KEYS[1]) or -1 "
@@ -219,6 +221,7 @@ class RedisLease(Lease):
         # The name is held: by a live holder with this secret, or by what someone without it
         # planted (or left), which is replaced in one step.
         name, ms = self.name, self._ms
+        forged = 0  # looks that found a token no key signed, changed before the swap
         for _ in range(3):  # a token shaped value that changed since the look: look again
             holder, now_ms = self._run("lease", self._holder)
             if holder == token.encode():  # a swap sent again after its reply was lost
@@ -233,6 +236,15 @@ class RedisLease(Lease):
             swap = (expected, token, ms, MAX_TOKEN, mode)
             if self._run("lease", partial(_eval, _SWAP, name, swap)):
                 return True
+            forged += isinstance(holder, bytes)
+        if forged == 3:
+            # A writer without the secret changing token-shaped values faster than a look
+            # and a swap: no holder of ours, so none is waited for (as dir:// builds when a
+            # lock is held with no genuine token); the caller builds without a lease.
+            raise BackendError(
+                f"lease {name!r}: held by values no key of the secret signed, changed "
+                "faster than they can be replaced"
+            )
         return False
 
     def _forget(self) -> None:

@@ -254,6 +254,15 @@ MAX_SECRET_FILE = 64 * 1024
 _WARNED_MODES: set[str] = set()  # (secret files warned about, once a process)
 
 
+def _other_writers(info: os.stat_result) -> str:
+    """Who besides this user (and root) can write a file of ``info``: "" for nobody."""
+    if info.st_mode & stat.S_IWOTH:
+        return "anyone"
+    if info.st_uid not in (0, os.geteuid()):
+        return "its owner, another user"
+    return "its group" if info.st_mode & stat.S_IWGRP else ""
+
+
 def _read_small_file(path: str, limit: int) -> bytes:
     """A regular file's bytes, at most ``limit`` of them; ``OSError`` for anything else
     (a FIFO or a device is never waited on: it is opened without blocking). A file its
@@ -265,16 +274,18 @@ def _read_small_file(path: str, limit: int) -> bytes:
             raise OSError(errno.EINVAL, "not a regular file")
         if info.st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and path not in _WARNED_MODES:
+        writers = _other_writers(info)
+        if writers and path not in _WARNED_MODES:
             _WARNED_MODES.add(path)
             # Taken (a mounted secret's modes are not always the app's to set), but said:
             # whoever can write the file can put in a key of their own and sign with it.
             log.warning(
-                "runtime-cache: the secret file %r can be written by %s (mode %o): whoever "
-                "can write it can choose the key; chmod go-w it",
+                "runtime-cache: the secret file %r can be written by %s (mode %o, owner "
+                "uid %d): whoever can write it can choose the key",
                 path,
-                "anyone" if info.st_mode & stat.S_IWOTH else "its group",
+                writers,
                 stat.S_IMODE(info.st_mode),
+                info.st_uid,
             )
         data = os.read(fd, limit + 1)
     finally:

@@ -53,12 +53,21 @@ def _one_secret(secret: object) -> bytes:
     # Without the whitespace around it, as the command line, the environment and secret
     # files give it: an app's open(path).read() signed with the file's newline, and the
     # command's --secret-file then failed every entry.
-    key = bytes(secret).strip()
+    key = _stripped(bytes(secret))
     if not key:
         raise InvalidSecretError("a secret may not be empty or blank")
     if len(key) < SHORT_SECRET:
         _warn_short(key)
     return key
+
+
+def _stripped(key: bytes) -> bytes:
+    # As text is stripped (Unicode whitespace too: a no-break space), where the bytes are
+    # UTF-8, so bytes read from a file give the key its text gives the command line.
+    try:
+        return key.decode("utf-8").strip().encode("utf-8")
+    except UnicodeDecodeError:
+        return key.strip()
 
 
 def _warn_short(key: bytes) -> None:

@@ -180,15 +180,26 @@ class EntryInfo:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with mappings as dicts, tuples as lists and bytes as hex: ready for ``json``.
+    """``value`` with mappings as dicts (keys as text, bytes keys as hex), tuples as lists,
+    bytes as hex and floats that strict JSON has no number for (NaN, infinities) as text:
+    ready for ``json`` with ``allow_nan=False``.
 
-    >>> jsonable({"k": (b"\\x01", 2)})
-    {'k': ['01', 2]}
+    >>> jsonable({"k": (b"\\x01", 2, float("nan")), b"\\xff": 1})
+    {'k': ['01', 2, 'NaN'], 'ff': 1}
     """
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {_json_key(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).hex()
+    if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
+        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
     return value
+
+
+_INF = float("inf")
+
+
+def _json_key(key: Any) -> str:
+    return bytes(key).hex() if isinstance(key, (bytes, bytearray)) else str(key)

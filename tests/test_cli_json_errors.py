@@ -130,6 +130,32 @@ def test_a_failing_export_to_standard_output_keeps_json_off_it(
     assert code == 1 and report is None and "no entry matches" in err
 
 
+def test_a_failure_before_an_export_to_dev_stdout_keeps_json_out_of_the_bundle(
+    tmp_path: Path,
+) -> None:
+    """The re-attack review of session 40: ``export /dev/stdout --json > FILE`` that
+    failed before the command ran (no cache there) wrote its JSON error into FILE."""
+    import subprocess
+    import sys
+
+    bundle = tmp_path / "out.rcb"
+    for target in ("/dev/stdout", "-"):
+        with bundle.open("wb") as out:
+            done = subprocess.run(
+                [
+                    *(sys.executable, "-m", "runtime_cache"),
+                    *("--cache", f"dir://{tmp_path / 'none'}", "export", target, "--json"),
+                ],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+        assert done.returncode == 1 and "no cache at" in done.stderr
+        assert bundle.read_bytes() == b"", target
+
+
 def test_a_successful_command_prints_its_report_alone(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -411,6 +413,49 @@ def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     assert taker.acquire()
     taker.release()
     direct.close()
+    _drop(backend)
+
+
+@pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="needs redis-benchmark")
+def test_token_shaped_values_changed_in_a_loop_hold_no_signed_taker_off(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """The re-attack review of session 40: a writer without the secret pipelining SETs of
+    random token-shaped values (redis-benchmark) changed the value between each look and
+    swap, so a taker was told "held" 112 times in 116 and its waiters waited. Three such
+    looks running now fail the take (BackendError): the caller builds without a lease."""
+    from runtime_cache.errors import BackendError
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    backend = rc.Cache(rc.open_backend(url), secret="fleet-secret-0123456789").backend
+    name = backend.lease("a/b/c", 30.0).name  # type: ignore[union-attr]
+    value = "a" * 20 + "__rand_int__." + str(int(time.time() * 1000) + 60_000) + "." + "b" * 32
+    attacker = subprocess.Popen(
+        [
+            *(shutil.which("redis-benchmark") or "", "-p", str(redis_server.port), "-q"),
+            *("-P", "16", "-c", "2", "-n", "50000000", "-r", "100000000000"),
+            *("SET", name, value, "PX", "60000"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+        told_held = 0
+        for _ in range(20):
+            lease = backend.lease("a/b/c", 30.0)
+            assert lease is not None
+            try:
+                if lease.acquire():
+                    lease.release()
+                else:
+                    told_held += 1
+            except BackendError as exc:
+                assert "no key of the secret signed" in str(exc) or "changed" in str(exc)
+        assert told_held <= 2, told_held  # (a look that caught a value not yet changed)
+    finally:
+        attacker.kill()
+        attacker.wait()
     _drop(backend)
 
 

@@ -310,7 +310,10 @@ def _run(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     # Made first, so that with --json every failure below is said on stdout too; not where
     # stdout holds a bundle or a value (FILE -), which the JSON would spoil.
-    data = (args.command == "export" and args.file == "-") or getattr(args, "raw", None) == "-"
+    raw = getattr(args, "raw", None)
+    data = (args.command == "export" and bundles.is_stdout(args.file)) or (
+        raw is not None and bundles.is_stdout(raw)
+    )
     ctx = CommandContext(url=args.cache, json=bool(getattr(args, "json", False)) and not data)
     if args.cache is not None and not args.cache.strip():  # --cache "$UNSET_VARIABLE"
         return _fail(ctx, "--cache needs a URL, such as dir:///path or redis://host:6379/0", 2)

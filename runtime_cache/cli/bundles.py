@@ -30,7 +30,7 @@ from .fmt import count as fmt_count
 from .inspect import add_json, filters
 from .output import replace_file, write_all
 
-__all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
+__all__ = ["add_parsers", "cmd_export", "cmd_import", "is_stdout", "max_bundle_size"]
 
 AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParser]
 
@@ -93,7 +93,7 @@ def add_parsers(add: AddCommand) -> None:
     add_json(imp)
 
 
-def _is_stdout(path: str) -> bool:
+def is_stdout(path: str) -> bool:
     """Whether ``path`` is standard output (``-``, ``/dev/stdout``, ``/dev/fd/1``, or the
     file it was sent to): the bundle's, where a message would corrupt it."""
     if path == "-":
@@ -126,7 +126,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
     if args.file == "-":
         binary_stdout()  # refused on a terminal before any work
-    if _is_stdout(args.file):  # (/dev/stdout too): it holds the bundle, so no JSON error
+    if is_stdout(args.file):  # (/dev/stdout too): it holds the bundle, so no JSON error
         ctx.json = False
     cache = ctx.cache
     skipped = Skipped()
@@ -177,7 +177,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         "skipped": len(skipped),
         "written": written,
     }
-    into_stdout = _is_stdout(args.file)
+    into_stdout = is_stdout(args.file)
     if args.json and into_stdout:
         print(json.dumps(report, indent=2), file=ctx.err)  # stdout holds the bundle
     elif args.json:

@@ -24,6 +24,7 @@ from .context import (
     UsageError,
     binary_stdout,
     resolve_key,
+    strict_json,
 )
 from .fmt import (
     clean,
@@ -165,7 +166,7 @@ def cmd_ls(args: argparse.Namespace, ctx: CommandContext) -> int:
             "unsigned": _unsigned(infos),
         }
         ctx.emitted = True  # (its own writer: one compact line)
-        write_text(ctx.out, json.dumps(listing, default=_json_default) + "\n")
+        write_text(ctx.out, strict_json(listing, default=_json_default) + "\n")
         return code
     if not infos:
         print("no entries", file=ctx.out)
