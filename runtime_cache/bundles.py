@@ -48,7 +48,9 @@ class LoadResult(int):
     * ``withheld``: unsigned entries not written because the store is shared
       (others would trust them) or because they hold native code (see
       :data:`CODE_PURPOSES`): they were used, or reported, but not stored;
-    * ``withheld_code``: those of ``withheld`` that hold native code.
+    * ``withheld_code``: those of ``withheld`` that hold native code;
+    * ``repeated``: entries that passed the check under a key an entry before them in the
+      bundle held (the last of them is the one kept).
     """
 
     offered: int
@@ -57,6 +59,7 @@ class LoadResult(int):
     unsigned: int
     withheld: int
     withheld_code: int
+    repeated: int
 
     def __new__(
         cls,
@@ -68,6 +71,7 @@ class LoadResult(int):
         unsigned: int = 0,
         withheld: int = 0,
         withheld_code: int = 0,
+        repeated: int = 0,
     ) -> LoadResult:
         result = super().__new__(cls, accepted)
         result.offered = offered
@@ -76,6 +80,7 @@ class LoadResult(int):
         result.unsigned = unsigned
         result.withheld = withheld
         result.withheld_code = withheld_code
+        result.repeated = repeated
         return result
 
     @property
@@ -93,6 +98,7 @@ class LoadResult(int):
             "unsigned": self.unsigned,
             "withheld": self.withheld,
             "withheld_code": self.withheld_code,
+            "repeated": self.repeated,
         }
 
 
@@ -104,6 +110,7 @@ class Screened:
     rejected: int = 0
     corrupt: int = 0
     unsigned: int = 0
+    repeated: int = 0  # (passed, under a key that one before them held)
 
 
 def screen_bundle(blobs: list[bytes], secret: SecretKeys | None, limits: Limits) -> Screened:
@@ -123,6 +130,7 @@ def screen_bundle(blobs: list[bytes], secret: SecretKeys | None, limits: Limits)
             continue
         if secret is None:
             screened.unsigned += 1
+        screened.repeated += checked.key in screened.accepted
         screened.accepted[checked.key] = blob
     return screened
 
@@ -254,4 +262,5 @@ def merge_bundle(
         unsigned=screened.unsigned,
         withheld=withheld,
         withheld_code=code_count,
+        repeated=screened.repeated,
     )

@@ -62,12 +62,10 @@ def _one_secret(secret: object) -> bytes:
 
 
 def _stripped(key: bytes) -> bytes:
-    # As text is stripped (Unicode whitespace too: a no-break space), where the bytes are
-    # UTF-8, so bytes read from a file give the key its text gives the command line.
-    try:
-        return key.decode("utf-8").strip().encode("utf-8")
-    except UnicodeDecodeError:
-        return key.strip()
+    # As text is stripped (Unicode whitespace too: a no-break space, \x1c-\x1f), bytes that
+    # are no UTF-8 kept as they are (as the command line gets them: surrogateescape), so
+    # bytes given here give the key that their text gives the command line.
+    return key.decode("utf-8", "surrogateescape").strip().encode("utf-8", "surrogateescape")
 
 
 def _warn_short(key: bytes) -> None:

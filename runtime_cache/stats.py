@@ -180,15 +180,23 @@ class EntryInfo:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with mappings as dicts (keys as text, bytes keys as hex), tuples as lists,
-    bytes as hex and floats that strict JSON has no number for (NaN, infinities) as text:
-    ready for ``json`` with ``allow_nan=False``.
+    """``value`` with mappings as dicts (keys as text, bytes keys as Python writes them),
+    tuples as lists, bytes as hex and floats that strict JSON has no number for (NaN,
+    infinities) as text: ready for ``json`` with ``allow_nan=False``.
 
     >>> jsonable({"k": (b"\\x01", 2, float("nan")), b"\\xff": 1})
-    {'k': ['01', 2, 'NaN'], 'ff': 1}
+    {'k': ['01', 2, 'NaN'], "b'\\\\xff'": 1}
     """
     if isinstance(value, Mapping):
-        return {_json_key(k): jsonable(v) for k, v in value.items()}
+        found: dict[str, Any] = {}
+        for key, item in value.items():
+            name = _json_key(key)
+            again = 1
+            while name in found:  # two keys that read alike (b'00' and "b'00'"): both kept
+                again += 1
+                name = f"{_json_key(key)} ({again})"
+            found[name] = jsonable(item)
+        return found
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
@@ -202,4 +210,6 @@ _INF = float("inf")
 
 
 def _json_key(key: Any) -> str:
-    return bytes(key).hex() if isinstance(key, (bytes, bytearray)) else str(key)
+    # Bytes as Python writes them (b'\\x00'), as `show` prints them: as hex, b"\\x00" and
+    # the text "00" became one key, and one of the two was lost.
+    return repr(bytes(key)) if isinstance(key, (bytes, bytearray)) else str(key)

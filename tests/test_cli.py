@@ -862,6 +862,26 @@ def test_import_counts_a_repeated_key_apart(
     assert code == 0 and "kept 2 entries already in the cache" in out
     assert "1 entry of the bundle repeated a key" in out
     assert rc.Cache(DirectoryBackend(tmp_path / "other")).get(keys[0]) == cache.get(keys[0])
+    # A refused copy is no repeat (the re-attack review: it hid the entry kept).
+    secret = "a-fleet-secret-of-16+"
+    signed = rc.Cache(DirectoryBackend(tmp_path / "signed"), secret=secret)
+    for k in keys:
+        signed.put(k, b"signed value")
+    good = [signed.backend.peek(str(k)) for k in keys]
+    assert all(isinstance(b, bytes) for b in good)
+    forged = bytearray(good[0])  # type: ignore[arg-type]
+    forged[-1] ^= 1  # its signature's last byte
+    bundle.write_bytes(encode_bundle([good[0], bytes(forged), good[1]], secret=secret.encode()))  # type: ignore[list-item]
+    third = rc.Cache(DirectoryBackend(tmp_path / "third"), secret=secret)
+    third.put(keys[1], b"signed value")
+    third.close()
+    capsys.readouterr()
+    url = f"dir://{tmp_path / 'third'}"
+    argv = ["--cache", url, "--secret", secret, "import", str(bundle), "--keep-existing"]
+    assert main([*argv, "--json"]) == 1  # (one refused)
+    report = json.loads(capsys.readouterr().out)
+    counts = ("accepted", "rejected_signature", "repeated_keys", "kept_existing")
+    assert tuple(report[name] for name in counts) == (1, 1, 0, 1), report
 
 
 def test_import_says_why_native_code_was_not_written(

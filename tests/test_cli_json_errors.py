@@ -156,6 +156,43 @@ def test_a_failure_before_an_export_to_dev_stdout_keeps_json_out_of_the_bundle(
         assert bundle.read_bytes() == b"", target
 
 
+def test_a_value_or_bundle_sent_to_standard_output_is_alone_there(tmp_path: Path) -> None:
+    """The re-attack review of session 40: `show KEY --raw /dev/stdout` printed show's table
+    (or its JSON) after the value, `--raw v.out > v.out` truncated the file and wrote the
+    table over the value, and `export F --json > F` sent its report into the file the
+    bundle replaced (lost, exit 0)."""
+    import subprocess
+    import sys
+
+    url = _filled(tmp_path)
+    cache = rc.Cache(rc.open_backend(url))
+    key = next(iter(cache.backend.keys()))
+    value = cache.get(key)
+    cache.close()
+
+    def run(*argv: str, into: Path) -> subprocess.CompletedProcess[str]:
+        with into.open("wb") as out:
+            return subprocess.run(
+                [sys.executable, "-m", "runtime_cache", "--cache", url, *argv],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+
+    out = tmp_path / "v.out"
+    for argv in (["--raw", "/dev/stdout"], ["--raw", str(out)]):
+        done = run("show", key, *argv, into=out)
+        assert done.returncode == 0 and out.read_bytes() == value, (argv, done.stderr)
+        done = run("show", key, *argv, "--json", into=out)
+        assert done.returncode == 2 and "give one" in done.stderr, argv
+    bundle = tmp_path / "same.rcb"
+    done = run("export", str(bundle), "--json", into=bundle)
+    assert done.returncode == 0 and '"entries"' in done.stderr  # the report, on stderr
+    assert bundle.read_bytes()[:4] == rc.codec.BUNDLE_MAGIC[:4]
+
+
 def test_a_successful_command_prints_its_report_alone(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

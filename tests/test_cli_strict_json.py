@@ -32,7 +32,7 @@ def _strict(text: str) -> Any:
 @pytest.mark.parametrize(
     "planted",
     [
-        {"extra": {b"\x00k": 1}},
+        {"extra": {b"\x00k": 1, b"00": 2, "3030": 3, "b'00'": 4}},
         {"extra": {"v": float("nan"), "w": [float("inf"), -float("inf")]}},
         {"parts": {"opt": float("nan")}},
     ],
@@ -67,5 +67,7 @@ def test_every_json_output_is_strict(
         assert code in (0, 1) and isinstance(found, dict), (argv, out)
     capsys.readouterr()
     assert main(["--cache", url, "ls", "--json"]) == 0
-    keys = {entry["key"] for entry in _strict(capsys.readouterr().out)["entries"]}
-    assert keys == {str(good), str(evil)}
+    entries = {entry["key"]: entry for entry in _strict(capsys.readouterr().out)["entries"]}
+    assert entries.keys() == {str(good), str(evil)}
+    extra = planted.get("extra", {})
+    assert len(entries[str(evil)]["extra"]) == len(extra)  # none lost to another's name

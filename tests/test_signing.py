@@ -220,7 +220,9 @@ def test_whitespace_around_a_key_is_not_part_of_it(tmp_path: Any) -> None:
     # Bytes as text strips them (a no-break space too): the re-attack review of session 40.
     nbsp = "fleet-key-0123456789\u00a0"
     assert normalize_secret(nbsp.encode()) == normalize_secret(nbsp) == (b"fleet-key-0123456789",)
-    assert normalize_secret(b"\xff-not-utf-8-key-0123 ") == (b"\xff-not-utf-8-key-0123",)
+    assert normalize_secret(b"\xff-not-utf-8-key-0123\x1f") == (b"\xff-not-utf-8-key-0123",)
+    as_text = b"\xff-not-utf-8-key-0123\x1f".decode("utf-8", "surrogateescape")  # (argv's)
+    assert normalize_secret(as_text) == (b"\xff-not-utf-8-key-0123",)
     secret_file = tmp_path / "secret"
     secret_file.write_text("fleet-key-0123456789\n")
     secret_file.chmod(0o600)

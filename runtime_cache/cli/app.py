@@ -60,7 +60,7 @@ from .context import (
 )
 from .fmt import clean
 from .log_lines import command_logging
-from .output import WholeText, flush
+from .output import WholeText, flush, is_stdout
 from .partial import partial_result
 
 __all__ = [
@@ -311,8 +311,8 @@ def _run(args: argparse.Namespace) -> int:
     # Made first, so that with --json every failure below is said on stdout too; not where
     # stdout holds a bundle or a value (FILE -), which the JSON would spoil.
     raw = getattr(args, "raw", None)
-    data = (args.command == "export" and bundles.is_stdout(args.file)) or (
-        raw is not None and bundles.is_stdout(raw)
+    data = (args.command == "export" and is_stdout(args.file)) or (
+        raw is not None and is_stdout(raw)
     )
     ctx = CommandContext(url=args.cache, json=bool(getattr(args, "json", False)) and not data)
     if args.cache is not None and not args.cache.strip():  # --cache "$UNSET_VARIABLE"

@@ -26,7 +26,6 @@ from ..codec import (
     SecretKeys,
     bundle_signed,
     decode_bundle,
-    decode_meta,
     encode_bundle,
     normalize_secret,
 )
@@ -35,7 +34,6 @@ from ..errors import (
     BackendUnavailableError,
     InvalidBundleError,
     ReadOnlyBackendError,
-    RuntimeCacheError,
 )
 from ..signing import SIG_SIZE
 from .context import CommandContext
@@ -179,22 +177,6 @@ def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
     return None
 
 
-def _repeats(blobs: list[bytes]) -> int:
-    """How many of ``blobs`` hold a key an entry before them held (one copy of each key is
-    written: the last, or with --keep-existing the first); they are no entries the cache
-    kept. Blobs that do not decode are counted elsewhere."""
-    seen: set[object] = set()
-    repeats = 0
-    for blob in blobs:
-        try:
-            key = decode_meta(blob)[0].get("k")
-        except RuntimeCacheError:
-            continue
-        repeats += key in seen
-        seen.add(key)
-    return repeats
-
-
 def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Merge a bundle (read by :func:`read_import`); exit code 1 if the bundle is invalid
     or some entries were refused."""
@@ -211,7 +193,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     before = cache.stats()
     tiers_before = tier_counts(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
-    accepted = unsigned = withheld = code = 0
+    accepted = unsigned = withheld = code = repeats = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
     overwrite = not args.keep_existing
     try:
@@ -233,6 +215,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 unsigned += result.unsigned
                 withheld += result.withheld
                 code += result.withheld_code
+                repeats += result.repeated
             progress.step(advance=len(batch))
     except BackendError as exc:
         # Said once on stderr by the caller, as every command's store failure is; a script
@@ -255,7 +238,6 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     corrupt = after.corrupt - before.corrupt
     # (not with a tier down: its listing would be partial, and that tier is said already)
     gone = _gone(cache, blobs, secret, withheld + len(failures)) if accepted and not lost else 0
-    repeats = _repeats(blobs)
     kept_existing = len(blobs) - accepted - rejected - corrupt - withheld - len(failures)
     report = {
         "file": args.file,

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from collections.abc import Callable, Sequence
 
 from .. import environment
@@ -28,9 +26,9 @@ from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
-from .output import replace_file, write_all
+from .output import is_stdout, replace_file, write_all
 
-__all__ = ["add_parsers", "cmd_export", "cmd_import", "is_stdout", "max_bundle_size"]
+__all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
 AddCommand = Callable[[str, Handler, str, Sequence[str]], argparse.ArgumentParser]
 
@@ -93,17 +91,6 @@ def add_parsers(add: AddCommand) -> None:
     add_json(imp)
 
 
-def is_stdout(path: str) -> bool:
-    """Whether ``path`` is standard output (``-``, ``/dev/stdout``, ``/dev/fd/1``, or the
-    file it was sent to): the bundle's, where a message would corrupt it."""
-    if path == "-":
-        return True
-    try:
-        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _write_file(path: str, data: bytes) -> str:
     """Write the bundle; return why a link at ``path`` was replaced, not followed."""
     if path == "-":
@@ -126,7 +113,10 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
     if args.file == "-":
         binary_stdout()  # refused on a terminal before any work
-    if is_stdout(args.file):  # (/dev/stdout too): it holds the bundle, so no JSON error
+    # Asked before the file is replaced: one that stdout was sent to (`export F > F`) is
+    # another file after, and the report went into the one removed.
+    into_stdout = is_stdout(args.file)
+    if into_stdout:  # (/dev/stdout too): it holds the bundle, so no JSON error
         ctx.json = False
     cache = ctx.cache
     skipped = Skipped()
@@ -177,7 +167,6 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
         "skipped": len(skipped),
         "written": written,
     }
-    into_stdout = is_stdout(args.file)
     if args.json and into_stdout:
         print(json.dumps(report, indent=2), file=ctx.err)  # stdout holds the bundle
     elif args.json:

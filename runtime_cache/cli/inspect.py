@@ -38,7 +38,7 @@ from .fmt import (
     short_key,
     signed_line,
 )
-from .output import write_all, write_text
+from .output import is_stdout, write_all, write_text
 
 __all__ = ["SORTS", "SOURCES", "add_parsers", "cmd_ls", "cmd_show", "cmd_stats", "group_stats"]
 
@@ -248,7 +248,7 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     label, verdict, good = _signature(ctx, skey, info.signed)
     if args.raw:
         code = _write_raw(ctx, skey, args.raw)
-        if code or args.raw == "-":  # the value went to standard output, alone
+        if code or is_stdout(args.raw):  # the value went to standard output, alone
             return code
     if args.json:
         checked = ctx.cache.signed
@@ -280,7 +280,7 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def _show_check(args: argparse.Namespace) -> None:
-    if args.raw == "-" and args.json:
+    if args.raw is not None and is_stdout(args.raw) and args.json:
         raise UsageError("--raw - and --json both write to standard output: give one")
 
 
@@ -292,7 +292,7 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
         entry = ctx.cache.decode(skey, blob)
     except CorruptEntryError as exc:
         return ctx.fail(f"{skey}: not written, the entry is bad: {exc}")
-    if path == "-":
+    if is_stdout(path):  # (/dev/stdout, or the file it was sent to: never truncated)
         stream = binary_stdout()
         write_all(stream, entry.value)
         stream.flush()

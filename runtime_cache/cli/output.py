@@ -10,6 +10,7 @@ import re
 import secrets
 import select
 import stat
+import sys
 import time
 from typing import BinaryIO, TextIO
 
@@ -20,7 +21,15 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: the hour alone tells
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["STALE_TEMP_SECONDS", "WholeText", "flush", "replace_file", "write_all", "write_text"]
+__all__ = [
+    "STALE_TEMP_SECONDS",
+    "WholeText",
+    "flush",
+    "is_stdout",
+    "replace_file",
+    "write_all",
+    "write_text",
+]
 
 #: A temporary file of ours older than this (in seconds) was left by a writer that died
 #: (``kill -9`` during an export): the next write of the same name removes it.
@@ -29,6 +38,17 @@ STALE_TEMP_SECONDS = 3600
 #: takes the name; one older than this (seconds) that nobody holds is a dead writer's,
 #: and goes at once (where the file system has no locks, the hour above still serves).
 UNHELD_TEMP_SECONDS = 5
+
+
+def is_stdout(path: str) -> bool:
+    """Whether ``path`` is standard output (``-``, ``/dev/stdout``, ``/dev/fd/1``, or the
+    file it was sent to): where a bundle or a value goes, which a message would spoil."""
+    if path == "-":
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write_all(stream: BinaryIO, data: bytes | memoryview) -> None:
