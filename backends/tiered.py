@@ -7,9 +7,11 @@
   queue is flushed on :meth:`TieredBackend.close` and at exit.
 - A failing tier is skipped and its error counted; it never hides a hit in another tier.
   Only when every tier fails does the call raise, so the front counts it.
-- A tier that fails a write another tier takes removes its older copy of the key where it
-  can, so that reads fall through to the newer one; what it did not write, and what it
-  could not remove, are counted per tier (:meth:`TieredBackend.tier_stats`).
+- A tier that fails a write that a tier below it takes removes its older copy of the key
+  where it can, so that reads fall through to the newer one (the lowest tier that failed
+  keeps its copy: the shared one, which other machines read); what a tier did not write,
+  and what it could not remove or kept, are counted per tier
+  (:meth:`TieredBackend.tier_stats`).
 
 From a URL (this is the form ``RUNTIME_CACHE`` takes)::
 
