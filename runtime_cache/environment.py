@@ -263,10 +263,29 @@ def _other_writers(info: os.stat_result) -> str:
     return "its group" if info.st_mode & stat.S_IWGRP else ""
 
 
+def _path_writers(path: str) -> str:
+    """Who besides this user (and root) can put another file at ``path``: the owner of a
+    link there, or of the folder that holds it, or anyone where that folder is writable
+    by its group or others without the sticky bit ("" for nobody). One level: the folder
+    that names the file, and the link itself (the last hop)."""
+    mine = (0, os.geteuid())
+    try:
+        link = os.lstat(path)
+        folder = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return ""
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in mine:
+        return "another user, who made the link"
+    if folder.st_uid not in mine:
+        return "another user, who owns its folder"
+    loose = folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return "others, who can write its folder" if loose and not folder.st_mode & stat.S_ISVTX else ""
+
+
 def _read_small_file(path: str, limit: int) -> bytes:
     """A regular file's bytes, at most ``limit`` of them; ``OSError`` for anything else
-    (a FIFO or a device is never waited on: it is opened without blocking). A file its
-    group or others can write is warned about (it holds a secret)."""
+    (a FIFO or a device is never waited on: it is opened without blocking). A file that
+    another user could write or swap is warned about (it holds a secret)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
@@ -274,14 +293,14 @@ def _read_small_file(path: str, limit: int) -> bytes:
             raise OSError(errno.EINVAL, "not a regular file")
         if info.st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-        writers = _other_writers(info)
+        writers = _other_writers(info) or _path_writers(path)
         if writers and path not in _WARNED_MODES:
             _WARNED_MODES.add(path)
             # Taken (a mounted secret's modes are not always the app's to set), but said:
             # whoever can write the file can put in a key of their own and sign with it.
             log.warning(
-                "runtime-cache: the secret file %r can be written by %s (mode %o, owner "
-                "uid %d): whoever can write it can choose the key",
+                "runtime-cache: the secret file %r can be written or swapped by %s (mode %o, "
+                "owner uid %d): whoever can write it can choose the key",
                 path,
                 writers,
                 stat.S_IMODE(info.st_mode),

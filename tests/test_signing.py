@@ -265,3 +265,25 @@ def test_a_secret_file_others_can_write_is_warned_about(
         read_secret_file(str(secret_file))
     lines = [r.getMessage() for r in caplog.records if "can be written" in r.getMessage()]
     assert len(lines) == 1 and "another user" in lines[0]
+    # A link to a good file, in a folder another user owns (the second re-attack review:
+    # the folder's owner can point it at a file they can read, /etc/machine-id).
+    from runtime_cache import environment
+
+    os.chown(secret_file, 0, 0)
+    secret_file.chmod(0o600)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "secret").symlink_to(secret_file)
+    shared = tmp_path / "shared"  # a sticky folder others write (as /tmp): no warning
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "secret").write_text("fleet-key-0123456789\n")
+    (shared / "secret").chmod(0o600)
+    os.chown(theirs, 4242, 4242)
+    for path, said in ((theirs / "secret", "who owns its folder"), (shared / "secret", None)):
+        environment._WARNED_MODES.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="runtime_cache.environment"):
+            assert read_secret_file(str(path)) == ["fleet-key-0123456789"]
+        lines = [r.getMessage() for r in caplog.records if "can be written" in r.getMessage()]
+        assert (lines == []) if said is None else (len(lines) == 1 and said in lines[0]), lines
