@@ -45,7 +45,7 @@ SecretKeys = tuple[bytes, ...]
 def _one_secret(secret: object) -> bytes:
     if isinstance(secret, str):
         try:  # bytes the environment could not decode come back as they were given
-            secret = secret.strip().encode("utf-8", "surrogateescape")
+            secret = secret.encode("utf-8", "surrogateescape")  # (stripped below)
         except UnicodeEncodeError:
             raise InvalidSecretError("a secret must be text UTF-8 can encode") from None
     if not isinstance(secret, (bytes, bytearray)):
