@@ -1,7 +1,8 @@
 """Secrets: one key or several (``[new, old]`` while a fleet rotates keys), HMAC-SHA256.
 
 The first key signs; any key verifies. Whitespace around a key is not part of it. An
-empty or blank key is an error, never "no secret". A key shorter than
+empty or blank key is an error, never "no secret", and so is a key holding a line break
+(a secret file's lines are keys of their own). A key shorter than
 :data:`SHORT_SECRET` bytes is taken, with a warning (once a process for each key):
 anyone who can read one signed entry can try to guess it offline.
 """
@@ -56,6 +57,13 @@ def _one_secret(secret: object) -> bytes:
     key = _stripped(bytes(secret))
     if not key:
         raise InvalidSecretError("a secret may not be empty or blank")
+    if b"\n" in key or b"\r" in key:
+        # A two-line secret file read whole (open(path).read()) is two keys, as the
+        # command's --secret-file reads it; taken as one key, nothing either signed verified.
+        raise InvalidSecretError(
+            "a secret key may not hold a line break: a secret file holds one key a line; "
+            "pass its lines as a list of keys, [new, old]"
+        )
     if len(key) < SHORT_SECRET:
         _warn_short(key)
     return key
@@ -74,7 +82,7 @@ def _warn_short(key: bytes) -> None:
         return
     _warned.add(digest)
     _log.warning(
-        "a secret key of %d bytes is short: anyone who can read a signed entry may guess it "
+        "runtime-cache: a secret key of %d bytes is short: anyone who can read a signed entry may guess it "
         "and sign what they like; use %d or more random bytes, e.g. the output of "
         "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
         len(key),

@@ -17,7 +17,7 @@ import pytest
 import runtime_cache as rc
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.codec import decode_entry, encode_bundle, encode_entry
-from runtime_cache.errors import InvalidBundleError
+from runtime_cache.errors import InvalidBundleError, InvalidSecretError
 
 if TYPE_CHECKING:
     from redis_servers import RedisCluster, RedisProcess
@@ -198,7 +198,12 @@ def test_a_short_key_is_taken_with_a_warning_once(caplog: pytest.LogCaptureFixtu
         normalize_secret(short)
         a, b = rc.Cache(MemoryBackend(), secret=short), rc.Cache(MemoryBackend(), secret=long_)
     said = [r.getMessage() for r in caplog.records if r.name == "runtime_cache.signing"]
-    assert len(said) == 1 and "12 bytes is short" in said[0] and "16 or more" in said[0]
+    assert (
+        len(said) == 1
+        and said[0].startswith("runtime-cache: ")
+        and "12 bytes is short" in said[0]
+        and "16 or more" in said[0]
+    )
     a.close()
     b.close()
     caplog.clear()  # the command keeps the warning on without --verbose
@@ -287,3 +292,22 @@ def test_a_secret_file_others_can_write_is_warned_about(
             assert read_secret_file(str(path)) == ["fleet-key-0123456789"]
         lines = [r.getMessage() for r in caplog.records if "can be written" in r.getMessage()]
         assert (lines == []) if said is None else (len(lines) == 1 and said in lines[0]), lines
+
+
+def test_a_key_with_a_line_break_is_refused(tmp_path: Any) -> None:
+    """Session 40's note: ``Cache(secret=open(f).read())`` of a two-line secret file (a
+    fleet rotating keys) took ``"new\\nold"`` as one key, so neither key's entries
+    verified, while the command's ``--secret-file`` read the same file as two keys."""
+    from runtime_cache.environment import read_secret_file
+    from runtime_cache.signing import normalize_secret
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("fleet-key-new-0123456789\nfleet-key-old-0123456789\n")
+    for whole in (secret_file.read_text(), secret_file.read_bytes(), "a-key-0123456789\r\nb"):
+        with pytest.raises(InvalidSecretError, match="line break"):
+            normalize_secret(whole)
+        with pytest.raises(InvalidSecretError, match="line break"):
+            rc.Cache(MemoryBackend(), secret=whole)
+    keys = read_secret_file(str(secret_file))
+    assert normalize_secret(keys) == (b"fleet-key-new-0123456789", b"fleet-key-old-0123456789")
+    assert normalize_secret("fleet-key-0123456789\n") == (b"fleet-key-0123456789",)
