@@ -5,6 +5,7 @@ a tier does with a write it failed (:meth:`Tier.unwritten`), and deletes across 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -53,6 +54,9 @@ class Tier:
     def __init__(self, backend: Backend, log: logging.Logger) -> None:
         self.backend = backend
         self.writer: WriteBehind | None = None
+        # The counts below move from every thread that reads or writes through the stack:
+        # ``+=`` on an attribute is a read and a store, and two threads lost counts.
+        self._counts_lock = threading.Lock()
         self.promoted = 0
         self.not_written = 0
         self.may_be_stale = 0
@@ -98,8 +102,7 @@ class Tier:
         older = [(key, None if held is None else held.get(key)) for key in failed]
         older = [(key, value) for key, value in older if held is None or value is not None]
         if not drop:  # (the lowest tier that failed: its copy is what other machines read)
-            self.not_written += len(failed)
-            self.may_be_stale += len(older)
+            self._count(len(failed), len(older))
             return
         kept = 0
         for index, (key, value) in enumerate(older):
@@ -113,8 +116,17 @@ class Tier:
                 break
             except Exception:
                 kept += 1  # (an entry that cannot go: an immutable file)
-        self.not_written += len(failed)
-        self.may_be_stale += kept
+        self._count(len(failed), kept)
+
+    def count_promoted(self, count: int) -> None:
+        """Count ``count`` entries copied up into this tier."""
+        with self._counts_lock:
+            self.promoted += count
+
+    def _count(self, not_written: int, may_be_stale: int) -> None:
+        with self._counts_lock:
+            self.not_written += not_written
+            self.may_be_stale += may_be_stale
 
 
 def raise_if_all_failed(errors: list[Exception], tried: int) -> None:

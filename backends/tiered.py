@@ -210,7 +210,7 @@ class TieredBackend(Backend):
             if not items:
                 return
         for tier in self._tiers[:upto]:
-            tier.promoted += len(items)
+            tier.count_promoted(len(items))
         try:
             self._write(self._tiers[:upto], items, "promote")
         except BackendError:
