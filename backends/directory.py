@@ -219,6 +219,13 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
                 self._read_only, self._writable_again = True, time.monotonic() + READ_ONLY_RECHECK
                 self._journal.writable = False
                 log.debug("runtime-cache: %s is read-only; skipping writes", self.root)
+            elif isinstance(error, ReadOnlyBackendError):
+                # One entry's name or folder (an immutable file, a folder of another
+                # user's): the store takes other writes, so it is not "read-only".
+                error = BackendError(
+                    f"write of {self.root / rel}: no permission for this entry "
+                    f"({exc.strerror}); the folder's other entries are written"
+                )
             raise error from exc
         if self._read_only:  # writable again (remounted)
             self._read_only, self._journal.writable = False, True

@@ -135,6 +135,10 @@ def test_one_immutable_folder_among_good_ones_warns_once(
         subprocess.run(["chattr", "-i", folder], check=True)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) <= 2, warnings  # the first outage, and its end
+    # One folder is no read-only store (session 40's note: it said "read-only here;
+    # serving reads, skipping writes", while the other folders' writes went on).
+    assert warnings and not any("read-only" in w for w in warnings), warnings
+    assert "no permission for this entry" in warnings[0], warnings
 
 
 def test_full_disk_skips_stores_keeps_entries_and_recovers(
