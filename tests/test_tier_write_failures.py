@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,17 @@ def _tiers(folder: Path, redis_url: str) -> TieredBackend:
     return backend
 
 
+@contextmanager
+def _stack(
+    tmp_path: Path, redis_server: RedisProcess, prefix: str, n: int
+) -> Iterator[tuple[Path, TieredBackend, list[str], str]]:
+    """A ``dir://`` tier on a 1 MiB tmpfs over Redis: (the tmpfs, the stack, ``n`` keys,
+    the Redis tier's URL). The folder tier is ``<tmpfs>/c``."""
+    redis_url = f"{redis_server.url}?prefix={prefix}"
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        yield disk, _tiers(disk / "c", redis_url), _keys(n), redis_url
+
+
 def _stats(backend: TieredBackend, folder: Path) -> tuple[int, int]:
     (mine,) = [s for s in backend.tier_stats() if str(folder) in s.backend]
     return mine.not_written, mine.may_be_stale
@@ -49,11 +62,8 @@ def _stats(backend: TieredBackend, folder: Path) -> tuple[int, int]:
 def test_a_full_folder_tier_removes_its_older_copies(
     tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
-    keys = _keys(3)
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+    with _stack(tmp_path, redis_server, unique_prefix, 3) as (disk, backend, keys, redis_url):
         folder = disk / "c"
-        backend = _tiers(folder, redis_url)
         backend.set_many({k: b"OLD " + k.encode() for k in keys})
         fill(disk)
         new = {k: b"NEW " + k.encode() + bytes(8000) for k in keys}
@@ -74,11 +84,8 @@ def test_a_full_folder_tier_removes_its_older_copies(
 def test_a_batch_that_landed_in_part_keeps_what_it_wrote(
     tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
-    keys = _keys(4)
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+    with _stack(tmp_path, redis_server, unique_prefix, 4) as (disk, backend, keys, _):
         folder = disk / "c"
-        backend = _tiers(folder, redis_url)
         backend.set_many({k: b"OLD" for k in keys})
         fill(disk, leave=3 * 4096)  # room for one larger value, not for all
         new = {k: k.encode() + bytes(6000) for k in keys}
@@ -94,11 +101,8 @@ def test_a_batch_that_landed_in_part_keeps_what_it_wrote(
 def test_a_read_only_folder_tier_is_counted_as_maybe_stale(
     tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    redis_url = f"{redis_server.url}?prefix={unique_prefix}"
-    keys = _keys(3)
-    with tmpfs(tmp_path / "ro", "1m") as ro:
+    with _stack(tmp_path, redis_server, unique_prefix, 3) as (ro, backend, keys, redis_url):
         folder = ro / "c"
-        backend = _tiers(folder, redis_url)
         backend.set_many({k: b"OLD" for k in keys})
         subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
         backend.set_many({k: b"NEW" for k in keys})
