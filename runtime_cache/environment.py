@@ -266,16 +266,30 @@ def _other_writers(info: os.stat_result) -> str:
 def _path_writers(path: str) -> str:
     """Who besides this user (and root) can put another file at ``path``: the owner of a
     link there, or of the folder that holds it, or anyone where that folder is writable
-    by its group or others without the sticky bit ("" for nobody). One level: the folder
-    that names the file, and the link itself (the last hop)."""
+    by its group or others without the sticky bit ("" for nobody). The folder that names
+    the file, the link itself (the last hop), and, where links lead elsewhere, the folder
+    of the file they lead to: the folders above these are not looked at."""
     mine = (0, os.geteuid())
     try:
         link = os.lstat(path)
-        folder = os.stat(os.path.dirname(os.path.abspath(path)))
     except OSError:
         return ""
     if stat.S_ISLNK(link.st_mode) and link.st_uid not in mine:
         return "another user, who made the link"
+    named = os.path.dirname(os.path.abspath(path))
+    real = os.path.dirname(os.path.realpath(path))
+    for folder in dict.fromkeys((named, real)):  # (one look where no link leads away)
+        writers = _folder_writers(folder, mine)
+        if writers:
+            return writers if folder == named else f"{writers} (where the link leads)"
+    return ""
+
+
+def _folder_writers(path: str, mine: tuple[int, int]) -> str:
+    try:
+        folder = os.stat(path)
+    except OSError:
+        return ""
     if folder.st_uid not in mine:
         return "another user, who owns its folder"
     loose = folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)

@@ -82,9 +82,9 @@ def _warn_short(key: bytes) -> None:
         return
     _warned.add(digest)
     _log.warning(
-        "runtime-cache: a secret key of %d bytes is short: anyone who can read a signed entry may guess it "
-        "and sign what they like; use %d or more random bytes, e.g. the output of "
-        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        "runtime-cache: a secret key of %d bytes is short: anyone who can read a signed "
+        "entry may guess it and sign what they like; use %d or more random bytes, e.g. "
+        "the output of `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
         len(key),
         SHORT_SECRET,
     )

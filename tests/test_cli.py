@@ -294,6 +294,36 @@ def test_show_raw_writes_the_checked_value(run: Run, cache: rc.Cache, tmp_path: 
     assert "RAWVALUE" not in out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it gives a link to another user")
+def test_show_raw_never_follows_a_planted_link_nor_waits_on_a_fifo(
+    cache: rc.Cache, root: Path, tmp_path: Path
+) -> None:
+    """The attack review of session 41: ``show KEY --raw F`` opened F with a plain
+    ``open()``: it wrote the value over the file a link another user planted led to, and
+    waited for good on a FIFO. It writes as ``export`` does now."""
+    k = key(1)
+    cache.put(k, b"VALUE")
+    shared = tmp_path / "shared"  # a folder another user's group may write
+    shared.mkdir()
+    os.chown(shared, -1, 12345)
+    shared.chmod(0o2775)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    planted = shared / "kernel.bin"
+    planted.symlink_to(victim)
+    os.lchown(planted, 12345, 12345)
+    done = _cli(root, "show", str(k), "--raw", str(planted), capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "the user's own file" and not planted.is_symlink()
+    assert planted.read_bytes() == b"VALUE" and b"was a link; replaced" in done.stderr
+    fifo = shared / "k2.bin"
+    os.mkfifo(fifo)
+    os.chown(fifo, 12345, 12345)
+    done = _cli(root, "show", str(k), "--raw", str(fifo), capture_output=True)
+    assert done.returncode == 1 and b"cannot write" in done.stderr, done.stderr
+    assert fifo.is_fifo()
+
+
 def _cli(root: Path, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
     command = [sys.executable, "-m", "runtime_cache.cli", "--cache", f"dir://{root}", *argv]
     return subprocess.run(command, timeout=60, check=False, **kwargs)
@@ -312,7 +342,15 @@ def test_show_raw_dash_writes_only_the_value_to_stdout(cache: rc.Cache, root: Pa
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
-@pytest.mark.parametrize("argv", [["export", "-"], ["show", "<key>", "--raw", "-"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "-"],
+        ["show", "<key>", "--raw", "-"],
+        ["export", "/dev/stdout"],  # (the attack review of session 41: written to it)
+        ["show", "<key>", "--raw", "/dev/stdout"],
+    ],
+)
 def test_binary_output_is_refused_on_a_terminal(
     cache: rc.Cache, root: Path, argv: list[str]
 ) -> None:

@@ -285,7 +285,23 @@ def test_a_secret_file_others_can_write_is_warned_about(
     (shared / "secret").write_text("fleet-key-0123456789\n")
     (shared / "secret").chmod(0o600)
     os.chown(theirs, 4242, 4242)
-    for path, said in ((theirs / "secret", "who owns its folder"), (shared / "secret", None)):
+    # A link of this user's own, in its own folder, to a file in a folder others may write
+    # (no sticky bit): they can swap the file (the attack review of session 41).
+    loose = tmp_path / "team"
+    loose.mkdir()
+    (loose / "secret").write_text("fleet-key-0123456789\n")
+    (loose / "secret").chmod(0o600)
+    loose.chmod(0o2770)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "secret").symlink_to(loose / "secret")
+    (mine / "sticky").symlink_to(shared / "secret")
+    for path, said in (
+        (theirs / "secret", "who owns its folder"),
+        (shared / "secret", None),
+        (mine / "secret", "write its folder (where the link leads)"),
+        (mine / "sticky", None),
+    ):
         environment._WARNED_MODES.clear()
         caplog.clear()
         with caplog.at_level("WARNING", logger="runtime_cache.environment"):

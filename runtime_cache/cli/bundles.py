@@ -26,7 +26,7 @@ from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
-from .output import is_stdout, replace_file, write_all
+from .output import is_stdout, link_replaced, replace_file, write_all
 
 __all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
@@ -111,7 +111,7 @@ def _export_check(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     """Write the entries matching the filters to a bundle; exit code 1 if bad ones were left out."""
-    if args.file == "-":
+    if is_stdout(args.file):  # (/dev/stdout, /dev/fd/1 too)
         binary_stdout()  # refused on a terminal before any work
     # Asked before the file is replaced: one that stdout was sent to (`export F > F`) is
     # another file after, and the report went into the one removed.
@@ -152,11 +152,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     except BundleFileError as exc:
         return ctx.fail(str(exc))
     if replaced:
-        print(
-            f"runtime-cache: {clean(args.file)} was a link; replaced by the bundle, not "
-            f"followed, since another user may have put it there ({clean(replaced)})",
-            file=ctx.err,
-        )
+        print(link_replaced(args.file, replaced), file=ctx.err)
     signed = cache.signed
     report = {
         "file": args.file,

@@ -38,7 +38,7 @@ from .fmt import (
     short_key,
     signed_line,
 )
-from .output import is_stdout, write_all, write_text
+from .output import is_stdout, link_replaced, replace_file, write_all, write_text
 
 __all__ = ["SORTS", "SOURCES", "add_parsers", "cmd_ls", "cmd_show", "cmd_stats", "group_stats"]
 
@@ -297,12 +297,13 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
         write_all(stream, entry.value)
         stream.flush()
         return 0
-    try:
-        with open(path, "wb") as handle:
-            handle.write(entry.value)
+    try:  # as export writes a bundle: a link or a FIFO another user planted is not followed
+        replaced = replace_file(path, entry.value)
     except OSError as exc:
-        return ctx.fail(f"cannot write {path}: {exc.strerror or exc}")
-    print(f"wrote {human_size(len(entry.value))} to {path}", file=ctx.err)
+        return ctx.fail(f"cannot write {clean(path)}: {exc.strerror or exc}")
+    if replaced:
+        print(link_replaced(path, replaced), file=ctx.err)
+    print(f"wrote {human_size(len(entry.value))} to {clean(path)}", file=ctx.err)
     return 0
 
 

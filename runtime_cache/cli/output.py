@@ -14,6 +14,7 @@ import sys
 import time
 from typing import BinaryIO, TextIO
 
+from .fmt import clean
 from .output_path import find_output
 
 try:
@@ -26,6 +27,7 @@ __all__ = [
     "WholeText",
     "flush",
     "is_stdout",
+    "link_replaced",
     "replace_file",
     "write_all",
     "write_text",
@@ -176,6 +178,15 @@ def replace_file(path: str, data: bytes) -> str:
         return output.link_replaced
     finally:
         output.close()
+
+
+def link_replaced(path: str, why: str) -> str:
+    """The line that says a link at ``path`` was replaced, not followed (``why``: what
+    :func:`replace_file` returned)."""
+    return (
+        f"runtime-cache: {clean(path)} was a link; replaced by what was written, not "
+        f"followed, since another user may have put it there ({clean(why)})"
+    )
 
 
 def _replace_in(folder: int, name: str, data: bytes) -> None:
