@@ -335,7 +335,9 @@ def read_secret_file(path: str) -> list[str]:
     be read or holds no key.
     """
     try:
-        text = _read_small_file(path, MAX_SECRET_FILE).decode("utf-8")
+        # utf-8-sig: a byte-order mark (PowerShell 5's -Encoding UTF8 writes one) is no
+        # part of the first key; kept, it signed with another key than the one in view.
+        text = _read_small_file(path, MAX_SECRET_FILE).decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSecretError(f"cannot read the secret file {path!r}: {exc}") from exc
     # Lines end at \n, \r or \r\n alone (str.splitlines also splits at \f, \v, U+2028...:

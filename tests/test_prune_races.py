@@ -205,6 +205,27 @@ def test_cli_prune_reports_what_it_kept(
                 assert said in out
 
 
+def test_cli_prune_over_the_cap_for_entries_in_use_exits_0(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator review of session 41: a cache in use (entries written or read while
+    prune ran, and kept) left prune over --max-size, and it exited 1, which a cron job
+    takes for a failure. It says so, and exits 0; entries that cannot go still make it 1."""
+    url = f"dir://{root}?max_size=none"
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", SECRET)
+    with _caches(url) as (cache, other):
+        keys = fill(cache)
+        size = next(iter(cache.backend.scan())).size
+        on_progress, _ = racer(other, keys)
+        monkeypatch.setattr(maintain_cli, "_progress", lambda *_, p=on_progress: _Progress(p))
+        capsys.readouterr()
+        code = main(["--cache", url, "prune", "--max-size", f"{size}B"])
+        _, err = capsys.readouterr()
+        assert sorted(e.key for e in other.entries()) == sorted(map(str, keys[:2]))
+        assert code == 0, err
+        assert "over --max-size: entries written or used while prune ran were kept" in err
+
+
 class _Progress:
     """Stands in for the CLI's progress bar: tells ``on_progress``."""
 

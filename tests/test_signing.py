@@ -327,3 +327,18 @@ def test_a_key_with_a_line_break_is_refused(tmp_path: Any) -> None:
     keys = read_secret_file(str(secret_file))
     assert normalize_secret(keys) == (b"fleet-key-new-0123456789", b"fleet-key-old-0123456789")
     assert normalize_secret("fleet-key-0123456789\n") == (b"fleet-key-0123456789",)
+
+
+def test_a_byte_order_mark_is_no_part_of_a_secret_files_key(tmp_path: Any) -> None:
+    """The operator review of session 41: a secret file saved with a UTF-8 byte-order mark
+    (PowerShell 5's ``-Encoding UTF8``) signed with ``"\ufeff"`` + the key, and every entry
+    another host signed with the key alone failed its signature."""
+    from runtime_cache.environment import read_secret_file
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(b"\xef\xbb\xbffleet-key-0123456789\r\nold-fleet-key-0123456789\r\n")
+    secret_file.chmod(0o600)
+    assert read_secret_file(str(secret_file)) == [
+        "fleet-key-0123456789",
+        "old-fleet-key-0123456789",
+    ]

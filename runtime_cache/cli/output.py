@@ -99,7 +99,11 @@ def _wait_writable(stream: BinaryIO | TextIO) -> bool:
 
 
 def write_text(out: TextIO, text: str) -> None:
-    """Write ``text`` to ``out`` whole (see :func:`write_all`), then flush it."""
+    """Write ``text`` to ``out`` whole (see :func:`write_all`), then flush it. Nothing,
+    as ``print()`` writes, where ``out`` is ``None`` (the process started with standard
+    output closed, ``>&-``)."""
+    if out is None:  # (every --json command died with a traceback there)
+        return
     buffer = getattr(out, "buffer", None)
     if buffer is None:  # a stream of text alone (io.StringIO)
         out.write(text)

@@ -66,7 +66,11 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
             line += "; the others were kept too, since removing them could not meet it"
         print(line, file=ctx.err)
     elif report.over_cap:  # (written meanwhile)
-        print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
+        print(
+            f"runtime-cache: still {human_size(report.over_cap)} over --max-size: entries "
+            "written or used while prune ran were kept (a later prune weighs them again)",
+            file=ctx.err,
+        )
     if report.corrupt:
         print(
             f"runtime-cache: found {count(len(report.corrupt), 'corrupt entry', 'corrupt entries')}"
