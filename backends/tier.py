@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from runtime_cache.api import Backend
+from runtime_cache.api import Backend, peek_head
 from runtime_cache.errors import (
     BackendError,
     BackendUnavailableError,
@@ -85,10 +85,14 @@ class Tier:
         keys it did not take, so that a read falls through to the newer copy below rather
         than serve the older one from here. Counted in ``not_written``; those it could not
         remove, or kept (it may serve them still), in ``may_be_stale``. Runs only on a
-        failure: a write that works costs nothing more."""
+        failure: a write that works costs nothing more.
+
+        What it holds is told a key at a time by the first bytes of each value, as many as
+        were written and one more: a large file held there (planted) is not read to tell it
+        from the value written, and an older copy is read whole only to remove it, alone."""
         backend = self.backend
         try:  # what it holds now: a batch may have landed in part (a disk that filled)
-            held: dict[str, bytes] | None = backend.peek_many(list(items))
+            held: dict[str, bytes] | None = _heads(backend, items)
         except Exception:
             held = None  # unknown: each key is removed unchecked
         refused = error.refused if isinstance(error, EntryTooLargeError) else frozenset()
@@ -100,17 +104,17 @@ class Tier:
             failed = list(items)
         # Only the copy seen here goes: one another process wrote since stays.
         older = [(key, None if held is None else held.get(key)) for key in failed]
-        older = [(key, value) for key, value in older if held is None or value is not None]
+        older = [(key, seen) for key, seen in older if held is None or seen is not None]
         if not drop:  # (the lowest tier that failed: its copy is what other machines read)
             self._count(len(failed), len(older))
             return
         kept = 0
-        for index, (key, value) in enumerate(older):
+        for index, (key, seen) in enumerate(older):
             try:
-                if value is None:
+                if seen is None:
                     backend.delete(key)
-                else:
-                    backend.delete_if(key, value)
+                elif (now := backend.peek(key)) is not None and _still(seen, now, items[key]):
+                    backend.delete_if(key, now)
             except (BackendUnavailableError, ReadOnlyBackendError):
                 kept += len(older) - index  # the whole store: no use trying the rest
                 break
@@ -127,6 +131,21 @@ class Tier:
         with self._counts_lock:
             self.not_written += not_written
             self.may_be_stale += may_be_stale
+
+
+def _heads(backend: Backend, items: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The first bytes of what ``backend`` holds under each key of ``items`` (those it
+    holds), as many as ``items`` holds there and one more: equal to that value only where
+    the held one is; read a key at a time, as a look, not a use."""
+    found = ((key, peek_head(backend, key, len(value) + 1)) for key, value in items.items())
+    return {key: head for key, head in found if head is not None}
+
+
+def _still(seen: bytes, now: bytes, written: bytes) -> bool:
+    """Whether ``now`` is still the copy whose head was ``seen`` (``len(written) + 1`` bytes
+    of it, or all of a shorter one)."""
+    cut = len(written) + 1
+    return now[:cut] == seen if len(seen) == cut else now == seen
 
 
 def raise_if_all_failed(errors: list[Exception], tried: int) -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "head_only",
     "parse_duration",
     "parse_size",
+    "peek_head",
     "reads_ranges",
     "redact_url",
 ]
@@ -127,6 +128,16 @@ def delete_unchanged(backend: Backend, key: str, listed: StoredItem, head: bytes
     if _owns(backend, "delete_if_unchanged", "delete") and not hooked:
         return backend.delete_if_unchanged(key, listed, head)
     return Backend.delete_if_unchanged(backend, key, listed, head)
+
+
+def peek_head(backend: Backend, key: str, size: int) -> bytes | None:
+    """At most the first ``size`` bytes of ``key``'s value, read as a look, not a use:
+    :meth:`Backend.head` where the backend's class defines it, else ``peek(key)[:size]``
+    (the default ``head`` reads through ``get``, which may count a use)."""
+    if type(backend).head is Backend.head:
+        value = backend.peek(key)
+        return None if value is None else value[:size]
+    return backend.head(key, size)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from .api import Backend
 from .check import check_entry
 from .codec import Limits, SecretKeys, decode_bundle
-from .errors import CorruptEntryError, NewerFormatError, RejectedEntryError
+from .errors import CorruptEntryError, RejectedEntryError
+from .existing_entries import good_existing
 from .listing import OnProgress, OnSkip
 
 __all__ = [
@@ -187,19 +188,6 @@ def _purpose(skey: str) -> str:
     return parts[1] if len(parts) == 3 else ""
 
 
-def _keeps(skey: str, blob: bytes, secret: SecretKeys | None, limits: Limits) -> bool:
-    # An entry there that an import that keeps existing ones keeps: one that passes this
-    # cache's check, or one of a newer format (a rolling upgrade's). Damaged bytes, or an
-    # entry this cache rejects (unsigned, planted), is no entry to keep: the import's goes.
-    try:
-        check_entry(skey, blob, secret=secret, limits=limits)
-    except NewerFormatError:
-        return True
-    except CorruptEntryError:  # (RejectedEntryError among them)
-        return False
-    return True
-
-
 def merge_bundle(
     data: bytes,
     backend: Backend,
@@ -214,7 +202,9 @@ def merge_bundle(
 
     Unsigned entries (no ``secret``) are never stored in a shared backend, and
     unsigned entries of :data:`CODE_PURPOSES` in none: they are counted as
-    ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing.
+    ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing. With
+    ``overwrite`` False, the entries already stored at the bundle's keys are judged by
+    :func:`~runtime_cache.existing_entries.good_existing`: one at a time, never a batch.
     """
     blobs = decode_bundle(data, secret=secret, limits=limits)
     screened = screen_bundle(blobs, secret, limits)
@@ -225,13 +215,14 @@ def merge_bundle(
         # good one over a planted or missing one in the shared tier below.
         tiers = getattr(backend, "tiers", None)
         kept: set[str] | None = None
+        # Each judged by its head, and read whole alone where that passes: a batch of
+        # planted sparse files, each claiming a large value, is never held at once.
         for tier in tiers if isinstance(tiers, list) and tiers else [backend]:
             try:
-                present = tier.peek_many(list(accepted))  # a look, not a use
+                good = good_existing(tier, accepted, secret, limits)  # a look, not a use
             except Exception as exc:
                 failed("get_many", exc)
-                present = {}
-            good = {k for k, blob in present.items() if _keeps(k, blob, secret, limits)}
+                good = set()
             kept = good if kept is None else kept & good
         accepted = {k: v for k, v in accepted.items() if k not in (kept or set())}
     if accepted and secret is None:

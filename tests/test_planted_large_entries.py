@@ -1,0 +1,139 @@
+"""Large entries planted in a store others write: what a reader that judges a batch holds.
+
+The attacker review: a member of a shared folder's group planted, at a bundle's keys,
+sparse files whose entry headers claimed 400 MiB values (each exactly that size, so the
+junk rule took it for an entry, and 20-44 KiB of disk). ``import --keep-existing`` read
+every entry already stored at a batch's keys whole, together (``peek_many``, up to 256
+keys), to judge whether to keep it: four of them held 1.66 GB. A tier that failed a write
+read what it held of the batch the same way, to tell which values had landed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.tier import Tier
+from runtime_cache.codec import encode_entry
+from runtime_cache.errors import BackendError
+
+MIB = 1 << 20
+SECRET = "a-fleet-secret-of-16+"
+
+
+def _key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i}", runtime="opencl", purpose="program-binary")
+
+
+def _plant(backend: DirectoryBackend, key: rc.CacheKey, size: int, signed: bool) -> None:
+    """A forged entry at ``key``: a header claiming ``size`` bytes of value (flagged signed
+    or not), in a sparse file of exactly the size it claims."""
+    blob = bytearray(encode_entry(str(key), key.parts, b"v", created_at=0.0))
+    blob[5] = int(signed)  # the flags
+    meta_len = struct.unpack_from("<I", blob, 8)[0]
+    struct.pack_into("<Q", blob, 12, size)  # the value's length
+    head = bytes(blob[: 36 + meta_len])
+    backend.set(str(key), head)
+    (path,) = Path(backend.root).rglob(f"{str(key).rsplit('/', 1)[1]}.rce")
+    os.truncate(path, len(head) + size + (32 if signed else 0))
+
+
+#: The CLI in a child, which tells the peak of its own memory (VmHWM: ru_maxrss may hold
+#: the parent's peak at the fork).
+_MEASURE = (
+    "import sys\n"
+    "from runtime_cache.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+    "print('peak_kib', peak[0], file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+def test_keep_existing_judges_planted_entries_without_holding_them(tmp_path: Path) -> None:
+    source = rc.Cache(DirectoryBackend(tmp_path / "source"), secret=SECRET)
+    for i in range(6):
+        source.put(_key(i), b"good value %d" % i)
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(source.dumps())
+    target = DirectoryBackend(tmp_path / "target")
+    for i in range(4):  # unsigned, where a secret is set: refused by the head, unread
+        _plant(target, _key(i), 200 * MIB, signed=False)
+    _plant(target, _key(4), 100 * MIB, signed=True)  # read whole (alone): a wrong checksum
+    rc.Cache(target, secret=SECRET).put(_key(5), b"kept")  # good: stays
+    planted = sum(p.stat().st_size for p in Path(target.root).rglob("*.rce"))
+    assert planted > 900 * MIB
+    url = f"dir://{target.root}"
+    argv = ["--cache", url, "--secret", SECRET, "import", str(bundle), "--keep-existing"]
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _MEASURE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "imported 5 of 6" in done.stdout and "kept 1 entry" in done.stdout, done.stdout
+    peak_kib = int(done.stderr.split("peak_kib")[1].split()[0])
+    # Held together, the planted entries took 1 GB: now one at most (100 MiB) besides the
+    # process (~40 MB).
+    assert peak_kib < 300_000, done.stderr
+    cache = rc.Cache(DirectoryBackend(tmp_path / "target"), secret=SECRET)
+    values = [cache.get(_key(i)) for i in range(6)]
+    assert values == [*(b"good value %d" % i for i in range(5)), b"kept"]
+
+
+class _Reads(DirectoryBackend):
+    """A folder that records how many bytes each read of a value brought."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[tuple[str, int]] = []
+
+    def head(self, key: str, size: int) -> bytes | None:
+        found = super().head(key, size)
+        self.reads.append(("head", len(found or b"")))
+        return found
+
+    def peek(self, key: str) -> bytes | None:
+        found = super().peek(key)
+        self.reads.append(("peek", len(found or b"")))
+        return found
+
+    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        found = super().peek_many(keys)
+        self.reads.append(("peek_many", sum(map(len, found.values()))))
+        return found
+
+
+def test_a_tier_that_failed_a_write_reads_what_it_holds_a_key_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """What landed is told by as many bytes as were written and one more; an older copy (a
+    planted one) is read whole only to remove it, alone."""
+    backend = _Reads(tmp_path / "c")
+    keys = [_key(i) for i in range(4)]
+    written = {str(k): b"new value %d" % i for i, k in enumerate(keys)}
+    backend.set(str(keys[0]), written[str(keys[0])])  # landed
+    for k in keys[1:3]:
+        _plant(backend, k, 50 * MIB, signed=False)
+    backend.set(str(keys[3]), b"older")
+    backend.reads.clear()
+    tier = Tier(backend, logging.getLogger(__name__))
+    tier.unwritten(written, BackendError("disk full"))
+    reads = backend.reads
+    assert [how for how, _ in reads] == ["head"] * 4 + ["peek"] * 3, reads
+    assert max(size for _, size in reads[:4]) <= len(written[str(keys[0])]) + 1, reads
+    assert max(size for _, size in reads[4:]) <= 50 * MIB + 4096, reads  # one at a time
+    assert (tier.not_written, tier.may_be_stale) == (3, 0)
+    assert [backend.peek(str(k)) for k in keys] == [written[str(keys[0])], None, None, None]
