@@ -137,3 +137,48 @@ def test_a_tier_that_failed_a_write_reads_what_it_holds_a_key_at_a_time(
     assert max(size for _, size in reads[4:]) <= 50 * MIB + 4096, reads  # one at a time
     assert (tier.not_written, tier.may_be_stale) == (3, 0)
     assert [backend.peek(str(k)) for k in keys] == [written[str(keys[0])], None, None, None]
+
+
+def _plant_listed(backend: DirectoryBackend, key: rc.CacheKey, size: int) -> None:
+    """As :func:`_plant`, with metadata that agrees with the header (the size it claims),
+    so that a listing, which reads heads alone, takes it for an entry."""
+    import xxhash
+
+    from runtime_cache.entry_frame import ENTRY_HEADER, ENTRY_MAGIC, ENTRY_VERSION
+    from runtime_cache.entry_meta import pack_meta
+
+    meta = pack_meta(str(key), key.packed_parts, 1.0, 0.0, "", size, None)
+    digest = xxhash.xxh3_64_intdigest(meta)
+    head = ENTRY_HEADER.pack(ENTRY_MAGIC, ENTRY_VERSION, 0, 0, len(meta), size, digest, 0)
+    backend.set(str(key), head + meta)
+    (path,) = Path(backend.root).rglob(f"{str(key).rsplit('/', 1)[1]}.rce")
+    os.truncate(path, len(head) + len(meta) + size)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+def test_export_reads_large_listed_entries_one_at_a_time(tmp_path: Path) -> None:
+    """The same planted files in a folder exported (with no secret: each is listed, then
+    read whole before its checksum fails): ``export`` read every entry of a batch of 256
+    together. It reads no more than 64 MiB of listed entries at once now, a larger one
+    alone, and leaves the planted ones out (exit code 1)."""
+    target = DirectoryBackend(tmp_path / "target")
+    for i in range(6):
+        _plant_listed(target, _key(i), 100 * MIB)
+    good = rc.Cache(target)
+    for i in range(6, 10):
+        good.put(_key(i), b"good value %d" % i)
+    argv = ["--cache", f"dir://{target.root}", "export", str(tmp_path / "out.rcb")]
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _MEASURE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "exported 4 entries" in done.stdout, (done.stdout, done.stderr)
+    peak_kib = int(done.stderr.split("peak_kib")[1].split()[0])
+    # Together, 600 MiB and more; alone, one entry and its removal's second read of it.
+    assert peak_kib < 400_000, done.stderr
+    loaded = rc.Cache(rc.open_backend("memory://"))
+    assert loaded.loads((tmp_path / "out.rcb").read_bytes()) == 4
