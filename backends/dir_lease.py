@@ -33,7 +33,12 @@ note set for next year is no note. How notes are written and removed: :mod:`.dir
 
 The folder and the files are opened under the cache root's descriptor with no
 link followed (a planted ``.locks`` symlink is refused, never written through),
-and made with the cache's modes, so a ``shared=1`` group shares its leases.
+and made with the cache's modes, so a ``shared=1`` group shares its leases. A lock
+file is written (its token, its time, its mode) only when it is a regular file with no
+other name (:mod:`.fixed_files`): a hard link planted at a key's lock name (to a file of
+the taker's outside the cache) or a FIFO is junk, removed as a stale lock is
+(:func:`unlink_if_same`), and a fresh lock made; where it cannot be removed the build goes
+on without a lease, as with a symbolic link there.
 
 In a ``shared=1`` folder whose caches have a secret
 (:meth:`~runtime_cache.api.Backend.sign_leases`), a holder writes a signed token
@@ -54,7 +59,6 @@ A token copied from a live holder and planted again (a replay) counts until it r
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -69,6 +73,7 @@ from runtime_cache.file_locks import flock_within
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
+from .fixed_files import NotInPlace, open_fixed, open_in_place
 from .lease_tokens import MAX_TOKEN, LeaseSigning, genuine, make_token
 
 __all__ = [
@@ -103,8 +108,10 @@ def unlink_if_same(folder: int, name: str, fd: int, modes: Modes | None = None) 
     unlink of a lock file does (a stale break, a release, a vacuum): else another
     process could break the file and lock a fresh one at the name between this look and
     this unlink, and this unlink would remove that live holder's file (two holders).
-    Where that lock cannot be opened (something planted at its name, a file of another's
-    that this process may not write), the look and the unlink go unlocked, as before it.
+    A hard link or a FIFO at that lock's name is removed and a fresh lock made (never
+    written through: :mod:`.fixed_files`). Where that lock cannot be opened (a symbolic
+    link or a folder planted at its name, a file of another's that this process may not
+    write), the look and the unlink go unlocked, as before it.
     Held past :data:`UNLINK_WAIT` seconds (a process stopped holding it, or a member of a
     ``shared=1`` group holding it on purpose), nothing is unlinked: unlocked, a process
     stopped between its look and its unlink could remove a new holder's file when it goes
@@ -113,10 +120,7 @@ def unlink_if_same(folder: int, name: str, fd: int, modes: Modes | None = None) 
     modes = modes if modes is not None else Modes.for_cache(False)
     lock: int | None = None
     try:
-        lock = os.open(UNLINKING, _FLAGS, modes.file, dir_fd=folder)
-        if modes.file_chmod is not None:
-            with contextlib.suppress(OSError):  # another member's: made with the modes
-                os.fchmod(lock, modes.file_chmod)
+        lock = _unlinking_lock(folder, modes)
         if not flock_within(lock, UNLINK_WAIT):
             os.close(lock)
             return False  # held (a stopped process): the file stays
@@ -134,6 +138,17 @@ def unlink_if_same(folder: int, name: str, fd: int, modes: Modes | None = None) 
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def _unlinking_lock(folder: int, modes: Modes) -> int:
+    """The locks folder's :data:`UNLINKING` lock, opened (made if missing). A hard link or a
+    FIFO planted at its name is removed (never written: :mod:`.fixed_files`) and a fresh one
+    made. ``OSError`` when none can be had."""
+    try:
+        return open_in_place(folder, UNLINKING, _FLAGS, modes.file, modes.file_chmod)
+    except NotInPlace:
+        os.unlink(UNLINKING, dir_fd=folder)
+    return open_in_place(folder, UNLINKING, _FLAGS, modes.file, modes.file_chmod)
 
 
 class DirLease(Lease):
@@ -180,16 +195,24 @@ class DirLease(Lease):
     def _open(self) -> int:
         try:
             folder = self._locks()
-            fd = os.open(self.name, _FLAGS, self._modes.file, dir_fd=folder)
+            for _ in range(2):  # the second opens a fresh file after junk was removed
+                fd, ours = open_fixed(
+                    folder, self.name, _FLAGS, self._modes.file, self._modes.file_chmod
+                )
+                if ours:
+                    return fd
+                # A hard link (a file with a name elsewhere: never written here) or a FIFO
+                # at the lock's name: junk, removed as a stale lock is, and a fresh one made.
+                try:
+                    removed = unlink_if_same(folder, self.name, fd, self._modes)
+                finally:
+                    os.close(fd)
+                if not removed:
+                    break
+            raise NotInPlace(errno.EMLINK, "not a lock file of the cache's own", self.name)
         except OSError as exc:  # a read-only mount says so once, as its writes do
             kind = ReadOnlyBackendError if exc.errno == errno.EROFS else BackendError
             raise kind(f"lease {self.key!r} in {LOCKS}: {exc}") from exc
-        if self._modes.file_chmod is not None:
-            try:
-                os.fchmod(fd, self._modes.file_chmod)
-            except OSError:
-                pass  # another member's file: it made it with the group's modes already
-        return fd
 
     def _same_file(self, fd: int) -> bool:
         if self._folder is None:

@@ -25,6 +25,7 @@ from runtime_cache.errors import EntryTooLargeError
 from .dir_fs import JUNK_SECONDS, NOFOLLOW, open_folder, own_leftover, set_aside
 from .dir_tree import Found, WalkCutShort, walk
 from .eviction import Candidate, LockStats, disk_bytes, evict, eviction_turn
+from .fixed_files import in_place, open_in_place
 from .temp_files import remove_if_orphaned
 
 if TYPE_CHECKING:
@@ -367,18 +368,15 @@ class Upkeep:
         return set_aside(fd, name, ".junk-", min(left, JUNK_SECONDS))
 
     def _touch_marker(self) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
-        try:
-            fd = os.open(_MARKER, flags, self.backend.modes.file, dir_fd=self.backend.root_fd)
+        modes = self.backend.modes
+        try:  # (never a hard link: a file of ours outside the cache is not touched)
+            fd = open_in_place(
+                self.backend.root_fd, _MARKER, os.O_WRONLY, modes.file, modes.file_chmod
+            )
         except OSError:
             return  # read-only, or something planted there: vacuum again next open
         try:
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode):
-                os.utime(fd)
-                chmod = self.backend.modes.file_chmod
-                if chmod is not None and st.st_uid == os.geteuid():
-                    os.fchmod(fd, chmod)
+            os.utime(fd)
         except OSError:
             pass
         finally:
@@ -392,8 +390,9 @@ class Upkeep:
             st = os.stat(_MARKER, dir_fd=self.backend.root_fd, follow_symlinks=False)
         except OSError:
             st = None
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            # A FIFO or a folder planted there could never be touched: every open would vacuum.
+        if st is not None and not in_place(st):
+            # A FIFO, a folder or a hard link planted there could never be touched: every
+            # open would vacuum.
             set_aside(self.backend.root_fd, _MARKER, ".junk-")
             st = None
         if st is None or time.time() - st.st_mtime > 3600:

@@ -7,9 +7,9 @@ taken skips its turn, since the holder is bringing the total down already.
 
 Every wait for the lock polls with ``LOCK_NB`` up to a deadline, then gives up
 (the write that asked is not held back). A lock file that is not a regular
-file, that this process may not open, or whose holder has not touched it for
-``stale_after`` seconds (a stopped or hung evictor) is broken: removed, so the
-next turn makes a fresh one.
+file, that has another name too (a hard link: see :mod:`.fixed_files`), that this
+process may not open, or whose holder has not touched it for ``stale_after`` seconds
+(a stopped or hung evictor) is broken: removed, so the next turn makes a fresh one.
 
 The cap counts disk, not file sizes: a file costs its allocated blocks, so a
 sparse terabyte costs nothing and a one-byte file a whole block. Candidates go
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .dir_fs import set_aside
+from .fixed_files import in_place, open_in_place
 
 try:
     import fcntl
@@ -36,7 +36,6 @@ except ImportError:  # pragma: no cover - not on POSIX
 
 __all__ = ["Candidate", "LockStats", "disk_bytes", "evict", "eviction_turn"]
 
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _POLL = 0.01
 
 
@@ -69,20 +68,11 @@ def disk_bytes(st: os.stat_result) -> int:
 
 
 def _open_lock(root_fd: int, name: str, mode: int, chmod: int | None) -> int | None:
+    # (a shared cache's lock gets the group's mode: every member must open it)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, mode, dir_fd=root_fd)
-    except OSError:
+        return open_in_place(root_fd, name, os.O_RDWR | os.O_CLOEXEC, mode, chmod)
+    except OSError:  # a link, a FIFO, a folder, a hard link: broken, never written
         return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return None
-    if chmod is not None and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != chmod:
-        try:
-            os.fchmod(fd, chmod)  # a shared cache's lock: every member must open it
-        except OSError:
-            pass
-    return fd
 
 
 def _same_file(root_fd: int, name: str, fd: int) -> bool:
@@ -98,7 +88,7 @@ def _break(root_fd: int, name: str, stats: LockStats, stale_after: float) -> Non
         st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
     except OSError:
         return
-    fresh = stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime < stale_after
+    fresh = in_place(st) and time.time() - st.st_mtime < stale_after
     if fresh and os.access(name, os.R_OK | os.W_OK, dir_fd=root_fd, follow_symlinks=False):
         return  # a live lock that we could take later
     if set_aside(root_fd, name, ".junk-"):

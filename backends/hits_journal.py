@@ -9,7 +9,9 @@ advisory: losing a batch (a crash, a full disk) never loses an entry.
 The journal is opened relative to the cache's root descriptor with
 ``O_NOFOLLOW | O_NONBLOCK`` and used only when ``fstat`` says it is a regular
 file: a link or a FIFO planted in its place is never written through, and a
-huge file is not read.
+huge file is not read. It is appended to, cut or ``chmod``-ed only when it has no
+other name (:mod:`.fixed_files`): a hard link planted there (to a file of the writer's
+outside the cache) is set aside as junk, never written.
 
 A vacuum compacts it (one line per live key). So does a process whose append finds it
 past :data:`COMPACT_AT`, on a thread of its own, at most once a :data:`COMPACT_EVERY`
@@ -33,6 +35,7 @@ from collections.abc import Callable, Container, Iterator
 
 from .dir_fs import NOFOLLOW, create_new, set_aside
 from .dir_tree import keys_until
+from .fixed_files import NotInPlace, in_place, open_in_place
 
 __all__ = ["COMPACT_AT", "COMPACT_EVERY", "MAX_READ", "READ_SECONDS", "HitsJournal"]
 
@@ -129,33 +132,31 @@ class HitsJournal:
     def _append(self, data: bytes) -> None:
         size = 0
         try:
-            fd = os.open(self.name, _APPEND, self.mode, dir_fd=self.dir_fd)
+            # Written only when a regular file with one name: a hard link planted here (a
+            # file of ours outside the cache) is never appended to nor chmod-ed.
+            fd = open_in_place(self.dir_fd, self.name, _APPEND, self.mode, self.chmod)
             try:
                 st = os.fstat(fd)
                 size = st.st_size + len(data)  # (a full disk fails the write: compact then)
-                if not stat.S_ISREG(st.st_mode):
-                    self._not_a_file()
-                elif st.st_size < self.append_until:
-                    if self.chmod is not None and st.st_size == 0:
-                        os.fchmod(fd, self.chmod)
+                if st.st_size < self.append_until:
                     os.write(fd, data)  # one O_APPEND write: lines never interleave
             finally:
                 os.close(fd)
+        except NotInPlace as exc:  # a hard link, or a FIFO with a reader
+            self._not_a_file(str(exc.strerror))
         except OSError as exc:  # advisory: losing counts never loses an entry
             if exc.errno in (errno.EISDIR, errno.ELOOP, errno.ENXIO):  # a folder, link, FIFO
-                self._not_a_file()
+                self._not_a_file("not a file")
         if size >= max(self.compact_at, self._kept) and self.temp_prefix is not None:
             self._compact_soon(self.temp_prefix)
 
-    def _not_a_file(self) -> None:
+    def _not_a_file(self, what: str) -> None:
         # A folder, a link or a FIFO at the journal's name (planted, or left by a mistake)
         # turned hit counting off for good, without a word: set aside once, and said.
         if self._set_aside:
             return
         self._set_aside = True
-        log.warning(
-            "runtime-cache: %s is not a file; set aside, so that uses count again", self.name
-        )
+        log.warning("runtime-cache: %s is %s; set aside, so that uses count again", self.name, what)
         set_aside(self.dir_fd, self.name, ".junk-")
 
     def _compact_soon(self, temp_prefix: str) -> None:
@@ -306,7 +307,7 @@ class HitsJournal:
         except OSError:
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if not in_place(os.fstat(fd)):  # a FIFO, or a hard link: never cut
                 return None
             os.ftruncate(fd, 0)
             os.write(fd, data)

@@ -1,0 +1,193 @@
+"""Hard links planted at the fixed names of a ``dir://...?shared=1`` folder are never
+written through.
+
+The attack review of session 41: a member of the folder's group removed ``.evict.lock``,
+``.locks/.unlinking``, a key's ``.locks/<digest>.lock`` and ``.hits`` and hard-linked a
+private 0600 file of the victim at each. The victim's ordinary use (puts over the cap, a
+``get_or_build``, hits) made those files 0664 (the group's mode, so the member read
+them), wrote a lease token over one and appended hit lines to another. ``O_NOFOLLOW``
+stops a symbolic link, not a hard link: a hard link *is* the file. Here this process
+makes the links itself, standing in for the member (a member may link a file of another
+user where ``fs.protected_hardlinks`` is 0, on macOS, on NFS); the victim's file lies
+outside the cache, is this process's own (root's, run as root) and has mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import runtime_cache as rc
+from runtime_cache.backends.dir_lease import LOCKS, UNLINKING, DirLease
+from runtime_cache.backends.dir_root import Modes
+from runtime_cache.backends.directory import DirectoryBackend
+
+SECRET = "team-secret-0123456789abcdef"
+PRIVATE = b"TOPSECRET private key material\n"
+
+
+def _key(i: int) -> rc.CacheKey:
+    return rc.make_key(module_id=f"m{i}", runtime="links", purpose="test", device=None)
+
+
+def _cache(root: Path, max_size: int | None = None, hits_batch: int = 64) -> rc.Cache:
+    backend = DirectoryBackend(root, shared=True, max_size=max_size, hits_batch=hits_batch)
+    return rc.Cache(backend, secret=SECRET)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A private file of this process's user, outside the cache (same file system)."""
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    path = folder / "secret.txt"
+    path.write_bytes(PRIVATE)
+    path.chmod(0o600)
+    old = 1_000_000_000  # a time of its own: a touch through a link would change it
+    os.utime(path, (old, old))
+    return path
+
+
+def _plant(victim: Path, at: Path) -> None:
+    """The member's move: whatever is at ``at`` goes, a hard link to ``victim`` comes."""
+    at.parent.mkdir(parents=True, exist_ok=True)
+    if at.exists() or at.is_symlink():
+        at.unlink()
+    os.link(victim, at)
+
+
+def _untouched(victim: Path) -> None:
+    st = victim.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert victim.read_bytes() == PRIVATE and st.st_size == len(PRIVATE)
+    assert st.st_mtime == 1_000_000_000
+
+
+def test_a_hard_link_at_the_eviction_lock_is_broken_not_written(
+    tmp_path: Path, victim: Path
+) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root, max_size=64 * 1024)
+    _plant(victim, root / ".evict.lock")
+    for i in range(40):  # far over the cap: each turn takes the eviction lock
+        assert cache.put(_key(i), b"x" * 3000)
+    _untouched(victim)
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    assert backend.total_size() <= 64 * 1024  # eviction still ran, under a lock of its own
+    lock = (root / ".evict.lock").stat()
+    assert lock.st_ino != victim.stat().st_ino and lock.st_nlink == 1
+    assert cache.get(_key(39)) == b"x" * 3000
+
+
+def test_a_hard_link_at_a_keys_lock_is_replaced_and_the_lease_taken(
+    tmp_path: Path, victim: Path
+) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root)
+    name = DirLease(-1, str(_key(1)), 30.0).name
+    _plant(victim, root / LOCKS / name)
+    assert cache.get_or_build(_key(1), lambda: b"built") == b"built"
+    _untouched(victim)  # no token written over it, not cut, not chmod-ed
+    assert cache.stats().leases_won == 1  # the lease worked, on a fresh lock file
+    assert not (root / LOCKS / name).exists()  # released: removed, as every lock is
+    assert victim.stat().st_nlink == 1  # the link is gone from the cache
+    assert cache.get(_key(1)) == b"built"
+
+
+def test_a_hard_link_at_the_unlinking_lock_is_replaced_not_written(
+    tmp_path: Path, victim: Path
+) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root)
+    assert cache.get_or_build(_key(0), lambda: b"first") == b"first"  # the locks folder made
+    _plant(victim, root / LOCKS / UNLINKING)
+    assert cache.get_or_build(_key(2), lambda: b"second") == b"second"  # its release unlinks
+    _untouched(victim)
+    unlinking = (root / LOCKS / UNLINKING).stat()
+    assert unlinking.st_ino != victim.stat().st_ino and unlinking.st_nlink == 1
+    assert not (root / LOCKS / DirLease(-1, str(_key(2)), 30.0).name).exists()
+    assert cache.stats().leases_won == 2
+
+
+def test_a_hard_link_at_the_hits_journal_is_set_aside_not_appended_to(
+    tmp_path: Path, victim: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root, hits_batch=1)
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    assert cache.put(_key(0), b"v")
+    _plant(victim, root / ".hits")
+    for _ in range(3):
+        assert cache.get(_key(0)) == b"v"
+    backend.flush_hits()
+    _untouched(victim)
+    assert "hard link" in caplog.text
+    journal = root / ".hits"  # set aside, and a fresh journal counts again
+    assert journal.stat().st_ino != victim.stat().st_ino and journal.stat().st_nlink == 1
+    assert str(_key(0)).encode() in journal.read_bytes()
+
+
+def test_a_hard_link_at_the_vacuum_marker_is_not_touched(tmp_path: Path, victim: Path) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root)
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    _plant(victim, root / ".vacuumed")
+    assert backend.vacuum() >= 0
+    _untouched(victim)  # its time and mode as they were
+    DirectoryBackend(root, shared=True).close()  # an open vacuums when the marker is junk
+    _untouched(victim)
+    assert cache.put(_key(0), b"v") and cache.get(_key(0)) == b"v"
+
+
+@pytest.mark.parametrize("name", [".evict.lock", ".hits", ".vacuumed"])
+def test_a_file_of_one_link_is_used_where_it_is_and_given_the_groups_mode(
+    tmp_path: Path, name: str
+) -> None:
+    """What was there before the fix goes on: a file of ours at a fixed name with one link
+    (left by an earlier process, with a mode of its own) is used in place and given the
+    group's mode."""
+    root = tmp_path / "cache"
+    cache = _cache(root, max_size=64 * 1024, hits_batch=1)
+    (root / name).write_bytes(b"")
+    (root / name).chmod(0o600)
+    inode = (root / name).stat().st_ino
+    for i in range(30):
+        assert cache.put(_key(i), b"x" * 3000)
+        assert cache.get(_key(i)) == b"x" * 3000
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    backend.flush_hits()
+    assert backend.vacuum() >= 0
+    assert (root / name).stat().st_ino == inode  # not replaced
+    assert stat.S_IMODE((root / name).stat().st_mode) == Modes.for_cache(True).file_chmod
+    assert (root / name).stat().st_size > 0 or name != ".hits"  # the hits counted in it
+
+
+def test_a_fifo_at_a_keys_lock_is_replaced_and_the_lease_taken(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    cache = _cache(root)
+    lock = root / LOCKS / DirLease(-1, str(_key(1)), 30.0).name
+    lock.parent.mkdir()
+    os.mkfifo(lock, 0o660)
+    assert cache.get_or_build(_key(1), lambda: b"built") == b"built"
+    assert cache.stats().leases_won == 1 and not lock.exists()
+
+
+def test_a_lock_link_that_cannot_be_removed_builds_without_a_lease(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime_cache.backends import dir_lease
+
+    monkeypatch.setattr(dir_lease, "unlink_if_same", lambda *args: False)  # (another's folder)
+    root = tmp_path / "cache"
+    cache = _cache(root)
+    _plant(victim, root / LOCKS / DirLease(-1, str(_key(1)), 30.0).name)
+    assert cache.get_or_build(_key(1), lambda: b"built") == b"built"  # no lease, no error
+    _untouched(victim)
+    assert cache.stats().leases_won == 0 and cache.get(_key(1)) == b"built"
