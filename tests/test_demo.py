@@ -277,18 +277,26 @@ def test_ctrl_c_during_the_cold_run_is_a_line_and_exit_130(tmp_path: Path, modul
 
 @opencl
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_demo_killed_outright_takes_its_run_with_it(tmp_path: Path) -> None:
+def test_a_demo_killed_outright_takes_its_run_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``kill -9`` of ``runtime-cache demo`` left its cold run compiling on to the end,
-    re-parented to init (the new-user review: it wrote all 50 entries afterwards)."""
+    re-parented to init (the new-user review: it wrote all 50 entries afterwards). And
+    its folder of driver caches stayed in the temporary folder for good (the operator
+    review of session 41: 93 of them on one machine): the next run sweeps it."""
     import signal
     import time
 
+    from runtime_cache.opencl import scratch
+
     _device()
+    temp = tmp_path / "temp"
+    temp.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime_cache", "--cache", f"dir://{tmp_path}", "demo"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=dict(os.environ, POCL_KERNEL_CACHE="0"),
+        env=dict(os.environ, POCL_KERNEL_CACHE="0", TMPDIR=str(temp)),
         start_new_session=True,
     )
     deadline = time.monotonic() + 60
@@ -313,6 +321,11 @@ def test_a_demo_killed_outright_takes_its_run_with_it(tmp_path: Path) -> None:
     for pid in alive:  # (before the fix: stop it, then fail)
         os.kill(pid, signal.SIGKILL)
     assert not alive, "the cold run outlived the demo"
+    left = list(temp.glob("runtime-cache-demo-driver-*"))
+    assert len(left) == 1, sorted(temp.iterdir())
+    monkeypatch.setattr(scratch, "LEFT_AFTER", 0.0)  # (it is seconds old)
+    scratch.sweep_left_folders(str(temp))
+    assert not left[0].exists()
 
 
 @opencl

@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -288,6 +287,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     Raises :class:`DemoError` or another
     :class:`~runtime_cache.errors.RuntimeCacheError` with a message for the user.
     """
+    from ..opencl.scratch import DEMO, scratch_folder
     from .device import choose
     from .model import build_model
 
@@ -315,7 +315,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         remove_entries(cache, model.module_id, before=True)
         started = True
         progress = sys.stderr.isatty()
-        with tempfile.TemporaryDirectory(prefix="runtime-cache-demo-driver-") as folder:
+        with scratch_folder(DEMO) as folder:  # (one a killed demo left goes at the next)
             cold_dir = os.path.join(folder, "cold") if carry else None
             warm_dir = os.path.join(folder, "warm") if fresh else cold_dir
             keys = None if secret is None else _secret_file(secret, folder)

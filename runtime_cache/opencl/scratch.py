@@ -1,17 +1,18 @@
 """Private temporary folders of this process's children, and none left behind by a killed app.
 
-Two kinds live in the temporary folder: each child's working folder,
+Three kinds live in the temporary folder: each child's working folder,
 ``runtime-cache-child-XXXXXXXX`` (one per process that starts children, see
-:mod:`.child`), and each vetting child's scratch folder,
-``runtime-cache-vet-XXXXXXXX``. PoCL unpacks each program into its scratch folder
-under a hash stored in the binary, which a damaged copy keeps: a vetting child
-that shared this process's folder would leave damaged files where this process
-then loads the good binary (LLVM aborts). Both are removed when done with.
+:mod:`.child`), each vetting child's scratch folder, ``runtime-cache-vet-XXXXXXXX``,
+and the demo's folder of driver caches, ``runtime-cache-demo-driver-XXXXXXXX``.
+PoCL unpacks each program into its scratch folder under a hash stored in the binary,
+which a damaged copy keeps: a vetting child that shared this process's folder would
+leave damaged files where this process then loads the good binary (LLVM aborts). Each
+is removed when done with.
 
 An app killed meanwhile (``kill -9``, the out-of-memory killer) removes nothing,
 and its folders would stay for good. So this process holds an ``flock`` on each
 folder while it uses it (the kernel lets go when the process ends), and the first
-:class:`Scratch` of a process removes the folders of both kinds that this user
+:class:`Scratch` of a process removes the folders of these kinds that this user
 made over :data:`LEFT_AFTER` seconds ago and that nobody holds (a folder made a
 moment ago may not be locked yet). Only real folders of this user count: a link
 planted under such a name is not followed.
@@ -26,17 +27,19 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 try:
     import fcntl
 except ImportError:  # not POSIX: no locks, so nothing is taken for left behind
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CHILD", "LEFT_AFTER", "VET", "Scratch", "sweep_left_folders"]
+__all__ = ["CHILD", "DEMO", "LEFT_AFTER", "VET", "Scratch", "scratch_folder", "sweep_left_folders"]
 
-#: The name prefixes of a child's working folder and of a vetting child's scratch folder.
-CHILD, VET = "runtime-cache-child-", "runtime-cache-vet-"
-_PREFIXES = (CHILD, VET)
+#: The name prefixes of a child's working folder, of a vetting child's scratch folder, and
+#: of the demo's folder of driver caches (a killed demo left 600 KB for good).
+CHILD, VET, DEMO = "runtime-cache-child-", "runtime-cache-vet-", "runtime-cache-demo-driver-"
+_PREFIXES = (CHILD, VET, DEMO)
 #: Seconds after which an unlocked scratch folder counts as left behind.
 LEFT_AFTER = 60.0
 
@@ -74,8 +77,18 @@ class Scratch:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[str]:
+    """A :class:`Scratch` folder's path while the block runs; removed after it."""
+    made = Scratch(prefix)
+    try:
+        yield made.path
+    finally:
+        made.remove()
+
+
 def sweep_left_folders(folder: str | None = None) -> int:
-    """Once per process (or whenever ``folder`` is given): remove the folders of both
+    """Once per process (or whenever ``folder`` is given): remove the folders of these
     kinds in ``folder`` (the temporary folder) that this user made over
     :data:`LEFT_AFTER` seconds ago and that no process holds. Returns how many."""
     if folder is None:
