@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,10 +80,11 @@ def _failed(root: str | Path, exc: OSError) -> BackendError:
 def open_root(root: str | Path, modes: Modes) -> int:
     """Open (creating it if missing) the root folder; return its descriptor.
 
-    Raises :class:`BackendError` ("is not a directory") when ``root`` names a file.
+    Raises :class:`BackendError` ("is not a directory") when ``root`` names a file, and
+    :class:`ReadOnlyBackendError` when this user may not enter it.
     """
     try:
-        return os.open(root, ROOT_FLAGS)
+        return _enterable(os.open(root, ROOT_FLAGS), root)
     except FileNotFoundError:
         pass
     except NotADirectoryError:
@@ -103,6 +105,24 @@ def open_root(root: str | Path, modes: Modes) -> int:
         raise _not_a_folder(root) from None
     except OSError as exc:
         raise _failed(root, exc) from exc
+
+
+def _enterable(fd: int, root: str | Path) -> int:
+    """``fd``, where this user may enter the folder it holds; else closed, and raised.
+    (``O_PATH`` opens any folder: one another user made ``0700``, say by a ``sudo`` run
+    that kept ``HOME``, was opened, and then every read and write of it failed.)"""
+    effective = os.access in os.supports_effective_ids
+    try:
+        if os.access(".", os.X_OK, dir_fd=fd, effective_ids=effective):
+            return fd
+        info = os.fstat(fd)
+    except OSError:
+        return fd  # (no answer: its reads and writes will tell)
+    os.close(fd)
+    raise ReadOnlyBackendError(
+        f"open of {root}: no permission to enter it (owner uid {info.st_uid}, mode "
+        f"{stat.S_IMODE(info.st_mode):o})"
+    )
 
 
 def remake_root(root_fd: int, root: str, modes: Modes, members: object) -> None:

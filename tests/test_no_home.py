@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,64 @@ def test_the_cli_says_when_the_default_folder_moved(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "no usable home folder" in done.stderr and "not a directory" in done.stderr
+
+
+def _in_forked_child_as(uid: int, run: Callable[[], str]) -> str:
+    """``run()``'s text, run in a forked child of this (root) process as ``uid`` with no
+    groups and no capabilities: the modules it needs are imported already (the
+    interpreter's own files may be closed to that uid); its exception's repr, if any."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            said = run()
+        except BaseException as exc:
+            said = repr(exc)
+        os.write(writing, said.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+def test_a_default_folder_another_user_made_private_falls_back(
+    fresh_uid: int, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator review of session 41: ``~/.cache/runtime-cache`` made ``0700`` by root
+    (a ``sudo`` run that kept ``HOME``) was opened all the same (``O_PATH`` opens any
+    folder), and every read and write of the user's app failed, for good. It is refused
+    at the open now, and the default falls back to the private temporary folder."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a folder another user may not enter")
+    from runtime_cache import provider
+    from runtime_cache.errors import ReadOnlyBackendError
+
+    base = Path(tempfile.mkdtemp(dir=TMP))  # (pytest's folders are closed to the uid)
+    request.addfinalizer(lambda: shutil.rmtree(base, True))
+    base.chmod(0o755)
+    home = base / "home"
+    theirs = home / ".cache" / "runtime-cache"
+    theirs.mkdir(parents=True)
+    theirs.chmod(0o700)  # root's
+    for folder in (home, home / ".cache"):
+        os.chown(folder, fresh_uid, fresh_uid)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", TMP)
+
+    def refused() -> str:
+        try:
+            DirectoryBackend(theirs)
+        except ReadOnlyBackendError as exc:
+            return f"refused: {exc}"
+        return "opened"
+
+    said = _in_forked_child_as(fresh_uid, refused)
+    assert said.startswith("refused: ") and "no permission to enter it" in said, said
+    said = _in_forked_child_as(fresh_uid, lambda: str(provider._embedded().backend))
+    assert f"runtime-cache-{fresh_uid}-cache" in said, said
