@@ -3,14 +3,16 @@
 Writes are coalesced by key (the latest value wins) in a bounded queue; when
 the queue is full a new key is dropped and counted, never blocked on. Until a
 queued write lands, :meth:`WriteBehind.lookup` answers for it, so a reader in
-this process sees its own writes. Every live writer is flushed at interpreter
-exit. :class:`FlushingLease` releases a build lease only after the queued writes
-were attempted, so a waiter does not take over before the holder's entry landed.
+this process sees its own writes. Every live writer is flushed when the process
+ends normally: at interpreter exit, and at the end of a ``multiprocessing`` child,
+which skips ``atexit`` (:mod:`runtime_cache.process_exit`). A ``fork()`` waits for
+the batch in flight. :class:`FlushingLease` releases a build lease only after the
+queued writes were attempted, so a waiter does not take over before the holder's
+entry landed.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 from runtime_cache.api import Backend, Lease
 from runtime_cache.errors import EntryTooLargeError
+from runtime_cache.process_exit import at_exit
 from runtime_cache.refusals import Refusals
 
 __all__ = ["FlushingLease", "WriteBehind"]
@@ -28,12 +31,33 @@ log = logging.getLogger(__name__)
 
 _BATCH = 256
 _live: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+#: Among a ``multiprocessing`` child's finalizers: after the OpenCL stores that feed it.
+EXIT_PRIORITY = 10
 
 
-@atexit.register
 def _flush_all_at_exit() -> None:
     for writer in list(_live):
         writer.flush(timeout=5.0)
+
+
+at_exit(_flush_all_at_exit, priority=EXIT_PRIORITY)
+
+
+#: Seconds a ``fork()`` waits for a batch the writer thread is sending.
+FORK_WAIT = 5.0
+
+
+def _hold_all_for_fork() -> None:
+    # A batch in flight may be the first, which connects, and redis-py imports modules as it
+    # does (``email.parser``, ``encodings.idna``): forked mid-import, a child would find them
+    # half made and fail every write it sends. So the fork waits for the batch (bounded).
+    for writer in list(_live):
+        writer._hold_for_fork()
+
+
+def _release_all_after_fork() -> None:
+    for writer in list(_live):
+        writer._release_after_fork()
 
 
 def _reset_all_in_child() -> None:
@@ -44,7 +68,11 @@ def _reset_all_in_child() -> None:
         writer._start_over()
 
 
-os.register_at_fork(after_in_child=_reset_all_in_child)
+os.register_at_fork(
+    before=_hold_all_for_fork,
+    after_in_parent=_release_all_after_fork,
+    after_in_child=_reset_all_in_child,
+)
 
 
 class WriteBehind:
@@ -76,6 +104,7 @@ class WriteBehind:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
+        self._forking = False  # a fork waits for the batch in flight: start no other
         #: Serializes a batch with a synchronous delete of the same backend.
         self.apply_lock = threading.Lock()
         self.dropped = 0
@@ -86,6 +115,25 @@ class WriteBehind:
         self.refusals = Refusals()
         _live.add(self)
 
+    def _hold_for_fork(self) -> None:
+        """Wait (at most :data:`FORK_WAIT` seconds) for the batch in flight; hold the
+        queue's lock through the fork so that no other batch starts."""
+        self._cond.acquire()
+        self._forking = True
+        if self._pid != os.getpid() or self._thread is threading.current_thread():
+            return  # (a fork from the writer thread itself does not wait for itself)
+        deadline = time.monotonic() + FORK_WAIT
+        while self._inflight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+
+    def _release_after_fork(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
     def _start_over(self) -> None:
         # In a forked child: the parent owns (and writes) what was queued before the fork.
         self._cond = threading.Condition()
@@ -95,6 +143,7 @@ class WriteBehind:
         self._pending_bytes = 0
         self._thread = None
         self._pid = os.getpid()
+        self._forking = False
         self.refusals = Refusals()
 
     def _ensure_thread(self) -> None:
@@ -104,6 +153,9 @@ class WriteBehind:
                 target=self._run, name="runtime-cache-write-behind", daemon=True
             )
             self._thread.start()
+            # In a multiprocessing child (a fork's first write starts its thread): flushed
+            # at the child's end too, which runs no atexit handler.
+            at_exit(_flush_all_at_exit, priority=EXIT_PRIORITY)
 
     def put(self, items: Mapping[str, bytes]) -> int:
         """Queue writes; return how many were accepted (the rest were dropped)."""
@@ -175,7 +227,7 @@ class WriteBehind:
 
     def _take(self) -> dict[str, bytes] | None:
         with self._cond:
-            while not self._pending and not self._closed:
+            while (not self._pending or self._forking) and not self._closed:
                 self._cond.wait()
             if not self._pending:
                 return None

@@ -15,7 +15,8 @@ With the driver cache switched on (``install(driver_cache=True)``,
   the folder it names, are left alone.
 * :class:`DriverCacheSession` restores the files an earlier process captured
   before a module's first program loads, and captures what the driver added
-  (after ``build_all`` and at exit). PoCL's files are kept per module and device
+  (after ``build_all`` and at exit, a ``multiprocessing`` child's end included; a forked
+  child captures only the sessions it made). PoCL's files are kept per module and device
   (a file present is never replaced); NVIDIA's folder has one index for all, so
   it is kept per device (data files added, the index replaced last, in one
   rename). A later process stores what an earlier one left after its capture.
@@ -27,9 +28,9 @@ use when a process died (the crash guard's record) is blocklisted and deleted.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 from ..cache import Cache
 from ..errors import CorruptEntryError
 from ..keys import CacheKey, make_key
+from ..process_exit import at_exit
 from .driver_files import (
     DriverFile,
     add_missing,
@@ -132,7 +134,9 @@ class DriverCacheSession:
         self._lock = threading.Lock()
         self._watch = contextlib.ExitStack()
         self._settling = threading.Lock()  # settle() runs from a timer too
+        self._pid = os.getpid()  # a forked child leaves this session to its parent
         _live.add(self)
+        at_exit(_capture_at_exit, priority=EXIT_PRIORITY)  # (a multiprocessing child's end)
 
     @property
     def active(self) -> bool:
@@ -291,10 +295,14 @@ class DriverCaches:
 
 #: Every session of this process, captured at exit (after the first launches, for PoCL).
 _live: set[DriverCacheSession] = set()
+#: Among a ``multiprocessing`` child's finalizers: after the programs' own stores.
+EXIT_PRIORITY = 40
 
 
 def _capture_at_exit() -> None:
     for session in sorted(_live, key=id):
+        if session._pid != os.getpid():
+            continue  # made before a fork: its process captures it
         try:
             session.capture()
             session.settle()
@@ -302,4 +310,4 @@ def _capture_at_exit() -> None:
             log.debug("runtime-cache: driver cache capture at exit failed (%s)", exc)
 
 
-atexit.register(_capture_at_exit)
+at_exit(_capture_at_exit, priority=EXIT_PRIORITY)

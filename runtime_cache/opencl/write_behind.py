@@ -8,7 +8,10 @@ source to :data:`write_behind` and returns; the binaries are read (with the
 GIL released, :mod:`.readback`) and stored later:
 
 * ``deferred`` (the default): at :func:`~runtime_cache.opencl.flush`, in the
-  thread that calls it, or at exit. Never while the caller's own OpenCL calls
+  thread that calls it, or at exit; or, once the caller's builds have been quiet
+  for ``RUNTIME_CACHE_OPENCL_IDLE_SECONDS`` (default 10), handed to a detached store
+  where that is how the exit would store them (below), so that a process stopped by
+  ``SIGTERM`` has them stored too. Never read back while the caller's own OpenCL calls
   run: on PoCL 3.1, a read on another thread while the caller launches
   kernels aborts the process (``pocl_release_dlhandle_cache: Assertion
   `found->ref_count > 0' failed``), whatever the specification says about
@@ -26,19 +29,19 @@ For both:
   caller stores the program itself, so memory never grows without limit.
 * An error while storing is counted (``opencl_stats().store_errors``) and
   logged, never raised into the caller: the program is simply not stored.
-* At exit the queued programs are handed to a detached process where reading
+* At exit (the end of a ``multiprocessing`` child too, :mod:`..process_exit`) the queued
+  programs are handed to a detached process where reading
   them back is slow and the store can be reopened there (:mod:`.detached_store`:
   ``opencl_stats().stores_handed_off``), so the process exits at once; the rest
   are flushed for at most ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS`` (default 60,
   checked between programs); what is left is counted
   (``opencl_stats().stores_dropped``), logged, and built again by a later run.
-* A forked child starts with an empty queue: the parent's programs stay the
-  parent's to store.
+* A forked child starts with an empty queue and no thread: the parent's programs stay
+  the parent's to store.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
+from ..process_exit import at_exit
 from ._driver import import_pyopencl
 from .counters import counters
 from .detached_store import SLOW_READ_SECONDS, compiles_on_read, detach_mode, hand_off
@@ -55,9 +59,18 @@ from .plan import ProgramPlan
 from .pocl_flags import pocl_flags_unknown
 from .program import store_binaries
 from .readback import read_binaries_released
+from .store_timing import (
+    ENV_FLUSH_SECONDS,
+    ENV_IDLE_SECONDS,
+    ENV_STORE_DELAY,
+    flush_seconds,
+    idle_seconds,
+    store_delay,
+)
 
 __all__ = [
     "ENV_FLUSH_SECONDS",
+    "ENV_IDLE_SECONDS",
     "ENV_STORE_DELAY",
     "QUEUE_LIMIT",
     "WriteBehind",
@@ -67,11 +80,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENV_FLUSH_SECONDS = "RUNTIME_CACHE_OPENCL_FLUSH_SECONDS"
-ENV_STORE_DELAY = "RUNTIME_CACHE_OPENCL_STORE_DELAY"
 QUEUE_LIMIT = 512
-_DEFAULT_FLUSH_SECONDS = 60.0
-_DEFAULT_STORE_DELAY = 1.0
+#: Among a ``multiprocessing`` child's finalizers: before the tiers' writers it feeds.
+EXIT_PRIORITY = 50
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ class _Job:
     program: Any
     seconds: float
     made: Any  # the driver's program that this build made (``program._prg`` then)
+    background: bool = False  # the background thread may read it back
 
 
 def _driver_program(program: Any) -> Any:
@@ -102,33 +114,14 @@ def store_now(
     return store_binaries(cache, plan, program, binaries, seconds, made)
 
 
-def _seconds(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        log.warning("runtime-cache: %s=%r is not a number; using %s", name, text, default)
-        return default
-    return max(0.0, value)
-
-
-def flush_seconds() -> float:
-    """The bound on the flush at exit, from ``RUNTIME_CACHE_OPENCL_FLUSH_SECONDS``."""
-    return _seconds(ENV_FLUSH_SECONDS, _DEFAULT_FLUSH_SECONDS)
-
-
-def store_delay() -> float:
-    """How long the caller's builds must be quiet before a store, from
-    ``RUNTIME_CACHE_OPENCL_STORE_DELAY``."""
-    return _seconds(ENV_STORE_DELAY, _DEFAULT_STORE_DELAY)
-
-
 class WriteBehind:
     """A bounded queue of built programs whose binaries are read back and stored later.
 
     Deferred programs are stored by :meth:`flush`, in the thread that calls it
-    (at exit: the main thread, once the program is done with OpenCL).
-    Background programs are also stored by one background thread, once
+    (at exit: the main thread, once the program is done with OpenCL), or handed off
+    by one background thread once ``RUNTIME_CACHE_OPENCL_IDLE_SECONDS`` have passed
+    since the last submit (:meth:`detach`'s rules, less its timed read-back).
+    Background programs are also stored by that thread, once
     ``RUNTIME_CACHE_OPENCL_STORE_DELAY`` seconds have passed since the last
     submit.
 
@@ -145,8 +138,8 @@ class WriteBehind:
         self._queued: set[str] = set()  # the first key of each queued program
         self._busy = 0  # queued plus those being stored
         self._last = 0.0  # time.monotonic() of the last submit
+        self._idle_mark = 0.0  # the ``_last`` that the thread's last hand-off followed
         self._thread: threading.Thread | None = None
-        self._registered = False
         self._closed = False
 
     def submit(
@@ -174,13 +167,11 @@ class WriteBehind:
             self._queued.add(first)
             self._last = time.monotonic()
             made = _driver_program(program) if made is None else made
-            self._jobs.append(_Job(cache, plan, program, seconds, made))
+            self._jobs.append(_Job(cache, plan, program, seconds, made, background))
             self._busy += 1
-            if not self._registered:
-                # Registered now, after pyopencl's own handlers: it runs before them.
-                atexit.register(self.flush_at_exit)
-                self._registered = True
-            if background and self._thread is None:
+            # Registered at the first submit, after pyopencl's own handlers: runs before them.
+            at_exit(self.flush_at_exit, priority=EXIT_PRIORITY)
+            if self._thread is None and (background or idle_seconds() is not None):
                 self._thread = threading.Thread(
                     target=self._run, name="runtime-cache-store", daemon=True
                 )
@@ -264,6 +255,10 @@ class WriteBehind:
             if time.perf_counter() - started < SLOW_READ_SECONDS:
                 self._requeue(jobs)
                 return 0
+        return self._hand_off(jobs)
+
+    def _hand_off(self, jobs: list[_Job]) -> int:
+        """Hand ``jobs`` (taken out of the queue) off by cache; requeue the rest."""
         kept: list[_Job] = []
         handed = 0
         for group in _by_cache(jobs):
@@ -300,7 +295,8 @@ class WriteBehind:
         self._jobs = deque()
         self._queued = set()
         self._busy = 0
-        self._thread = None
+        self._last = self._idle_mark = 0.0
+        self._thread = None  # (threads do not survive a fork: a submit starts one)
         self._closed = False
 
     def _store(self, job: _Job) -> None:
@@ -320,18 +316,50 @@ class WriteBehind:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while True:
-                    if self._closed:
-                        return
-                    if not self._jobs:
-                        self._cond.wait()
-                        continue
-                    quiet = time.monotonic() - self._last
-                    if quiet >= store_delay():
-                        break
-                    self._cond.wait(store_delay() - quiet)
-                job = self._jobs.popleft()
-            self._store(job)
+                task = self._next_task()
+            if task is None:
+                return
+            background, jobs = task
+            if background:
+                self._store(jobs[0])
+            else:
+                self._idle_hand_off(jobs)
+
+    def _next_task(self) -> tuple[bool, list[_Job]] | None:
+        """Under the lock: wait for a background program to store, or for the deferred
+        ones to hand off once builds are quiet; ``None`` once closed."""
+        while not self._closed:
+            quiet = time.monotonic() - self._last
+            waits: list[float] = []
+            job = next((j for j in self._jobs if j.background), None)
+            if job is not None:
+                if quiet >= store_delay():
+                    self._jobs.remove(job)
+                    return True, [job]
+                waits.append(store_delay() - quiet)
+            idle = idle_seconds()
+            deferred = [j for j in self._jobs if not j.background]
+            if idle is not None and deferred and self._idle_mark != self._last:
+                if quiet >= idle:  # taken out, still counted busy (as detach() does)
+                    self._idle_mark = self._last
+                    self._jobs = deque(j for j in self._jobs if j.background)
+                    return False, deferred
+                waits.append(idle - quiet)
+            self._cond.wait(min(waits) if waits else None)
+        return None
+
+    def _idle_hand_off(self, jobs: list[_Job]) -> None:
+        """Hand the deferred programs off where the exit would, with no read-back here
+        (that stays the caller's thread's): on a driver that compiles for it, or always
+        under ``RUNTIME_CACHE_OPENCL_DETACH=1``. The others stay queued for the exit."""
+        try:
+            mode = detach_mode()
+            if mode == "always" or (mode == "auto" and compiles_on_read(jobs[0].plan.devices)):
+                self._hand_off(jobs)
+                return
+        except Exception as exc:  # the caller's programs are still stored at exit
+            log.warning("runtime-cache: handing stores off once builds were quiet failed: %s", exc)
+        self._requeue(jobs)
 
 
 def _by_cache(jobs: list[_Job]) -> list[list[_Job]]:

@@ -1,0 +1,90 @@
+"""Writes made in a ``multiprocessing`` child reach every tier when the child ends normally.
+
+A child started by ``fork`` or ``forkserver`` (a ``Pool`` worker too) ends with
+``os._exit``, which skips ``atexit``: the Redis tier's background writer was flushed
+only there, so a tiered store lost the children's writes to Redis (the ``dir://``
+tier had them). The writer is now flushed by ``multiprocessing``'s finalizers too.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from runtime_cache.backends.directory import DirectoryBackend
+
+if TYPE_CHECKING:
+    from redis_servers import RedisProcess
+
+pytest_plugins = ["redis_servers"]
+
+CHILDREN = 4
+
+# argv: store URL, start method, "process" or "pool", how many children.
+APP = textwrap.dedent(
+    """
+    import multiprocessing as mp, sys
+    import runtime_cache as rc
+
+    URL, METHOD, HOW, COUNT = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    SECRET = "child-exit-test-secret-0123456789"
+
+    def key(name):
+        return rc.make_key(module_id=name, runtime="r", purpose="child-exit")
+
+    def cache():
+        return rc.Cache(rc.open_backend(URL), secret=SECRET)
+
+    def work(i):
+        cache().put(key(f"child{i}"), b"c" * 100)  # no close(), no flush()
+        return i
+
+    if __name__ == "__main__":
+        cache().put(key("parent"), b"p")
+        ctx = mp.get_context(METHOD)
+        if HOW == "pool":
+            pool = ctx.Pool(2)
+            assert pool.map(work, range(COUNT)) == list(range(COUNT))
+            pool.close()
+            pool.join()
+        else:
+            children = [ctx.Process(target=work, args=(i,)) for i in range(COUNT)]
+            for child in children:
+                child.start()
+            for child in children:
+                child.join()
+            assert [c.exitcode for c in children] == [0] * COUNT
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "how"),
+    [("fork", "process"), ("forkserver", "process"), ("spawn", "process"), ("fork", "pool")],
+)
+def test_a_childs_writes_reach_the_redis_tier(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str, method: str, how: str
+) -> None:
+    folder = tmp_path / "dir"
+    remote = f"{redis_server.url}?prefix={unique_prefix}"
+    script = tmp_path / "app.py"
+    script.write_text(APP)
+    done = subprocess.run(
+        [sys.executable, str(script), f"dir://{folder},{remote}", method, how, str(CHILDREN)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import runtime_cache as rc
+
+    in_redis = list(rc.open_backend(remote).keys())
+    in_dir = list(DirectoryBackend(folder).keys())
+    assert len(in_dir) == CHILDREN + 1
+    assert sorted(in_redis) == sorted(in_dir), done.stderr[-3000:]
