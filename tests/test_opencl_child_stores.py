@@ -116,6 +116,15 @@ def _environment(runs: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _run(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """This Python run with ``argv`` in ``env``, which must exit 0."""
+    done = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def _entries(folder: Path) -> int:
     return len(list(DirectoryBackend(folder).keys())) if folder.exists() else 0
 
@@ -136,15 +145,7 @@ def test_programs_built_in_a_multiprocessing_child_are_stored(tmp_path: Path, me
     # The idle hand-off off: the child's end alone must store them.
     env = _environment(runs, RUNTIME_CACHE_OPENCL_IDLE_SECONDS="off")
     salt = f"{os.getpid()}{len(method)}"
-    done = subprocess.run(
-        [sys.executable, str(script), str(folder), method, salt, str(CHILDREN)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run(env, str(script), str(folder), method, salt, str(CHILDREN))
     assert _wait_for_entries(folder, runs, CHILDREN) == CHILDREN, done.stderr[-3000:]
 
 
@@ -162,15 +163,7 @@ def test_a_multiprocessing_childs_driver_cache_is_captured_at_its_end(
         CUDA_CACHE_PATH=str(root / "nvidia"),
         CUDA_CACHE_DISABLE="0",
     )
-    done = subprocess.run(
-        [sys.executable, str(script), str(folder), method],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run(env, str(script), str(folder), method)
     assert _entries(folder) == 1, done.stderr[-3000:]
 
 

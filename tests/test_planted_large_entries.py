@@ -59,6 +59,20 @@ _MEASURE = (
 )
 
 
+def _measured(folder: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
+    """The CLI run with ``argv`` in a child (in ``folder``), and the peak of its memory
+    in KiB."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _MEASURE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+    )
+    said = done.stderr.split("peak_kib")
+    return done, int(said[1].split()[0]) if len(said) > 1 else -1
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
 def test_keep_existing_judges_planted_entries_without_holding_them(tmp_path: Path) -> None:
     source = rc.Cache(DirectoryBackend(tmp_path / "source"), secret=SECRET)
@@ -75,16 +89,9 @@ def test_keep_existing_judges_planted_entries_without_holding_them(tmp_path: Pat
     assert planted > 900 * MIB
     url = f"dir://{target.root}"
     argv = ["--cache", url, "--secret", SECRET, "import", str(bundle), "--keep-existing"]
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _MEASURE, *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done, peak_kib = _measured(tmp_path, argv)
     assert done.returncode == 0, done.stderr
     assert "imported 5 of 6" in done.stdout and "kept 1 entry" in done.stdout, done.stdout
-    peak_kib = int(done.stderr.split("peak_kib")[1].split()[0])
     # Held together, the planted entries took 1 GB: now one at most (100 MiB) besides the
     # process (~40 MB).
     assert peak_kib < 300_000, done.stderr
@@ -168,16 +175,9 @@ def test_export_reads_large_listed_entries_one_at_a_time(tmp_path: Path) -> None
     for i in range(6, 10):
         good.put(_key(i), b"good value %d" % i)
     argv = ["--cache", f"dir://{target.root}", "export", str(tmp_path / "out.rcb")]
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _MEASURE, *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done, peak_kib = _measured(tmp_path, argv)
     assert done.returncode == 1, done.stderr
     assert "exported 4 entries" in done.stdout, (done.stdout, done.stderr)
-    peak_kib = int(done.stderr.split("peak_kib")[1].split()[0])
     # Together, 600 MiB and more; alone, one entry and its removal's second read of it.
     assert peak_kib < 400_000, done.stderr
     loaded = rc.Cache(rc.open_backend("memory://"))
