@@ -73,7 +73,7 @@ from runtime_cache.file_locks import flock_within
 from .dir_fs import NOFOLLOW, make_folders
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
-from .fixed_files import NotInPlace, open_fixed, open_in_place
+from .fixed_files import NotInPlace, held, open_fixed, open_in_place
 from .lease_tokens import MAX_TOKEN, LeaseSigning, genuine, make_token
 
 __all__ = [
@@ -144,10 +144,15 @@ def _unlinking_lock(folder: int, modes: Modes) -> int:
     """The locks folder's :data:`UNLINKING` lock, opened (made if missing). A hard link or a
     FIFO planted at its name is removed (never written: :mod:`.fixed_files`) and a fresh one
     made. ``OSError`` when none can be had."""
+    fd, ours = open_fixed(folder, UNLINKING, _FLAGS, modes.file, modes.file_chmod)
+    if ours:
+        return fd
     try:
-        return open_in_place(folder, UNLINKING, _FLAGS, modes.file, modes.file_chmod)
-    except NotInPlace:
-        os.unlink(UNLINKING, dir_fd=folder)
+        if held(fd):  # a live lock given a second name: not removed (see fixed_files.held)
+            raise NotInPlace(errno.EBUSY, "held, and not the cache's own to write", UNLINKING)
+    finally:
+        os.close(fd)
+    os.unlink(UNLINKING, dir_fd=folder)
     return open_in_place(folder, UNLINKING, _FLAGS, modes.file, modes.file_chmod)
 
 
@@ -202,9 +207,10 @@ class DirLease(Lease):
                 if ours:
                     return fd
                 # A hard link (a file with a name elsewhere: never written here) or a FIFO
-                # at the lock's name: junk, removed as a stale lock is, and a fresh one made.
+                # at the lock's name: junk, removed as a stale lock is, and a fresh one made;
+                # not one a holder holds (a live lock given a second name): left.
                 try:
-                    removed = unlink_if_same(folder, self.name, fd, self._modes)
+                    removed = not held(fd) and unlink_if_same(folder, self.name, fd, self._modes)
                 finally:
                     os.close(fd)
                 if not removed:

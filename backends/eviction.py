@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .dir_fs import set_aside
-from .fixed_files import in_place, open_in_place
+from .fixed_files import held, in_place, open_in_place
 
 try:
     import fcntl
@@ -91,8 +92,23 @@ def _break(root_fd: int, name: str, stats: LockStats, stale_after: float) -> Non
     fresh = in_place(st) and time.time() - st.st_mtime < stale_after
     if fresh and os.access(name, os.R_OK | os.W_OK, dir_fd=root_fd, follow_symlinks=False):
         return  # a live lock that we could take later
+    if stat.S_ISREG(st.st_mode) and not in_place(st) and _held(root_fd, name):
+        return  # a live evictor's lock given a second name: not broken under it
     if set_aside(root_fd, name, ".junk-"):
         stats.broken += 1
+
+
+def _held(root_fd: int, name: str) -> bool:
+    try:  # (read-only: a hard link's other file is never written)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root_fd
+        )
+    except OSError:
+        return False
+    try:
+        return held(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

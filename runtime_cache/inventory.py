@@ -136,13 +136,11 @@ class Inventory:
         if sign_unsigned:
             check = _signing_check(self.decode, self._secret, self.backend, self.limits)
         generation = self._generation
-        sizes: dict[str, int] = {}
         if keys is not None:
             wanted = [str(k) for k in keys]
         else:
-            listed = list(self.entries(runtime, purpose, module_id, on_skip=on_skip))
+            listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
             wanted = [info.key for info in listed]
-            sizes = {info.key: info.stored_size for info in listed}
         blobs = good_blobs(
             self.backend,
             wanted,
@@ -150,7 +148,6 @@ class Inventory:
             self._failed,
             on_skip=on_skip,
             on_progress=on_progress,
-            sizes=sizes,
         )
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation

@@ -62,7 +62,8 @@ def _one_secret(secret: object) -> bytes:
         # command's --secret-file reads it; taken as one key, nothing either signed verified.
         raise InvalidSecretError(
             "a secret key may not hold a line break: a secret file holds one key a line; "
-            "pass its lines as a list of keys, [new, old]"
+            "pass its lines as a list of keys, [new, old] (on the command line: "
+            "--secret-file, or NEW,OLD)"
         )
     if len(key) < SHORT_SECRET:
         _warn_short(key)
@@ -73,7 +74,9 @@ def _stripped(key: bytes) -> bytes:
     # As text is stripped (Unicode whitespace too: a no-break space, \x1c-\x1f), bytes that
     # are no UTF-8 kept as they are (as the command line gets them: surrogateescape), so
     # bytes given here give the key that their text gives the command line.
-    return key.decode("utf-8", "surrogateescape").strip().encode("utf-8", "surrogateescape")
+    # A byte-order mark first is no part of it either, as secret files are read (utf-8-sig).
+    text = key.decode("utf-8", "surrogateescape").strip().lstrip("\ufeff").strip()
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _warn_short(key: bytes) -> None:

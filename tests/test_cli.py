@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -292,6 +293,12 @@ def test_show_raw_writes_the_checked_value(run: Run, cache: rc.Cache, tmp_path: 
     assert code == 0
     assert target.read_bytes() == b"\x00RAWVALUE\xff"
     assert "RAWVALUE" not in out
+    # Over a file of the user's own, its mode stays, as with `>` (the re-attack review of
+    # session 41: a 0600 file was made 0644, a 0755 one lost its x).
+    for mode in (0o600, 0o755):
+        target.chmod(mode)
+        assert run("show", str(k), "--raw", str(target))[0] == 0
+        assert stat.S_IMODE(target.stat().st_mode) == mode
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it gives a link to another user")

@@ -191,3 +191,59 @@ def test_a_lock_link_that_cannot_be_removed_builds_without_a_lease(
     assert cache.get_or_build(_key(1), lambda: b"built") == b"built"  # no lease, no error
     _untouched(victim)
     assert cache.stats().leases_won == 0 and cache.get(_key(1)) == b"built"
+
+
+def test_a_live_lock_given_a_second_name_is_not_taken_twice(tmp_path: Path) -> None:
+    """The re-attack review of session 41: a hard-link backup of a shared folder (``cp
+    -al``) while a lease was held gave its lock file a second name; the next taker took it
+    for junk, removed it and locked a fresh file beside the live holder (two holders).
+    A lock that is held is left: the taker goes without a lease. The same for the locks
+    folder's own lock and the eviction lock."""
+    from runtime_cache.backends.eviction import LockStats, eviction_turn
+    from runtime_cache.errors import BackendError
+
+    root = tmp_path / "cache"
+    first, second = DirectoryBackend(root, shared=True), DirectoryBackend(root, shared=True)
+    holder = first.lease(str(_key(1)), 30.0)
+    assert holder is not None and holder.acquire()
+    lock = root / LOCKS / DirLease(-1, str(_key(1)), 30.0).name
+    os.link(lock, tmp_path / "backup.lock")
+    taker = second.lease(str(_key(1)), 30.0)
+    assert taker is not None
+    with pytest.raises(BackendError, match="not a lock file"):
+        taker.acquire()
+    assert holder.held and lock.stat().st_ino == (tmp_path / "backup.lock").stat().st_ino
+    holder.release()
+    # The eviction lock, held by an evictor, and given a second name.
+    evict = root / ".evict.lock"
+    with eviction_turn(first.root_fd, ".evict.lock") as beat:
+        assert beat is not None
+        os.link(evict, tmp_path / "backup.evict")
+        stats = LockStats()
+        with eviction_turn(second.root_fd, ".evict.lock", stats=stats) as other:
+            assert other is None  # not taken beside the live evictor
+        assert (
+            stats.broken == 0 and evict.stat().st_ino == (tmp_path / "backup.evict").stat().st_ino
+        )
+
+
+def test_a_planted_link_left_as_its_files_only_name_is_not_chmod_ed(
+    tmp_path: Path, victim: Path
+) -> None:
+    """The re-attack review of session 41: after the victim replaced its file by a rename
+    (an editor, a token refresher), the link planted at ``.hits`` was the old file's only
+    name: one link, the victim's uid, so it was taken as the cache's own and given the
+    group's mode, and the member read the old secret. A file is chmod-ed only when made
+    now, or when it has the shared folder's group."""
+    root = tmp_path / "cache"
+    cache = _cache(root, hits_batch=1)
+    os.chown(root, -1, 12345)  # the shared group's (files made in it take it)
+    _plant(victim, root / ".hits")
+    victim.unlink()  # its owner's rename: the planted name is all that is left of it
+    for i in range(3):
+        assert cache.put(_key(i), b"x" * 100)
+        assert cache.get(_key(i)) == b"x" * 100
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    backend.flush_hits()
+    assert stat.S_IMODE((root / ".hits").stat().st_mode) == 0o600

@@ -182,3 +182,36 @@ def test_export_reads_large_listed_entries_one_at_a_time(tmp_path: Path) -> None
     assert peak_kib < 400_000, done.stderr
     loaded = rc.Cache(rc.open_backend("memory://"))
     assert loaded.loads((tmp_path / "out.rcb").read_bytes()) == 4
+
+
+_DUMP_KEYS = (
+    "import sys\n"
+    "import runtime_cache as rc\n"
+    "from runtime_cache.backends.directory import DirectoryBackend\n"
+    "cache = rc.Cache(DirectoryBackend(sys.argv[1]))\n"
+    "data = cache.dumps(keys=sys.argv[2:])\n"
+    "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+    "print(len(data), peak[0])\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+def test_dumps_of_given_keys_reads_a_folder_a_key_at_a_time(tmp_path: Path) -> None:
+    """The re-attack review of session 41: with keys given (no listing, so no sizes), a
+    dump still read its batch of keys together: 520 MiB for five planted entries."""
+    target = DirectoryBackend(tmp_path / "target")
+    keys = [_key(i) for i in range(7)]
+    for k in keys[:5]:
+        _plant_listed(target, k, 100 * MIB)
+    for k in keys[5:]:
+        rc.Cache(target).put(k, b"good " + str(k).encode())
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _DUMP_KEYS, str(target.root), *map(str, keys)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    size, peak_kib = map(int, done.stdout.split())
+    assert peak_kib < 300_000, (peak_kib, done.stderr[-2000:])  # together, 500 MiB and more
+    assert 0 < size < MIB  # the two good entries alone

@@ -342,3 +342,8 @@ def test_a_byte_order_mark_is_no_part_of_a_secret_files_key(tmp_path: Any) -> No
         "fleet-key-0123456789",
         "old-fleet-key-0123456789",
     ]
+    # And an app that reads the file itself signs with the same key (the re-attack review).
+    from runtime_cache.signing import normalize_secret
+
+    first = secret_file.read_text(encoding="utf-8").splitlines()[0]
+    assert normalize_secret(first) == normalize_secret(first.encode()) == (b"fleet-key-0123456789",)

@@ -217,3 +217,34 @@ def test_import_through_a_full_folder_tier_is_reported_and_reads_get_the_bundle(
         cache = rc.Cache(rc.open_backend(url), secret=SECRET)
         assert [cache.get(k) for k in keys] == [b"BUNDLE " + str(k).encode() for k in keys]
         cache.close()
+
+
+def test_keep_existing_over_redis_reads_a_batch_and_survives_a_foreign_key(
+    tmp_path: Path, redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """The re-attack review of session 41: judging existing entries a key at a time cost a
+    Redis round trip or two per key (3,000 entries: 3,000-6,000 round trips), and one key
+    of another type (a hash: WRONGTYPE) there made the whole tier count as holding nothing,
+    so every good entry was replaced. Redis is read in one batch again."""
+    import redis
+
+    url = f"{redis_server.url}?prefix={unique_prefix}"
+    keys = [rc.make_key(module_id=f"m{i}", runtime="r", purpose="p") for i in range(4)]
+    source = rc.Cache(rc.open_backend("memory://"), secret=SECRET)
+    for i, k in enumerate(keys):
+        source.put(k, b"bundle %d" % i)
+    target = rc.Cache(rc.open_backend(url), secret=SECRET)
+    for i, k in enumerate(keys[:3]):
+        target.put(k, b"existing %d" % i)
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset(f"{unique_prefix}{keys[3]}", "a", "b")  # another program's key
+    calls: list[str] = []
+    backend = target.backend
+    peek_many = backend.peek_many
+    monkey = lambda wanted: calls.append("peek_many") or peek_many(wanted)  # noqa: E731
+    backend.peek_many = monkey  # type: ignore[method-assign]
+    assert target.loads(source.dumps(), overwrite=False) == 1  # three kept, the hash's goes
+    assert calls == ["peek_many"]
+    assert [target.get(k) for k in keys[:3]] == [b"existing %d" % i for i in range(3)]
+    assert target.get(keys[3]) == b"bundle 3"
+    target.close()

@@ -202,6 +202,7 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
     held = _hold(fd)
     try:
+        _keep_mode(folder, name, fd)
         with os.fdopen(fd, "wb") as handle:
             write_all(handle, data)
         os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -212,6 +213,18 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     finally:
         if held is not None:
             os.close(held)
+
+
+def _keep_mode(folder: int, name: str, fd: int) -> None:
+    """Give the file open as ``fd`` the mode of this user's regular file at ``name``, as a
+    shell's ``>`` into it keeps it (a 0600 file made 0644, a script's ``x`` dropped: the
+    re-attack review of session 41)."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    except OSError:
+        pass  # none there (or gone): a new file's mode
 
 
 def _hold(fd: int) -> int | None:
