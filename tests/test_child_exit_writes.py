@@ -88,3 +88,39 @@ def test_a_childs_writes_reach_the_redis_tier(
     in_dir = list(DirectoryBackend(folder).keys())
     assert len(in_dir) == CHILDREN + 1
     assert sorted(in_redis) == sorted(in_dir), done.stderr[-3000:]
+
+
+class _Quiet:
+    """A backend the writers never reach in these tests (nothing is queued)."""
+
+    def set(self, key: str, value: bytes) -> None:
+        raise AssertionError("no write")
+
+
+def test_the_fork_hooks_let_go_of_exactly_the_writers_they_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The review of session 41: the hook after a fork let go of every live writer, one
+    made while the hook before it waited too, which it had never held: that raised, and
+    the writers after it stayed held for good (their threads never wrote again). And the
+    wait was 5 s a writer, for every batch; it is 5 s a fork, for first batches alone."""
+    import time
+
+    from runtime_cache.backends import write_behind as wb
+
+    monkeypatch.setattr(wb, "FORK_WAIT", 0.3)
+    stuck = [wb.WriteBehind(_Quiet()) for _ in range(3)]  # type: ignore[arg-type]
+    for writer in stuck:
+        writer._inflight = {"k": b"v"}  # a first batch that never comes back
+    later = wb.WriteBehind(_Quiet())  # type: ignore[arg-type]
+    later._inflight, later._sent_one = {"k": b"v"}, True  # a later batch: not waited for
+    started = time.monotonic()
+    wb._hold_all_for_fork()
+    waited = time.monotonic() - started
+    made_meanwhile = wb.WriteBehind(_Quiet())  # type: ignore[arg-type]
+    wb._release_all_after_fork()
+    assert 0.25 < waited < 0.6, waited  # one deadline for the fork, not one a writer
+    for writer in [*stuck, later, made_meanwhile]:
+        assert writer._cond.acquire(blocking=False), "left held after the fork"
+        writer._cond.release()
+        assert not writer._forking

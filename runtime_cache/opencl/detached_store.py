@@ -352,6 +352,10 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
         write_record(os.path.join(folder, f"{child.pid}.running"), record)
     except OSError as exc:
         log.debug("runtime-cache: no record for the detached store (%s)", exc)
-    _started.append(child)  # not waited for: kept so that no warning says it still runs
+    # Not waited for: kept so that no warning says it still runs. Those that ended are
+    # reaped here (a service that hands off once builds are quiet, a burst at a time,
+    # kept one zombie a burst).
+    _started[:] = [started for started in _started if started.poll() is None]
+    _started.append(child)
     log.debug("runtime-cache: %d programs handed to detached store %d", len(jobs), child.pid)
     return True

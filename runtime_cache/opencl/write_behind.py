@@ -8,12 +8,12 @@ source to :data:`write_behind` and returns; the binaries are read (with the
 GIL released, :mod:`.readback`) and stored later:
 
 * ``deferred`` (the default): at :func:`~runtime_cache.opencl.flush`, in the
-  thread that calls it, or at exit; or, once the caller's builds have been quiet
-  for ``RUNTIME_CACHE_OPENCL_IDLE_SECONDS`` (default 10), handed to a detached store
-  where that is how the exit would store them (below), so that a process stopped by
-  ``SIGTERM`` has them stored too. Never read back while the caller's own OpenCL calls
-  run: on PoCL 3.1, a read on another thread while the caller launches
-  kernels aborts the process (``pocl_release_dlhandle_cache: Assertion
+  thread that calls it, or at exit; or, where ``RUNTIME_CACHE_OPENCL_IDLE_SECONDS`` is
+  set (off by default: :mod:`.store_timing`), once the caller's builds have been quiet
+  that long, handed to a detached store where that is how the exit would store them
+  (below), so that a service stopped by ``SIGTERM`` has them stored too. Never read
+  back while the caller's own OpenCL calls run: on PoCL 3.1, a read on another thread
+  while the caller launches kernels aborts the process (``pocl_release_dlhandle_cache: Assertion
   `found->ref_count > 0' failed``), whatever the specification says about
   ``clGetProgramInfo``; and its compiler lock would make the caller wait anyway.
 * ``background``: also by one background thread, once the caller's builds have
@@ -42,6 +42,7 @@ For both:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -363,10 +364,30 @@ class WriteBehind:
 
 
 def _by_cache(jobs: list[_Job]) -> list[list[_Job]]:
-    groups: dict[int, list[_Job]] = {}
+    # By the store a detached process would open (its spec, secret and producer), not by
+    # ``Cache`` object: a Pool worker that made a Cache a task started one detached store
+    # a task at its end (200 at once for 200 tasks: the review of session 41).
+    groups: dict[object, list[_Job]] = {}
+    stores: dict[int, object] = {}
     for job in jobs:
-        groups.setdefault(id(job.cache), []).append(job)
+        cache = job.cache
+        if id(cache) not in stores:
+            stores[id(cache)] = _store_of(cache)
+        groups.setdefault(stores[id(cache)], []).append(job)
     return list(groups.values())
+
+
+def _store_of(cache: Cache) -> object:
+    from .reopen import reopen_spec
+
+    try:
+        spec = reopen_spec(cache)
+    except Exception:  # (its own hand-off says why)
+        spec = None
+    if spec is None:
+        return ("cache", id(cache))
+    text = json.dumps(spec, sort_keys=True, default=repr)
+    return ("store", text, cache.secret_keys(), cache.producer)
 
 
 #: The queue :func:`install` uses.
