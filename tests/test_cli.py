@@ -299,6 +299,9 @@ def test_show_raw_writes_the_checked_value(run: Run, cache: rc.Cache, tmp_path: 
         target.chmod(mode)
         assert run("show", str(k), "--raw", str(target))[0] == 0
         assert stat.S_IMODE(target.stat().st_mode) == mode
+    target.chmod(0o6755)  # (never set-user-ID: new bytes from a cache)
+    assert run("show", str(k), "--raw", str(target))[0] == 0
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it gives a link to another user")

@@ -222,7 +222,8 @@ def _keep_mode(folder: int, name: str, fd: int) -> None:
     try:
         st = os.stat(name, dir_fd=folder, follow_symlinks=False)
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            # Not set-user or set-group-ID: new bytes from a cache never run as another.
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
     except OSError:
         pass  # none there (or gone): a new file's mode
 
