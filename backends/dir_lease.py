@@ -210,7 +210,8 @@ class DirLease(Lease):
                 # at the lock's name: junk, removed as a stale lock is, and a fresh one made;
                 # not one a holder holds (a live lock given a second name): left.
                 try:
-                    removed = not held(fd) and unlink_if_same(folder, self.name, fd, self._modes)
+                    live = held(fd, self.ttl)
+                    removed = not live and unlink_if_same(folder, self.name, fd, self._modes)
                 finally:
                     os.close(fd)
                 if not removed:

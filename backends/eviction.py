@@ -92,13 +92,13 @@ def _break(root_fd: int, name: str, stats: LockStats, stale_after: float) -> Non
     fresh = in_place(st) and time.time() - st.st_mtime < stale_after
     if fresh and os.access(name, os.R_OK | os.W_OK, dir_fd=root_fd, follow_symlinks=False):
         return  # a live lock that we could take later
-    if stat.S_ISREG(st.st_mode) and not in_place(st) and _held(root_fd, name):
+    if stat.S_ISREG(st.st_mode) and not in_place(st) and _held(root_fd, name, stale_after):
         return  # a live evictor's lock given a second name: not broken under it
     if set_aside(root_fd, name, ".junk-"):
         stats.broken += 1
 
 
-def _held(root_fd: int, name: str) -> bool:
+def _held(root_fd: int, name: str, stale_after: float) -> bool:
     try:  # (read-only: a hard link's other file is never written)
         fd = os.open(
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root_fd
@@ -106,7 +106,7 @@ def _held(root_fd: int, name: str) -> bool:
     except OSError:
         return False
     try:
-        return held(fd)
+        return held(fd, stale_after)
     finally:
         os.close(fd)
 

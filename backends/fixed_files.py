@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import stat
+import time
 
 try:
     import fcntl
@@ -112,20 +114,24 @@ def open_in_place(dir_fd: int, name: str, flags: int, mode: int, chmod: int | No
     raise NotInPlace(errno.EINVAL, "not a regular file", name)
 
 
-def held(fd: int) -> bool:
-    """Whether another open file holds an ``flock`` on the file open as ``fd``: a lock
-    file given a second name (a hard-link backup, ``cp -al``; a member's ``ln``) while
-    its holder holds it. Such a file is no junk to remove: a second holder would take the
-    name's fresh file beside the first (the re-attack review of session 41). The look
-    takes the lock and lets go of it at once; no answer (a FIFO, no locks) is "not held"."""
+def held(fd: int, stale_after: float = math.inf) -> bool:
+    """Whether a live holder holds an ``flock`` on the file open as ``fd``: a lock file
+    given a second name (a hard-link backup, ``cp -al``; a member's ``ln``) while its
+    holder holds it. Such a file is no junk to remove: a second holder would take the
+    name's fresh file beside the first (the re-attack review of session 41). One held but
+    not touched for ``stale_after`` seconds is a stale holder's: not held, as a lock of
+    one name is broken then. One nobody holds is locked through ``fd`` until it is closed,
+    so that nobody takes it between this look and its removal; no answer (a FIFO, no
+    locks) is "not held"."""
     if fcntl is None:  # pragma: no cover - not on POSIX
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        try:
+            return time.time() - os.fstat(fd).st_mtime <= stale_after
+        except OSError:
+            return True
     except OSError:
         return False
-    with contextlib.suppress(OSError):
-        fcntl.flock(fd, fcntl.LOCK_UN)
     return False

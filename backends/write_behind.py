@@ -76,6 +76,7 @@ def _reset_all_in_child() -> None:
     # A fork copies the locks as they were: one the writer thread held (sending a batch)
     # would stay held in the child, which has no such thread, and its first delete would
     # wait for good. Every writer starts over with fresh locks and nothing queued.
+    _held.clear()  # (the parent lets go of its own)
     for writer in list(_live):
         writer._start_over()
 
@@ -254,6 +255,7 @@ class WriteBehind:
             batch = self._take()
             if batch is None:
                 return
+            sent = False  # (a first batch that failed imported nothing: forks wait on)
             try:
                 with self.apply_lock:
                     if len(batch) == 1:
@@ -263,6 +265,7 @@ class WriteBehind:
                         self.backend.set_many(batch)
                 self.written += len(batch)
                 self.refusals.landed(batch)
+                sent = True
             except Exception as exc:  # counted and reported; the writer keeps going
                 # A value refused for its size stops no other one of the batch.
                 refused = set(exc.refused) if isinstance(exc, EntryTooLargeError) else set()
@@ -276,7 +279,7 @@ class WriteBehind:
             finally:
                 with self._cond:
                     self._inflight = {}
-                    self._sent_one = True
+                    self._sent_one = self._sent_one or sent
                     self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -22,6 +22,7 @@ from .listing import OnProgress, OnSkip
 __all__ = [
     "CODE_PURPOSES",
     "DUMP_BATCH",
+    "DUMP_BATCH_BYTES",
     "LoadResult",
     "Screened",
     "good_blobs",
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: Entries per backend round trip in ``Cache.dumps`` (and per progress step).
 DUMP_BATCH = 256
+#: Listed bytes one batch read of an export holds at most (a larger entry is read alone), on
+#: a store read in batches: a tiered stack's folder tier reads its files whole, together.
+DUMP_BATCH_BYTES = 64 << 20
 #: The front's failure policy: ``failed(op, exc)`` counts and logs (or raises, strict).
 Failed = Callable[[str, Exception], None]
 
@@ -144,21 +148,25 @@ def good_blobs(
     *,
     on_skip: OnSkip | None = None,
     on_progress: OnProgress | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> list[bytes]:
     """The stored blobs of ``wanted`` keys that pass ``check(skey, blob)``, in order;
     where ``check`` returns bytes, those instead (a blob it signed).
 
-    Read as a look (exporting is not a use), :data:`DUMP_BATCH` keys a round trip, after
-    each of which ``on_progress(done, total)`` is told; an entry left out as corrupt is
-    told to ``on_skip(key, reason)``. On a store that reads files (``dir://``:
-    :func:`~.api.reads_ranges`), a key at a time: a batch read holds the batch's values
-    together, and sparse files planted in a shared folder, each claiming a large value,
-    took 640 MB for six of them before their checksums failed.
+    Read as a look (exporting is not a use), after each batch of which ``on_progress(done,
+    total)`` is told; an entry left out as corrupt is told to ``on_skip(key, reason)``.
+    On a store that reads files (``dir://``: :func:`~.api.reads_ranges`), a key at a
+    time: a batch read holds the batch's values together, and sparse files planted in a
+    shared folder, each claiming a large value, took 640 MB for six of them before their
+    checksums failed. Elsewhere :data:`DUMP_BATCH` keys a round trip, and no more than
+    :data:`DUMP_BATCH_BYTES` of them by ``sizes`` (the listed sizes: keys from a
+    listing), whose keys a batch read left out (a store's cap on a read) are read alone.
     """
     found: list[bytes] = []
-    for start in range(0, len(wanted), DUMP_BATCH):
-        batch = wanted[start : start + DUMP_BATCH]
-        for skey, blob in _stored(backend, batch, failed):
+    done = 0
+    for batch in _batches(wanted, sizes):
+        done += len(batch)
+        for skey, blob in _stored(backend, batch, failed, listed=sizes is not None):
             try:
                 checked = check(skey, blob)
             except CorruptEntryError as exc:
@@ -168,11 +176,26 @@ def good_blobs(
                 continue
             found.append(checked if isinstance(checked, bytes) else blob)
         if on_progress is not None:
-            on_progress(start + len(batch), len(wanted))
+            on_progress(done, len(wanted))
     return found
 
 
-def _stored(backend: Backend, batch: Sequence[str], failed: Failed) -> Iterator[tuple[str, bytes]]:
+def _batches(wanted: Sequence[str], sizes: Mapping[str, int] | None) -> Iterator[Sequence[str]]:
+    # Runs of DUMP_BATCH keys at most, and of DUMP_BATCH_BYTES listed bytes (one key more).
+    start = held = 0
+    for end, skey in enumerate(wanted):
+        size = sizes.get(skey, 0) if sizes else 0
+        if end > start and (end - start >= DUMP_BATCH or held + size > DUMP_BATCH_BYTES):
+            yield wanted[start:end]
+            start, held = end, 0
+        held += size
+    if start < len(wanted):
+        yield wanted[start:]
+
+
+def _stored(
+    backend: Backend, batch: Sequence[str], failed: Failed, *, listed: bool
+) -> Iterator[tuple[str, bytes]]:
     # ``batch``'s stored blobs, in order: a key at a time where reads cost no round trip.
     if reads_ranges(backend):
         for skey in batch:
@@ -189,7 +212,15 @@ def _stored(backend: Backend, batch: Sequence[str], failed: Failed) -> Iterator[
     except Exception as exc:
         failed("get_many", exc)
         return
-    yield from ((skey, stored[skey]) for skey in batch if skey in stored)
+    for skey in batch:
+        blob = stored.get(skey)
+        if blob is None and listed:  # listed, and left out of the batch (Redis: its cap)
+            try:
+                blob = backend.peek(skey)
+            except Exception as exc:
+                failed("get", exc)
+        if blob is not None:
+            yield skey, blob
 
 
 #: Purposes whose values a consumer runs as native code with no check of its own (the

@@ -136,11 +136,13 @@ class Inventory:
         if sign_unsigned:
             check = _signing_check(self.decode, self._secret, self.backend, self.limits)
         generation = self._generation
+        sizes: dict[str, int] | None = None
         if keys is not None:
             wanted = [str(k) for k in keys]
         else:
             listed = self.entries(runtime, purpose, module_id, on_skip=on_skip)
-            wanted = [info.key for info in listed]
+            sizes = {info.key: info.stored_size for info in listed}  # (the keys alone kept)
+            wanted = list(sizes)
         blobs = good_blobs(
             self.backend,
             wanted,
@@ -148,6 +150,7 @@ class Inventory:
             self._failed,
             on_skip=on_skip,
             on_progress=on_progress,
+            sizes=sizes,
         )
         if keys is None and runtime is None and purpose is None and module_id is None:
             self._saved_generation = generation

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,40 @@ def test_a_planted_link_left_as_its_files_only_name_is_not_chmod_ed(
     assert isinstance(backend, DirectoryBackend)
     backend.flush_hits()
     assert stat.S_IMODE((root / ".hits").stat().st_mode) == 0o600
+
+
+def test_a_held_lock_with_a_second_name_untouched_past_its_time_is_broken(
+    tmp_path: Path,
+) -> None:
+    """The last review of session 41: a lock with a second name was left whenever held, so
+    a member who linked a file of its own there and held it, untouched, denied the lease
+    (and the eviction turn) for good. Held but stale, it is broken, as a lock of one name
+    is."""
+    import fcntl
+
+    from runtime_cache.backends.eviction import LockStats, eviction_turn
+
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root, shared=True)
+    lock = root / LOCKS / DirLease(-1, str(_key(1)), 30.0).name
+    evict = root / ".evict.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holds = []
+    for path in (lock, evict):
+        path.write_bytes(b"")
+        os.link(path, tmp_path / f"{path.name}.second")
+        fd = os.open(path, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held by a holder that never touches it
+        holds.append(fd)
+        old = time.time() - 3600
+        os.utime(path, (old, old))
+    try:
+        taker = backend.lease(str(_key(1)), 30.0)
+        assert taker is not None and taker.acquire()  # broken: stale, though held
+        taker.release()
+        stats = LockStats()
+        with eviction_turn(backend.root_fd, ".evict.lock", stats=stats) as turn:
+            assert turn is not None and stats.broken == 1
+    finally:
+        for fd in holds:
+            os.close(fd)

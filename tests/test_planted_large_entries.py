@@ -215,3 +215,34 @@ def test_dumps_of_given_keys_reads_a_folder_a_key_at_a_time(tmp_path: Path) -> N
     size, peak_kib = map(int, done.stdout.split())
     assert peak_kib < 300_000, (peak_kib, done.stderr[-2000:])  # together, 500 MiB and more
     assert 0 < size < MIB  # the two good entries alone
+
+
+_DUMP_TIERED = (
+    "import sys\n"
+    "import runtime_cache as rc\n"
+    "cache = rc.Cache(rc.open_backend('memory://,dir://' + sys.argv[1]))\n"
+    "data = cache.dumps()\n"
+    "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+    "print(len(data), peak[0])\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+def test_dumps_of_a_tiered_stack_reads_its_folder_tier_bounded(tmp_path: Path) -> None:
+    """The last review of session 41: a tiered stack is read in batches (a round trip a
+    batch to its remote tiers), and its folder tier read a batch's files whole together:
+    the batch is cut at 64 MiB of listed bytes (a larger entry alone)."""
+    target = DirectoryBackend(tmp_path / "target")
+    for i in range(5):
+        _plant_listed(target, _key(i), 100 * MIB)
+    rc.Cache(target).put(_key(9), b"good")
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _DUMP_TIERED, str(target.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    size, peak_kib = map(int, done.stdout.split())
+    assert peak_kib < 400_000, (peak_kib, done.stderr[-2000:])  # together, 500 MiB and more
+    assert 0 < size < MIB

@@ -53,9 +53,8 @@ def _seconds(name: str, default: float) -> float:
     if not math.isfinite(value) or value < 0:
         if (name, text) not in _warned:
             _warned.add((name, text))
-            log.warning(
-                "runtime-cache: %s=%r is no number of seconds; using %s", name, text, default
-            )
+            taken = "taken as off" if default == 0 else f"using {default}"
+            log.warning("runtime-cache: %s=%r is no number of seconds; %s", name, text, taken)
         return default
     return min(value, threading.TIMEOUT_MAX)
 
