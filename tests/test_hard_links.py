@@ -60,6 +60,18 @@ def _plant(victim: Path, at: Path) -> None:
     os.link(victim, at)
 
 
+def _use(cache: rc.Cache, count: int, size: int) -> DirectoryBackend:
+    """Put and get ``count`` entries of ``size`` bytes, then write the hits down; the
+    cache's folder backend."""
+    for i in range(count):
+        assert cache.put(_key(i), b"x" * size)
+        assert cache.get(_key(i)) == b"x" * size
+    backend = cache.backend
+    assert isinstance(backend, DirectoryBackend)
+    backend.flush_hits()
+    return backend
+
+
 def _untouched(victim: Path) -> None:
     st = victim.stat()
     assert stat.S_IMODE(st.st_mode) == 0o600
@@ -158,13 +170,7 @@ def test_a_file_of_one_link_is_used_where_it_is_and_given_the_groups_mode(
     (root / name).write_bytes(b"")
     (root / name).chmod(0o600)
     inode = (root / name).stat().st_ino
-    for i in range(30):
-        assert cache.put(_key(i), b"x" * 3000)
-        assert cache.get(_key(i)) == b"x" * 3000
-    backend = cache.backend
-    assert isinstance(backend, DirectoryBackend)
-    backend.flush_hits()
-    assert backend.vacuum() >= 0
+    assert _use(cache, 30, 3000).vacuum() >= 0
     assert (root / name).stat().st_ino == inode  # not replaced
     assert stat.S_IMODE((root / name).stat().st_mode) == Modes.for_cache(True).file_chmod
     assert (root / name).stat().st_size > 0 or name != ".hits"  # the hits counted in it
@@ -241,12 +247,7 @@ def test_a_planted_link_left_as_its_files_only_name_is_not_chmod_ed(
     os.chown(root, -1, 12345)  # the shared group's (files made in it take it)
     _plant(victim, root / ".hits")
     victim.unlink()  # its owner's rename: the planted name is all that is left of it
-    for i in range(3):
-        assert cache.put(_key(i), b"x" * 100)
-        assert cache.get(_key(i)) == b"x" * 100
-    backend = cache.backend
-    assert isinstance(backend, DirectoryBackend)
-    backend.flush_hits()
+    _use(cache, 3, 100)
     assert stat.S_IMODE((root / ".hits").stat().st_mode) == 0o600
 
 

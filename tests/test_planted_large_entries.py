@@ -10,6 +10,7 @@ read what it held of the batch the same way, to tell which values had landed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -184,15 +185,26 @@ def test_export_reads_large_listed_entries_one_at_a_time(tmp_path: Path) -> None
     assert loaded.loads((tmp_path / "out.rcb").read_bytes()) == 4
 
 
-_DUMP_KEYS = (
-    "import sys\n"
-    "import runtime_cache as rc\n"
-    "from runtime_cache.backends.directory import DirectoryBackend\n"
-    "cache = rc.Cache(DirectoryBackend(sys.argv[1]))\n"
-    "data = cache.dumps(keys=sys.argv[2:])\n"
-    "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
-    "print(len(data), peak[0])\n"
-)
+def _dumped(url: str, keys: list[str] | None = None) -> tuple[int, int]:
+    """``Cache(open_backend(url)).dumps(keys=...)`` in a child: the bundle's size, and the
+    peak of the child's memory in KiB."""
+    script = (
+        "import json, sys\n"
+        "import runtime_cache as rc\n"
+        "cache = rc.Cache(rc.open_backend(sys.argv[1]))\n"
+        "data = cache.dumps(keys=json.loads(sys.argv[2]))\n"
+        "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+        "print(len(data), peak[0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script, url, json.dumps(keys)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    size, peak_kib = map(int, done.stdout.split())
+    return size, peak_kib
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
@@ -205,26 +217,9 @@ def test_dumps_of_given_keys_reads_a_folder_a_key_at_a_time(tmp_path: Path) -> N
         _plant_listed(target, k, 100 * MIB)
     for k in keys[5:]:
         rc.Cache(target).put(k, b"good " + str(k).encode())
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _DUMP_KEYS, str(target.root), *map(str, keys)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    size, peak_kib = map(int, done.stdout.split())
-    assert peak_kib < 300_000, (peak_kib, done.stderr[-2000:])  # together, 500 MiB and more
+    size, peak_kib = _dumped(f"dir://{target.root}", [str(k) for k in keys])
+    assert peak_kib < 300_000, peak_kib  # together, 500 MiB and more
     assert 0 < size < MIB  # the two good entries alone
-
-
-_DUMP_TIERED = (
-    "import sys\n"
-    "import runtime_cache as rc\n"
-    "cache = rc.Cache(rc.open_backend('memory://,dir://' + sys.argv[1]))\n"
-    "data = cache.dumps()\n"
-    "peak = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
-    "print(len(data), peak[0])\n"
-)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
@@ -236,13 +231,6 @@ def test_dumps_of_a_tiered_stack_reads_its_folder_tier_bounded(tmp_path: Path) -
     for i in range(5):
         _plant_listed(target, _key(i), 100 * MIB)
     rc.Cache(target).put(_key(9), b"good")
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _DUMP_TIERED, str(target.root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    size, peak_kib = map(int, done.stdout.split())
-    assert peak_kib < 400_000, (peak_kib, done.stderr[-2000:])  # together, 500 MiB and more
+    size, peak_kib = _dumped(f"memory://,dir://{target.root}")
+    assert peak_kib < 400_000, peak_kib  # together, 500 MiB and more
     assert 0 < size < MIB

@@ -48,7 +48,10 @@ def is_stdout(path: str) -> bool:
     if path == "-":
         return True
     try:
-        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+        # Started with it closed (``>&-``), descriptor 1 is the /dev/null the command holds
+        # there: /dev/stdout is it, and so no file to write a bundle to (it went nowhere).
+        out = 1 if sys.stdout is None else sys.stdout.fileno()
+        return os.path.samestat(os.stat(path), os.fstat(out))
     except (OSError, ValueError, AttributeError):
         return False
 
