@@ -80,7 +80,7 @@ def open_fixed(
         os.close(fd)
         raise
     ours = made or in_place(st)
-    if chmod is not None and stat.S_IMODE(st.st_mode) != chmod and (made or ours):
+    if chmod is not None and ours and stat.S_IMODE(st.st_mode) != chmod:
         # Made now, or one of ours of the folder's group. (A link planted to a private
         # file whose other name then went, an editor's rename, has one name and this
         # user's uid, but the file's own group, not the shared folder's: the re-attack

@@ -66,10 +66,7 @@ def _release_all_after_fork() -> None:
     held = list(_held)
     _held.clear()
     for writer in held:
-        try:
-            writer._release_after_fork()
-        except RuntimeError:  # pragma: no cover - held above, so never
-            log.debug("runtime-cache: a writer was not held through the fork")
+        writer._release_after_fork()
 
 
 def _reset_all_in_child() -> None:

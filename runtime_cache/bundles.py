@@ -250,7 +250,8 @@ def merge_bundle(
     unsigned entries of :data:`CODE_PURPOSES` in none: they are counted as
     ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing. With
     ``overwrite`` False, the entries already stored at the bundle's keys are judged by
-    :func:`~runtime_cache.existing_entries.good_existing`: one at a time, never a batch.
+    :func:`~runtime_cache.existing_entries.good_existing`, tier by tier (a ``dir://``
+    one a key at a time, by their heads first).
     """
     blobs = decode_bundle(data, secret=secret, limits=limits)
     screened = screen_bundle(blobs, secret, limits)
@@ -261,8 +262,6 @@ def merge_bundle(
         # good one over a planted or missing one in the shared tier below.
         tiers = getattr(backend, "tiers", None)
         kept: set[str] | None = None
-        # Each judged by its head, and read whole alone where that passes: a batch of
-        # planted sparse files, each claiming a large value, is never held at once.
         for tier in tiers if isinstance(tiers, list) and tiers else [backend]:
             try:
                 good = good_existing(tier, accepted, secret, limits)  # a look, not a use

@@ -4,10 +4,10 @@
 its own framing says, so a FIFO or a device is a clear error, not a hang. A batch the
 store fails is written again one entry at a time: a full disk keeps what fits, and an
 entry that cannot be replaced (an immutable file) is one failure among the rest. With
-``--keep-existing``, the entries already stored at a batch's keys are judged by their
-heads, and read whole one at a time where those pass
-(:mod:`runtime_cache.existing_entries`): the import holds at most one of them besides the
-bundle.
+``--keep-existing``, the entries already stored at a batch's keys are judged as
+:mod:`runtime_cache.existing_entries` says: in a ``dir://`` folder by their heads, and
+read whole one at a time where those pass, so the import holds at most one of them
+besides the bundle; in Redis in one batch read, which it bounds (``max_batch_size``).
 """
 
 from __future__ import annotations
