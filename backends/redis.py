@@ -1,4 +1,5 @@
-"""``redis://``, ``rediss://`` and ``redis+cluster://``: the shared cache for a fleet.
+"""``redis://``, ``rediss://``, ``redis+cluster://`` and ``redis+unix://``: the shared cache
+for a fleet.
 
 One machine compiles a program and stores it; every other machine loads it.
 Values are plain Redis strings under ``<prefix><key>``; the entry format (and
@@ -9,6 +10,7 @@ URLs::
     redis://[[user]:password@]host[:port][/db][?options]
     rediss://...                       (TLS)
     redis+cluster://host:port[?options] (Redis Cluster; one seed node, the rest is discovered)
+    redis+unix://[[user]:password@]/path/to/redis.sock[?db=N&options] (a Unix socket)
 
 Options: ``prefix`` (default ``rc:``) or ``namespace`` (``namespace=team`` means
 prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
@@ -54,12 +56,14 @@ from .redis_clock import ServerClock
 from .redis_deadline import connection_classes
 from .redis_listing import Listing
 from .redis_scripts import DELETE_IF, DELETE_IF_UNCHANGED, CappedReads, refuse_over_cap
-from .redis_url import check_database, import_redis, url_options
+from .redis_url import check_database, import_redis, unix_address, url_options
 
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
-_SCHEMES = ("redis", "rediss", "redis+cluster")
+_SCHEMES = ("redis", "rediss", "redis+cluster", "redis+unix")
+#: Which of :func:`~.redis_deadline.connection_classes` a scheme connects with.
+_TRANSPORT = {"rediss": 1, "redis+unix": 2}
 #: The largest value read or written by default, and the most one reply of ``get_many``
 #: brings (more comes in further round trips).
 MAX_ENTRY_SIZE = 64 << 20
@@ -73,8 +77,9 @@ class RedisBackend(Backend):
     """Values in Redis (standalone or cluster), pooled, with timeouts and a circuit breaker.
 
     Args:
-        url: the server, e.g. ``"redis://cache.internal:6379/0"``; query options
-            are read by :meth:`from_url`, not here.
+        url: the server, e.g. ``"redis://cache.internal:6379/0"`` or
+            ``"redis+unix:///run/redis/redis.sock?db=0"``; query options (but a Unix
+            socket's ``db``) are read by :meth:`from_url`, not here.
         prefix: prepended to every key, so several apps can share a database; it ends
             with ``:`` (``InvalidURLError`` otherwise), so no other app's starts with it.
         ttl: seconds each stored value lives (``None``: until evicted).
@@ -118,10 +123,19 @@ class RedisBackend(Backend):
         parsed = BackendURL.parse(url)
         if parsed.scheme not in _SCHEMES:
             raise InvalidURLError(
-                f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://)"
+                f"not a Redis URL: {redact_url(url)} (redis://, rediss://, redis+cluster://, "
+                "redis+unix://)"
             )
         self.cluster = parsed.scheme == "redis+cluster"
-        check_database(url, parsed.path, self.cluster)
+        if parsed.scheme == "redis+unix":
+            self._server_url, self.name = unix_address(parsed)
+        else:
+            check_database(url, parsed.path, self.cluster)
+            netloc = parsed.netloc or "localhost:6379"
+            server_scheme = "redis" if self.cluster else parsed.scheme
+            self._server_url = f"{server_scheme}://{netloc}{parsed.path}"
+            host = netloc.rpartition("@")[2]  # never log a password
+            self.name = f"{parsed.scheme}://{host}{parsed.path}"
         if ttl is not None and ttl <= 0:
             ttl = None
         if min(connect_timeout, timeout, max_connections, max_entry_size) <= 0 or (
@@ -144,16 +158,11 @@ class RedisBackend(Backend):
         self.timeout = timeout
         self.max_connections = max_connections
         self._ssl_options = dict(ssl_options or {})
-        netloc = parsed.netloc or "localhost:6379"
-        server_scheme = "redis" if self.cluster else parsed.scheme
-        self._server_url = f"{server_scheme}://{netloc}{parsed.path}"
-        self._scheme = parsed.scheme
+        self._transport = _TRANSPORT.get(parsed.scheme, 0)
         # No reply is longer than a value at the cap plus a batch's budget (see .redis_deadline).
         max_reply = max_entry_size + _REPLY_BUDGET + (1 << 20)
         self._connection_classes = connection_classes(self._redis, max_reply)
-        host = netloc.rpartition("@")[2]  # never log a password
-        self._has_password = bool(netloc.rpartition("@")[0].partition(":")[2])
-        self.name = f"{parsed.scheme}://{host}{parsed.path}"
+        self._has_password = bool(parsed.netloc.rpartition("@")[0].partition(":")[2])
         self.breaker = CircuitBreaker(self.name, backoff=backoff, max_backoff=max_backoff)
         self.max_entry_size = max_entry_size
         self._reads = CappedReads(
@@ -190,7 +199,7 @@ class RedisBackend(Backend):
             "max_connections": self.max_connections,
             "retry": retry,
             # Each reply must keep coming (see .redis_deadline): a drip is a timeout.
-            "connection_class": self._connection_classes[self._scheme == "rediss"],
+            "connection_class": self._connection_classes[self._transport],
             **self._ssl_options,
         }
         if self.cluster:

@@ -252,9 +252,11 @@ class DeadlineSocket:
 
 
 @functools.cache
-def connection_classes(redis: Any, max_reply: int | None = None) -> tuple[type[Any], type[Any]]:
-    """redis-py's plain and TLS connection classes, each with its socket behind a
-    :class:`DeadlineSocket` whose replies may be ``max_reply`` bytes long (made once per
+def connection_classes(
+    redis: Any, max_reply: int | None = None
+) -> tuple[type[Any], type[Any], type[Any]]:
+    """redis-py's plain, TLS and Unix-socket connection classes, each with its socket behind
+    a :class:`DeadlineSocket` whose replies may be ``max_reply`` bytes long (made once per
     process and length)."""
 
     class _Deadline:
@@ -266,4 +268,7 @@ def connection_classes(redis: Any, max_reply: int | None = None) -> tuple[type[A
 
     plain = type("DeadlineConnection", (_Deadline, redis.connection.Connection), {})
     tls = type("DeadlineSSLConnection", (_Deadline, redis.connection.SSLConnection), {})
-    return plain, tls
+    unix = type(
+        "DeadlineUnixConnection", (_Deadline, redis.connection.UnixDomainSocketConnection), {}
+    )
+    return plain, tls, unix

@@ -16,7 +16,7 @@ from runtime_cache.errors import INSTALL_REDIS, InvalidURLError, MissingDependen
 from runtime_cache.units import parse_duration, parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
-__all__ = ["SSL_CERT_REQS", "check_database", "import_redis", "url_options"]
+__all__ = ["SSL_CERT_REQS", "check_database", "import_redis", "unix_address", "url_options"]
 
 #: The values redis-py takes for ``ssl_cert_reqs`` (a typo failed every call, not the open).
 SSL_CERT_REQS = ("none", "optional", "required")
@@ -56,6 +56,7 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     options["max_entry_size"] = parse_size(parsed.pop("max_entry_size", "64MiB") or "64MiB")
     batch = parsed.pop("max_batch_size")
     options["max_batch_size"] = parse_size(batch) if batch else None
+    database = parsed.pop("db") if parsed.scheme == "redis+unix" else None
     tls = {name: value for name in _TLS if (value := parsed.pop(name)) is not None}
     if tls and parsed.scheme != "rediss":  # (it said "unknown option")
         raise InvalidURLError(f"TLS options ({', '.join(tls)}) need rediss://, a TLS server's URL")
@@ -67,7 +68,8 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     parsed.reject_unknown()
     if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
         raise InvalidURLError("need 0 < backoff <= max_backoff")
-    return f"{parsed.scheme}://{parsed.netloc}{parsed.path}", options
+    query = f"?db={database}" if database else ""  # (checked by the backend: unix_address)
+    return f"{parsed.scheme}://{parsed.netloc}{parsed.path}{query}", options
 
 
 def check_database(url: str, path: str, cluster: bool) -> None:
@@ -81,6 +83,25 @@ def check_database(url: str, path: str, cluster: bool) -> None:
         )
     if cluster and database not in ("", "0"):
         raise InvalidURLError("a Redis Cluster has only database 0")
+
+
+def unix_address(parsed: BackendURL) -> tuple[str, str]:
+    """redis-py's URL for a ``redis+unix://[[user]:password@]/path/to/redis.sock[?db=N]``
+    (``unix://...?db=N``), and the name messages give it (no password). The socket's path
+    is absolute and no host is given; the database is a number (none: 0)."""
+    userinfo, _, host = parsed.netloc.rpartition("@")
+    path = unquote(parsed.path)
+    if host or not path.startswith("/") or path.endswith("/"):
+        raise InvalidURLError(
+            f"a redis+unix:// URL names a socket file by its absolute path, and no host: "
+            f"{redact_url(parsed.raw)} (e.g. redis+unix:///run/redis/redis.sock?db=0)"
+        )
+    database = parsed.options.get("db") or "0"
+    if not (database.isascii() and database.isdigit()):
+        raise InvalidURLError(f"db= is a database number, e.g. db=0: {redact_url(parsed.raw)}")
+    at = f"{userinfo}@" if userinfo else ""
+    name = f"redis+unix://{path}" + (f"?db={int(database)}" if int(database) else "")
+    return f"unix://{at}{parsed.path}?db={int(database)}", name
 
 
 def import_redis() -> Any:

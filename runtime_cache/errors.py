@@ -88,7 +88,8 @@ class MissingDependencyError(RuntimeCacheError, ImportError):
 # What to install for each optional part, as the messages say it. runtime-cache comes from
 # a wheel or a clone, not from PyPI (where another package could take its name), so they
 # name the packages of each extra in pyproject.toml; a clone can use ``pip install '.[redis]'``.
-#: redis-py, for ``redis://``, ``rediss://`` and ``redis+cluster://`` (the ``redis`` extra).
+#: redis-py, for ``redis://``, ``rediss://``, ``redis+cluster://`` and ``redis+unix://`` (the
+#: ``redis`` extra).
 INSTALL_REDIS = "pip install 'redis>=5.0' 'hiredis>=2.0'"
 #: pyopencl with pip's PoCL, for ``runtime_cache.opencl`` and the demo (the ``opencl`` extra).
 INSTALL_OPENCL = "pip install 'pyopencl[pocl]>=2024.1' 'numpy>=1.24' 'mako>=1.2'"

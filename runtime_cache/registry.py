@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 OWN_DISTRIBUTION = "runtime-cache"
 
 # What to install when a built-in backend's optional dependency is missing.
-_INSTALL_HINTS = {"redis": INSTALL_REDIS, "rediss": INSTALL_REDIS, "redis+cluster": INSTALL_REDIS}
+_INSTALL_HINTS = dict.fromkeys(("redis", "rediss", "redis+cluster", "redis+unix"), INSTALL_REDIS)
 
 
 def _distribution(ep: EntryPoint) -> str:

@@ -1,6 +1,6 @@
 """Shared stores are signed by default.
 
-A store that others can write (``redis://``, ``rediss://``, ``redis+cluster://``,
+A store that others can write (``redis://``, ``rediss://``, ``redis+cluster://``, ``redis+unix://``,
 ``dir://...?shared=1``: a backend whose :attr:`~runtime_cache.api.Backend.shared`
 is true) lets any of them plant a binary that every reader then runs. So a
 :class:`~runtime_cache.Cache` over one refuses to open without a secret, unless

@@ -45,9 +45,15 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port found")
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, unix: Path | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+        if unix is None:
+            s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+        else:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(0.2)
+            s.connect(str(unix))
+        with s:
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
     except OSError:
@@ -55,17 +61,23 @@ def _ping(port: int) -> bool:
 
 
 class RedisProcess:
-    """One ``redis-server`` on loopback that a test can kill, pause and restart on the same port."""
+    """One ``redis-server`` on loopback that a test can kill, pause and restart on the same port;
+    with ``unix``, one that listens on a Unix socket in its folder only (no TCP port)."""
 
-    def __init__(self, folder: Path, *, port: int | None = None, cluster: bool = False) -> None:
+    def __init__(
+        self, folder: Path, *, port: int | None = None, cluster: bool = False, unix: bool = False
+    ) -> None:
         self.folder = folder
-        self.port = port or free_port()
+        self.port = 0 if unix else port or free_port()
         self.cluster = cluster
+        self.unix = folder / "redis.sock" if unix else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
+        """``redis://127.0.0.1:<port>/0``, or ``redis+unix://<socket>`` (database 0)."""
+        if self.unix is not None:
+            return f"redis+unix://{self.unix}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
@@ -74,16 +86,18 @@ class RedisProcess:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.folder)]
         args += ["--protected-mode", "no", "--logfile", str(self.folder / "redis.log")]
+        if self.unix is not None:
+            args += ["--unixsocket", str(self.unix), "--unixsocketperm", "700"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
             args += ["--cluster-config-file", str(self.folder / "nodes.conf")]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while not _ping(self.port):
+        while not _ping(self.port, self.unix):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
                 self.stop()
-                raise RuntimeError(f"redis-server on port {self.port} did not start:\n{log}")
+                raise RuntimeError(f"redis-server ({self.url}) did not start:\n{log}")
             time.sleep(0.02)
 
     def kill(self) -> None:
@@ -186,10 +200,11 @@ def require_redis(*programs: str) -> None:
 
 
 @contextlib.contextmanager
-def running_server(folder: Path | None = None) -> Iterator[RedisProcess]:
-    """A started standalone server, stopped and removed on exit (also used by benchmarks)."""
+def running_server(folder: Path | None = None, *, unix: bool = False) -> Iterator[RedisProcess]:
+    """A started standalone server, stopped and removed on exit (also used by benchmarks);
+    with ``unix``, one reached by a Unix socket only."""
     with tempfile.TemporaryDirectory(prefix="rc-redis-") as tmp:
-        server = RedisProcess(Path(folder or tmp))
+        server = RedisProcess(Path(folder or tmp), unix=unix)
         server.start()
         try:
             yield server
@@ -210,6 +225,14 @@ def redis_process() -> Iterator[RedisProcess]:
     """A private server for one test, which the test may kill, pause and restart."""
     require_redis("redis-server")
     with running_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_unix_server() -> Iterator[RedisProcess]:
+    """One standalone server reached by a Unix socket only, shared by the session."""
+    require_redis("redis-server")
+    with running_server(unix=True) as server:
         yield server
 
 
