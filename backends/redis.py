@@ -244,7 +244,7 @@ class RedisBackend(Backend):
                 "check the URL's password"
                 if self._has_password
                 else "the URL gives no password: add 'USER:PASSWORD@' (or ':PASSWORD@') "
-                "before the host"
+                f"before the {'socket path' if self._transport == 2 else 'host'}"
             )
             raise BackendUnavailableError(
                 f"{op} on {self.name}: the server refused the login ({advice}): {exc}"

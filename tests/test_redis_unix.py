@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import runtime_cache as rc
-from runtime_cache.errors import InsecureStoreError, InvalidURLError
+from runtime_cache.errors import BackendUnavailableError, InsecureStoreError, InvalidURLError
 from runtime_cache.testing import BackendConformance, CacheConformance
 
 if TYPE_CHECKING:
@@ -158,3 +158,23 @@ def test_a_password_never_shows() -> None:
     backend = _open("redis+unix://:s3cret%2Fpw@/run/redis.sock?db=3&namespace=ml")
     assert "s3cret" not in backend.name and "s3cret" not in repr(backend)
     assert backend.name == "redis+unix:///run/redis.sock?db=3"
+
+
+def test_a_refused_login_says_where_the_password_goes(tmp_path: Path) -> None:
+    from redis_servers import RedisProcess, require_redis
+
+    require_redis("redis-server")
+    server = RedisProcess(tmp_path / "auth", unix=True)
+    server.start()
+    try:
+        import redis
+
+        redis.Redis(unix_socket_path=str(server.unix)).config_set("requirepass", "pw-1234")
+        backend = _open(f"{server.url}?insecure=1")
+        with pytest.raises(BackendUnavailableError, match="before the socket path"):
+            backend.get("k")
+        good = _open(f"redis+unix://:pw-1234@{server.unix}?insecure=1")
+        good.set("k", b"v")
+        assert good.get("k") == b"v"
+    finally:
+        server.stop()
