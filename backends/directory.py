@@ -33,7 +33,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from . import dir_root as roots
 from . import dir_write as writes
 from .dir_maintenance import TEMP_HITS, DirMaintenance
-from .dir_open import track
+from .dir_open import flush_at_exit, track
 from .dir_reads import LINKED, DirReads
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
@@ -123,6 +123,7 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
             chmod=modes.file_chmod,
             temp_prefix=TEMP_HITS,
             cap=self.max_size,
+            on_batch=flush_at_exit,  # (in a multiprocessing child: its finalizers too)
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and roots.only_mine(self.root_fd)
