@@ -38,7 +38,9 @@ file is written (its token, its time, its mode) only when it is a regular file w
 other name (:mod:`.fixed_files`): a hard link planted at a key's lock name (to a file of
 the taker's outside the cache) or a FIFO is junk, removed as a stale lock is
 (:func:`unlink_if_same`), and a fresh lock made; where it cannot be removed the build goes
-on without a lease, as with a symbolic link there.
+on without a lease. A socket, a folder, a symbolic link or a device there (another's,
+maybe: never followed, written or removed) means no lease for that key:
+:meth:`DirLease.planted` names it, and the backend's ``lease()`` answers ``None``.
 
 In a ``shared=1`` folder whose caches have a secret
 (:meth:`~runtime_cache.api.Backend.sign_leases`), a holder writes a signed token
@@ -70,10 +72,10 @@ from runtime_cache.api import Lease
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from runtime_cache.file_locks import flock_within
 
-from .dir_fs import NOFOLLOW, make_folders
+from .dir_fs import NOFOLLOW, make_folders, open_folder
 from .dir_notes import MAX_NOTE_SECONDS, NEW_SUFFIX, NOTE_SUFFIX, read_note, write_note
 from .dir_root import Modes
-from .fixed_files import NotInPlace, held, open_fixed, open_in_place
+from .fixed_files import NotInPlace, held, open_fixed, open_in_place, planted
 from .lease_tokens import MAX_TOKEN, LeaseSigning, genuine, make_token
 
 __all__ = [
@@ -182,6 +184,19 @@ class DirLease(Lease):
         self._modes = modes if modes is not None else Modes.for_cache(False)
         self._folder: int | None = None
         self._fd: int | None = None
+
+    def planted(self) -> str | None:
+        """What sits at the lock's name that is no lock file and not the lease's to remove
+        (:func:`.fixed_files.planted`: a socket, a folder, a symbolic link, a device), or
+        ``None``. The locks folder is opened with no link followed, and not made."""
+        try:
+            folder = open_folder(self._root_fd, LOCKS)
+        except OSError:
+            return None  # none yet, or junk at its name (a take removes it)
+        try:
+            return planted(folder, self.name)
+        finally:
+            os.close(folder)
 
     def _locks(self) -> int:
         if self._folder is None:

@@ -4,16 +4,27 @@ forked child reopens their roots.
 :class:`~runtime_cache.backends.directory.DirectoryBackend` registers itself with
 :func:`track` when it opens; the set holds it weakly, so a backend that is no longer
 used is not kept alive by it.
+
+"At exit" is :func:`runtime_cache.process_exit.at_exit`'s: a ``multiprocessing`` child
+started by ``fork`` or ``forkserver`` (a ``Pool`` worker) ends with ``os._exit`` and runs
+no ``atexit`` handler, and its hits, fewer than a batch, were lost. Its finalizers are
+registered in the child itself, so :func:`flush_at_exit` is called where hits are
+counted (a batch's first).
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import weakref
 from typing import Protocol
 
-__all__ = ["Tracked", "track"]
+from runtime_cache.process_exit import at_exit
+
+__all__ = ["EXIT_PRIORITY", "Tracked", "flush_at_exit", "track"]
+
+#: Among a ``multiprocessing`` child's finalizers (higher runs first): after the write-behind
+#: queues (10), before ``multiprocessing``'s own (0 and below).
+EXIT_PRIORITY = 5
 
 
 class Tracked(Protocol):
@@ -34,10 +45,18 @@ def track(backend: Tracked) -> None:
     _OPEN.add(backend)
 
 
-@atexit.register
 def _flush_all() -> None:
     for backend in list(_OPEN):
         backend.flush_hits()
+
+
+def flush_at_exit() -> None:
+    """Have the open backends' hits flushed when this process ends, a ``multiprocessing``
+    child too (cheap to call again: call it where hits are counted)."""
+    at_exit(_flush_all, priority=EXIT_PRIORITY)
+
+
+flush_at_exit()
 
 
 def _after_fork() -> None:

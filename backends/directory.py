@@ -33,7 +33,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 from . import dir_root as roots
 from . import dir_write as writes
 from .dir_maintenance import TEMP_HITS, DirMaintenance
-from .dir_open import track
+from .dir_open import flush_at_exit, track
 from .dir_reads import LINKED, DirReads
 from .dir_tree import Found, rel_path, walk
 from .dir_upkeep import Upkeep
@@ -94,8 +94,10 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         self.fsync = fsync
         self.track_access = track_access
         self.max_entry_size = max_entry_size
-        #: Junk found at entry names (links, FIFOs, folders, oversized files).
+        #: Junk found at entry names (links, FIFOs, folders, oversized files), and at lock
+        #: names where it means no lease (:meth:`lease`).
         self.junk = 0
+        self._junk_locks: set[str] = set()  # lock names said to hold junk (1,024 at most)
         #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
         self.listed_junk: list[str] = []
         #: Folders the last listing could not read, and why: its result is partial.
@@ -121,6 +123,7 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
             chmod=modes.file_chmod,
             temp_prefix=TEMP_HITS,
             cap=self.max_size,
+            on_batch=flush_at_exit,  # (in a multiprocessing child: its finalizers too)
         )
         self.shared = shared  # others may write it: a Cache over it needs a secret
         self.private = not shared and roots.only_mine(self.root_fd)
@@ -290,12 +293,29 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         if self.shared:  # (one's own folder holds one's own processes' locks only)
             self._signing.add(keys)
 
-    def lease(self, key: str, ttl: float) -> Lease:
-        """An ``flock`` on ``.locks/<digest>.lock``, signed when shared (:mod:`.dir_lease`)."""
+    def lease(self, key: str, ttl: float) -> Lease | None:
+        """An ``flock`` on ``.locks/<digest>.lock``, signed when shared (:mod:`.dir_lease`).
+        ``None`` (no lease for this key: the caller builds without one) where that name
+        holds a socket, a folder, a symbolic link or a device: junk that is not ours to
+        remove, counted in :attr:`junk`, logged once a name, and left as it is."""
         from .dir_lease import DirLease  # (fcntl: imported where leases are taken)
 
         self._rel(key)  # the same key rules as entries
-        return DirLease(self.root_fd, key, ttl, self.modes, self._signing)
+        lease = DirLease(self.root_fd, key, ttl, self.modes, self._signing)
+        what = lease.planted()
+        if what is None:
+            return lease
+        self.junk += 1
+        if lease.name not in self._junk_locks and len(self._junk_locks) < 1024:
+            self._junk_locks.add(lease.name)
+            log.warning(
+                "runtime-cache: %s is %s, not a lock file; left it, and %s is built without "
+                "a lease",
+                self.root / lease.path,
+                what,
+                key,
+            )
+        return None
 
     def close(self) -> None:
         if not self._closed:

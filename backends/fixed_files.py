@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - not on POSIX: nothing is held
 
 from .dir_fs import NOFOLLOW
 
-__all__ = ["NotInPlace", "held", "in_place", "open_fixed", "open_in_place"]
+__all__ = ["NotInPlace", "held", "in_place", "open_fixed", "open_in_place", "planted"]
 
 _NOT_MADE = ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC)
 
@@ -50,6 +50,25 @@ def in_place(st: os.stat_result) -> bool:
     """Whether a file found at a fixed name (``st``) may be written in place: a regular
     file with no other name (an unlinked one has none)."""
     return stat.S_ISREG(st.st_mode) and st.st_nlink <= 1
+
+
+def planted(dir_fd: int, name: str) -> str | None:
+    """What sits at ``name`` in ``dir_fd`` where no file can be opened to be written and
+    nothing may be removed (``"a socket"``, ``"a folder"``, ``"a symbolic link"``,
+    ``"a device"``), looked at and never followed; ``None`` for nothing there, a file or a
+    FIFO (:func:`open_fixed` opens those), or no answer."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return None
+    kinds = (
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    )
+    return next((what for test, what in kinds if test(mode)), None)
 
 
 def open_fixed(

@@ -74,8 +74,11 @@ class HitsJournal:
         chmod: int | None = None,
         temp_prefix: str | None = None,
         cap: int | None = None,
+        on_batch: Callable[[], None] | None = None,
     ) -> None:
         self.dir_fd = dir_fd
+        #: Called as a batch's first hit is counted (the backend's flush at exit is set).
+        self.on_batch = on_batch
         # A cache of ``cap`` bytes: its journal is compacted past a sixteenth of that and
         # written no further past an eighth (it is not counted in the cap, and on a small
         # disk it filled what the entries left: every store failed, a compaction too).
@@ -105,9 +108,12 @@ class HitsJournal:
     def record(self, key: str) -> None:
         """Count one hit of ``key``; append the batch when it is full or old."""
         with self._lock:
+            first = not self._count
             self._pending[key] = self._pending.get(key, 0) + 1
             self._count += 1
             due = self._count >= self.batch or time.monotonic() - self._last_flush > self.interval
+        if first and self.on_batch is not None:
+            self.on_batch()
         if due:
             self.flush()
 

@@ -11,8 +11,8 @@ alone says what becomes of it (no entry header, a newer format, unsigned where a
 set, lengths past this cache's limits) is never read whole. The others are read whole one
 at a time, so what the judging holds is one entry at most, never a batch of them: a
 folder others write may hold sparse files whose headers claim 400 MiB values, and four of
-them, read together, held 1.66 GB. A store a round trip away (Redis) is read in one batch,
-which it bounds (``max_batch_size``).
+them, read together, held 1.66 GB. A store a round trip away (Redis) is read in batches,
+which it bounds (``max_batch_size``): the keys one left out are asked again in the next.
 """
 
 from __future__ import annotations
@@ -60,12 +60,11 @@ def good_existing(
     (:func:`keeps`). On a store that reads files (``dir://``, :func:`~.api.reads_ranges`),
     each is judged by its head, and read whole, alone, only where the head passes (one
     entry it cannot read is not kept). Elsewhere (Redis: a round trip a call, and a batch
-    read it bounds, ``max_batch_size``), in one batch read: a key a call cost 3,000 round
-    trips for 3,000 entries. A backend's error on the batch is raised (its caller then
-    knows nothing of what it holds)."""
+    read it bounds, ``max_batch_size``), in batch reads (:func:`_in_batches`): a key a
+    call cost 3,000 round trips for 3,000 entries. A backend's error on a batch is raised
+    (its caller then knows nothing of what it holds)."""
     if not reads_ranges(backend):
-        found = backend.peek_many(list(keys))  # a look, not a use
-        return {skey for skey, blob in found.items() if keeps(skey, blob, secret, limits)}
+        return _in_batches(backend, list(dict.fromkeys(keys)), secret, limits)
     good: set[str] = set()
     for skey in keys:
         try:
@@ -73,6 +72,29 @@ def good_existing(
                 good.add(skey)
         except BackendError:
             pass  # (unreadable here: the import's entry goes in its place, if it can)
+    return good
+
+
+def _in_batches(
+    backend: Backend, keys: list[str], secret: SecretKeys | None, limits: Limits
+) -> set[str]:
+    # Redis leaves the values past what one batch read may hold (max_batch_size) out of
+    # its reply, as misses: taken for absent, good entries there were replaced by the
+    # bundle's. So the keys a batch did not return are asked again, while a batch still
+    # returns one of them; a batch that returns none says the rest are absent (a capped
+    # read always returns one value that fits, if any is there). An import into an empty
+    # store costs one batch read. Each batch is judged and let go before the next.
+    good: set[str] = set()
+    wanted = keys
+    while wanted:
+        found = backend.peek_many(wanted)  # a look, not a use
+        asked = set(wanted)
+        got = {skey: blob for skey, blob in found.items() if skey in asked}
+        if not got:
+            break  # (nothing new: the rest are absent, and the loop cannot run on)
+        good.update(skey for skey, blob in got.items() if keeps(skey, blob, secret, limits))
+        wanted = [skey for skey in wanted if skey not in got]
+        del found, got
     return good
 
 

@@ -137,3 +137,74 @@ def test_the_fork_hooks_let_go_of_exactly_the_writers_they_held(
 
     for writer in [*stuck, later, made_meanwhile]:
         assert free(writer) and not writer._forking, "left held after the fork"
+
+
+# argv: folder, start method, "process" or "pool", "parent" or "child" (who opens the
+# cache the children read through), how many children.
+HITS_APP = textwrap.dedent(
+    """
+    import multiprocessing as mp, sys
+    import runtime_cache as rc
+
+    FOLDER, METHOD, HOW, OPENED, COUNT = sys.argv[1:5] + [int(sys.argv[5])]
+    KEYS = [rc.make_key(module_id=f"m{i}", runtime="r", purpose="child-hits") for i in range(3)]
+    CACHE = None
+
+    def work(i):
+        cache = CACHE if CACHE is not None else rc.Cache(rc.open_backend(f"dir://{FOLDER}"))
+        assert all(cache.get(k) == b"v" for k in KEYS)  # 3 hits, fewer than a batch
+        return i
+
+    if __name__ == "__main__":
+        parent = rc.Cache(rc.open_backend(f"dir://{FOLDER}"))
+        for k in KEYS:
+            parent.put(k, b"v")
+        if OPENED == "parent":
+            CACHE = parent  # inherited by forked children
+        ctx = mp.get_context(METHOD)
+        if HOW == "pool":
+            with ctx.Pool(2) as pool:
+                assert pool.map(work, range(COUNT)) == list(range(COUNT))
+                pool.close()
+                pool.join()
+        else:
+            children = [ctx.Process(target=work, args=(i,)) for i in range(COUNT)]
+            for child in children:
+                child.start()
+            for child in children:
+                child.join()
+            assert [c.exitcode for c in children] == [0] * COUNT
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "how", "opened"),
+    [
+        ("fork", "process", "child"),
+        ("fork", "process", "parent"),
+        ("fork", "pool", "parent"),
+        ("forkserver", "process", "child"),
+        ("spawn", "process", "child"),
+    ],
+)
+def test_a_childs_hits_on_a_folder_are_counted(
+    tmp_path: Path, method: str, how: str, opened: str
+) -> None:
+    """Session 42's closing note: a ``dir://`` store's hits were flushed at exit by
+    ``atexit`` alone, which a ``fork`` or ``forkserver`` child of ``multiprocessing``
+    never runs: its hits (fewer than a batch) were lost, and prune and ``ls`` saw none.
+    They are flushed by ``multiprocessing``'s finalizers too."""
+    folder = tmp_path / "dir"
+    script = tmp_path / "app.py"
+    script.write_text(HITS_APP)
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder), method, how, opened, str(CHILDREN)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    hits = {item.key: item.hits for item in DirectoryBackend(folder).scan()}
+    assert len(hits) == 3 and set(hits.values()) == {CHILDREN}, hits

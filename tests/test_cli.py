@@ -383,6 +383,37 @@ def test_binary_output_is_refused_on_a_terminal(
     assert b"terminal" in done.stderr and b"RAWVALUE" not in drawn and b"RCB" not in drawn
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and a pty")
+@pytest.mark.parametrize("command", ["export", "show"])
+@pytest.mark.parametrize("named", ["/dev/pts", "/proc/self/fd"])
+def test_binary_output_to_a_terminal_named_as_a_file_is_refused(
+    cache: rc.Cache, root: Path, command: str, named: str
+) -> None:
+    """Session 42's closing note: ``export /dev/tty`` (and ``show --raw``) wrote the
+    bytes to the terminal; only ``-`` and standard output were refused there. Any output
+    that is a terminal is refused the same way (exit 2), before a byte is written."""
+    import pty
+
+    k = key(1)
+    cache.put(k, b"\x00RAWVALUE\xff")
+    leader, follower = pty.openpty()
+    try:
+        path = os.ttyname(follower) if named == "/dev/pts" else f"/proc/self/fd/{follower}"
+        argv = ["export", path] if command == "export" else ["show", str(k), "--raw", path]
+        done = _cli(root, *argv, capture_output=True, pass_fds=(follower,))
+        os.set_blocking(leader, False)
+        try:
+            drawn = os.read(leader, 4096)
+        except (BlockingIOError, OSError):
+            drawn = b""
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 2, done.stderr
+    assert b"terminal" in done.stderr and drawn == b"", (done.stderr, drawn)
+    assert b"exported" not in done.stdout + done.stderr and b"wrote" not in done.stderr
+
+
 def test_show_missing_and_ambiguous(run: Run, cache: rc.Cache) -> None:
     keys = fill(cache, 40)
     assert run("show", "opencl/program-binary/" + "0" * 32)[0] == 1

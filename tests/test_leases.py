@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
+import stat
 import sys
 import textwrap
 import time
@@ -101,6 +104,64 @@ def test_directory_lease_refuses_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(rc.errors.BackendError):
         lease.acquire()
     assert not (tmp_path / "elsewhere").exists()
+
+
+@contextmanager
+def _plant(kind: str, at: Path, elsewhere: Path) -> Iterator[None]:
+    """A ``kind`` of thing at ``at`` while the block runs (a symbolic link to ``elsewhere``)."""
+    at.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            here = os.getcwd()
+            os.chdir(at.parent)  # (a socket's path holds at most 107 bytes)
+            try:
+                sock.bind(at.name)
+            finally:
+                os.chdir(here)
+            yield
+        return
+    if kind == "folder":
+        at.mkdir()
+        (at / "theirs").write_bytes(b"kept")
+    elif kind == "fifo":
+        os.mkfifo(at)
+    else:
+        at.symlink_to(elsewhere)
+    yield
+
+
+@pytest.mark.parametrize("kind", ["socket", "folder", "symlink", "fifo"])
+def test_a_non_file_at_a_keys_lock_name_means_no_lease_never_an_error(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Session 42's closing note: a socket or a folder planted at a key's lock name made
+    taking the lease raise ``BackendError`` (said as a store that fails, at WARNING, once a
+    process: a later real failure went unsaid). It is bad input: that key has no lease
+    (``lease()`` answers ``None``, and the caller builds at once), counted as junk, said
+    once, and the thing is left as it is, never followed. A FIFO there is removed and a
+    lock made, as before."""
+    root, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    backend = DirectoryBackend(root)
+    cache = rc.Cache(backend)
+    key = rc.make_key(module_id="m", runtime="fleet", purpose="test", device=None)
+    lock = root / DirLease(-1, str(key), 1.0).path
+    with _plant(kind, lock, elsewhere):
+        caplog.set_level(logging.DEBUG, logger="runtime_cache")
+        assert cache.get_or_build(key, lambda: b"built") == b"built"
+        if kind == "fifo":
+            assert cache.stats().leases_won == 1 and not lock.exists()  # (released)
+            return
+        assert cache.stats().leases_won == 0 and cache.get(key) == b"built"
+        assert backend.lease(str(key), 1.0) is None  # again: no lease, no error
+        assert backend.junk == 2
+        said = [r for r in caplog.records if "lock" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING, said
+        assert "cannot take a build lease" not in caplog.text
+        assert not elsewhere.exists()
+        if kind == "folder":
+            assert (lock / "theirs").read_bytes() == b"kept"
+        else:
+            assert stat.S_ISSOCK(lock.lstat().st_mode) or lock.is_symlink()
 
 
 def test_directory_lease_never_writes_through_a_planted_locks_link(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,9 +21,12 @@ import pytest
 import runtime_cache as rc
 from conftest import fill, tmpfs
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.backends.tiered import TieredBackend
 from runtime_cache.cli import main
+from runtime_cache.codec import DEFAULT_LIMITS
 from runtime_cache.errors import BackendError
+from runtime_cache.existing_entries import good_existing
 
 if TYPE_CHECKING:
     from redis_servers import RedisProcess
@@ -225,7 +228,8 @@ def test_keep_existing_over_redis_reads_a_batch_and_survives_a_foreign_key(
     """The re-attack review of session 41: judging existing entries a key at a time cost a
     Redis round trip or two per key (3,000 entries: 3,000-6,000 round trips), and one key
     of another type (a hash: WRONGTYPE) there made the whole tier count as holding nothing,
-    so every good entry was replaced. Redis is read in one batch again."""
+    so every good entry was replaced. Redis is read in one batch again (and the one key it
+    did not return asked again, in a second)."""
     import redis
 
     url = f"{redis_server.url}?prefix={unique_prefix}"
@@ -244,7 +248,7 @@ def test_keep_existing_over_redis_reads_a_batch_and_survives_a_foreign_key(
     monkey = lambda wanted: calls.append("peek_many") or peek_many(wanted)  # noqa: E731
     backend.peek_many = monkey  # type: ignore[method-assign]
     assert target.loads(source.dumps(), overwrite=False) == 1  # three kept, the hash's goes
-    assert calls == ["peek_many"]
+    assert calls == ["peek_many", "peek_many"]  # the second asks the hash's key again: none
     assert [target.get(k) for k in keys[:3]] == [b"existing %d" % i for i in range(3)]
     assert target.get(keys[3]) == b"bundle 3"
     target.close()
@@ -264,3 +268,64 @@ def test_an_export_from_redis_gets_what_a_capped_batch_read_left_out(
     loaded = rc.Cache(rc.open_backend("memory://"), secret=SECRET)
     assert loaded.loads(cache.dumps()) == 6
     cache.close()
+
+
+def test_keep_existing_over_redis_asks_again_what_a_capped_batch_left_out(
+    redis_server: RedisProcess, unique_prefix: str
+) -> None:
+    """Session 42's closing note: Redis leaves values past ``max_batch_size`` out of one
+    batch read, and keep-existing took the existing entries left out for absent and
+    replaced them with the bundle's (8 good entries of 3,000 bytes, a batch of 8 KiB:
+    6 replaced). The keys a batch left out are asked again, in batches, while one still
+    returns something: a few round trips, not one per key."""
+    url = f"{redis_server.url}?prefix={unique_prefix}&max_entry_size=4096&max_batch_size=8192"
+    keys = [rc.make_key(module_id=f"m{i}", runtime="r", purpose="p") for i in range(8)]
+    source = rc.Cache(rc.open_backend("memory://"), secret=SECRET)
+    for i, k in enumerate(keys):
+        source.put(k, bytes([100 + i]) * 3000)
+    target = rc.Cache(rc.open_backend(url), secret=SECRET)
+    for i, k in enumerate(keys):
+        target.put(k, bytes([i]) * 3000)
+    before = {k: target.backend.peek(str(k)) for k in keys}
+    asked: list[int] = []
+    backend = target.backend
+    peek_many = backend.peek_many
+    monkey = lambda wanted: asked.append(len(wanted)) or peek_many(wanted)  # noqa: E731
+    backend.peek_many = monkey  # type: ignore[method-assign]
+    assert target.loads(source.dumps(), overwrite=False) == 0  # every one kept
+    assert {k: target.backend.peek(str(k)) for k in keys} == before
+    assert [target.get(k) for k in keys] == [bytes([i]) * 3000 for i in range(8)]
+    # Two entries a batch (8 KiB of 3,000-byte values): four batches, not one per key.
+    assert asked == [8, 6, 4, 2], asked
+    # Into an empty store: one batch read, which returns nothing.
+    elsewhere = url.replace(unique_prefix, f"{unique_prefix}e:")
+    empty = rc.Cache(rc.open_backend(elsewhere), secret=SECRET)
+    asked.clear()
+    empty_peek = empty.backend.peek_many
+    monkey = lambda wanted: asked.append(len(wanted)) or empty_peek(wanted)  # noqa: E731
+    empty.backend.peek_many = monkey  # type: ignore[method-assign]
+    assert empty.loads(source.dumps(), overwrite=False) == 8
+    assert asked == [8]
+    empty.close()
+    target.close()
+
+
+class _OneABatch(MemoryBackend):
+    """Returns one asked value a batch read (the least a capped read returns), and a
+    value no one asked for: the judging must neither stop early nor run on for it."""
+
+    def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        found = super().peek_many(keys)
+        first = dict(list(found.items())[:1])
+        return {**first, **super().peek_many(["stray/key/0"])}
+
+
+def test_keep_existing_asks_a_batch_store_until_a_batch_returns_nothing_new() -> None:
+    backend = _OneABatch()
+    backend.set("stray/key/0", b"not asked")
+    target = rc.Cache(backend)
+    keys = [rc.make_key(module_id=f"m{i}", runtime="r", purpose="p") for i in range(5)]
+    for i, k in enumerate(keys[:4]):
+        target.put(k, b"existing %d" % i)
+    skeys = [str(k) for k in keys]
+    assert good_existing(backend, skeys, None, DEFAULT_LIMITS) == set(skeys[:4])

@@ -7,7 +7,8 @@ entry that cannot be replaced (an immutable file) is one failure among the rest.
 ``--keep-existing``, the entries already stored at a batch's keys are judged as
 :mod:`runtime_cache.existing_entries` says: in a ``dir://`` folder by their heads, and
 read whole one at a time where those pass, so the import holds at most one of them
-besides the bundle; in Redis in one batch read, which it bounds (``max_batch_size``).
+besides the bundle; in Redis in batch reads, which it bounds (``max_batch_size``), the keys
+one left out asked again in the next.
 """
 
 from __future__ import annotations

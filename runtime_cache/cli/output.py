@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover - not on POSIX: the hour alone tells
 
 __all__ = [
     "STALE_TEMP_SECONDS",
+    "TERMINAL_REFUSED",
+    "TerminalOutput",
     "WholeText",
     "flush",
     "is_stdout",
@@ -40,6 +42,17 @@ STALE_TEMP_SECONDS = 3600
 #: takes the name; one older than this (seconds) that nobody holds is a dead writer's,
 #: and goes at once (where the file system has no locks, the hour above still serves).
 UNHELD_TEMP_SECONDS = 5
+
+
+#: Why binary data (a bundle, a value) is not written to a terminal: it would only garble
+#: the screen. Standard output (:func:`.context.binary_stdout`) and a file that is one
+#: (:class:`TerminalOutput`) are refused alike.
+TERMINAL_REFUSED = "not writing binary data to a terminal: redirect it (> FILE) or pipe it"
+
+
+class TerminalOutput(OSError):
+    """The file :func:`replace_file` was to write is a terminal (``/dev/tty``,
+    ``/dev/pts/N``, ``/proc/self/fd/N`` of one): nothing was written."""
 
 
 def is_stdout(path: str) -> bool:
@@ -173,9 +186,12 @@ def replace_file(path: str, data: bytes) -> str:
     or root can have put it (see :func:`.output_path.find_output`, which holds each folder
     open as it walks, so nothing can be swapped in between). Returns why a link at
     ``path`` was replaced rather than followed (``""``: there was none, or it was followed).
+    A terminal is written nothing: :class:`TerminalOutput`.
     """
     output = find_output(path)
     try:
+        if output.fd is not None and os.isatty(output.fd):
+            raise TerminalOutput(errno.ENOTTY, TERMINAL_REFUSED, path)
         if output.fd is not None:
             with os.fdopen(output.fd, "wb") as handle:
                 output.fd = None  # closed with the handle

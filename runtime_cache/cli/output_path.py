@@ -250,6 +250,9 @@ def _open_into(folder: int, name: str, seen: os.stat_result | None) -> int:
     """Open the device or FIFO ``name`` (``seen`` by the walk, in folders only this user
     or root can write) to write into it, or the ``/proc`` link ``name`` (``seen`` is
     ``None``) through the kernel."""
+    # O_NOCTTY: a terminal opened (to be refused: .output.TerminalOutput) never becomes
+    # this process's controlling terminal.
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY
     if seen is None:  # /proc/<pid>/fd/1: a pipe, a terminal, or a file `>` or `>>` opened
-        return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC, dir_fd=folder)
-    return os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        return os.open(name, flags | os.O_APPEND, dir_fd=folder)
+    return os.open(name, flags | os.O_NOFOLLOW, dir_fd=folder)
