@@ -13,16 +13,13 @@ vacuum) looks at the name and unlinks under the folder's ``.unlinking`` lock
 (:func:`unlink_if_same`): a break between another's look and its unlink had that
 unlink remove the fresh file a new holder had just locked.
 
-"Not touched for ``ttl`` seconds" is judged by the file system's clock, not the taker's.
-A touch stamps the file with the time of whoever keeps the file system (on NFS, the file
-server's clock), and machines' clocks differ: a taker whose clock ran 20 s ahead judged a
-live holder's lock, touched every ``ttl / 3``, stale and broke it, and two processes built
-one key. So a lock that looks stale by the local clock is looked at again before it is
-broken, against "now" as the file system tells it: the time a fresh probe file of this
-process's own in ``.locks/`` gets from a touch made as a holder's touch is
-(:meth:`DirLease._fs_now`), removed at once. Where no probe can be made the local clock
-decides, as before. A taker whose clock runs behind only breaks a hung holder's lock that
-much later, and its wait ends at its deadline anyway (:mod:`runtime_cache.fleet`).
+"Not touched for ``ttl`` seconds" is judged by the file system's clock (on NFS, the file
+server's), not the taker's: a taker whose clock ran 20 s ahead broke a live holder's lock,
+and two processes built one key. So a lock that looks stale by the local clock is looked
+at again against the time a fresh probe file of this process's own in ``.locks/`` gets
+from a touch (:meth:`DirLease._fs_now`), removed at once; where no probe can be made the
+local clock decides. A taker whose clock runs behind breaks a hung holder's lock that much
+later, and its wait ends at its deadline anyway (:mod:`runtime_cache.fleet`).
 
 A holder whose entry the store refused for its size leaves a note beside its lock file,
 ``<digest>.unstored`` (:meth:`runtime_cache.lease.Lease.note_unstored`): an empty
