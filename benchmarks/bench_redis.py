@@ -2,10 +2,11 @@
 
 Usage::
 
-    python benchmarks/bench_redis.py [--json benchmarks/results/bench_redis.json]
+    python benchmarks/bench_redis.py [--transport tcp|unix] [--json benchmarks/results/bench_redis.json]
 
-It starts its own ``redis-server`` (from PATH) on a free loopback port with no
-persistence, and stops it at the end. Rows:
+It starts its own ``redis-server`` (from PATH) with no persistence, on a free loopback
+port (``tcp``, ``redis://``) or on a Unix socket alone (``unix``, ``redis+unix://``), and
+stops it at the end. Rows:
 
 * p50/p99 of ``get`` and ``set`` for 1 KiB and 64 KiB values, on the raw
   backend and through the ``Cache`` front (encode, checksum, HMAC signature);
@@ -119,12 +120,13 @@ def outage(url: str, stop: Callable[[], None]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--json", default="benchmarks/results/bench_redis.json")
+    parser.add_argument("--transport", choices=("tcp", "unix"), default="tcp")
     args = parser.parse_args()
     import redis
 
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
     results: dict[str, Any] = {"latency": {}, "get_many": {}}
-    with running_server() as server:
+    with running_server(unix=args.transport == "unix") as server:
         backend = RedisBackend.from_url(f"{server.url}?prefix=bench:")
         for name, size in SIZES.items():
             results["latency"][name] = latency(backend, size, OPS[name])
@@ -151,7 +153,7 @@ def main() -> int:
         **machine_info(),  # its load average: other work on the box adds noise
         "redis_server": version.stdout.split()[2] if version.stdout else "unknown",
         "redis_py": redis.__version__,
-        "transport": "loopback TCP",
+        "transport": "loopback TCP" if args.transport == "tcp" else "Unix socket",
     }
     print(f"\nwrote {write_json(args.json, {'meta': meta, 'results': results})}")
     return 0
