@@ -2,7 +2,9 @@
 
 Usage::
 
-    python benchmarks/bench_redis.py [--transport tcp|unix] [--json benchmarks/results/bench_redis.json]
+    python benchmarks/bench_redis.py [--transport tcp|unix] [--json FILE]
+
+(``FILE``: ``benchmarks/results/bench_redis.json`` by default.)
 
 It starts its own ``redis-server`` (from PATH) with no persistence, on a free loopback
 port (``tcp``, ``redis://``) or on a Unix socket alone (``unix``, ``redis+unix://``), and
