@@ -2,11 +2,13 @@
 
 Every entry file is opened beneath the root without following a link
 (:func:`.dir_fs.open_beneath`) and read only when it is a regular file of at most
-``max_entry_size`` bytes (:func:`.dir_fs.regular_size`); anything else at an entry's name is
-junk, reported and removed by the backend. A get with access tracking on bumps the file's
-mtime (the LRU order) and counts a hit in the journal. :meth:`DirReads.get_range` reads an
-entry whose size the caller knows, with no ``fstat``: at most that size and one byte, so
-another size, a FIFO or a folder answers ``None`` (the whole read then judges it); a
+``max_entry_size`` bytes (:func:`.bounded_reads.regular_stat`); anything else at an
+entry's name is junk, reported and removed by the backend. A get with access tracking on
+bumps the file's mtime (the LRU order) and counts a hit in the journal; a whole read
+leaves the mtime of a file of more than one link alone (one hard-linked at the entry's
+name may be another user's). :meth:`DirReads.get_range` reads an entry whose size the
+caller knows, with no ``fstat``: at most that size and one byte, so another size, a FIFO
+or a folder answers ``None`` (the whole read then judges it); a
 device node (only root can make one) is read there too.
 """
 
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING, TypeVar
 from runtime_cache.api import Span
 from runtime_cache.partial_reads import read_each
 
-from . import dir_fs as fs
-from .dir_fs import NOFOLLOW, Junk
+from . import bounded_reads as reads
+from .bounded_reads import Junk
+from .dir_fs import NOFOLLOW, open_beneath
 
 if TYPE_CHECKING:
     from runtime_cache.errors import BackendError
@@ -59,10 +62,10 @@ class DirReads:
 
         def found_junk(self, rel: str, what: str, st: os.stat_result | None = None) -> None: ...
 
-    def _open(self, rel: str) -> tuple[int, int] | None:
-        # (descriptor, size) of a regular entry file; None for a miss or junk (reported).
+    def _open(self, rel: str) -> tuple[int, os.stat_result] | None:
+        # (descriptor, fstat) of a regular entry file; None for a miss or junk (reported).
         try:
-            fd = fs.open_beneath(self.root_fd, rel, _O_READ)
+            fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -74,9 +77,9 @@ class DirReads:
                 return None
             raise self._error("read", exc, rel) from exc
         try:
-            return fd, fs.regular_size(fd, self.max_entry_size)
+            return fd, reads.regular_stat(fd, self.max_entry_size)
         except Junk as exc:
-            st = fs.fstat_or_none(fd)
+            st = reads.fstat_or_none(fd)
             os.close(fd)
             self.found_junk(rel, str(exc), st)
         except OSError as exc:
@@ -85,10 +88,10 @@ class DirReads:
         return None
 
     def get(self, key: str) -> bytes | None:
-        return self._read(key, self.track_access, fs.read_to_end)
+        return self._read(key, self.track_access, reads.read_to_end)
 
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
-        return self._read(key, self.track_access, fs.read_parts, span)
+        return self._read(key, self.track_access, reads.read_parts, span)
 
     def get_range(self, key: str, start: int, end: int, size: int) -> tuple[bytes, bytes] | None:
         # Quiet: a miss, junk or another size is read whole next, which counts and reports it.
@@ -97,13 +100,13 @@ class DirReads:
             return None  # (no entry file is read past that, whole or in part)
         rel = self._rels.get(key) or self._rel(key)
         try:
-            fd = fs.open_beneath(self.root_fd, rel, _O_READ)
+            fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
             if exc.errno in _UNREAD:
                 return None
             raise self._error("read", exc, rel) from exc
         try:
-            parts = fs.read_range(fd, start, end, size)
+            parts = reads.read_range(fd, start, end, size)
             if parts is not None and self.track_access:
                 self._touch(fd, key)
         except OSError as exc:
@@ -119,10 +122,10 @@ class DirReads:
         return read_each(lambda key: self.get_parts(key, span), keys)  # (its junk rule too)
 
     def peek(self, key: str) -> bytes | None:
-        return self._read(key, False, fs.read_to_end)
+        return self._read(key, False, reads.read_to_end)
 
     def peek_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        read = ((key, self._read(key, False, fs.read_to_end)) for key in keys)
+        read = ((key, self._read(key, False, reads.read_to_end)) for key in keys)
         return {key: value for key, value in read if value is not None}
 
     def _read(
@@ -137,14 +140,14 @@ class DirReads:
         opened = self._open(rel)
         if opened is None:
             return None
-        fd, size = opened
-        cap = self.max_entry_size
+        fd, st = opened
+        size, cap = st.st_size, self.max_entry_size
         try:
             data = reader(fd, size, cap) if where is None else reader(fd, size, cap, where)
             if count_use and data is not None:
-                self._touch(fd, key)
+                self._touch(fd, key, st.st_nlink)
         except Junk as exc:
-            self.found_junk(rel, str(exc), fs.fstat_or_none(fd))
+            self.found_junk(rel, str(exc), reads.fstat_or_none(fd))
             return None
         except OSError as exc:
             raise self._error("read", exc, rel) from exc
@@ -155,8 +158,14 @@ class DirReads:
     def head(self, key: str, size: int) -> bytes | None:
         return self._read(key, False, lambda fd, _size, _cap: os.read(fd, size))
 
-    def _touch(self, fd: int, key: str) -> None:
-        if not self._read_only:
+    def _touch(self, fd: int, key: str, links: int | None = None) -> None:
+        # ``links``: the file's link count where a stat of it is at hand (the whole read's).
+        # An entry file has one name (written to a temp name, renamed): one of more may be
+        # another user's file that a member of a shared folder hard-linked at the entry's
+        # name, whose mtime is not ours to bump before the front checks the entry (an
+        # entry of a ``cp -al`` backup keeps its write time for eviction then). The read
+        # of a value alone (get_range) has no stat, by design: it touches as before.
+        if not self._read_only and (links is None or links == 1):
             try:
                 os.utime(fd)
             except OSError:

@@ -24,7 +24,8 @@ import stat
 import sys
 from collections.abc import Callable
 
-from .dir_fs import NOFOLLOW, Junk, make_folders, open_folder, read_regular, set_aside
+from .bounded_reads import Junk, read_regular
+from .dir_fs import NOFOLLOW, make_folders, open_folder, set_aside
 from .dir_root import Modes
 from .temp_files import create_locked_temp
 

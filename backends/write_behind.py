@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 from runtime_cache.api import Backend, Lease
 from runtime_cache.errors import EntryTooLargeError
+from runtime_cache.fork_holds import ForkHold
 from runtime_cache.process_exit import at_exit
 from runtime_cache.refusals import Refusals
 
@@ -56,7 +57,7 @@ def _hold_all_for_fork() -> None:
     # the fork so that no other batch starts.
     deadline = time.monotonic() + FORK_WAIT
     for writer in list(_live):
-        writer._hold_for_fork(deadline)
+        writer.hold_for_fork(deadline)
         _held.append(writer)
 
 
@@ -66,7 +67,7 @@ def _release_all_after_fork() -> None:
     held = list(_held)
     _held.clear()
     for writer in held:
-        writer._release_after_fork()
+        writer.release_after_fork()
 
 
 def _reset_all_in_child() -> None:
@@ -85,7 +86,7 @@ os.register_at_fork(
 )
 
 
-class WriteBehind:
+class WriteBehind(ForkHold):
     """Applies queued ``set`` writes to ``backend`` from a daemon thread.
 
     Args:
@@ -126,23 +127,12 @@ class WriteBehind:
         self.refusals = Refusals()
         _live.add(self)
 
-    def _hold_for_fork(self, deadline: float) -> None:
-        """Wait (until ``deadline``, monotonic) for the first batch in flight; hold the
-        queue's lock through the fork so that no other batch starts."""
-        self._cond.acquire()
-        self._forking = True
+    def in_flight_at_fork(self) -> bool:
+        """Whether this writer's first batch is in flight (a fork waits for it, and holds
+        the queue's lock through the fork so that no other batch starts)."""
         if self._pid != os.getpid() or self._thread is threading.current_thread():
-            return  # (a fork from the writer thread itself does not wait for itself)
-        while self._inflight and not self._sent_one:  # (later batches import nothing)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._cond.wait(left)
-
-    def _release_after_fork(self) -> None:
-        self._forking = False
-        self._cond.notify_all()
-        self._cond.release()
+            return False  # (a fork from the writer thread itself does not wait for itself)
+        return bool(self._inflight) and not self._sent_one  # (later batches import nothing)
 
     def _start_over(self) -> None:
         # In a forked child: the parent owns (and writes) what was queued before the fork.

@@ -526,6 +526,7 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(
     import argparse
 
     from runtime_cache.demo import cli as demo_cli
+    from runtime_cache.demo.runs import child_env, write_secret_file
 
     monkeypatch.setenv("RUNTIME_CACHE_SECRET", "from-env")
     monkeypatch.setenv("RUNTIME_CACHE_SECRET_FILE", "/nonexistent")
@@ -533,9 +534,7 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(
     keys = demo_cli._secret(args)
     assert keys == ["new", "old"]
     (tmp_path / "a").mkdir(mode=0o700)
-    env = demo_cli._child_env(
-        "dir:///tmp/x", False, None, demo_cli._secret_file(keys, str(tmp_path / "a"))
-    )
+    env = child_env("dir:///tmp/x", False, None, write_secret_file(keys, str(tmp_path / "a")))
     assert "RUNTIME_CACHE_SECRET" not in env
     monkeypatch.setattr(os, "environ", env)
     assert environment.read_secret() == ["new", "old"]  # what a run reads
@@ -544,13 +543,13 @@ def test_the_global_secret_reaches_the_demo_and_its_runs(
     for n, secret in enumerate((["correct horse, battery staple"], ["new-key-0123456789", "old"])):
         folder = tmp_path / str(n)
         folder.mkdir(mode=0o700)
-        path = demo_cli._secret_file(secret, str(folder))
-        monkeypatch.setattr(os, "environ", demo_cli._child_env("dir:///tmp/x", False, None, path))
+        path = write_secret_file(secret, str(folder))
+        monkeypatch.setattr(os, "environ", child_env("dir:///tmp/x", False, None, path))
         assert environment.read_secret() == secret
         assert os.stat(path).st_mode & 0o077 == 0
     # A key with a line break cannot be passed so (it was split into two keys).
     with pytest.raises(demo_cli.DemoError, match="line break"):
-        demo_cli._secret_file(["line1\nline2-secret"], str(tmp_path))
+        write_secret_file(["line1\nline2-secret"], str(tmp_path))
     monkeypatch.undo()
     monkeypatch.setenv("RUNTIME_CACHE_SECRET", "from-env")
     assert demo_cli._secret(argparse.Namespace()) == ["from-env"]
@@ -592,12 +591,12 @@ def test_the_runs_carry_the_drivers_cache_only_in_folders_the_demo_made(
     device's key, which the demo neither listed nor removed, and a later demo's cold run
     restored them (a cache hit: "no cold run"). The runs now store them as the model's, and
     a user's RUNTIME_CACHE_DRIVER_CACHE=1 does not make a run carry the user's own folder."""
-    from runtime_cache.demo import cli as demo_cli
+    from runtime_cache.demo.runs import child_env
 
     monkeypatch.setenv("RUNTIME_CACHE_DRIVER_CACHE", "1")
-    assert "RUNTIME_CACHE_DRIVER_CACHE" not in demo_cli._child_env("dir:///tmp/x", False)
-    assert "RUNTIME_CACHE_DRIVER_CACHE" not in demo_cli._child_env("dir:///tmp/x", True)
-    env = demo_cli._child_env("dir:///tmp/x", False, "/tmp/demo-driver")
+    assert "RUNTIME_CACHE_DRIVER_CACHE" not in child_env("dir:///tmp/x", False)
+    assert "RUNTIME_CACHE_DRIVER_CACHE" not in child_env("dir:///tmp/x", True)
+    env = child_env("dir:///tmp/x", False, "/tmp/demo-driver")
     assert env["RUNTIME_CACHE_DRIVER_CACHE"] == "1"
     assert env["RUNTIME_CACHE_DRIVER_DIR"] == "/tmp/demo-driver"
 

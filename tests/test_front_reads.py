@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import runtime_cache as rc
 from runtime_cache import codec
 from runtime_cache.api import framing_span
-from runtime_cache.backends.dir_fs import PARTS_FROM, Junk, read_parts
+from runtime_cache.backends.bounded_reads import PARTS_FROM, Junk, read_parts
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.check import check_entry

@@ -329,15 +329,15 @@ def test_a_file_of_another_size_is_read_whole_and_judged(tmp_path: Path, change:
 def test_the_read_alone_asks_no_fstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the read alone trusts is the size it expects, checked by reading: a regular file's
     ``fstat`` (the whole read's) is not asked, and a value read so counts one use."""
-    import runtime_cache.backends.dir_fs as dir_fs
+    import runtime_cache.backends.bounded_reads as bounded_reads
 
     backend, cache, value = _filled(tmp_path)
     assert cache.get(_key()) == value
 
-    def no_fstat(fd: int, limit: int) -> int:
+    def no_fstat(fd: int, limit: int) -> os.stat_result:
         raise AssertionError("fstat asked")
 
-    monkeypatch.setattr(dir_fs, "regular_size", no_fstat)
+    monkeypatch.setattr(bounded_reads, "regular_stat", no_fstat)
     assert cache.get(_key()) == value and cache.stats().hits == 2
     backend.flush_hits()
     assert [item.hits for item in backend.scan(str(_key()))] == [2]

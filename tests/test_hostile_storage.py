@@ -527,13 +527,13 @@ def test_junk_is_removed_only_while_it_is_the_file_that_was_looked_at(
     so a good entry another process put in its place between the look and the removal was
     removed too (the compare-and-delete it replaced kept it). And ``get_parts`` of another
     caller's span that answers ``None`` still reads the value whole, and removes nothing."""
-    import runtime_cache.backends.dir_reads as directory
+    import runtime_cache.backends.bounded_reads as bounded_reads
 
     backend = DirectoryBackend(tmp_path)
     key = rc.make_key(module_id="m", runtime="r", purpose="p")
     writer = rc.Cache(DirectoryBackend(tmp_path))
     backend.set(str(key), bytes(64 << 10))  # zeros: no entry header
-    real = directory.fs.read_parts
+    real = bounded_reads.read_parts
 
     def read_then_a_good_entry_lands(*args: Any) -> Any:
         try:
@@ -541,7 +541,7 @@ def test_junk_is_removed_only_while_it_is_the_file_that_was_looked_at(
         finally:
             assert writer.put(key, b"good")  # os.replace: a new file at the name
 
-    monkeypatch.setattr(directory.fs, "read_parts", read_then_a_good_entry_lands)
+    monkeypatch.setattr(bounded_reads, "read_parts", read_then_a_good_entry_lands)
     assert rc.Cache(backend).get(key) is None and backend.junk == 1
     monkeypatch.undo()
     assert writer.get(key) == b"good"  # the entry written since stays

@@ -18,7 +18,7 @@ import pytest
 
 import runtime_cache as rc
 from runtime_cache.opencl import store_timing
-from runtime_cache.opencl.write_behind import _by_cache, _Job
+from runtime_cache.opencl.store_jobs import StoreJob, group_by_store
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +53,8 @@ def test_programs_of_several_caches_of_one_store_go_to_one_hand_off(tmp_path: Pa
     one = [rc.Cache(rc.open_backend(f"dir://{tmp_path / 'a'}")) for _ in range(5)]
     other = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'b'}"))
     memory = [rc.Cache(rc.open_backend("memory://")) for _ in range(2)]  # (none reopens)
-    jobs = [_Job(cache, None, None, 0.0, None) for cache in [*one, other, *memory]]
-    groups = _by_cache(jobs)
+    jobs = [StoreJob(cache, None, None, 0.0, None) for cache in [*one, other, *memory]]
+    groups = group_by_store(jobs)
     assert sorted(len(group) for group in groups) == [1, 1, 1, 5]
     signed = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'a'}"), secret="another-key-0123456789")
-    assert len(_by_cache([*jobs[:5], _Job(signed, None, None, 0.0, None)])) == 2
+    assert len(group_by_store([*jobs[:5], StoreJob(signed, None, None, 0.0, None)])) == 2

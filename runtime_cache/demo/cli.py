@@ -8,8 +8,9 @@ The demo runs the model's first inference in a fresh process twice:
   every program compiled from source;
 * **warm**: tuning records and program binaries both come from the cache.
 
-It prints each run's time to first inference split into setup, compile,
-tune, load and run, the speedup, and whether the outputs are identical.
+Each run is a child process of its own (:mod:`.runs`). It prints each run's time to
+first inference split into setup, compile, tune, load and run, the speedup, and whether
+the outputs are identical.
 
 Interface with the ``runtime-cache`` command: the entry point ``demo`` in the
 group ``runtime_cache.cli`` names :func:`add_parser`::
@@ -32,10 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,22 +43,14 @@ from ..errors import RuntimeCacheError
 from ..provider import OFF
 from ..urls import redact, redacted
 from .entries import demo_entries, remove_entries
+from .errors import DemoError
 from .report import compare, format_text
+from .runs import child_env, run_child, write_secret_file
 
 if TYPE_CHECKING:
     from ..cli.context import CommandContext
 
 __all__ = ["DemoError", "add_parser", "build_parser", "command", "main", "run_demo"]
-
-CHILD_TIMEOUT_S = 900
-
-
-class DemoError(RuntimeCacheError):
-    """The demo cannot run here (exit code 2) or one of its runs failed (``code=1``)."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -193,94 +183,6 @@ def _open(url: str, secret: list[str] | None) -> Cache:
     return cache_from_url(url, strict=True, secret=secret)
 
 
-# ---------------------------------------------------------------------- the runs
-def _child(
-    label: str, model: str, device: str, env: dict[str, str], progress: bool
-) -> dict[str, Any]:
-    from ..opencl.child import child_folder, python_command
-
-    argv = ["--model", model, "--device", device]
-    if progress:
-        argv += ["--progress", label]
-    command = python_command("runtime_cache.demo.run", argv)
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command,
-            env=env,
-            cwd=child_folder(),
-            stdout=subprocess.PIPE,
-            stderr=None if progress else subprocess.PIPE,
-            timeout=CHILD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise DemoError(f"the {label} run took over {CHILD_TIMEOUT_S} s", code=1) from None
-    wall = time.perf_counter() - started
-    if done.returncode in (-signal.SIGINT, 130):  # Ctrl-C reached the child first
-        raise KeyboardInterrupt
-    if done.returncode != 0:
-        tail = (done.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-15:]
-        detail = ("\n" + "\n".join(tail)) if tail else " (see above)"
-        raise DemoError(f"the {label} run failed with exit code {done.returncode}{detail}", code=1)
-    try:
-        report: dict[str, Any] = json.loads(done.stdout.decode("utf-8").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise DemoError(f"the {label} run printed no report", code=1) from None
-    report["wall_s"] = round(wall, 6)
-    return report
-
-
-def _absolute(url: str) -> str:
-    """``url`` with each relative ``dir://`` folder made absolute: the runs start elsewhere."""
-    parts = []
-    for part in url.split(","):
-        scheme, sep, rest = part.strip().partition("://")
-        if sep and scheme.lower() == "dir" and rest and not rest.startswith(("/", "?")):
-            path, query, args = rest.partition("?")
-            rest = os.path.abspath(path) + query + args
-        parts.append(f"{scheme}{sep}{rest}")
-    return ",".join(parts)
-
-
-def _secret_file(keys: list[str], folder: str) -> str:
-    """A file of ``keys``, one a line, readable by this user only, in ``folder`` (private,
-    removed when the runs end). A key with a line break in it cannot be passed so."""
-    if any("\n" in key or "\r" in key for key in keys):
-        raise DemoError("a secret key holds a line break: the demo's runs cannot be given it")
-    path = os.path.join(folder, "secret")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{key}\n" for key in keys))
-    return path
-
-
-def _child_env(
-    url: str, driver_cache: bool, driver_dir: str | None = None, secret_file: str | None = None
-) -> dict[str, str]:
-    """The children's environment; ``driver_dir``: carry the driver's cache, kept there;
-    ``secret_file``: the keys, one a line (:func:`_secret_file`: never on a command line,
-    and never joined at commas: a key may hold one, and each key of a comma list needs 16
-    characters)."""
-    env = dict(os.environ)
-    env[environment.ENV_CACHE] = _absolute(url)
-    if secret_file is not None:
-        env.pop(environment.ENV_SECRET, None)
-        env[environment.ENV_SECRET_FILE] = secret_file
-    if not driver_cache:
-        env["POCL_KERNEL_CACHE"] = "0"
-        env["CUDA_CACHE_DISABLE"] = "1"
-    from ..opencl.driver_cache import ENV_DIR, ENV_SWITCH
-
-    env.pop(ENV_SWITCH, None)  # the runs carry only in folders made for them (the engine's)
-    if driver_dir is not None:
-        # The drivers' folders are ours for these runs: a new one for the cold run.
-        for name in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH"):
-            env.pop(name, None)
-        env.update({ENV_SWITCH: "1", ENV_DIR: driver_dir})
-    return env
-
-
 def demo(args: argparse.Namespace) -> dict[str, Any]:
     """Run the demo and return the result (see :func:`runtime_cache.demo.report.compare`).
 
@@ -318,11 +220,11 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         with scratch_folder(DEMO) as folder:  # (one a killed demo left goes at the next)
             cold_dir = os.path.join(folder, "cold") if carry else None
             warm_dir = os.path.join(folder, "warm") if fresh else cold_dir
-            keys = None if secret is None else _secret_file(secret, folder)
-            cold_env = _child_env(url, driver_cache, cold_dir, keys)
-            cold = _child("cold", name, str(index), cold_env, progress)
-            warm_env = _child_env(url, driver_cache, warm_dir, keys)
-            warm = _child("warm", name, str(index), warm_env, progress)
+            secret_path = None if secret is None else write_secret_file(secret, folder)
+            cold_env = child_env(url, driver_cache, cold_dir, secret_path)
+            cold = run_child("cold", name, str(index), cold_env, progress)
+            warm_env = child_env(url, driver_cache, warm_dir, secret_path)
+            warm = run_child("warm", name, str(index), warm_env, progress)
         entries = demo_entries(cache, model.module_id)
     finally:
         try:

@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from ..fork_holds import ForkHold
+
 __all__ = ["FORK_WAIT", "ForkGate", "GateClosed", "close_at_exit", "gate"]
 
 #: Seconds a ``fork()`` waits for reads and loads in progress on other threads.
@@ -30,7 +32,7 @@ class GateClosed(RuntimeError):
     """A load asked to begin after the exit's :meth:`ForkGate.close`."""
 
 
-class ForkGate:
+class ForkGate(ForkHold):
     """Holds ``fork()`` back while a read-ahead thread is inside the cache.
 
     A child has only the thread that forked; a lock that a reading thread held at the fork
@@ -92,23 +94,21 @@ class ForkGate:
                     break
                 self._cond.wait(left)
 
-    def before_fork(self) -> None:
-        """Wait for other threads' reads in progress; hold the gate shut through the fork."""
+    def in_flight_at_fork(self) -> bool:
+        """Whether another thread is inside a read or a load (a fork from inside one does
+        not wait for itself)."""
         me = threading.get_ident()
-        self._cond.acquire()
-        self._forking = True
-        deadline = time.monotonic() + FORK_WAIT
-        while any(who != me for who in self._inside):
-            left = deadline - time.monotonic()
-            if left <= 0:  # a read that hangs (a dead network file system): fork anyway
-                break
-            self._cond.wait(left)
+        return any(who != me for who in self._inside)
+
+    def before_fork(self) -> None:
+        """Wait (at most :data:`FORK_WAIT` seconds: a read that hangs on a dead network
+        file system does not stop the fork) for other threads' reads in progress; hold the
+        gate shut through the fork."""
+        self.hold_for_fork(time.monotonic() + FORK_WAIT)
 
     def after_fork_in_parent(self) -> None:
         """Open the gate again."""
-        self._forking = False
-        self._cond.notify_all()
-        self._cond.release()
+        self.release_after_fork()
 
     def after_fork_in_child(self) -> None:
         """A fresh gate: the child has none of the parent's reading threads."""

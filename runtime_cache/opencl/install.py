@@ -138,7 +138,8 @@ def _build(
     from .build_inputs import settle
     from .counters import counters
     from .program import fetch, holds_its_kernels, plan_program
-    from .write_behind import store_now, write_behind
+    from .store_jobs import store_now
+    from .write_behind import write_behind
 
     store = _cache if _cache is not None else get_cache()
     plan = plan_program(

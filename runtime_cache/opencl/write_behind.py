@@ -42,24 +42,20 @@ For both:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
 from ..process_exit import at_exit
-from ._driver import import_pyopencl
 from .counters import counters
 from .detached_store import SLOW_READ_SECONDS, compiles_on_read, detach_mode, hand_off
 from .plan import ProgramPlan
 from .pocl_flags import pocl_flags_unknown
-from .program import store_binaries
-from .readback import read_binaries_released
+from .store_jobs import StoreJob, driver_program, group_by_store, store_now
 from .store_timing import (
     ENV_FLUSH_SECONDS,
     ENV_IDLE_SECONDS,
@@ -86,35 +82,6 @@ QUEUE_LIMIT = 512
 EXIT_PRIORITY = 50
 
 
-@dataclass(frozen=True)
-class _Job:
-    cache: Cache
-    plan: ProgramPlan
-    program: Any
-    seconds: float
-    made: Any  # the driver's program that this build made (``program._prg`` then)
-    background: bool = False  # the background thread may read it back
-
-
-def _driver_program(program: Any) -> Any:
-    return getattr(program, "_prg", None) or program
-
-
-def store_now(
-    cache: Cache, plan: ProgramPlan, program: Any, seconds: float, made: Any = None
-) -> bool:
-    """Read ``program``'s binaries back and store them, in the calling thread.
-
-    ``made`` is the driver's program that the build ``plan`` describes made
-    (``program._prg`` at the time; the default: now). A program built again since
-    (:func:`~runtime_cache.opencl.install` gives it a new one) still stores that
-    build's binaries, and is not noted for :func:`.recapture_binaries` under ``plan``.
-    """
-    made = _driver_program(program) if made is None else made
-    binaries = read_binaries_released(import_pyopencl(), made, plan.devices)
-    return store_binaries(cache, plan, program, binaries, seconds, made)
-
-
 class WriteBehind:
     """A bounded queue of built programs whose binaries are read back and stored later.
 
@@ -135,7 +102,7 @@ class WriteBehind:
     def __init__(self, limit: int = QUEUE_LIMIT) -> None:
         self._limit = limit
         self._cond = threading.Condition()
-        self._jobs: deque[_Job] = deque()
+        self._jobs: deque[StoreJob] = deque()
         self._queued: set[str] = set()  # the first key of each queued program
         self._busy = 0  # queued plus those being stored
         self._last = 0.0  # time.monotonic() of the last submit
@@ -167,8 +134,8 @@ class WriteBehind:
                 return False
             self._queued.add(first)
             self._last = time.monotonic()
-            made = _driver_program(program) if made is None else made
-            self._jobs.append(_Job(cache, plan, program, seconds, made, background))
+            made = driver_program(program) if made is None else made
+            self._jobs.append(StoreJob(cache, plan, program, seconds, made, background))
             self._busy += 1
             # Registered at the first submit, after pyopencl's own handlers: runs before them.
             at_exit(self.flush_at_exit, priority=EXIT_PRIORITY)
@@ -258,11 +225,11 @@ class WriteBehind:
                 return 0
         return self._hand_off(jobs)
 
-    def _hand_off(self, jobs: list[_Job]) -> int:
+    def _hand_off(self, jobs: list[StoreJob]) -> int:
         """Hand ``jobs`` (taken out of the queue) off by cache; requeue the rest."""
-        kept: list[_Job] = []
+        kept: list[StoreJob] = []
         handed = 0
-        for group in _by_cache(jobs):
+        for group in group_by_store(jobs):
             # Not PoCL's, where this process changed its extra flags since those builds: the
             # detached process would build with the new ones (they are stored here).
             here = [j for j in group if pocl_flags_unknown(j.plan.devices)]
@@ -279,12 +246,12 @@ class WriteBehind:
             log.info("runtime-cache: %d programs' binaries handed to a detached store", handed)
         return handed
 
-    def _requeue(self, jobs: list[_Job]) -> None:
+    def _requeue(self, jobs: list[StoreJob]) -> None:
         with self._cond:
             self._jobs.extendleft(reversed(jobs))
             self._cond.notify_all()
 
-    def _release(self, jobs: list[_Job]) -> None:
+    def _release(self, jobs: list[StoreJob]) -> None:
         with self._cond:
             for job in jobs:
                 self._queued.discard(str(job.plan.keys[0]) if job.plan.keys else "")
@@ -300,7 +267,7 @@ class WriteBehind:
         self._thread = None  # (threads do not survive a fork: a submit starts one)
         self._closed = False
 
-    def _store(self, job: _Job) -> None:
+    def _store(self, job: StoreJob) -> None:
         try:
             stored = store_now(job.cache, job.plan, job.program, job.seconds, job.made)
             if not stored and job.cache.enabled:
@@ -326,7 +293,7 @@ class WriteBehind:
             else:
                 self._idle_hand_off(jobs)
 
-    def _next_task(self) -> tuple[bool, list[_Job]] | None:
+    def _next_task(self) -> tuple[bool, list[StoreJob]] | None:
         """Under the lock: wait for a background program to store, or for the deferred
         ones to hand off once builds are quiet; ``None`` once closed."""
         while not self._closed:
@@ -349,7 +316,7 @@ class WriteBehind:
             self._cond.wait(min(waits) if waits else None)
         return None
 
-    def _idle_hand_off(self, jobs: list[_Job]) -> None:
+    def _idle_hand_off(self, jobs: list[StoreJob]) -> None:
         """Hand the deferred programs off where the exit would, with no read-back here
         (that stays the caller's thread's): on a driver that compiles for it, or always
         under ``RUNTIME_CACHE_OPENCL_DETACH=1``. The others stay queued for the exit."""
@@ -361,33 +328,6 @@ class WriteBehind:
         except Exception as exc:  # the caller's programs are still stored at exit
             log.warning("runtime-cache: handing stores off once builds were quiet failed: %s", exc)
         self._requeue(jobs)
-
-
-def _by_cache(jobs: list[_Job]) -> list[list[_Job]]:
-    # By the store a detached process would open (its spec, secret and producer), not by
-    # ``Cache`` object: a Pool worker that made a Cache a task started one detached store
-    # a task at its end (200 at once for 200 tasks: the review of session 41).
-    groups: dict[object, list[_Job]] = {}
-    stores: dict[int, object] = {}
-    for job in jobs:
-        cache = job.cache
-        if id(cache) not in stores:
-            stores[id(cache)] = _store_of(cache)
-        groups.setdefault(stores[id(cache)], []).append(job)
-    return list(groups.values())
-
-
-def _store_of(cache: Cache) -> object:
-    from .reopen import reopen_spec
-
-    try:
-        spec = reopen_spec(cache)
-    except Exception:  # (its own hand-off says why)
-        spec = None
-    if spec is None:
-        return ("cache", id(cache))
-    text = json.dumps(spec, sort_keys=True, default=repr)
-    return ("store", text, cache.secret_keys(), cache.producer)
 
 
 #: The queue :func:`install` uses.

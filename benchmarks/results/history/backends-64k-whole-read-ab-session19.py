@@ -10,8 +10,8 @@ import sys
 
 sys.path.insert(0, ".")
 if sys.argv[1] == "b":
-    import runtime_cache.backends.dir_fs as dir_fs
+    import runtime_cache.backends.bounded_reads as bounded_reads
 
-    dir_fs.PARTS_FROM = 1 << 30
+    bounded_reads.PARTS_FROM = 1 << 30  # (read_parts moved out of dir_fs)
 sys.argv = ["bench_backends.py", *sys.argv[2:]]
 runpy.run_path("bench_backends.py", run_name="__main__")
