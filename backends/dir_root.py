@@ -25,6 +25,7 @@ __all__ = [
     "ROOT_FLAGS",
     "Modes",
     "backend_error",
+    "make_root",
     "only_mine",
     "open_root",
     "owner_check",
@@ -78,7 +79,8 @@ def _failed(root: str | Path, exc: OSError) -> BackendError:
 
 
 def open_root(root: str | Path, modes: Modes) -> int:
-    """Open (creating it if missing) the root folder; return its descriptor.
+    """Open (creating it if missing: :func:`make_root`) the root folder; return its
+    descriptor.
 
     Raises :class:`BackendError` ("is not a directory") when ``root`` names a file, and
     :class:`ReadOnlyBackendError` when this user may not enter it.
@@ -91,20 +93,43 @@ def open_root(root: str | Path, modes: Modes) -> int:
         raise _not_a_folder(root) from None
     except OSError as exc:
         raise _failed(root, exc) from exc
+    return make_root(root, modes)[0]
+
+
+def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
+    """Make the missing folder ``root`` (its parents too) and open it, following no link at
+    its name; return its descriptor and whether this call made it. Its mode is set through
+    the descriptor, on a folder this call made and this user owns: set by its name, a link
+    that a member of a shared parent put there between the two steps was followed, and
+    the folder it led to (the victim's own, ``0700``) made group-writable.
+
+    A link at the name, new or old, is :class:`BackendError` ("is not a directory"): the
+    root is made again (:func:`remake_root`) only where it was a folder.
+    """
+    name = os.fspath(root).rstrip("/") or "/"  # (a trailing "/" would follow a link)
+    made = False
     try:
-        os.makedirs(root, mode=modes.folder, exist_ok=True)
-        if modes.folder_chmod is not None:
-            os.chmod(root, modes.folder_chmod)
+        os.makedirs(os.path.dirname(name) or ".", mode=modes.folder, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, modes.folder)
+            made = True
+        if not made:  # (made meanwhile by another: whoever made it set its mode)
+            return _enterable(os.open(name, ROOT_FLAGS | os.O_NOFOLLOW), root), False
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileExistsError, NotADirectoryError):
         raise _not_a_folder(root) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _not_a_folder(root) from None
         raise _failed(root, exc) from exc
     try:
-        return os.open(root, ROOT_FLAGS)
-    except NotADirectoryError:
-        raise _not_a_folder(root) from None
+        if modes.folder_chmod is not None and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, modes.folder_chmod)  # (another's folder swapped in: left as it is)
+        return os.open(".", ROOT_FLAGS, dir_fd=fd), True
     except OSError as exc:
         raise _failed(root, exc) from exc
+    finally:
+        os.close(fd)
 
 
 def _enterable(fd: int, root: str | Path) -> int:
@@ -128,10 +153,13 @@ def _enterable(fd: int, root: str | Path) -> int:
 def remake_root(root_fd: int, root: str, modes: Modes, members: object) -> None:
     """Make ``root`` again where it was removed under the process (``rm -rf``, a tmp
     cleaner; NFS: ``root_fd`` answers ESTALE), with an open's checks, at ``root_fd``'s own
-    number (dup2: no thread meets a closed descriptor). A shared root (``members``:
-    :func:`owner_check`'s answer at the first open) gets back its group, not this
-    process's. Where it cannot be made, ``root_fd`` is left as it is: writes fail, reads
-    miss."""
+    number (dup2: no thread meets a closed descriptor). No link at its name is followed
+    (:func:`make_root`): in a shared folder a member can put one there, to a folder of the
+    process's user (root's: ``/etc``), which the process would then have given to the
+    group. A shared root this call made (``members``: :func:`owner_check`'s answer at the
+    first open) gets back its group, not this process's; one another process made
+    meanwhile is taken as it is. Where it cannot be made, ``root_fd`` is left as it is:
+    writes fail, reads miss."""
     try:
         if os.fstat(root_fd).st_nlink > 0:
             return
@@ -139,13 +167,13 @@ def remake_root(root_fd: int, root: str, modes: Modes, members: object) -> None:
         if exc.errno != errno.ESTALE:
             return
     try:
-        fd = open_root(root, modes)
+        fd, made = make_root(root, modes)
     except (OSError, BackendError):
         return
     try:
-        if isinstance(members, GroupMembers) and os.fstat(fd).st_gid != members.gid:
-            with contextlib.suppress(OSError):  # (not this user's, or not a member)
-                path = f"/proc/self/fd/{fd}"  # the folder opened, whatever is at its name now
+        if made and isinstance(members, GroupMembers) and os.fstat(fd).st_gid != members.gid:
+            with contextlib.suppress(OSError):  # (not a member of it)
+                path = f"/proc/self/fd/{fd}"  # the folder made, whatever is at its name now
                 os.chown(path, -1, members.gid)
                 if modes.folder_chmod is not None:  # (a chown may drop the setgid bit)
                     os.chmod(path, modes.folder_chmod)

@@ -67,9 +67,9 @@ def test_a_shared_root_made_again_gets_back_its_group(tmp_path: Path) -> None:
 
 
 def test_a_root_made_again_passes_an_opens_checks(tmp_path: Path) -> None:
-    """The root made again is opened as an open opens it: a link at its path leads to the
-    folder it names (as at an open), and a folder of another user's there is refused, so
-    the cache carries on without writes rather than write into it."""
+    """The root made again follows no link at its path (one to a folder of another user's
+    was refused by the owner check before; now it is not followed at all), so the cache
+    carries on without writes rather than write into it."""
     if os.geteuid() != 0:
         pytest.skip("needs root to give a folder to another user")
     root, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
@@ -252,3 +252,65 @@ def test_a_root_removed_on_nfs_is_made_again(
     monkeypatch.setattr(os, "fstat", fstat)
     assert cache.put(_key(1), b"one")
     assert cache.get(_key(1)) == b"one"
+
+
+def _victim(tmp_path: Path) -> tuple[Path, tuple[int, int, int]]:
+    victim = tmp_path / "victim"  # a private folder of the process's own user
+    victim.mkdir(mode=0o700)
+    (victim / "notes").write_text("mine")
+    st = victim.stat()
+    return victim, (st.st_mode, st.st_uid, st.st_gid)
+
+
+def _unchanged(victim: Path, before: tuple[int, int, int]) -> None:
+    st = victim.stat()
+    assert (st.st_mode, st.st_uid, st.st_gid) == before
+    assert sorted(p.name for p in victim.iterdir()) == ["notes"]
+
+
+def test_a_shared_root_is_not_made_again_through_a_planted_link(tmp_path: Path) -> None:
+    """Review of session 42 (High): a member of a shared folder's group replaced the root
+    by a link to a private folder of the victim's (root's: /etc); making the root again
+    followed it, gave that folder to the group, made it group-writable and wrote entries
+    into it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the shared root a group this process is not in")
+    victim, before = _victim(tmp_path)
+    team = tmp_path / "team"
+    team.mkdir(mode=0o2770)
+    root = team / "cache"
+    root.mkdir(mode=0o2770)
+    os.chown(team, -1, 65534)
+    os.chown(root, -1, 65534)
+    cache = rc.Cache(DirectoryBackend(root, shared=True), secret="s")
+    assert cache.put(_key(0), b"zero")
+    shutil.rmtree(root)
+    root.symlink_to(victim)  # what a member of the group can do: the team folder is theirs
+    assert not cache.put(_key(1), b"one")  # no root: the write is skipped
+    _unchanged(victim, before)
+    root.unlink()  # a folder there again: made again, with its group
+    assert cache.put(_key(2), b"two") and root.stat().st_gid == 65534
+
+
+def test_a_new_root_swapped_for_a_link_is_not_chmod_ed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of session 42: a shared root made at the open had its mode set by its path,
+    so a link swapped in between the two steps led the chmod to a private folder."""
+    victim, before = _victim(tmp_path)
+    team = tmp_path / "team"
+    team.mkdir()
+    root = team / "cache"
+    real = os.mkdir
+
+    def mkdir_then_swap(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
+            os.rmdir(path)
+            os.symlink(victim, path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
+    with pytest.raises(rc.errors.BackendError, match="symbolic link"):
+        DirectoryBackend(root, shared=True)
+    monkeypatch.setattr(os, "mkdir", real)
+    _unchanged(victim, before)
