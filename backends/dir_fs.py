@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import sys
 import time
 
@@ -218,6 +219,46 @@ def create_new(dir_fd: int, prefix: str, mode: int, chmod: int | None = None) ->
                 raise
         return fd, name
     raise FileExistsError(errno.EEXIST, "no free temp name", prefix)  # pragma: no cover
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISREG, "a file"),
+)
+
+
+def clear_way(root_fd: int, rel: str) -> tuple[str, str, bool]:
+    """Remove the link, FIFO, socket, folder or file at or above the entry name ``rel``
+    that keeps it from being written: walks from the root one folder at a time, and the
+    first name that is not a real folder (or, last, ``rel`` itself) is set aside
+    (:func:`set_aside`), never followed. Returns that name (``rel`` or a folder's above
+    it), what it was (``"a socket"``; ``""``: nothing there, or no answer) and whether the
+    name is free now."""
+    parts = rel.split("/")
+    fd = os.open(".", _DIR, dir_fd=root_fd)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                if depth == len(parts) - 1:
+                    raise OSError(errno.ENOTDIR, "the entry's own name")
+                child = os.open(part, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                return rel, "", True
+            except OSError:
+                try:
+                    mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+                    what = next((w for test, w in _KINDS if test(mode)), "a device")
+                except OSError:
+                    what = ""
+                return "/".join(parts[: depth + 1]), what, set_aside(fd, part, ".junk-")
+            os.close(fd)
+            fd = child
+        return rel, "", True  # (not reached: the last name is set aside above)
+    finally:
+        os.close(fd)
 
 
 def set_aside(dir_fd: int, name: str, prefix: str, seconds: float = JUNK_SECONDS) -> bool:

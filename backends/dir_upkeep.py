@@ -242,28 +242,6 @@ class Upkeep:
         return True
 
     # ---------------------------------------------------------------- junk
-    def clear(self, rel: str) -> bool:
-        """Remove the link, FIFO, folder or oversized file at or above the entry name ``rel``.
-
-        Walks from the root one folder at a time; the first component that is not
-        a real folder is removed (never followed). Returns whether the name is free.
-        """
-        parts = rel.split("/")
-        fd = os.open(".", _DIR, dir_fd=self.backend.root_fd)
-        try:
-            for part in parts[:-1]:
-                try:
-                    child = os.open(part, _DIR, dir_fd=fd)
-                except FileNotFoundError:
-                    return True
-                except OSError:
-                    return set_aside(fd, part, ".junk-")
-                os.close(fd)
-                fd = child
-            return set_aside(fd, parts[-1], ".junk-")
-        finally:
-            os.close(fd)
-
     # --------------------------------------------------------------- vacuum
     def vacuum(self, seconds: float = VACUUM_SECONDS) -> int:
         """Remove dead writers' temp files, old names set aside and stale lease files;

@@ -32,6 +32,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from . import dir_root as roots
 from . import dir_write as writes
+from .dir_fs import clear_way
 from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import flush_at_exit, track
 from .dir_reads import LINKED, DirReads
@@ -182,14 +183,17 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         """Count and log junk at the entry name ``rel``, and remove it where we may (a file
         only while it is the one ``st`` describes: an entry written there since stays)."""
         self.junk += 1
+        where = rel
         if st is not None and stat.S_ISREG(st.st_mode):
             removed = writes.delete_if_same(self.root_fd, rel, st)
-        else:
-            removed = self._upkeep.clear(rel)
+        else:  # (what was in the way may be a folder's name above the entry's)
+            where, found, removed = clear_way(self.root_fd, rel)
+            what = found if where != rel or not what else what  # (set(): "" for "look")
         log.warning(
-            "runtime-cache: %s is %s, not a cache entry; %s",
-            self.root / rel,
-            what,
+            "runtime-cache: %s is %s, not a cache %s; %s",
+            self.root / where,
+            what or "something else",
+            "entry" if where == rel else "folder",
             "removed it" if removed else "left it (not ours to remove)",
         )
 
@@ -211,7 +215,7 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
                 # The folder was removed under us (a clear, an rm -rf), a cleaner took
                 # our temp file, or junk holds the name (a folder, a link): once more.
                 if exc.errno != errno.ENOENT:
-                    self.found_junk(rel, "a folder or a link")
+                    self.found_junk(rel, "")  # (what is in the way: found_junk looks)
                 else:  # the root removed under us (rm -rf, a tmp cleaner): made again
                     members = self._upkeep.members
                     roots.remake_root(self.root_fd, self._root_text, self.modes, members)

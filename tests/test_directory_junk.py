@@ -331,3 +331,35 @@ def test_a_non_file_at_the_hits_journal_is_set_aside_and_uses_count_again(
     assert journal.is_file() and not journal.is_symlink()
     assert "not a file" in caplog.text or planted != "folder"  # (the others went unread)
     assert not (tmp_path / "elsewhere").exists()  # never followed
+
+
+@pytest.mark.parametrize("kind", ["socket", "fifo", "link", "file"])
+def test_what_blocks_an_entrys_folder_is_named_as_it_is(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review of session 42: a socket at an entry's folder name was logged as the entry
+    itself, "a folder or a link", removed: the entry's file never existed."""
+    import socket
+
+    root = tmp_path / "c"
+    backend = DirectoryBackend(root)
+    cache = rc.Cache(backend)
+    k = _key(0)
+    entry = backend._rel(str(k))
+    folder = root / entry.rpartition("/")[0]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "socket":
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(str(folder))
+    elif kind == "fifo":
+        os.mkfifo(folder)
+    elif kind == "link":
+        folder.symlink_to(tmp_path)
+    else:
+        folder.write_bytes(b"not a folder")
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        assert cache.put(k, b"value")
+    said = {"socket": "a socket", "fifo": "a FIFO", "link": "a symbolic link", "file": "a file"}
+    assert f"{folder} is {said[kind]}, not a cache folder; removed it" in caplog.text
+    assert cache.get(k) == b"value" and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # (no write through the link)
