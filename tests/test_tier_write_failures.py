@@ -201,6 +201,20 @@ def test_import_names_a_read_only_folder_tier_that_may_serve_older_entries(
         assert "it may still serve older copies of them" in got.out, got.out
 
 
+def test_import_into_a_read_only_folder_says_what_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review of session 42: the import said the store's error alone, no report."""
+    bundle, _keys = _bundle(tmp_path, 3)
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        (ro / "c").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        code, got = _import(capsys, f"dir://{ro / 'c'}", bundle)
+    assert code == 1
+    assert f"imported 0 of 3 entries from {bundle}: the store failed" in got.out, got.out
+    assert "read-only" in got.err
+
+
 def test_import_through_a_full_folder_tier_is_reported_and_reads_get_the_bundle(
     tmp_path: Path,
     redis_server: RedisProcess,

@@ -228,6 +228,12 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         if args.json:
             report = {"file": args.file, "error": str(exc), "accepted": accepted}
             ctx.emit_json({**report, "in_bundle": len(blobs), "exit_code": 1})
+        else:  # (what was written before the store failed: nothing, where it is read-only)
+            print(
+                f"imported {accepted} of {len(blobs)} entries from {clean(args.file)}: the "
+                "store failed (below)",
+                file=ctx.out,
+            )
         raise
     finally:
         progress.close()
