@@ -254,7 +254,10 @@ def test_junk_that_stays_is_counted_once_a_get(
     backend = DirectoryBackend(tmp_path, max_size=None)
     cache = rc.Cache(backend)
     assert cache.put(_key(), b"v" * SIZE) and cache.get(_key()) == b"v" * SIZE
-    monkeypatch.setattr(backend._upkeep, "clear", lambda rel: False)  # not ours to remove
+    import runtime_cache.backends.directory as directory
+
+    not_ours = lambda root_fd, rel: (rel, "", False)  # noqa: E731 - not ours to remove
+    monkeypatch.setattr(directory, "clear_way", not_ours)
     path = _path(backend, _key())
     path.unlink()
     {"fifo": os.mkfifo, "link": lambda p: os.symlink("/etc/hostname", p), "folder": os.mkdir}[kind](
