@@ -43,8 +43,10 @@ __all__ = [
     "NOFOLLOW",
     "PARTS_FROM",
     "Junk",
+    "clear_way",
     "create_new",
     "fstat_or_none",
+    "kind_of",
     "make_folders",
     "open_beneath",
     "open_folder",
@@ -230,6 +232,12 @@ _KINDS = (
 )
 
 
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, for messages: ``"a socket"``, ``"a file"``,
+    ``"a device"`` (a character or block one)."""
+    return next((what for test, what in _KINDS if test(mode)), "a device")
+
+
 def clear_way(root_fd: int, rel: str) -> tuple[str, str, bool]:
     """Remove the link, FIFO, socket, folder or file at or above the entry name ``rel``
     that keeps it from being written: walks from the root one folder at a time, and the
@@ -249,8 +257,7 @@ def clear_way(root_fd: int, rel: str) -> tuple[str, str, bool]:
                 return rel, "", True
             except OSError:
                 try:
-                    mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
-                    what = next((w for test, w in _KINDS if test(mode)), "a device")
+                    what = kind_of(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
                 except OSError:
                     what = ""
                 return "/".join(parts[: depth + 1]), what, set_aside(fd, part, ".junk-")

@@ -34,7 +34,7 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: nothing is held
     fcntl = None  # type: ignore[assignment]
 
-from .dir_fs import NOFOLLOW
+from .dir_fs import NOFOLLOW, kind_of
 
 __all__ = ["NotInPlace", "held", "in_place", "open_fixed", "open_in_place", "planted"]
 
@@ -61,14 +61,7 @@ def planted(dir_fd: int, name: str) -> str | None:
         mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except OSError:
         return None
-    kinds = (
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-    )
-    return next((what for test, what in kinds if test(mode)), None)
+    return None if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) else kind_of(mode)
 
 
 def open_fixed(

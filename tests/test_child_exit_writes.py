@@ -25,9 +25,32 @@ pytest_plugins = ["redis_servers"]
 
 CHILDREN = 4
 
+# The end of both apps below: COUNT children (processes, or a pool's tasks) run work(i).
+RUN_CHILDREN = textwrap.indent(
+    textwrap.dedent(
+        """
+        ctx = mp.get_context(METHOD)
+        if HOW == "pool":
+            pool = ctx.Pool(2)
+            assert pool.map(work, range(COUNT)) == list(range(COUNT))
+            pool.close()
+            pool.join()
+        else:
+            children = [ctx.Process(target=work, args=(i,)) for i in range(COUNT)]
+            for child in children:
+                child.start()
+            for child in children:
+                child.join()
+            assert [c.exitcode for c in children] == [0] * COUNT
+        """
+    ),
+    "    ",
+)
+
 # argv: store URL, start method, "process" or "pool", how many children.
-APP = textwrap.dedent(
-    """
+APP = (
+    textwrap.dedent(
+        """
     import multiprocessing as mp, sys
     import runtime_cache as rc
 
@@ -46,20 +69,9 @@ APP = textwrap.dedent(
 
     if __name__ == "__main__":
         cache().put(key("parent"), b"p")
-        ctx = mp.get_context(METHOD)
-        if HOW == "pool":
-            pool = ctx.Pool(2)
-            assert pool.map(work, range(COUNT)) == list(range(COUNT))
-            pool.close()
-            pool.join()
-        else:
-            children = [ctx.Process(target=work, args=(i,)) for i in range(COUNT)]
-            for child in children:
-                child.start()
-            for child in children:
-                child.join()
-            assert [c.exitcode for c in children] == [0] * COUNT
     """
+    )
+    + RUN_CHILDREN
 )
 
 
@@ -141,8 +153,9 @@ def test_the_fork_hooks_let_go_of_exactly_the_writers_they_held(
 
 # argv: folder, start method, "process" or "pool", "parent" or "child" (who opens the
 # cache the children read through), how many children.
-HITS_APP = textwrap.dedent(
-    """
+HITS_APP = (
+    textwrap.dedent(
+        """
     import multiprocessing as mp, sys
     import runtime_cache as rc
 
@@ -161,20 +174,9 @@ HITS_APP = textwrap.dedent(
             parent.put(k, b"v")
         if OPENED == "parent":
             CACHE = parent  # inherited by forked children
-        ctx = mp.get_context(METHOD)
-        if HOW == "pool":
-            with ctx.Pool(2) as pool:
-                assert pool.map(work, range(COUNT)) == list(range(COUNT))
-                pool.close()
-                pool.join()
-        else:
-            children = [ctx.Process(target=work, args=(i,)) for i in range(COUNT)]
-            for child in children:
-                child.start()
-            for child in children:
-                child.join()
-            assert [c.exitcode for c in children] == [0] * COUNT
     """
+    )
+    + RUN_CHILDREN
 )
 
 

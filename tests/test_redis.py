@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis_backends import drop_keys, open_redis
 
 import runtime_cache as rc
 from runtime_cache.errors import InvalidURLError, MissingDependencyError
@@ -25,40 +26,26 @@ pytest_plugins = ["redis_servers"]
 pytestmark = pytest.mark.redis
 
 
-def _open(url: str) -> rc.Backend:
-    from runtime_cache.backends.redis import RedisBackend
-
-    backend = rc.open_backend(url)
-    assert isinstance(backend, RedisBackend)
-    return backend
-
-
-def _drop(backend: rc.Backend) -> None:
-    for key in list(backend.keys()):
-        backend.delete(key)
-    backend.close()
-
-
 class TestStandaloneConformance(BackendConformance, CacheConformance):
     @pytest.fixture
     def backend(self, redis_server: RedisProcess, unique_prefix: str) -> Iterator[rc.Backend]:
-        backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+        backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
         yield backend
-        _drop(backend)
+        drop_keys(backend)
 
 
 class TestClusterConformance(BackendConformance, CacheConformance):
     @pytest.fixture
     def backend(self, redis_cluster: RedisCluster, unique_prefix: str) -> Iterator[rc.Backend]:
-        backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}")
+        backend = open_redis(f"{redis_cluster.url}?prefix={unique_prefix}")
         yield backend
-        _drop(backend)
+        drop_keys(backend)
 
 
 def test_cluster_keys_span_every_node(redis_cluster: RedisCluster, unique_prefix: str) -> None:
     import redis
 
-    backend = _open(f"{redis_cluster.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_cluster.url}?prefix={unique_prefix}")
     keys = {f"span/{i:04d}" for i in range(60)}
     backend.set_many({k: k.encode() for k in keys})
     holding = 0
@@ -69,13 +56,13 @@ def test_cluster_keys_span_every_node(redis_cluster: RedisCluster, unique_prefix
     assert holding == len(redis_cluster.nodes)  # 60 keys hash to every node's slots
     assert set(backend.keys("span/")) == keys
     assert backend.get_many(sorted(keys)) == {k: k.encode() for k in keys}
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_url_options(redis_server: RedisProcess) -> None:
     from runtime_cache.backends.redis import RedisBackend
 
-    backend = _open(
+    backend = open_redis(
         f"{redis_server.url}?namespace=team&ttl=2h&timeout=300ms&connect_timeout=100ms"
         "&max_connections=8&backoff=50ms&max_backoff=2s"
     )
@@ -83,7 +70,7 @@ def test_url_options(redis_server: RedisProcess) -> None:
     assert (backend.prefix, backend.ttl) == ("team:", 7200.0)
     assert (backend.timeout, backend.connect_timeout, backend.max_connections) == (0.3, 0.1, 8)
     assert (backend.breaker.backoff, backend.breaker.max_backoff) == (0.05, 2.0)
-    defaults = _open(redis_server.url)
+    defaults = open_redis(redis_server.url)
     assert isinstance(defaults, RedisBackend)
     assert (defaults.prefix, defaults.ttl, defaults.timeout, defaults.connect_timeout) == (
         "rc:",
@@ -142,40 +129,40 @@ def test_a_database_path_that_is_not_a_number_is_rejected(path: str) -> None:
 def test_ttl_is_set_on_every_write(redis_server: RedisProcess, unique_prefix: str) -> None:
     import redis
 
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&ttl=1h")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}&ttl=1h")
     backend.set("one", b"1")
     backend.set_many({"two": b"2", "three": b"3"})
     direct = redis.Redis(port=redis_server.port)
     ttls = [direct.pttl(f"{unique_prefix}{k}") for k in ("one", "two", "three")]
     assert all(3_500_000 < t <= 3_600_000 for t in ttls), ttls
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_prefixes_isolate_apps(redis_server: RedisProcess, unique_prefix: str) -> None:
-    a = _open(f"{redis_server.url}?prefix={unique_prefix}a:")
-    b = _open(f"{redis_server.url}?prefix={unique_prefix}b:")
+    a = open_redis(f"{redis_server.url}?prefix={unique_prefix}a:")
+    b = open_redis(f"{redis_server.url}?prefix={unique_prefix}b:")
     a.set("k", b"from a")
     assert b.get("k") is None and list(b.keys()) == []
     assert list(a.keys()) == ["k"]
-    _drop(a)
-    _drop(b)
+    drop_keys(a)
+    drop_keys(b)
 
 
 def test_glob_characters_in_keys_are_literal(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     backend.set("g/a*b", b"1")
     backend.set("g/axb", b"2")
     backend.set("g/[x]", b"3")
     assert list(backend.keys("g/a*")) == ["g/a*b"]
     assert list(backend.keys("g/[")) == ["g/[x]"]
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_usable_after_fork(redis_server: RedisProcess, unique_prefix: str) -> None:
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     backend.set("parent", b"p")  # the pool now holds a connection
     pid = os.fork()
     if pid == 0:  # child: must open its own connection, not share the parent's socket
@@ -189,7 +176,7 @@ def test_usable_after_fork(redis_server: RedisProcess, unique_prefix: str) -> No
     assert os.waitstatus_to_exitcode(status) == 0
     assert backend.get("child") == b"c"
     assert backend.get("parent") == b"p"
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_missing_redis_py_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,10 +194,10 @@ def test_a_provider_url_works_end_to_end(
     cache = rc.set_cache_provider(f"{redis_server.url}?prefix={unique_prefix}")
     key = rc.make_key(module_id="m", runtime="demo", purpose="e2e", device=None)
     assert cache.get_or_build(key, lambda: b"built once") == b"built once"
-    other = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}"), secret="test-secret")
+    other = rc.Cache(open_redis(f"{redis_server.url}?prefix={unique_prefix}"), secret="test-secret")
     assert other.get(key) == b"built once"
     assert [info.key for info in other.entries(runtime="demo")] == [str(key)]
-    _drop(other.backend)
+    drop_keys(other.backend)
 
 
 def test_tls_options_reach_redis_py() -> None:
@@ -238,8 +225,8 @@ def test_a_namespace_never_lists_or_clears_one_nested_in_it(
     them), nor the leases kept beside its entries."""
     from runtime_cache.cli import main
 
-    outer = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}team:&insecure=1"))
-    inner = rc.Cache(_open(f"{redis_server.url}?prefix={unique_prefix}team:ml:&insecure=1"))
+    outer = rc.Cache(open_redis(f"{redis_server.url}?prefix={unique_prefix}team:&insecure=1"))
+    inner = rc.Cache(open_redis(f"{redis_server.url}?prefix={unique_prefix}team:ml:&insecure=1"))
     mine = rc.make_key(module_id="outer", runtime="demo", purpose="t")
     theirs = [rc.make_key(module_id=f"inner{i}", runtime="demo", purpose="t") for i in range(2)]
     outer.put(mine, b"outer")
@@ -255,7 +242,7 @@ def test_a_namespace_never_lists_or_clears_one_nested_in_it(
     assert outer.get(mine) is None and all(inner.get(k) == b"inner" for k in theirs)
     assert lease.renew()  # the lease survived the clear
     lease.release()
-    _drop(inner.backend)
+    drop_keys(inner.backend)
 
 
 @pytest.mark.parametrize("plant", ["no expiry", "a list", "a day"])
@@ -264,7 +251,7 @@ def test_a_key_planted_at_a_lease_holds_nobody_off(
 ) -> None:
     import redis
 
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     direct = redis.Redis(port=redis_server.port)
     name = f"{unique_prefix}lease:demo/t/abc"
     if plant == "no expiry":
@@ -279,7 +266,7 @@ def test_a_key_planted_at_a_lease_holds_nobody_off(
     assert not backend.lease("demo/t/abc", 30.0).acquire()  # a live lease stays a lease
     lease.release()
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 @pytest.mark.parametrize("swap", ["a large value", "a hash"])
@@ -291,7 +278,7 @@ def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
     a hash made them raise WRONGTYPE. The type and length are asked first now."""
     import redis
 
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     direct = redis.Redis(port=redis_server.port)
     name = f"{unique_prefix}lease:demo/t/swap"
     lease = backend.lease("demo/t/swap", 30.0)
@@ -310,7 +297,7 @@ def test_a_value_swapped_in_at_a_held_lease_is_not_read_into_the_scripts(
     assert backend.breaker.state == "closed"
     direct.delete(name)
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 @pytest.mark.parametrize(
@@ -346,7 +333,7 @@ def test_with_a_secret_a_lease_planted_without_it_holds_no_build_off(
     assert other.acquire()
     other.release()
     direct.close()
-    _drop(cache.backend)
+    drop_keys(cache.backend)
 
 
 def _takes_won_against(write: Any, backend: rc.Backend, key: str, port: int) -> int:
@@ -413,7 +400,7 @@ def test_a_lease_planted_in_a_loop_or_replayed_holds_off_no_signed_taker(
     assert taker.acquire()
     taker.release()
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 @pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="needs redis-benchmark")
@@ -456,7 +443,7 @@ def test_token_shaped_values_changed_in_a_loop_hold_no_signed_taker_off(
     finally:
         attacker.kill()
         attacker.wait()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
@@ -518,7 +505,7 @@ def test_a_signed_holder_keeps_its_lease_through_a_lost_renewal_reply(
         taker.acquire()
     assert len(calls) == 4 and direct.get(f"{unique_prefix}lease:s/w/p") is None
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 @pytest.mark.parametrize("signed", [False, True])
@@ -564,7 +551,7 @@ def test_a_take_the_client_sent_again_after_a_lost_reply_holds_the_lease(
         assert other.acquire()
         other.release()
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_a_cache_reopened_with_a_rotated_secret_signs_leases_with_the_new_key(
@@ -582,7 +569,7 @@ def test_a_cache_reopened_with_a_rotated_secret_signs_leases_with_the_new_key(
     newer = rc.Cache(rc.open_backend(url), secret="new-secret-0123456789").backend
     assert not newer.lease("r/o/t", 30.0).acquire()  # it verifies the holder's token
     holder.release()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_no_flood_of_junk_nor_a_huge_set_at_a_lease_holds_a_signed_taker_off(
@@ -618,7 +605,7 @@ def test_no_flood_of_junk_nor_a_huge_set_at_a_lease_holds_a_signed_taker_off(
     assert backend.lease("f/l/d", 30.0).acquire()
     assert time.monotonic() - started < 0.5
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_leases_a_redis_namespace_cannot_collide_with(redis_server: RedisProcess) -> None:
@@ -644,13 +631,13 @@ def test_leases_a_redis_namespace_cannot_collide_with(redis_server: RedisProcess
 def test_a_live_lease_with_a_long_ttl_is_never_taken_by_a_shorter_one(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     holder = backend.lease("demo/t/long", 600.0)
     assert holder.acquire()
     assert not backend.lease("demo/t/long", 15.0).acquire()  # a live lease, not a planted key
     assert holder.renew()
     holder.release()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_a_redis_user_limited_to_its_namespace_takes_leases(
@@ -667,13 +654,13 @@ def test_a_redis_user_limited_to_its_namespace_takes_leases(
     )
     try:
         url = f"redis://{user}:pw@127.0.0.1:{redis_server.port}/0?prefix={unique_prefix}"
-        backend = _open(url)
+        backend = open_redis(url)
         lease = backend.lease("demo/t/abc", 30.0)
         assert lease.acquire() and lease.renew()
         lease.release()
         backend.set("demo/t/abc", b"v")
         assert backend.get("demo/t/abc") == b"v"
-        _drop(backend)
+        drop_keys(backend)
     finally:
         direct.acl_deluser(user)
         direct.close()
@@ -688,7 +675,7 @@ def test_a_key_of_another_type_at_an_entry_is_a_quiet_miss(
 
     import redis
 
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}&insecure=1")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}&insecure=1")
     cache = rc.Cache(backend)
     key = rc.make_key(module_id="m", runtime="demo", purpose="t")
     direct = redis.Redis(port=redis_server.port)
@@ -698,19 +685,19 @@ def test_a_key_of_another_type_at_an_entry_is_a_quiet_miss(
     assert cache.stats().errors == 0 and "WRONGTYPE" not in caplog.text
     assert cache.put(key, b"v") and cache.get(key) == b"v"
     direct.close()
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_delete_if_sends_a_digest_and_removes_only_those_bytes(
     redis_server: RedisProcess, unique_prefix: str
 ) -> None:
-    backend = _open(f"{redis_server.url}?prefix={unique_prefix}")
+    backend = open_redis(f"{redis_server.url}?prefix={unique_prefix}")
     backend.set("demo/t/a", b"judged bad")
     assert not backend.delete_if("demo/t/a", b"something else")
     assert backend.get("demo/t/a") == b"judged bad"
     assert backend.delete_if("demo/t/a", b"judged bad")
     assert backend.get("demo/t/a") is None and not backend.delete_if("demo/t/a", b"judged bad")
-    _drop(backend)
+    drop_keys(backend)
 
 
 def test_verify_sees_a_value_over_the_cap(redis_server: RedisProcess, unique_prefix: str) -> None:

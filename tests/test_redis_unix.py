@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from redis_backends import drop_keys, open_redis
 
 import runtime_cache as rc
 from runtime_cache.errors import BackendUnavailableError, InsecureStoreError, InvalidURLError
@@ -24,20 +25,6 @@ pytest_plugins = ["redis_servers"]
 pytestmark = pytest.mark.redis
 
 
-def _open(url: str) -> rc.Backend:
-    from runtime_cache.backends.redis import RedisBackend
-
-    backend = rc.open_backend(url)
-    assert isinstance(backend, RedisBackend)
-    return backend
-
-
-def _drop(backend: rc.Backend) -> None:
-    for key in list(backend.keys()):
-        backend.delete(key)
-    backend.close()
-
-
 def _key(i: int) -> rc.CacheKey:
     return rc.make_key(module_id=f"m{i}", runtime="demo", purpose="unix", device=None)
 
@@ -45,9 +32,9 @@ def _key(i: int) -> rc.CacheKey:
 class TestUnixSocketConformance(BackendConformance, CacheConformance):
     @pytest.fixture
     def backend(self, redis_unix_server: RedisProcess, unique_prefix: str) -> Iterator[rc.Backend]:
-        backend = _open(f"{redis_unix_server.url}?prefix={unique_prefix}")
+        backend = open_redis(f"{redis_unix_server.url}?prefix={unique_prefix}")
         yield backend
-        _drop(backend)
+        drop_keys(backend)
 
 
 def test_the_server_has_no_tcp_port(redis_unix_server: RedisProcess) -> None:
@@ -58,8 +45,8 @@ def test_the_server_has_no_tcp_port(redis_unix_server: RedisProcess) -> None:
 def test_db_selects_the_database(redis_unix_server: RedisProcess, unique_prefix: str) -> None:
     import redis
 
-    one = _open(f"{redis_unix_server.url}?db=1&prefix={unique_prefix}")
-    two = _open(f"{redis_unix_server.url}?db=2&prefix={unique_prefix}")
+    one = open_redis(f"{redis_unix_server.url}?db=1&prefix={unique_prefix}")
+    two = open_redis(f"{redis_unix_server.url}?db=2&prefix={unique_prefix}")
     one.set("k", b"in one")
     assert two.get("k") is None
     two.set("k", b"in two")
@@ -68,8 +55,8 @@ def test_db_selects_the_database(redis_unix_server: RedisProcess, unique_prefix:
     assert direct.get(f"{unique_prefix}k") == b"in two"
     direct.close()
     assert one.name == f"redis+unix://{redis_unix_server.unix}?db=1"
-    _drop(one)
-    _drop(two)
+    drop_keys(one)
+    drop_keys(two)
 
 
 def test_a_signed_cache_end_to_end(
@@ -77,21 +64,21 @@ def test_a_signed_cache_end_to_end(
 ) -> None:
     url = f"{redis_unix_server.url}?prefix={unique_prefix}"
     with pytest.raises(InsecureStoreError):  # shared, as any Redis: signed, or insecure=1
-        rc.Cache(_open(url))
+        rc.Cache(open_redis(url))
     monkeypatch.setenv("RUNTIME_CACHE_SECRET", "test-secret")
     cache = rc.set_cache_provider(url)
     assert cache.get_or_build(_key(1), lambda: b"built once") == b"built once"
-    other = rc.Cache(_open(url), secret="test-secret")
+    other = rc.Cache(open_redis(url), secret="test-secret")
     assert other.get(_key(1)) == b"built once"
-    assert rc.Cache(_open(url), secret="another").get(_key(1)) is None  # not its signature
-    _drop(other.backend)
+    assert rc.Cache(open_redis(url), secret="another").get(_key(1)) is None  # not its signature
+    drop_keys(other.backend)
 
 
 def test_the_cli_lists_a_unix_socket_store(
     redis_unix_server: RedisProcess, unique_prefix: str, tmp_path: Path
 ) -> None:
     url = f"{redis_unix_server.url}?prefix={unique_prefix}"
-    cache = rc.Cache(_open(url), secret="test-secret")
+    cache = rc.Cache(open_redis(url), secret="test-secret")
     cache.put(_key(2), b"value")
     env = {**os.environ, "RUNTIME_CACHE": url, "RUNTIME_CACHE_SECRET": "test-secret"}
     done = subprocess.run(
@@ -104,11 +91,11 @@ def test_the_cli_lists_a_unix_socket_store(
     )
     assert done.returncode == 0, done.stderr
     assert b"1 entry" in done.stdout and b"signed:  yes" in done.stdout, done.stdout
-    _drop(cache.backend)
+    drop_keys(cache.backend)
 
 
 def test_a_missing_socket_is_a_counted_miss(tmp_path: Path) -> None:
-    cache = rc.Cache(_open(f"redis+unix://{tmp_path}/absent.sock?insecure=1"))
+    cache = rc.Cache(open_redis(f"redis+unix://{tmp_path}/absent.sock?insecure=1"))
     started = time.monotonic()
     assert cache.get(_key(3)) is None  # never raised
     cache.put(_key(3), b"x")  # skipped, not raised
@@ -122,7 +109,7 @@ def test_a_killed_server_opens_the_breaker(unique_prefix: str) -> None:
 
     require_redis("redis-server")
     with running_server(unix=True) as server:
-        backend = _open(f"{server.url}?prefix={unique_prefix}&backoff=100ms&max_backoff=400ms")
+        backend = open_redis(f"{server.url}?prefix={unique_prefix}&backoff=100ms&max_backoff=400ms")
         cache = rc.Cache(backend, secret="test-secret")
         cache.put(_key(4), b"v")
         assert cache.get(_key(4)) == b"v"
@@ -155,7 +142,7 @@ def test_a_password_never_shows() -> None:
     from redis_servers import require_redis
 
     require_redis()
-    backend = _open("redis+unix://:s3cret%2Fpw@/run/redis.sock?db=3&namespace=ml")
+    backend = open_redis("redis+unix://:s3cret%2Fpw@/run/redis.sock?db=3&namespace=ml")
     assert "s3cret" not in backend.name and "s3cret" not in repr(backend)
     assert backend.name == "redis+unix:///run/redis.sock?db=3"
 
@@ -170,10 +157,10 @@ def test_a_refused_login_says_where_the_password_goes(tmp_path: Path) -> None:
         import redis
 
         redis.Redis(unix_socket_path=str(server.unix)).config_set("requirepass", "pw-1234")
-        backend = _open(f"{server.url}?insecure=1")
+        backend = open_redis(f"{server.url}?insecure=1")
         with pytest.raises(BackendUnavailableError, match="before the socket path"):
             backend.get("k")
-        good = _open(f"redis+unix://:pw-1234@{server.unix}?insecure=1")
+        good = open_redis(f"redis+unix://:pw-1234@{server.unix}?insecure=1")
         good.set("k", b"v")
         assert good.get("k") == b"v"
     finally:
