@@ -3,7 +3,7 @@
 The directory backend opens an entry file (:func:`.dir_fs.open_beneath`, ``O_NONBLOCK``:
 a FIFO never blocks an open) and reads it here, by descriptor. A read of unknown size
 checks the file with ``fstat`` first: only a regular file no larger than the caller's
-bound is read (:func:`regular_stat`, :func:`read_regular`); anything else is
+bound is read (:func:`regular_size`, :func:`read_regular`); anything else is
 :class:`Junk`. :func:`read_parts` reads an entry in the pieces the front asks for, and
 :func:`read_range` reads a size it is told, and one byte more to see another size.
 """
@@ -25,7 +25,6 @@ __all__ = [
     "read_regular",
     "read_to_end",
     "regular_size",
-    "regular_stat",
 ]
 
 #: The smallest file :func:`read_parts` reads in pieces: below it, copying the part (in
@@ -37,21 +36,15 @@ class Junk(Exception):
     """Something other than a readable entry file sits at an entry's name."""
 
 
-def regular_stat(fd: int, limit: int) -> os.stat_result:
-    """``os.fstat`` of the open file ``fd``; :class:`Junk` unless regular and at most
-    ``limit`` bytes. (The caller may use the rest of it, its ``st_nlink`` say, for free.)"""
+def regular_size(fd: int, limit: int) -> int:
+    """The size of the open file ``fd``; :class:`Junk` unless regular and at most ``limit``."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         kind = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(st.st_mode))
         raise Junk(f"{kind or 'not a regular file'} (mode {st.st_mode:#o})")
     if st.st_size > limit:
         raise Junk(f"{st.st_size} bytes, over the {limit}-byte limit")
-    return st
-
-
-def regular_size(fd: int, limit: int) -> int:
-    """The size of the open file ``fd``; :class:`Junk` unless regular and at most ``limit``."""
-    return regular_stat(fd, limit).st_size
+    return st.st_size
 
 
 def read_to_end(fd: int, size: int, limit: int) -> bytes:

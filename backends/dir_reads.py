@@ -2,13 +2,11 @@
 
 Every entry file is opened beneath the root without following a link
 (:func:`.dir_fs.open_beneath`) and read only when it is a regular file of at most
-``max_entry_size`` bytes (:func:`.bounded_reads.regular_stat`); anything else at an
-entry's name is junk, reported and removed by the backend. A get with access tracking on
-bumps the file's mtime (the LRU order) and counts a hit in the journal; a whole read
-leaves the mtime of a file of more than one link alone (one hard-linked at the entry's
-name may be another user's). :meth:`DirReads.get_range` reads an entry whose size the
-caller knows, with no ``fstat``: at most that size and one byte, so another size, a FIFO
-or a folder answers ``None`` (the whole read then judges it); a
+``max_entry_size`` bytes (:func:`.bounded_reads.regular_size`); anything else at an entry's
+name is junk, reported and removed by the backend. A get with access tracking on bumps the file's
+mtime (the LRU order) and counts a hit in the journal. :meth:`DirReads.get_range` reads an
+entry whose size the caller knows, with no ``fstat``: at most that size and one byte, so
+another size, a FIFO or a folder answers ``None`` (the whole read then judges it); a
 device node (only root can make one) is read there too.
 """
 
@@ -62,8 +60,8 @@ class DirReads:
 
         def found_junk(self, rel: str, what: str, st: os.stat_result | None = None) -> None: ...
 
-    def _open(self, rel: str) -> tuple[int, os.stat_result] | None:
-        # (descriptor, fstat) of a regular entry file; None for a miss or junk (reported).
+    def _open(self, rel: str) -> tuple[int, int] | None:
+        # (descriptor, size) of a regular entry file; None for a miss or junk (reported).
         try:
             fd = open_beneath(self.root_fd, rel, _O_READ)
         except OSError as exc:
@@ -77,7 +75,7 @@ class DirReads:
                 return None
             raise self._error("read", exc, rel) from exc
         try:
-            return fd, reads.regular_stat(fd, self.max_entry_size)
+            return fd, reads.regular_size(fd, self.max_entry_size)
         except Junk as exc:
             st = reads.fstat_or_none(fd)
             os.close(fd)
@@ -140,12 +138,12 @@ class DirReads:
         opened = self._open(rel)
         if opened is None:
             return None
-        fd, st = opened
-        size, cap = st.st_size, self.max_entry_size
+        fd, size = opened
+        cap = self.max_entry_size
         try:
             data = reader(fd, size, cap) if where is None else reader(fd, size, cap, where)
             if count_use and data is not None:
-                self._touch(fd, key, st.st_nlink)
+                self._touch(fd, key)
         except Junk as exc:
             self.found_junk(rel, str(exc), reads.fstat_or_none(fd))
             return None
@@ -158,14 +156,8 @@ class DirReads:
     def head(self, key: str, size: int) -> bytes | None:
         return self._read(key, False, lambda fd, _size, _cap: os.read(fd, size))
 
-    def _touch(self, fd: int, key: str, links: int | None = None) -> None:
-        # ``links``: the file's link count where a stat of it is at hand (the whole read's).
-        # An entry file has one name (written to a temp name, renamed): one of more may be
-        # another user's file that a member of a shared folder hard-linked at the entry's
-        # name, whose mtime is not ours to bump before the front checks the entry (an
-        # entry of a ``cp -al`` backup keeps its write time for eviction then). The read
-        # of a value alone (get_range) has no stat, by design: it touches as before.
-        if not self._read_only and (links is None or links == 1):
+    def _touch(self, fd: int, key: str) -> None:
+        if not self._read_only:
             try:
                 os.utime(fd)
             except OSError:

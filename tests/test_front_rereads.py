@@ -337,10 +337,10 @@ def test_the_read_alone_asks_no_fstat(tmp_path: Path, monkeypatch: pytest.Monkey
     backend, cache, value = _filled(tmp_path)
     assert cache.get(_key()) == value
 
-    def no_fstat(fd: int, limit: int) -> os.stat_result:
+    def no_fstat(fd: int, limit: int) -> int:
         raise AssertionError("fstat asked")
 
-    monkeypatch.setattr(bounded_reads, "regular_stat", no_fstat)
+    monkeypatch.setattr(bounded_reads, "regular_size", no_fstat)
     assert cache.get(_key()) == value and cache.stats().hits == 2
     backend.flush_hits()
     assert [item.hits for item in backend.scan(str(_key()))] == [2]

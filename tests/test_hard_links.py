@@ -286,28 +286,3 @@ def test_a_held_lock_with_a_second_name_untouched_past_its_time_is_broken(
     finally:
         for fd in holds:
             os.close(fd)
-
-
-def test_a_hard_link_at_an_entrys_name_is_read_but_not_touched(
-    tmp_path: Path, victim: Path
-) -> None:
-    """A read with access tracking bumps the entry file's mtime (the LRU order) before the
-    front checks the entry: a member who hard-linked a victim's file at an entry's name had
-    the victim's own reads set that file's mtime. A file of more than one link is not
-    touched (its fstat, which the whole read asks anyway, says so); a file of one link
-    still is."""
-    root = tmp_path / "cache"
-    writer = _cache(root)
-    assert writer.put(_key(0), b"v" * 100) and writer.put(_key(1), b"w" * 100)
-    backend = writer.backend
-    assert isinstance(backend, DirectoryBackend) and backend.track_access
-    planted = root / backend._rel(str(_key(0)))
-    _plant(victim, planted)
-    normal = root / backend._rel(str(_key(1)))
-    old = 1_000_000_000
-    os.utime(normal, (old, old))
-    reader = _cache(root)  # (no header remembered: each get reads its entry whole)
-    assert reader.get(_key(0)) is None  # not an entry: a miss, as before
-    _untouched(victim)
-    assert reader.get(_key(1)) == b"w" * 100
-    assert normal.stat().st_mtime > old  # an entry of one link: touched, as before
