@@ -164,6 +164,26 @@ def test_a_non_file_at_a_keys_lock_name_means_no_lease_never_an_error(
             assert stat.S_ISSOCK(lock.lstat().st_mode) or lock.is_symlink()
 
 
+def test_junk_at_one_keys_lock_leaves_the_others_shared(tmp_path: Path) -> None:
+    """Re-attack of session 42: the OpenCL module asked its first program's key alone
+    whether the store shares builds; junk at that key's lock name (now no lease) turned
+    sharing off for every program of the module."""
+    from runtime_cache.opencl.sharing import shares_builds
+
+    root = tmp_path / "cache"
+    cache = rc.Cache(DirectoryBackend(root))
+    keys = [
+        str(rc.make_key(module_id=f"m{i}", runtime="fleet", purpose="t", device=None))
+        for i in range(3)
+    ]
+    lock = root / DirLease(-1, keys[0], 1.0).path
+    with _plant("socket", lock, tmp_path / "elsewhere"):
+        assert cache.backend.lease(keys[0], 1.0) is None
+        assert shares_builds(cache, keys)  # the second key's lease answers
+        assert not shares_builds(cache, keys[:1])
+    assert not shares_builds(rc.Cache(rc.open_backend("memory://")), keys)  # local leases
+
+
 def test_directory_lease_never_writes_through_a_planted_locks_link(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()

@@ -322,8 +322,7 @@ class OpenCLModule(PrecompiledPrograms, LazyReadAhead):
         if processes is None:
             processes = count > 1 and len(to_build) >= PROCESS_THRESHOLD * count
         keys = {n: [str(k) for k in self._plan(n).keys or ()] for n in to_build}
-        first = next((k[0] for k in keys.values() if k), None)
-        if first is not None and shares_builds(self.cache, first):
+        if shares_builds(self.cache, (k[0] for k in keys.values() if k)):
             # Other processes may be building the same module: share the work (see .sharing).
             # (Each missed at the look above: one found now is one hit, no second miss.)
             load = functools.partial(self._load_cached, workers=count, missed=missed, again=True)

@@ -16,11 +16,12 @@ has seen, or the default) is built here without a lease.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..api import Lease
@@ -41,10 +42,20 @@ def rotated(names: Sequence[str], pid: int | None = None) -> list[str]:
     return [*names[offset:], *names[:offset]]
 
 
-def shares_builds(cache: Cache, key: str) -> bool:
-    """Whether ``cache``'s backend has leases that other processes see."""
-    lease = cache.fleet.lease(cache.backend, key)
-    return lease is not None and not lease.local
+#: How many of a module's keys :func:`shares_builds` asks for a lease at most.
+PROBES = 16
+
+
+def shares_builds(cache: Cache, keys: Iterable[str]) -> bool:
+    """Whether ``cache``'s backend has leases that other processes see: asked of ``keys``
+    in turn (the first :data:`PROBES`) until one answers with a lease (a key may have
+    none: junk planted at its lock's name in a shared folder gives that key none, and
+    asked of the first key alone, the module's others none either)."""
+    for key in itertools.islice(keys, PROBES):
+        lease = cache.fleet.lease(cache.backend, key)
+        if lease is not None:
+            return not lease.local
+    return False
 
 
 class Claims:
