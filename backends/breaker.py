@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runtime_cache.errors import BackendUnavailableError
+from runtime_cache.fork_locks import renew_in_child
 
 __all__ = ["BreakerStats", "CircuitBreaker"]
 
@@ -79,6 +80,7 @@ class CircuitBreaker:
         self.max_backoff = max_backoff
         self._clock = clock
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         self._state = "closed"
         self._delay = backoff
         self._retry_at = 0.0

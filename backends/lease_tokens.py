@@ -33,6 +33,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from runtime_cache.fork_locks import renew_in_child
+
 __all__ = ["MAX_TOKEN", "SLACK_MS", "LeaseSigning", "genuine", "make_token"]
 
 #: Milliseconds a token counts past its lease's time to live: what a holder's estimate of
@@ -88,6 +90,7 @@ class LeaseSigning:
         # lock name -> (first look with no genuine token, latest such look), monotonic
         self._unsigned: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     def add(self, keys: tuple[bytes, ...]) -> None:
         """Sign with ``keys`` from now on; earlier keys still verify."""

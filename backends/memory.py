@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from runtime_cache.api import Backend, Lease, StoredItem
 from runtime_cache.errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
+from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.units import parse_size
 from runtime_cache.urls import BackendURL, redact_url
 
@@ -66,6 +67,7 @@ class MemoryBackend(Backend):
         self._lock = threading.Lock()
         self._leased: set[str] = set()
         self._lease_lock = threading.Lock()
+        renew_in_child(self, "_lock", "_lease_lock")
 
     @classmethod
     def from_url(cls, url: str) -> MemoryBackend:

@@ -49,6 +49,7 @@ from runtime_cache.errors import (
     InvalidURLError,
     ReadOnlyBackendError,
 )
+from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.urls import BackendURL, redact_url
 
 from .breaker import CircuitBreaker
@@ -180,6 +181,7 @@ class RedisBackend(Backend):
         self._lease_clock = ServerClock()
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     @classmethod
     def from_url(cls, url: str) -> RedisBackend:

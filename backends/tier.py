@@ -19,6 +19,7 @@ from runtime_cache.errors import (
     ReadOnlyBackendError,
 )
 from runtime_cache.failure_policy import FailurePolicy
+from runtime_cache.fork_locks import renew_in_child
 
 from .write_behind import WriteBehind
 
@@ -57,6 +58,7 @@ class Tier:
         # The counts below move from every thread that reads or writes through the stack:
         # ``+=`` on an attribute is a read and a store, and two threads lost counts.
         self._counts_lock = threading.Lock()
+        renew_in_child(self, "_counts_lock")
         self.promoted = 0
         self.not_written = 0
         self.may_be_stale = 0

@@ -32,6 +32,7 @@ from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, Span, StoredItem, check_text_key, delete_unchanged
 from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
+from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
@@ -82,6 +83,7 @@ class TieredBackend(Backend):
             self._tiers.append(tier)
         self.private = all(t.private for t in tiers)
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         # Shared if any tier is; opened unsigned on purpose only if every shared tier was.
         self.shared = any(t.shared for t in tiers)
         self.insecure = self.shared and all(t.insecure for t in tiers if t.shared)

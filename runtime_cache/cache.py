@@ -36,6 +36,7 @@ from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, normalize_secret
 from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
+from .fork_locks import renew_in_child
 from .inventory import Inventory, KeyLike, key_text
 from .keys import CacheKey
 from .null import NullBackend
@@ -116,6 +117,7 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         #: Build leases across processes: policy, expected build times (see :mod:`.fleet`).
         self.fleet = Fleet(self._counters)
         self._state_lock = threading.Lock()
+        renew_in_child(self, "_state_lock")
         self._generation = 0
         self._saved_generation = 0
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .errors import EntryTooLargeError, InvalidKeyError, ReadOnlyBackendError
+from .fork_locks import renew_in_child
 
 __all__ = ["FLAP_SECONDS", "WRITES", "FailurePolicy"]
 
@@ -68,6 +69,7 @@ class FailurePolicy:
         #: The latest failure, as ``"op: Type: message"`` (``None`` before any).
         self.last_error: str | None = None
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         self._failing: set[str] = set()
         self._warned: dict[str, float] = {}  # side -> when its last outage was warned of
         self._quiet: set[str] = set()  # sides in an outage logged at debug level

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from .api import Backend, Lease
 from .errors import ReadOnlyBackendError
+from .fork_locks import renew_in_child
 from .keys import CacheKey
 from .stats import CacheStats, Counters
 
@@ -119,6 +120,7 @@ class Fleet:
         self._counters = counters
         self._times: dict[tuple[str, ...], float] = {}
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         self._local_leases = False
 
     def count(self, **amounts: float) -> None:

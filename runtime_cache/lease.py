@@ -12,6 +12,8 @@ import abc
 import threading
 from typing import ClassVar
 
+from .fork_locks import renew_in_child
+
 __all__ = ["Lease"]
 
 
@@ -47,6 +49,7 @@ class Lease(abc.ABC):
         self.key = key
         self.ttl = float(ttl)
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         self._held = False
         self._lost = False
         self._stop: threading.Event | None = None

@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from . import environment
 from .api import Backend
 from .cache import Cache
 from .errors import BackendError, RuntimeCacheError
+from .fork_locks import renew_in_child
 from .registry import open_backend, registry
 from .urls import folder_url, redact, redact_url
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 Provider = str | Backend | Cache | None
 
 _lock = threading.RLock()
+renew_in_child(sys.modules[__name__], "_lock")
 _current: Cache | None = None
 _explicit = False
 _open_error: str | None = None  # why RUNTIME_CACHE's cache could not be opened

@@ -45,6 +45,7 @@ from .entry_frame import (
 )
 from .entry_frame import entry_span as plain_span
 from .entry_meta import Limits
+from .fork_locks import renew_in_child
 from .signing import SIG_SIZE
 
 __all__ = ["REMEMBERED", "RefusedHeads", "cuts_heads"]
@@ -85,6 +86,7 @@ class RefusedHeads:
         self.enabled = enabled
         self._seen: dict[bytes, set[str]] = {}  # head digest: keys, least recent first
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
         # A good entry's first 8 bytes (magic, version, flags, reserved), as this reader
         # takes them: its read then costs one unpack and a look-up.

@@ -28,6 +28,7 @@ from .errors import (
     MissingDependencyError,
     UnknownBackendError,
 )
+from .fork_locks import renew_in_child
 from .urls import BackendURL, redact_url
 
 __all__ = ["ENTRY_POINT_GROUP", "Registry", "open_backend", "register_backend", "registry"]
@@ -67,6 +68,7 @@ class Registry:
         self._discovered = group is None
         self._own: dict[str, str] | None = None
         self._lock = threading.RLock()
+        renew_in_child(self, "_lock")
 
     def _own_targets(self) -> dict[str, str]:
         """The names the project's own distribution declares (it keeps them in discovery).

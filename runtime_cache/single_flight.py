@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 
+from .fork_locks import renew_in_child
+
 __all__ = ["Flight", "SingleFlight"]
 
 
@@ -46,6 +48,7 @@ class SingleFlight:
     def __init__(self) -> None:
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     def __len__(self) -> int:
         """How many builds are in flight now."""

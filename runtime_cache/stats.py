@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from typing import Any, Generic, TypeVar, overload
 
+from .fork_locks import renew_in_child
+
 __all__ = ["CacheStats", "Counters", "EntryInfo", "jsonable"]
 
 
@@ -91,6 +93,7 @@ class Counters(Generic[S]):
     def __init__(self, kind: Any = CacheStats) -> None:
         self._kind = kind
         self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
         self._values: dict[str, float] = {f.name: 0 for f in fields(kind)}
         #: Hits not yet added to the counters: ``(bytes_read, seconds_saved)`` each. A
         #: deque's append and popleft are atomic, so :meth:`hit` takes no lock.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from .check import check_entry
 from .codec import Limits, SecretKeys
 from .environment import ENV_SECRET, ENV_SECRET_FILE
 from .errors import CorruptEntryError, InsecureStoreError
+from .fork_locks import renew_in_child
 
 __all__ = ["INSECURE_OPTION", "entrust", "require_secret"]
 
@@ -32,6 +34,7 @@ INSECURE_OPTION = "insecure"
 
 _warned: weakref.WeakSet[Backend] = weakref.WeakSet()
 _lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_lock")
 
 
 def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> None:

@@ -84,6 +84,7 @@ def test_backends_import_only_the_contract(path: Path) -> None:
                 "runtime_cache.failure_policy",  # the one failure policy, shared with the front
                 "runtime_cache.file_locks",  # a polled flock, shared with the crash guard
                 "runtime_cache.fork_holds",  # a fork's wait and hold, shared with the OpenCL gate
+                "runtime_cache.fork_locks",  # locks made anew in a forked child
                 "runtime_cache.lazy_exports",  # the package's names, loaded on first use
                 "runtime_cache.partial_reads",  # batch reads past a key that fails (contract)
                 "runtime_cache.process_exit",  # flushed at a multiprocessing child's end too
