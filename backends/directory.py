@@ -311,8 +311,12 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
             return lease
         self.junk += 1
         if lease.name not in self._junk_locks and len(self._junk_locks) < 1024:
+            # (a WARNING for the first name a process meets; the others at DEBUG: junk
+            # planted at many names would otherwise fill the log, each process anew)
+            level = logging.DEBUG if self._junk_locks else logging.WARNING
             self._junk_locks.add(lease.name)
-            log.warning(
+            log.log(
+                level,
                 "runtime-cache: %s is %s, not a lock file; left it, and %s is built without "
                 "a lease",
                 self.root / lease.path,

@@ -68,7 +68,7 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     parsed.reject_unknown()
     if options["backoff"] <= 0 or options["max_backoff"] < options["backoff"]:
         raise InvalidURLError("need 0 < backoff <= max_backoff")
-    query = f"?db={database}" if database else ""  # (checked by the backend: unix_address)
+    query = "" if database is None else f"?db={database}"  # (checked: unix_address)
     return f"{parsed.scheme}://{parsed.netloc}{parsed.path}{query}", options
 
 
@@ -91,13 +91,17 @@ def unix_address(parsed: BackendURL) -> tuple[str, str]:
     is absolute and no host is given; the database is a number (none: 0)."""
     userinfo, _, host = parsed.netloc.rpartition("@")
     path = unquote(parsed.path)
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):  # (a NUL cut the path short)
+        raise InvalidURLError(
+            f"a socket's path may not hold control characters: {redact_url(parsed.raw)}"
+        )
     if host or not path.startswith("/") or path.endswith("/"):
         raise InvalidURLError(
             f"a redis+unix:// URL names a socket file by its absolute path, and no host: "
             f"{redact_url(parsed.raw)} (e.g. redis+unix:///run/redis/redis.sock?db=0)"
         )
-    database = parsed.options.get("db") or "0"
-    if not (database.isascii() and database.isdigit()):
+    database = parsed.options.get("db", "0")
+    if not (database.isascii() and database.isdigit() and int(database) < 1 << 31):
         raise InvalidURLError(f"db= is a database number, e.g. db=0: {redact_url(parsed.raw)}")
     at = f"{userinfo}@" if userinfo else ""
     name = f"redis+unix://{path}" + (f"?db={int(database)}" if int(database) else "")

@@ -128,6 +128,10 @@ def test_a_killed_server_opens_the_breaker(unique_prefix: str) -> None:
         "redis+unix:///run/redis.sock?db=one",
         "redis+unix:///run/redis.sock?db=-1",
         "redis://127.0.0.1:6379/0?db=1",  # the database of a TCP server is its path
+        "redis+unix:///run/redis.sock?db=",  # (empty: as an empty prefix=, refused)
+        "redis+unix:///run/redis.sock?db=99999999999999999999",
+        "redis+unix:///run/redis.sock%00x",  # (the kernel cut the path at the NUL)
+        "redis+unix:///run/redis%0A.sock",
     ],
 )
 def test_bad_unix_urls_are_refused(url: str) -> None:
