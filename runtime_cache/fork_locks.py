@@ -29,8 +29,11 @@ _owners: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
 
 def renew_in_child(owner: object, *names: str) -> None:
     """Have the locks (``threading.Lock``, ``RLock`` or ``Condition``) at ``owner``'s
-    attributes ``names`` made unlocked in a forked child. ``owner`` is held weakly: an
-    object (or a module, for its module-level locks) that goes away is forgotten."""
+    attributes ``names`` made unlocked in a forked child, and the dicts among them
+    emptied (what the parent's other threads were doing: a build in flight, whose leader
+    the child has not, would else be waited for by the child for ever). ``owner`` is held
+    weakly: an object (or a module, for its module-level locks) that goes away is
+    forgotten."""
     key = id(owner)
     _owners[key] = (weakref.ref(owner, lambda _ref: _owners.pop(key, None)), names)
 
@@ -39,10 +42,12 @@ def _after_fork_in_child() -> None:
     for ref, names in list(_owners.values()):
         owner = ref()
         for name in names:
-            lock = getattr(owner, name, None)
-            reinit = getattr(lock, "_at_fork_reinit", None)
+            held = getattr(owner, name, None)
+            reinit = getattr(held, "_at_fork_reinit", None)
             if reinit is not None:
                 reinit()
+            elif isinstance(held, dict):
+                held.clear()
 
 
 if hasattr(os, "register_at_fork"):

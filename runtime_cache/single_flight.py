@@ -48,7 +48,7 @@ class SingleFlight:
     def __init__(self) -> None:
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
-        renew_in_child(self, "_lock")
+        renew_in_child(self, "_lock", "_flights")  # (a forked child leads its own builds)
 
     def __len__(self) -> int:
         """How many builds are in flight now."""

@@ -116,3 +116,25 @@ def test_an_owner_that_goes_is_forgotten() -> None:
     key = id(owner)
     del owner
     assert key not in fork_locks._owners
+
+
+def test_a_build_in_flight_at_the_fork_is_not_waited_for_in_the_child(tmp_path: Path) -> None:
+    """A key another thread was building at the fork: the child, which has no such
+    thread, joined that flight and waited for ever. It leads its own (a store whose leases
+    other processes see has the child wait for the parent's entry there instead)."""
+    cache = rc.Cache(rc.open_backend("memory://"))
+    started, finish = threading.Event(), threading.Event()
+
+    def slow() -> bytes:
+        started.set()
+        finish.wait(30)
+        return b"parent's"
+
+    builder = threading.Thread(target=lambda: cache.get_or_build(_key(9), slow), daemon=True)
+    builder.start()
+    assert started.wait(5)
+    try:
+        assert _child_ends(lambda: cache.get_or_build(_key(9), lambda: b"child's")) == 0
+    finally:
+        finish.set()
+        builder.join(10)
