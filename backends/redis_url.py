@@ -91,9 +91,10 @@ def unix_address(parsed: BackendURL) -> tuple[str, str]:
     is absolute and no host is given; the database is a number (none: 0)."""
     userinfo, _, host = parsed.netloc.rpartition("@")
     path = unquote(parsed.path)
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):  # (a NUL cut the path short)
+    if not path.isprintable():  # (a NUL cut the path short; others garble messages)
         raise InvalidURLError(
-            f"a socket's path may not hold control characters: {redact_url(parsed.raw)}"
+            "a socket's path may hold no control, format or separator characters: "
+            f"{redact_url(parsed.raw)}"
         )
     if host or not path.startswith("/") or path.endswith("/"):
         raise InvalidURLError(

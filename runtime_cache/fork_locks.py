@@ -10,8 +10,10 @@ ever (a re-attack of session 42: 47 of 60 children of a threaded app hung in
 after a fork resets each to unlocked in the child (``_at_fork_reinit``, as the standard
 library's ``logging`` and ``concurrent.futures`` do), and the parent is not touched.
 Whatever the other thread was doing under the lock is as half done in the child as it
-was at the fork: these locks guard counters and small maps, whose Python operations
-the interpreter does not split.
+was at the fork: these locks guard counters, sizes and small maps, so the child may start
+with a count off by a few, a memory store's size short by one value (it may then pass its
+cap by one), or a remembered head forgotten; none of them makes a read serve a wrong
+value, and each mends as the child goes on.
 """
 
 from __future__ import annotations

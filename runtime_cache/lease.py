@@ -12,8 +12,6 @@ import abc
 import threading
 from typing import ClassVar
 
-from .fork_locks import renew_in_child
-
 __all__ = ["Lease"]
 
 
@@ -48,8 +46,7 @@ class Lease(abc.ABC):
             raise ValueError(f"a lease needs a positive ttl, not {ttl!r}")
         self.key = key
         self.ttl = float(ttl)
-        self._lock = threading.Lock()
-        renew_in_child(self, "_lock")
+        self._lock = threading.Lock()  # (not renewed in a child: a lease is its taker's)
         self._held = False
         self._lost = False
         self._stop: threading.Event | None = None

@@ -132,6 +132,7 @@ def test_a_killed_server_opens_the_breaker(unique_prefix: str) -> None:
         "redis+unix:///run/redis.sock?db=99999999999999999999",
         "redis+unix:///run/redis.sock%00x",  # (the kernel cut the path at the NUL)
         "redis+unix:///run/redis%0A.sock",
+        "redis+unix:///run/redis.%E2%80%AEsock",  # (a right-to-left override, in messages)
     ],
 )
 def test_bad_unix_urls_are_refused(url: str) -> None:
