@@ -60,7 +60,7 @@ from .context import (
 )
 from .fmt import clean
 from .log_lines import command_logging
-from .output import WholeText, flush, is_stdout
+from .output import TerminalOutput, WholeText, flush, is_stdout
 from .partial import partial_result
 
 __all__ = [
@@ -81,6 +81,7 @@ BUILTIN_PLUGINS: Mapping[str, str] = {"demo": "runtime_cache.demo.cli:add_parser
 
 _USAGE_ERRORS = (
     UsageError,
+    TerminalOutput,  # binary data for a terminal (`export -`, `show --raw /dev/tty`)
     InvalidURLError,
     InvalidValueError,
     UnknownBackendError,

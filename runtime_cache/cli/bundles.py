@@ -26,14 +26,7 @@ from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
-from .output import (
-    TERMINAL_REFUSED,
-    TerminalOutput,
-    is_stdout,
-    link_replaced,
-    replace_file,
-    write_all,
-)
+from .output import is_stdout, link_replaced, replace_file, write_all
 
 __all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
@@ -107,8 +100,6 @@ def _write_file(path: str, data: bytes) -> str:
         return ""
     try:
         return replace_file(path, data)
-    except TerminalOutput:
-        raise UsageError(TERMINAL_REFUSED) from None  # (exit 2, as `export -` there)
     except OSError as exc:
         raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -26,7 +26,7 @@ from ..errors import (
 from ..stats import jsonable
 from ..urls import redact, tier_urls
 from .fmt import clean, count
-from .output import TERMINAL_REFUSED, WholeText, write_text
+from .output import TerminalOutput, WholeText, write_text
 
 __all__ = [
     "CommandContext",
@@ -260,7 +260,7 @@ def binary_stdout() -> BinaryIO:
     except (AttributeError, ValueError, OSError):
         terminal = False
     if terminal:
-        raise UsageError(TERMINAL_REFUSED)
+        raise TerminalOutput
     buffer = getattr(sys.stdout, "buffer", None)
     if buffer is None:  # (main() called with sys.stdout a StringIO)
         raise UsageError("standard output takes text only here: name a file")

@@ -38,15 +38,7 @@ from .fmt import (
     short_key,
     signed_line,
 )
-from .output import (
-    TERMINAL_REFUSED,
-    TerminalOutput,
-    is_stdout,
-    link_replaced,
-    replace_file,
-    write_all,
-    write_text,
-)
+from .output import is_stdout, link_replaced, replace_file, write_all, write_text
 
 __all__ = ["SORTS", "SOURCES", "add_parsers", "cmd_ls", "cmd_show", "cmd_stats", "group_stats"]
 
@@ -307,8 +299,6 @@ def _write_raw(ctx: CommandContext, skey: str, path: str) -> int:
         return 0
     try:  # as export writes a bundle: a link or a FIFO another user planted is not followed
         replaced = replace_file(path, entry.value)
-    except TerminalOutput:
-        raise UsageError(TERMINAL_REFUSED) from None  # (exit 2, as `--raw -` there)
     except OSError as exc:
         return ctx.fail(f"cannot write {clean(path)}: {exc.strerror or exc}")
     if replaced:

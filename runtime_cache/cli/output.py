@@ -50,9 +50,14 @@ UNHELD_TEMP_SECONDS = 5
 TERMINAL_REFUSED = "not writing binary data to a terminal: redirect it (> FILE) or pipe it"
 
 
-class TerminalOutput(OSError):
-    """The file :func:`replace_file` was to write is a terminal (``/dev/tty``,
-    ``/dev/pts/N``, ``/proc/self/fd/N`` of one): nothing was written."""
+class TerminalOutput(Exception):
+    """Binary data was to go to a terminal: standard output (:func:`.context.binary_stdout`)
+    or a file :func:`replace_file` was to write (``/dev/tty``, ``/dev/pts/N``,
+    ``/proc/self/fd/N`` of one); nothing was written. A usage error to the command line
+    (exit 2, said as :data:`TERMINAL_REFUSED`), not an :class:`OSError`."""
+
+    def __init__(self) -> None:
+        super().__init__(TERMINAL_REFUSED)
 
 
 def is_stdout(path: str) -> bool:
@@ -178,7 +183,7 @@ class WholeText(io.TextIOBase):
 
 
 def replace_file(path: str, data: bytes) -> str:
-    """Write ``data`` at ``path``; raises :class:`OSError`.
+    """Write ``data`` at ``path``; raises :class:`OSError`, or :class:`TerminalOutput`.
 
     A regular file (or none yet) is replaced whole through a temporary file beside it, so
     no reader sees half of it. A link, a device or a FIFO (``/dev/stdout``, ``/dev/full``)
@@ -191,7 +196,7 @@ def replace_file(path: str, data: bytes) -> str:
     output = find_output(path)
     try:
         if output.fd is not None and os.isatty(output.fd):
-            raise TerminalOutput(errno.ENOTTY, TERMINAL_REFUSED, path)
+            raise TerminalOutput
         if output.fd is not None:
             with os.fdopen(output.fd, "wb") as handle:
                 output.fd = None  # closed with the handle
