@@ -16,7 +16,7 @@ from .api import Backend, reads_ranges
 from .check import check_entry
 from .codec import Limits, SecretKeys, decode_bundle
 from .errors import CorruptEntryError, RejectedEntryError
-from .existing_entries import good_existing
+from .existing_entries import good_existing, peek_past_cap
 from .listing import OnProgress, OnSkip
 
 __all__ = [
@@ -160,7 +160,8 @@ def good_blobs(
     shared folder, each claiming a large value, took 640 MB for six of them before their
     checksums failed. Elsewhere :data:`DUMP_BATCH` keys a round trip, and no more than
     :data:`DUMP_BATCH_BYTES` of them by ``sizes`` (the listed sizes: keys from a
-    listing), whose keys a batch read left out (a store's cap on a read) are read alone.
+    listing), whose keys a batch read left out (a store's cap on a read) are asked again
+    (:func:`~.existing_entries.peek_past_cap`).
     """
     found: list[bytes] = []
     done = 0
@@ -207,20 +208,13 @@ def _stored(
             if blob is not None:
                 yield skey, blob
         return
-    try:
-        stored = backend.peek_many(batch)
+    stored: dict[str, bytes] = {}
+    try:  # (listed keys a capped batch read left out are asked again: Redis's cap)
+        for got in peek_past_cap(backend, batch, again=listed):
+            stored.update(got)
     except Exception as exc:
         failed("get_many", exc)
-        return
-    for skey in batch:
-        blob = stored.get(skey)
-        if blob is None and listed:  # listed, and left out of the batch (Redis: its cap)
-            try:
-                blob = backend.peek(skey)
-            except Exception as exc:
-                failed("get", exc)
-        if blob is not None:
-            yield skey, blob
+    yield from ((skey, stored[skey]) for skey in batch if skey in stored)
 
 
 #: Purposes whose values a consumer runs as native code with no check of its own (the

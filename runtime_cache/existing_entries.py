@@ -17,7 +17,7 @@ which it bounds (``max_batch_size``): the keys one left out are asked again in t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from .api import SPAN_HEAD, Backend, peek_head, reads_ranges
 from .check import check_entry
@@ -25,7 +25,7 @@ from .codec import Limits, SecretKeys
 from .entry_frame import FLAG_SIGNED, parse_header
 from .errors import BackendError, CorruptEntryError, NewerFormatError
 
-__all__ = ["good_existing", "keeps"]
+__all__ = ["good_existing", "keeps", "peek_past_cap"]
 
 
 def keeps(skey: str, blob: bytes, secret: SecretKeys | None, limits: Limits) -> bool:
@@ -75,26 +75,40 @@ def good_existing(
     return good
 
 
+def peek_past_cap(
+    backend: Backend, keys: Sequence[str], *, again: bool = True
+) -> Iterator[dict[str, bytes]]:
+    """The values ``backend`` holds at ``keys``, read as a look in batch reads
+    (``peek_many``), a read's found values at a time (keys asked for only). A store may
+    leave values out of one batch read (Redis: those past ``max_batch_size``, as misses):
+    with ``again``, the keys a read did not return are asked again, while a read returns
+    any of them; a read that returns none says the rest are absent (a capped read always
+    returns one value that fits, if any is there), so the loop ends. Each read's values
+    are let go of before the next read (the caller's too, once it drops them)."""
+    wanted = list(keys)
+    while wanted:
+        found = backend.peek_many(wanted)
+        got = {skey: found[skey] for skey in wanted if skey in found}
+        del found
+        if not got:
+            return  # (nothing new: the rest are absent, and the loop cannot run on)
+        yield got
+        if not again:
+            return
+        wanted = [skey for skey in wanted if skey not in got]
+        del got
+
+
 def _in_batches(
     backend: Backend, keys: list[str], secret: SecretKeys | None, limits: Limits
 ) -> set[str]:
-    # Redis leaves the values past what one batch read may hold (max_batch_size) out of
-    # its reply, as misses: taken for absent, good entries there were replaced by the
-    # bundle's. So the keys a batch did not return are asked again, while a batch still
-    # returns one of them; a batch that returns none says the rest are absent (a capped
-    # read always returns one value that fits, if any is there). An import into an empty
-    # store costs one batch read. Each batch is judged and let go before the next.
+    # Taken for absent, good entries a capped batch read left out were replaced by the
+    # bundle's: so they are asked again (peek_past_cap). An import into an empty store
+    # costs one batch read. Each batch is judged and let go before the next.
     good: set[str] = set()
-    wanted = keys
-    while wanted:
-        found = backend.peek_many(wanted)  # a look, not a use
-        asked = set(wanted)
-        got = {skey: blob for skey, blob in found.items() if skey in asked}
-        if not got:
-            break  # (nothing new: the rest are absent, and the loop cannot run on)
+    for got in peek_past_cap(backend, keys):
         good.update(skey for skey, blob in got.items() if keeps(skey, blob, secret, limits))
-        wanted = [skey for skey in wanted if skey not in got]
-        del found, got
+        del got
     return good
 
 
