@@ -248,24 +248,27 @@ def clear_way(root_fd: int, rel: str) -> tuple[str, str, bool]:
     parts = rel.split("/")
     fd = os.open(".", _DIR, dir_fd=root_fd)
     try:
-        for depth, part in enumerate(parts):
+        for depth, part in enumerate(parts[:-1]):
             try:
-                if depth == len(parts) - 1:
-                    raise OSError(errno.ENOTDIR, "the entry's own name")
                 child = os.open(part, _DIR, dir_fd=fd)
             except FileNotFoundError:
                 return rel, "", True
             except OSError:
-                try:
-                    what = kind_of(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
-                except OSError:
-                    what = ""
-                return "/".join(parts[: depth + 1]), what, set_aside(fd, part, ".junk-")
+                return ("/".join(parts[: depth + 1]), *_named_aside(fd, part))
             os.close(fd)
             fd = child
-        return rel, "", True  # (not reached: the last name is set aside above)
+        return (rel, *_named_aside(fd, parts[-1]))
     finally:
         os.close(fd)
+
+
+def _named_aside(dir_fd: int, name: str) -> tuple[str, bool]:
+    # What sits at ``name`` (kind_of; "" with no answer), and whether set_aside freed it.
+    try:
+        what = kind_of(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        what = ""
+    return what, set_aside(dir_fd, name, ".junk-")
 
 
 def set_aside(dir_fd: int, name: str, prefix: str, seconds: float = JUNK_SECONDS) -> bool:
