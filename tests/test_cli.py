@@ -414,6 +414,29 @@ def test_binary_output_to_a_terminal_named_as_a_file_is_refused(
     assert b"exported" not in done.stdout + done.stderr and b"wrote" not in done.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a pty")
+def test_export_to_a_terminal_is_refused_before_the_store_is_read() -> None:
+    """Session 42's closing note: ``export /dev/pts/N`` was refused only after the whole
+    bundle was built (minutes, on a big store). The output is opened first, as a shell's
+    ``>`` is: here the store is a dead server, which would fail the export (exit 1)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        command = [sys.executable, "-m", "runtime_cache.cli", "--cache", "redis://127.0.0.1:1/0?insecure=1"]
+        done = subprocess.run(
+            [*command, "export", os.ttyname(follower)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 2, done.stderr
+    assert b"terminal" in done.stderr and b"127.0.0.1" not in done.stderr, done.stderr
+
+
 def test_show_missing_and_ambiguous(run: Run, cache: rc.Cache) -> None:
     keys = fill(cache, 40)
     assert run("show", "opencl/program-binary/" + "0" * 32)[0] == 1

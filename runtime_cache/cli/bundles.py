@@ -26,7 +26,8 @@ from .context import CommandContext, Handler, Skipped, UsageError, binary_stdout
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
 from .inspect import add_json, filters
-from .output import is_stdout, link_replaced, replace_file, write_all
+from .output import is_stdout, link_replaced, open_output, write_all, write_output
+from .output_path import Output
 
 __all__ = ["add_parsers", "cmd_export", "cmd_import", "max_bundle_size"]
 
@@ -91,15 +92,26 @@ def add_parsers(add: AddCommand) -> None:
     add_json(imp)
 
 
-def _write_file(path: str, data: bytes) -> str:
-    """Write the bundle; return why a link at ``path`` was replaced, not followed."""
+def _open_file(path: str) -> Output | None:
+    """Where the bundle goes, opened before it is built (a terminal is refused then);
+    ``None``: standard output (``-``)."""
     if path == "-":
+        return None
+    try:
+        return open_output(path)
+    except OSError as exc:
+        raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write_file(path: str, output: Output | None, data: bytes) -> str:
+    """Write the bundle; return why a link at ``path`` was replaced, not followed."""
+    if output is None:
         stream = binary_stdout()
         write_all(stream, data)
         stream.flush()
         return ""
     try:
-        return replace_file(path, data)
+        return write_output(output, data)
     except OSError as exc:
         raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -118,6 +130,20 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     into_stdout = is_stdout(args.file)
     if into_stdout:  # (/dev/stdout too): it holds the bundle, so no JSON error
         ctx.json = False
+    try:
+        output = _open_file(args.file)
+    except BundleFileError as exc:
+        return ctx.fail(str(exc))
+    try:
+        return _export(args, ctx, into_stdout, output)
+    finally:
+        if output is not None:
+            output.close()  # (closed already where written)
+
+
+def _export(
+    args: argparse.Namespace, ctx: CommandContext, into_stdout: bool, output: Output | None
+) -> int:
     cache = ctx.cache
     skipped = Skipped()
     progress = Progress(0, "export", ctx.err, enabled=not args.json and ctx.is_terminal())
@@ -148,7 +174,7 @@ def cmd_export(args: argparse.Namespace, ctx: CommandContext) -> int:
     # is kept as it was (GNU tar, too, refuses to make an empty archive).
     written = bool(count)
     try:
-        replaced = _write_file(args.file, data) if written else None
+        replaced = _write_file(args.file, output, data) if written else None
     except BundleFileError as exc:
         return ctx.fail(str(exc))
     if replaced:

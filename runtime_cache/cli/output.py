@@ -15,7 +15,7 @@ import time
 from typing import BinaryIO, TextIO
 
 from .fmt import clean
-from .output_path import find_output
+from .output_path import Output, find_output
 
 try:
     import fcntl
@@ -30,8 +30,10 @@ __all__ = [
     "flush",
     "is_stdout",
     "link_replaced",
+    "open_output",
     "replace_file",
     "write_all",
+    "write_output",
     "write_text",
 ]
 
@@ -182,6 +184,33 @@ class WholeText(io.TextIOBase):
         super().close()
 
 
+def open_output(path: str) -> Output:
+    """Where ``path``'s output goes (:func:`.output_path.find_output`), opened before the
+    data is made, as a shell's ``>`` is: a terminal is refused now (:class:`TerminalOutput`),
+    not once a bundle of minutes was built. Raises :class:`OSError` too. Give the result to
+    :func:`write_output`, or :meth:`~.output_path.Output.close` it."""
+    output = find_output(path)
+    if output.fd is not None and os.isatty(output.fd):
+        output.close()
+        raise TerminalOutput
+    return output
+
+
+def write_output(output: Output, data: bytes) -> str:
+    """Write ``data`` where :func:`open_output` found, and close it; see
+    :func:`replace_file` (what is returned, and how a file is replaced)."""
+    try:
+        if output.fd is not None:
+            with os.fdopen(output.fd, "wb") as handle:
+                output.fd = None  # closed with the handle
+                write_all(handle, data)
+            return ""
+        _replace_in(output.folder, output.name, data)
+        return output.link_replaced
+    finally:
+        output.close()
+
+
 def replace_file(path: str, data: bytes) -> str:
     """Write ``data`` at ``path``; raises :class:`OSError`, or :class:`TerminalOutput`.
 
@@ -193,19 +222,7 @@ def replace_file(path: str, data: bytes) -> str:
     ``path`` was replaced rather than followed (``""``: there was none, or it was followed).
     A terminal is written nothing: :class:`TerminalOutput`.
     """
-    output = find_output(path)
-    try:
-        if output.fd is not None and os.isatty(output.fd):
-            raise TerminalOutput
-        if output.fd is not None:
-            with os.fdopen(output.fd, "wb") as handle:
-                output.fd = None  # closed with the handle
-                write_all(handle, data)
-            return ""
-        _replace_in(output.folder, output.name, data)
-        return output.link_replaced
-    finally:
-        output.close()
+    return write_output(open_output(path), data)
 
 
 def link_replaced(path: str, why: str) -> str:

@@ -43,14 +43,16 @@ class Output:
     link_replaced: str = ""
 
     def close(self) -> None:
-        """Close the folder (and ``fd``, where still open)."""
+        """Close the folder (and ``fd``, where still open); once: a second call closes
+        nothing (the numbers may be another file's by then)."""
         for fd in (self.fd, self.folder):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self.fd = None
+        self.folder = -1
 
 
 def find_output(path: str) -> Output:
