@@ -423,7 +423,13 @@ def test_export_to_a_terminal_is_refused_before_the_store_is_read() -> None:
 
     leader, follower = pty.openpty()
     try:
-        command = [sys.executable, "-m", "runtime_cache.cli", "--cache", "redis://127.0.0.1:1/0?insecure=1"]
+        command = [
+            sys.executable,
+            "-m",
+            "runtime_cache.cli",
+            "--cache",
+            "redis://127.0.0.1:1/0?insecure=1",
+        ]
         done = subprocess.run(
             [*command, "export", os.ttyname(follower)],
             capture_output=True,
