@@ -101,7 +101,9 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
     its name; return its descriptor and whether this call made it. Its mode is set through
     the descriptor, on a folder this call made and this user owns: set by its name, a link
     that a member of a shared parent put there between the two steps was followed, and
-    the folder it led to (the victim's own, ``0700``) made group-writable.
+    the folder it led to (the victim's own, ``0700``) made group-writable. A folder found
+    there that is not empty at the open was swapped in (:func:`_fresh`): taken as it is,
+    neither changed nor said to be made.
 
     A link at the name, new or old, is :class:`BackendError` ("is not a directory"): the
     root is made again (:func:`remake_root`) only where it was a folder.
@@ -123,13 +125,28 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
             raise _not_a_folder(root) from None
         raise _failed(root, exc) from exc
     try:
-        if modes.folder_chmod is not None and os.fstat(fd).st_uid == os.geteuid():
-            os.fchmod(fd, modes.folder_chmod)  # (another's folder swapped in: left as it is)
+        if not _fresh(fd):  # (another folder swapped in: taken as it is, its mode left)
+            return os.open(".", ROOT_FLAGS, dir_fd=fd), False
+        if modes.folder_chmod is not None:
+            os.fchmod(fd, modes.folder_chmod)
         return os.open(".", ROOT_FLAGS, dir_fd=fd), True
     except OSError as exc:
         raise _failed(root, exc) from exc
     finally:
         os.close(fd)
+
+
+def _fresh(fd: int) -> bool:
+    """Whether the folder open as ``fd`` can be the one :func:`make_root`'s ``mkdir`` just
+    made: this user's, and empty. Between the ``mkdir`` and the open, a member of a
+    group-writable parent can swap another folder in at the name (``renameat2`` with
+    ``RENAME_EXCHANGE``): one of the victim's own, which the ``chmod`` (and a remade shared
+    root's ``chown``) would then give to the group. Such a folder is seldom empty; an
+    empty one has nothing to give away."""
+    try:
+        return os.fstat(fd).st_uid == os.geteuid() and not os.listdir(fd)
+    except OSError:
+        return False
 
 
 def _enterable(fd: int, root: str | Path) -> int:

@@ -314,3 +314,38 @@ def test_a_new_root_swapped_for_a_link_is_not_chmod_ed(
         DirectoryBackend(root, shared=True)
     monkeypatch.setattr(os, "mkdir", real)
     _unchanged(victim, before)
+
+
+@pytest.mark.parametrize("remade", [False, True])
+def test_a_folder_exchanged_for_the_new_root_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remade: bool
+) -> None:
+    """Session 42's closing note: between the root's ``mkdir`` and its open, a member of a
+    group-writable parent could swap in a folder of the victim's own (``renameat2`` with
+    ``RENAME_EXCHANGE``: no link to refuse); the ``fchmod`` then made it group-writable
+    and setgid (and a remade shared root's ``chown`` gave it to the group)."""
+    victim, before = _victim(tmp_path)
+    team = tmp_path / "team"
+    team.mkdir()
+    root = team / "cache"
+    cache = None
+    if remade:
+        cache = rc.Cache(DirectoryBackend(root, shared=True), secret="s")
+        assert cache.put(_key(0), b"zero")
+        shutil.rmtree(root)
+    real = os.mkdir
+
+    def mkdir_then_exchange(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
+            os.rename(path, team / "aside")
+            os.rename(victim, path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_exchange)
+    if cache is None:
+        DirectoryBackend(root, shared=True)
+    else:
+        cache.put(_key(1), b"one")
+    monkeypatch.setattr(os, "mkdir", real)
+    st = root.stat()
+    assert (st.st_mode, st.st_uid, st.st_gid) == before
