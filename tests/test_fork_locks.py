@@ -9,6 +9,7 @@ lock stayed held there for good. Each lock of the cache's paths is made anew in 
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 import runtime_cache as rc
-from runtime_cache import fork_locks, provider, trust
+from runtime_cache import fork_locks
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -96,13 +97,27 @@ def test_a_lock_held_at_the_fork_is_free_in_the_child(tmp_path: Path, which: str
         done.set()
 
 
-def test_module_locks_are_free_in_the_child() -> None:
-    for module in (provider, trust):
-        done = _held_by_a_thread(module._lock)
-        try:
-            assert _child_ends(lambda m=module: m._lock.acquire(timeout=5) or os._exit(3)) == 0
-        finally:
-            done.set()
+@pytest.mark.parametrize(
+    ("name", "attribute"),
+    [
+        ("runtime_cache.provider", "_lock"),
+        ("runtime_cache.trust", "_lock"),
+        # Session 42's closing note: the OpenCL consumer's module locks were not renewed
+        # (starting a build worker, the device's memo, install()).
+        ("runtime_cache.opencl.child", "_lock"),
+        ("runtime_cache.opencl.fingerprint", "_memo_lock"),
+        ("runtime_cache.opencl.devices", "_lock"),
+        ("runtime_cache.opencl.install", "_lock"),
+        ("runtime_cache.opencl.capture", "_origins_lock"),
+    ],
+)
+def test_module_locks_are_free_in_the_child(name: str, attribute: str) -> None:
+    lock = getattr(importlib.import_module(name), attribute)
+    done = _held_by_a_thread(lock)
+    try:
+        assert _child_ends(lambda: lock.acquire(timeout=5) or os._exit(3)) == 0
+    finally:
+        done.set()
 
 
 def test_an_owner_that_goes_is_forgotten() -> None:

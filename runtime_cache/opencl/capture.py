@@ -12,6 +12,7 @@ program-origins registry), so that it can be found again here.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache import Cache
+from ..fork_locks import renew_in_child
 from ._driver import import_pyopencl, read_binaries
 from .counters import counters
 from .guard import Binary, binary_digest
@@ -38,6 +40,7 @@ class _Origin:
 # Programs we built or loaded, so their binaries can be re-read after launch.
 origins: weakref.WeakKeyDictionary[Any, _Origin] = weakref.WeakKeyDictionary()
 _origins_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_origins_lock")  # (held at a fork: free in the child)
 
 
 def remember(

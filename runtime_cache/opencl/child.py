@@ -30,6 +30,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from ..fork_locks import renew_in_child
+
 __all__ = ["PARENT_ENV", "child_folder", "child_path", "follow_parent", "python_command"]
 
 #: The environment variable that tells a child its parent's process id (see
@@ -48,6 +50,7 @@ _BOOT = (
 )
 
 _lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_lock")  # (held at a fork: free in the child)
 _folder: str | None = None
 
 

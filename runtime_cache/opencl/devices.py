@@ -21,12 +21,14 @@ error, and what to install.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import INSTALL_INTEL, RuntimeCacheError
+from ..fork_locks import renew_in_child
 from ._driver import import_pyopencl, original_build
 
 __all__ = [
@@ -69,6 +71,7 @@ class DeviceTrial:
 
 
 _lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_lock")  # (held at a fork: free in the child)
 _trials: dict[int, str | None] = {}
 
 

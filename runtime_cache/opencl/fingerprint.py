@@ -7,15 +7,18 @@ its cache key, and a driver update changes the fingerprint (and so the key).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
+from ..fork_locks import renew_in_child
 from ._driver import import_pyopencl
 
 __all__ = ["device_fingerprint", "open_devices"]
 
 _memo: dict[int, dict[str, Any]] = {}
 _memo_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_memo_lock")  # (held at a fork: free in the child)
 
 # Optional properties: read when the driver has them, left out when it raises. A
 # vendor's properties are asked for only when the device reports the extension that

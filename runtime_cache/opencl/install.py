@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidValueError
+from ..fork_locks import renew_in_child
 from ._driver import import_pyopencl
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["driver_cache_wanted", "flush", "install", "installed", "is_installed", "uninstall"]
 
 _lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_lock")  # (held at a fork: free in the child)
 _original: Callable[..., Any] | None = None
 _cache: Cache | None = None
 _store_mode = "deferred"
