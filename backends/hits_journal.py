@@ -57,6 +57,9 @@ _LIST_SECONDS = 1.0
 _MAX_DIGITS = 16
 MAX_HITS = 1 << 53  # 16 digits: what compaction writes, a reader takes
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+#: The journal may always grow this far, however full the disk (a sixteenth of the room
+#: it leaves is the bound above that).
+_LEAST_ROOM = 1 << 14
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW
 
 
@@ -136,15 +139,16 @@ class HitsJournal:
             self._append(f"- {time.time():.3f} {key}\n".encode())
 
     def _append(self, data: bytes) -> None:
-        size = 0
+        size, compact_past, full = 0, self.compact_at, False
         try:
             # Written only when a regular file with one name: a hard link planted here (a
             # file of ours outside the cache) is never appended to nor chmod-ed.
             fd = open_in_place(self.dir_fd, self.name, _APPEND, self.mode, self.chmod)
             try:
                 st = os.fstat(fd)
-                size = st.st_size + len(data)  # (a full disk fails the write: compact then)
-                if st.st_size < self.append_until:
+                size = st.st_size + len(data)
+                compact_past, until = self._bounds(fd, st.st_size)
+                if st.st_size < until:
                     os.write(fd, data)  # one O_APPEND write: lines never interleave
             finally:
                 os.close(fd)
@@ -153,8 +157,23 @@ class HitsJournal:
         except OSError as exc:  # advisory: losing counts never loses an entry
             if exc.errno in (errno.EISDIR, errno.ELOOP, errno.ENXIO):  # a folder, link, FIFO
                 self._not_a_file("not a file")
-        if size >= max(self.compact_at, self._kept) and self.temp_prefix is not None:
-            self._compact_soon(self.temp_prefix)
+            full = exc.errno in _FULL  # (compacted, whatever its size: room for entries)
+        if self.temp_prefix is not None and (full or size >= max(compact_past, self._kept)):
+            self._compact_soon(self.temp_prefix, 0 if full else compact_past)
+
+    def _bounds(self, fd: int, size: int) -> tuple[int, int]:
+        """The sizes past which the journal (now ``size`` bytes) is compacted, and past
+        which it is appended to no more: the cap's (:attr:`compact_at`,
+        :attr:`append_until`), and at most a sixteenth of the room the disk leaves it. The
+        journal is not counted in the cap: on a small disk (a 2 MB one, with the default
+        cap) its hits took what the entries left, and every store failed for an hour."""
+        try:
+            vfs = os.fstatvfs(fd)
+        except OSError:
+            return self.compact_at, self.append_until
+        room = size + vfs.f_bavail * vfs.f_frsize
+        until = min(self.append_until, max(_LEAST_ROOM, room // 16))
+        return min(self.compact_at, max(_LEAST_ROOM // 2, until // 2)), until
 
     def _not_a_file(self, what: str) -> None:
         # A folder, a link or a FIFO at the journal's name (planted, or left by a mistake)
@@ -165,7 +184,7 @@ class HitsJournal:
         log.warning("runtime-cache: %s is %s; set aside, so that uses count again", self.name, what)
         set_aside(self.dir_fd, self.name, ".junk-")
 
-    def _compact_soon(self, temp_prefix: str) -> None:
+    def _compact_soon(self, temp_prefix: str, past: int) -> None:
         # On a thread of its own: listing the keys and reading the journal take a second.
         with self._lock:
             if time.monotonic() - self._compacted < COMPACT_EVERY:
@@ -181,7 +200,7 @@ class HitsJournal:
 
         def compact() -> None:
             try:
-                self._kept = 2 * (self.compact(live, temp_prefix, self.compact_at, root) or 0)
+                self._kept = 2 * (self.compact(live, temp_prefix, past, root) or 0)
             except Exception:  # advisory: next time
                 pass
             finally:
