@@ -26,6 +26,7 @@ __all__ = [
     "Entry",
     "Limits",
     "meta_head",
+    "no_ext_type",
     "openers",
     "pack_meta",
     "time_problem",
@@ -114,6 +115,12 @@ def time_problem(created_at: Any, build_seconds: Any) -> str | None:
     return None
 
 
+def no_ext_type(code: int, data: bytes) -> Any:
+    """msgpack's ``ext_hook`` where no ext type is taken: raises :class:`ValueError`.
+    (``max_ext_len=0`` lets one of 0 bytes through.)"""
+    raise ValueError(f"an ext type ({code}) where none is taken")
+
+
 def unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
     """Decode and check an entry's metadata map (its bytes passed their checksum).
 
@@ -131,6 +138,7 @@ def unpack_meta(raw: bytes | memoryview, limits: Limits) -> dict[str, Any]:
             max_array_len=limits.max_meta_size,
             max_map_len=limits.max_meta_size,
             max_ext_len=0,
+            ext_hook=no_ext_type,
         )
     except Exception as exc:  # msgpack raises many types for bad input
         raise CorruptEntryError(f"metadata does not decode: {exc}") from None

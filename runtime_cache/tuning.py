@@ -34,6 +34,7 @@ from typing import Any
 import msgpack
 
 from .cache import Cache
+from .entry_meta import no_ext_type
 from .errors import CorruptEntryError, InvalidRecordError
 from .keys import CacheKey, make_key
 from .provider import get_cache
@@ -80,6 +81,7 @@ def decode_record(data: bytes, max_size: int = DEFAULT_MAX_RECORD_SIZE) -> Recor
             max_array_len=max_size,
             max_map_len=max_size,
             max_ext_len=0,
+            ext_hook=no_ext_type,
         )
         if not isinstance(record, dict):
             raise CorruptEntryError("a tuning record must be a map")
@@ -275,7 +277,15 @@ class TuningCache:
 
     # ------------------------------------------------------------ all records
     def symbols(self) -> list[str]:
-        """The symbols that have a record for this module and device, sorted."""
+        """The symbols that have a record for this module and device, sorted. In a cache
+        with a secret, only those whose record reads back signed (as :meth:`records`):
+        a writer of a shared store without the secret cannot add to the list."""
+        if self.cache.signed:
+            return sorted(self.records())
+        return sorted(self._listed())
+
+    def _listed(self) -> set[str]:
+        # The symbols of this module's entries on this device, by their heads alone.
         found = set()
         for info in self.cache.entries(self.runtime, self.purpose, self.module_id):
             symbol = info.parts.get("symbol")
@@ -286,12 +296,12 @@ class TuningCache:
                     found.add(symbol)
             except (InvalidRecordError, TypeError, ValueError):
                 continue
-        return sorted(found)
+        return found
 
     def records(self) -> dict[str, Record]:
         """All records of this module and device, by symbol."""
         out: dict[str, Record] = {}
-        for symbol in self.symbols():
+        for symbol in sorted(self._listed()):
             record = self.get(symbol)
             if record is not None:
                 out[symbol] = record
@@ -299,9 +309,10 @@ class TuningCache:
 
     def clear(self) -> int:
         """Delete every record of this module and device, those over this reader's limit
-        too (the module's, whoever stored them); return how many were removed."""
+        too (the module's, whoever stored them; unsigned ones in a cache with a secret
+        as well); return how many were removed."""
         self._here.clear()
-        return sum(self.delete(symbol) for symbol in self.symbols())
+        return sum(self.delete(symbol) for symbol in self._listed())
 
     def dumps(self) -> bytes:
         """All of this module's records on this device as one blob.

@@ -166,3 +166,15 @@ def test_mutated_bundles_give_typed_errors_only(data: st.DataObject) -> None:
     except InvalidBundleError:
         return
     assert mutated == original or got == blobs
+
+
+def test_an_empty_ext_type_in_the_metadata_is_refused() -> None:
+    """Attack review, session 43: ``max_ext_len=0`` let an ext type of 0 bytes through;
+    an entry's metadata decodes to the types the codec writes alone."""
+    import msgpack
+
+    data = codec.encode_entry(
+        "k", {"a": 1}, b"value", created_at=1.0, extra={"x": msgpack.ExtType(5, b"")}
+    )
+    with pytest.raises(CorruptEntryError, match="ext type"):
+        codec.decode_entry(data)

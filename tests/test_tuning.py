@@ -314,3 +314,34 @@ def test_a_record_over_a_readers_limit_is_its_miss_and_stays_for_its_writer(
     assert other.get("conv1") is None  # (kept in the reader, not stored)
     assert other.get_or_tune("conv1", lambda: {"tile": 8}) == {"tile": 8}
     assert reader.delete("conv1") and reader.get("conv1") is None
+
+
+def test_an_empty_ext_type_is_refused_as_any_ext_type(cache: rc.Cache) -> None:
+    """Attack review, session 43: ``ExtType(5, b"")`` passed ``max_ext_len=0``, was stored
+    and came back as an ``ExtType``; ``ExtType(5, b"x")`` was refused."""
+    tuning = TuningCache("m@1", "opencl", {"name": "dev"}, cache=cache)
+    for data in (b"", b"x"):
+        with pytest.raises(InvalidRecordError):
+            tuning.put("s", {"a": msgpack.ExtType(5, data)})
+    assert tuning.get("s") is None
+
+
+def test_a_signed_cache_lists_no_symbol_of_an_unsigned_record() -> None:
+    """Attack review, session 43: ``symbols()`` read the entries' heads alone, so a writer
+    of a shared store without the secret added any symbol text to the list (records() and
+    get() left the record out). In a cache with a secret, listed symbols read back signed;
+    ``clear()`` still removes the unsigned ones."""
+    from runtime_cache.codec import encode_entry
+    from runtime_cache.tuning import encode_record
+
+    backend = MemoryBackend()
+    cache = rc.Cache(backend, secret="a-long-enough-secret-for-tests")
+    tuning = TuningCache("resnet@1", "opencl", {"name": "Mali"}, cache=cache)
+    tuning.put("conv1", {"tile": 4})
+    evil = "conv1\x1b[2J\u202e" + "A" * 100
+    key = tuning.key(evil)
+    record = encode_record({"tile": 9})
+    backend.set(str(key), encode_entry(str(key), key.parts, record, created_at=time.time()))
+    assert tuning.symbols() == ["conv1"]
+    assert tuning.records() == {"conv1": {"tile": 4}} and tuning.get(evil) is None
+    assert tuning.clear() == 2 and backend.get(str(key)) is None
