@@ -375,3 +375,40 @@ def test_dev_stdout_and_dev_fd_reach_the_pipe_or_file_the_shell_gave(tmp_path: P
         with open(log, "ab") as appended:
             done = subprocess.run([sys.executable, "-c", code, path], stdout=appended)
         assert done.returncode == 0 and log.read_bytes() == b"before\ndata\n"
+
+
+def test_a_file_of_ones_own_in_a_folder_one_may_not_write_is_written_into(
+    tmp_path: Path,
+) -> None:
+    """Session 42's closing note: ``show --raw FILE`` (and ``export FILE``) over a file of
+    this user's in a folder this user may not write failed (no temporary file beside
+    it), where a shell's ``>`` writes into it. It is written into, as ``>`` does; a hard
+    link of it elsewhere is never written through."""
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root, needs setpriv to run without its write-any-folder capability")
+        as_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    (shut / "out.bin").write_bytes(b"old contents, longer than the new")
+    os.link(shut / "out.bin", tmp_path / "elsewhere")
+    (shut / "mine.bin").write_bytes(b"old contents, longer than the new")
+    shut.chmod(0o555)
+    code = (
+        "import sys; from runtime_cache.cli.output import replace_file; "
+        "replace_file(sys.argv[1], b'new')"
+    )
+    try:
+        done = subprocess.run(
+            [*as_user, sys.executable, "-c", code, str(shut / "mine.bin")], capture_output=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert (shut / "mine.bin").read_bytes() == b"new"
+        linked = subprocess.run(
+            [*as_user, sys.executable, "-c", code, str(shut / "out.bin")], capture_output=True
+        )
+        assert linked.returncode != 0 and b"PermissionError" in linked.stderr
+        assert (tmp_path / "elsewhere").read_bytes() == b"old contents, longer than the new"
+    finally:
+        shut.chmod(0o755)

@@ -240,7 +240,12 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     # O_EXCL|O_NOFOLLOW: a link planted under the temporary name is never followed.
     temp = f"{_temp_stem(name)}{secrets.token_hex(_TEMP_RANDOM)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
+    try:
+        fd = os.open(temp, flags, 0o666, dir_fd=folder)  # the mode a plain open() gives
+    except PermissionError:
+        if _write_in_place(folder, name, data):
+            return
+        raise
     held = _hold(fd)
     try:
         _keep_mode(folder, name, fd)
@@ -254,6 +259,26 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
     finally:
         if held is not None:
             os.close(held)
+
+
+def _write_in_place(folder: int, name: str, data: bytes) -> bool:
+    """Write ``data`` into this user's regular file ``name`` of a folder this user may
+    not write (no temporary file can go beside it), as a shell's ``>`` does: cut, then
+    written, so a reader may see it half written. Only a file of one name (no hard link
+    to it elsewhere); whether it was written."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=folder)
+    except OSError:
+        return False  # none there (nothing to write into), a FIFO without a reader, ...
+    with os.fdopen(fd, "wb") as handle:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1):
+            return False
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        write_all(handle, data)
+    return True
 
 
 def _keep_mode(folder: int, name: str, fd: int) -> None:
