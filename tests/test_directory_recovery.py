@@ -180,6 +180,23 @@ def test_a_padded_journal_costs_a_bounded_read(
     assert backend._journal.read(keep=live)[str(keys[0])][0] < 10  # none of them counted
 
 
+def _read_often(backend: DirectoryBackend, count: int, value: bytes) -> list[rc.CacheKey]:
+    """Store ``count`` keys, read each 1,000 times, flush the hits, and wait for the
+    journal's compactions; the keys."""
+    cache = rc.Cache(backend)
+    keys = [_key(i) for i in range(count)]
+    for key in keys:
+        assert cache.put(key, value)
+    for _ in range(1000):
+        for key in keys:
+            cache.get(key)
+    backend.flush_hits()
+    for thread in threading.enumerate():
+        if thread.name == "runtime-cache hits":
+            thread.join(10)
+    return keys
+
+
 def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -> None:
     """Operator review, session 37: on a 2 MiB disk holding a cache of ``max_size=1MB``,
     two readers grew ``.hits`` (outside the cap) to 1.36 MB in 5 s; the disk filled, every
@@ -188,17 +205,7 @@ def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -
 
     with tmpfs(tmp_path / "disk", "2m") as disk:
         backend = DirectoryBackend(disk / "cache", max_size="1MB", hits_batch=64)
-        cache = rc.Cache(backend)
-        keys = [_key(i) for i in range(20)]
-        for key in keys:
-            assert cache.put(key, b"v" * 1000)
-        for _ in range(1000):  # 20,000 hits: about 1 MB of lines
-            for key in keys:
-                cache.get(key)
-        backend.flush_hits()
-        for thread in threading.enumerate():
-            if thread.name == "runtime-cache hits":
-                thread.join(10)
+        keys = _read_often(backend, 20, b"v" * 1000)  # 20,000 hits: about 1 MB of lines
         assert (disk / "cache" / ".hits").stat().st_size <= (1 << 17) + 64 * 60
         # A full disk: the compaction cuts the journal in place.
         with open(disk / "cache" / ".hits", "ab") as more:
@@ -212,7 +219,7 @@ def test_the_journal_of_a_small_cache_stays_a_small_part_of_it(tmp_path: Path) -
             assert all((hits[str(k)] or 0) > 200 for k in keys)
         finally:
             filler.unlink()
-        assert cache.put(_key(99), b"room again")
+        assert rc.Cache(backend).put(_key(99), b"room again")
         # A full disk fails the append itself: that append still sets off the compaction
         # (review: its size was taken only after a write that worked, so none started).
         with open(disk / "cache" / ".hits", "ab") as more:
@@ -360,17 +367,7 @@ def test_the_journal_leaves_a_small_disk_room_for_entries(tmp_path: Path) -> Non
 
     with tmpfs(tmp_path / "disk", "2m") as disk:
         backend = DirectoryBackend(disk / "cache", hits_batch=64)
-        cache = rc.Cache(backend)
-        keys = [_key(i) for i in range(40)]
-        for key in keys:
-            assert cache.put(key, b"v" * 100)
-        for _ in range(1000):  # 40,000 hits: about 1.9 MB of lines
-            for key in keys:
-                cache.get(key)
-        backend.flush_hits()
-        for thread in threading.enumerate():
-            if thread.name == "runtime-cache hits":
-                thread.join(10)
+        keys = _read_often(backend, 40, b"v" * 100)  # 40,000 hits: about 1.9 MB of lines
         assert (disk / "cache" / ".hits").stat().st_size <= (2 << 20) // 16 + 64 * 60
         other = rc.Cache(DirectoryBackend(disk / "cache"))  # a fresh process's store
         assert other.put(_key(99), b"w" * 50_000) and other.get(_key(99)) == b"w" * 50_000
