@@ -99,7 +99,8 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         #: names where it means no lease (:meth:`lease`).
         self.junk = 0
         self._junk_locks: set[str] = set()  # lock names said to hold junk (1,024 at most)
-        #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
+        #: Keys at whose paths the last listing found no entry file (links, FIFOs, folders,
+        #: files over ``max_entry_size``): left out of it, and not removed (a read removes them).
         self.listed_junk: list[str] = []
         #: Folders the last listing could not read, and why: its result is partial.
         self.unlisted_folders: list[tuple[str, str]] = []
@@ -273,14 +274,18 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         return removed
 
     def _listing(self, prefix: str) -> list[Found]:
-        # Non-files at entry names are left out, and named in listed_junk for the operator.
+        # Junk at entry names (non-files, and files over max_entry_size that a read would
+        # remove) is left out and named in listed_junk for the operator: a listing reads
+        # no head of it, so a reading command (ls) removes nothing.
         unreadable: list[tuple[str, str]] = []
         found = list(walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=not self.shared))
-        self.listed_junk = [f.key for f in found if not f.regular]
+        cap = self.max_entry_size
+        entries = [f for f in found if f.regular and f.stat.st_size <= cap]
+        self.listed_junk = [f.key for f in found if not f.regular or f.stat.st_size > cap]
         self.unlisted_folders = unreadable
         for note in unreadable:  # (folder, reason)
             log.warning("runtime-cache: %s: %s left out of the listing (%s)", self.root, *note)
-        return [f for f in found if f.regular]
+        return entries
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter([found.key for found in self._listing(prefix)])

@@ -88,10 +88,10 @@ def verify(
     backend = cache.backend
     names = list(backend.keys(prefix))
     verified, forged = 0, list[str]()
-    # Links, FIFOs and folders at entry names (the directory backend names them): a read
-    # of their key removes them, so --repair does; either way they are reported.
+    # Links, FIFOs, folders and oversized files at entry names (the directory backend names
+    # them): a read of their key removes them, so --repair does; either way they are reported.
     for skey in list(getattr(backend, "listed_junk", None) or ()):
-        reason = "not a file (a link, FIFO or folder at an entry's name)"
+        reason = "no entry (a link, FIFO, folder or oversized file at an entry's name)"
         if repair:
             try:
                 backend.peek(skey)

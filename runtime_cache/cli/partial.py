@@ -41,8 +41,9 @@ def partial_result(ctx: CommandContext, code: int, checks: bool = False) -> int:
         )
     for name in listed:
         print(
-            f"runtime-cache: {clean(name)} is not a file (a link, FIFO or folder at its "
-            "entry's name); left out, and removed when the key is next read or by verify --repair",
+            f"runtime-cache: {clean(name)} is no entry (a link, FIFO, folder or oversized file "
+            "at its entry's name); left out, and removed when the key is next read or by "
+            "verify --repair",
             file=ctx.err,
         )
     if isinstance(junk, int) and junk:
