@@ -659,6 +659,39 @@ def test_links_and_fifos_at_entry_names_are_reported_and_repaired(tmp_path: Path
     assert cli("verify").returncode == 0
 
 
+def test_a_link_at_a_fan_out_folder_is_reported_and_repaired(tmp_path: Path) -> None:
+    """The operator review: a fan-out folder moved out of the cache with a link in its
+    place went unreported by ls, verify and verify --repair ("0 bad", exit 0), its entries
+    silently gone. Now each names the link and exits 1; --repair removes the link alone."""
+    root = tmp_path / "cache"
+    url = f"dir://{root}"
+    cache = rc.Cache(rc.open_backend(url))
+    for i in range(3):
+        cache.put(key(i), b"v")
+    shard = next(root.rglob("*.rce")).parent
+    elsewhere = tmp_path / "elsewhere"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.iterdir())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "runtime_cache", "--cache", url, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+
+    named = str(shard.relative_to(root))
+    for command in (["ls"], ["verify"], ["stats"]):
+        done = cli(*command)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert f"folder {named} is a symbolic link" in done.stderr, done.stderr
+    assert shard.is_symlink()
+    done = cli("verify", "--repair")
+    assert done.returncode == 1 and f"{named}: a symbolic link" in done.stderr, done.stderr
+    assert "removed" in done.stderr
+    assert not os.path.lexists(shard)  # the link alone removed, never followed
+    assert sorted(p.name for p in elsewhere.iterdir()) == before
+    assert cli("verify").returncode == 0
+
+
 def test_an_import_that_writes_over_junk_at_an_entry_name_succeeds(
     run: Run, backend: DirectoryBackend, tmp_path: Path
 ) -> None:
