@@ -41,7 +41,7 @@ from .. import environment
 from ..cache import Cache
 from ..errors import RuntimeCacheError
 from ..provider import OFF
-from ..urls import redact, redacted
+from ..urls import in_process_only, redact, redacted
 from .entries import demo_entries, remove_entries
 from .errors import DemoError
 from .report import compare, format_text
@@ -153,10 +153,9 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
     shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redacted(url)
-    schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
     if url.strip().lower() in OFF:
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
-    if schemes == {"memory"}:
+    if in_process_only(url):
         raise DemoError(
             f"{shown!r} lives in one process only; the warm run needs a cache that outlives "
             "it, such as dir:// or redis://"
