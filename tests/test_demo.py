@@ -520,6 +520,37 @@ def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
     assert redact(url) == shown
 
 
+def test_the_demo_opens_the_default_cache_where_the_library_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator review: with the user cache folder unusable (a read-only
+    XDG_CACHE_HOME), `ls` and the library fell back to the private temporary folder, and
+    `demo` failed: "open of ...: Read-only", exit 2. It falls back the same way, and says so."""
+    import argparse
+    import logging
+    import tempfile
+    import threading
+
+    from runtime_cache.demo import cli as demo_cli
+
+    (tmp_path / "runtime-cache").write_text("not a folder")  # the default can't be made
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(environment, "_warned", threading.Event())  # (said once a process)
+    url, _ = demo_cli._cache_url(argparse.Namespace())
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        cache, opened = demo_cli._open(url, None)
+    fallback = tmp_path / environment.fallback_name("cache")
+    assert opened == f"dir://{fallback}" and cache.backend.root == fallback
+    assert (
+        "no usable home folder" in caplog.text and str(tmp_path / "runtime-cache-") in caplog.text
+    )
+    with rc.cache_provider("dir://") as library:
+        assert library.backend.root == cache.backend.root
+    cache.close()
+
+
 def test_the_global_secret_reaches_the_demo_and_its_runs(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
