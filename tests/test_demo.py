@@ -394,6 +394,41 @@ def test_a_demo_on_a_full_disk_says_why_nothing_was_stored(tmp_path: Path) -> No
 
 
 @opencl
+def test_a_store_that_fails_after_the_first_inference_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator review: the report said "driver cache: not carried (its entry was not
+    stored ...)" with no error count when the disk filled: a run's counters were taken
+    before the recapture stored the driver cache's entry, so its failure went uncounted."""
+    from runtime_cache.demo import run as demo_run
+    from runtime_cache.demo.engine import Engine
+    from runtime_cache.errors import BackendError
+
+    _device()
+
+    class FullAfterwards(MemoryBackend):
+        full = False
+
+        def set(self, key: str, value: bytes) -> None:
+            if self.full:
+                raise BackendError("write: No space left on device")
+            super().set(key, value)
+
+    backend = FullAfterwards()
+
+    def recapture(engine: Engine) -> int:  # as the driver cache's capture stores its entry
+        backend.full = True
+        engine.cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"files")
+        return 0
+
+    monkeypatch.setattr(Engine, "recapture", recapture)
+    with rc.cache_provider(rc.Cache(backend)):
+        report = demo_run.first_inference("tiny", None, None)
+    stats = report["cache_stats"]
+    assert stats["errors"] == 1 and "No space left" in stats["last_error"], stats
+
+
+@opencl
 @pytest.mark.parametrize(
     ("url", "message"),
     [
