@@ -283,7 +283,10 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         # names go to linked_folders, for the same reports (and verify --repair).
         unreadable: list[tuple[str, str]] = []
         linked: list[str] = []
-        found = list(walk(self.root_fd, prefix, None, unreadable, not self.shared, linked))
+        inner = not self.shared  # (see walk: never in a store others write)
+        found = list(
+            walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=inner, linked=linked)
+        )
         cap = self.max_entry_size
         entries = [f for f in found if f.regular and f.stat.st_size <= cap]
         self.listed_junk = [f.key for f in found if not f.regular or f.stat.st_size > cap]

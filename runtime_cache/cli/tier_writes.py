@@ -102,10 +102,9 @@ def say_losses(losses: TierLosses, out: TextIO, durable: Collection[str] | None 
         if stale:
             some = "them" if stale == lost else f"{stale} of them"
             line += f"; it may still serve older copies of {some}"
-        elif nowhere:
-            line += "; any older copies there were removed"
         elif tier != PENDING:
-            line += "; any older copies there were removed: reads find the new ones in other tiers"
+            line += "; any older copies there were removed"
+            line += "" if nowhere else ": reads find the new ones in other tiers"
         if nowhere:
             line += f"; every other tier {IN_PROCESS}: once it exits, none of them is kept"
         print(line, file=out)
