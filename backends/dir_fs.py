@@ -56,6 +56,7 @@ __all__ = [
     "read_regular",
     "read_to_end",
     "regular_size",
+    "remove_link",
     "remove_tree",
     "set_aside",
 ]
@@ -269,6 +270,27 @@ def _named_aside(dir_fd: int, name: str) -> tuple[str, bool]:
     except OSError:
         what = ""
     return what, set_aside(dir_fd, name, ".junk-")
+
+
+def remove_link(root_fd: int, rel: str) -> bool:
+    """Remove the symbolic link at ``rel`` under ``root_fd``: the link alone, reached
+    without following any link, so what it points to is never touched. Anything else at
+    the name is left (a folder made there since is the cache's again). Returns whether no
+    link is there now; raises :class:`OSError` when it could not be removed."""
+    folder, _, name = rel.rpartition("/")
+    try:
+        fd = open_folder(root_fd, folder)
+    except FileNotFoundError:
+        return True
+    try:
+        if not stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            return True
+        os.unlink(name, dir_fd=fd)  # (a folder there since: EISDIR, raised)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+    return True
 
 
 def set_aside(dir_fd: int, name: str, prefix: str, seconds: float = JUNK_SECONDS) -> bool:

@@ -94,6 +94,7 @@ def walk(
     deadline: float | None = None,
     unreadable: list[tuple[str, str]] | None = None,
     inner_roots: bool = False,
+    linked: list[str] | None = None,
 ) -> Iterator[Found]:
     """Yield every name under ``root_fd`` that parses as a key starting with ``prefix``.
 
@@ -106,7 +107,12 @@ def walk(
     are there but could not be read (no permission, an I/O error: entries may be
     behind them) are added to it as ``(folder, reason)``, not those gone meanwhile or
     a link at a folder's name (junk, never followed). ``regular`` is
-    false for a link, a FIFO, a folder or anything else at an entry's name.
+    false for a link, a FIFO, a folder or anything else at an entry's name. With
+    ``linked``, a symbolic link at a fan-out folder's name (two characters, as
+    :func:`rel_path` names them) that could hold keys starting with ``prefix`` is added
+    to it (its path from the root): never followed, so the entries behind it are left
+    out. Links at longer names are not: a cache opened on a folder by mistake (``~``)
+    holds the user's own links, which are not the cache's to report or remove.
     Raises :class:`WalkCutShort` when it is past ``deadline`` (``time.monotonic()``)
     as it opens a folder: folders that hold no entry cost time too (a member can
     make 400,000 of them).
@@ -161,6 +167,8 @@ def walk(
                 if key is None:
                     if is_dir and len(names) < _MAX_DEPTH:
                         stack.append([*names, entry.name])
+                    elif linked is not None and _linked_shard(entry, rel, prefix):
+                        linked.append(f"{rel}/{entry.name}" if rel else entry.name)
                     continue
                 if not key.startswith(prefix):
                     continue
@@ -171,6 +179,20 @@ def walk(
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+
+
+def _linked_shard(entry: os.DirEntry[str], folder: str, prefix: str) -> bool:
+    # A link at a fan-out folder's name, where keys starting with ``prefix`` may live.
+    name = entry.name
+    if len(name) != 2 or not _COMPONENT.match(name):
+        return False
+    path = f"{folder}/{name}" if folder else name
+    if not (path.startswith(prefix) or prefix.startswith(path)):
+        return False
+    try:
+        return entry.is_symlink()
+    except OSError:
+        return False
 
 
 def _listed(names: Iterator[os.DirEntry[str]], deadline: float | None) -> list[os.DirEntry[str]]:

@@ -32,7 +32,7 @@ from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from . import dir_root as roots
 from . import dir_write as writes
-from .dir_fs import clear_way
+from .dir_fs import clear_way, remove_link
 from .dir_maintenance import TEMP_HITS, DirMaintenance
 from .dir_open import flush_at_exit, track
 from .dir_reads import LINKED, DirReads
@@ -99,8 +99,12 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         #: names where it means no lease (:meth:`lease`).
         self.junk = 0
         self._junk_locks: set[str] = set()  # lock names said to hold junk (1,024 at most)
-        #: Keys at whose paths the last listing found no file (links, FIFOs, folders).
+        #: Keys at whose paths the last listing found no entry file (links, FIFOs, folders,
+        #: files over ``max_entry_size``): left out of it, and not removed (a read removes them).
         self.listed_junk: list[str] = []
+        #: Links at fan-out folder names the last listing found (never followed: the
+        #: entries behind them are left out); :meth:`remove_linked_folder` removes one.
+        self.linked_folders: list[str] = []
         #: Folders the last listing could not read, and why: its result is partial.
         self.unlisted_folders: list[tuple[str, str]] = []
         self._read_only = self._closed = False
@@ -273,14 +277,34 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         return removed
 
     def _listing(self, prefix: str) -> list[Found]:
-        # Non-files at entry names are left out, and named in listed_junk for the operator.
+        # Junk at entry names (non-files, and files over max_entry_size that a read would
+        # remove) is left out and named in listed_junk for the operator: a listing reads
+        # no head of it, so a reading command (ls) removes nothing. Links at fan-out folder
+        # names go to linked_folders, for the same reports (and verify --repair).
         unreadable: list[tuple[str, str]] = []
-        found = list(walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=not self.shared))
-        self.listed_junk = [f.key for f in found if not f.regular]
-        self.unlisted_folders = unreadable
+        linked: list[str] = []
+        inner = not self.shared  # (see walk: never in a store others write)
+        found = list(
+            walk(self.root_fd, prefix, unreadable=unreadable, inner_roots=inner, linked=linked)
+        )
+        cap = self.max_entry_size
+        entries = [f for f in found if f.regular and f.stat.st_size <= cap]
+        self.listed_junk = [f.key for f in found if not f.regular or f.stat.st_size > cap]
+        self.unlisted_folders, self.linked_folders = unreadable, linked
         for note in unreadable:  # (folder, reason)
             log.warning("runtime-cache: %s: %s left out of the listing (%s)", self.root, *note)
-        return [f for f in found if f.regular]
+        for folder in linked:
+            log.warning("runtime-cache: %s is a symbolic link, never followed", self.root / folder)
+        return entries
+
+    def remove_linked_folder(self, folder: str) -> bool:
+        """Remove the symbolic link at the folder name ``folder`` (one of
+        :attr:`linked_folders`), never following it: what it points to is untouched.
+        Returns whether no link is there now; :class:`BackendError` when it could not go."""
+        try:
+            return remove_link(self.root_fd, folder)
+        except OSError as exc:
+            raise self._error("delete", exc, folder) from exc
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter([found.key for found in self._listing(prefix)])

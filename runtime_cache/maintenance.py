@@ -88,10 +88,10 @@ def verify(
     backend = cache.backend
     names = list(backend.keys(prefix))
     verified, forged = 0, list[str]()
-    # Links, FIFOs and folders at entry names (the directory backend names them): a read
-    # of their key removes them, so --repair does; either way they are reported.
+    # Links, FIFOs, folders and oversized files at entry names (the directory backend names
+    # them): a read of their key removes them, so --repair does; either way they are reported.
     for skey in list(getattr(backend, "listed_junk", None) or ()):
-        reason = "not a file (a link, FIFO or folder at an entry's name)"
+        reason = "no entry (a link, FIFO, folder or oversized file at an entry's name)"
         if repair:
             try:
                 backend.peek(skey)
@@ -101,6 +101,7 @@ def verify(
         report.skipped.append((skey, reason))
     if repair and hasattr(backend, "listed_junk"):
         backend.listed_junk = []  # reported here, with what repair did
+    _linked_folders(backend, repair, report)
     for done, skey in enumerate(names, 1):
         if on_progress is not None:
             on_progress(done, len(names))
@@ -150,6 +151,23 @@ def verify(
         except RuntimeCacheError:
             pass  # changed meanwhile: judged at the next check
     return report
+
+
+def _linked_folders(backend: Backend, repair: bool, report: VerifyReport) -> None:
+    # Links at fan-out folder names (the directory backend names them): never followed, so
+    # the entries behind them are not the cache's; --repair removes the link alone.
+    linked = list(getattr(backend, "linked_folders", None) or ())
+    for folder in linked:
+        reason = "a symbolic link at a folder's name (never followed: its entries left out)"
+        if repair:
+            try:
+                backend.remove_linked_folder(folder)  # type: ignore[attr-defined]
+                reason += "; removed"
+            except RuntimeCacheError as exc:
+                reason += f"; not removed: {exc}"
+        report.skipped.append((folder, reason))
+    if repair and linked:
+        backend.linked_folders = []  # type: ignore[attr-defined]
 
 
 def _judge_unread(cache: Cache, skey: str, repair: bool, report: VerifyReport) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "OFF",
     "Provider",
     "cache_provider",
+    "default_folder_fallback",
     "get_cache",
     "preload_default_backend",
     "set_cache_provider",
@@ -112,6 +113,31 @@ def _default_folder_options(url: str) -> str | None:
     return None if path else mark + query
 
 
+def _fallback_url(options: str) -> str:
+    # The default's private temporary folder (made if missing, checked as this user's own:
+    # OSError when not), with the default URL's options.
+    return folder_url(environment.private_fallback("cache")) + options
+
+
+def default_folder_fallback(url: str, exc: Exception) -> str | None:
+    """Where the default cache goes when ``url``, the default folder's (``dir://``, maybe
+    with options), could not be opened (``exc``): the URL of this user's private temporary
+    folder, as :func:`get_cache` opens it then, said once a process as it says it
+    (:func:`~runtime_cache.environment.warn_no_home`). ``None`` for any other URL, or
+    where that folder is not this user's own either.
+
+    A caller that opens the default cache itself (the demo, strict) falls back the same way.
+    """
+    options = _default_folder_options(url)
+    if options is None:
+        return None
+    environment.warn_no_home(str(exc))
+    try:
+        return _fallback_url(options)
+    except OSError:
+        return None
+
+
 def _embedded(options: str = "") -> Cache:
     """The user cache folder; with no usable home, a private temporary one, else memory.
     ``options``: a ``dir://`` URL's query (``"?max_size=1GiB"``), for either folder."""
@@ -130,7 +156,7 @@ def _embedded(options: str = "") -> Cache:
     except Exception as exc:  # never the app's crash (see _default)
         log.error("runtime-cache: cannot open the default cache (%s: %s)", type(exc).__name__, exc)
     try:
-        return _to_cache(folder_url(environment.private_fallback("cache")) + options)
+        return _to_cache(_fallback_url(options))
     except Exception as exc:
         global _open_error
         log.debug("runtime-cache: no temporary cache folder either (%s); using memory", exc)

@@ -20,7 +20,16 @@ from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 from .errors import InvalidURLError, InvalidValueError
 from .units import parse_bool
 
-__all__ = ["BackendURL", "folder_url", "redact", "redact_url", "redacted", "tier_urls"]
+__all__ = [
+    "IN_PROCESS_SCHEMES",
+    "BackendURL",
+    "folder_url",
+    "in_process_only",
+    "redact",
+    "redact_url",
+    "redacted",
+    "tier_urls",
+]
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before whitespace or a quote, so
 # a raw "@", "/", "?", "#" or "," inside a password is hidden too (a query's "@" hides
@@ -38,6 +47,21 @@ _SECRET_OPTION = re.compile(
 )
 #: Schemes whose URL names a local folder: a host there is a mistake, not a place.
 _LOCAL_SCHEMES = frozenset({"dir"})
+
+
+#: Schemes of stores that live in one process only: nothing written there outlives it.
+IN_PROCESS_SCHEMES = frozenset({"memory"})
+
+
+def in_process_only(url: str) -> bool:
+    """Whether every tier of ``url`` lives in one process only (``memory://``): a command
+    or a demo run that writes there keeps nothing once it exits.
+
+    >>> in_process_only("memory://, memory://?max_size=1MB"), in_process_only("memory://,dir://")
+    (True, False)
+    """
+    schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
+    return schemes <= IN_PROCESS_SCHEMES
 
 
 def tier_urls(url: str) -> list[str]:

@@ -452,6 +452,14 @@ def test_show_missing_and_ambiguous(run: Run, cache: rc.Cache) -> None:
     shared = next(d for d in first_digits if first_digits.count(d) > 1)
     code, _, err = run("show", shared)
     assert code == 2 and "matches" in err
+    # A runtime's name alone is the prefix "opencl/" (the operator review: it said "no
+    # entry opencl", where "opencl/program-binary/" said "matches 40 keys").
+    for prefix in ("opencl", "opencl/", "opencl/program-binary/"):
+        code, _, err = run("show", prefix)
+        assert code == 2 and f"{prefix!r} matches 40 keys" in err, err
+    cache.put(rc.make_key(module_id="m", runtime="lonely", purpose="p"), b"v")
+    code, out, _ = run("show", "lonely")  # one key under it: that one, as with "lonely/"
+    assert code == 0 and "lonely/p/" in out
 
 
 def test_show_corrupt_head_is_reported(run: Run, cache: rc.Cache, root: Path) -> None:

@@ -394,6 +394,41 @@ def test_a_demo_on_a_full_disk_says_why_nothing_was_stored(tmp_path: Path) -> No
 
 
 @opencl
+def test_a_store_that_fails_after_the_first_inference_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator review: the report said "driver cache: not carried (its entry was not
+    stored ...)" with no error count when the disk filled: a run's counters were taken
+    before the recapture stored the driver cache's entry, so its failure went uncounted."""
+    from runtime_cache.demo import run as demo_run
+    from runtime_cache.demo.engine import Engine
+    from runtime_cache.errors import BackendError
+
+    _device()
+
+    class FullAfterwards(MemoryBackend):
+        full = False
+
+        def set(self, key: str, value: bytes) -> None:
+            if self.full:
+                raise BackendError("write: No space left on device")
+            super().set(key, value)
+
+    backend = FullAfterwards()
+
+    def recapture(engine: Engine) -> int:  # as the driver cache's capture stores its entry
+        backend.full = True
+        engine.cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"files")
+        return 0
+
+    monkeypatch.setattr(Engine, "recapture", recapture)
+    with rc.cache_provider(rc.Cache(backend)):
+        report = demo_run.first_inference("tiny", None, None)
+    stats = report["cache_stats"]
+    assert stats["errors"] == 1 and "No space left" in stats["last_error"], stats
+
+
+@opencl
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -518,6 +553,37 @@ def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
     from runtime_cache.urls import redact  # the demo prints through the one redactor
 
     assert redact(url) == shown
+
+
+def test_the_demo_opens_the_default_cache_where_the_library_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator review: with the user cache folder unusable (a read-only
+    XDG_CACHE_HOME), `ls` and the library fell back to the private temporary folder, and
+    `demo` failed: "open of ...: Read-only", exit 2. It falls back the same way, and says so."""
+    import argparse
+    import logging
+    import tempfile
+    import threading
+
+    from runtime_cache.demo import cli as demo_cli
+
+    (tmp_path / "runtime-cache").write_text("not a folder")  # the default can't be made
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(environment, "_warned", threading.Event())  # (said once a process)
+    url, _ = demo_cli._cache_url(argparse.Namespace())
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        cache, opened = demo_cli._open(url, None)
+    fallback = tmp_path / environment.fallback_name("cache")
+    assert opened == f"dir://{fallback}" and cache.backend.root == fallback
+    assert (
+        "no usable home folder" in caplog.text and str(tmp_path / "runtime-cache-") in caplog.text
+    )
+    with rc.cache_provider("dir://") as library:
+        assert library.backend.root == cache.backend.root
+    cache.close()
 
 
 def test_the_global_secret_reaches_the_demo_and_its_runs(

@@ -363,3 +363,23 @@ def test_what_blocks_an_entrys_folder_is_named_as_it_is(
     assert f"{folder} is {said[kind]}, not a cache folder; removed it" in caplog.text
     assert cache.get(k) == b"value" and folder.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # (no write through the link)
+
+
+def test_only_links_at_fan_out_folder_names_are_reported(tmp_path: Path) -> None:
+    """A link at a two-character folder name (where a key's fan-out folder goes) hides the
+    entries behind it: the listing names it, under a prefix that could reach it. A link at
+    a longer name may be the user's own (a cache opened on ``~``): never named or removed."""
+    root = tmp_path / "c"
+    _filled(root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "junk" / "test" / "zz").symlink_to(outside)
+    (root / "lib64").symlink_to(outside)  # a venv's link, say
+    backend = DirectoryBackend(root)
+    assert len(list(backend.keys())) == 3 and backend.linked_folders == ["junk/test/zz"]
+    assert list(backend.keys("junk/test/z")) == [] and backend.linked_folders == ["junk/test/zz"]
+    list(backend.keys("junk/test/a"))
+    assert backend.linked_folders == []
+    assert backend.remove_linked_folder("junk/test/zz")
+    assert (root / "lib64").is_symlink() and outside.is_dir()
+    assert not os.path.lexists(root / "junk" / "test" / "zz")

@@ -215,6 +215,21 @@ def test_import_into_a_read_only_folder_says_what_it_wrote(
     assert "read-only" in got.err
 
 
+def test_import_over_a_read_only_folder_says_a_memory_tier_keeps_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator review: `--cache "memory://,dir://<read-only>" import` said "reads find
+    the new ones in other tiers", the only other being the command's own memory."""
+    bundle, _keys = _bundle(tmp_path, 3)
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        (ro / "c").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        code, got = _import(capsys, f"memory://,dir://{ro / 'c'}", bundle)
+    assert code == 1 and "not written to the tier" in got.out, got.out
+    assert "reads find the new ones in other tiers" not in got.out
+    assert "every other tier lives in this command's process only (memory://)" in got.out
+
+
 def test_import_through_a_full_folder_tier_is_reported_and_reads_get_the_bundle(
     tmp_path: Path,
     redis_server: RedisProcess,

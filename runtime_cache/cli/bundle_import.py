@@ -41,10 +41,11 @@ from ..errors import (
     ReadOnlyBackendError,
 )
 from ..signing import SIG_SIZE
+from ..urls import in_process_only
 from .context import CommandContext
 from .fmt import Progress, clean, human_size
 from .fmt import count as fmt_count
-from .tier_writes import PENDING, TierLosses, say_losses, tier_counts
+from .tier_writes import IN_PROCESS, PENDING, TierLosses, durable_tiers, say_losses, tier_counts
 
 __all__ = ["BundleFileError", "cmd_import", "max_bundle_size"]
 
@@ -157,12 +158,6 @@ def _read_file(path: str, limits: Limits, signed_only: bool) -> bytes:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _in_process_only(ctx: CommandContext) -> bool:
-    # memory:// (every tier of it): nothing the command writes outlives it.
-    url = ctx.url or environment.read(environment.ENV_CACHE) or ""
-    return {part.strip().split("://", 1)[0].lower() for part in url.split(",")} == {"memory"}
-
-
 def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
     """Read and check the bundle of ``import`` before its cache opens (a missing or bad
         file makes no cache folder): its entries go to ``args.blobs``, whether it is signed to
@@ -188,13 +183,9 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     cache = ctx.cache
     secret = normalize_secret(ctx.secret)
     blobs: list[bytes] = args.blobs
-    if _in_process_only(ctx):
-        return _unread(
-            args,
-            ctx,
-            "this cache lives in this command's process only (memory://): the import would "
-            "keep nothing; import into dir:// or redis://",
-        )
+    if in_process_only(ctx.url or environment.read(environment.ENV_CACHE) or ""):
+        why = f"this cache {IN_PROCESS}: the import would keep nothing; import into dir:// or "
+        return _unread(args, ctx, why + "redis://")
     before = cache.stats()
     tiers_before = tier_counts(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
@@ -318,7 +309,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "cache: a size cap evicts as entries come in (or another process removed them)",
                 file=ctx.out,
             )
-        say_losses(losses, ctx.out)
+        say_losses(losses, ctx.out, durable_tiers(cache))
     return 1 if rejected or corrupt or withheld or failures or lost or gone else 0
 
 

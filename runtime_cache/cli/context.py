@@ -277,8 +277,9 @@ def resolve_key(cache: Cache, text: str) -> str:
 
     Accepted: a whole key (``opencl/program-binary/<32 hex digits>``), a prefix
     of a whole key (``opencl/tuning/3f2a``), or a prefix of a key's digest as
-    ``ls`` shows it (``3f2a91c0d4e5``). Raises :class:`KeyNotFound` when nothing
-    matches, :class:`UsageError` when the prefix is ambiguous.
+    ``ls`` shows it (``3f2a91c0d4e5``); a word that is no digest's prefix is taken as a
+    key's first part (``opencl`` as ``opencl/``). Raises :class:`KeyNotFound` when
+    nothing matches, :class:`UsageError` when the prefix is ambiguous.
     """
     text = text.strip()
     if not text:
@@ -290,6 +291,8 @@ def resolve_key(cache: Cache, text: str) -> str:
     else:
         needle = text.lower()
         matches = [k for k in cache.backend.keys("") if k.rsplit("/", 1)[-1].startswith(needle)]
+        if not matches:  # a runtime's name ("opencl"): as "opencl/" (it said "no entry")
+            matches = list(cache.backend.keys(text + "/"))
     if not matches:
         raise KeyNotFound(text)
     if len(matches) > 1:

@@ -10,20 +10,41 @@ count ("imported 3") says only that some tier took the entries.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..cache import Cache
+from ..urls import IN_PROCESS_SCHEMES
 from .fmt import clean
 from .fmt import count as fmt_count
 
-__all__ = ["PENDING", "TierCounts", "TierLosses", "say_losses", "tier_counts"]
+__all__ = [
+    "IN_PROCESS",
+    "PENDING",
+    "TierCounts",
+    "TierLosses",
+    "durable_tiers",
+    "say_losses",
+    "tier_counts",
+]
 
 #: Per tier: (entries it did not write, of those the ones it may serve an older copy of).
 TierCounts = dict[str, tuple[int, int]]
 
 #: The name under which a tier's writes still queued when the command stopped waiting show.
 PENDING = "(background writes still pending)"
+
+
+#: What is said of a store, or the tiers of one, that nothing written to outlives the command.
+IN_PROCESS = "lives in this command's process only (memory://)"
+
+
+def durable_tiers(cache: Cache) -> set[str]:
+    """The tiers of a tiered backend, named as :func:`tier_counts` names them, that outlive
+    this process: all but the ``memory://`` ones. Empty for any other backend."""
+    tiers = getattr(cache.backend, "tiers", None) or ()
+    return {repr(t) for t in tiers if getattr(t, "scheme", "") not in IN_PROCESS_SCHEMES}
 
 
 def tier_counts(cache: Cache) -> TierCounts:
@@ -69,15 +90,21 @@ class TierLosses:
         return losses
 
 
-def say_losses(losses: TierLosses, out: TextIO) -> None:
+def say_losses(losses: TierLosses, out: TextIO, durable: Collection[str] | None = None) -> None:
     """One line per tier that did not write entries: how many, and whether it may still
-    serve older copies of them."""
+    serve older copies of them. ``durable`` (:func:`durable_tiers`), where given: when no
+    other tier is among them, the line says that the others (``memory://``) end with the
+    command, so the entries are kept nowhere."""
     for tier, lost in losses.not_written.items():
         line = f"not written to the tier {clean(tier)}: {fmt_count(lost, 'entry', 'entries')}"
         stale = losses.may_serve_older.get(tier, 0)
+        nowhere = tier != PENDING and durable is not None and not set(durable) - {tier}
         if stale:
             some = "them" if stale == lost else f"{stale} of them"
             line += f"; it may still serve older copies of {some}"
         elif tier != PENDING:
-            line += "; any older copies there were removed: reads find the new ones in other tiers"
+            line += "; any older copies there were removed"
+            line += "" if nowhere else ": reads find the new ones in other tiers"
+        if nowhere:
+            line += f"; every other tier {IN_PROCESS}: once it exits, none of them is kept"
         print(line, file=out)

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import environment
 from ..cache import Cache
-from ..errors import RuntimeCacheError
+from ..errors import BackendError, RuntimeCacheError
 from ..provider import OFF
-from ..urls import redact, redacted
+from ..urls import in_process_only, redact, redacted
 from .entries import demo_entries, remove_entries
 from .errors import DemoError
 from .report import compare, format_text
@@ -153,10 +153,9 @@ def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
     shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redacted(url)
-    schemes = {part.strip().split("://", 1)[0].lower() for part in url.split(",")}
     if url.strip().lower() in OFF:
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
-    if schemes == {"memory"}:
+    if in_process_only(url):
         raise DemoError(
             f"{shown!r} lives in one process only; the warm run needs a cache that outlives "
             "it, such as dir:// or redis://"
@@ -177,10 +176,19 @@ def _secret(args: argparse.Namespace) -> list[str] | None:
     return resolve_secret(secret, secret_file)
 
 
-def _open(url: str, secret: list[str] | None) -> Cache:
-    from ..provider import cache_from_url
+def _open(url: str, secret: list[str] | None) -> tuple[Cache, str]:
+    """The demo's cache, and the URL its runs open: the default folder (``dir://``) that
+    cannot be made or opened gives way to the private temporary folder the library uses
+    then (:func:`~runtime_cache.provider.default_folder_fallback`, which logs where)."""
+    from ..provider import cache_from_url, default_folder_fallback
 
-    return cache_from_url(url, strict=True, secret=secret)
+    try:
+        return cache_from_url(url, strict=True, secret=secret), url
+    except BackendError as exc:
+        fallback = default_folder_fallback(url, exc)
+        if fallback is None:
+            raise
+    return cache_from_url(fallback, strict=True, secret=secret), fallback
 
 
 def demo(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,7 +218,9 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         )
     url, shown = _cache_url(args)
     secret = _secret(args)
-    cache = _open(url, secret)
+    cache, opened = _open(url, secret)
+    if opened != url:  # the default folder's fallback: the runs use it too
+        url, shown = opened, redacted(opened)
     started = False
     try:
         _, index = choose(getattr(args, "device", None))
