@@ -15,8 +15,7 @@ import importlib
 import logging
 import re
 import threading
-from importlib.metadata import EntryPoint, distribution, entry_points
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from urllib.parse import unquote_plus
 
 from .api import Backend
@@ -31,7 +30,17 @@ from .errors import (
 from .fork_locks import renew_in_child
 from .urls import BackendURL, redact_url
 
-__all__ = ["ENTRY_POINT_GROUP", "Registry", "open_backend", "register_backend", "registry"]
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+__all__ = [
+    "BUILT_IN",
+    "ENTRY_POINT_GROUP",
+    "Registry",
+    "open_backend",
+    "register_backend",
+    "registry",
+]
 
 ENTRY_POINT_GROUP = "runtime_cache.backends"
 
@@ -39,6 +48,23 @@ log = logging.getLogger(__name__)
 
 #: The distribution that declares the built-in backends; it wins their names.
 OWN_DISTRIBUTION = "runtime-cache"
+
+#: The built-in backends: the entry points that pyproject.toml declares in
+#: :data:`ENTRY_POINT_GROUP` for the project's own distribution, which keeps these names
+#: (``tests/test_registry_provider.py`` holds the two equal). A built-in scheme resolves
+#: from here: reading the distribution's entry points imports ``importlib.metadata``,
+#: 25-55 ms of imports in a process that has none of them yet (an app on the default
+#: ``dir://`` cache without pyopencl, which imports it anyway).
+BUILT_IN = {
+    "memory": "runtime_cache.backends.memory:MemoryBackend",
+    "dir": "runtime_cache.backends.directory:DirectoryBackend",
+    "callback": "runtime_cache.backends.callback:CallbackBackend",
+    "redis": "runtime_cache.backends.redis:RedisBackend",
+    "rediss": "runtime_cache.backends.redis:RedisBackend",
+    "redis+cluster": "runtime_cache.backends.redis:RedisBackend",
+    "redis+unix": "runtime_cache.backends.redis:RedisBackend",
+    "tiered": "runtime_cache.backends.tiered:TieredBackend",
+}
 
 # What to install when a built-in backend's optional dependency is missing.
 _INSTALL_HINTS = dict.fromkeys(("redis", "rediss", "redis+cluster", "redis+unix"), INSTALL_REDIS)
@@ -71,12 +97,18 @@ class Registry:
         renew_in_child(self, "_lock")
 
     def _own_targets(self) -> dict[str, str]:
-        """The names the project's own distribution declares (it keeps them in discovery).
+        """The names the project's own distribution declares (it keeps them in discovery):
+        :data:`BUILT_IN` for the built-in group.
 
-        Reading one distribution's entry points costs about 1 ms; discovering every
-        distribution's costs 5-20 ms, which a process's first cached program would pay.
+        Reading one distribution's entry points costs about 1 ms once ``importlib.metadata``
+        is imported; discovering every distribution's costs 5-20 ms, which a process's
+        first cached program would pay.
         """
+        if self._own is None and self._group == ENTRY_POINT_GROUP:
+            self._own = dict(BUILT_IN)
         if self._own is None:
+            from importlib.metadata import distribution
+
             try:
                 eps = distribution(OWN_DISTRIBUTION).entry_points.select(group=str(self._group))
                 own = {ep.name.lower(): ep.value for ep in eps}
@@ -91,6 +123,8 @@ class Registry:
         with self._lock:
             if self._discovered:
                 return
+            from importlib.metadata import entry_points
+
             found: dict[str, EntryPoint] = {}
             for ep in entry_points(group=cast(str, self._group)):
                 name = ep.name.lower()
