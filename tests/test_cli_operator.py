@@ -26,7 +26,7 @@ from conftest import tmpfs
 from runtime_cache.backends.callback import CallbackBackend
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.cli import main
-from runtime_cache.codec import decode_entry, decode_meta, encode_entry
+from runtime_cache.codec import decode_entry, decode_meta, encode_bundle, encode_entry
 from runtime_cache.errors import (
     BackendError,
     CorruptEntryError,
@@ -919,6 +919,27 @@ def test_import_onto_a_full_disk_counts_what_it_wrote(tmp_path: Path) -> None:
         good = sum(stored.get(key(i)) is not None for i in range(300))
         assert 0 < good < 300 and report["accepted"] == good, (good, report)
         assert report["not_written"] == 300 - good
+
+
+def test_import_goes_on_past_an_entry_whose_key_the_folder_cannot_hold(tmp_path: Path) -> None:
+    """The attack review: an entry named ``x.rce`` (make_key, Redis and memory take it; a
+    ``dir://`` folder cannot hold it) first in a bundle stopped the whole import: exit 1,
+    "InvalidKeyError", no report, and none of the other 599 entries written."""
+    odd = rc.make_key(module_id="m", runtime="x.rce", purpose="program-binary", device=None)
+    blobs = [encode_entry(str(odd), odd.parts, b"odd", created_at=time.time())]
+    blobs += [encode_entry(str(key(i)), key(i).parts, b"v", created_at=0.0) for i in range(599)]
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(encode_bundle(blobs))
+    url = f"dir://{tmp_path / 'c'}"
+    done = cli("--cache", url, "import", "--json", str(bundle))
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["accepted"] == 599, (report, done.stderr)
+    assert report["not_written"] == report["unstorable_keys"] == 1
+    assert "x.rce" in report["write_errors"][0] and report["kept_existing"] == 0
+    assert len(list(rc.open_backend(url).keys(""))) == 599
+    done = cli("--cache", url, "import", "--keep-existing", str(bundle))
+    assert done.returncode == 1 and "kept 599 entries already in the cache" in done.stdout
+    assert "not written: 1 entry whose key this store cannot hold" in done.stdout, done
 
 
 def test_prune_goes_on_past_an_entry_it_cannot_remove(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from ..errors import (
     BackendError,
     BackendUnavailableError,
     InvalidBundleError,
+    InvalidKeyError,
     ReadOnlyBackendError,
 )
 from .bundle_read import BundleFileError, max_bundle_size, read_bundle_file
@@ -84,6 +85,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = unsigned = withheld = code = repeats = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
+    unheld: list[str] = []  # entries whose key it cannot hold (dir://: a name ending .rce)
     overwrite = not args.keep_existing
     try:
         for start in range(0, len(blobs), DUMP_BATCH):
@@ -105,6 +107,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 withheld += result.withheld
                 code += result.withheld_code
                 repeats += result.repeated
+                unheld += result.unstorable_errors
             progress.step(advance=len(batch))
     except BackendError as exc:
         # Said once on stderr by the caller, as every command's store failure is; a script
@@ -132,6 +135,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     rejected = after.rejected - before.rejected
     corrupt = after.corrupt - before.corrupt
     # (not with a tier down: its listing would be partial, and that tier is said already)
+    failures += unheld  # (not written either: said apart, below)
     gone = _gone(cache, blobs, secret, withheld + len(failures)) if accepted and not lost else 0
     kept_existing = len(blobs) - accepted - rejected - corrupt - withheld - len(failures)
     report = {
@@ -146,6 +150,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "withheld_unsigned": withheld,
         "withheld_native_code": code,
         "not_written": len(failures),
+        "unstorable_keys": len(unheld),
         "write_errors": failures[:5],
         "tiers_not_written": lost,
         "tiers_may_serve_older": losses.may_serve_older,
@@ -190,10 +195,16 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"not written: {withheld - code} unsigned entries to a shared store",
                 file=ctx.out,
             )
-        if failures:
+        if len(failures) > len(unheld):
             print(
-                f"not written: {fmt_count(len(failures), 'entry', 'entries')} the cache "
-                f"could not store ({clean(failures[0])})",
+                f"not written: {fmt_count(len(failures) - len(unheld), 'entry', 'entries')} "
+                f"the cache could not store ({clean(failures[0])})",
+                file=ctx.out,
+            )
+        if unheld:
+            print(
+                f"not written: {fmt_count(len(unheld), 'entry', 'entries')} whose key this "
+                f"store cannot hold ({clean(unheld[0])})",
                 file=ctx.out,
             )
         if gone:
@@ -264,7 +275,7 @@ def _one_by_one(
             (skey,) = screened.accepted or ("",)
             try:
                 there = cache.backend.peek_many([skey]).get(skey) if skey else None
-            except BackendError:
+            except (BackendError, InvalidKeyError):
                 there = None
             if there == item:
                 results.append(LoadResult(1, offered=1, unsigned=screened.unsigned))
