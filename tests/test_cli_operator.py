@@ -375,6 +375,49 @@ def test_import_of_a_bundle_claiming_many_entries_costs_no_memory(
     assert maxrss_kib < 200_000, done.stderr  # a Python process with the library: ~40 MB
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+@pytest.mark.parametrize("source", ["-", "file"])
+def test_import_holds_a_bundle_once_before_its_checks(
+    root: Path, tmp_path: Path, source: str
+) -> None:
+    """The attack review: ``import -`` of a stream whose one entry claims 1 GB (bytes that
+    fail the checksum) peaked at 1.98 GB before the checksum was checked, 3 GB at 5.9 GB: the
+    pieces read were kept, then joined. Standard input is now kept in a temporary file, and
+    the bundle read from there (a file from itself) in one piece: its size once."""
+    from runtime_cache.codec import _BUNDLE_HEADER, BUNDLE_MAGIC, BUNDLE_VERSION
+
+    size = 96 << 20
+    bundle = tmp_path / "one.rcb"
+    with open(bundle, "wb") as out:  # sparse: zeros that cost no disk
+        out.write(_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, 1))
+        out.write(size.to_bytes(8, "little"))
+        out.truncate(_BUNDLE_HEADER.size + 8 + size + 8)
+    measure = (
+        "import sys\n"
+        "from runtime_cache.cli import main\n"
+        "def kib(name):\n"
+        "    lines = open('/proc/self/status').read().splitlines()\n"
+        "    return int([l.split()[1] for l in lines if l.startswith(name)][0])\n"
+        "before = kib('VmRSS')\n"
+        "code = main(sys.argv[1:])\n"
+        "print('grew', kib('VmHWM') - before, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    named = "-" if source == "-" else str(bundle)
+    with open(bundle, "rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", measure, "--cache", f"dir://{root}", "import", named],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 1 and "checksum mismatch" in done.stderr, done.stderr
+    grew_kib = int(done.stderr.split("grew")[1].split()[0])
+    assert grew_kib < 1.4 * size / 1024, done.stderr  # was twice its size
+
+
 def test_bad_cache_urls_name_the_problem(tmp_path: Path) -> None:
     done = cli("--cache", "dir:///etc/passwd", "ls")
     assert done.returncode == 1 and "not a directory" in done.stderr

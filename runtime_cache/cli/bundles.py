@@ -84,7 +84,11 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     imp.set_defaults(prepare=read_import)
-    imp.add_argument("file", metavar="FILE", help="bundle to read ('-' for stdin)")
+    imp.add_argument(
+        "file",
+        metavar="FILE",
+        help="bundle to read ('-' for stdin, kept in a temporary file in TMPDIR first)",
+    )
     imp.add_argument(
         "--keep-existing",
         action="store_true",
