@@ -1,6 +1,14 @@
 """One tier of a :class:`~runtime_cache.backends.tiered.TieredBackend` and its counts, what
 a tier does with a write it failed (:meth:`Tier.unwritten`), and deletes across the tiers
-(:func:`delete_in_tiers`)."""
+(:func:`delete_in_tiers`).
+
+A tier that cannot hold a key (:class:`~runtime_cache.errors.InvalidKeyError`: a ``dir://``
+tier and a name another tier listed, ``a b`` or ``../x`` planted in Redis) holds no entry
+under it: a read or a delete of that key skips it (:meth:`Tier.attempt`) and goes on to the
+other tiers; only where none of them had the key is the error raised, as one store raises
+it (a caller's own bad key stays refused). Before, every ``ls``, ``verify`` and ``clear``
+of a ``dir://,redis://`` stack failed on such names, for good.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +17,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 from runtime_cache.api import Backend, peek_head
 from runtime_cache.errors import (
     BackendError,
     BackendUnavailableError,
     EntryTooLargeError,
+    InvalidKeyError,
     PartialDeleteError,
     ReadOnlyBackendError,
 )
@@ -24,6 +34,8 @@ from runtime_cache.fork_locks import renew_in_child
 from .write_behind import WriteBehind
 
 __all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,19 @@ class Tier:
         self.policy = FailurePolicy(
             log, f"tier {backend!r}", "skipping it", recovered_level=logging.INFO
         )
+
+    def attempt(
+        self, op: str, call: Callable[[], T], errors: list[Exception], unheld: list[Exception]
+    ) -> tuple[bool, T | None]:
+        """``call()`` through this tier's policy (:meth:`FailurePolicy.attempt`), for a key
+        another tier may have listed: where this tier cannot hold it (``InvalidKeyError``) it
+        holds no entry under it, ``(False, None)``, and the error goes into ``unheld`` (for
+        :func:`raise_if_all_failed`, which raises it where no tier had the key)."""
+        try:
+            return self.policy.attempt(op, call, errors)
+        except InvalidKeyError as exc:
+            unheld.append(exc)
+            return False, None
 
     def stats(self) -> TierStats:
         """This tier's counts now."""
@@ -150,10 +175,15 @@ def _still(seen: bytes, now: bytes, written: bytes) -> bool:
     return now[:cut] == seen if len(seen) == cut else now == seen
 
 
-def raise_if_all_failed(errors: list[Exception], tried: int) -> None:
+def raise_if_all_failed(
+    errors: list[Exception], tried: int, unheld: Sequence[Exception] = ()
+) -> None:
     """Raise when each of the ``tried`` tiers failed (``errors``, one each): a value too
     large for every tier is :class:`EntryTooLargeError` (no outage), else
-    :class:`BackendError`."""
+    :class:`BackendError`. Before that, where a tier could not hold the key (``unheld``, for
+    a key no tier had), its ``InvalidKeyError``: the key is refused, as one store refuses it."""
+    if unheld:
+        raise unheld[0]
     if errors and len(errors) == tried:
         sized = [e for e in errors if isinstance(e, EntryTooLargeError)]
         if len(sized) == len(errors):  # no outage: a value too large for every tier
@@ -172,9 +202,11 @@ def delete_in_tiers(
     removed it. A write of it queued for a tier goes too where ``queued(value)`` says it is
     the one to remove; where not, the tier is left alone (the queued write replaces what it
     holds). After trying the rest: :class:`PartialDeleteError` when some tier was down (it
-    may hold the entry still), :class:`BackendError` when one refused or every one failed."""
+    may hold the entry still), :class:`BackendError` when one refused or every one failed. A
+    tier that cannot hold ``key`` holds nothing to remove (:meth:`Tier.attempt`)."""
     removed = False
     errors: list[Exception] = []
+    unheld: list[Exception] = []
     kept: list[str] = []
     for tier in tiers:
         writer = tier.writer
@@ -186,13 +218,13 @@ def delete_in_tiers(
                 if waiting is not None and not queued(waiting):
                     continue  # written again since: that write stays, and replaces this
                 removed = writer.discard(key) | removed
-                _, done = tier.policy.attempt("delete", one, errors)
+                _, done = tier.attempt("delete", one, errors, unheld)
         else:
-            _, done = tier.policy.attempt("delete", one, errors)
+            _, done = tier.attempt("delete", one, errors, unheld)
         removed = bool(done) | removed
         if len(errors) > len(kept):
             kept.append(repr(tier.backend))
-    raise_if_all_failed(errors, len(tiers))
+    raise_if_all_failed(errors, len(tiers), () if removed else unheld)
     if errors:  # "removed" would be untrue: the entry may live on in these tiers
         said = f"{len(errors)} of {len(tiers)} tiers could not remove {key!r}"
         said += f" ({', '.join(kept)}); last error: {errors[-1]}"

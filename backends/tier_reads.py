@@ -6,7 +6,9 @@ Values are carried as pieces (``tuple[bytes, ...]``): a read with a ``span`` ask
 tier for ``get_parts``/``get_many_parts``, so a tier that reads files applies what the span
 says (``dir://`` takes a file that holds no entry for junk, unread), as it does when read on
 its own. What is found below the first tier is handed to ``promote`` whole, to be copied up,
-but a head a tier handed back alone (:class:`~runtime_cache.api.HeadOnly`).
+but a head a tier handed back alone (:class:`~runtime_cache.api.HeadOnly`). A tier that
+cannot hold a key holds no entry under it (:meth:`.tier.Tier.attempt`): a batch it refuses
+for one key is read there a key at a time, and a key found in no tier raises its error.
 """
 
 from __future__ import annotations
@@ -32,23 +34,25 @@ def read_one(tiers: Sequence[Tier], key: str, span: Span | None, promote: Promot
     """``key``'s value from the first tier that holds it (``get_parts`` with ``span``, else
     ``get``), copied up; ``None`` when no tier does."""
     errors: list[Exception] = []
+    unheld: list[Exception] = []
     for index, tier in enumerate(tiers):
         queued = tier.writer.lookup(key) if tier.writer else None
         found: Pieces | None = None if queued is None else (queued,)
         if found is None:
             if span is None:
-                ok, value = tier.policy.attempt("get", partial(tier.backend.get, key), errors)
+                get = partial(tier.backend.get, key)
+                ok, value = tier.attempt("get", get, errors, unheld)
                 found = None if value is None else (value,)
             else:
                 read = partial(tier.backend.get_parts, key, span)
-                ok, found = tier.policy.attempt("get", read, errors)
+                ok, found = tier.attempt("get", read, errors, unheld)
             if not ok:
                 continue
         if found is not None:
             if index and not head_only(found):
                 promote(index, {key: _whole(found)})
             return found
-    raise_if_all_failed(errors, len(tiers))
+    raise_if_all_failed(errors, len(tiers), unheld)
     return None
 
 
@@ -68,6 +72,7 @@ def read_many(
     wanted = list(dict.fromkeys(keys))
     found: dict[str, Pieces] = {}
     errors: list[Exception] = []
+    unheld: dict[str, Exception] = {}  # keys a tier cannot hold: why the first one cannot
     for index, tier in enumerate(tiers):
         missing = [k for k in wanted if k not in found]
         if not missing:
@@ -81,12 +86,11 @@ def read_many(
             missing = [k for k in missing if k not in here]
         if missing:
             if span is not None:
-                batch = partial(_parts_so_far, tier.backend.get_many_parts, missing, span)
+                batch = partial(_parts_so_far, tier.backend.get_many_parts, span=span)
             else:
                 read = tier.backend.peek_many if peek else tier.backend.get_many
-                batch = partial(_whole_so_far, read, missing)
-            _, got = tier.policy.attempt("get_many", batch, errors)
-            here.update(got or {})
+                batch = partial(_whole_so_far, read)
+            here.update(_held(tier, batch, missing, errors, unheld))
         if past is not None:  # (a head read alone is refused again: no find either)
             here = {
                 k: v for k, v in here.items() if not head_only(v) and _whole(v) != bytes(past[k])
@@ -96,8 +100,37 @@ def read_many(
             if up:
                 promote(index, up)
         found.update(here)
+    for key, refused in unheld.items():
+        if key not in found:  # (and a tier cannot hold it: refused, as one store refuses it)
+            raise refused
     if not found:
         raise_if_all_failed(errors, len(tiers))
+    return found
+
+
+def _held(
+    tier: Tier,
+    batch: Callable[[list[str]], dict[str, Pieces]],
+    keys: list[str],
+    errors: list[Exception],
+    unheld: dict[str, Exception],
+) -> dict[str, Pieces]:
+    """``batch(keys)`` from ``tier``; where it cannot hold one of them, ``keys`` a key at a
+    time: those it cannot hold are absent there, noted in ``unheld``, the rest read. A
+    failure counts one in ``errors``, as a batch's does."""
+    refused: list[Exception] = []
+    _, got = tier.attempt("get_many", partial(batch, keys), errors, refused)
+    if not refused:
+        return got or {}
+    found: dict[str, Pieces] = {}
+    failed: list[Exception] = []
+    for key in keys:
+        refused.clear()
+        _, one = tier.attempt("get_many", partial(batch, [key]), failed, refused)
+        found.update(one or {})
+        if refused:
+            unheld.setdefault(key, refused[0])
+    errors.extend(failed[-1:])
     return found
 
 
@@ -111,7 +144,7 @@ def _whole(pieces: Pieces) -> bytes:
 
 
 def _parts_so_far(
-    read: Callable[[list[str], Span], dict[str, Pieces]], keys: list[str], span: Span
+    read: Callable[[list[str], Span], dict[str, Pieces]], keys: list[str], *, span: Span
 ) -> dict[str, Pieces]:
     # read(keys, span), or what it found when it failed on some keys only (the keys left
     # out are then the front's counted misses).

@@ -31,7 +31,7 @@ from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, Span, StoredItem, check_text_key, delete_unchanged
-from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidURLError
+from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidKeyError, InvalidURLError
 from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
@@ -215,7 +215,7 @@ class TieredBackend(Backend):
             tier.count_promoted(len(items))
         try:
             self._write(self._tiers[:upto], items, "promote")
-        except BackendError:
+        except (BackendError, InvalidKeyError):  # (a key a tier above cannot hold: not there)
             pass  # already counted per tier; the value was found, which is what matters
 
     # ----------------------------------------------------------------- reading
@@ -247,14 +247,16 @@ class TieredBackend(Backend):
 
     def head(self, key: str, size: int) -> bytes | None:
         errors: list[Exception] = []
+        unheld: list[Exception] = []  # (a tier that cannot hold the key: absent there)
         for tier in self._tiers:
             queued = tier.writer.lookup(key) if tier.writer else None
             if queued is not None:
                 return queued[:size]
-            _, part = tier.policy.attempt("head", partial(tier.backend.head, key, size), errors)
+            read = partial(tier.backend.head, key, size)
+            _, part = tier.attempt("head", read, errors, unheld)
             if part is not None:
                 return part
-        raise_if_all_failed(errors, len(self._tiers))
+        raise_if_all_failed(errors, len(self._tiers), unheld)
         return None
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
@@ -337,8 +339,18 @@ class TieredBackend(Backend):
         )
 
     def removable(self, key: str) -> bool:
-        """Whether every tier can delete ``key`` (a tier without it can)."""
-        return all(tier.backend.removable(key) for tier in self._tiers)
+        """Whether every tier can delete ``key`` (a tier without it can, and one that cannot
+        hold it; where none can hold it, its ``InvalidKeyError``)."""
+        unheld: list[InvalidKeyError] = []
+        for tier in self._tiers:
+            try:
+                if not tier.backend.removable(key):
+                    return False
+            except InvalidKeyError as exc:
+                unheld.append(exc)
+        if len(unheld) == len(self._tiers):
+            raise unheld[0]
+        return True
 
     def vacuum(self) -> int:
         total = 0

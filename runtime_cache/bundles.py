@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .api import Backend, reads_ranges
 from .check import check_entry
 from .codec import Limits, SecretKeys, decode_bundle
-from .errors import CorruptEntryError, RejectedEntryError
+from .errors import CorruptEntryError, InvalidKeyError, RejectedEntryError
 from .existing_entries import good_existing, peek_past_cap
 from .listing import OnProgress, OnSkip
 
@@ -55,7 +55,10 @@ class LoadResult(int):
       :data:`CODE_PURPOSES`): they were used, or reported, but not stored;
     * ``withheld_code``: those of ``withheld`` that hold native code;
     * ``repeated``: entries that passed the check under a key an entry before them in the
-      bundle held (the last of them is the one kept).
+      bundle held (the last of them is the one kept);
+    * ``unstorable``: accepted entries not written because the store cannot hold their
+      key (a ``dir://`` folder refuses a key component that ends in ``.rce``), the others
+      written; ``unstorable_errors`` says why, an entry each.
     """
 
     offered: int
@@ -65,6 +68,8 @@ class LoadResult(int):
     withheld: int
     withheld_code: int
     repeated: int
+    unstorable: int
+    unstorable_errors: tuple[str, ...]
 
     def __new__(
         cls,
@@ -77,6 +82,7 @@ class LoadResult(int):
         withheld: int = 0,
         withheld_code: int = 0,
         repeated: int = 0,
+        unstorable_errors: tuple[str, ...] = (),
     ) -> LoadResult:
         result = super().__new__(cls, accepted)
         result.offered = offered
@@ -86,6 +92,8 @@ class LoadResult(int):
         result.withheld = withheld
         result.withheld_code = withheld_code
         result.repeated = repeated
+        result.unstorable = len(unstorable_errors)
+        result.unstorable_errors = unstorable_errors
         return result
 
     @property
@@ -104,6 +112,7 @@ class LoadResult(int):
             "withheld": self.withheld,
             "withheld_code": self.withheld_code,
             "repeated": self.repeated,
+            "unstorable": self.unstorable,
         }
 
 
@@ -234,7 +243,7 @@ def merge_bundle(
     *,
     secret: SecretKeys | None,
     limits: Limits,
-    store: Callable[[Mapping[str, bytes]], bool] | None,
+    store: Callable[[Mapping[str, bytes]], tuple[int, list[InvalidKeyError]]] | None,
     failed: Failed,
     overwrite: bool = True,
 ) -> LoadResult:
@@ -242,7 +251,9 @@ def merge_bundle(
 
     Unsigned entries (no ``secret``) are never stored in a shared backend, and
     unsigned entries of :data:`CODE_PURPOSES` in none: they are counted as
-    ``withheld``. ``store`` ``None`` (a disabled cache) stores nothing. With
+    ``withheld``. ``store`` says how many it wrote, and why it left out those whose key
+    the store cannot hold (``unstorable``: counted, not raised, strict or not: the
+    bundle's data, not the caller's key); ``None`` (a disabled cache) stores nothing. With
     ``overwrite`` False, the entries already stored at the bundle's keys are judged by
     :func:`~runtime_cache.existing_entries.good_existing`, tier by tier (a ``dir://``
     one a key at a time, by their heads first).
@@ -283,7 +294,14 @@ def merge_bundle(
             withheld,
             backend,
         )
-    stored = len(accepted) if accepted and store is not None and store(accepted) else 0
+    stored, unheld = store(accepted) if accepted and store is not None else (0, [])
+    if unheld:
+        log.warning(
+            "runtime-cache: not writing %d bundle entries whose key %r cannot hold: %s",
+            len(unheld),
+            backend,
+            unheld[0],
+        )
     return LoadResult(
         stored,
         offered=len(blobs),
@@ -293,4 +311,5 @@ def merge_bundle(
         withheld=withheld,
         withheld_code=code_count,
         repeated=screened.repeated,
+        unstorable_errors=tuple(map(str, unheld)),
     )

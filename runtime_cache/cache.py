@@ -33,7 +33,6 @@ from .batch_reads import BatchReads, read_again
 from .builds import Builds
 from .check import Checked, check_entry, refused_head, screen
 from .codec import DEFAULT_LIMITS, Entry, Limits, Secret, normalize_secret
-from .errors import EntryTooLargeError
 from .failure_policy import FailurePolicy
 from .fleet import Fleet
 from .fork_locks import renew_in_child
@@ -48,13 +47,14 @@ from .signing import SecretKeys
 from .single_flight import SingleFlight
 from .stats import CacheStats, Counters
 from .trust import entrust, require_secret
+from .writes import Writes
 
 __all__ = ["Cache", "KeyLike"]
 
 log = logging.getLogger(__name__)
 
 
-class Cache(Inventory, BatchReads, Builds, Removals):
+class Cache(Inventory, BatchReads, Builds, Removals, Writes):
     """A cache of key/value blobs with metadata, over a pluggable :class:`Backend`.
 
     Args:
@@ -75,7 +75,8 @@ class Cache(Inventory, BatchReads, Builds, Removals):
     :meth:`get_many` and :meth:`get_many_views` from
     :class:`~runtime_cache.batch_reads.BatchReads`, :meth:`get_or_build` from
     :class:`~runtime_cache.builds.Builds`, and :meth:`delete`, :meth:`delete_if_holds` and
-    :meth:`delete_if_unchanged` from :class:`~runtime_cache.removals.Removals`.
+    :meth:`delete_if_unchanged` from :class:`~runtime_cache.removals.Removals`, and
+    :meth:`refused` from :class:`~runtime_cache.writes.Writes`.
 
     Raises :class:`~runtime_cache.errors.InsecureStoreError` for a shared store
     without a secret, and :class:`~runtime_cache.errors.InvalidSecretError` for an
@@ -367,31 +368,3 @@ class Cache(Inventory, BatchReads, Builds, Removals):
         """Store many values in one backend call (one round trip where supported)."""
         blobs = {str(k): self._encode(k, v, build_seconds, None) for k, v in items.items()}
         return self.enabled and bool(blobs) and self._store(blobs)
-
-    def _store(self, blobs: Mapping[str, bytes]) -> bool:
-        try:
-            if len(blobs) == 1:
-                ((skey, blob),) = blobs.items()
-                self._backend.set(skey, blob)
-            else:
-                self._backend.set_many(blobs)
-        except Exception as exc:
-            self._failed("set", exc)  # (EntryTooLargeError: no outage; it names what it refused)
-            refused = getattr(exc, "refused", None) or blobs  # none named: none stored
-            stored: Mapping[str, bytes] = {k: v for k, v in blobs.items() if k not in refused}
-            sized = refused if isinstance(exc, EntryTooLargeError) else ()
-            self._refusals.refused(sized)  # (refused again however often built)
-        else:
-            self._succeeded("write")
-            stored, sized = blobs, ()
-            self._heads.forget(blobs.values())
-        self._refusals.landed(k for k in blobs if k not in sized)  # the latest store's say
-        if stored:
-            self._counters.add(stores=len(stored), bytes_written=sum(map(len, stored.values())))
-            self._bump()
-        return len(stored) == len(blobs)
-
-    def refused(self, key: KeyLike) -> bool:
-        """Whether the backend refused this cache's latest store of ``key`` for its size
-        (not when that store failed otherwise, or landed)."""
-        return str(key) in self._refusals

@@ -23,7 +23,7 @@ from .api import SPAN_HEAD, Backend, peek_head, reads_ranges
 from .check import check_entry
 from .codec import Limits, SecretKeys
 from .entry_frame import FLAG_SIGNED, parse_header
-from .errors import BackendError, CorruptEntryError, NewerFormatError
+from .errors import BackendError, CorruptEntryError, InvalidKeyError, NewerFormatError
 
 __all__ = ["good_existing", "keeps", "peek_past_cap"]
 
@@ -70,8 +70,8 @@ def good_existing(
         try:
             if _kept(backend, skey, secret, limits):
                 good.add(skey)
-        except BackendError:
-            pass  # (unreadable here: the import's entry goes in its place, if it can)
+        except (BackendError, InvalidKeyError):  # (unreadable, or a key it cannot hold)
+            pass  # the import's entry goes in its place, if it can
     return good
 
 

@@ -14,7 +14,7 @@ from .api import Backend, StoredItem
 from .bundles import LoadResult, good_blobs, merge_bundle
 from .check import check_entry
 from .codec import Entry, Limits, SecretKeys, decode_bundle, encode_bundle, encode_entry
-from .errors import CorruptEntryError, RuntimeCacheError, SignatureError
+from .errors import CorruptEntryError, InvalidKeyError, RuntimeCacheError, SignatureError
 from .keys import CacheKey
 from .listing import OnProgress, OnSkip, list_entries, read_heads, read_info
 from .stats import CacheStats, Counters, EntryInfo
@@ -51,7 +51,7 @@ class _Host(Protocol):
 
     def _failed(self, op: str, exc: Exception) -> None: ...
 
-    def _store(self, blobs: Mapping[str, bytes]) -> bool: ...
+    def _store_held(self, blobs: Mapping[str, bytes]) -> tuple[int, list[InvalidKeyError]]: ...
 
     def entries(
         self,
@@ -179,7 +179,7 @@ class Inventory:
             self.backend,
             secret=self._secret,
             limits=self.limits,
-            store=self._store if self.enabled else None,
+            store=self._store_held if self.enabled else None,
             failed=self._failed,
             overwrite=overwrite,
         )

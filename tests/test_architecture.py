@@ -24,6 +24,7 @@ CORE = [
     "listing",
     "inventory",
     "removals",
+    "writes",
 ]
 FORBIDDEN_IMPORTS = {"os", "io", "pathlib", "socket", "sqlite3", "shutil", "tempfile"}
 FORBIDDEN_ANYWHERE = {"pickle", "cPickle", "marshal", "dill", "shelve"}

@@ -15,7 +15,12 @@ import runtime_cache as rc
 from runtime_cache import codec
 from runtime_cache.api import StoredItem
 from runtime_cache.backends.memory import MemoryBackend
-from runtime_cache.errors import BackendError, BackendUnavailableError, InvalidBundleError
+from runtime_cache.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidBundleError,
+    InvalidKeyError,
+)
 
 
 def key(i: int = 0, **extra: object) -> rc.CacheKey:
@@ -266,6 +271,35 @@ def test_loads_without_overwrite_replaces_what_fails_the_check() -> None:
     cache = rc.Cache(store, secret=secret)
     assert cache.loads(source.dumps(), overwrite=False) == 2
     assert [cache.get(key(i)) for i in range(3)] == [b"good 0", b"good 1", b"kept"]
+
+
+def test_loads_counts_what_it_wrote_past_a_key_the_store_cannot_hold(tmp_path: Path) -> None:
+    """The attack review: a bundle entry named ``x.rce`` (taken by make_key, Redis and
+    memory; a ``dir://`` folder cannot hold it) last of four: three were written, and
+    ``loads`` said 0. First of a batch, none of the rest were written. Strict or not, it is
+    one ``unstorable`` entry, and a ``put_many`` writes the others too."""
+    odd = rc.make_key(module_id="m", runtime="x.rce", purpose="unit", device=None)
+    loose = rc.Cache(MemoryBackend())
+    loose.put_many({key(i): b"v%d" % i for i in range(3)})
+    loose.put(odd, b"odd")
+    for bundle in (loose.dumps(), codec.encode_bundle(codec.decode_bundle(loose.dumps())[::-1])):
+        for strict in (False, True):
+            folder = tmp_path / f"{strict}{bundle[-1]}"
+            cache = rc.Cache(rc.open_backend(f"dir://{folder}"), strict=strict)
+            result = cache.loads(bundle)
+            assert int(result) == 3 and cache.stats().stores == 3, strict
+            assert result.unstorable == 1
+            assert "x.rce" in result.unstorable_errors[0]
+            assert sorted(cache.backend.keys("")) == sorted(str(key(i)) for i in range(3))
+            again = cache.loads(bundle, overwrite=False)  # (judged by their heads: kept)
+            assert (int(again), again.unstorable) == (0, 1)
+    cache = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'put'}"))
+    assert cache.put_many({odd: b"odd", key(7): b"seven"}) is False
+    assert cache.get(key(7)) == b"seven" and cache.stats().stores == 1
+    strict = rc.Cache(rc.open_backend(f"dir://{tmp_path / 'strict'}"), strict=True)
+    with pytest.raises(InvalidKeyError):  # the caller's own key: raised, once the rest went in
+        strict.put_many({odd: b"odd", key(7): b"seven"})
+    assert strict.get(key(7)) == b"seven"
 
 
 def test_secret_signs_and_rejects() -> None:

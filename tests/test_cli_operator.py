@@ -26,7 +26,7 @@ from conftest import tmpfs
 from runtime_cache.backends.callback import CallbackBackend
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.cli import main
-from runtime_cache.codec import decode_entry, decode_meta, encode_entry
+from runtime_cache.codec import decode_entry, decode_meta, encode_bundle, encode_entry
 from runtime_cache.errors import (
     BackendError,
     CorruptEntryError,
@@ -373,6 +373,49 @@ def test_import_of_a_bundle_claiming_many_entries_costs_no_memory(
     assert "Traceback" not in done.stderr
     maxrss_kib = int(done.stderr.split("maxrss")[1].split()[0])
     assert maxrss_kib < 200_000, done.stderr  # a Python process with the library: ~40 MB
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM")
+@pytest.mark.parametrize("source", ["-", "file"])
+def test_import_holds_a_bundle_once_before_its_checks(
+    root: Path, tmp_path: Path, source: str
+) -> None:
+    """The attack review: ``import -`` of a stream whose one entry claims 1 GB (bytes that
+    fail the checksum) peaked at 1.98 GB before the checksum was checked, 3 GB at 5.9 GB: the
+    pieces read were kept, then joined. Standard input is now kept in a temporary file, and
+    the bundle read from there (a file from itself) in one piece: its size once."""
+    from runtime_cache.codec import _BUNDLE_HEADER, BUNDLE_MAGIC, BUNDLE_VERSION
+
+    size = 96 << 20
+    bundle = tmp_path / "one.rcb"
+    with open(bundle, "wb") as out:  # sparse: zeros that cost no disk
+        out.write(_BUNDLE_HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, 1))
+        out.write(size.to_bytes(8, "little"))
+        out.truncate(_BUNDLE_HEADER.size + 8 + size + 8)
+    measure = (
+        "import sys\n"
+        "from runtime_cache.cli import main\n"
+        "def kib(name):\n"
+        "    lines = open('/proc/self/status').read().splitlines()\n"
+        "    return int([l.split()[1] for l in lines if l.startswith(name)][0])\n"
+        "before = kib('VmRSS')\n"
+        "code = main(sys.argv[1:])\n"
+        "print('grew', kib('VmHWM') - before, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    named = "-" if source == "-" else str(bundle)
+    with open(bundle, "rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", measure, "--cache", f"dir://{root}", "import", named],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 1 and "checksum mismatch" in done.stderr, done.stderr
+    grew_kib = int(done.stderr.split("grew")[1].split()[0])
+    assert grew_kib < 1.4 * size / 1024, done.stderr  # was twice its size
 
 
 def test_bad_cache_urls_name_the_problem(tmp_path: Path) -> None:
@@ -959,6 +1002,27 @@ def test_import_onto_a_full_disk_counts_what_it_wrote(tmp_path: Path) -> None:
         good = sum(stored.get(key(i)) is not None for i in range(300))
         assert 0 < good < 300 and report["accepted"] == good, (good, report)
         assert report["not_written"] == 300 - good
+
+
+def test_import_goes_on_past_an_entry_whose_key_the_folder_cannot_hold(tmp_path: Path) -> None:
+    """The attack review: an entry named ``x.rce`` (make_key, Redis and memory take it; a
+    ``dir://`` folder cannot hold it) first in a bundle stopped the whole import: exit 1,
+    "InvalidKeyError", no report, and none of the other 599 entries written."""
+    odd = rc.make_key(module_id="m", runtime="x.rce", purpose="program-binary", device=None)
+    blobs = [encode_entry(str(odd), odd.parts, b"odd", created_at=time.time())]
+    blobs += [encode_entry(str(key(i)), key(i).parts, b"v", created_at=0.0) for i in range(599)]
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(encode_bundle(blobs))
+    url = f"dir://{tmp_path / 'c'}"
+    done = cli("--cache", url, "import", "--json", str(bundle))
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["accepted"] == 599, (report, done.stderr)
+    assert report["not_written"] == report["unstorable_keys"] == 1
+    assert "x.rce" in report["write_errors"][0] and report["kept_existing"] == 0
+    assert len(list(rc.open_backend(url).keys(""))) == 599
+    done = cli("--cache", url, "import", "--keep-existing", str(bundle))
+    assert done.returncode == 1 and "kept 599 entries already in the cache" in done.stdout
+    assert "not written: 1 entry whose key this store cannot hold" in done.stdout, done
 
 
 def test_prune_goes_on_past_an_entry_it_cannot_remove(tmp_path: Path) -> None:

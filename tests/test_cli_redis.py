@@ -109,3 +109,48 @@ def test_an_import_into_a_server_that_is_down_still_reports_in_json(
     code, report = _run(capsys, url, "--secret", "test-secret", "import", str(bundle))
     assert code == 1
     assert report["accepted"] == 0 and report["in_bundle"] == 4 and report["error"]
+
+
+def test_names_a_folder_tier_cannot_hold_are_junk_through_the_stack_too(
+    redis_server: RedisProcess,
+    unique_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attack review: ``a b`` and ``../x`` planted in Redis under a ``dir://,redis://``
+    stack made ``ls``, ``verify --repair`` and ``clear --yes`` fail every time ("not a
+    cache key"), and nothing removed them. They are now what they are in Redis alone:
+    corrupt entries, listed as such, removed by ``verify --repair`` and by ``clear``."""
+    import redis
+
+    monkeypatch.setenv("RUNTIME_CACHE_SECRET", "test-secret")
+    alone = f"{redis_server.url}?prefix={unique_prefix}"
+    url = f"dir://{tmp_path / 'c'},{alone}"
+    cache = rc.Cache(rc.open_backend(url), secret="test-secret")
+    (good,) = _keys(2)[:1]
+    cache.put(good, b"kept")
+    cache.close()
+    client = redis.Redis(port=redis_server.port)
+    planted = [f"{unique_prefix}{name}".encode() for name in ("a b", "../x")]
+
+    def plant() -> None:
+        for name in planted:
+            client.set(name, b"x")
+
+    plant()
+    listings = []
+    for where in (alone, url):
+        capsys.readouterr()
+        assert main(["--cache", where, "ls", "--json"]) == 1
+        listings.append(json.loads(capsys.readouterr().out)["skipped_entries"])
+    assert listings[0] == listings[1] and len(listings[1]) == 2, listings
+    code, report = _run(capsys, url, "verify", "--repair")
+    assert code == 1 and sorted(b["key"] for b in report["bad"]) == ["../x", "a b"], report
+    assert report["removed"] == 2 and not any(map(client.exists, planted))
+    code, report = _run(capsys, url, "verify")
+    assert code == 0 and report["checked"] == 1, report
+    plant()
+    assert main(["--cache", url, "clear", "--yes"]) == 0
+    assert not any(map(client.exists, planted)) and not client.keys(f"{unique_prefix}*")
+    assert _run(capsys, url, "ls") == (0, [])

@@ -13,7 +13,7 @@ import runtime_cache as rc
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.backends.tiered import TieredBackend
-from runtime_cache.errors import BackendError, InvalidURLError
+from runtime_cache.errors import BackendError, InvalidKeyError, InvalidURLError
 from runtime_cache.testing import BackendConformance, CacheConformance
 
 if TYPE_CHECKING:
@@ -581,3 +581,46 @@ def test_promotions_from_many_threads_are_all_counted() -> None:
         sys.setswitchinterval(interval)
     top = stack.tier_stats()[0]
     assert top.promoted == len(keys)
+
+
+def test_a_name_a_tier_cannot_hold_is_absent_there_not_an_error(tmp_path: Path) -> None:
+    """The attack review: names planted in the tier below (``a b``, ``../x`` in Redis) that
+    a ``dir://`` tier cannot hold made every read and delete of them raise through the
+    stack (``ls``, ``verify`` and ``clear`` failed for good). The folder tier is skipped for
+    such a key: found below, removed below, never copied up. Where no tier had the key,
+    its ``InvalidKeyError`` still comes, as from one store, and so does a write's."""
+    below = MemoryBackend()
+    stack = TieredBackend([DirectoryBackend(tmp_path / "d"), below])
+    good = str(rc.make_key(module_id="m", runtime="opencl", purpose="tuning"))
+    stack.set(good, b"good")
+    for name in ("a b", "../x"):
+        below.set(name, b"junk")
+        assert stack.get(name) == b"junk" and stack.peek(name) == b"junk"
+        assert stack.get_many([good, name]) == {good: b"good", name: b"junk"}
+        assert stack.peek_many([name, good]) == {name: b"junk", good: b"good"}
+        assert stack.get_many_parts([name], lambda head: None) == {name: (b"junk",)}
+        assert stack.head(name, 2) == b"ju" and stack.removable(name)
+        assert stack.delete_if(name, b"junk") and below.get(name) is None
+        below.set(name, b"junk")
+        assert stack.delete(name) and below.get(name) is None
+        with pytest.raises(InvalidKeyError):  # gone: a key the folder refuses, as before
+            stack.get(name)
+        with pytest.raises(InvalidKeyError):
+            stack.get_many([good, name])
+        with pytest.raises(InvalidKeyError):
+            stack.delete(name)
+    assert stack.tier_stats()[0].errors == 0 and stack.get(good) == b"good"
+    assert list(stack.tiers[0].keys()) == [good]  # nothing copied up
+    with pytest.raises(InvalidKeyError):  # a write: refused, as before
+        stack.set("a b", b"v")
+    folders = TieredBackend([DirectoryBackend(tmp_path / "e"), DirectoryBackend(tmp_path / "f")])
+    for call in (
+        lambda: folders.get("a b"),
+        lambda: folders.get_many(["a b"]),
+        lambda: folders.head("a b", 4),
+        lambda: folders.delete("a b"),
+        lambda: folders.removable("a b"),
+    ):
+        with pytest.raises(InvalidKeyError):
+            call()
+    assert folders.get_many([good]) == {}

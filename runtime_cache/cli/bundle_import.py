@@ -1,10 +1,10 @@
 """``runtime-cache import``: read a bundle file with care and merge it into the cache.
 
 ``import`` reads only a regular file (or standard input), bounded in size and read as
-its own framing says, so a FIFO or a device is a clear error, not a hang. A batch the
-store fails is written again one entry at a time: a full disk keeps what fits, and an
-entry that cannot be replaced (an immutable file) is one failure among the rest. With
-``--keep-existing``, the entries already stored at a batch's keys are judged as
+its own framing says (:mod:`.bundle_read`), so a FIFO or a device is a clear error, not a
+hang. A batch the store fails is written again one entry at a time: a full disk keeps what
+fits, and an entry that cannot be replaced (an immutable file) is one failure among the
+rest. With ``--keep-existing``, the entries already stored at a batch's keys are judged as
 :mod:`runtime_cache.existing_entries` says: in a ``dir://`` folder by their heads, and
 read whole one at a time where those pass, so the import holds at most one of them
 besides the bundle; in Redis in batch reads, which it bounds (``max_batch_size``), the keys
@@ -14,20 +14,12 @@ one left out asked again in the next.
 from __future__ import annotations
 
 import argparse
-import os
-import stat
-import sys
-from collections.abc import Callable
 
 from .. import environment
 from ..bundles import DUMP_BATCH, LoadResult, screen_bundle
 from ..cache import Cache
 from ..codec import (
-    BUNDLE_HEADER_SIZE,
-    BUNDLE_MAGIC,
     DEFAULT_LIMITS,
-    FLAG_SIGNED,
-    Limits,
     SecretKeys,
     bundle_signed,
     decode_bundle,
@@ -38,124 +30,17 @@ from ..errors import (
     BackendError,
     BackendUnavailableError,
     InvalidBundleError,
+    InvalidKeyError,
     ReadOnlyBackendError,
 )
-from ..signing import SIG_SIZE
 from ..urls import in_process_only
+from .bundle_read import BundleFileError, max_bundle_size, read_bundle_file
 from .context import CommandContext
-from .fmt import Progress, clean, human_size
+from .fmt import Progress, clean
 from .fmt import count as fmt_count
 from .tier_writes import IN_PROCESS, PENDING, TierLosses, durable_tiers, say_losses, tier_counts
 
 __all__ = ["BundleFileError", "cmd_import", "max_bundle_size"]
-
-
-class BundleFileError(Exception):
-    """A bundle file that cannot be written or read; the message names the user's file."""
-
-
-def max_bundle_size(limits: Limits) -> int:
-    """The largest bundle ``import`` reads: four times the largest entry value."""
-    return 4 * limits.max_value_size
-
-
-def _exact(read: Callable[[int], bytes], size: int) -> bytes:
-    """Up to ``size`` bytes: fewer only at the end of the input."""
-    chunks, got = [], 0
-    while got < size:
-        chunk = read(min(size - got, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _read_limited(
-    read: Callable[[int], bytes],
-    path: str,
-    limits: Limits,
-    known_size: int | None = None,
-    signed_only: bool = False,
-) -> bytes:
-    """Read one bundle as its own framing says, and one byte more (trailing data).
-
-    Nothing past what the header and the entry lengths announce is read (an endless
-    stream costs no more than they announce), a count over ``limits.max_entries`` or a
-    total over :func:`max_bundle_size` is refused, and short pieces are kept together
-    (2**32 empty entries took 30x the file's size). What is announced within those limits
-    is read, holes of a sparse file too: up to about twice the bundle's size in memory
-    while it is read, and about three times while its entries are written. ``known_size``,
-    a file's size, tells a length past it (a damaged header) from a bundle too large. With
-    ``signed_only`` (a secret is set), a bundle whose header says it is unsigned is
-    refused at its header: its checksum and entries could not make it any better.
-    """
-    limit = max_bundle_size(limits)
-    head = _exact(read, BUNDLE_HEADER_SIZE)
-    if head[: len(BUNDLE_MAGIC)] != BUNDLE_MAGIC:
-        raise BundleFileError(f"{path} is not a valid bundle: bad magic")
-    if len(head) < BUNDLE_HEADER_SIZE:
-        return head
-    flags, count = head[5], int.from_bytes(head[8:12], "little")
-    if signed_only and not flags & FLAG_SIGNED:
-        raise BundleFileError(
-            f"{path} is not a valid bundle: bundle is not signed, and a secret is set"
-        )
-    if count > limits.max_entries:
-        raise BundleFileError(
-            f"{path} is not a valid bundle: it claims {count} entries, over the limit "
-            f"{limits.max_entries}"
-        )
-    chunks, small, size = [head], bytearray(), len(head)
-    for _ in range(count):
-        length = _exact(read, 8)
-        small += length
-        want = int.from_bytes(length, "little")
-        size += 8 + want
-        if len(length) < 8 or size > limit:
-            break  # (the decoder names a short file; a long one is refused below)
-        blob = _exact(read, want)
-        if len(blob) < 1 << 16:
-            small += blob
-        else:
-            chunks += [bytes(small), blob]
-            small.clear()
-        if len(blob) < want:
-            break
-    if size > limit and known_size is not None:
-        raise BundleFileError(
-            f"{path} is not a valid bundle: its entries claim {size} bytes, and the file "
-            f"holds {known_size}"
-        )
-    if size > limit:
-        raise BundleFileError(
-            f"{path} claims more than {human_size(limit)} (not a valid bundle, or too large);"
-            " refusing it"
-        )
-    small += _exact(read, 8 + (SIG_SIZE if flags & FLAG_SIGNED else 0) + 1)
-    return b"".join([*chunks, small])
-
-
-def _read_file(path: str, limits: Limits, signed_only: bool) -> bytes:
-    limit = max_bundle_size(limits)
-    if path == "-":
-        return _read_limited(sys.stdin.buffer.read, "standard input", limits, None, signed_only)
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device (before fdopen refuses it)
-        os.close(fd)
-        raise BundleFileError(f"cannot read {path}: not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        if info.st_size > limit:
-            raise BundleFileError(f"{path} is larger than {human_size(limit)}; refusing it")
-        try:
-            return _read_limited(handle.read, path, limits, info.st_size, signed_only)
-        except OSError as exc:
-            raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
@@ -165,7 +50,7 @@ def read_import(args: argparse.Namespace, ctx: CommandContext) -> int | None:
         The CLI's caches check against the default limits."""
     secret = normalize_secret(ctx.secret)
     try:
-        data = _read_file(args.file, DEFAULT_LIMITS, secret is not None)
+        data = read_bundle_file(args.file, DEFAULT_LIMITS, secret is not None)
         args.blobs = decode_bundle(data, secret=secret, limits=DEFAULT_LIMITS)
         args.bundle_signed = bundle_signed(data)
     except MemoryError:
@@ -191,6 +76,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
     accepted = unsigned = withheld = code = repeats = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
+    unheld: list[str] = []  # entries whose key it cannot hold (dir://: a name ending .rce)
     overwrite = not args.keep_existing
     try:
         for start in range(0, len(blobs), DUMP_BATCH):
@@ -212,6 +98,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 withheld += result.withheld
                 code += result.withheld_code
                 repeats += result.repeated
+                unheld += result.unstorable_errors
             progress.step(advance=len(batch))
     except BackendError as exc:
         # Said once on stderr by the caller, as every command's store failure is; a script
@@ -239,6 +126,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     rejected = after.rejected - before.rejected
     corrupt = after.corrupt - before.corrupt
     # (not with a tier down: its listing would be partial, and that tier is said already)
+    failures += unheld  # (not written either: said apart, below)
     gone = _gone(cache, blobs, secret, withheld + len(failures)) if accepted and not lost else 0
     kept_existing = len(blobs) - accepted - rejected - corrupt - withheld - len(failures)
     report = {
@@ -253,6 +141,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         "withheld_unsigned": withheld,
         "withheld_native_code": code,
         "not_written": len(failures),
+        "unstorable_keys": len(unheld),
         "write_errors": failures[:5],
         "tiers_not_written": lost,
         "tiers_may_serve_older": losses.may_serve_older,
@@ -297,10 +186,16 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"not written: {withheld - code} unsigned entries to a shared store",
                 file=ctx.out,
             )
-        if failures:
+        if len(failures) > len(unheld):
             print(
-                f"not written: {fmt_count(len(failures), 'entry', 'entries')} the cache "
-                f"could not store ({clean(failures[0])})",
+                f"not written: {fmt_count(len(failures) - len(unheld), 'entry', 'entries')} "
+                f"the cache could not store ({clean(failures[0])})",
+                file=ctx.out,
+            )
+        if unheld:
+            print(
+                f"not written: {fmt_count(len(unheld), 'entry', 'entries')} whose key this "
+                f"store cannot hold ({clean(unheld[0])})",
                 file=ctx.out,
             )
         if gone:
@@ -371,7 +266,7 @@ def _one_by_one(
             (skey,) = screened.accepted or ("",)
             try:
                 there = cache.backend.peek_many([skey]).get(skey) if skey else None
-            except BackendError:
+            except (BackendError, InvalidKeyError):
                 there = None
             if there == item:
                 results.append(LoadResult(1, offered=1, unsigned=screened.unsigned))

@@ -70,8 +70,10 @@ def add_parsers(add: AddCommand) -> None:
         cmd_import,
         "Merge a bundle file into the cache; entries that fail "
         "their checksum, key or signature are skipped. Exit code 1 when the bundle is "
-        "invalid or some of its entries were not written (refused by the checks, or native "
-        "code from an unsigned bundle, which only a signed one brings), or are no longer "
+        "invalid or some of its entries were not written (refused by the checks, native "
+        "code from an unsigned bundle, which only a signed one brings, or a key the store "
+        "cannot hold: a dir:// folder takes no key component that ends in .rce; the rest "
+        "are written), or are no longer "
         "there afterwards (a size cap smaller than the bundle evicted them), or when a tier "
         "of a tiered store did not write them: the report names it, and says where it may "
         "still serve older copies (a read-only folder, which cannot remove them).",
@@ -82,7 +84,11 @@ def add_parsers(add: AddCommand) -> None:
         ],
     )
     imp.set_defaults(prepare=read_import)
-    imp.add_argument("file", metavar="FILE", help="bundle to read ('-' for stdin)")
+    imp.add_argument(
+        "file",
+        metavar="FILE",
+        help="bundle to read ('-' for stdin, kept in a temporary file in TMPDIR first)",
+    )
     imp.add_argument(
         "--keep-existing",
         action="store_true",
