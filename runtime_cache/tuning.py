@@ -35,7 +35,7 @@ import msgpack
 
 from .cache import Cache
 from .entry_meta import no_ext_type
-from .errors import CorruptEntryError, InvalidRecordError
+from .errors import CorruptEntryError, InvalidRecordError, RuntimeCacheError
 from .keys import CacheKey, make_key
 from .provider import get_cache
 
@@ -280,9 +280,27 @@ class TuningCache:
         """The symbols that have a record for this module and device, sorted. In a cache
         with a secret, only those whose record reads back signed (as :meth:`records`):
         a writer of a shared store without the secret cannot add to the list."""
-        if self.cache.signed:
-            return sorted(self.records())
-        return sorted(self._listed())
+        listed = self._listed()
+        return self._signed(listed) if self.cache.signed else sorted(listed)
+
+    def _signed(self, symbols: set[str]) -> list[str]:
+        # Those of ``symbols`` whose record passes the cache's check (its signature too),
+        # read as a look, not a use: listing counts no hit and moves no entry in the
+        # eviction order (through records(), each listing bumped every record).
+        keys = {str(self.key(symbol)): symbol for symbol in symbols}
+        try:
+            blobs = self.cache.backend.peek_many(keys)
+        except RuntimeCacheError as exc:
+            log.warning("runtime-cache: tuning records of %s not listed: %s", self.module_id, exc)
+            return []
+        signed = []
+        for skey, blob in blobs.items():
+            try:
+                self.cache.check(skey, blob)
+            except CorruptEntryError:
+                continue
+            signed.append(keys[skey])
+        return sorted(signed)
 
     def _listed(self) -> set[str]:
         # The symbols of this module's entries on this device, by their heads alone.
