@@ -171,6 +171,8 @@ class HitsJournal:
             vfs = os.fstatvfs(fd)
         except OSError:
             return self.compact_at, self.append_until
+        if not vfs.f_blocks:  # no size told (ramfs, a tmpfs with size=0): the cap's alone
+            return self.compact_at, self.append_until
         room = size + vfs.f_bavail * vfs.f_frsize
         until = min(self.append_until, max(_LEAST_ROOM, room // 16))
         return min(self.compact_at, max(_LEAST_ROOM // 2, until // 2)), until

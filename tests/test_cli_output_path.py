@@ -412,3 +412,42 @@ def test_a_file_of_ones_own_in_a_folder_one_may_not_write_is_written_into(
         assert (tmp_path / "elsewhere").read_bytes() == b"old contents, longer than the new"
     finally:
         shut.chmod(0o755)
+
+
+def test_a_full_disk_leaves_a_file_written_into_as_it_was(tmp_path: Path) -> None:
+    """Re-attack of session 43: the in-place write cut the file first, so a full disk
+    left it short (a user's bundle, 229,376 bytes of another). The room is taken first."""
+    from conftest import fill, tmpfs
+
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root, needs setpriv to run without its write-any-folder capability")
+        as_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        shut = disk / "shut"
+        shut.mkdir()
+        original = b"ORIGINAL " * 1000
+        (shut / "out.bin").write_bytes(original)
+        shut.chmod(0o555)
+        filler = fill(disk, leave=64 << 10)
+        code = (
+            "import sys; from runtime_cache.cli.output import replace_file; "
+            "replace_file(sys.argv[1], b'new' * 200_000)"
+        )
+        try:
+            done = subprocess.run(
+                [*as_user, sys.executable, "-c", code, str(shut / "out.bin")],
+                capture_output=True,
+            )
+            assert done.returncode != 0 and b"No space left" in done.stderr, done.stderr
+            assert (shut / "out.bin").read_bytes() == original
+            filler.unlink()
+            again = subprocess.run(
+                [*as_user, sys.executable, "-c", code, str(shut / "out.bin")],
+                capture_output=True,
+            )
+            assert again.returncode == 0, again.stderr
+            assert (shut / "out.bin").read_bytes() == b"new" * 200_000
+        finally:
+            shut.chmod(0o755)

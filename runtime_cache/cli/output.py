@@ -263,21 +263,34 @@ def _replace_in(folder: int, name: str, data: bytes) -> None:
 
 def _write_in_place(folder: int, name: str, data: bytes) -> bool:
     """Write ``data`` into this user's regular file ``name`` of a folder this user may
-    not write (no temporary file can go beside it), as a shell's ``>`` does: cut, then
-    written, so a reader may see it half written. Only a file of one name (no hard link
-    to it elsewhere); whether it was written."""
-    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    not write (no temporary file can go beside it), as a shell's ``>`` does: written over,
+    then cut to its length, so a reader may see it half written; the room for it is
+    taken first (``posix_fallocate``), so a full disk leaves the file as it was. Only a
+    file of one name (no hard link to it elsewhere); whether it was written."""
+    # Read too: where the file system has no fallocate, the C library's stand-in writes
+    # a 0 into each block where it reads a 0 (or past the end); on a descriptor it may not
+    # read, it would write over the file's own bytes.
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(name, flags, dir_fd=folder)
     except OSError:
         return False  # none there (nothing to write into), a FIFO without a reader, ...
-    with os.fdopen(fd, "wb") as handle:
+    with os.fdopen(fd, "r+b") as handle:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1):
             return False
         os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
+        # The room first: a full disk or a quota fails here, with the file as it was (cut
+        # first, a failed write left it short: the re-attack of session 43).
+        if data and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, len(data))
+            except OSError:
+                os.ftruncate(fd, st.st_size)  # (blocks taken past the end: given back)
+                raise
         write_all(handle, data)
+        handle.flush()
+        os.ftruncate(fd, len(data))
     return True
 
 
