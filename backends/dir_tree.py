@@ -110,9 +110,11 @@ def walk(
     false for a link, a FIFO, a folder or anything else at an entry's name. With
     ``linked``, a symbolic link at a fan-out folder's name (two characters, as
     :func:`rel_path` names them) that could hold keys starting with ``prefix`` is added
-    to it (its path from the root): never followed, so the entries behind it are left
-    out. Links at longer names are not: a cache opened on a folder by mistake (``~``)
-    holds the user's own links, which are not the cache's to report or remove.
+    to it (its path from the root) once the walk is over, where a fan-out folder beside
+    it held an entry: never followed, so the entries behind it are left out. Links at
+    longer names, or with no such folder beside them, are not: a cache opened on a folder
+    by mistake (``~``) holds the user's own links (``go``, ``js``), which are not the
+    cache's to report or remove.
     Raises :class:`WalkCutShort` when it is past ``deadline`` (``time.monotonic()``)
     as it opens a folder: folders that hold no entry cost time too (a member can
     make 400,000 of them).
@@ -129,6 +131,11 @@ def walk(
                     unreadable.append((above, "the folder of another cache"))
                 return
     stack: list[list[str]] = [lead]
+    # Links at fan-out names, and the folders where a fan-out folder held an entry: a link
+    # is reported only beside such a one (a folder of the user's own, ~ opened as a cache
+    # by mistake, has links named "go" or "js": verify --repair removed them).
+    maybe: list[tuple[str, str]] = []
+    fanned: set[str] = set()
     while stack:
         if deadline is not None and time.monotonic() > deadline:
             raise WalkCutShort
@@ -168,8 +175,9 @@ def walk(
                     if is_dir and len(names) < _MAX_DEPTH:
                         stack.append([*names, entry.name])
                     elif linked is not None and _linked_shard(entry, rel, prefix):
-                        linked.append(f"{rel}/{entry.name}" if rel else entry.name)
+                        maybe.append((rel, f"{rel}/{entry.name}" if rel else entry.name))
                     continue
+                fanned.add("/".join(names[:-1]))
                 if not key.startswith(prefix):
                     continue
                 try:
@@ -179,6 +187,8 @@ def walk(
                 yield Found(key, rel, entry.name, st, entry.is_file(follow_symlinks=False))
         finally:
             os.close(fd)
+    if linked is not None:
+        linked.extend(link for folder, link in maybe if folder in fanned)
 
 
 def _linked_shard(entry: os.DirEntry[str], folder: str, prefix: str) -> bool:

@@ -383,3 +383,23 @@ def test_only_links_at_fan_out_folder_names_are_reported(tmp_path: Path) -> None
     assert backend.remove_linked_folder("junk/test/zz")
     assert (root / "lib64").is_symlink() and outside.is_dir()
     assert not os.path.lexists(root / "junk" / "test" / "zz")
+
+
+def test_a_folder_of_the_users_own_keeps_its_short_links(tmp_path: Path) -> None:
+    """Re-attack of session 43: opened as a cache by mistake (``dir://~``), a home folder's
+    links with two-character names (``go``, ``js``, ``src/proj/vendor/db``) were named as
+    links at fan-out folders, and ``verify --repair`` removed them. A link is named only
+    beside a fan-out folder that holds an entry."""
+    from runtime_cache.cli import main
+
+    home = tmp_path / "home"
+    (home / "gosrc").mkdir(parents=True)
+    (home / "src" / "proj" / "vendor").mkdir(parents=True)
+    (home / "go").symlink_to(home / "gosrc")
+    (home / "js").symlink_to(tmp_path)
+    (home / "src" / "proj" / "vendor" / "db").symlink_to(tmp_path)
+    backend = DirectoryBackend(home)
+    assert list(backend.keys()) == [] and backend.linked_folders == []
+    assert main(["--cache", f"dir://{home}", "verify", "--repair"]) == 0
+    for link in ("go", "js", "src/proj/vendor/db"):
+        assert (home / link).is_symlink()
