@@ -21,6 +21,8 @@ from pathlib import Path
 
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
+from .exclusive_rename import rename_noreplace
+
 __all__ = [
     "ROOT_FLAGS",
     "Modes",
@@ -36,6 +38,9 @@ __all__ = [
 #: Flags of the root descriptor (also used to reopen it after a fork).
 ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+#: How a folder just made is opened, to set its mode: no link followed at its name.
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
@@ -98,26 +103,28 @@ def open_root(root: str | Path, modes: Modes) -> int:
 
 def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
     """Make the missing folder ``root`` (its parents too) and open it, following no link at
-    its name; return its descriptor and whether this call made it. Its mode is set through
-    the descriptor, on a folder this call made and this user owns: set by its name, a link
-    that a member of a shared parent put there between the two steps was followed, and
-    the folder it led to (the victim's own, ``0700``) made group-writable. A folder found
-    there that is not empty at the open was swapped in (:func:`_fresh`): taken as it is,
-    neither changed nor said to be made.
+    its name; return its descriptor and whether this call made it.
+
+    It is made under a random name beside ``root``, its mode set through its descriptor,
+    and only then renamed to ``root``, unless something is there by then (``renameat2``
+    with ``RENAME_NOREPLACE``: :func:`_made_aside`). Set by its name, a link that a member
+    of a shared parent put there between the two steps was followed, and the folder it
+    led to (the victim's own, ``0700``) made group-writable; made at ``root`` itself, a
+    folder of the victim's swapped in there (``RENAME_EXCHANGE``) was chmod-ed, and
+    another process of the same user that found the new root and stored an entry into it
+    before it had its mode made it look swapped in, so it kept ``mkdir``'s mode. Where the
+    C library has no ``renameat2`` (or the file system refuses the flag), the folder is
+    made at ``root`` and its mode set where it is this user's (:func:`_made_in_place`).
 
     A link at the name, new or old, is :class:`BackendError` ("is not a directory"): the
     root is made again (:func:`remake_root`) only where it was a folder.
     """
     name = os.fspath(root).rstrip("/") or "/"  # (a trailing "/" would follow a link)
-    made = False
     try:
         os.makedirs(os.path.dirname(name) or ".", mode=modes.folder, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, modes.folder)
-            made = True
-        if not made:  # (made meanwhile by another: whoever made it set its mode)
+        fd = _made_aside(name, modes)
+        if fd is None:  # (made meanwhile by another: whoever made it set its mode)
             return _enterable(os.open(name, ROOT_FLAGS | os.O_NOFOLLOW), root), False
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileExistsError, NotADirectoryError):
         raise _not_a_folder(root) from None
     except OSError as exc:
@@ -125,10 +132,6 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
             raise _not_a_folder(root) from None
         raise _failed(root, exc) from exc
     try:
-        if not _fresh(fd):  # (another folder swapped in: taken as it is, its mode left)
-            return os.open(".", ROOT_FLAGS, dir_fd=fd), False
-        if modes.folder_chmod is not None:
-            os.fchmod(fd, modes.folder_chmod)
         return os.open(".", ROOT_FLAGS, dir_fd=fd), True
     except OSError as exc:
         raise _failed(root, exc) from exc
@@ -136,13 +139,70 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
         os.close(fd)
 
 
+def _made_aside(name: str, modes: Modes) -> int | None:
+    """The folder made for ``name`` with its modes (open ``O_RDONLY``), or ``None`` where
+    something was at ``name`` by then. Raises :class:`OSError`, and :class:`BackendError`
+    where the folder made was swapped for another on the way (an attack, not a race)."""
+    import secrets  # (only where a root is made: no import on an open's path)
+
+    parent_name, base = os.path.split(name)
+    parent = os.open(parent_name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        temp = f".rc-root-{secrets.token_hex(8)}"
+        os.mkdir(temp, modes.folder, dir_fd=parent)
+        fd = os.open(temp, _FOLDER_FLAGS, dir_fd=parent)
+        try:
+            if not _fresh(fd):
+                raise BackendError(f"cache root {name}: the folder made for it was swapped")
+            if modes.folder_chmod is not None:
+                os.fchmod(fd, modes.folder_chmod)
+            moved = rename_noreplace(parent, temp, base)
+            if moved is None:  # no renameat2 here
+                with contextlib.suppress(OSError):
+                    os.rmdir(temp, dir_fd=parent)
+                os.close(fd)
+                return _made_in_place(name, modes)
+            if not moved:
+                with contextlib.suppress(OSError):  # (ours, and empty: rmdir takes no other)
+                    os.rmdir(temp, dir_fd=parent)
+                os.close(fd)
+                return None
+            there = os.stat(base, dir_fd=parent, follow_symlinks=False)
+            if not os.path.samestat(there, os.fstat(fd)):
+                raise BackendError(f"cache root {name}: the folder made for it was swapped")
+            return fd
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+    finally:
+        os.close(parent)
+
+
+def _made_in_place(name: str, modes: Modes) -> int | None:
+    """:func:`_made_aside` where there is no ``renameat2``: ``mkdir`` at ``name``, and the
+    mode set through the descriptor where the folder is this user's."""
+    try:
+        os.mkdir(name, modes.folder)
+    except FileExistsError:
+        return None
+    fd = os.open(name, _FOLDER_FLAGS)
+    try:
+        if modes.folder_chmod is not None and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, modes.folder_chmod)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _fresh(fd: int) -> bool:
-    """Whether the folder open as ``fd`` can be the one :func:`make_root`'s ``mkdir`` just
-    made: this user's, and empty. Between the ``mkdir`` and the open, a member of a
-    group-writable parent can swap another folder in at the name (``renameat2`` with
-    ``RENAME_EXCHANGE``): one of the victim's own, which the ``chmod`` (and a remade shared
-    root's ``chown``) would then give to the group. Such a folder is seldom empty; an
-    empty one has nothing to give away."""
+    """Whether the folder open as ``fd`` can be the one just made: this user's, and
+    empty. Between the ``mkdir`` of the folder under its random name and its open, a
+    member of a group-writable parent can swap another folder in at that name
+    (``renameat2`` with ``RENAME_EXCHANGE``): one of the victim's own, which the ``chmod``
+    (and a remade shared root's ``chown``) would then give to the group. Such a folder is
+    seldom empty; an empty one has nothing to give away."""
     try:
         return os.fstat(fd).st_uid == os.geteuid() and not os.listdir(fd)
     except OSError:

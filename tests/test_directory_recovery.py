@@ -312,9 +312,10 @@ def test_a_new_root_swapped_for_a_link_is_not_chmod_ed(
 
     def mkdir_then_swap(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
         real(path, mode, **kwargs)
-        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
-            os.rmdir(path)
-            os.symlink(victim, path)
+        if _made_for(root, path, kwargs):  # the attacker's move, at once
+            if os.path.isdir(root) and not os.path.islink(root):
+                os.rmdir(root)  # (made at its own name, where there is no renameat2)
+            os.symlink(victim, root)
 
     monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
     with pytest.raises(rc.errors.BackendError, match="symbolic link"):
@@ -344,18 +345,57 @@ def test_a_folder_exchanged_for_the_new_root_is_left_as_it_is(
 
     def mkdir_then_exchange(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
         real(path, mode, **kwargs)
-        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
-            os.rename(path, team / "aside")
-            os.rename(victim, path)
+        if _made_for(root, path, kwargs):  # the attacker's move, at once
+            made = team / os.fspath(path) if kwargs.get("dir_fd") is not None else Path(path)
+            os.rename(made, team / "aside")
+            os.rename(victim, made)
 
     monkeypatch.setattr(os, "mkdir", mkdir_then_exchange)
     if cache is None:
-        DirectoryBackend(root, shared=True)
+        with pytest.raises(rc.errors.BackendError, match="swapped"):
+            DirectoryBackend(root, shared=True)
     else:
-        cache.put(_key(1), b"one")
+        assert not cache.put(_key(1), b"one")  # no root: the write is skipped
     monkeypatch.setattr(os, "mkdir", real)
-    st = root.stat()
+    swapped_in = next(p for p in team.iterdir() if p.name != "aside")
+    st = swapped_in.stat()
     assert (st.st_mode, st.st_uid, st.st_gid) == before
+
+
+def _made_for(root: Path, path: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``os.mkdir(path, **kwargs)`` made the folder for the cache root ``root``: a
+    random name beside it (``dir_fd``: its parent), or ``root`` itself (no renameat2)."""
+    if kwargs.get("dir_fd") is not None:
+        return os.fspath(path).startswith(".rc-root-")
+    return os.fspath(path).rstrip("/") == str(root)
+
+
+def test_a_new_shared_root_has_its_mode_before_another_process_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: the root made at its own name was found by another process
+    of the same user, which stored an entry into it before the maker checked it empty;
+    the maker took it for one swapped in and left it at ``mkdir``'s mode (14 of 60 shared
+    roots opened by 4 processes at once): a member's store then failed. The root takes its
+    name only once it has its mode."""
+    team = tmp_path / "team"
+    team.mkdir()
+    root = team / "cache"
+    real = os.mkdir
+
+    def mkdir_then_store(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        if root.is_dir():  # another process finds the root, and stores into it at once
+            (root / "op").mkdir(exist_ok=True)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_store)
+    old = os.umask(0o022)  # (mkdir's mode alone: no group write)
+    try:
+        DirectoryBackend(root, shared=True)
+    finally:
+        os.umask(old)
+        monkeypatch.setattr(os, "mkdir", real)
+    assert root.stat().st_mode & 0o2070 == 0o2070, oct(root.stat().st_mode)
 
 
 def test_the_journal_leaves_a_small_disk_room_for_entries(tmp_path: Path) -> None:
