@@ -1179,3 +1179,57 @@ def test_clear_says_what_it_removed_before_the_store_went_away(
     assert main(["clear", "--yes"]) == 1
     err = capsys.readouterr().err
     assert "timeout (removed 5 of 8 before)" in err and "Traceback" not in err
+
+
+def test_import_of_standard_input_without_a_temporary_folder_holds_it_in_memory(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: with no temporary folder this user may write (a container
+    whose file systems are read-only), ``import -`` failed ("No usable temporary
+    directory"), where ``import FILE`` worked; the stream is kept in memory there."""
+    import io
+    import tempfile
+
+    from runtime_cache.cli.bundle_read import read_bundle_file
+    from runtime_cache.codec import DEFAULT_LIMITS
+
+    cache = rc.Cache(rc.open_backend(f"dir://{root}"))
+    cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"value")
+    data = cache.dumps()
+
+    def none_there() -> str:
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "gettempdir", none_there)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert read_bundle_file("-", DEFAULT_LIMITS, signed_only=False) == data
+
+
+def test_import_names_what_a_cut_or_closed_input_is(root: Path, tmp_path: Path) -> None:
+    """Re-attack of session 43: ``import - <&-`` ended in a traceback, and a bundle cut
+    in an entry's length said "bundle is 12 bytes" of a 15-byte file."""
+    cache = rc.Cache(rc.open_backend(f"dir://{root}"))
+    cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"value")
+    cut = tmp_path / "cut.rcb"
+    cut.write_bytes(cache.dumps()[:15])
+    done = cli("--cache", f"dir://{root}", "import", str(cut))
+    assert done.returncode == 1 and "bundle is 15 bytes" in done.stderr, done.stderr
+    closed = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "runtime_cache.cli",
+            "--cache",
+            f"dir://{root}",
+            "import",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert closed.returncode == 1 and "standard input: it is closed" in closed.stderr
+    assert "Traceback" not in closed.stderr

@@ -81,10 +81,13 @@ def _framed(
     size = len(head)
     for _ in range(count):
         length = _exact(read, 8)
+        if len(length) < 8:
+            yield length  # (cut in a length: the decoder names the file's whole size)
+            break
         want = int.from_bytes(length, "little")
         size += 8 + want
-        if len(length) < 8 or size > limit:
-            break  # (the decoder names a short file; a long one is refused below)
+        if size > limit:
+            break  # (refused below)
         yield length
         got = 0
         for piece in _pieces(read, want):
@@ -112,12 +115,15 @@ def read_bundle_file(path: str, limits: Limits, signed_only: bool) -> bytes:
     It is held once, whole, as its checks need it: a file is walked first, keeping
     nothing, then read in one piece of the size its framing gave; standard input is first
     kept in a private temporary file (``tempfile.TemporaryFile``: ``O_TMPFILE``, or an
-    unlinked one, in the system's temporary folder), then read from there the same way.
+    unlinked one, in the system's temporary folder, ``TMPDIR``: on a tmpfs its pages are
+    memory too), then read from there the same way.
     Before, the pieces read were kept, then joined: twice the bundle's size in memory,
     before its checksum or signature was checked (a stream of a 1 GB entry, 1.98 GB).
     """
     limit = max_bundle_size(limits)
     if path == "-":
+        if sys.stdin is None:  # (started with it closed: <&-)
+            raise BundleFileError("cannot read standard input: it is closed")
         return _spooled(sys.stdin.buffer.read, "standard input", limits, signed_only)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
@@ -142,11 +148,19 @@ def read_bundle_file(path: str, limits: Limits, signed_only: bool) -> bytes:
 
 def _spooled(read: Callable[[int], bytes], path: str, limits: Limits, signed_only: bool) -> bytes:
     """The bundle of the stream ``read`` (named ``path``), kept in a temporary file as
-    :func:`_framed` reads it, then read from there in one piece."""
-    where, size = tempfile.gettempdir(), 0
+    :func:`_framed` reads it, then read from there in one piece. Where no temporary file
+    can be made (a container whose file systems are all read-only), its pieces are kept
+    in memory instead, then joined: twice its size for a moment, as before."""
+    framed = _framed(_reading(read, path), path, limits, None, signed_only)
     try:
-        with tempfile.TemporaryFile(prefix="runtime-cache-import-") as spool:
-            for piece in _framed(_reading(read, path), path, limits, None, signed_only):
+        where = tempfile.gettempdir()
+        spool = tempfile.TemporaryFile(prefix="runtime-cache-import-")  # noqa: SIM115
+    except OSError:  # (FileNotFoundError: no temporary folder this user may write)
+        return b"".join(framed)
+    size = 0
+    try:
+        with spool:
+            for piece in framed:
                 spool.write(piece)
                 size += len(piece)
             spool.seek(0)
