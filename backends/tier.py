@@ -91,6 +91,30 @@ class Tier:
             unheld.append(exc)
             return False, None
 
+    def write(
+        self, op: str, items: Mapping[str, bytes], errors: list[Exception]
+    ) -> tuple[bool, dict[str, Exception]]:
+        """Write ``items`` into this tier through its policy: whether it took every one it
+        can hold (a failure goes into ``errors``), and the keys it cannot hold, with why
+        (``InvalidKeyError``: a ``dir://`` tier and a name Redis takes; left to the other
+        tiers, as its reads leave them). A batch such a key stopped is written again a key
+        at a time: the keys before it are written twice."""
+        refused: list[Exception] = []
+        if len(items) == 1:
+            ((key, value),) = items.items()
+            done, _ = self.attempt(op, partial(self.backend.set, key, value), errors, refused)
+            return done or bool(refused), {key: refused[0]} if refused else {}
+        done, _ = self.attempt(op, partial(self.backend.set_many, items), errors, refused)
+        if not refused:
+            return done, {}
+        failed, unheld = len(errors), dict[str, Exception]()
+        for key, value in items.items():
+            one: list[Exception] = []
+            self.attempt(op, partial(self.backend.set, key, value), errors, one)
+            if one:
+                unheld[key] = one[0]
+        return len(errors) == failed, unheld
+
     def stats(self) -> TierStats:
         """This tier's counts now."""
         writer = self.writer

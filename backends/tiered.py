@@ -159,6 +159,7 @@ class TieredBackend(Backend):
         errors: list[Exception] = []
         missed: list[tuple[Tier, Exception]] = []
         took: list[Tier] = []
+        unheld: dict[str, list[Exception]] = {}  # key -> each tier's refusal of it
         tried = 0
         for tier in tiers:
             tried += 1
@@ -166,11 +167,9 @@ class TieredBackend(Backend):
                 tier.writer.put(items)
                 took.append(tier)  # (queued: it lands, or its failure is counted there)
                 continue
-            if len(items) == 1:
-                ((key, value),) = items.items()
-                done, _ = tier.policy.attempt(op, partial(tier.backend.set, key, value), errors)
-            else:
-                done, _ = tier.policy.attempt(op, partial(tier.backend.set_many, items), errors)
+            done, refused = tier.write(op, items, errors)
+            for key, exc in refused.items():
+                unheld.setdefault(key, []).append(exc)
             if not done:
                 missed.append((tier, errors[-1]))
             else:
@@ -190,7 +189,8 @@ class TieredBackend(Backend):
             lowest = max(order[id(tier)] for tier in took)
             for tier, error in missed:
                 tier.unwritten(items, error, drop=order[id(tier)] < lowest)
-        raise_if_all_failed(errors, tried)
+        # A key no tier can hold is refused, as one store refuses it.
+        raise_if_all_failed(errors, tried, [e[0] for e in unheld.values() if len(e) == tried])
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         for tier in self._tiers:
