@@ -149,7 +149,8 @@ def _made_aside(name: str, modes: Modes) -> int | None:
     parent = os.open(parent_name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         temp = f".rc-root-{secrets.token_hex(8)}"
-        os.mkdir(temp, modes.folder, dir_fd=parent)
+        # Private until its mode is set: no member of a shared parent writes into it first.
+        os.mkdir(temp, modes.folder if modes.folder_chmod is None else 0o700, dir_fd=parent)
         fd = os.open(temp, _FOLDER_FLAGS, dir_fd=parent)
         try:
             if not _fresh(fd):
