@@ -114,7 +114,8 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
     another process of the same user that found the new root and stored an entry into it
     before it had its mode made it look swapped in, so it kept ``mkdir``'s mode. Where the
     C library has no ``renameat2`` (or the file system refuses the flag), the folder is
-    made at ``root`` and its mode set where it is this user's (:func:`_made_in_place`).
+    made at ``root`` and its mode set where it is this user's and empty
+    (:func:`_made_in_place`).
 
     A link at the name, new or old, is :class:`BackendError` ("is not a directory"): the
     root is made again (:func:`remake_root`) only where it was a folder.
@@ -182,17 +183,26 @@ def _made_aside(name: str, modes: Modes) -> int | None:
 
 def _made_in_place(name: str, modes: Modes) -> int | None:
     """:func:`_made_aside` where there is no ``renameat2``: ``mkdir`` at ``name``, and the
-    mode set through the descriptor where the folder is this user's."""
+    mode set through the descriptor where the folder is this user's and empty. (Another
+    process of the same user that finds the new root and stores into it at once leaves
+    it at ``mkdir``'s mode here: a member's store then fails. Without ``renameat2`` that
+    is the price of never chmod-ing a victim's folder swapped in.)"""
     try:
         os.mkdir(name, modes.folder)
     except FileExistsError:
         return None
     fd = os.open(name, _FOLDER_FLAGS)
     try:
-        if modes.folder_chmod is not None and os.fstat(fd).st_uid == os.geteuid():
+        if not _fresh(fd):
+            # Swapped (a victim's folder, by RENAME_EXCHANGE), or found and stored into at
+            # once by another process: taken as it is (not made here), its mode left.
+            os.close(fd)
+            return None
+        if modes.folder_chmod is not None:
             os.fchmod(fd, modes.folder_chmod)
     except BaseException:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
         raise
     return fd
 

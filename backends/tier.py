@@ -33,7 +33,7 @@ from runtime_cache.fork_locks import renew_in_child
 
 from .write_behind import WriteBehind
 
-__all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed"]
+__all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed", "raise_if_unwritten"]
 
 T = TypeVar("T")
 
@@ -202,18 +202,44 @@ def _still(seen: bytes, now: bytes, written: bytes) -> bool:
 def raise_if_all_failed(
     errors: list[Exception], tried: int, unheld: Sequence[Exception] = ()
 ) -> None:
-    """Raise when each of the ``tried`` tiers failed (``errors``, one each): a value too
-    large for every tier is :class:`EntryTooLargeError` (no outage), else
-    :class:`BackendError`. Before that, where a tier could not hold the key (``unheld``, for
-    a key no tier had), its ``InvalidKeyError``: the key is refused, as one store refuses it."""
-    if unheld:
+    """Raise when each of the ``tried`` tiers failed (``errors``, one each) or could not
+    hold the key (``unheld``: its ``InvalidKeyError``, one a tier): where none could hold
+    it, the first refusal (the key is refused, as one store refuses it); else a value too
+    large for every tier that could is :class:`EntryTooLargeError` (no outage), and any
+    other failure :class:`BackendError`. A tier that could hold the key and has none
+    makes it a miss (a key ending in ``.rce``, held by Redis alone under ``dir://``)."""
+    if unheld and len(unheld) >= tried:
         raise unheld[0]
-    if errors and len(errors) == tried:
+    tried -= len(unheld)
+    if errors and len(errors) >= tried:
         sized = [e for e in errors if isinstance(e, EntryTooLargeError)]
         if len(sized) == len(errors):  # no outage: a value too large for every tier
             refused = frozenset().union(*(e.refused for e in sized))
             raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
         raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
+
+
+def raise_if_unwritten(
+    asked: Sequence[Tier],
+    items: Mapping[str, bytes],
+    refused: Mapping[int, Mapping[str, Exception]],
+    missed: Sequence[tuple[Tier, Exception]],
+) -> None:
+    """After a write of ``items`` to the ``asked`` tiers: raise for a key that some tiers
+    cannot hold (``refused``, by ``id(tier)``) where every other one failed (``missed``) or
+    none is left, as :func:`raise_if_all_failed` raises for a key no tier took. Counted as
+    written by the tier that refused it, such a key was said stored, and the old value in
+    the tier that failed served (or dropped, where a tier above took the rest)."""
+    failed = {id(tier): error for tier, error in missed}
+    for key in items:
+        refusals = [keys[key] for keys in refused.values() if key in keys]
+        if not refusals:
+            continue
+        able = [tier for tier in asked if key not in refused.get(id(tier), {})]
+        if all(id(tier) in failed for tier in able):
+            raise_if_all_failed(
+                [failed[id(tier)] for tier in able], len(able) + len(refusals), refusals
+            )
 
 
 def delete_in_tiers(

@@ -72,7 +72,7 @@ def read_many(
     wanted = list(dict.fromkeys(keys))
     found: dict[str, Pieces] = {}
     errors: list[Exception] = []
-    unheld: dict[str, Exception] = {}  # keys a tier cannot hold: why the first one cannot
+    unheld: dict[str, list[Exception]] = {}  # keys a tier cannot hold: each one's refusal
     for index, tier in enumerate(tiers):
         missing = [k for k in wanted if k not in found]
         if not missing:
@@ -101,10 +101,11 @@ def read_many(
                 promote(index, up)
         found.update(here)
     for key, refused in unheld.items():
-        if key not in found:  # (and a tier cannot hold it: refused, as one store refuses it)
-            raise refused
-    if not found:
-        raise_if_all_failed(errors, len(tiers))
+        if key not in found and len(refused) == len(tiers):  # (no tier can hold it)
+            raise refused[0]
+    if not found:  # (tiers that can hold none of the keys are no failure of them)
+        none_held = min((len(unheld.get(key, ())) for key in wanted), default=0)
+        raise_if_all_failed(errors, len(tiers) - none_held)
     return found
 
 
@@ -113,7 +114,7 @@ def _held(
     batch: Callable[[list[str]], dict[str, Pieces]],
     keys: list[str],
     errors: list[Exception],
-    unheld: dict[str, Exception],
+    unheld: dict[str, list[Exception]],
 ) -> dict[str, Pieces]:
     """``batch(keys)`` from ``tier``; where it cannot hold one of them, ``keys`` a key at a
     time: those it cannot hold are absent there, noted in ``unheld``, the rest read. A
@@ -129,7 +130,7 @@ def _held(
         _, one = tier.attempt("get_many", partial(batch, [key]), failed, refused)
         found.update(one or {})
         if refused:
-            unheld.setdefault(key, refused[0])
+            unheld.setdefault(key, []).append(refused[0])
     errors.extend(failed[-1:])
     return found
 

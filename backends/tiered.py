@@ -36,7 +36,7 @@ from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
-from .tier import Tier, TierStats, delete_in_tiers, raise_if_all_failed
+from .tier import Tier, TierStats, delete_in_tiers, raise_if_all_failed, raise_if_unwritten
 from .tier_reads import read_many, read_one, whole
 from .write_behind import FlushingLease, WriteBehind
 
@@ -159,17 +159,17 @@ class TieredBackend(Backend):
         errors: list[Exception] = []
         missed: list[tuple[Tier, Exception]] = []
         took: list[Tier] = []
-        unheld: dict[str, list[Exception]] = {}  # key -> each tier's refusal of it
-        tried = 0
+        asked: list[Tier] = []
+        refused: dict[int, dict[str, Exception]] = {}  # id(tier) -> the keys it cannot hold
         for tier in tiers:
-            tried += 1
+            asked.append(tier)
             if tier.writer is not None:
                 tier.writer.put(items)
                 took.append(tier)  # (queued: it lands, or its failure is counted there)
                 continue
-            done, refused = tier.write(op, items, errors)
-            for key, exc in refused.items():
-                unheld.setdefault(key, []).append(exc)
+            done, refused[id(tier)] = tier.write(op, items, errors)
+            if len(refused[id(tier)]) == len(items):
+                continue  # it can hold none of them: neither took them nor missed them
             if not done:
                 missed.append((tier, errors[-1]))
             else:
@@ -188,9 +188,11 @@ class TieredBackend(Backend):
             order = {id(tier): index for index, tier in enumerate(self._tiers)}
             lowest = max(order[id(tier)] for tier in took)
             for tier, error in missed:
-                tier.unwritten(items, error, drop=order[id(tier)] < lowest)
-        # A key no tier can hold is refused, as one store refuses it.
-        raise_if_all_failed(errors, tried, [e[0] for e in unheld.values() if len(e) == tried])
+                held = {k: v for k, v in items.items() if k not in refused[id(tier)]}
+                tier.unwritten(held, error, drop=order[id(tier)] < lowest)
+        raise_if_unwritten(asked, items, refused, missed)
+        whole = sum(len(keys) == len(items) for keys in refused.values())
+        raise_if_all_failed(errors, len(asked) - whole)
 
     def sign_leases(self, keys: tuple[bytes, ...]) -> None:
         for tier in self._tiers:

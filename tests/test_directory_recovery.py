@@ -434,3 +434,31 @@ def test_a_file_system_that_tells_no_size_keeps_every_hit(tmp_path: Path) -> Non
         backend.flush_hits()
         hits = {item.key: item.hits for item in backend.scan()}
         assert all(hits[str(k)] == 3 for k in keys)
+
+
+def test_without_renameat2_a_folder_exchanged_for_the_new_root_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: where the C library has no ``renameat2`` the root is made
+    at its own name, and that path chmod-ed any folder of this user's found there: a
+    victim's private folder swapped in (``RENAME_EXCHANGE``) became group-writable."""
+    from runtime_cache.backends import exclusive_rename
+
+    victim, before = _victim(tmp_path)
+    team = tmp_path / "team"
+    team.mkdir()
+    root = team / "cache"
+    monkeypatch.setattr(exclusive_rename, "_renameat2", lambda: None)
+    real = os.mkdir
+
+    def mkdir_then_exchange(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
+            os.rename(root, team / "aside")
+            os.rename(victim, root)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_exchange)
+    DirectoryBackend(root, shared=True)
+    monkeypatch.setattr(os, "mkdir", real)
+    st = root.stat()
+    assert (st.st_mode, st.st_uid, st.st_gid) == before
