@@ -38,6 +38,7 @@ from .entry_meta import no_ext_type
 from .errors import CorruptEntryError, InvalidRecordError, RuntimeCacheError
 from .keys import CacheKey, make_key
 from .provider import get_cache
+from .stats import EntryInfo
 
 __all__ = ["DEFAULT_MAX_RECORD_SIZE", "Record", "TuningCache"]
 
@@ -280,10 +281,31 @@ class TuningCache:
         """The symbols that have a record for this module and device, sorted. In a cache
         with a secret, only those whose record reads back signed (as :meth:`records`):
         a writer of a shared store without the secret cannot add to the list."""
-        listed = self._listed()
-        return self._signed(listed) if self.cache.signed else sorted(listed)
+        if not self.cache.signed:
+            return sorted(self._listed())
+        # Heads that say signed, of files no larger than a record and its framing can be
+        # (a planted 16 MB value was read whole: 30 of them, 457 MiB), read in batches.
+        most = self.max_record_size + self.cache.limits.max_meta_size + 4096
+        listed = self._listed(lambda info: info.signed and info.stored_size <= most)
+        ordered = sorted(listed)
+        return [s for i in range(0, len(ordered), 64) for s in self._signed(ordered[i : i + 64])]
 
-    def _signed(self, symbols: set[str]) -> list[str]:
+    def _listed(self, keep: Callable[[EntryInfo], bool] | None = None) -> set[str]:
+        # The symbols of this module's entries on this device, by their heads alone (and
+        # ``keep``'s say).
+        found = set()
+        for info in self.cache.entries(self.runtime, self.purpose, self.module_id):
+            symbol = info.parts.get("symbol")
+            if not isinstance(symbol, str) or (keep is not None and not keep(info)):
+                continue
+            try:
+                if str(self.key(symbol)) == info.key:  # same device, same everything
+                    found.add(symbol)
+            except (InvalidRecordError, TypeError, ValueError):
+                continue
+        return found
+
+    def _signed(self, symbols: list[str]) -> list[str]:
         # Those of ``symbols`` whose record passes the cache's check (its signature too),
         # read as a look, not a use: listing counts no hit and moves no entry in the
         # eviction order (through records(), each listing bumped every record).
@@ -301,20 +323,6 @@ class TuningCache:
                 continue
             signed.append(keys[skey])
         return sorted(signed)
-
-    def _listed(self) -> set[str]:
-        # The symbols of this module's entries on this device, by their heads alone.
-        found = set()
-        for info in self.cache.entries(self.runtime, self.purpose, self.module_id):
-            symbol = info.parts.get("symbol")
-            if not isinstance(symbol, str):
-                continue
-            try:
-                if str(self.key(symbol)) == info.key:  # same device, same everything
-                    found.add(symbol)
-            except (InvalidRecordError, TypeError, ValueError):
-                continue
-        return found
 
     def records(self) -> dict[str, Record]:
         """All records of this module and device, by symbol."""

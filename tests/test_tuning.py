@@ -347,3 +347,31 @@ def test_a_signed_cache_lists_no_symbol_of_an_unsigned_record() -> None:
     assert cache.stats().hits == hits  # (re-attack: listing counted a use of each record)
     assert tuning.records() == {"conv1": {"tile": 4}} and tuning.get(evil) is None
     assert tuning.clear() == 2 and backend.get(str(key)) is None
+
+
+def test_a_signed_cache_lists_symbols_without_reading_planted_values() -> None:
+    """Re-attack of session 43: ``symbols()`` read every listed entry whole to check its
+    signature; a writer without the secret planted 30 values of 16 MB (457 MiB read). Heads
+    that say unsigned, and files larger than a record can be, are never read."""
+    from runtime_cache.codec import encode_entry
+
+    backend = MemoryBackend()
+    cache = rc.Cache(backend, secret="a-long-enough-secret-for-tests")
+    tuning = TuningCache("resnet@1", "opencl", {"name": "Mali"}, cache=cache)
+    tuning.put("conv1", {"tile": 4})
+    planted = []
+    for i in range(3):
+        key = tuning.key(f"big{i}")
+        backend.set(str(key), encode_entry(str(key), key.parts, bytes(1 << 20), created_at=1.0))
+        planted.append(str(key))
+    read: list[str] = []
+    real = backend.peek_many
+
+    def peek_many(keys: Any) -> dict[str, bytes]:
+        keys = list(keys)
+        read.extend(keys)
+        return real(keys)
+
+    backend.peek_many = peek_many  # type: ignore[method-assign]
+    assert tuning.symbols() == ["conv1"]
+    assert not set(read) & set(planted), read
