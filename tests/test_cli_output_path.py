@@ -405,6 +405,12 @@ def test_a_file_of_ones_own_in_a_folder_one_may_not_write_is_written_into(
         )
         assert done.returncode == 0, done.stderr
         assert (shut / "mine.bin").read_bytes() == b"new"
+        (shut / "mine.bin").chmod(0o200)  # its owner may write it, not read it (re-attack)
+        again = subprocess.run(
+            [*as_user, sys.executable, "-c", code, str(shut / "mine.bin")], capture_output=True
+        )
+        assert again.returncode == 0, again.stderr
+        (shut / "mine.bin").chmod(0o600)
         linked = subprocess.run(
             [*as_user, sys.executable, "-c", code, str(shut / "out.bin")], capture_output=True
         )

@@ -270,19 +270,26 @@ def _write_in_place(folder: int, name: str, data: bytes) -> bool:
     # Read too: where the file system has no fallocate, the C library's stand-in writes
     # a 0 into each block where it reads a 0 (or past the end); on a descriptor it may not
     # read, it would write over the file's own bytes.
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    readable = True
     try:
-        fd = os.open(name, flags, dir_fd=folder)
+        fd = os.open(name, os.O_RDWR | flags, dir_fd=folder)
+    except PermissionError:  # (a file of mode 0200: written over, with no room taken first)
+        readable = False
+        try:
+            fd = os.open(name, os.O_WRONLY | flags, dir_fd=folder)
+        except OSError:
+            return False
     except OSError:
         return False  # none there (nothing to write into), a FIFO without a reader, ...
-    with os.fdopen(fd, "r+b") as handle:
+    with os.fdopen(fd, "r+b" if readable else "wb") as handle:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1):
             return False
         os.set_blocking(fd, True)
         # The room first: a full disk or a quota fails here, with the file as it was (cut
         # first, a failed write left it short: the re-attack of session 43).
-        if data and hasattr(os, "posix_fallocate"):
+        if data and readable and hasattr(os, "posix_fallocate"):
             try:
                 os.posix_fallocate(fd, 0, len(data))
             except OSError:
