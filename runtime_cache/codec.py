@@ -347,7 +347,10 @@ def decode_bundle(
         raise InvalidBundleError(f"bundle must be bytes, not {type(data).__name__}")
     view = memoryview(data)
     if len(view) < _BUNDLE_HEADER.size + _CHECK.size:
-        raise InvalidBundleError(f"bundle is {len(view)} bytes, shorter than its header")
+        raise InvalidBundleError(  # (its header, and the checksum that ends every one)
+            f"bundle is {len(view)} bytes, shorter than its header and checksum "
+            f"({_BUNDLE_HEADER.size + _CHECK.size}): truncated"
+        )
     magic, version, flags, reserved, count = _BUNDLE_HEADER.unpack_from(view)
     if magic != BUNDLE_MAGIC:
         raise InvalidBundleError("not a runtime-cache bundle (bad magic)")

@@ -1233,3 +1233,31 @@ def test_import_names_what_a_cut_or_closed_input_is(root: Path, tmp_path: Path) 
     )
     assert closed.returncode == 1 and "standard input: it is closed" in closed.stderr
     assert "Traceback" not in closed.stderr
+
+
+def test_import_of_a_non_blocking_standard_input_waits_for_the_bundle(
+    root: Path, tmp_path: Path
+) -> None:
+    """Re-attack of session 43: standard input left non-blocking by a parent answered
+    ``None`` while the writer had not written yet, taken for the end: a valid bundle was
+    "not a valid bundle: bad magic"."""
+    cache = rc.Cache(rc.open_backend(f"dir://{root}"))
+    cache.put(rc.make_key(module_id="m", runtime="r", purpose="p"), b"value")
+    bundle = tmp_path / "b.rcb"
+    bundle.write_bytes(cache.dumps())
+    code = (
+        "import os, sys\n"
+        "os.set_blocking(0, False)\n"
+        "from runtime_cache.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    late = f"sleep 1; cat {bundle}"
+    done = subprocess.run(
+        f"({late}) | {sys.executable} -I -c '{code}' --cache dir://{tmp_path / 'other'} import -",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "imported 1" in done.stdout, done.stderr

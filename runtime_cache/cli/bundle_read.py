@@ -7,6 +7,7 @@ The bundle is held in memory once, whole (standard input kept in a temporary fil
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
 import tempfile
@@ -124,7 +125,12 @@ def read_bundle_file(path: str, limits: Limits, signed_only: bool) -> bytes:
     if path == "-":
         if sys.stdin is None:  # (started with it closed: <&-)
             raise BundleFileError("cannot read standard input: it is closed")
-        return _spooled(sys.stdin.buffer.read, "standard input", limits, signed_only)
+        stream = sys.stdin.buffer
+        try:
+            fd: int | None = stream.fileno()
+        except (OSError, ValueError):  # (not a file: io.UnsupportedOperation)
+            fd = None
+        return _spooled(_reading(stream.read, "standard input", fd), limits, signed_only)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -146,12 +152,13 @@ def read_bundle_file(path: str, limits: Limits, signed_only: bool) -> bytes:
             raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _spooled(read: Callable[[int], bytes], path: str, limits: Limits, signed_only: bool) -> bytes:
-    """The bundle of the stream ``read`` (named ``path``), kept in a temporary file as
+def _spooled(read: Callable[[int], bytes], limits: Limits, signed_only: bool) -> bytes:
+    """The bundle of standard input (``read``), kept in a temporary file as
     :func:`_framed` reads it, then read from there in one piece. Where no temporary file
     can be made (a container whose file systems are all read-only), its pieces are kept
     in memory instead, then joined: twice its size for a moment, as before."""
-    framed = _framed(_reading(read, path), path, limits, None, signed_only)
+    path = "standard input"
+    framed = _framed(read, path, limits, None, signed_only)
     try:
         where = tempfile.gettempdir()
         spool = tempfile.TemporaryFile(prefix="runtime-cache-import-")  # noqa: SIM115
@@ -169,13 +176,23 @@ def _spooled(read: Callable[[int], bytes], path: str, limits: Limits, signed_onl
         raise BundleFileError(f"cannot keep {path} in {where}: {exc.strerror or exc}") from None
 
 
-def _reading(read: Callable[[int], bytes], path: str) -> Callable[[int], bytes]:
-    """``read``, its failure a :class:`BundleFileError` that names ``path``."""
+def _reading(
+    read: Callable[[int], bytes | None], path: str, fd: int | None = None
+) -> Callable[[int], bytes]:
+    """``read``, its failure a :class:`BundleFileError` that names ``path``. A stream left
+    non-blocking (by a parent) that has nothing yet answers ``None``, which is no end of
+    it: waited on (``fd``), and read again."""
 
     def reading(size: int) -> bytes:
-        try:
-            return read(size)
-        except OSError as exc:
-            raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+        while True:
+            try:
+                piece = read(size)
+            except BlockingIOError:
+                piece = None
+            except OSError as exc:
+                raise BundleFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+            if piece is not None or fd is None:
+                return piece or b""
+            select.select([fd], [], [])
 
     return reading
