@@ -16,12 +16,14 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
 from .exclusive_rename import rename_noreplace
+from .group_members import GroupMembers
 
 __all__ = [
     "ROOT_FLAGS",
@@ -38,6 +40,8 @@ __all__ = [
 #: Flags of the root descriptor (also used to reopen it after a fork).
 ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+#: The name a root is made under before it takes its own (a random end follows).
+_TEMP_ROOT = ".rc-root-"
 #: How a folder just made is opened, to set its mode: no link followed at its name.
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -149,7 +153,8 @@ def _made_aside(name: str, modes: Modes) -> int | None:
     parent_name, base = os.path.split(name)
     parent = os.open(parent_name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        temp = f".rc-root-{secrets.token_hex(8)}"
+        _remove_stale_temps(parent)
+        temp = f"{_TEMP_ROOT}{secrets.token_hex(8)}"
         # Private until its mode is set: no member of a shared parent writes into it first.
         os.mkdir(temp, modes.folder if modes.folder_chmod is None else 0o700, dir_fd=parent)
         fd = os.open(temp, _FOLDER_FLAGS, dir_fd=parent)
@@ -179,6 +184,21 @@ def _made_aside(name: str, modes: Modes) -> int | None:
             raise
     finally:
         os.close(parent)
+
+
+def _remove_stale_temps(parent: int) -> None:
+    """Remove the folders a killed process left while it made a root in ``parent``: this
+    user's, empty, of :data:`_TEMP_ROOT`'s name, untouched for a minute."""
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(_TEMP_ROOT)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            if mine and time.time() - st.st_mtime > 60:
+                os.rmdir(name, dir_fd=parent)  # (empty alone: one holding files stays)
 
 
 def _made_in_place(name: str, modes: Modes) -> int | None:
@@ -290,60 +310,6 @@ def owner_check(root_fd: int, root: str | Path, shared: bool) -> GroupMembers | 
             )
         return None
     return GroupMembers(st.st_gid, os.geteuid())
-
-
-class GroupMembers:
-    """The users of a shared root's group ``gid``: this process's user, those whose primary
-    group it is, and those it lists. Each uid is looked up when a file first names it
-    (``pwd.getpwuid``), so users of a directory service that does not list its users
-    (LDAP, SSSD without enumeration) count as well; a uid that lookup does not make a
-    member is also sought among the listed users (``pwd.getpwall``, once), where an alias
-    of it may be. The first :attr:`bound` answers are kept."""
-
-    #: Distinct uids whose answer is kept.
-    bound = 4096
-
-    def __init__(self, gid: int, me: int) -> None:
-        import grp
-
-        self.gid = gid
-        self._known = {me: True}
-        self._listed_uids: frozenset[int] | None = None
-        try:
-            self._names = frozenset(grp.getgrgid(gid).gr_mem)
-        except KeyError:  # a gid with no group entry: members by primary group alone
-            self._names = frozenset()
-
-    def __contains__(self, uid: object) -> bool:
-        if type(uid) is not int:
-            return False
-        known = self._known.get(uid)
-        if known is None:
-            import pwd
-
-            try:
-                user = pwd.getpwuid(uid)
-                known = user.pw_gid == self.gid or user.pw_name in self._names
-            except KeyError:  # no such user: nobody's file to count
-                known = False
-            # A uid with several names (an alias, a "toor") answers with its first alone:
-            # the users that are listed are asked too, once.
-            known = known or uid in self._listed()
-            if len(self._known) < self.bound:
-                self._known[uid] = known
-        return known
-
-    def _listed(self) -> frozenset[int]:
-        # The uids of the users listed (``pwd.getpwall``) that are members.
-        if self._listed_uids is None:
-            import pwd
-
-            self._listed_uids = frozenset(
-                user.pw_uid
-                for user in pwd.getpwall()
-                if user.pw_gid == self.gid or user.pw_name in self._names
-            )
-        return self._listed_uids
 
 
 def only_mine(root_fd: int) -> bool:

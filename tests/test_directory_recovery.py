@@ -462,3 +462,20 @@ def test_without_renameat2_a_folder_exchanged_for_the_new_root_is_left_as_it_is(
     monkeypatch.setattr(os, "mkdir", real)
     st = root.stat()
     assert (st.st_mode, st.st_uid, st.st_gid) == before
+
+
+def test_a_root_made_again_removes_what_a_killed_maker_left(tmp_path: Path) -> None:
+    """Re-attack of session 43: a process killed while it made a root left its folder
+    ``.rc-root-<hex>`` in the parent for good. The next root made there removes this
+    user's that are empty and a minute old; others stay."""
+    team = tmp_path / "team"
+    team.mkdir()
+    stale, young, full = team / ".rc-root-aa", team / ".rc-root-bb", team / ".rc-root-cc"
+    for folder in (stale, young, full):
+        folder.mkdir()
+    (full / "keep").write_text("x")
+    old = time.time() - 3600
+    for folder in (stale, full):
+        os.utime(folder, (old, old))
+    DirectoryBackend(team / "cache", shared=True)
+    assert not stale.exists() and young.exists() and full.exists()
