@@ -15,6 +15,7 @@ A name found holding something else is set aside and removed without following a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -22,7 +23,6 @@ import stat
 import sys
 import time
 
-# Read by descriptor, moved out of this module: still importable from here.
 from .bounded_reads import (
     PARTS_FROM,
     Junk,
@@ -33,6 +33,9 @@ from .bounded_reads import (
     read_to_end,
     regular_size,
 )
+
+# Read by descriptor, moved out of this module: still importable from here.
+from .folder_making import make_folder, remove_stale_temps
 
 try:
     import ctypes
@@ -64,6 +67,9 @@ __all__ = [
 #: Flags every open adds: never follow a final link, never leak into children.
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+#: The name a shared cache's folder is made under before it takes its own (a random end
+#: follows; a name starting with "." is no key's, so listings pass it by).
+TEMP_FOLDER = ".rc-dir-"
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
@@ -176,8 +182,11 @@ def open_folder(root_fd: int, rel: str) -> int:
 def make_folders(root_fd: int, rel: str, mode: int, chmod: int | None = None) -> int:
     """Open the folder ``rel`` under ``root_fd``, creating missing levels; return its fd.
 
-    Each level is made with ``mode`` (the umask applies), then set to ``chmod``
-    when given (a shared cache keeps its folders group-writable and setgid).
+    Each level is made with ``mode`` (the umask applies); with ``chmod`` (a shared cache
+    keeps its folders group-writable and setgid), under a random name first, given
+    ``chmod``, then its name (:func:`.folder_making.make_folder`): made at its name, another
+    member's store found it at ``mkdir``'s mode and failed, and a folder of the victim's
+    swapped in there by a member was given the group's mode.
     """
     try:
         return open_folder(root_fd, rel)
@@ -186,20 +195,28 @@ def make_folders(root_fd: int, rel: str, mode: int, chmod: int | None = None) ->
     fd = os.open(".", _DIR, dir_fd=root_fd)
     try:
         for part in rel.split("/"):
-            try:
-                os.mkdir(part, mode, dir_fd=fd)
-                made = True
-            except FileExistsError:
-                made = False
-            child = os.open(part, _DIR, dir_fd=fd)
+            child = _folder(fd, part, mode, chmod)
             os.close(fd)
             fd = child
-            if made and chmod is not None:
-                os.fchmod(fd, chmod)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _folder(parent: int, name: str, mode: int, chmod: int | None) -> int:
+    # The folder ``name`` in ``parent``, made where missing; its descriptor.
+    if chmod is None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, mode, dir_fd=parent)
+        return os.open(name, _DIR, dir_fd=parent)
+    try:
+        return os.open(name, _DIR, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    remove_stale_temps(parent, TEMP_FOLDER)
+    made = make_folder(parent, name, mode, chmod, TEMP_FOLDER)
+    return os.open(name, _DIR, dir_fd=parent) if made is None else made
 
 
 def create_new(dir_fd: int, prefix: str, mode: int, chmod: int | None = None) -> tuple[int, str]:

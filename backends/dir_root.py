@@ -16,13 +16,12 @@ import contextlib
 import errno
 import os
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_cache.errors import BackendError, ReadOnlyBackendError
 
-from .exclusive_rename import rename_noreplace
+from .folder_making import FolderSwapped, make_folder, remove_stale_temps
 from .group_members import GroupMembers
 
 __all__ = [
@@ -42,8 +41,6 @@ ROOT_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
 #: The name a root is made under before it takes its own (a random end follows).
 _TEMP_ROOT = ".rc-root-"
-#: How a folder just made is opened, to set its mode: no link followed at its name.
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
@@ -110,16 +107,10 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
     its name; return its descriptor and whether this call made it.
 
     It is made under a random name beside ``root``, its mode set through its descriptor,
-    and only then renamed to ``root``, unless something is there by then (``renameat2``
-    with ``RENAME_NOREPLACE``: :func:`_made_aside`). Set by its name, a link that a member
-    of a shared parent put there between the two steps was followed, and the folder it
-    led to (the victim's own, ``0700``) made group-writable; made at ``root`` itself, a
-    folder of the victim's swapped in there (``RENAME_EXCHANGE``) was chmod-ed, and
-    another process of the same user that found the new root and stored an entry into it
-    before it had its mode made it look swapped in, so it kept ``mkdir``'s mode. Where the
-    C library has no ``renameat2`` (or the file system refuses the flag), the folder is
-    made at ``root`` and its mode set where it is this user's and empty
-    (:func:`_made_in_place`).
+    and only then renamed to ``root``, unless something is there by then
+    (:func:`.folder_making.make_folder`, which says why). Set by its name, a link that a
+    member of a shared parent put there between the two steps was followed, and the
+    folder it led to (the victim's own, ``0700``) made group-writable.
 
     A link at the name, new or old, is :class:`BackendError` ("is not a directory"): the
     root is made again (:func:`remake_root`) only where it was a folder.
@@ -146,98 +137,18 @@ def make_root(root: str | Path, modes: Modes) -> tuple[int, bool]:
 
 def _made_aside(name: str, modes: Modes) -> int | None:
     """The folder made for ``name`` with its modes (open ``O_RDONLY``), or ``None`` where
-    something was at ``name`` by then. Raises :class:`OSError`, and :class:`BackendError`
-    where the folder made was swapped for another on the way (an attack, not a race)."""
-    import secrets  # (only where a root is made: no import on an open's path)
-
+    something was at ``name`` by then (:func:`.folder_making.make_folder`). Raises
+    :class:`OSError`, and :class:`BackendError` where the folder made was swapped for
+    another on the way (an attack, not a race)."""
     parent_name, base = os.path.split(name)
     parent = os.open(parent_name or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _remove_stale_temps(parent)
-        temp = f"{_TEMP_ROOT}{secrets.token_hex(8)}"
-        # Private until its mode is set: no member of a shared parent writes into it first.
-        os.mkdir(temp, modes.folder if modes.folder_chmod is None else 0o700, dir_fd=parent)
-        fd = os.open(temp, _FOLDER_FLAGS, dir_fd=parent)
-        try:
-            if not _fresh(fd):
-                raise BackendError(f"cache root {name}: the folder made for it was swapped")
-            if modes.folder_chmod is not None:
-                os.fchmod(fd, modes.folder_chmod)
-            moved = rename_noreplace(parent, temp, base)
-            if moved is None:  # no renameat2 here
-                with contextlib.suppress(OSError):
-                    os.rmdir(temp, dir_fd=parent)
-                os.close(fd)
-                return _made_in_place(name, modes)
-            if not moved:
-                with contextlib.suppress(OSError):  # (ours, and empty: rmdir takes no other)
-                    os.rmdir(temp, dir_fd=parent)
-                os.close(fd)
-                return None
-            there = os.stat(base, dir_fd=parent, follow_symlinks=False)
-            if not os.path.samestat(there, os.fstat(fd)):
-                raise BackendError(f"cache root {name}: the folder made for it was swapped")
-            return fd
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            raise
+        remove_stale_temps(parent, _TEMP_ROOT)
+        return make_folder(parent, base, modes.folder, modes.folder_chmod, _TEMP_ROOT)
+    except FolderSwapped:
+        raise BackendError(f"cache root {name}: the folder made for it was swapped") from None
     finally:
         os.close(parent)
-
-
-def _remove_stale_temps(parent: int) -> None:
-    """Remove the folders a killed process left while it made a root in ``parent``: this
-    user's, empty, of :data:`_TEMP_ROOT`'s name, untouched for a minute."""
-    try:
-        names = [n for n in os.listdir(parent) if n.startswith(_TEMP_ROOT)]
-    except OSError:
-        return
-    for name in names:
-        with contextlib.suppress(OSError):
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            if mine and time.time() - st.st_mtime > 60:
-                os.rmdir(name, dir_fd=parent)  # (empty alone: one holding files stays)
-
-
-def _made_in_place(name: str, modes: Modes) -> int | None:
-    """:func:`_made_aside` where there is no ``renameat2``: ``mkdir`` at ``name``, and the
-    mode set through the descriptor where the folder is this user's and empty. (Another
-    process of the same user that finds the new root and stores into it at once leaves
-    it at ``mkdir``'s mode here: a member's store then fails. Without ``renameat2`` that
-    is the price of never chmod-ing a victim's folder swapped in.)"""
-    try:
-        os.mkdir(name, modes.folder)
-    except FileExistsError:
-        return None
-    fd = os.open(name, _FOLDER_FLAGS)
-    try:
-        if not _fresh(fd):
-            # Swapped (a victim's folder, by RENAME_EXCHANGE), or found and stored into at
-            # once by another process: taken as it is (not made here), its mode left.
-            os.close(fd)
-            return None
-        if modes.folder_chmod is not None:
-            os.fchmod(fd, modes.folder_chmod)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise
-    return fd
-
-
-def _fresh(fd: int) -> bool:
-    """Whether the folder open as ``fd`` can be the one just made: this user's, and
-    empty. Between the ``mkdir`` of the folder under its random name and its open, a
-    member of a group-writable parent can swap another folder in at that name
-    (``renameat2`` with ``RENAME_EXCHANGE``): one of the victim's own, which the ``chmod``
-    (and a remade shared root's ``chown``) would then give to the group. Such a folder is
-    seldom empty; an empty one has nothing to give away."""
-    try:
-        return os.fstat(fd).st_uid == os.geteuid() and not os.listdir(fd)
-    except OSError:
-        return False
 
 
 def _enterable(fd: int, root: str | Path) -> int:

@@ -453,7 +453,7 @@ def test_without_renameat2_a_folder_exchanged_for_the_new_root_is_left_as_it_is(
 
     def mkdir_then_exchange(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
         real(path, mode, **kwargs)
-        if os.fspath(path).rstrip("/") == str(root):  # the attacker's move, at once
+        if os.fspath(path).rstrip("/") in (str(root), root.name):  # the attacker's move
             os.rename(root, team / "aside")
             os.rename(victim, root)
 
@@ -479,3 +479,35 @@ def test_a_root_made_again_removes_what_a_killed_maker_left(tmp_path: Path) -> N
         os.utime(folder, (old, old))
     DirectoryBackend(team / "cache", shared=True)
     assert not stale.exists() and young.exists() and full.exists()
+
+
+def test_a_folder_exchanged_for_a_new_shared_folder_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: a shared cache made its folders at their own names, then
+    set their mode through a descriptor: a member who swapped a private folder of the
+    victim's in between (``RENAME_EXCHANGE``) had it made group-writable and setgid, and
+    another member's store into a folder not yet given its mode failed. A folder takes its
+    name only once it has its mode; one swapped for it on the way is left as it is."""
+    victim, before = _victim(tmp_path)
+    root = tmp_path / "team" / "cache"
+    cache = rc.Cache(DirectoryBackend(root, shared=True), secret="s" * 16)
+    real, swapped = os.mkdir, []
+
+    def mkdir_then_exchange(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        folder = kwargs.get("dir_fd")
+        name = os.fspath(path)
+        if folder is not None and not swapped and (name == "rt" or name.startswith(".rc-dir-")):
+            swapped.append(name)  # the attacker's move, at once
+            os.rename(name, "aside", src_dir_fd=folder, dst_dir_fd=folder)
+            os.rename(victim, name, dst_dir_fd=folder)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_exchange)
+    key = rc.make_key(module_id="m", runtime="rt", purpose="p")
+    assert not cache.put(key, b"value")  # no folder of its own: the write is skipped
+    monkeypatch.setattr(os, "mkdir", real)
+    moved = next(root.rglob(swapped[0])) if swapped[0] != "rt" else root / "rt"
+    st = moved.stat()
+    assert (st.st_mode, st.st_uid, st.st_gid) == before
+    assert cache.put(key, b"value") and cache.get(key) == b"value"
