@@ -215,7 +215,7 @@ def _folder(parent: int, name: str, mode: int, chmod: int | None) -> int:
     except FileNotFoundError:
         pass
     remove_stale_temps(parent, TEMP_FOLDER)
-    made = make_folder(parent, name, mode, chmod, TEMP_FOLDER)
+    made = make_folder(parent, name, mode, chmod, TEMP_FOLDER, inner=True)
     return os.open(name, _DIR, dir_fd=parent) if made is None else made
 
 

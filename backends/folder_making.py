@@ -47,12 +47,13 @@ def fresh(fd: int) -> bool:
 
 
 def make_folder(
-    parent: int, name: str, mode: int, chmod: int | None, temp_prefix: str
+    parent: int, name: str, mode: int, chmod: int | None, temp_prefix: str, *, inner: bool = False
 ) -> int | None:
     """Make the folder ``name`` in the open folder ``parent`` (``mode``, the umask's say;
     then ``chmod`` where given), under a random name of ``temp_prefix`` first; its
     descriptor (:data:`FOLDER_FLAGS`), or ``None`` where something was at ``name`` by then.
-    Raises :class:`OSError`: :class:`FolderSwapped` where the folder made was swapped."""
+    Raises :class:`OSError`: :class:`FolderSwapped` where the folder made was swapped.
+    ``inner``: a folder inside the cache (see :func:`made_in_place`)."""
     import secrets  # (only where a folder is made)
 
     temp = f"{temp_prefix}{secrets.token_hex(8)}"
@@ -69,7 +70,7 @@ def make_folder(
             with contextlib.suppress(OSError):  # (ours, and empty: rmdir takes no other)
                 os.rmdir(temp, dir_fd=parent)
             os.close(fd)
-            return None if moved is False else made_in_place(parent, name, mode, chmod)
+            return None if moved is False else made_in_place(parent, name, mode, chmod, inner)
         if not os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), os.fstat(fd)):
             raise FolderSwapped(f"the folder made for {name} was swapped")
         return fd
@@ -79,19 +80,28 @@ def make_folder(
         raise
 
 
-def made_in_place(parent: int, name: str, mode: int, chmod: int | None) -> int | None:
-    """:func:`make_folder` where there is no ``renameat2``: ``mkdir`` at ``name``, given
-    ``chmod`` through its descriptor where it is found this user's and empty; ``None``
-    where something was there, or what was found is not (swapped, or found and stored
-    into at once by another process: taken as it is, its mode left; a member's store may
-    then fail, the price of never chmod-ing a victim's folder swapped in)."""
+def made_in_place(
+    parent: int, name: str, mode: int, chmod: int | None, inner: bool = False
+) -> int | None:
+    """:func:`make_folder` where there is no ``renameat2`` (glibc before 2.28, NFS, FUSE):
+    ``mkdir`` at ``name``, given ``chmod`` through its descriptor where it is found this
+    user's and, for a cache's root, empty; ``None`` where something was there, or what
+    was found is not (swapped, or found and stored into at once by another process of
+    this user: taken as it is, its mode left, and a member's store into it fails: the
+    price, at a root, of never chmod-ing a victim's folder swapped in beside it). A
+    folder ``inner`` to the cache is not judged by what it holds: a folder is moved to
+    another parent only by whoever may write it (its ``..``), so no victim's private
+    folder can be swapped in there, and the store of another process of this user, which
+    found it at once, left it at ``mkdir``'s mode and members' stores into it failing
+    for good."""
     try:
         os.mkdir(name, mode, dir_fd=parent)
     except FileExistsError:
         return None
     fd = os.open(name, FOLDER_FLAGS, dir_fd=parent)
     try:
-        if not fresh(fd):
+        mine = os.fstat(fd).st_uid == os.geteuid() if inner else fresh(fd)
+        if not mine:
             os.close(fd)
             return None
         if chmod is not None:

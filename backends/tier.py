@@ -107,13 +107,15 @@ class Tier:
         done, _ = self.attempt(op, partial(self.backend.set_many, items), errors, refused)
         if not refused:
             return done, {}
-        failed, unheld = len(errors), dict[str, Exception]()
+        failed: list[Exception] = []  # (one in ``errors`` for the tier, as a batch's)
+        unheld: dict[str, Exception] = {}
         for key, value in items.items():
             one: list[Exception] = []
-            self.attempt(op, partial(self.backend.set, key, value), errors, one)
+            self.attempt(op, partial(self.backend.set, key, value), failed, one)
             if one:
                 unheld[key] = one[0]
-        return len(errors) == failed, unheld
+        errors.extend(failed[-1:])
+        return not failed, unheld
 
     def stats(self) -> TierStats:
         """This tier's counts now."""

@@ -31,7 +31,13 @@ from functools import partial
 from typing import TypeVar
 
 from runtime_cache.api import Backend, Lease, Span, StoredItem, check_text_key, delete_unchanged
-from runtime_cache.errors import BackendError, EntryTooLargeError, InvalidKeyError, InvalidURLError
+from runtime_cache.errors import (
+    BackendError,
+    BackendUnavailableError,
+    EntryTooLargeError,
+    InvalidKeyError,
+    InvalidURLError,
+)
 from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
@@ -164,8 +170,11 @@ class TieredBackend(Backend):
         for tier in tiers:
             asked.append(tier)
             if tier.writer is not None:
-                tier.writer.put(items)
-                took.append(tier)  # (queued: it lands, or its failure is counted there)
+                queued = tier.writer.put(items) == len(items)
+                if queued and not tier.policy.failing("write"):
+                    took.append(tier)  # (queued: it lands, or its failure is counted there)
+                else:  # none to count on: a tier above keeps its copy, and the write may fail
+                    errors.append(BackendUnavailableError(f"{tier.backend!r}: writes failing"))
                 continue
             done, refused[id(tier)] = tier.write(op, items, errors)
             if len(refused[id(tier)]) == len(items):

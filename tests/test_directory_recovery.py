@@ -511,3 +511,35 @@ def test_a_folder_exchanged_for_a_new_shared_folder_is_left_as_it_is(
     st = moved.stat()
     assert (st.st_mode, st.st_uid, st.st_gid) == before
     assert cache.put(key, b"value") and cache.get(key) == b"value"
+
+
+def test_without_renameat2_a_shared_folder_found_at_once_still_gets_its_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: where there is no ``renameat2`` (NFS, FUSE, an old C
+    library), a folder inside a shared cache was made at its name and given its mode only
+    if still empty; another process of the same user that stored into it at once left it
+    at ``mkdir``'s mode, and every other member's store into it failed for good. Inside
+    the cache no victim's folder can be swapped in (moving a folder to another parent
+    needs write on it), so a folder of this user's is given its mode whatever it holds."""
+    from runtime_cache.backends import exclusive_rename
+
+    root = tmp_path / "team" / "cache"
+    cache = rc.Cache(DirectoryBackend(root, shared=True), secret="s" * 16)
+    monkeypatch.setattr(exclusive_rename, "_renameat2", lambda: None)
+    real = os.mkdir
+
+    def mkdir_then_store(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        real(path, mode, **kwargs)
+        folder = kwargs.get("dir_fd")
+        if folder is not None and os.fspath(path) == "rt":  # another process stores at once
+            os.close(os.open("rt/op", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=folder))
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_store)
+    old = os.umask(0o022)  # (mkdir's mode alone: no group write)
+    try:
+        assert cache.put(rc.make_key(module_id="m", runtime="rt", purpose="p"), b"value")
+    finally:
+        os.umask(old)
+        monkeypatch.setattr(os, "mkdir", real)
+    assert (root / "rt").stat().st_mode & 0o2070 == 0o2070, oct((root / "rt").stat().st_mode)

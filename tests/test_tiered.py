@@ -656,3 +656,65 @@ def test_a_key_one_tier_refuses_is_stored_only_where_another_took_it(
     strict = rc.Cache(cache.backend, strict=True)
     assert strict.get(never) is None and strict.get_many([never, key]) == {str(key): b"small"}
     assert cache.get(never) is None and cache.stats().errors == errors
+
+
+def test_a_queued_tier_whose_writes_fail_takes_no_write_that_costs_a_good_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: a queued (remote) tier counted as having taken a write
+    even while its writes failed; a folder tier above that failed the write (a full disk)
+    then dropped its good copy for it, and the queued write failed: the put said True, the
+    old value was gone and the new one stored nowhere."""
+    from runtime_cache.errors import BackendUnavailableError
+
+    class DeadRemote(MemoryBackend):
+        remote = True
+
+        def set(self, key: str, value: bytes) -> None:
+            raise BackendUnavailableError("the server is gone")
+
+        def set_many(self, items: Any) -> None:
+            raise BackendUnavailableError("the server is gone")
+
+    folder = DirectoryBackend(tmp_path / "d")
+    backend = TieredBackend([folder, DeadRemote()])
+    key = str(rc.make_key(module_id="m", runtime="opencl", purpose="p"))
+    backend.set(key, b"v1")  # the folder takes it; the queued write fails behind
+    backend.flush(timeout=10)
+    assert backend.tier_stats()[1].queued_failed >= 1
+
+    def full(*args: Any) -> None:
+        raise rc.errors.BackendError("disk full")
+
+    monkeypatch.setattr(folder, "set", full)
+    with pytest.raises(rc.errors.BackendError):
+        backend.set(key, b"v2")  # taken nowhere: said so
+    assert backend.get(key) == b"v1"  # and the good copy kept
+    backend.close()
+
+
+def test_a_batch_a_tier_stored_is_no_failure_for_a_key_another_tier_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack of session 43: a batch holding a key the folder tier cannot hold was
+    written there again a key at a time, each key's failure (a read-only folder) counted
+    as a tier's: "every tier failed" (raised in a strict cache), while the memory tier
+    above held and served every value."""
+    import errno
+
+    import runtime_cache.backends.directory as directory
+
+    folder = DirectoryBackend(tmp_path / "d")
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(directory.writes, "write_entry", read_only)
+    cache = rc.Cache(TieredBackend([MemoryBackend(), folder]), strict=True)
+    items = {
+        rc.make_key(module_id="a", runtime="x.rce", purpose="p"): b"a",
+        rc.make_key(module_id="b", runtime="opencl", purpose="p"): b"b",
+        rc.make_key(module_id="c", runtime="opencl", purpose="p"): b"c",
+    }
+    assert cache.put_many(items)
+    assert all(cache.get(k) == v for k, v in items.items())
