@@ -5,9 +5,10 @@ a tier does with a write it failed (:meth:`Tier.unwritten`), and deletes across 
 A tier that cannot hold a key (:class:`~runtime_cache.errors.InvalidKeyError`: a ``dir://``
 tier and a name another tier listed, ``a b`` or ``../x`` planted in Redis) holds no entry
 under it: a read or a delete of that key skips it (:meth:`Tier.attempt`) and goes on to the
-other tiers; only where none of them had the key is the error raised, as one store raises
-it (a caller's own bad key stays refused). Before, every ``ls``, ``verify`` and ``clear``
-of a ``dir://,redis://`` stack failed on such names, for good.
+other tiers, and a write goes to the others (:meth:`Tier.write`); only where none of them
+can hold the key is the error raised, as one store raises it (a caller's own bad key stays
+refused). Before, every ``ls``, ``verify`` and ``clear`` of a ``dir://,redis://`` stack
+failed on such names, for good.
 """
 
 from __future__ import annotations

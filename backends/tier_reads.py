@@ -8,7 +8,8 @@ says (``dir://`` takes a file that holds no entry for junk, unread), as it does 
 its own. What is found below the first tier is handed to ``promote`` whole, to be copied up,
 but a head a tier handed back alone (:class:`~runtime_cache.api.HeadOnly`). A tier that
 cannot hold a key holds no entry under it (:meth:`.tier.Tier.attempt`): a batch it refuses
-for one key is read there a key at a time, and a key found in no tier raises its error.
+for one key is read there a key at a time, and a key no tier can hold raises its error
+(one that some tier could hold and none has is a miss).
 """
 
 from __future__ import annotations

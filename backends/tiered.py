@@ -82,9 +82,12 @@ class TieredBackend(Backend):
         for backend in tiers:
             tier = Tier(backend, log)
             if backend.remote:
-                hook = self._error_hook(tier)
                 tier.writer = WriteBehind(
-                    backend, max_items=queue_items, max_bytes=queue_bytes, on_error=hook
+                    backend,
+                    max_items=queue_items,
+                    max_bytes=queue_bytes,
+                    on_error=self._error_hook(tier),
+                    on_success=partial(tier.policy.succeeded, "write"),  # (it works again)
                 )
             self._tiers.append(tier)
         self.private = all(t.private for t in tiers)

@@ -94,6 +94,7 @@ class WriteBehind(ForkHold):
         max_items: how many distinct keys may wait; more are dropped and counted.
         max_bytes: how many bytes of values may wait; more are dropped and counted.
         on_error: called with each exception a batch of writes raised.
+        on_success: called after each batch of writes that landed whole.
     """
 
     def __init__(
@@ -103,11 +104,13 @@ class WriteBehind(ForkHold):
         max_items: int = 1024,
         max_bytes: int = 64 << 20,
         on_error: Callable[[BaseException], None] | None = None,
+        on_success: Callable[[], None] | None = None,
     ) -> None:
         self.backend = backend
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._on_error = on_error
+        self._on_success = on_success
         self._cond = threading.Condition()
         self._pending: dict[str, bytes] = {}
         self._inflight: dict[str, bytes] = {}
@@ -253,6 +256,8 @@ class WriteBehind(ForkHold):
                 self.written += len(batch)
                 self.refusals.landed(batch)
                 sent = True
+                if self._on_success is not None:
+                    self._on_success()
             except Exception as exc:  # counted and reported; the writer keeps going
                 # A value refused for its size stops no other one of the batch.
                 refused = set(exc.refused) if isinstance(exc, EntryTooLargeError) else set()

@@ -669,15 +669,21 @@ def test_a_queued_tier_whose_writes_fail_takes_no_write_that_costs_a_good_copy(
 
     class DeadRemote(MemoryBackend):
         remote = True
+        dead = True
 
         def set(self, key: str, value: bytes) -> None:
-            raise BackendUnavailableError("the server is gone")
+            if self.dead:
+                raise BackendUnavailableError("the server is gone")
+            super().set(key, value)
 
         def set_many(self, items: Any) -> None:
-            raise BackendUnavailableError("the server is gone")
+            if self.dead:
+                raise BackendUnavailableError("the server is gone")
+            super().set_many(items)
 
     folder = DirectoryBackend(tmp_path / "d")
-    backend = TieredBackend([folder, DeadRemote()])
+    remote = DeadRemote()
+    backend = TieredBackend([folder, remote])
     key = str(rc.make_key(module_id="m", runtime="opencl", purpose="p"))
     backend.set(key, b"v1")  # the folder takes it; the queued write fails behind
     backend.flush(timeout=10)
@@ -690,6 +696,13 @@ def test_a_queued_tier_whose_writes_fail_takes_no_write_that_costs_a_good_copy(
     with pytest.raises(rc.errors.BackendError):
         backend.set(key, b"v2")  # taken nowhere: said so
     assert backend.get(key) == b"v1"  # and the good copy kept
+    remote.dead = False  # the server is back: its next queued write lands, and says so
+    with pytest.raises(rc.errors.BackendError):
+        backend.set(key, b"v3")
+    backend.flush(timeout=10)
+    backend.set(key, b"v4")  # queued, and counted on: the folder's copy of v1 goes
+    backend.flush(timeout=10)
+    assert remote.get(key) == b"v4" and backend.get(key) == b"v4"
     backend.close()
 
 
