@@ -26,6 +26,7 @@ import time
 
 from .dir_fs import NOFOLLOW
 from .dir_root import Modes
+from .exclusive_rename import rename_noreplace
 
 __all__ = [
     "ASIDE_SUFFIX",
@@ -53,7 +54,6 @@ NEW_MAX_AGE = 300.0
 #: Seconds past :data:`MAX_NOTE_SECONDS` a vacuum still keeps a note for (clocks differ).
 _AHEAD_SLACK = 60.0
 _FLAGS = os.O_WRONLY | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_RENAME_NOREPLACE = 1
 
 
 def read_note(folder: int, name: str) -> bool:
@@ -148,7 +148,7 @@ def remove_stale_note(folder: int, name: str) -> bool:
 def _put_back(folder: int, aside: str, name: str, st: os.stat_result) -> None:
     """Give the good note set aside as ``aside`` (``st``) its name again. A note at the
     name already stays if it runs out no sooner; else this one replaces it."""
-    if _rename_noreplace(folder, aside, name):
+    if rename_noreplace(folder, aside, name):  # (False: taken; None: no such call here)
         return
     try:
         there: os.stat_result | None = os.stat(name, dir_fd=folder, follow_symlinks=False)
@@ -158,27 +158,3 @@ def _put_back(folder: int, aside: str, name: str, st: os.stat_result) -> None:
         os.unlink(aside, dir_fd=folder)
     else:
         os.rename(aside, name, src_dir_fd=folder, dst_dir_fd=folder)
-
-
-def _rename_noreplace(folder: int, src: str, dst: str) -> bool:
-    """``renameat2(RENAME_NOREPLACE)`` within ``folder``: whether renamed; ``False`` when
-    ``dst`` exists or the system or file system has no such call. Raises other errors."""
-    try:
-        import ctypes
-
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (ImportError, OSError, AttributeError):
-        return False
-    done = renameat2(
-        ctypes.c_int(folder),
-        os.fsencode(src),
-        ctypes.c_int(folder),
-        os.fsencode(dst),
-        ctypes.c_uint(_RENAME_NOREPLACE),
-    )
-    if done == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EEXIST, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(code, os.strerror(code), src)

@@ -37,7 +37,7 @@ def rename_noreplace(folder: int, old: str, new: str) -> bool | None:
     err = ctypes.get_errno()
     if err == errno.EEXIST:
         return False
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
         return None
     raise OSError(err, os.strerror(err), new)
 
