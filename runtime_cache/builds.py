@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
-from .api import Backend
+from .api import SPAN_HEAD, Backend
 from .codec import Entry
 from .errors import RejectedEntryError
 from .fleet import Fleet
@@ -87,22 +87,28 @@ class Builds:
             self.put(key, made, seconds, extra=extra)
             return made
 
+        refused_head: list[bytes] = []  # the first bytes of the blob fetch() last refused
+
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
             # (one lookup, one count). A blob that fails its check was counted at the miss;
-            # one refused by its head is not read whole again (see .refused_heads).
+            # one refused by its head is not read whole again (see .refused_heads). Nor is
+            # one this wait refused whole, while its first bytes are still there: a store
+            # that reads values whole (Redis) read a planted 64 MiB value on every poll.
             blob = None
             try:
+                if refused_head and self._backend.head(skey, SPAN_HEAD) == refused_head[0]:
+                    return None
                 pieces = self._read_parts(skey)
                 if pieces is None or self._heads.kept_head(pieces) is not None:
                     return None
                 blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
                 entry = self.decode(skey, blob)
-            except RejectedEntryError:
+            except Exception as exc:
                 if blob is not None:
-                    self._heads.remember(skey, blob)
-                return None
-            except Exception:
+                    refused_head[:] = [bytes(blob[:SPAN_HEAD])]
+                    if isinstance(exc, RejectedEntryError):
+                        self._heads.remember(skey, blob)
                 return None
             if blob is None or entry is None:
                 return None
