@@ -8,6 +8,7 @@ import io
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -163,6 +164,20 @@ def test_a_full_records_folder_stops_no_store(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert len(_keys(folder)) == 2
         assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_fifo_at_the_log_neither_hangs_the_app_nor_stops_the_store(tmp_path: Path) -> None:
+    """The operator review: a FIFO at ``detached.log`` (left there by anything of this
+    user's) kept the app from exiting: the hand-off's open for writing waited for a reader
+    that never came. Now the log is opened without waiting, and only as a regular file."""
+    runs, folder = tmp_path / "runs", tmp_path / "cache"
+    runs.mkdir(mode=0o700)
+    os.mkfifo(runs / "detached.log", 0o600)
+    cold = _app(runs, "dir", folder, 2, f"{os.getpid()}7")  # (300 s timeout: it hung)
+    assert cold["handed_off"] == 2
+    assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    assert len(_keys(folder)) == 2
+    assert stat.S_ISFIFO((runs / "detached.log").lstat().st_mode)  # left as it was
 
 
 def test_never_detach_keeps_the_bounded_flush_in_the_process(tmp_path: Path) -> None:

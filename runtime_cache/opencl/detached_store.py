@@ -33,11 +33,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 
@@ -78,6 +79,8 @@ MAX_DETACHED_SECONDS = 86400.0
 #: Records of finished runs older than this are removed when a new run starts.
 _KEEP_RECORDS_SECONDS = 7 * 86400.0
 _LOG_LIMIT = 1 << 20
+#: The detached stores' shared log (their output), in the records folder.
+_LOG = "detached.log"
 _started: list[subprocess.Popen[bytes]] = []
 _MODES = {"auto": "auto", "": "auto", "1": "always", "always": "always", "on": "always"}
 _MODES.update({"0": "off", "off": "off", "never": "off"})
@@ -232,10 +235,31 @@ def _prepare(folder: str) -> None:
             elif name.endswith(".running") and name[:-8].isdigit():
                 if not process_alive(int(name[:-8])):  # killed: its record never came
                     os.unlink(path)
-            elif name == "detached.log" and os.stat(path).st_size > _LOG_LIMIT:
-                os.truncate(path, 0)
+            elif name == _LOG:
+                info = os.lstat(path)  # (a link, a FIFO: left; _open_log writes nowhere)
+                if stat.S_ISREG(info.st_mode) and info.st_size > _LOG_LIMIT:
+                    os.truncate(path, 0)
         except OSError:
             continue
+
+
+def _open_log(folder: str) -> BinaryIO:
+    """``detached.log`` in ``folder``, to append to; ``os.devnull`` where something else
+    than a regular file is at its name (a FIFO there kept the app from ever exiting: an
+    open for writing waits for a reader; a link is not followed)."""
+    path = os.path.join(folder, _LOG)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:  # (ENXIO: a FIFO with no reader; ELOOP: a link)
+        log.warning("runtime-cache: detached store's log %s not written (%s)", path, exc)
+        return open(os.devnull, "ab")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO that has a reader, a device)
+        os.close(fd)
+        log.warning("runtime-cache: detached store's log %s is no regular file: not written", path)
+        return open(os.devnull, "ab")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
 
 
 def _job(plan: ProgramPlan, seconds: float) -> list[Any]:
@@ -313,7 +337,7 @@ def hand_off(cache: Cache, jobs: Sequence[tuple[ProgramPlan, float]]) -> bool:
         with os.fdopen(fd, "wb") as handle:
             body = [_job(plan, seconds) for plan, seconds in jobs]
             handle.write(msgpack.packb(body, use_bin_type=True))
-        with open(os.path.join(folder, "detached.log"), "ab") as out:
+        with _open_log(folder) as out:
             child = subprocess.Popen(
                 python_command("runtime_cache.opencl.detached_worker"),
                 stdin=subprocess.PIPE,
