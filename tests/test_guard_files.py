@@ -50,6 +50,7 @@ def test_fifos_under_the_guards_names_never_block(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
     os.mkfifo(folder / f"{_dead_pid()}.loading")
     os.mkfifo(folder / "blocklist")
+    os.mkfifo(folder / "suspect")
     os.mkfifo(folder / "vetted")
     (folder / f"{_dead_pid()}.loading").write_text(f"{D1}\n")  # a dead process's marks
     done = _in_child(
@@ -59,8 +60,8 @@ def test_fifos_under_the_guards_names_never_block(tmp_path: Path) -> None:
         f"with guard.loading([{D2!r}]): pass\n",
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["blocked", "1"]  # the readable file's digest, in memory
-    assert (folder / "blocklist").is_fifo()  # not written through
+    assert done.stdout.split() == ["suspect", "1"]  # the readable file's digest, in memory
+    assert (folder / "blocklist").is_fifo() and (folder / "suspect").is_fifo()  # not written
 
 
 def test_links_planted_under_the_guards_names_are_never_followed(tmp_path: Path) -> None:
@@ -140,24 +141,24 @@ def test_a_dead_process_marks_stay_until_the_blocklist_holds_them(tmp_path: Path
     assert seen == [[D1]] and not (tmp_path / f"{dead}.loading").exists()
 
 
-def test_a_guard_that_cannot_write_the_blocklist_leaves_the_marks(tmp_path: Path) -> None:
+def test_a_guard_that_cannot_write_the_suspect_list_leaves_the_marks(tmp_path: Path) -> None:
     dead = _dead_pid()
     (tmp_path / f"{dead}.loading").write_text(f"{D1}\n")
-    os.mkdir(tmp_path / "blocklist")  # no list can be written there
+    os.mkdir(tmp_path / "suspect")  # no list can be written there
     first = LoadGuard(str(tmp_path))
     try:
-        assert first.blocked([D1])  # in this process all the same
+        assert first.suspected([D1])  # in this process all the same
     finally:
         first.close()
     assert (tmp_path / f"{dead}.loading").exists()
-    os.rmdir(tmp_path / "blocklist")
+    os.rmdir(tmp_path / "suspect")
     second = LoadGuard(str(tmp_path))
     try:
-        assert second.blocked([D1]) and second.recovered == 1
+        assert second.suspected([D1]) and second.recovered == 1
     finally:
         second.close()
     assert not (tmp_path / f"{dead}.loading").exists()
-    assert read_lines(str(tmp_path / "blocklist")) == [D1]
+    assert read_lines(str(tmp_path / "suspect")) == [D1]
 
 
 def test_bytes_outside_ascii_in_the_guards_lists_are_left_out_never_raised(
@@ -171,7 +172,8 @@ def test_bytes_outside_ascii_in_the_guards_lists_are_left_out_never_raised(
     (tmp_path / "blocklist").write_bytes(f"{D2}\n".encode() + b"garbl\xe9d\n")
     guard = LoadGuard(str(tmp_path))
     try:
-        assert guard.blocked([D1]) and guard.blocked([D2]) and guard.recovered == 1
+        assert guard.suspected([D1]) and guard.blocked([D2]) and guard.recovered == 1
+        guard.block([D1])
         guard.unblock([D2])  # writes the blocklist anew from what it holds
         guard.block(["c" * 32])  # and appends to it
     finally:
@@ -366,11 +368,11 @@ def test_a_mark_file_whose_lock_is_held_is_a_live_process(tmp_path: Path) -> Non
     )
     with holding([sys.executable, "-c", script]):
         live = LoadGuard(str(folder))
-        assert not live.blocked([D1]) and (folder / name).exists()
+        assert not live.suspected([D1]) and (folder / name).exists()
         live.close()
     after = LoadGuard(str(folder))
     try:
-        assert after.blocked([D1]) and not (folder / name).exists()
+        assert after.suspected([D1]) and not (folder / name).exists()
     finally:
         after.close()
 

@@ -10,8 +10,13 @@ file, ``<pid>.<token>.loading``, in the guard folder. The file is mapped into me
 what was written survives the process's death in the kernel's page cache. A
 process holds a lock on its file while it lives (:mod:`.guard_files`); the next
 process that finds the file of a process that is gone (it can take the lock)
-moves those digests to a blocklist; a blocklisted binary counts as rejected by
-the driver: it is evicted and the program is rebuilt from source.
+moves those digests to the *suspect* list: a process killed from outside (``SIGKILL``,
+``SIGTERM``, the out-of-memory killer) dies as one the driver crashed does, so a suspect
+binary is not condemned but tried in a vetting child first, signed or not
+(:mod:`.vetting`): one that loads there is known again, one that crashes the child is
+blocklisted. Where no child can vet it, this machine builds the program from source and
+evicts nothing. A blocklisted binary counts as rejected by the driver: it is evicted and
+the program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without
@@ -53,15 +58,14 @@ from .guard_files import (
     ReadOnlyFolder,
     append_lines,
     dead_marks,
-    lines_without,
     marks_set_aside_since,
     open_folder,
     open_mark_file,
     process_alive,
     record_nothing,
     remove_left_temps,
-    rewrite_lines,
 )
+from .guard_records import BLOCKLIST, MAX_LINES, SET_ASIDE_LIST, SUSPECT_LIST, GuardRecords
 from .known_list import KnownList, read_lines
 from .list_watch import ListWatch
 from .loading_marks import PAGE, LoadingMarks
@@ -70,6 +74,7 @@ __all__ = [
     "BLOCKED",
     "KNOWN",
     "SET_ASIDE",
+    "SUSPECT",
     "UNKNOWN",
     "Binary",
     "LoadGuard",
@@ -83,30 +88,30 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ENV_GUARD_DIR = "RUNTIME_CACHE_GUARD_DIR"
-_BLOCKLIST = "blocklist"
-_SET_ASIDE = "set-aside"
 #: The lists written anew through temporary files (a killed writer's are removed later).
-_REWRITTEN = frozenset((_BLOCKLIST, _SET_ASIDE))
+_LISTS = (BLOCKLIST, SET_ASIDE_LIST, SUSPECT_LIST)
+_REWRITTEN = frozenset(_LISTS)
 #: How long a binary stays set aside (its line in the file holds when it was set aside).
 SET_ASIDE_SECONDS = 86_400.0
-_MAX_BLOCKED = 10_000
 
 
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
 KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
+SUSPECT = "suspect"
 
 
-def _held_against(folder: str, names: list[str]) -> list[str]:
+def _held_against(folder: str, names: list[str]) -> tuple[list[str], list[str]]:
     """The digests a guard folder this process cannot write (its ``names``) holds against
-    loading: its blocklist's, and its dead processes' marks (left for a process that can
-    record them)."""
+    loading: its blocklist's, and its suspects (its list's and its dead processes' marks,
+    left for a process that can record them)."""
     found = dead_marks(folder, names, process_alive, None, record_nothing)
-    return read_lines(os.path.join(folder, _BLOCKLIST))[-_MAX_BLOCKED:] + found
+    suspect = read_lines(os.path.join(folder, SUSPECT_LIST))[-MAX_LINES:] + found
+    return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect
 
 
 def _set_aside_in(path: str) -> frozenset[str]:
     """The marks the set-aside list at ``path`` holds for :data:`SET_ASIDE_SECONDS` more."""
-    return marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(path)[-_MAX_BLOCKED:])
+    return marks_set_aside_since(SET_ASIDE_SECONDS, read_lines(path)[-MAX_LINES:])
 
 
 #: Seconds after which :meth:`LoadGuard.blocked`, asked before each load, reads what other
@@ -115,7 +120,7 @@ def _set_aside_in(path: str) -> frozenset[str]:
 BLOCKLIST_LOOK_SECONDS = 0.1
 
 
-class LoadGuard(LoadingMarks):
+class LoadGuard(LoadingMarks, GuardRecords):
     """Records the binaries being loaded; blocklists those a dead process was loading."""
 
     def __init__(self, folder: str | None = None) -> None:
@@ -127,6 +132,7 @@ class LoadGuard(LoadingMarks):
         self._map: mmap.mmap | None = None
         self._used = 0
         self._blocked: set[str] = set()
+        self._suspect: set[str] = set()
         self._looked = 0.0  # (monotonic) when the lists were last read or looked at
         self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
@@ -163,7 +169,7 @@ class LoadGuard(LoadingMarks):
             return
         self._ready = True
         folder = self.folder
-        earlier: list[str] = []  # what a read-only home folder holds against loading
+        earlier: tuple[list[str], list[str]] = ([], [])  # a read-only home's lists
         try:
             names, writable = self._open_folder(folder), True
         except OSError as exc:
@@ -191,20 +197,20 @@ class LoadGuard(LoadingMarks):
                 names, writable = failed.names, False
             elif failed is not None:
                 log.warning("runtime-cache: OpenCL crash guard off (%s)", failed)
-                self._blocked = set(earlier)
+                self._blocked, self._suspect = set(earlier[0]), set(earlier[1])
                 return
         self._read_folder(folder, names, writable, earlier)
 
     def _read_folder(
-        self, folder: str, names: list[str], writable: bool, earlier: list[str]
+        self, folder: str, names: list[str], writable: bool, earlier: tuple[list[str], list[str]]
     ) -> None:
         """Read the lists in ``folder`` (its ``names``) and its dead processes' marks, and
-        refuse those and ``earlier``; where it is ``writable``, record the marks on the
-        blocklist and make this process's mark file."""
-        blocklist, aside = self._lists()
-        # A dead process's marks are removed only once its digests are on the blocklist:
-        # in a folder that cannot be written they are refused here, and left there.
-        keep = partial(append_lines, blocklist, limit=_MAX_BLOCKED) if writable else record_nothing
+        hold those and ``earlier`` (blocked, suspect) against loading; where it is
+        ``writable``, put the marks on the suspect list and make this process's mark file."""
+        blocklist, aside, suspect = self._lists()
+        # A dead process's marks are removed only once its digests are on the suspect list:
+        # in a folder that cannot be written they are held against loading here, and left.
+        keep = partial(append_lines, suspect, limit=MAX_LINES) if writable else record_nothing
         found = dead_marks(folder, names, process_alive, self._mark, keep)
         if writable:
             remove_left_temps(folder, names, _REWRITTEN)
@@ -212,16 +218,16 @@ class LoadGuard(LoadingMarks):
             self.recovered = len(found)
             log.warning(
                 "runtime-cache: a process died while loading %d cached OpenCL binaries; "
-                "they are %s and will be rebuilt from source",
+                "each is tried in a vetting process before it loads here again%s",
                 len(found),
-                "blocklisted" if writable else "refused (not blocklisted: read-only folder)",
+                "" if writable else " (not recorded: read-only folder)",
             )
         try:  # (before the reads: a change meanwhile is read at the next look)
-            self._watch = ListWatch(folder, (blocklist, aside))
+            self._watch = ListWatch(folder, (blocklist, aside, suspect))
         except OSError:
             self._watch = None
-        self._blocked = set(read_lines(blocklist)[-_MAX_BLOCKED:]) | set(found)
-        self._blocked.update(earlier)
+        self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0])
+        self._suspect = set(read_lines(suspect)[-MAX_LINES:]) | set(found) | set(earlier[1])
         self._looked = time.monotonic()
         self._set_aside = _set_aside_in(aside)
         watch = self._watch
@@ -243,6 +249,15 @@ class LoadGuard(LoadingMarks):
                 return False
             return self._refresh() and any(d in self._blocked for d in digests)
 
+    def suspected(self, digests: Sequence[str]) -> bool:
+        """Whether a process that died was loading any of these binaries, and no vetting
+        child has loaded them since (see the module's text)."""
+        if self._ready and not self._suspect:  # (every load asks: none, most often)
+            return False
+        with self._lock:
+            self._start()
+            return bool(self._suspect) and any(d in self._suspect for d in digests)
+
     def known(self, marks: Sequence[str]) -> bool:
         """Whether every one of these binaries is known to load here without harm
         (``marks`` from :func:`bindings`: each binary under its key)."""
@@ -250,10 +265,11 @@ class LoadGuard(LoadingMarks):
 
     def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
         """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
-        loading; else :data:`KNOWN` if every one is known under its key (``marks``, from
-        :func:`bindings`); else :data:`SET_ASIDE` if any was set aside under its key
-        (:meth:`set_aside`); else :data:`UNKNOWN`. One look-up serves both questions: a
-        known binary's load then needs no :meth:`vouch` (nothing new to record)."""
+        loading; else :data:`SUSPECT` if a process that died was loading any (or
+        :data:`SET_ASIDE`, where one was set aside too); else :data:`KNOWN` if every one is
+        known under its key (``marks``, from :func:`bindings`); else :data:`SET_ASIDE` if any
+        was set aside under its key (:meth:`set_aside`); else :data:`UNKNOWN`. One look-up
+        serves both questions: a known binary's load then needs no :meth:`vouch`."""
         with self._lock:
             self._start()
             answer = self._standing(marks, digests)
@@ -267,11 +283,14 @@ class LoadGuard(LoadingMarks):
         blocked = self._blocked
         if any(d in blocked for d in digests):
             return BLOCKED
+        aside = self._set_aside
+        set_aside = bool(aside) and any(m in aside for m in marks)
+        if self._suspect and any(d in self._suspect for d in digests):
+            return SET_ASIDE if set_aside else SUSPECT  # (not vetted again for a while)
         known = self._known
         if all(m not in blocked and known is not None and m in known for m in marks):
             return KNOWN
-        aside = self._set_aside
-        return SET_ASIDE if aside and any(m in aside for m in marks) else UNKNOWN
+        return SET_ASIDE if set_aside else UNKNOWN
 
     def _refresh(self) -> bool:
         """Read what other processes added to the lists since this one read them (the
@@ -282,69 +301,24 @@ class LoadGuard(LoadingMarks):
         if self._known is None or watch is None or not watch.trusted():
             return False  # no folder, or not one this process can trust to be the same
         changed = self._known.refresh()
-        blocklist, aside = self._lists()
+        blocklist, aside, suspect = self._lists()
+        if watch.changed(suspect):  # (added to, as the blocklist)
+            self._suspect.update(read_lines(suspect)[-MAX_LINES:])
+            changed = True
         if watch.changed(blocklist):
             # Added to, never replaced: this process's own unblocking stays (the file no
             # longer holds what it took off), and a digest a rewrite missed stays blocked.
-            self._blocked.update(read_lines(blocklist)[-_MAX_BLOCKED:])
+            self._blocked.update(read_lines(blocklist)[-MAX_LINES:])
             changed = True
         if watch.changed(aside):
             self._set_aside = self._set_aside.union(_set_aside_in(aside))
             changed = True
         return changed
 
-    def _lists(self) -> tuple[str, str]:
-        """The paths of the blocklist and of the set-aside list."""
-        return os.path.join(self.folder, _BLOCKLIST), os.path.join(self.folder, _SET_ASIDE)
-
-    def vouch(self, marks: Sequence[str]) -> None:
-        """Record binaries (under their keys, :func:`bindings`) as known: the driver made
-        them, or a vetting child loaded them."""
-        self._record(marks, known=True)
-
-    def block(self, digests: Sequence[str]) -> None:
-        """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""
-        self._record(digests, known=False)
-
-    def set_aside(self, marks: Sequence[str]) -> None:
-        """Record binaries (under their keys) whose trial launches failed or hung in a
-        vetting child: not loaded, and not vetted again, here (see the module's text)."""
-        with self._lock:
-            self._start()
-            new = [m for m in dict.fromkeys(marks) if m not in self._set_aside]
-            self._set_aside = self._set_aside.union(new)
-        if new:
-            now = int(time.time())
-            lines = [f"{mark}@{now}" for mark in new]
-            append_lines(os.path.join(self.folder, _SET_ASIDE), lines, _MAX_BLOCKED)
-
-    def _record(self, digests: Sequence[str], *, known: bool) -> None:
-        """Move ``digests`` onto the known list or the blocklist (and off the blocklist);
-        append the new ones to that list's file."""
-        with self._lock:
-            self._start()  # may replace the lists: take them after it
-            target = self._known
-            if known:
-                self._blocked.difference_update(digests)
-                new = target.add(digests) if target is not None else []
-            else:
-                new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
-                self._blocked.update(new)  # a blocked mark is never known (see known())
-        if known and target is not None:
-            target.write(new)
-        elif not known and new:
-            append_lines(os.path.join(self.folder, _BLOCKLIST), new, _MAX_BLOCKED)
-
-    def unblock(self, digests: Sequence[str]) -> None:
-        """Take ``digests`` off the blocklist: the driver itself produced or accepted them."""
-        with self._lock:
-            self._start()
-            gone = self._blocked.intersection(digests)
-            if not gone:
-                return
-            self._blocked -= gone
-        # Of the lines there now: another process's blocked digests since stay blocked.
-        rewrite_lines(os.path.join(self.folder, _BLOCKLIST), lambda old: lines_without(old, gone))
+    def _lists(self) -> tuple[str, str, str]:
+        """The paths of the blocklist, the set-aside list and the suspect list."""
+        folder = self.folder
+        return tuple(os.path.join(folder, n) for n in _LISTS)  # type: ignore[return-value]
 
     def close(self) -> None:
         """Remove this process's file (at exit): nothing is loading any more."""
@@ -384,6 +358,7 @@ class LoadGuard(LoadingMarks):
             self._ready = False
             self._folder = None
             self._blocked = set()
+            self._suspect = set()
             self._set_aside = frozenset()
             self._known = None
             self._watch = None

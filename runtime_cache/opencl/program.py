@@ -192,8 +192,8 @@ def load_from_binaries(
         return None
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
-    if guard.blocked(digests):
-        log.debug("runtime-cache: binary blocklisted by the crash guard")
+    if guard.blocked(digests) or guard.suspected(digests):
+        log.debug("runtime-cache: binary blocklisted (or suspect) by the crash guard")
         return None
     try:
         with guard.loading(digests):  # a driver crash here is remembered by the next process
@@ -301,6 +301,8 @@ def load_cached(
     """
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
+    if guard.suspected(digests):  # not vetted (no child here): a local miss, none evicted
+        return None
     program = load_from_binaries(context, plan, binaries, digests, known=known)
     if program is None:
         evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)

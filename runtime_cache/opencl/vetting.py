@@ -35,13 +35,13 @@ Known binaries load directly, with no child:
   hostile writer out: vetting is about robustness, since a binary that loads
   cleanly can still do harm.
 
-So a child is started only for binaries that came unsigned from elsewhere:
-another machine through a shared cache, or an unsigned bundle; one child per
-batch (``build_all``, ``set_precompiled_programs``) or per lazily loaded
-program. ``RUNTIME_CACHE_OPENCL_VET=off`` loads unknown binaries
-directly (the crash guard still stops repeats), for apps that cannot start a
-Python child process; so does a process where no child can start at all (no
-Python to run: a frozen app).
+So a child is started only for binaries that came unsigned from elsewhere (another
+machine through a shared cache, an unsigned bundle) and, signed or not, for *suspects*
+(a process died loading them: a crash, or a kill from outside); one child per batch
+(``build_all``, ``set_precompiled_programs``) or per lazily loaded program.
+``RUNTIME_CACHE_OPENCL_VET=off`` loads unknown binaries directly (the crash guard still
+stops repeats) and builds suspects from source, for apps that cannot start a Python child
+process; so does a process where no child can start at all (a frozen app).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from .counters import counters
 from .fingerprint import device_fingerprint
-from .guard import KNOWN, SET_ASIDE, UNKNOWN, Binary, binary_digest, bindings, guard
+from .guard import KNOWN, SET_ASIDE, SUSPECT, UNKNOWN, Binary, binary_digest, bindings, guard
 from .vet_flights import Flights, Pending
 from .wire import read_message, write_message
 
@@ -318,7 +318,8 @@ def screen_binaries(
 ) -> tuple[bool, str]:
     """``(vet first, standing)``: whether binaries with these digests (stored under
     ``keys``) must be tried in a child before this process loads them (from an unsigned
-    source, neither known under these keys nor blocklisted), and their standing with the
+    source, neither known under these keys nor blocklisted; or, signed or not, ones a
+    process that died was loading: :data:`~.guard.SUSPECT`), and their standing with the
     crash guard (:meth:`~runtime_cache.opencl.guard.LoadGuard.standing`), from one look-up.
     A loader given a known standing records nothing after the load. Binaries set aside
     need vetting too: :func:`vet_unknown` then answers "build from source" without a
@@ -327,7 +328,9 @@ def screen_binaries(
     if standing == KNOWN:
         return False, KNOWN
     standing = guard.standing(bindings(keys, digests), digests)
-    return standing in (UNKNOWN, SET_ASIDE) and not trusted and _enabled(), standing
+    if standing == SUSPECT or (standing in (UNKNOWN, SET_ASIDE) and not trusted):
+        return _enabled(), standing  # (and set aside, a suspect too: signed or not)
+    return standing == SET_ASIDE and _enabled() and guard.suspected(digests), standing
 
 
 #: Vettings in progress, by their binaries' marks.
@@ -344,7 +347,7 @@ def vet_unknown(
     """Vet the programs whose binaries are neither known nor blocklisted; record the outcome.
 
     ``keys`` holds each program's cache keys (binaries are known per key). ``trusted``
-    (a signed source) skips vetting. Afterwards each program's binaries are known
+    (a signed source) skips vetting but of suspects. Afterwards each program's binaries are known
     (load them), blocklisted (the loader refuses them), or, where no child could run,
     neither (they load under the crash guard), or set aside (their trial launches
     failed). Returns, per program, whether to load it now: ``False`` where the child
@@ -352,13 +355,13 @@ def vet_unknown(
     nothing; no child for those set aside before).
     """
     load = [True] * len(items)
-    if trusted or not items or not _enabled():
+    if not items or not _enabled():
         return load
     per_item = list(keys) if keys is not None else [None] * len(items)
     pending: Pending = []
     for index, (item, item_keys) in enumerate(zip(items, per_item, strict=True)):
         digests = [binary_digest(b) for b in item[0]]
-        vet, standing = screen_binaries(digests, trusted=False, keys=item_keys)
+        vet, standing = screen_binaries(digests, trusted=trusted, keys=item_keys)
         if vet and standing == SET_ASIDE:  # their launches failed here before: no child
             load[index] = False
             counters.add(vet_local=1)
@@ -372,6 +375,7 @@ def vet_unknown(
         results = vetter.vet(devices, [items[i] for i, _, _ in pending]) if pending else []
         for (index, digests, marks), ok in zip(pending, results, strict=True):
             if ok is True:
+                guard.unblock(digests)  # (off the suspect list: a child loaded them)
                 guard.vouch(marks)
                 counters.add(vetted=1)
             elif ok is False:

@@ -1,0 +1,96 @@
+"""What the crash guard (:mod:`.guard`) records on its lists: binaries known to load here,
+blocklisted, set aside, or taken off the blocklist and the suspect list.
+
+:class:`GuardRecords` is the part of :class:`~runtime_cache.opencl.guard.LoadGuard` that
+writes those lists; the guard reads them (see its module's text for what each means).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from functools import partial
+
+from .guard_files import append_lines, lines_without, rewrite_lines
+from .known_list import KnownList
+
+__all__ = ["BLOCKLIST", "MAX_LINES", "SET_ASIDE_LIST", "SUSPECT_LIST", "GuardRecords"]
+
+BLOCKLIST = "blocklist"
+SET_ASIDE_LIST = "set-aside"
+SUSPECT_LIST = "suspect"
+#: The most lines a list keeps (the oldest go first).
+MAX_LINES = 10_000
+
+
+class GuardRecords:
+    """The guard's writes to its lists."""
+
+    _lock: threading.Lock
+    _blocked: set[str]
+    _suspect: set[str]
+    _set_aside: frozenset[str]
+    _known: KnownList | None
+
+    @property
+    def folder(self) -> str:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def vouch(self, marks: Sequence[str]) -> None:
+        """Record binaries (under their keys, :func:`bindings`) as known: the driver made
+        them, or a vetting child loaded them."""
+        self._record(marks, known=True)
+
+    def block(self, digests: Sequence[str]) -> None:
+        """Blocklist binaries that a vetting child could not load (refused, or crashed on)."""
+        self._record(digests, known=False)
+
+    def set_aside(self, marks: Sequence[str]) -> None:
+        """Record binaries (under their keys) whose trial launches failed or hung in a
+        vetting child: not loaded, and not vetted again, here (see the module's text)."""
+        with self._lock:
+            self._start()
+            new = [m for m in dict.fromkeys(marks) if m not in self._set_aside]
+            self._set_aside = self._set_aside.union(new)
+        if new:
+            now = int(time.time())
+            lines = [f"{mark}@{now}" for mark in new]
+            append_lines(os.path.join(self.folder, SET_ASIDE_LIST), lines, MAX_LINES)
+
+    def _record(self, digests: Sequence[str], *, known: bool) -> None:
+        """Move ``digests`` onto the known list or the blocklist (and off the blocklist);
+        append the new ones to that list's file."""
+        with self._lock:
+            self._start()  # may replace the lists: take them after it
+            target = self._known
+            if known:
+                self._blocked.difference_update(digests)
+                new = target.add(digests) if target is not None else []
+            else:
+                new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
+                self._blocked.update(new)  # a blocked mark is never known (see known())
+        if known and target is not None:
+            target.write(new)
+        elif not known and new:
+            append_lines(os.path.join(self.folder, BLOCKLIST), new, MAX_LINES)
+
+    def unblock(self, digests: Sequence[str]) -> None:
+        """Take ``digests`` off the blocklist and the suspect list: the driver itself
+        produced or accepted them (a vetting child loaded them)."""
+        with self._lock:
+            self._start()
+            taken = {
+                BLOCKLIST: self._blocked & set(digests),
+                SUSPECT_LIST: self._suspect & set(digests),
+            }
+            self._blocked -= taken[BLOCKLIST]
+            self._suspect -= taken[SUSPECT_LIST]
+        # Of the lines there now: another process's blocked digests since stay blocked.
+        for name, gone in taken.items():
+            if gone:
+                rewrite_lines(os.path.join(self.folder, name), partial(lines_without, gone=gone))
