@@ -180,6 +180,25 @@ def test_a_fifo_at_the_log_neither_hangs_the_app_nor_stops_the_store(tmp_path: P
     assert stat.S_ISFIFO((runs / "detached.log").lstat().st_mode)  # left as it was
 
 
+def test_a_read_only_store_stops_the_detached_store_at_its_first_failed_write(
+    tmp_path: Path,
+) -> None:
+    """The operator review: on a read-only cache every run's exit handed its programs to a
+    detached store that built each one again and stored none ("0 of 8 stored, 8 failed")."""
+    runs = tmp_path / "runs"
+    with tmpfs(tmp_path / "ro", "1m") as where:
+        (where / "cache").mkdir()
+        done = subprocess.run(["mount", "-o", "remount,ro", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot remount a tmpfs read-only: {done.stderr.decode().strip()}")
+        cold = _app(runs, "dir", where / "cache", 3, f"{os.getpid()}3")
+        assert cold["builds"] == 3 and cold["handed_off"] == 3
+        assert wait_for_detached_stores(timeout=180, folder=str(runs))
+    (record,) = detached_runs(str(runs))
+    assert record["programs"] == 3 and record["stored"] == 0, record
+    assert record["failed"] == 1 and record["left"] == 2 and record["read_only"], record
+
+
 def test_never_detach_keeps_the_bounded_flush_in_the_process(tmp_path: Path) -> None:
     runs, folder = tmp_path / "runs", tmp_path / "cache"
     result = _app(runs, "dir", folder, 1, str(os.getpid()), RUNTIME_CACHE_OPENCL_DETACH="0")

@@ -93,6 +93,12 @@ def _store_all(cache: Cache, jobs: list[Any], deadline: float, record: dict[str,
             opened = contexts[which]
             outcome = "failed" if opened is None else _store_one(cache, opened, job, home)
         record[outcome] += 1
+        if outcome == "failed" and getattr(cache.backend, "read_only", False):
+            # A store found read-only (a read-only mount) takes none of the rest: each
+            # would be built again for nothing (every run's exit did so, for every program).
+            record["left"] = len(jobs) - done - 1
+            record["read_only"] = True
+            return
 
 
 def _run(message: dict[str, Any], record: dict[str, Any]) -> None:
