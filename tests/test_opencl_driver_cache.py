@@ -7,6 +7,7 @@ process with its own environment; the test process only plants and inspects.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -265,6 +266,29 @@ def test_the_users_own_driver_cache_is_left_alone(tmp_path: Path) -> None:
     result = _result(_start(store, tmp_path / "driver3", **env))
     assert result["ok"] and result["restored"] > 0
     assert snapshot(str(home / ".cache" / "pocl")) == before
+
+
+def test_a_module_asking_for_driver_files_it_cannot_have_is_told_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator review: ``OpenCLModule(..., driver_cache=True)`` after the platforms
+    were listed, without ``prepare_driver_cache()``, carried nothing and said nothing."""
+    from runtime_cache.opencl import driver_folders
+
+    ctx = opencl_context()
+    monkeypatch.delenv("POCL_CACHE_DIR", raising=False)
+    monkeypatch.setattr(driver_folders, "_told", set())
+    with caplog.at_level(logging.INFO, logger="runtime_cache.opencl.driver_folders"):
+        for _ in range(2):
+            session = DriverCacheSession(
+                rc.Cache(MemoryBackend()), ctx.devices[0], "m", driver="pocl"
+            )
+            assert not session.active
+    (said,) = [r for r in caplog.records if "not carried" in r.getMessage()]  # once
+    assert said.levelno == logging.WARNING and "prepare_driver_cache()" in said.getMessage()
+    monkeypatch.setenv("POCL_CACHE_DIR", "/somewhere/of/yours")
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
+    assert "folder of yours" in driver_folders.unmanaged_reason("pocl")
 
 
 def _pocl_session(

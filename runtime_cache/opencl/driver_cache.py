@@ -59,6 +59,7 @@ from .driver_folders import (
     known_drivers,
     managed_folder,
     prepare,
+    tell_unmanaged,
     trusted_source,
 )
 from .driver_folders import per_module as carried_per_module
@@ -113,6 +114,8 @@ class DriverCacheSession:
         # ``driver`` overrides what the platform name says (tests play one driver on another).
         self.kind = driver or driver_kind(fingerprint)
         self.folder = managed_folder(self.kind) if self.kind else None
+        if self.kind is not None and self.folder is None:
+            tell_unmanaged(self.kind)
         self.key: CacheKey | None = None
         if self.kind is not None and self.folder is not None:
             # A folder made for this module alone (``own_folder``) holds only its files,

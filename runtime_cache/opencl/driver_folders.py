@@ -28,7 +28,9 @@ __all__ = [
     "managed_folder",
     "per_module",
     "prepare",
+    "tell_unmanaged",
     "trusted_source",
+    "unmanaged_reason",
 ]
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,36 @@ def managed_folder(kind: str) -> str | None:
     if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:
         return None  # the driver's cache is off: it neither reads nor writes the folder
     return mine
+
+
+def unmanaged_reason(kind: str) -> str:
+    """Why the driver ``kind``'s folder is not one runtime-cache manages (for a warning)."""
+    driver = _DRIVERS[kind]
+    current = os.environ.get(driver.variable, "").strip()
+    if not current:
+        return (
+            f"{driver.variable} is not set: call runtime_cache.opencl.prepare_driver_cache() "
+            f"(or set {ENV_SWITCH}=1) before the OpenCL platforms are first listed"
+        )
+    if os.environ.get(driver.switch[0], driver.switch[1]) != driver.switch[1]:
+        return f"the driver's own cache is off ({driver.switch[0]} is not {driver.switch[1]})"
+    return f"{driver.variable} names a folder of yours, which runtime-cache never writes"
+
+
+_told: set[str] = set()
+
+
+def tell_unmanaged(kind: str) -> None:
+    """Say once per process and driver why its cache files do not travel: a module asked
+    for them (``driver_cache=True``) and got nothing, silently (an operator review)."""
+    if kind in _told:
+        return
+    _told.add(kind)
+    reason = unmanaged_reason(kind)
+    unset = not os.environ.get(_DRIVERS[kind].variable, "").strip()
+    (log.warning if unset else log.info)(
+        "runtime-cache: the %s driver's cache files are not carried: %s", kind, reason
+    )
 
 
 def trusted_source(cache: Cache) -> bool:
