@@ -92,7 +92,8 @@ def add_parsers(add: AddCommand) -> None:
         "prune",
         cmd_prune,
         "Remove entries unused for a while, then least recently "
-        "used ones until the cache fits a size. Exit code 1 when some could not be removed "
+        "used ones until the cache fits a size (--older-than, --max-size: at least one is "
+        "needed); stale temporary files go too. Exit code 1 when some could not be removed "
         "(an immutable file, a permission; where those alone exceed the size, the rest is "
         "kept) or a tier that is down may still hold some it removed from the others. An "
         "entry written again, or used (where the store keeps uses: dir://, memory://), "
