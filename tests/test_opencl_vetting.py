@@ -526,3 +526,43 @@ def test_a_binary_another_process_here_vetted_since_is_not_vetted_again(
     program = build_program(ctx, SCALE_SRC, cache=cache)
     assert opencl_stats().vetted == vetted and vetter.started == started  # no child here
     assert opencl_stats().binary_loads == 1 and scale_works(ctx, program, 3)
+
+
+def test_an_interrupt_while_vetting_ends_the_child_before_its_folder_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator review: Ctrl-C while a child vetted left its scratch folder (about
+    1 MB of PoCL's files) in the temporary folder: the folder was removed while the child,
+    left running, still wrote into it."""
+    import tempfile
+
+    from opencl_support import opencl_context
+
+    from runtime_cache.opencl import parallel, vetting
+    from runtime_cache.opencl._driver import import_pyopencl, read_binaries
+    from runtime_cache.opencl.fingerprint import device_fingerprint
+    from runtime_cache.opencl.program import plan_program, source_build
+
+    ctx = opencl_context()
+    plan = plan_program(ctx, SCALE_SRC)
+    program, _ = source_build(ctx, plan)
+    binaries = read_binaries(import_pyopencl(), program, plan.devices)
+    item = (binaries, plan.options, plan.options_text, plan.source)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    started: list[subprocess.Popen[bytes]] = []
+    start = parallel.start_worker
+
+    def starting(*args: Any, **kwargs: Any) -> Any:
+        started.append(start(*args, **kwargs))
+        return started[-1]
+
+    def interrupted(stream: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallel, "start_worker", starting)
+    monkeypatch.setattr(vetting, "read_message", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        vetting.Vetter()._run([device_fingerprint(d) for d in plan.devices], [item])
+    assert started and started[0].poll() is not None  # ended, and reaped
+    assert not [p.name for p in (tmp_path / "tmp").iterdir() if "vet" in p.name]

@@ -1,39 +1,34 @@
 """Vetting: a binary of unknown origin is loaded by a child process before this one loads it.
 
-Some drivers crash on a corrupt program binary instead of refusing it (PoCL
-aborts inside LLVM on some forged ones), and no fallback inside the process
-can catch that. The crash guard (:mod:`runtime_cache.opencl.guard`) stops such
-a crash from repeating after a restart; vetting stops the first one. Before
-this process loads a binary that is not *known*, a worker process
-(``python -m runtime_cache.opencl.worker``) on the same devices creates the
-program from it, builds it, and launches each kernel (on a zeroed buffer and
-scalars of 1), because some drivers (PoCL, Mali) compile a kernel only at its
-first launch and crash there on a bad binary. If the worker crashes, hangs or
-the driver refuses while loading, the binary is blocklisted: the caller evicts
-it and builds from source (after a hang, the rest of that child's batch is
-built from source this time). Trouble in the launches, after the child said the
-binary loaded, condemns nothing (a good kernel on made-up arguments can fault
-or loop): the program is built from source, nothing is evicted, and the crash
-guard sets the binary aside under its key, so that this machine neither loads
-nor vets it again. If the worker succeeds, the binary becomes known.
+Some drivers crash on a corrupt program binary instead of refusing it (PoCL aborts
+inside LLVM on some forged ones), and no fallback inside the process can catch that. The
+crash guard (:mod:`runtime_cache.opencl.guard`) stops such a crash from repeating after a
+restart; vetting stops the first one. Before this process loads a binary that is not
+*known*, a worker process (``python -m runtime_cache.opencl.worker``) on the same devices
+creates the program from it, builds it, and launches each kernel (on a zeroed buffer and
+scalars of 1), because some drivers (PoCL, Mali) compile a kernel only at its first launch
+and crash there on a bad binary. If the worker crashes, hangs or the driver refuses while
+loading, the binary is blocklisted: the caller evicts it and builds from source (after a
+hang, the rest of that child's batch is built from source this time). Trouble in the
+launches, after the child said the binary loaded, condemns nothing (a good kernel on
+made-up arguments can fault or loop): the program is built from source, nothing is
+evicted, and the crash guard sets the binary aside under its key, so that this machine
+neither loads nor vets it again. If the worker succeeds, the binary becomes known.
 
-A child that fails for reasons of its own (no scratch space, no file
-descriptors, a missing scratch folder: it checks by writing a file and
-building a tiny program from source), that never says it opened the devices
-(:data:`~.parallel.START_TIMEOUT`), or that a signal from outside ends
-(``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``) "could not vet": a local
-miss, built from source this time, with nothing blocklisted or evicted, so
-local trouble never deletes shared entries. After :data:`FAILED_STARTS`
-children in a row fail to start, a process starts no more. A child ends with
-its parent (:func:`~.child.follow_parent`).
+A child that fails for reasons of its own (no scratch space, no file descriptors, a
+missing scratch folder: it checks by writing a file and building a tiny program from
+source), that never says it opened the devices (:data:`~.parallel.START_TIMEOUT`), or that
+a signal from outside ends (``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``) "could not
+vet": a local miss, built from source this time, with nothing blocklisted or evicted, so
+local trouble never deletes shared entries. After :data:`FAILED_STARTS` children in a row
+fail to start, a process starts no more. A child ends with its parent
+(:func:`~.child.follow_parent`).
 
-Known binaries load directly, with no child:
-
-* those the driver made in a process of this user (a source build stored them);
-* those vetted or loaded before on this machine (the guard folder's list);
-* those from a signed cache or a signed bundle. Signing is what keeps a
-  hostile writer out: vetting is about robustness, since a binary that loads
-  cleanly can still do harm.
+Known binaries load directly, with no child: those the driver made in a process of this
+user (a source build stored them), those vetted or loaded before on this machine (the
+guard folder's list), and those from a signed cache or a signed bundle. Signing is what
+keeps a hostile writer out: vetting is about robustness, since a binary that loads cleanly
+can still do harm.
 
 So a child is started only for binaries that came unsigned from elsewhere (another
 machine through a shared cache, an unsigned bundle) and, signed or not, for *suspects*
@@ -274,6 +269,10 @@ class Vetter:
                     rest = len(items) - len(replies) - 1
                     return [*replies, False, *[LOCAL] * rest], len(replies), False, False
                 return replies, len(replies), False, launching
+            except BaseException:  # (Ctrl-C: the child ends first, then its folder goes)
+                process.kill()
+                process.wait()
+                raise
             finally:
                 watchdog.cancel()
         status = stop_worker(process)
