@@ -149,7 +149,7 @@ def test_dead_process_digests_are_suspects_until_the_driver_makes_them(tmp_path:
     guard.close()
     again = LoadGuard(str(tmp_path))
     assert not again.suspected(["aaaa"]) and again.suspected(["bbbb"])
-    assert (tmp_path / "suspect").read_text().split() == ["bbbb"]
+    assert (tmp_path / "suspect").read_text().split() == ["aaaa", "bbbb", "aaaa-"]  # cleared
     again.close()
 
 
@@ -170,3 +170,63 @@ def test_a_planted_temporary_guard_folder_turns_the_guard_off(tmp_path: Path) ->
     mine.known(["x"])
     assert mine._fd is not None  # a private folder of this user's own is used
     mine.close()
+
+
+_TWO_PROGRAMS = """
+import os, signal, sys
+import pyopencl as cl
+import runtime_cache as rc
+from runtime_cache.opencl import build_program, choose_device, opencl_stats
+from runtime_cache.opencl.guard import LoadGuard
+if sys.argv[2] == "crash":  # dies while it loads the first cached binary (not in a child)
+    loading = LoadGuard.loading
+    class Dying:
+        def __init__(self, block):
+            self.block = block
+        def __enter__(self):
+            self.block.__enter__()
+            os.kill(os.getpid(), signal.SIGKILL)
+        def __exit__(self, *exc):
+            self.block.__exit__(*exc)
+    LoadGuard.loading = lambda guard, digests: Dying(loading(guard, digests))
+ctx = cl.Context([choose_device()])
+cache = rc.Cache(rc.open_backend(sys.argv[1]))
+for i in range(2):
+    build_program(ctx, f"kernel void k{i}(global float *a) {{ a[0] += {i}.0f; }}", cache=cache)
+s = opencl_stats()
+print(s.binary_loads, s.source_builds, s.rejected_binaries, s.vetted)
+"""
+
+
+def test_a_binary_a_process_dies_loading_again_after_a_child_loaded_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A crash that the vetting child does not reproduce (the app's state, another thread)
+    must not repeat at every start: one death makes a suspect, which a child clears; a
+    second death while loading it strikes it (refused, evicted, built from source)."""
+    try:
+        import pyopencl as cl
+
+        cl.get_platforms()
+    except Exception as exc:  # no driver or no platform
+        need("OpenCL", "RUNTIME_CACHE_REQUIRE_OPENCL", str(exc))
+    env = {
+        **os.environ,
+        "RUNTIME_CACHE_GUARD_DIR": str(tmp_path / "guard"),
+        "POCL_KERNEL_CACHE": "0",
+    }
+
+    def run(mode: str) -> list[str]:
+        command = [sys.executable, "-c", _TWO_PROGRAMS, f"dir://{tmp_path / 'cache'}", mode]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        if mode == "crash":
+            assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+            return []
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    assert run("plain") == ["0", "2", "0", "0"]  # cold
+    run("crash")
+    assert run("plain") == ["2", "0", "0", "1"]  # a suspect: a child loaded it, so here too
+    run("crash")  # the same binary kills a process again
+    assert run("plain") == ["1", "1", "1", "0"]  # struck: refused, evicted, rebuilt

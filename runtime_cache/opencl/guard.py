@@ -14,7 +14,7 @@ moves those digests to the *suspect* list: a process killed from outside (``SIGK
 ``SIGTERM``, the out-of-memory killer) dies as one the driver crashed does, so a suspect
 binary is not condemned but tried in a vetting child first, signed or not
 (:mod:`.vetting`): one that loads there is known again, one that crashes the child is
-blocklisted. Where no child can vet it, this machine builds the program from source and
+blocklisted; a second death while loading it strikes it (:func:`.guard_records.read_suspects`). Where no child can vet it, this machine builds the program from source and
 evicts nothing. A blocklisted binary counts as rejected by the driver: it is evicted and
 the program is rebuilt from source.
 
@@ -65,7 +65,14 @@ from .guard_files import (
     record_nothing,
     remove_left_temps,
 )
-from .guard_records import BLOCKLIST, MAX_LINES, SET_ASIDE_LIST, SUSPECT_LIST, GuardRecords
+from .guard_records import (
+    BLOCKLIST,
+    MAX_LINES,
+    SET_ASIDE_LIST,
+    SUSPECT_LIST,
+    GuardRecords,
+    read_suspects,
+)
 from .known_list import KnownList, read_lines
 from .list_watch import ListWatch
 from .loading_marks import PAGE, LoadingMarks
@@ -102,8 +109,8 @@ SUSPECT = "suspect"
 
 def _held_against(folder: str, names: list[str]) -> tuple[list[str], list[str]]:
     """The digests a guard folder this process cannot write (its ``names``) holds against
-    loading: its blocklist's, and its suspects (its list's and its dead processes' marks,
-    left for a process that can record them)."""
+    loading: its blocklist's, and the suspect list's lines (with its dead processes'
+    marks, left for a process that can record them)."""
     found = dead_marks(folder, names, process_alive, None, record_nothing)
     suspect = read_lines(os.path.join(folder, SUSPECT_LIST))[-MAX_LINES:] + found
     return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect
@@ -197,7 +204,8 @@ class LoadGuard(LoadingMarks, GuardRecords):
                 names, writable = failed.names, False
             elif failed is not None:
                 log.warning("runtime-cache: OpenCL crash guard off (%s)", failed)
-                self._blocked, self._suspect = set(earlier[0]), set(earlier[1])
+                self._suspect, struck = read_suspects(earlier[1])
+                self._blocked = set(earlier[0]) | struck
                 return
         self._read_folder(folder, names, writable, earlier)
 
@@ -226,8 +234,11 @@ class LoadGuard(LoadingMarks, GuardRecords):
             self._watch = ListWatch(folder, (blocklist, aside, suspect))
         except OSError:
             self._watch = None
-        self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0])
-        self._suspect = set(read_lines(suspect)[-MAX_LINES:]) | set(found) | set(earlier[1])
+        lines = read_lines(suspect)[-MAX_LINES:]
+        # (Marks the list could not take are held all the same: read-only, or a full disk.)
+        unrecorded = found if not writable or not set(found) <= set(lines) else []
+        self._suspect, struck = read_suspects(earlier[1] + lines + unrecorded)
+        self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0]) | struck
         self._looked = time.monotonic()
         self._set_aside = _set_aside_in(aside)
         watch = self._watch
@@ -302,8 +313,9 @@ class LoadGuard(LoadingMarks, GuardRecords):
             return False  # no folder, or not one this process can trust to be the same
         changed = self._known.refresh()
         blocklist, aside, suspect = self._lists()
-        if watch.changed(suspect):  # (added to, as the blocklist)
-            self._suspect.update(read_lines(suspect)[-MAX_LINES:])
+        if watch.changed(suspect):  # (appended to: read whole again)
+            self._suspect, struck = read_suspects(read_lines(suspect)[-MAX_LINES:])
+            self._blocked.update(struck)
             changed = True
         if watch.changed(blocklist):
             # Added to, never replaced: this process's own unblocking stays (the file no

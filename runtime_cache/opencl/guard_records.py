@@ -16,13 +16,43 @@ from functools import partial
 from .guard_files import append_lines, lines_without, rewrite_lines
 from .known_list import KnownList
 
-__all__ = ["BLOCKLIST", "MAX_LINES", "SET_ASIDE_LIST", "SUSPECT_LIST", "GuardRecords"]
+__all__ = [
+    "BLOCKLIST",
+    "CLEARED",
+    "MAX_LINES",
+    "SET_ASIDE_LIST",
+    "SUSPECT_LIST",
+    "GuardRecords",
+    "read_suspects",
+]
 
 BLOCKLIST = "blocklist"
 SET_ASIDE_LIST = "set-aside"
 SUSPECT_LIST = "suspect"
 #: The most lines a list keeps (the oldest go first).
 MAX_LINES = 10_000
+#: Ends a line of the suspect list that clears the digest before it (a child loaded it).
+CLEARED = "-"
+
+
+def read_suspects(lines: Sequence[str]) -> tuple[set[str], set[str]]:
+    """``(suspect, struck)`` from the suspect list's lines, in the order written: a line
+    per death while loading a digest, and ``<digest>-`` where a vetting child (or the
+    driver) cleared it since. A digest whose last line is a death is a suspect after one
+    death, and struck after more (one that a child loaded, and that a process then died
+    loading again; or one two processes in a row died loading): the loader refuses it as
+    a blocklisted one, so that a crash the child does not reproduce cannot repeat at every
+    start. One whose last line clears it is neither."""
+    deaths: dict[str, int] = {}
+    cleared: set[str] = set()
+    for line in lines:
+        if line.endswith(CLEARED):
+            cleared.add(line[: -len(CLEARED)])
+        else:
+            deaths[line] = deaths.get(line, 0) + 1
+            cleared.discard(line)
+    struck = {digest for digest, count in deaths.items() if count > 1} - cleared
+    return set(deaths) - cleared - struck, struck
 
 
 class GuardRecords:
@@ -81,16 +111,17 @@ class GuardRecords:
 
     def unblock(self, digests: Sequence[str]) -> None:
         """Take ``digests`` off the blocklist and the suspect list: the driver itself
-        produced or accepted them (a vetting child loaded them)."""
+        produced or accepted them (a vetting child loaded them). A suspect is cleared by a
+        line of its own (:func:`read_suspects`): a later death while loading it strikes it."""
         with self._lock:
             self._start()
-            taken = {
-                BLOCKLIST: self._blocked & set(digests),
-                SUSPECT_LIST: self._suspect & set(digests),
-            }
-            self._blocked -= taken[BLOCKLIST]
-            self._suspect -= taken[SUSPECT_LIST]
+            gone = self._blocked & set(digests)
+            cleared = self._suspect & set(digests)
+            self._blocked -= gone
+            self._suspect -= cleared
         # Of the lines there now: another process's blocked digests since stay blocked.
-        for name, gone in taken.items():
-            if gone:
-                rewrite_lines(os.path.join(self.folder, name), partial(lines_without, gone=gone))
+        if gone:
+            rewrite_lines(os.path.join(self.folder, BLOCKLIST), partial(lines_without, gone=gone))
+        if cleared:
+            lines = [f"{digest}{CLEARED}" for digest in sorted(cleared)]
+            append_lines(os.path.join(self.folder, SUSPECT_LIST), lines, MAX_LINES)
