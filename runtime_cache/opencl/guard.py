@@ -14,9 +14,10 @@ moves those digests to the *suspect* list: a process killed from outside (``SIGK
 ``SIGTERM``, the out-of-memory killer) dies as one the driver crashed does, so a suspect
 binary is not condemned but tried in a vetting child first, signed or not
 (:mod:`.vetting`): one that loads there is known again, one that crashes the child is
-blocklisted; a second death while loading it strikes it (:func:`.guard_records.read_suspects`). Where no child can vet it, this machine builds the program from source and
-evicts nothing. A blocklisted binary counts as rejected by the driver: it is evicted and
-the program is rebuilt from source.
+blocklisted; a second death while loading it strikes it
+(:func:`.guard_records.read_suspects`). Where no child can vet it, this machine builds
+the program from source and evicts nothing. A blocklisted (or struck) binary counts as
+rejected by the driver: it is evicted and the program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without
