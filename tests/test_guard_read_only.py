@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from guard_scripts import TWO_PROGRAMS
 
 from conftest import need, tmpfs
 from runtime_cache.opencl.guard import LoadGuard
@@ -121,32 +122,6 @@ def test_a_read_only_home_guard_folder_is_still_read_from_the_fallback(tmp_path:
         assert len(list(home.glob("*.loading"))) == 1  # left for a process that can write
 
 
-_PROGRAMS = """
-import os, signal, sys
-import pyopencl as cl
-import runtime_cache as rc
-from runtime_cache.opencl import build_program, choose_device, opencl_stats
-from runtime_cache.opencl.guard import LoadGuard
-if sys.argv[2] == "crash":  # the driver dies while it loads the first cached binary
-    loading = LoadGuard.loading
-    class Dying:
-        def __init__(self, block):
-            self.block = block
-        def __enter__(self):
-            self.block.__enter__()  # marked as loading, then killed
-            os.kill(os.getpid(), signal.SIGKILL)
-        def __exit__(self, *exc):
-            self.block.__exit__(*exc)
-    LoadGuard.loading = lambda guard, digests: Dying(loading(guard, digests))
-ctx = cl.Context([choose_device()])
-cache = rc.Cache(rc.open_backend(sys.argv[1]))
-for i in range(2):
-    build_program(ctx, f"kernel void k{i}(global float *a) {{ a[0] += {i}.0f; }}", cache=cache)
-s = opencl_stats()
-print(s.binary_loads, s.source_builds, s.rejected_binaries)
-"""
-
-
 def test_a_binary_that_crashed_a_process_is_rebuilt_though_the_guard_is_read_only(
     tmp_path: Path,
 ) -> None:
@@ -169,15 +144,15 @@ def test_a_binary_that_crashed_a_process_is_rebuilt_though_the_guard_is_read_onl
 
         def run(mode: str) -> subprocess.CompletedProcess[str]:
             cache = f"dir://{tmp_path / 'cache'}"
-            command = [sys.executable, "-c", _PROGRAMS, cache, mode]
+            command = [sys.executable, "-c", TWO_PROGRAMS, cache, mode]
             return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
         cold = run("plain")
         assert cold.returncode == 0, cold.stderr[-2000:]
-        assert cold.stdout.split() == ["0", "2", "0"]
+        assert cold.stdout.split() == ["0", "2", "0", "0"]
         assert run("crash").returncode == -signal.SIGKILL
         _remount(where, "ro")
         after = run("plain")
         assert after.returncode == 0, after.stderr[-2000:]
-        assert after.stdout.split() == ["1", "1", "0"]  # the crashed one rebuilt
+        assert after.stdout.split() == ["1", "1", "0", "0"]  # the crashed one rebuilt
         assert "cannot be written" in after.stderr

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from guard_scripts import TWO_PROGRAMS
 
 from conftest import need
 from runtime_cache.opencl.cached_load import CONCURRENT_LOADS
@@ -172,32 +173,6 @@ def test_a_planted_temporary_guard_folder_turns_the_guard_off(tmp_path: Path) ->
     mine.close()
 
 
-_TWO_PROGRAMS = """
-import os, signal, sys
-import pyopencl as cl
-import runtime_cache as rc
-from runtime_cache.opencl import build_program, choose_device, opencl_stats
-from runtime_cache.opencl.guard import LoadGuard
-if sys.argv[2] == "crash":  # dies while it loads the first cached binary (not in a child)
-    loading = LoadGuard.loading
-    class Dying:
-        def __init__(self, block):
-            self.block = block
-        def __enter__(self):
-            self.block.__enter__()
-            os.kill(os.getpid(), signal.SIGKILL)
-        def __exit__(self, *exc):
-            self.block.__exit__(*exc)
-    LoadGuard.loading = lambda guard, digests: Dying(loading(guard, digests))
-ctx = cl.Context([choose_device()])
-cache = rc.Cache(rc.open_backend(sys.argv[1]))
-for i in range(2):
-    build_program(ctx, f"kernel void k{i}(global float *a) {{ a[0] += {i}.0f; }}", cache=cache)
-s = opencl_stats()
-print(s.binary_loads, s.source_builds, s.rejected_binaries, s.vetted)
-"""
-
-
 def test_a_binary_a_process_dies_loading_again_after_a_child_loaded_it_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -217,7 +192,7 @@ def test_a_binary_a_process_dies_loading_again_after_a_child_loaded_it_is_refuse
     }
 
     def run(mode: str) -> list[str]:
-        command = [sys.executable, "-c", _TWO_PROGRAMS, f"dir://{tmp_path / 'cache'}", mode]
+        command = [sys.executable, "-c", TWO_PROGRAMS, f"dir://{tmp_path / 'cache'}", mode]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         if mode == "crash":
             assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
