@@ -87,17 +87,18 @@ class Builds:
             self.put(key, made, seconds, extra=extra)
             return made
 
-        refused_head: list[bytes] = []  # the first bytes of the blob fetch() last refused
+        refused_heads: set[bytes] = set()  # the first bytes of blobs fetch() refused
 
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
             # (one lookup, one count). A blob that fails its check was counted at the miss;
             # one refused by its head is not read whole again (see .refused_heads). Nor is
             # one this wait refused whole, while its first bytes are still there: a store
-            # that reads values whole (Redis) read a planted 64 MiB value on every poll.
+            # that reads values whole (Redis) read a planted 64 MiB value on every poll
+            # (its head holds its metadata, the value's checksum among them).
             blob = None
             try:
-                if refused_head and self._backend.head(skey, SPAN_HEAD) == refused_head[0]:
+                if refused_heads and self._backend.head(skey, SPAN_HEAD) in refused_heads:
                     return None
                 pieces = self._read_parts(skey)
                 if pieces is None or self._heads.kept_head(pieces) is not None:
@@ -105,8 +106,8 @@ class Builds:
                 blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
                 entry = self.decode(skey, blob)
             except Exception as exc:
-                if blob is not None:
-                    refused_head[:] = [bytes(blob[:SPAN_HEAD])]
+                if blob is not None and len(refused_heads) < 64:
+                    refused_heads.add(bytes(blob[:SPAN_HEAD]))
                     if isinstance(exc, RejectedEntryError):
                         self._heads.remember(skey, blob)
                 return None

@@ -60,7 +60,7 @@ def test_fifos_under_the_guards_names_never_block(tmp_path: Path) -> None:
         f"with guard.loading([{D2!r}]): pass\n",
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["suspect", "1"]  # the readable file's digest, in memory
+    assert done.stdout.split() == ["struck", "1"]  # unrecorded: held back, in memory
     assert (folder / "blocklist").is_fifo() and (folder / "suspect").is_fifo()  # not written
 
 
@@ -147,7 +147,7 @@ def test_a_guard_that_cannot_write_the_suspect_list_leaves_the_marks(tmp_path: P
     os.mkdir(tmp_path / "suspect")  # no list can be written there
     first = LoadGuard(str(tmp_path))
     try:
-        assert first.suspected([D1])  # in this process all the same
+        assert first.held_back([D1])  # in this process all the same (struck: unrecorded)
     finally:
         first.close()
     assert (tmp_path / f"{dead}.loading").exists()

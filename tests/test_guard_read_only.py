@@ -65,7 +65,9 @@ def test_a_read_only_guard_folder_still_refuses_what_it_blocklisted(
         try:
             with caplog.at_level(logging.WARNING, logger="runtime_cache.opencl.guard"):
                 assert guard.blocked([D1])  # on the blocklist
-                assert guard.suspected([D2]) and guard.recovered == 1  # a dead process's
+                # A dead process's: struck (no clearance could be recorded here).
+                assert guard.held_back([D2]) and not guard.suspected([D2])
+                assert guard.recovered == 1
                 assert not guard.blocked([D3])
                 guard.block([D3])  # a vetting child's crash: refused in this process
                 assert guard.blocked([D3])
@@ -102,7 +104,7 @@ def test_a_read_only_home_guard_folder_is_still_read_from_the_fallback(tmp_path:
         _remount(state, "ro")
         code = (
             "from runtime_cache.opencl.guard import guard\n"
-            f"print(guard.blocked([{D1!r}]), guard.suspected([{D2!r}]), guard.blocked([{D3!r}]))\n"
+            f"print(guard.blocked([{D1!r}]), guard.held_back([{D2!r}]), guard.blocked([{D3!r}]))\n"
             f"guard.block([{D3!r}])\n"
             "print(guard.folder, guard._fd is not None)\n"
         )

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from guard_scripts import TWO_PROGRAMS
@@ -178,7 +179,10 @@ def test_a_binary_a_process_dies_loading_again_after_a_child_loaded_it_is_refuse
 ) -> None:
     """A crash that the vetting child does not reproduce (the app's state, another thread)
     must not repeat at every start: one death makes a suspect, which a child clears; a
-    second death while loading it strikes it (refused, evicted, built from source)."""
+    second death while loading it strikes it: never loaded here again, built from source,
+    and not evicted (kills from outside may be what struck it). The re-attack review: a
+    source build that gave the same bytes cleared the strike in memory, so the next load
+    of those bytes in the process crashed again."""
     try:
         import pyopencl as cl
 
@@ -203,5 +207,68 @@ def test_a_binary_a_process_dies_loading_again_after_a_child_loaded_it_is_refuse
     assert run("plain") == ["0", "2", "0", "0"]  # cold
     run("crash")
     assert run("plain") == ["2", "0", "0", "1"]  # a suspect: a child loaded it, so here too
+    stored = {p: p.read_bytes() for p in (tmp_path / "cache").rglob("*.rce")}
     run("crash")  # the same binary kills a process again
-    assert run("plain") == ["1", "1", "1", "0"]  # struck: refused, evicted, rebuilt
+    assert run("plain") == ["1", "1", "0", "0"]  # struck: built from source, none evicted
+    # Stored again from that build: the same bytes stay struck here (built from source at
+    # every start, never loaded); a driver whose rebuild differs loads the new ones.
+    again = {p: p.read_bytes() for p in (tmp_path / "cache").rglob("*.rce")}
+    assert again.keys() == stored.keys()
+    same = again == stored
+    assert run("plain") == (["1", "1", "0", "0"] if same else ["2", "0", "0", "0"])
+
+
+def test_processes_dying_together_on_one_binary_make_one_suspect(tmp_path: Path) -> None:
+    """The re-attack review: two workers of one app killed together while loading the same
+    binary (one ``docker stop``) left two marks, counted as two deaths: struck unvetted."""
+    from runtime_cache.opencl.guard import SUSPECT, LoadGuard
+
+    pids = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+        )
+        pids.append(int(done.stdout))
+    for pid in pids:
+        (tmp_path / f"{pid}.loading").write_text("aaaa\n")
+    guard = LoadGuard(str(tmp_path))
+    try:
+        assert guard.standing([], ["aaaa"]) == SUSPECT and guard.recovered == 2
+    finally:
+        guard.close()
+    assert (tmp_path / "suspect").read_text().split() == ["aaaa"]
+
+
+def test_a_binary_held_back_during_its_load_is_not_evicted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-attack review: a process that had read the lists before another process's
+    death found the binary suspect only at the load (the blocklist's look read the new
+    list), took the refusal for the driver's and evicted a good entry."""
+    from opencl_support import opencl_context
+
+    import runtime_cache as rc
+    from runtime_cache.backends.directory import DirectoryBackend
+    from runtime_cache.opencl import build_program, program
+    from runtime_cache.opencl.guard import binary_digest, guard
+
+    monkeypatch.setenv("RUNTIME_CACHE_GUARD_DIR", str(tmp_path / "guard"))
+    guard.reset()
+    ctx = opencl_context()
+    cache = rc.Cache(DirectoryBackend(str(tmp_path / "cache")))
+    source = "kernel void held(global float *a) { a[0] += 7.0f; }"
+    build_program(ctx, source, cache=cache)
+    (key,) = program.plan_program(ctx, source).keys or ()
+    stored = cache.backend.get(str(key))
+    assert stored is not None
+
+    def died_meanwhile(*args: Any, **kwargs: Any) -> None:
+        guard._suspect.update(binary_digest(b) for b in args[2])  # another process's death
+        return None
+
+    monkeypatch.setattr(program, "load_from_binaries", died_meanwhile)
+    plan = program.plan_program(ctx, source)
+    found = cache.get_many_views(plan.keys or [])
+    assert program.fetch(ctx, plan, cache, found, vet=False) is None  # a local miss
+    assert cache.backend.get(str(key)) == stored  # not evicted
+    guard.reset()

@@ -14,7 +14,7 @@ from ..cache import Cache
 from .ahead_terms import NOT_HERE, Loaded, Read
 from .capture import remember
 from .counters import counters
-from .guard import BLOCKED, KNOWN, SET_ASIDE, SUSPECT, Binary, binary_digest
+from .guard import BLOCKED, KNOWN, SET_ASIDE, STRUCK, SUSPECT, Binary, binary_digest
 from .holdings import NameLock
 from .plan import ProgramPlan
 from .program import load_cached, load_from_binaries
@@ -276,7 +276,7 @@ def load_ahead(context: Any, cache: Cache, read: Read) -> Any:
     vet, standing = screen_binaries(
         digests, trusted=cache.signed, keys=plan.keys, standing=standing
     )
-    if vet or standing in (BLOCKED, SET_ASIDE, SUSPECT):
+    if vet or standing in (BLOCKED, SET_ASIDE, SUSPECT, STRUCK):
         return NOT_HERE
     program = load_from_binaries(context, plan, ready, digests, known=standing == KNOWN)
     if program is None:

@@ -14,10 +14,14 @@ moves those digests to the *suspect* list: a process killed from outside (``SIGK
 ``SIGTERM``, the out-of-memory killer) dies as one the driver crashed does, so a suspect
 binary is not condemned but tried in a vetting child first, signed or not
 (:mod:`.vetting`): one that loads there is known again, one that crashes the child is
-blocklisted; a second death while loading it strikes it
-(:func:`.guard_records.read_suspects`). Where no child can vet it, this machine builds
-the program from source and evicts nothing. A blocklisted (or struck) binary counts as
-rejected by the driver: it is evicted and the program is rebuilt from source.
+blocklisted. A second death while loading it strikes it
+(:func:`.guard_records.read_suspects`): this machine never loads it again (deleting the
+``suspect`` file has it vetted again), builds the program from source, and evicts nothing,
+since kills from outside can be what struck it. So are the marks a folder that cannot be
+written holds (no clearance could be recorded there). Where no child can vet a suspect,
+this machine builds the program from source and evicts nothing. A blocklisted binary (a
+vetting child crashed on it) counts as rejected by the driver: it is evicted and the
+program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without
@@ -57,7 +61,6 @@ from .. import environment
 from .binary_marks import Binary, binary_digest, binding, bindings
 from .guard_files import (
     ReadOnlyFolder,
-    append_lines,
     dead_marks,
     marks_set_aside_since,
     open_folder,
@@ -72,6 +75,9 @@ from .guard_records import (
     SET_ASIDE_LIST,
     SUSPECT_LIST,
     GuardRecords,
+    Held,
+    append_once,
+    held_against,
     read_suspects,
 )
 from .known_list import KnownList, read_lines
@@ -82,6 +88,7 @@ __all__ = [
     "BLOCKED",
     "KNOWN",
     "SET_ASIDE",
+    "STRUCK",
     "SUSPECT",
     "UNKNOWN",
     "Binary",
@@ -105,16 +112,7 @@ SET_ASIDE_SECONDS = 86_400.0
 
 #: A binary's standing with the guard (:meth:`LoadGuard.standing`).
 KNOWN, BLOCKED, SET_ASIDE, UNKNOWN = "known", "blocked", "set aside", "unknown"
-SUSPECT = "suspect"
-
-
-def _held_against(folder: str, names: list[str]) -> tuple[list[str], list[str]]:
-    """The digests a guard folder this process cannot write (its ``names``) holds against
-    loading: its blocklist's, and the suspect list's lines (with its dead processes'
-    marks, left for a process that can record them)."""
-    found = dead_marks(folder, names, process_alive, None, record_nothing)
-    suspect = read_lines(os.path.join(folder, SUSPECT_LIST))[-MAX_LINES:] + found
-    return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect
+SUSPECT, STRUCK = "suspect", "struck"
 
 
 def _set_aside_in(path: str) -> frozenset[str]:
@@ -141,6 +139,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
         self._used = 0
         self._blocked: set[str] = set()
         self._suspect: set[str] = set()
+        self._struck: set[str] = set()  # never loaded here, never cleared (see the text)
         self._looked = 0.0  # (monotonic) when the lists were last read or looked at
         self._set_aside: frozenset[str] = frozenset()
         self._known: KnownList | None = None
@@ -177,7 +176,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
             return
         self._ready = True
         folder = self.folder
-        earlier: tuple[list[str], list[str]] = ([], [])  # a read-only home's lists
+        earlier: Held = ([], [], [])  # a read-only home's lists
         try:
             names, writable = self._open_folder(folder), True
         except OSError as exc:
@@ -187,7 +186,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
                 # and still refuse what the home folder's guard blocklisted.
                 environment.warn_no_home(str(exc))
                 if isinstance(exc, ReadOnlyFolder):
-                    earlier = _held_against(folder, exc.names)
+                    earlier = held_against(folder, exc.names)
                 folder = self._folder = os.path.join(
                     environment.fallback_directory("state"), "opencl-guard"
                 )
@@ -206,20 +205,20 @@ class LoadGuard(LoadingMarks, GuardRecords):
             elif failed is not None:
                 log.warning("runtime-cache: OpenCL crash guard off (%s)", failed)
                 self._suspect, struck = read_suspects(earlier[1])
-                self._blocked = set(earlier[0]) | struck
+                self._blocked, self._struck = set(earlier[0]), struck | set(earlier[2])
                 return
         self._read_folder(folder, names, writable, earlier)
 
-    def _read_folder(
-        self, folder: str, names: list[str], writable: bool, earlier: tuple[list[str], list[str]]
-    ) -> None:
+    def _read_folder(self, folder: str, names: list[str], writable: bool, earlier: Held) -> None:
         """Read the lists in ``folder`` (its ``names``) and its dead processes' marks, and
-        hold those and ``earlier`` (blocked, suspect) against loading; where it is
-        ``writable``, put the marks on the suspect list and make this process's mark file."""
+        hold those and ``earlier`` against loading; where it is ``writable``, put the marks
+        on the suspect list and make this process's mark file."""
         blocklist, aside, suspect = self._lists()
         # A dead process's marks are removed only once its digests are on the suspect list:
-        # in a folder that cannot be written they are held against loading here, and left.
-        keep = partial(append_lines, suspect, limit=MAX_LINES) if writable else record_nothing
+        # in a folder that cannot be written they are struck here (no clearance could be
+        # recorded), and left. One death a digest however many processes died loading it
+        # (two workers of one app killed together strike nothing).
+        keep = partial(append_once, suspect) if writable else record_nothing
         found = dead_marks(folder, names, process_alive, self._mark, keep)
         if writable:
             remove_left_temps(folder, names, _REWRITTEN)
@@ -236,10 +235,12 @@ class LoadGuard(LoadingMarks, GuardRecords):
         except OSError:
             self._watch = None
         lines = read_lines(suspect)[-MAX_LINES:]
-        # (Marks the list could not take are held all the same: read-only, or a full disk.)
-        unrecorded = found if not writable or not set(found) <= set(lines) else []
-        self._suspect, struck = read_suspects(earlier[1] + lines + unrecorded)
-        self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0]) | struck
+        self._suspect, struck = read_suspects(earlier[1] + lines)
+        # Marks the list could not take (read-only, a full disk) are struck all the same.
+        unrecorded = set(found) if not writable or not set(found) <= set(lines) else set()
+        self._struck = struck | unrecorded | set(earlier[2])
+        self._suspect -= self._struck
+        self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0])
         self._looked = time.monotonic()
         self._set_aside = _set_aside_in(aside)
         watch = self._watch
@@ -270,6 +271,17 @@ class LoadGuard(LoadingMarks, GuardRecords):
             self._start()
             return bool(self._suspect) and any(d in self._suspect for d in digests)
 
+    def held_back(self, digests: Sequence[str]) -> bool:
+        """Whether this process must not load these binaries, though nothing is evicted:
+        suspects (not vetted yet) and struck ones. What other processes found since this
+        one looked is read first, as :meth:`blocked` reads it."""
+        with self._lock:
+            self._start()
+            if time.monotonic() - self._looked >= BLOCKLIST_LOOK_SECONDS:
+                self._refresh()
+            held = self._suspect | self._struck if self._struck else self._suspect
+            return bool(held) and any(d in held for d in digests)
+
     def known(self, marks: Sequence[str]) -> bool:
         """Whether every one of these binaries is known to load here without harm
         (``marks`` from :func:`bindings`: each binary under its key)."""
@@ -297,6 +309,8 @@ class LoadGuard(LoadingMarks, GuardRecords):
             return BLOCKED
         aside = self._set_aside
         set_aside = bool(aside) and any(m in aside for m in marks)
+        if self._struck and any(d in self._struck for d in digests):
+            return STRUCK
         if self._suspect and any(d in self._suspect for d in digests):
             return SET_ASIDE if set_aside else SUSPECT  # (not vetted again for a while)
         known = self._known
@@ -314,9 +328,10 @@ class LoadGuard(LoadingMarks, GuardRecords):
             return False  # no folder, or not one this process can trust to be the same
         changed = self._known.refresh()
         blocklist, aside, suspect = self._lists()
-        if watch.changed(suspect):  # (appended to: read whole again)
+        if watch.changed(suspect):  # (appended to: read whole again; struck stays struck)
             self._suspect, struck = read_suspects(read_lines(suspect)[-MAX_LINES:])
-            self._blocked.update(struck)
+            self._struck.update(struck)
+            self._suspect -= self._struck
             changed = True
         if watch.changed(blocklist):
             # Added to, never replaced: this process's own unblocking stays (the file no
@@ -372,6 +387,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
             self._folder = None
             self._blocked = set()
             self._suspect = set()
+            self._struck = set()
             self._set_aside = frozenset()
             self._known = None
             self._watch = None

@@ -13,8 +13,15 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from .guard_files import append_lines, lines_without, rewrite_lines
-from .known_list import KnownList
+from .guard_files import (
+    append_lines,
+    dead_marks,
+    lines_without,
+    process_alive,
+    record_nothing,
+    rewrite_lines,
+)
+from .known_list import KnownList, read_lines
 
 __all__ = [
     "BLOCKLIST",
@@ -23,6 +30,9 @@ __all__ = [
     "SET_ASIDE_LIST",
     "SUSPECT_LIST",
     "GuardRecords",
+    "Held",
+    "append_once",
+    "held_against",
     "read_suspects",
 ]
 
@@ -53,6 +63,24 @@ def read_suspects(lines: Sequence[str]) -> tuple[set[str], set[str]]:
             cleared.discard(line)
     struck = {digest for digest, count in deaths.items() if count > 1} - cleared
     return set(deaths) - cleared - struck, struck
+
+
+#: What a guard folder holds against loading: its blocklist's digests, its suspect list's
+#: lines, and digests struck here (its dead processes' marks where it cannot be written).
+Held = tuple[list[str], list[str], list[str]]
+
+
+def held_against(folder: str, names: list[str]) -> Held:
+    """What a guard folder this process cannot write (its ``names``) holds against loading
+    (:data:`Held`); its dead processes' marks are left for a process that can record them."""
+    found = dead_marks(folder, names, process_alive, None, record_nothing)
+    suspect = read_lines(os.path.join(folder, SUSPECT_LIST))[-MAX_LINES:]
+    return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect, found
+
+
+def append_once(path: str, digests: list[str]) -> bool:
+    """Append ``digests`` to the suspect list at ``path``, each once."""
+    return append_lines(path, list(dict.fromkeys(digests)), MAX_LINES)
 
 
 class GuardRecords:

@@ -24,7 +24,7 @@ from .bundle import pack_programs
 from .cached_load import Claim, held
 from .capture import remember
 from .counters import counters
-from .guard import Binary
+from .guard import Binary, binary_digest, guard
 from .plan import ProgramPlan
 from .program import load_from_binaries, store_binaries
 from .vetting import Item, vet_unknown
@@ -108,18 +108,22 @@ def load_bundle(
         )
     # A bundle is outside data: unless our secret signed it, each program is tried in a
     # child first, so a binary that crashes the driver never reaches this process.
+    # Signed ones are tried too where a process died loading them (suspects: see .guard).
+    skip: set[str] = set()
+    for trusted in (False, True):
+        names = [name for name, (_, _, signed) in complete.items() if signed == trusted]
+        load = vet_unknown(
+            list(context.devices),
+            [_item(complete[n][0], plans[n]) for n in names],
+            trusted=trusted,
+            keys=[plans[n].keys for n in names],
+        )
+        skip.update(n for n, ok in zip(names, load, strict=True) if not ok)
     unsigned = [name for name, (_, _, signed) in complete.items() if not signed]
-    load = vet_unknown(
-        list(context.devices),
-        [_item(complete[n][0], plans[n]) for n in unsigned],
-        trusted=False,
-        keys=[plans[n].keys for n in unsigned],
-    )
-    skip = {n for n, ok in zip(unsigned, load, strict=True) if not ok}
     accepted = withheld = 0
     for name, (binaries, seconds, signed) in complete.items():
-        if name in skip:
-            continue  # could not vet here: built from source later
+        if name in skip or guard.held_back([binary_digest(b) for b in binaries]):
+            continue  # could not vet here, or held back by the crash guard: built later
         plan = plans[name]
         with held(claim, name) as needed:
             if not needed:

@@ -192,8 +192,8 @@ def load_from_binaries(
         return None
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
-    if guard.blocked(digests) or guard.suspected(digests):
-        log.debug("runtime-cache: binary blocklisted (or suspect) by the crash guard")
+    if guard.blocked(digests) or guard.held_back(digests):
+        log.debug("runtime-cache: binary blocklisted (or held back) by the crash guard")
         return None
     try:
         with guard.loading(digests):  # a driver crash here is remembered by the next process
@@ -301,11 +301,12 @@ def load_cached(
     """
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
-    if guard.suspected(digests):  # not vetted (no child here): a local miss, none evicted
+    if guard.held_back(digests):  # a suspect not vetted here, or struck: a local miss
         return None
     program = load_from_binaries(context, plan, binaries, digests, known=known)
     if program is None:
-        evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)
+        if not guard.held_back(digests):  # (held back meanwhile: another process died)
+            evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)
         return None
     counters.add(binary_loads=1)
     remember(program, plan, cache, binaries, 0.0, digests)

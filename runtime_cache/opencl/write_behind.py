@@ -235,9 +235,6 @@ class WriteBehind:
             here = [j for j in group if pocl_flags_unknown(j.plan.devices)]
             kept += here
             group = [j for j in group if j not in here]
-            if group and getattr(group[0].cache.backend, "read_only", False):
-                self._release(group)  # a store found read-only: nothing would land there
-                continue
             if group and hand_off(group[0].cache, [(j.plan, j.seconds) for j in group]):
                 handed += len(group)
                 self._release(group)
