@@ -87,7 +87,7 @@ class Builds:
             self.put(key, made, seconds, extra=extra)
             return made
 
-        refused_heads: set[bytes] = set()  # the first bytes of blobs fetch() refused
+        refused_heads: dict[bytes, None] = {}  # the first bytes of the last blobs refused
 
         def fetch() -> bytes | None:
             # Another process's entry, read after this call's miss: that miss becomes a hit
@@ -106,8 +106,10 @@ class Builds:
                 blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
                 entry = self.decode(skey, blob)
             except Exception as exc:
-                if blob is not None and len(refused_heads) < 64:
-                    refused_heads.add(bytes(blob[:SPAN_HEAD]))
+                if blob is not None:
+                    if len(refused_heads) >= 64:  # the oldest goes
+                        del refused_heads[next(iter(refused_heads))]
+                    refused_heads[bytes(blob[:SPAN_HEAD])] = None
                     if isinstance(exc, RejectedEntryError):
                         self._heads.remember(skey, blob)
                 return None

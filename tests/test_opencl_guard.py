@@ -151,7 +151,7 @@ def test_dead_process_digests_are_suspects_until_the_driver_makes_them(tmp_path:
     guard.close()
     again = LoadGuard(str(tmp_path))
     assert not again.suspected(["aaaa"]) and again.suspected(["bbbb"])
-    assert (tmp_path / "suspect").read_text().split() == ["aaaa", "bbbb", "aaaa-"]  # cleared
+    assert (tmp_path / "suspect").read_text().split() == ["aaaa", "bbbb", "-aaaa"]  # cleared
     again.close()
 
 
@@ -272,3 +272,26 @@ def test_a_binary_held_back_during_its_load_is_not_evicted(
     assert program.fetch(ctx, plan, cache, found, vet=False) is None  # a local miss
     assert cache.backend.get(str(key)) == stored  # not evicted
     guard.reset()
+
+
+def test_a_death_the_full_list_did_not_take_is_struck_though_the_list_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second re-attack review: on a full disk the append of a death failed, and a
+    digest the list already named (a death and its clearance) read as recorded and
+    cleared: loaded again, and the crash repeated at every start."""
+    from runtime_cache.opencl import guard_records
+    from runtime_cache.opencl.guard import STRUCK, LoadGuard
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    (tmp_path / f"{int(done.stdout)}.loading").write_text("aaaa\n")
+    (tmp_path / "suspect").write_text("aaaa\n-aaaa\n")
+    monkeypatch.setattr(guard_records, "append_lines", lambda *args, **kwargs: False)
+    guard = LoadGuard(str(tmp_path))
+    try:
+        assert guard.standing([], ["aaaa"]) == STRUCK and guard.held_back(["aaaa"])
+    finally:
+        guard.close()
+    assert (tmp_path / f"{int(done.stdout)}.loading").exists()  # left for a later process

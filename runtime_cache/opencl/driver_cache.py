@@ -185,7 +185,7 @@ class DriverCacheSession:
         if not private_folder(folder):
             log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
             return 0
-        if guard.blocked([digest]) or guard.suspected([digest]):  # (no child vets files)
+        if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
             log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
             self.cache.delete(key)
             remove_files(folder, files)  # restored earlier: the driver would load them again

@@ -127,7 +127,7 @@ BLOCKLIST_LOOK_SECONDS = 0.1
 
 
 class LoadGuard(LoadingMarks, GuardRecords):
-    """Records the binaries being loaded; blocklists those a dead process was loading."""
+    """Records the binaries being loaded; holds back those a dead process was loading."""
 
     def __init__(self, folder: str | None = None) -> None:
         self._folder = None if folder is None else environment.from_start(folder)
@@ -218,17 +218,19 @@ class LoadGuard(LoadingMarks, GuardRecords):
         # in a folder that cannot be written they are struck here (no clearance could be
         # recorded), and left. One death a digest however many processes died loading it
         # (two workers of one app killed together strike nothing).
-        keep = partial(append_once, suspect) if writable else record_nothing
+        kept: list[bool] = []  # whether the list took them (a full disk: not)
+        keep = partial(append_once, suspect, kept) if writable else record_nothing
         found = dead_marks(folder, names, process_alive, self._mark, keep)
         if writable:
             remove_left_temps(folder, names, _REWRITTEN)
         if found:
             self.recovered = len(found)
             log.warning(
-                "runtime-cache: a process died while loading %d cached OpenCL binaries; "
-                "each is tried in a vetting process before it loads here again%s",
+                "runtime-cache: a process died while loading %d cached OpenCL binaries; %s",
                 len(found),
-                "" if writable else " (not recorded: read-only folder)",
+                "each is tried in a vetting process before it loads here again"
+                if writable
+                else "they are built from source here (read-only folder: nothing recorded)",
             )
         try:  # (before the reads: a change meanwhile is read at the next look)
             self._watch = ListWatch(folder, (blocklist, aside, suspect))
@@ -237,7 +239,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
         lines = read_lines(suspect)[-MAX_LINES:]
         self._suspect, struck = read_suspects(earlier[1] + lines)
         # Marks the list could not take (read-only, a full disk) are struck all the same.
-        unrecorded = set(found) if not writable or not set(found) <= set(lines) else set()
+        unrecorded = set(found) if found and not all(kept or [False]) else set()
         self._struck = struck | unrecorded | set(earlier[2])
         self._suspect -= self._struck
         self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0])
@@ -265,8 +267,6 @@ class LoadGuard(LoadingMarks, GuardRecords):
     def suspected(self, digests: Sequence[str]) -> bool:
         """Whether a process that died was loading any of these binaries, and no vetting
         child has loaded them since (see the module's text)."""
-        if self._ready and not self._suspect:  # (every load asks: none, most often)
-            return False
         with self._lock:
             self._start()
             return bool(self._suspect) and any(d in self._suspect for d in digests)
@@ -275,6 +275,9 @@ class LoadGuard(LoadingMarks, GuardRecords):
         """Whether this process must not load these binaries, though nothing is evicted:
         suspects (not vetted yet) and struck ones. What other processes found since this
         one looked is read first, as :meth:`blocked` reads it."""
+        quiet = time.monotonic() - self._looked < BLOCKLIST_LOOK_SECONDS
+        if quiet and self._ready and not (self._suspect or self._struck):  # (most often)
+            return False
         with self._lock:
             self._start()
             if time.monotonic() - self._looked >= BLOCKLIST_LOOK_SECONDS:
@@ -289,7 +292,8 @@ class LoadGuard(LoadingMarks, GuardRecords):
 
     def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
         """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
-        loading; else :data:`SUSPECT` if a process that died was loading any (or
+        loading; else :data:`STRUCK` if processes died loading any twice; else
+        :data:`SUSPECT` if a process that died was loading any (or
         :data:`SET_ASIDE`, where one was set aside too); else :data:`KNOWN` if every one is
         known under its key (``marks``, from :func:`bindings`); else :data:`SET_ASIDE` if any
         was set aside under its key (:meth:`set_aside`); else :data:`UNKNOWN`. One look-up

@@ -41,13 +41,15 @@ SET_ASIDE_LIST = "set-aside"
 SUSPECT_LIST = "suspect"
 #: The most lines a list keeps (the oldest go first).
 MAX_LINES = 10_000
-#: Ends a line of the suspect list that clears the digest before it (a child loaded it).
+#: Begins a line of the suspect list that clears the digest after it (a child loaded it):
+#: a line cut short by a full disk, then completed by the next append, is then no digest,
+#: where a cut ``<digest>-`` would have read as one more death.
 CLEARED = "-"
 
 
 def read_suspects(lines: Sequence[str]) -> tuple[set[str], set[str]]:
     """``(suspect, struck)`` from the suspect list's lines, in the order written: a line
-    per death while loading a digest, and ``<digest>-`` where a vetting child (or the
+    per death while loading a digest, and ``-<digest>`` where a vetting child (or the
     driver) cleared it since. A digest whose last line is a death is a suspect after one
     death, and struck after more (one that a child loaded, and that a process then died
     loading again; or one two processes in a row died loading): the loader refuses it as
@@ -56,8 +58,8 @@ def read_suspects(lines: Sequence[str]) -> tuple[set[str], set[str]]:
     deaths: dict[str, int] = {}
     cleared: set[str] = set()
     for line in lines:
-        if line.endswith(CLEARED):
-            cleared.add(line[: -len(CLEARED)])
+        if line.startswith(CLEARED):
+            cleared.add(line[len(CLEARED) :])
         else:
             deaths[line] = deaths.get(line, 0) + 1
             cleared.discard(line)
@@ -78,9 +80,12 @@ def held_against(folder: str, names: list[str]) -> Held:
     return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect, found
 
 
-def append_once(path: str, digests: list[str]) -> bool:
-    """Append ``digests`` to the suspect list at ``path``, each once."""
-    return append_lines(path, list(dict.fromkeys(digests)), MAX_LINES)
+def append_once(path: str, kept: list[bool], digests: list[str]) -> bool:
+    """Append ``digests`` to the suspect list at ``path``, each once; whether it took them,
+    also appended to ``kept``."""
+    took = append_lines(path, list(dict.fromkeys(digests)), MAX_LINES)
+    kept.append(took)
+    return took
 
 
 class GuardRecords:
@@ -151,5 +156,5 @@ class GuardRecords:
         if gone:
             rewrite_lines(os.path.join(self.folder, BLOCKLIST), partial(lines_without, gone=gone))
         if cleared:
-            lines = [f"{digest}{CLEARED}" for digest in sorted(cleared)]
+            lines = [f"{CLEARED}{digest}" for digest in sorted(cleared)]
             append_lines(os.path.join(self.folder, SUSPECT_LIST), lines, MAX_LINES)

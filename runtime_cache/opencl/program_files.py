@@ -222,7 +222,7 @@ class ProgramFiles:
         digests: list[str] = []
         for skey, value in self.cache.get_many(sorted(wanted)).items():
             digest = binary_digest(value)
-            if guard.blocked([digest]) or guard.suspected([digest]):  # (no child vets files)
+            if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
                 log.warning("runtime-cache: a program's driver files crashed a process; dropping")
                 self.cache.delete(skey)
                 continue
