@@ -308,16 +308,23 @@ def _pocl_session(
     return cache, session, value
 
 
-def test_a_set_that_crashed_a_process_is_dropped(
+def test_a_set_that_crashed_a_process_is_not_used_here_and_left_to_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A set in use when a process died is never restored here again; its entry stays for
+    other machines (a kill from outside dies the same way: the third re-attack review saw a
+    shared entry deleted at every start, as nothing clears a set)."""
     cache, session, value = _pocl_session(
         tmp_path, monkeypatch, "crashy", [("CRASH/x.so", True, b"boom")]
     )
     assert session.key is not None
-    guard.block([binary_digest(value)])
-    assert session.restore() == 0
-    assert cache.get(session.key) is None
+    guard.held_back([])  # (started: its lists read)
+    guard._suspect.add(binary_digest(value))  # (as a dead process's mark leaves it)
+    try:
+        assert session.restore() == 0
+    finally:
+        guard._suspect.discard(binary_digest(value))
+    assert cache.get(session.key) == value
     assert not (tmp_path / "driver" / "pocl" / "CRASH").exists()
 
 

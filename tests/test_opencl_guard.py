@@ -295,3 +295,22 @@ def test_a_death_the_full_list_did_not_take_is_struck_though_the_list_names_it(
     finally:
         guard.close()
     assert (tmp_path / f"{int(done.stdout)}.loading").exists()  # left for a later process
+
+
+def test_the_suspect_list_reads_one_incident_once_and_keeps_strikes_when_trimmed() -> None:
+    """The third re-attack review: two workers restarted at once each recorded the same
+    death (struck after one incident); a line written again after a cut append did the
+    same; and trimming the list by age let struck binaries load again."""
+    from runtime_cache.opencl.guard_records import compact_suspects, read_suspects
+
+    assert read_suspects(["a"]) == ({"a"}, set())
+    assert read_suspects(["a", "a"]) == ({"a"}, set())  # one incident, no clearance between
+    assert read_suspects(["a", "-a"]) == (set(), set())
+    assert read_suspects(["a", "-a", "a"]) == (set(), {"a"})  # died again after a clearance
+    assert read_suspects(["a", "-a", "a", "-a"]) == (set(), {"a"})  # struck for good
+    assert read_suspects(["-a", "b"]) == ({"b"}, set())  # a clearance of no suspect
+    filler = [line for i in range(3000) for line in (f"f{i}", f"-f{i}")]
+    lines = ["s", "-s", "s", "t", *filler, "u"]
+    kept = compact_suspects(lines, 5000)
+    assert read_suspects(kept) == read_suspects(lines) == ({"t", "u"}, {"s"})
+    assert len(kept) == 5

@@ -205,7 +205,8 @@ def test_a_set_that_crashed_a_process_is_dropped(
 
 
 def test_a_crash_while_loading_blocklists_the_set(tmp_path: Path) -> None:
-    """A process killed while loading programs with restored files: the next one drops them."""
+    """A process killed while loading programs with restored files: the next one does not
+    restore them (and leaves the entry to other machines)."""
     code = textwrap.dedent(
         """
         import os, signal, sys
@@ -238,7 +239,7 @@ def test_a_crash_while_loading_blocklists_the_set(tmp_path: Path) -> None:
     assert after.returncode == 0, after.stderr
     assert after.stdout.strip() == "0"
     assert not (tmp_path / "second" / "P").exists()
-    assert cache.get(planted.key(key)) is None
+    assert cache.get(planted.key(key)) is not None  # left to other machines
 
 
 def test_capture_build_takes_what_one_build_added(tmp_path: Path) -> None:

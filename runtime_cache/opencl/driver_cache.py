@@ -186,9 +186,13 @@ class DriverCacheSession:
             log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
             return 0
         if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
-            log.warning("runtime-cache: a restored driver cache crashed a process; dropping it")
-            self.cache.delete(key)
-            remove_files(folder, files)  # restored earlier: the driver would load them again
+            # A process died while they were in use: never restored here again, and removed
+            # from the folder (restored earlier, the driver would load them). The entry is
+            # left to other machines (a kill from outside dies the same way), unless blocked.
+            log.warning("runtime-cache: a process died using a restored driver cache; not used")
+            if guard.blocked([digest]):
+                self.cache.delete(key)
+            remove_files(folder, files)
             return 0
         self._mine = {name for name, _, _ in files}
         added = add_missing(folder, files) if per_module else restore_indexed(folder, files)

@@ -12,16 +12,14 @@ process holds a lock on its file while it lives (:mod:`.guard_files`); the next
 process that finds the file of a process that is gone (it can take the lock)
 moves those digests to the *suspect* list: a process killed from outside (``SIGKILL``,
 ``SIGTERM``, the out-of-memory killer) dies as one the driver crashed does, so a suspect
-binary is not condemned but tried in a vetting child first, signed or not
-(:mod:`.vetting`): one that loads there is known again, one that crashes the child is
-blocklisted. A second death while loading it strikes it
-(:func:`.guard_records.read_suspects`): this machine never loads it again (deleting the
-``suspect`` file has it vetted again), builds the program from source, and evicts nothing,
-since kills from outside can be what struck it. So are the marks a folder that cannot be
-written holds (no clearance could be recorded there). Where no child can vet a suspect,
-this machine builds the program from source and evicts nothing. A blocklisted binary (a
-vetting child crashed on it) counts as rejected by the driver: it is evicted and the
-program is rebuilt from source.
+is not condemned but tried in a vetting child first, signed or not (:mod:`.vetting`): one
+that loads there is known again, one that crashes the child is blocklisted. A death after
+a child cleared it strikes it (:func:`.guard_records.read_suspects`), as do marks a folder
+that cannot be written holds: this machine never loads it again (deleting the ``suspect``
+file has it vetted again), builds from source, and evicts nothing (kills from outside can
+be what struck it). Where no child can vet a suspect, this machine builds the program
+from source and evicts nothing. A blocklisted binary counts as rejected by the driver: it
+is evicted and the program is rebuilt from source.
 
 The same folder keeps the list of *known* binaries (:mod:`.known_list`): those
 the driver made in a process of this user, or that a vetting child loaded without
@@ -282,8 +280,8 @@ class LoadGuard(LoadingMarks, GuardRecords):
             self._start()
             if time.monotonic() - self._looked >= BLOCKLIST_LOOK_SECONDS:
                 self._refresh()
-            held = self._suspect | self._struck if self._struck else self._suspect
-            return bool(held) and any(d in held for d in digests)
+            suspect, struck = self._suspect, self._struck
+            return any(d in suspect or d in struck for d in digests)
 
     def known(self, marks: Sequence[str]) -> bool:
         """Whether every one of these binaries is known to load here without harm

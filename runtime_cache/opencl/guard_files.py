@@ -261,9 +261,15 @@ def reserve(fd: int, size: int) -> bool:
     return True
 
 
-def append_lines(path: str, lines: Sequence[str], limit: int) -> bool:
+def append_lines(
+    path: str,
+    lines: Sequence[str],
+    limit: int,
+    trim: Callable[[list[str], int], list[str]] | None = None,
+) -> bool:
     """Append ``lines`` to the list at ``path`` (one ``O_APPEND`` write to a regular
-    file); keep the newest half once it holds more than ``limit`` lines. Whether they
+    file); keep the newest half once it holds more than ``limit`` lines (or what
+    ``trim(lines, half)`` keeps). Whether they
     were written (advisory: a binary not recorded is vetted again next time).
 
     Appends hold the list's lock shared, and rewrites (:func:`rewrite_lines`) exclusive,
@@ -280,7 +286,8 @@ def append_lines(path: str, lines: Sequence[str], limit: int) -> bool:
     except OSError:
         return False
     if size // 33 > limit:  # a digest line is 33 bytes
-        rewrite_lines(path, lambda old: old[-(limit // 2) :])
+        half = limit // 2  # (``trim``: the list's own way to keep half, else the newest)
+        rewrite_lines(path, lambda old: trim(old, half) if trim else old[-half:])
     return written
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "GuardRecords",
     "Held",
     "append_once",
+    "compact_suspects",
     "held_against",
     "read_suspects",
 ]
@@ -50,21 +51,39 @@ CLEARED = "-"
 def read_suspects(lines: Sequence[str]) -> tuple[set[str], set[str]]:
     """``(suspect, struck)`` from the suspect list's lines, in the order written: a line
     per death while loading a digest, and ``-<digest>`` where a vetting child (or the
-    driver) cleared it since. A digest whose last line is a death is a suspect after one
-    death, and struck after more (one that a child loaded, and that a process then died
-    loading again; or one two processes in a row died loading): the loader refuses it as
-    a blocklisted one, so that a crash the child does not reproduce cannot repeat at every
-    start. One whose last line clears it is neither."""
-    deaths: dict[str, int] = {}
-    cleared: set[str] = set()
+    driver) cleared it since. A death makes a suspect; a death after a clearance (a binary
+    a child loaded, that a process then died loading again: a crash the child does not
+    reproduce) strikes it for good, so that such a crash cannot repeat at every start.
+    Deaths with no clearance between them are one incident (workers of one app killed
+    together, restarted at once; a line written again after a cut append), since a suspect
+    is never loaded before a clearance."""
+    state: dict[str, bool] = {}  # digest -> cleared since its last death
+    struck: set[str] = set()
     for line in lines:
         if line.startswith(CLEARED):
-            cleared.add(line[len(CLEARED) :])
+            digest = line[len(CLEARED) :]
+            if digest in state:
+                state[digest] = True
+        elif state.get(line):
+            struck.add(line)
         else:
-            deaths[line] = deaths.get(line, 0) + 1
-            cleared.discard(line)
-    struck = {digest for digest, count in deaths.items() if count > 1} - cleared
-    return set(deaths) - cleared - struck, struck
+            state[line] = False
+    return {d for d, cleared in state.items() if not cleared} - struck, struck
+
+
+def compact_suspects(lines: list[str], keep: int) -> list[str]:
+    """The suspect list's ``lines`` written again, smaller: a struck digest as a death, a
+    clearance and a death, a suspect as a death, cleared ones not at all (trimming by age
+    would let a struck crash come back); the newest ``keep`` lines of that, if longer."""
+    suspect, struck = read_suspects(lines)
+    order = list(dict.fromkeys(line.lstrip(CLEARED) for line in lines))
+    out: list[str] = []
+    for digest in order:
+        if digest in struck:
+            out += [digest, CLEARED + digest, digest]
+        elif digest in suspect:
+            out.append(digest)
+    return out[-keep:]
 
 
 #: What a guard folder holds against loading: its blocklist's digests, its suspect list's
@@ -83,7 +102,7 @@ def held_against(folder: str, names: list[str]) -> Held:
 def append_once(path: str, kept: list[bool], digests: list[str]) -> bool:
     """Append ``digests`` to the suspect list at ``path``, each once; whether it took them,
     also appended to ``kept``."""
-    took = append_lines(path, list(dict.fromkeys(digests)), MAX_LINES)
+    took = append_lines(path, list(dict.fromkeys(digests)), MAX_LINES, compact_suspects)
     kept.append(took)
     return took
 
@@ -137,6 +156,7 @@ class GuardRecords:
             else:
                 new = [d for d in dict.fromkeys(digests) if d not in self._blocked]
                 self._blocked.update(new)  # a blocked mark is never known (see known())
+                self._suspect.difference_update(digests)  # (blocked now: evicted, rebuilt)
         if known and target is not None:
             target.write(new)
         elif not known and new:
@@ -157,4 +177,5 @@ class GuardRecords:
             rewrite_lines(os.path.join(self.folder, BLOCKLIST), partial(lines_without, gone=gone))
         if cleared:
             lines = [f"{CLEARED}{digest}" for digest in sorted(cleared)]
-            append_lines(os.path.join(self.folder, SUSPECT_LIST), lines, MAX_LINES)
+            path = os.path.join(self.folder, SUSPECT_LIST)
+            append_lines(path, lines, MAX_LINES, compact_suspects)

@@ -223,8 +223,10 @@ class ProgramFiles:
         for skey, value in self.cache.get_many(sorted(wanted)).items():
             digest = binary_digest(value)
             if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
-                log.warning("runtime-cache: a program's driver files crashed a process; dropping")
-                self.cache.delete(skey)
+                # Never used here again; the entry is left to other machines (see .driver_cache).
+                log.warning("runtime-cache: a process died using a program's driver files")
+                if guard.blocked([digest]):
+                    self.cache.delete(skey)
                 continue
             try:
                 files = _program_files(unpack_files(value))
