@@ -289,13 +289,11 @@ class LoadGuard(LoadingMarks, GuardRecords):
         return self.standing(marks, ()) == KNOWN
 
     def standing(self, marks: Sequence[str], digests: Sequence[str]) -> str:
-        """:data:`BLOCKED` if any of the binaries ``digests`` once killed a process while
-        loading; else :data:`STRUCK` if processes died loading any twice; else
-        :data:`SUSPECT` if a process that died was loading any (or
-        :data:`SET_ASIDE`, where one was set aside too); else :data:`KNOWN` if every one is
-        known under its key (``marks``, from :func:`bindings`); else :data:`SET_ASIDE` if any
-        was set aside under its key (:meth:`set_aside`); else :data:`UNKNOWN`. One look-up
-        serves both questions: a known binary's load then needs no :meth:`vouch`."""
+        """:data:`BLOCKED` (any of ``digests`` blocklisted), :data:`STRUCK`, :data:`SUSPECT`
+        (:data:`SET_ASIDE` where one was set aside too), :data:`KNOWN` (every one known
+        under its key, ``marks`` from :func:`bindings`), :data:`SET_ASIDE` (any set aside
+        under its key) or :data:`UNKNOWN`, the first that holds. One look-up serves both
+        questions: a known binary's load then needs no :meth:`vouch`."""
         with self._lock:
             self._start()
             answer = self._standing(marks, digests)

@@ -301,11 +301,11 @@ def load_cached(
     """
     if digests is None:
         digests = [binary_digest(b) for b in binaries]
-    if guard.held_back(digests):  # a suspect not vetted here, or struck: a local miss
-        return None
     program = load_from_binaries(context, plan, binaries, digests, known=known)
     if program is None:
-        if not guard.held_back(digests):  # (held back meanwhile: another process died)
+        # Held back (a suspect not vetted here, or struck; found so meanwhile too): a
+        # local miss, nothing evicted.
+        if not guard.held_back(digests):
             evict(cache, plan, "clCreateProgramWithBinary or clBuildProgram failed", binaries)
         return None
     counters.add(binary_loads=1)

@@ -20,9 +20,8 @@ missing scratch folder: it checks by writing a file and building a tiny program 
 source), that never says it opened the devices (:data:`~.parallel.START_TIMEOUT`), or that
 a signal from outside ends (``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``) "could not
 vet": a local miss, built from source this time, with nothing blocklisted or evicted, so
-local trouble never deletes shared entries. After :data:`FAILED_STARTS` children in a row
-fail to start, a process starts no more. A child ends with its parent
-(:func:`~.child.follow_parent`).
+local trouble never deletes shared entries. After :data:`FAILED_STARTS` failed starts in
+a row, a process starts no more. A child ends with its parent (:func:`.child.follow_parent`).
 
 Known binaries load directly, with no child: those the driver made in a process of this
 user (a source build stored them), those vetted or loaded before on this machine (the
@@ -86,12 +85,11 @@ FAILED_STARTS = 3
 #: ``(binaries, options, options text, source)`` of one program (the source tells the
 #: child each kernel argument's kind: see :mod:`.kernel_args`).
 Item = tuple[Sequence[Binary], list[str], str, str | bytes]
-#: The outcome of a child that could not vet for reasons of its own (a full disk...).
+#: Outcomes: a child that could not vet for reasons of its own (a full disk...); a binary
+#: that loaded in the child, whose trial launches failed or hung. Of a binary: ``True``
+#: loaded, ``False`` refused or crashed, ``LOCAL``, ``LAUNCH``, ``None`` no child.
 LOCAL: Literal["local"] = "local"
-#: The outcome of a binary that loaded in the child, whose trial launches failed or hung.
 LAUNCH: Literal["launch"] = "launch"
-#: ``True`` loaded, ``False`` refused or crashed, ``LOCAL`` could not vet, ``LAUNCH`` the
-#: launches failed, ``None`` no child.
 Outcome = bool | Literal["local", "launch"] | None
 #: What one child showed: ``(replies, index it died on, clean exit, died launching)``.
 Run = tuple[list[Outcome], int | None, bool, bool]
