@@ -119,13 +119,16 @@ def test_the_default_named_as_dir_falls_back_as_the_default_does(
 
 
 def test_the_default_folder_shared_without_a_secret_is_refused(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """Review: ``dir://?shared=1`` and no secret fell back as a home folder's trouble, to a
     temporary folder and then memory, saying "no usable home folder"; it is the setting's
-    error, raised as ``dir:///path?shared=1`` raises it."""
+    error, raised as ``dir:///path?shared=1`` raises it. (In a cache folder of the test's
+    own: in the user's, it left ``~/.cache/runtime-cache`` made shared, ``2775``, and every
+    later default cache of that user refused it.)"""
     from runtime_cache.errors import InsecureStoreError
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
     with pytest.raises(InsecureStoreError):
         rc.set_cache_provider("dir://?shared=1")
