@@ -1158,7 +1158,7 @@ def test_a_relative_folder_with_the_current_folder_gone_is_an_error_not_a_traceb
 
 
 def test_clear_says_what_it_removed_before_the_store_went_away(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Operator review, session 37: a Redis server that stopped answering during ``clear``
     ended it with the error alone; 2,124 of 3,000 entries were gone, unsaid."""
@@ -1175,6 +1175,10 @@ def test_clear_says_what_it_removed_before_the_store_went_away(
     for i in range(8):
         cache.put(rc.make_key(module_id=f"m{i}", runtime="r", purpose="p"), b"v")
     monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+    # (The command looks for the default folder first, which it would not create: one of
+    # the test's own, not the user's, which passed only where an earlier run had made it.)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "runtime-cache").mkdir(parents=True, mode=0o700)
     rc.set_cache_provider(cache)  # the store the command works on
     assert main(["clear", "--yes"]) == 1
     err = capsys.readouterr().err
