@@ -144,6 +144,11 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         folder, settings = cls.url_settings(url)
         return cls(folder, **settings)
 
+    @classmethod
+    def url_is_shared(cls, url: str) -> bool:
+        """Whether ``url`` holds ``shared=1`` (read with nothing opened)."""
+        return bool(cls.url_settings(url)[1]["shared"])
+
     #: The folder and keyword arguments a URL gives, checked (:func:`.dir_url.url_settings`).
     url_settings = staticmethod(url_settings)
 

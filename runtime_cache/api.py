@@ -194,6 +194,13 @@ class Backend(abc.ABC):
             f"Python and pass it to Cache({cls.__name__}(...))"
         )
 
+    @classmethod
+    def url_is_shared(cls, url: str) -> bool:
+        """Whether ``url`` alone says its store is shared, read before anything is opened,
+        so that a :class:`~runtime_cache.Cache` without a secret is refused before the
+        store is made or changed. Defaults to the class's :attr:`shared`."""
+        return bool(cls.shared)
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:
         """Return the value stored under ``key``, or ``None``."""

@@ -24,6 +24,7 @@ from .cache import Cache
 from .errors import BackendError, RuntimeCacheError
 from .fork_locks import renew_in_child
 from .registry import open_backend, registry
+from .trust import unsigned_refusal
 from .urls import folder_url, redact, redact_url
 
 __all__ = [
@@ -53,13 +54,25 @@ OFF = ("off", "none", "0", "false", "disabled")
 
 def cache_from_url(url: str, *, secret: list[str] | None, strict: bool = False) -> Cache:
     """A :class:`Cache` over :func:`open_backend` of ``url``. A store the cache refuses
-    (a shared one without a secret) is closed: it was opened here, for this cache alone."""
+    (a shared one without a secret) is closed: it was opened here, for this cache alone.
+    One whose URL says it is shared is refused before it is opened, so that nothing is
+    made or changed for a cache that cannot use it (a folder made group-writable)."""
+    refuse_unsigned(url, secret)
     backend = open_backend(url)
     try:
         return Cache(backend, strict=strict, secret=secret)
     except BaseException:
         backend.close()
         raise
+
+
+def refuse_unsigned(url: str, secret: list[str] | None) -> None:
+    """Raise :class:`~runtime_cache.errors.InsecureStoreError` when ``url`` says its store
+    is shared and no ``secret`` is given (read from the URL alone, nothing opened)."""
+    if secret is None:
+        shared = registry.shared_parts(url)
+        if shared:
+            raise unsigned_refusal(shared)
 
 
 def _to_cache(provider: Provider) -> Cache:
@@ -73,6 +86,7 @@ def _to_cache(provider: Provider) -> Cache:
     if isinstance(provider, str):
         if provider.strip().lower() in OFF:
             return Cache(None)
+        refuse_unsigned(provider, secret)
         options = _default_folder_options(provider)
         if options is not None:  # the default folder: with the default's fallbacks
             return _embedded(options)

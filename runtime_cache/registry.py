@@ -25,10 +25,11 @@ from .errors import (
     InvalidURLError,
     InvalidValueError,
     MissingDependencyError,
+    RuntimeCacheError,
     UnknownBackendError,
 )
 from .fork_locks import renew_in_child
-from .urls import BackendURL, redact_url
+from .urls import BackendURL, redact_url, tier_urls
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -266,6 +267,24 @@ class Registry:
             backend.insecure = True
         backend.opened_from = given
         return backend
+
+    def shared_parts(self, url: str) -> list[str]:
+        """The parts of ``url`` (a tier each) that say, before anything is opened, that
+        their store is shared and not opened unsigned on purpose (``insecure=1``), redacted.
+        A URL this cannot read gives none: opening it says what is wrong."""
+        url = url.strip() if isinstance(url, str) else ""
+        if "," in url or url.lower().startswith("tiered://"):
+            try:
+                parts = tier_urls(url)
+            except InvalidURLError:
+                return []
+            return [shared for part in parts for shared in self.shared_parts(part)]
+        try:
+            url, insecure = take_insecure(url)
+            shared = not insecure and self.resolve(BackendURL.parse(url).scheme).url_is_shared(url)
+        except (RuntimeCacheError, ImportError, ValueError):
+            return []
+        return [redact_url(url)] if shared else []
 
 
 registry = Registry()

@@ -25,7 +25,7 @@ from .environment import ENV_SECRET, ENV_SECRET_FILE
 from .errors import CorruptEntryError, InsecureStoreError
 from .fork_locks import renew_in_child
 
-__all__ = ["INSECURE_OPTION", "entrust", "require_secret"]
+__all__ = ["INSECURE_OPTION", "entrust", "require_secret", "unsigned_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +43,8 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
     if signed or not backend.shared:
         return
     if not (insecure or backend.insecure):
-        if any(os.environ.get(name, "").strip() for name in (ENV_SECRET, ENV_SECRET_FILE)):
-            # The variable is set, so this Cache was made in code without secret=.
-            how = (
-                f"{ENV_SECRET} is set, but Cache(backend) does not read it (get_cache() and "
-                "the command line do): pass Cache(backend, secret=...)"
-            )
-        else:
-            how = (
-                f"Set {ENV_SECRET} (or {ENV_SECRET_FILE}; --secret or --secret-file on the "
-                "command line; Cache(backend, secret=...) in code)"
-            )
         tiers = [t for t in getattr(backend, "tiers", ()) if t.shared]  # (a tiered store's)
-        what = " and ".join(map(repr, tiers)) if tiers else repr(backend)
-        raise InsecureStoreError(
-            f"refusing to use {what} without a secret: others can write it, so they "
-            f"could plant binaries that this process would run. {how}, or add insecure=1 "
-            "to the URL to use it unsigned on purpose"
-        )
+        raise unsigned_refusal(list(map(repr, tiers or [backend])))
     with _lock:
         try:
             first = backend not in _warned
@@ -73,6 +57,27 @@ def require_secret(backend: Backend, signed: bool, insecure: bool = False) -> No
             "can plant binaries; set RUNTIME_CACHE_SECRET to sign it",
             backend,
         )
+
+
+def unsigned_refusal(stores: list[str]) -> InsecureStoreError:
+    """The error refusing ``stores`` (shared ones, named for the message) to a cache
+    without a secret, with how to give one."""
+    if any(os.environ.get(name, "").strip() for name in (ENV_SECRET, ENV_SECRET_FILE)):
+        # The variable is set, so this Cache was made in code without secret=.
+        how = (
+            f"{ENV_SECRET} is set, but Cache(backend) does not read it (get_cache() and "
+            "the command line do): pass Cache(backend, secret=...)"
+        )
+    else:
+        how = (
+            f"Set {ENV_SECRET} (or {ENV_SECRET_FILE}; --secret or --secret-file on the "
+            "command line; Cache(backend, secret=...) in code)"
+        )
+    return InsecureStoreError(
+        f"refusing to use {' and '.join(stores)} without a secret: others can write it, so "
+        f"they could plant binaries that this process would run. {how}, or add insecure=1 "
+        "to the URL to use it unsigned on purpose"
+    )
 
 
 def entrust(

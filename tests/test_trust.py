@@ -230,17 +230,39 @@ def test_insecure_1_opens_with_one_warning(
     backend.close()
 
 
-def test_a_refused_shared_folder_stays_and_a_callers_backend_stays_usable(
-    tmp_path: Path,
+def test_a_refused_shared_folder_is_not_made_or_changed_and_a_callers_backend_stays_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A refused open (`set_cache_provider`, the CLI) leaves the folder it made, as `mkdir`
-    would: a first fix removed it while bare, and that raced with another process that had
-    just opened the same new folder (its writes then failed for good)."""
+    """A refused open (`set_cache_provider`, `RUNTIME_CACHE`, the CLI) is refused from its
+    URL, before the folder is made or changed. It was refused after the open, which had
+    made the folder shared (setgid, group-writable): a user's own private cache folder,
+    named once with ``shared=1`` and no secret, stayed ``2775``, and every later private
+    cache of that user refused it. (Removing what the open made raced with another process
+    that had just opened the same new folder.)"""
+    monkeypatch.delenv("RUNTIME_CACHE_SECRET", raising=False)
     made = tmp_path / "made-now"
-    with pytest.raises(InsecureStoreError):
-        rc.set_cache_provider(f"dir://{made}?shared=1")
-    assert main(["--cache", f"dir://{made}?shared=1", "ls"]) == 2
-    assert made.is_dir()
+    own = tmp_path / "own"
+    rc.Cache(rc.open_backend(f"dir://{own}")).put(_key(1), b"v")
+    before = own.stat().st_mode
+    for url in (
+        f"dir://{made}?shared=1",
+        f"dir://{own}?shared=1",
+        f"memory://,dir://{own}?shared=1",
+    ):
+        with pytest.raises(InsecureStoreError, match="without a secret"):
+            rc.set_cache_provider(url)
+        # (``ls`` makes no folder: where there is none it says so first, exit 1.)
+        assert main(["--cache", url, "ls"]) == (1 if str(made) in url else 2)
+        monkeypatch.setenv("RUNTIME_CACHE", url)
+        rc.reset_cache_provider()
+        assert not rc.get_cache().enabled
+        monkeypatch.delenv("RUNTIME_CACHE")
+        rc.reset_cache_provider()
+    assert not made.exists()
+    assert (
+        own.stat().st_mode == before
+        and rc.Cache(rc.open_backend(f"dir://{own}")).get(_key(1)) == b"v"
+    )
     # A backend object the caller made is the caller's: refused, it stays open and usable
     # (a first fix closed it and removed its new folder: a retry with a secret wrote nowhere).
     mine = tmp_path / "mine"
