@@ -27,6 +27,7 @@ from collections.abc import Callable
 from .bounded_reads import Junk, read_regular
 from .dir_fs import NOFOLLOW, make_folders, open_folder, set_aside
 from .dir_root import Modes
+from .exclusive_rename import rename_noreplace
 from .temp_files import create_locked_temp
 
 __all__ = [
@@ -43,8 +44,11 @@ _GET_FLAGS = 0x80086601  # FS_IOC_GETFLAGS
 _NO_UNLINK = 0x10 | 0x20  # FS_IMMUTABLE_FL, FS_APPEND_FL: no name in or of it can go
 
 
-def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool) -> None:
-    """Put ``value`` at the entry path ``rel`` atomically."""
+def write_entry(
+    root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool, replace: bool = True
+) -> bool:
+    """Put ``value`` at the entry path ``rel`` atomically; with ``replace=False`` only where
+    nothing is at ``rel`` (:func:`_take_if_free`). Whether it is there now."""
     folder, _, name = rel.rpartition("/")
     dfd = make_folders(root_fd, folder, modes.folder, modes.folder_chmod)
     try:
@@ -56,7 +60,10 @@ def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool)
             if fsync:
                 os.fsync(fd)
             # Replaced while still open, so the lock tells vacuum() we are alive.
+            if not replace:
+                return _take_if_free(dfd, temp, name)
             os.replace(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            return True
         except BaseException:
             try:
                 os.unlink(temp, dir_fd=dfd)
@@ -67,6 +74,22 @@ def write_entry(root_fd: int, rel: str, value: bytes, modes: Modes, fsync: bool)
             os.close(fd)
     finally:
         os.close(dfd)
+
+
+def _take_if_free(dfd: int, temp: str, name: str) -> bool:
+    """Rename ``temp`` to ``name`` unless something is at ``name`` (``renameat2``, else a
+    hard link, which takes a free name only): whether it did. ``temp`` is gone after."""
+    done = rename_noreplace(dfd, temp, name)
+    if done:
+        return True
+    if done is None:
+        try:
+            os.link(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            done = True
+        except FileExistsError:
+            done = False
+    os.unlink(temp, dir_fd=dfd)
+    return done
 
 
 def delete_entry(root_fd: int, rel: str) -> bool:

@@ -211,13 +211,21 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         self._journal.flush()
 
     def set(self, key: str, value: bytes) -> None:
+        self._write(key, value, replace=True)
+
+    def add(self, key: str, value: bytes) -> bool:
+        return self._write(key, value, replace=False)
+
+    def _write(self, key: str, value: bytes, replace: bool) -> bool:
         rel = self._rel(key)
         if self._read_only and time.monotonic() < self._writable_again:
             raise ReadOnlyBackendError(f"{self.root} is read-only; write skipped")
         self._upkeep.refuse_if_too_large(key, len(value))
         try:
             try:
-                writes.write_entry(self.root_fd, rel, value, self.modes, self.fsync)
+                stored = writes.write_entry(
+                    self.root_fd, rel, value, self.modes, self.fsync, replace
+                )
             except OSError as exc:
                 if exc.errno not in _RETRY:
                     raise
@@ -228,7 +236,9 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
                 else:  # the root removed under us (rm -rf, a tmp cleaner): made again
                     members = self._upkeep.members
                     roots.remake_root(self.root_fd, self._root_text, self.modes, members)
-                writes.write_entry(self.root_fd, rel, value, self.modes, self.fsync)
+                stored = writes.write_entry(
+                    self.root_fd, rel, value, self.modes, self.fsync, replace
+                )
         except OSError as exc:
             error = self._error("write", exc, rel)
             if isinstance(error, ReadOnlyBackendError) and self._root_read_only(exc):
@@ -245,7 +255,9 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
             raise error from exc
         if self._read_only:  # writable again (remounted)
             self._read_only, self._journal.writable = False, True
-        self._upkeep.account(len(value), rel)
+        if stored:
+            self._upkeep.account(len(value), rel)
+        return stored
 
     def _root_read_only(self, exc: OSError) -> bool:
         # Only a root we cannot write into is read-only (a member's folder fails its keys).

@@ -103,6 +103,12 @@ class MemoryBackend(Backend):
             return value
 
     def set(self, key: str, value: bytes) -> None:
+        self._store(key, value, replace=True)
+
+    def add(self, key: str, value: bytes) -> bool:
+        return self._store(key, value, replace=False)
+
+    def _store(self, key: str, value: bytes, replace: bool) -> bool:
         self._check(key)
         value = bytes(value)
         if len(value) > self.max_size:
@@ -113,6 +119,8 @@ class MemoryBackend(Backend):
                 frozenset((key,)),
             )
         with self._lock:
+            if not replace and key in self._data:
+                return False
             old = self._data.pop(key, None)
             if old is not None:
                 self._size -= len(old)
@@ -123,6 +131,7 @@ class MemoryBackend(Backend):
                 victim, dropped = self._data.popitem(last=False)
                 self._access.pop(victim, None)
                 self._size -= len(dropped)
+        return True
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         found = {}

@@ -296,6 +296,11 @@ class RedisBackend(Backend):
         refuse_over_cap(self.name, self.max_entry_size, {key: len(data)})
         self._run("set", lambda c: c.set(full, data, px=px))
 
+    def add(self, key: str, value: bytes) -> bool:
+        full, data, px = self._full(key), bytes(value), self._px()
+        refuse_over_cap(self.name, self.max_entry_size, {key: len(data)})
+        return bool(self._run("set", lambda c: c.set(full, data, px=px, nx=True)))
+
     def delete(self, key: str) -> bool:
         full = self._full(key)
         return bool(self._run("delete", lambda c: c.delete(full)))

@@ -34,9 +34,23 @@ from runtime_cache.fork_locks import renew_in_child
 
 from .write_behind import WriteBehind
 
-__all__ = ["Tier", "TierStats", "delete_in_tiers", "raise_if_all_failed", "raise_if_unwritten"]
+__all__ = [
+    "PROMOTE",
+    "PROMOTE_OVER",
+    "Tier",
+    "TierStats",
+    "delete_in_tiers",
+    "raise_if_all_failed",
+    "raise_if_unwritten",
+]
 
 T = TypeVar("T")
+
+
+#: The write that copies a value found below into the tiers above it (:meth:`Tier.write`
+#: adds it only where such a tier holds nothing); ``promote-over`` replaces what is there.
+PROMOTE = "promote"
+PROMOTE_OVER = "promote-over"
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,8 @@ class Tier:
         (``InvalidKeyError``: a ``dir://`` tier and a name Redis takes; left to the other
         tiers, as its reads leave them). A batch such a key stopped is written again a key
         at a time: the keys before it are written twice."""
+        if op == PROMOTE:  # where this tier holds nothing: a write landed since stays
+            return self._one_by_one(op, self.backend.add, items, errors)
         refused: list[Exception] = []
         if len(items) == 1:
             ((key, value),) = items.items()
@@ -108,11 +124,21 @@ class Tier:
         done, _ = self.attempt(op, partial(self.backend.set_many, items), errors, refused)
         if not refused:
             return done, {}
+        return self._one_by_one(op, self.backend.set, items, errors)
+
+    def _one_by_one(
+        self,
+        op: str,
+        store: Callable[[str, bytes], object],
+        items: Mapping[str, bytes],
+        errors: list[Exception],
+    ) -> tuple[bool, dict[str, Exception]]:
+        """:meth:`write`'s result for ``store(key, value)`` called a key at a time."""
         failed: list[Exception] = []  # (one in ``errors`` for the tier, as a batch's)
         unheld: dict[str, Exception] = {}
         for key, value in items.items():
             one: list[Exception] = []
-            self.attempt(op, partial(self.backend.set, key, value), failed, one)
+            self.attempt(op, partial(store, key, value), failed, one)
             if one:
                 unheld[key] = one[0]
         errors.extend(failed[-1:])

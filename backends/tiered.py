@@ -42,7 +42,15 @@ from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
 from runtime_cache.urls import redact_url, tier_urls
 
-from .tier import Tier, TierStats, delete_in_tiers, raise_if_all_failed, raise_if_unwritten
+from .tier import (
+    PROMOTE,
+    PROMOTE_OVER,
+    Tier,
+    TierStats,
+    delete_in_tiers,
+    raise_if_all_failed,
+    raise_if_unwritten,
+)
 from .tier_reads import read_many, read_one, whole
 from .write_behind import FlushingLease, WriteBehind
 
@@ -191,7 +199,7 @@ class TieredBackend(Backend):
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
-        if missed and took and op != "promote":
+        if missed and took and op not in (PROMOTE, PROMOTE_OVER):
             # A tier below took the new values: an older copy left in a tier above it that
             # failed would be served before them (a read-only or full folder over Redis
             # served the old entries after an import said "imported 3"). A tier with none
@@ -216,7 +224,9 @@ class TieredBackend(Backend):
         for tier in self._tiers:
             tier.backend.check_promotions(check)
 
-    def _promote(self, upto: int, items: Mapping[str, bytes]) -> None:
+    def _promote(self, upto: int, items: Mapping[str, bytes], op: str = PROMOTE) -> None:
+        # Into a tier that holds nothing under the key (PROMOTE): a write that landed there
+        # after the read below, in this process or another, is newer than what was read.
         if not items or upto == 0:
             return
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
@@ -228,7 +238,7 @@ class TieredBackend(Backend):
         for tier in self._tiers[:upto]:
             tier.count_promoted(len(items))
         try:
-            self._write(self._tiers[:upto], items, "promote")
+            self._write(self._tiers[:upto], items, op)
         except (BackendError, InvalidKeyError):  # (a key a tier above cannot hold: not there)
             pass  # already counted per tier; the value was found, which is what matters
 
@@ -257,7 +267,8 @@ class TieredBackend(Backend):
     def get_many_past(
         self, bad: Mapping[str, bytes], *, span: Span | None = None
     ) -> dict[str, bytes]:
-        return whole(read_many(self._tiers, bad, self._promote, past=bad, span=span))
+        over = partial(self._promote, op=PROMOTE_OVER)  # (over the refused copy above)
+        return whole(read_many(self._tiers, bad, over, past=bad, span=span))
 
     def head(self, key: str, size: int) -> bytes | None:
         errors: list[Exception] = []

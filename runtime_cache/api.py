@@ -337,6 +337,16 @@ class Backend(abc.ABC):
         """Like :meth:`get_many`, but not counted as a use."""
         return self.get_many(keys)
 
+    def add(self, key: str, value: bytes) -> bool:
+        """Store ``value`` under ``key`` only where nothing is stored there (a tiered store's
+        copy up from a slower tier, which must not replace a newer write): whether it
+        stored. This default looks first, so a write between the look and the store can
+        still be replaced; the built-in backends do it in one step."""
+        if self.head(key, 1) is not None:
+            return False
+        self.set(key, value)
+        return True
+
     def head(self, key: str, size: int) -> bytes | None:
         """Return at most the first ``size`` bytes of a value (for reading metadata)."""
         value = self.get(key)

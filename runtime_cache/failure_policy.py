@@ -32,7 +32,9 @@ from .fork_locks import renew_in_child
 __all__ = ["FLAP_SECONDS", "WRITES", "FailurePolicy"]
 
 #: Operations that count on the write side; every other one is a read.
-WRITES = frozenset({"set", "set_many", "delete", "delete_if", "promote", "background write"})
+WRITES = frozenset(
+    {"set", "set_many", "delete", "delete_if", "promote", "promote-over", "background write"}
+)
 
 T = TypeVar("T")
 

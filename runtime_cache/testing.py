@@ -69,6 +69,13 @@ class BackendConformance:
         backend.set(_k(5), b"two")
         assert backend.get(_k(5)) == b"two"
 
+    def test_add_stores_only_where_nothing_is(self, backend: Backend) -> None:
+        assert backend.add(_k("add"), b"first") is True
+        assert backend.add(_k("add"), b"second") is False
+        assert backend.get(_k("add")) == b"first"
+        backend.set(_k("add"), b"third")  # (set replaces, as ever)
+        assert backend.get(_k("add")) == b"third"
+
     def test_delete(self, backend: Backend) -> None:
         backend.set(_k(6), b"x")
         assert backend.delete(_k(6)) is True

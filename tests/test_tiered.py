@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,79 @@ def test_read_through_promotes_into_faster_tiers(tmp_path: Path) -> None:
     assert backend.get_many(["p/a", "p/b", "p/none"]) == {"p/a": b"A", "p/b": b"B"}
     assert fast.get_many(["p/a", "p/b"]) == {"p/a": b"A", "p/b": b"B"}
     assert backend.tier_stats()[0].promoted == 3
+
+
+class _HeldRead(DirectoryBackend):
+    """A folder whose reads of one key wait for ``go`` after reading (a slow disk or network)."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        super().__init__(path)
+        self.held, self.read, self.go = key, threading.Event(), threading.Event()
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        if key == self.held:
+            self.read.set()
+            assert self.go.wait(10)
+        return value
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return {k: v for k in keys if (v := self.get(k)) is not None}
+
+
+@pytest.mark.parametrize("how", ["get", "get_many"])
+def test_a_copy_up_never_replaces_a_write_that_landed_after_the_read(
+    tmp_path: Path, how: str
+) -> None:
+    """Review: a read found v1 below and copied it up over a v2 stored meanwhile, in this
+    process (a tuning record re-tuned while another thread read it) or in another (two
+    processes over ``dir://,redis://``: every process on the machine then served v1)."""
+    key = "t/record"
+    below = _HeldRead(tmp_path / "below", key)
+    below.set(key, b"v1")
+    for upper, other in (
+        (MemoryBackend(), None),  # the same process's tiers
+        (DirectoryBackend(tmp_path / "up"), DirectoryBackend(tmp_path / "up")),  # another's
+    ):
+        reader = TieredBackend([upper, below])
+        writer = reader if other is None else TieredBackend([other, DirectoryBackend(below.root)])
+        below.read.clear()
+        below.go.clear()
+        read = getattr(reader, how)
+        thread = threading.Thread(target=read, args=([key] if how != "get" else key,))
+        thread.start()
+        assert below.read.wait(10)
+        writer.set(key, b"v2")
+        below.go.set()
+        thread.join(10)
+        assert upper.get(key) == b"v2" and reader.get(key) == b"v2"
+        assert DirectoryBackend(below.root).get(key) == b"v2"
+        upper.delete(key)
+        below.set(key, b"v1")
+
+
+def test_a_folder_adds_by_a_hard_link_where_renameat2_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime_cache.backends import dir_write
+
+    monkeypatch.setattr(dir_write, "rename_noreplace", lambda *args: None)
+    folder = DirectoryBackend(tmp_path)
+    assert folder.add("a/one", b"first") is True
+    assert folder.add("a/one", b"second") is False
+    assert folder.get("a/one") == b"first"
+    entry = tmp_path / folder._rel("a/one")
+    assert entry.stat().st_nlink == 1
+    assert [n for n in os.listdir(entry.parent) if n.startswith(".tmp-")] == []
+
+
+def test_a_good_copy_below_still_replaces_a_refused_one_above(tmp_path: Path) -> None:
+    fast, slow = MemoryBackend(), DirectoryBackend(tmp_path)
+    fast.set("p/bad", b"refused")
+    slow.set("p/bad", b"good")
+    backend = TieredBackend([fast, slow])
+    assert backend.get_many_past({"p/bad": b"refused"}) == {"p/bad": b"good"}
+    assert fast.get("p/bad") == b"good"
 
 
 def test_remote_writes_are_queued_and_flushed(
