@@ -228,6 +228,14 @@ class Cache(Inventory, BatchReads, Builds, Removals, Writes):
         checked = self._read(key)
         return None if checked is None else checked.entry()
 
+    def took_back(self, entry: Entry, corrupt: bool = True) -> None:
+        """Count a hit whose value its caller could not use (a record that does not decode;
+        ``corrupt=False``: one the caller may not take, over its own limit) as a miss: the
+        hit and its time saved taken back, and ``corrupt`` counted where it is bad."""
+        self._counters.add(
+            hits=-1, misses=1, corrupt=int(corrupt), seconds_saved=-entry.build_seconds
+        )
+
     def _fetch(self, skey: str, count_use: bool = True) -> tuple[bytes, ...] | None:
         # One read, in pieces where the backend can (the value then needs no copy);
         # a failure or no entry counts as a miss. Not ``count_use``: a use was counted.

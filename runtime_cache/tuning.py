@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 from .cache import Cache
-from .entry_meta import no_ext_type
+from .entry_meta import Entry, no_ext_type
 from .errors import CorruptEntryError, InvalidRecordError, RuntimeCacheError
 from .keys import CacheKey, make_key
 from .provider import get_cache
@@ -196,13 +196,13 @@ class TuningCache:
         and kept.
         """
         key = self.key(symbol)
-        cache = self.cache
-        data = cache.get(key)
-        if data is None:
+        entry = self.cache.get_entry(key)
+        if entry is None:
             return None
-        if self._over_limit(key, data):
+        if self._over_limit(key, entry.value):
+            self.cache.took_back(entry, corrupt=False)
             return self._here.get(symbol)
-        return self._decode_or_discard(cache, key, data)
+        return self._decode_or_discard(self.cache, key, entry)
 
     def _over_limit(self, key: CacheKey, data: bytes) -> bool:
         """Whether ``data`` is larger than this reader takes: a record another user of the
@@ -219,12 +219,14 @@ class TuningCache:
         )
         return True
 
-    def _decode_or_discard(self, cache: Cache, key: CacheKey, data: bytes) -> Record | None:
+    def _decode_or_discard(self, cache: Cache, key: CacheKey, entry: Entry) -> Record | None:
+        """``entry``'s record; ``None`` for a bad one, deleted and counted as a miss."""
         try:
-            return decode_record(data, self.max_record_size)
+            return decode_record(entry.value, self.max_record_size)
         except CorruptEntryError as exc:
             log.warning("runtime-cache: bad tuning record %s (%s); deleting it", key, exc)
-            cache.delete_if_holds(key, data)  # (not a good record stored since)
+            cache.took_back(entry)  # (a miss, not a hit that saved its tuning time)
+            cache.delete_if_holds(key, entry.value)  # (not a good record stored since)
             return None
 
     def put(self, symbol: str, record: Mapping[str, Any], *, tune_seconds: float = 0.0) -> bool:
@@ -253,11 +255,12 @@ class TuningCache:
                 self._here[symbol] = decode_record(build(), self.max_record_size)
             return self._here[symbol]
 
-        data = cache.get(key)
-        if data is not None:
-            if self._over_limit(key, data):
+        entry = cache.get_entry(key)
+        if entry is not None:
+            if self._over_limit(key, entry.value):
+                cache.took_back(entry, corrupt=False)
                 return here()
-            record = self._decode_or_discard(cache, key, data)
+            record = self._decode_or_discard(cache, key, entry)
             if record is not None:
                 return record
         data = cache.get_or_build(key, build)

@@ -217,6 +217,26 @@ def test_a_bad_stored_record_is_a_miss_and_is_retuned(cache: rc.Cache) -> None:
     assert t.get("conv1") == {"tile": 2}
 
 
+def test_a_record_the_reader_cannot_use_is_counted_as_a_miss_not_a_hit() -> None:
+    """Review: a bad stored record (and one over the reader's limit) counted as a hit, with
+    its writer's tuning time as time saved, though the reader tuned again."""
+    cache = rc.Cache(MemoryBackend())
+    t = tuner(cache)
+    cache.put(t.key("conv1"), b"\x93\x01\x02\x03", build_seconds=50)  # a list, not a map
+    assert t.get("conv1") is None
+    got = cache.stats()
+    assert (got.hits, got.misses, got.corrupt, got.seconds_saved) == (0, 1, 1, 0.0)
+    small = TuningCache("net@1", "opencl", GPU_A, cache=cache, max_record_size=1024)
+    assert t.put("conv2", {"table": list(range(2000))}, tune_seconds=30)
+    for _ in range(3):
+        assert small.get_or_tune("conv2", lambda: {"tile": 4}) == {"tile": 4}
+    assert small.get("conv2") == {"tile": 4}
+    got = cache.stats()
+    assert (got.hits, got.misses, got.corrupt, got.seconds_saved) == (0, 5, 1, 0.0)
+    assert t.get("conv2") == {"table": list(range(2000))}
+    assert cache.stats().hits == 1 and cache.stats().seconds_saved == 30
+
+
 def test_signed_cache_round_trip_and_foreign_secret() -> None:
     signed = rc.Cache(MemoryBackend(), secret="s3cret")
     t = tuner(signed)
@@ -275,16 +295,16 @@ def test_a_bad_record_never_takes_a_good_one_stored_since_with_it(tmp_path: Any)
     other = TuningCache("model@1", "opencl", device, cache=rc.Cache(DirectoryBackend(tmp_path)))
     victim = TuningCache("model@1", "opencl", device, cache=mine)
     mine.put(victim.key("conv1"), msgpack.packb([1, 2, 3]))  # a record that is no dict
-    read = mine.get
+    read = mine.get_entry
 
-    def get_then_another_stores(key: Any) -> bytes | None:
+    def get_then_another_stores(key: Any) -> Any:
         data = read(key)
         other.put("conv1", {"tile": 8, "ms": 0.4})  # between the read and the removal
         return data
 
-    mine.get = get_then_another_stores  # type: ignore[method-assign]
+    mine.get_entry = get_then_another_stores  # type: ignore[method-assign]
     assert victim.get("conv1") is None
-    mine.get = read  # type: ignore[method-assign]
+    mine.get_entry = read  # type: ignore[method-assign]
     assert other.get("conv1") == {"tile": 8, "ms": 0.4}
     # Without a store in between, the bad record is removed as before.
     mine.put(victim.key("conv2"), msgpack.packb([1, 2, 3]))
