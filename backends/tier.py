@@ -42,6 +42,7 @@ __all__ = [
     "delete_in_tiers",
     "raise_if_all_failed",
     "raise_if_unwritten",
+    "settle_unwritten",
 ]
 
 T = TypeVar("T")
@@ -207,10 +208,43 @@ class Tier:
         with self._counts_lock:
             self.promoted += count
 
+    def count_unwritten(self, count: int) -> None:
+        """Count ``count`` values another tier took and this one did not (a remote tier's full
+        queue, or failing writes), unread: each in ``not_written`` and ``may_be_stale``, as
+        its older copy, if it holds one, is served once the tiers above lose theirs."""
+        self._count(count, count)
+
     def _count(self, not_written: int, may_be_stale: int) -> None:
         with self._counts_lock:
             self.not_written += not_written
             self.may_be_stale += may_be_stale
+
+
+def settle_unwritten(
+    tiers: Sequence[Tier],
+    items: Mapping[str, bytes],
+    took: Sequence[Tier],
+    missed: Sequence[tuple[Tier, Exception]],
+    unqueued: Sequence[Tier],
+    refused: Mapping[int, Mapping[str, Exception]],
+) -> None:
+    """After a write of ``items`` that the tiers in ``took`` took: count what the tiers in
+    ``unqueued`` (remote ones that took none of it) did not write, and have each tier in
+    ``missed`` (that failed it) drop its older copies where a tier below took the values.
+    ``refused`` holds, by ``id(tier)``, the keys each tier cannot hold."""
+    for tier in unqueued:  # (unread: it is failing or behind; counted as may-be)
+        tier.count_unwritten(len(items))
+    if not missed:
+        return
+    # A tier below took the new values: an older copy left in a tier above it that failed
+    # would be served before them (a read-only or full folder over Redis served the old
+    # entries after an import said "imported 3"). A tier with none below that took them
+    # keeps its copy (the shared tier's, which other machines read).
+    order = {id(tier): index for index, tier in enumerate(tiers)}
+    lowest = max(order[id(tier)] for tier in took)
+    for tier, error in missed:
+        held = {k: v for k, v in items.items() if k not in refused[id(tier)]}
+        tier.unwritten(held, error, drop=order[id(tier)] < lowest)
 
 
 def _heads(backend: Backend, items: Mapping[str, bytes]) -> dict[str, bytes]:

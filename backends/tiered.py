@@ -1,7 +1,7 @@
 """``TieredBackend``: fast tiers over slow ones, e.g. memory over a directory over Redis.
 
 - A read goes through the tiers in order; a hit in a lower tier is copied up into the
-  faster ones (promotion).
+  faster ones where they hold nothing (promotion: a newer write there stays).
 - A write goes to every tier. Tiers that declare ``remote = True`` (Redis) are written by
   a background thread with a bounded queue, so the caller never waits on the network; the
   queue is flushed on :meth:`TieredBackend.close` and at exit.
@@ -10,8 +10,7 @@
 - A tier that fails a write that a tier below it takes removes its older copy of the key
   where it can, so that reads fall through to the newer one (the lowest tier that failed
   keeps its copy: the shared one, which other machines read); what a tier did not write,
-  and what it could not remove or kept, are counted per tier
-  (:meth:`TieredBackend.tier_stats`).
+  and what it could not remove or kept, are counted (:meth:`TieredBackend.tier_stats`).
 
 From a URL (this is the form ``RUNTIME_CACHE`` takes)::
 
@@ -50,6 +49,7 @@ from .tier import (
     delete_in_tiers,
     raise_if_all_failed,
     raise_if_unwritten,
+    settle_unwritten,
 )
 from .tier_reads import read_many, read_one, whole
 from .write_behind import FlushingLease, WriteBehind
@@ -178,6 +178,7 @@ class TieredBackend(Backend):
         took: list[Tier] = []
         asked: list[Tier] = []
         refused: dict[int, dict[str, Exception]] = {}  # id(tier) -> the keys it cannot hold
+        unqueued: list[Tier] = []  # remote tiers that took none of it: their older copies stay
         for tier in tiers:
             asked.append(tier)
             if tier.writer is not None:
@@ -186,6 +187,7 @@ class TieredBackend(Backend):
                     took.append(tier)  # (queued: it lands, or its failure is counted there)
                 else:  # none to count on: a tier above keeps its copy, and the write may fail
                     errors.append(BackendUnavailableError(f"{tier.backend!r}: writes failing"))
+                    unqueued.append(tier)
                 continue
             done, refused[id(tier)] = tier.write(op, items, errors)
             if len(refused[id(tier)]) == len(items):
@@ -199,17 +201,8 @@ class TieredBackend(Backend):
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
-        if missed and took and op not in (PROMOTE, PROMOTE_OVER):
-            # A tier below took the new values: an older copy left in a tier above it that
-            # failed would be served before them (a read-only or full folder over Redis
-            # served the old entries after an import said "imported 3"). A tier with none
-            # below that took them keeps its copy (the shared tier's, which other machines
-            # read). A promotion's value is the one below already.
-            order = {id(tier): index for index, tier in enumerate(self._tiers)}
-            lowest = max(order[id(tier)] for tier in took)
-            for tier, error in missed:
-                held = {k: v for k, v in items.items() if k not in refused[id(tier)]}
-                tier.unwritten(held, error, drop=order[id(tier)] < lowest)
+        if took and op not in (PROMOTE, PROMOTE_OVER):  # (a copy up's value is below already)
+            settle_unwritten(self._tiers, items, took, missed, unqueued, refused)
         raise_if_unwritten(asked, items, refused, missed)
         whole = sum(len(keys) == len(items) for keys in refused.values())
         raise_if_all_failed(errors, len(asked) - whole)
@@ -225,8 +218,7 @@ class TieredBackend(Backend):
             tier.backend.check_promotions(check)
 
     def _promote(self, upto: int, items: Mapping[str, bytes], op: str = PROMOTE) -> None:
-        # Into a tier that holds nothing under the key (PROMOTE): a write that landed there
-        # after the read below, in this process or another, is newer than what was read.
+        # PROMOTE: where nothing is (a write landed since the read below is newer).
         if not items or upto == 0:
             return
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
@@ -248,8 +240,7 @@ class TieredBackend(Backend):
         return None if found is None else found[0]
 
     def get_parts(self, key: str, span: Span) -> tuple[bytes, ...] | None:
-        # Each tier in parts, as it reads on its own: a dir:// tier takes a file that holds
-        # no entry for junk, unread (session 37's re-attack review: it was read whole here).
+        # Each tier in parts, as it reads on its own (dir:// takes a junk file unread).
         return read_one(self._tiers, key, span, self._promote)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:

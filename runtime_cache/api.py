@@ -5,9 +5,7 @@ Every storage backend subclasses :class:`Backend`. A backend stores opaque
 (:class:`runtime_cache.Cache`) encodes, checks and signs entries.
 
 Backends import this module (its :class:`Lease` lives in :mod:`runtime_cache.lease`),
-:mod:`runtime_cache.errors`, and the helpers in
-:mod:`runtime_cache.urls` (URLs, redaction) and :mod:`runtime_cache.units`
-(sizes, durations, booleans).
+:mod:`runtime_cache.errors`, :mod:`runtime_cache.urls` and :mod:`runtime_cache.units`.
 
 Example, a minimal backend::
 
@@ -43,8 +41,7 @@ from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
 from .lease import Lease
 from .spans import SPAN_HEAD, HeadOnly, Span, blob_tail, frames_blobs, framing_span, head_only
 
-# Kept importable from here for code written before they moved: URL helpers live in
-# runtime_cache.urls, sizes and durations in runtime_cache.units.
+# Kept importable from here for code written before they moved to .units and .urls.
 from .units import parse_duration, parse_size
 from .urls import BackendURL, redact_url
 
@@ -157,15 +154,13 @@ class StoredItem:
 class Backend(abc.ABC):
     """Abstract storage of ``bytes`` values under ``str`` keys.
 
-    Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`.
-    Optional, with defaults built on those: :meth:`get_many`, :meth:`set_many`,
+    Required: :meth:`get`, :meth:`set`, :meth:`delete`, :meth:`keys`. Optional, with
+    defaults built on those: :meth:`get_many`, :meth:`set_many`, :meth:`add`,
     :meth:`delete_if`, :meth:`delete_if_unchanged`, :meth:`head`, :meth:`get_parts`,
-    :meth:`get_range`, :meth:`scan`, :meth:`close`; and
-    :meth:`lease` (default: none).
+    :meth:`get_range`, :meth:`scan`, :meth:`close`; and :meth:`lease` (default: none).
 
-    Failures are raised as :class:`runtime_cache.errors.BackendError` (or a
-    subclass); a vanished value is ``None``, never an error.
-    """
+    Failures are raised as :class:`runtime_cache.errors.BackendError` (or a subclass); a
+    vanished value is ``None``, never an error."""
 
     #: The URL scheme this class is registered under, e.g. ``"dir"``.
     scheme: ClassVar[str] = ""
@@ -176,9 +171,8 @@ class Backend(abc.ABC):
     #: ours that others cannot write). Values that go unvetted into a driver (the
     #: driver's own cache files) are read only from private or signed caches.
     private: bool = False
-    #: Whether others (other users, other machines) can write this store. A
-    #: :class:`~runtime_cache.Cache` over a shared store needs a secret, or
-    #: :attr:`insecure` set on purpose: anyone who can write it could plant binaries.
+    #: Whether others (other users, other machines) can write this store: a Cache over
+    #: it needs a secret, or :attr:`insecure` set on purpose (they could plant binaries).
     shared: bool = False
     #: Set by ``insecure=1`` in the URL (or by hand): a shared store used unsigned on purpose.
     insecure: bool = False
@@ -196,9 +190,8 @@ class Backend(abc.ABC):
 
     @classmethod
     def url_is_shared(cls, url: str) -> bool:
-        """Whether ``url`` alone says its store is shared, read before anything is opened,
-        so that a :class:`~runtime_cache.Cache` without a secret is refused before the
-        store is made or changed. Defaults to the class's :attr:`shared`."""
+        """Whether ``url`` alone says the store is shared (so a cache without a secret is
+        refused before the store is opened); defaults to :attr:`shared`."""
         return bool(cls.shared)
 
     @abc.abstractmethod
@@ -338,14 +331,13 @@ class Backend(abc.ABC):
         return self.get_many(keys)
 
     def add(self, key: str, value: bytes) -> bool:
-        """Store ``value`` under ``key`` only where nothing is stored there (a tiered store's
-        copy up from a slower tier, which must not replace a newer write): whether it
-        stored. This default looks first, so a write between the look and the store can
-        still be replaced; the built-in backends do it in one step."""
-        if self.head(key, 1) is not None:
-            return False
-        self.set(key, value)
-        return True
+        """Store ``value`` under ``key`` only where nothing is (a tier's copy up, which must
+        not replace a newer write): whether it stored. This default looks, then stores;
+        the built-in backends do it in one step."""
+        if self.head(key, 1) is None:
+            self.set(key, value)
+            return True
+        return False
 
     def head(self, key: str, size: int) -> bytes | None:
         """Return at most the first ``size`` bytes of a value (for reading metadata)."""

@@ -228,6 +228,23 @@ def test_full_queue_drops_and_counts(unique_prefix: str, caplog: pytest.LogCaptu
     writer.close()
 
 
+def test_a_write_the_remote_queue_could_not_take_counts_its_older_copy() -> None:
+    """Review: with the remote tier's queue full (or its writes failing), a put landed in
+    memory alone; once memory lost it, the remote tier's older copy was served, and
+    ``may_be_stale`` said 0."""
+    backend = TieredBackend([MemoryBackend(), rc.open_backend(_dead_redis_url())], queue_items=2)
+    writer = backend._tiers[1].writer
+    assert writer is not None
+    backend.set("q/a", b"1")
+    writer.flush(timeout=10)  # it fails: the tier's writes are failing now
+    assert writer.failed == 1
+    backend.set("q/conv", b"v2")  # memory takes it; the remote tier takes none of it
+    remote = backend.tier_stats()[1]
+    assert (remote.not_written, remote.may_be_stale) == (1, 1)
+    assert backend.tier_stats()[0].may_be_stale == 0 and backend.get("q/conv") == b"v2"
+    backend.close()
+
+
 def test_close_flushes_queued_writes(redis_server: RedisProcess, unique_prefix: str) -> None:
     backend = TieredBackend([MemoryBackend(), _redis(redis_server.url, unique_prefix)])
     backend.set_many({f"c/{i}": b"v" for i in range(50)})
