@@ -16,7 +16,7 @@ import threading
 
 import platformdirs
 
-from .errors import BackendError, InvalidSecretError, InvalidURLError
+from .errors import BackendError, InvalidSecretError, InvalidURLError, InvalidValueError
 
 __all__ = [
     "ENV_CACHE",
@@ -213,6 +213,11 @@ def cache_folder(path: str | os.PathLike[str] | None) -> str:
     root = os.path.expanduser(os.fspath(path)) if path else default_directory()
     if not isinstance(root, str):
         raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
+    if root.startswith("~"):  # ~user of no user here: not a folder named so, by surprise
+        user = root[1:].split("/", 1)[0]
+        raise InvalidValueError(
+            f"cache folder {root!r}: no user {user!r} here (a folder of that name is ./{root})"
+        )
     try:
         root = os.path.abspath(root)
     except OSError as exc:  # a relative path, and the current folder removed

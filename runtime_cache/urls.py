@@ -247,6 +247,8 @@ class BackendURL:
         A ``dir://`` URL with a host (``dir://user:pw@host/path``, ``dir://host:80/x``)
         is refused: the folder is ``dir:///abs/path`` or ``dir://relative/path``.
         """
+        if isinstance(url, str) and ("\x00" in url or len(url) > 4096):
+            raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
         if not isinstance(url, str) or "://" not in url:
             hint = ""
             if isinstance(url, str) and url.startswith(("/", ".", "~")):
@@ -254,8 +256,6 @@ class BackendURL:
             raise InvalidURLError(
                 f"not a backend URL (expected scheme://...): {redact_url(url)}{hint}"
             )
-        if "\x00" in url or len(url) > 4096:
-            raise InvalidURLError("a backend URL may not hold NUL bytes or exceed 4096 characters")
         try:
             parts: SplitResult = urlsplit(url)
             pairs = parse_qsl(parts.query, keep_blank_values=True) if parts.query else []

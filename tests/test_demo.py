@@ -555,6 +555,23 @@ def test_printed_cache_url_hides_passwords(url: str, shown: str) -> None:
     assert redact(url) == shown
 
 
+def test_the_default_cache_is_shown_as_a_url_that_opens_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new-user review: a home folder named with a space, '#' or '%' was shown raw, and
+    pasting the line into --cache failed (a fragment) or named another folder."""
+    import argparse
+
+    from runtime_cache.demo.cli import _cache_url
+    from runtime_cache.urls import BackendURL
+
+    for name in ("my home#1", "pct%41"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / name))
+        monkeypatch.delenv("RUNTIME_CACHE", raising=False)
+        _, shown = _cache_url(argparse.Namespace(cache=None))
+        assert BackendURL.parse(shown).folder() == str(tmp_path / name / "runtime-cache")
+
+
 def test_the_demo_opens_the_default_cache_where_the_library_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -41,7 +41,7 @@ from .. import environment
 from ..cache import Cache
 from ..errors import BackendError, RuntimeCacheError
 from ..provider import OFF
-from ..urls import in_process_only, redact, redacted
+from ..urls import folder_url, in_process_only, redact, redacted
 from .entries import demo_entries, remove_entries
 from .errors import DemoError
 from .report import compare, format_text
@@ -152,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _cache_url(args: argparse.Namespace) -> tuple[str, str]:
     """The URL the runs use, and the same with the default folder spelled out."""
     url = getattr(args, "cache", None) or environment.read(environment.ENV_CACHE) or "dir://"
-    shown = f"dir://{environment.default_directory()}" if url.strip() == "dir://" else redacted(url)
+    # (escaped: a home folder with a space, "#" or "%" is pasted back into --cache as it is)
+    shown = (
+        folder_url(environment.default_directory()) if url.strip() == "dir://" else redacted(url)
+    )
     if url.strip().lower() in OFF:
         raise DemoError("caching is off (RUNTIME_CACHE=off); pass --cache URL to run the demo")
     if in_process_only(url):
