@@ -208,11 +208,31 @@ class Tier:
         with self._counts_lock:
             self.promoted += count
 
+    def copy_up(self, key: str, value: bytes) -> bool:
+        """Copy ``value``, found in a slower tier, into this one where it holds nothing under
+        ``key`` (:meth:`Backend.add`, at once: a remote tier's too). Whether the tiers above
+        may take it as well: not where this one holds a value of its own, newer than the one
+        read below. What this user cannot read there (a planted file of another's, which
+        made the read fall through) is replaced, as it was before ``add``."""
+        errors: list[Exception] = []
+        unheld: list[Exception] = []
+        ok, added = self.attempt(PROMOTE, partial(self.backend.add, key, value), errors, unheld)
+        if not ok or added:  # (failed, or cannot hold it: the tiers above may)
+            self.count_promoted(int(bool(added)))
+            return True
+        try:
+            return self.backend.head(key, 1) is None  # (a value of its own: False)
+        except BackendError:  # unreadable here
+            ok, _ = self.attempt(PROMOTE_OVER, partial(self.backend.set, key, value), [], [])
+            self.count_promoted(int(ok))
+            return True
+
     def count_unwritten(self, count: int) -> None:
-        """Count ``count`` values another tier took and this one did not (a remote tier's full
-        queue, or failing writes), unread: each in ``not_written`` and ``may_be_stale``, as
-        its older copy, if it holds one, is served once the tiers above lose theirs."""
-        self._count(count, count)
+        """Count ``count`` values another tier took and this one did not (its full queue
+        dropped them), unread: each in ``not_written`` and ``may_be_stale``, as its older
+        copy, if it holds one, is served once the tiers above lose theirs."""
+        if count:
+            self._count(count, count)
 
     def _count(self, not_written: int, may_be_stale: int) -> None:
         with self._counts_lock:
@@ -225,15 +245,16 @@ def settle_unwritten(
     items: Mapping[str, bytes],
     took: Sequence[Tier],
     missed: Sequence[tuple[Tier, Exception]],
-    unqueued: Sequence[Tier],
+    unqueued: Sequence[tuple[Tier, int]],
     refused: Mapping[int, Mapping[str, Exception]],
 ) -> None:
     """After a write of ``items`` that the tiers in ``took`` took: count what the tiers in
-    ``unqueued`` (remote ones that took none of it) did not write, and have each tier in
-    ``missed`` (that failed it) drop its older copies where a tier below took the values.
+    ``unqueued`` (remote ones, with how many their queues dropped) did not write, and have
+    each tier in ``missed`` (that failed it) drop its older copies where a tier below took
+    the values.
     ``refused`` holds, by ``id(tier)``, the keys each tier cannot hold."""
-    for tier in unqueued:  # (unread: it is failing or behind; counted as may-be)
-        tier.count_unwritten(len(items))
+    for tier, dropped in unqueued:  # (unread: it is behind; counted as may-be)
+        tier.count_unwritten(dropped)
     if not missed:
         return
     # A tier below took the new values: an older copy left in a tier above it that failed

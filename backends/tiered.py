@@ -22,6 +22,7 @@ may not contain a comma.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -178,16 +179,16 @@ class TieredBackend(Backend):
         took: list[Tier] = []
         asked: list[Tier] = []
         refused: dict[int, dict[str, Exception]] = {}  # id(tier) -> the keys it cannot hold
-        unqueued: list[Tier] = []  # remote tiers that took none of it: their older copies stay
+        unqueued: list[tuple[Tier, int]] = []  # remote tiers that dropped some: how many
         for tier in tiers:
             asked.append(tier)
             if tier.writer is not None:
-                queued = tier.writer.put(items) == len(items)
-                if queued and not tier.policy.failing("write"):
+                queued = tier.writer.put(items)
+                if queued == len(items) and not tier.policy.failing("write"):
                     took.append(tier)  # (queued: it lands, or its failure is counted there)
                 else:  # none to count on: a tier above keeps its copy, and the write may fail
                     errors.append(BackendUnavailableError(f"{tier.backend!r}: writes failing"))
-                    unqueued.append(tier)
+                    unqueued.append((tier, len(items) - queued))  # (queued: counted there)
                 continue
             done, refused[id(tier)] = tier.write(op, items, errors)
             if len(refused[id(tier)]) == len(items):
@@ -218,7 +219,6 @@ class TieredBackend(Backend):
             tier.backend.check_promotions(check)
 
     def _promote(self, upto: int, items: Mapping[str, bytes], op: str = PROMOTE) -> None:
-        # PROMOTE: where nothing is (a write landed since the read below is newer).
         if not items or upto == 0:
             return
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
@@ -227,12 +227,14 @@ class TieredBackend(Backend):
             items = {k: v for k, v in items.items() if checks and all(c(k, v) for c in checks)}
             if not items:
                 return
+        if op == PROMOTE:  # where nothing is, nearest first: a newer value stops it (copy_up)
+            for tier in reversed(self._tiers[:upto]):
+                items = {k: v for k, v in items.items() if tier.copy_up(k, v)}
+            return
         for tier in self._tiers[:upto]:
             tier.count_promoted(len(items))
-        try:
+        with contextlib.suppress(BackendError, InvalidKeyError):  # (counted per tier)
             self._write(self._tiers[:upto], items, op)
-        except (BackendError, InvalidKeyError):  # (a key a tier above cannot hold: not there)
-            pass  # already counted per tier; the value was found, which is what matters
 
     # ----------------------------------------------------------------- reading
     def get(self, key: str) -> bytes | None:
@@ -380,8 +382,7 @@ class TieredBackend(Backend):
         inner = self._tiers[-1].backend.lease(key, ttl)
         return None if inner is None else FlushingLease(inner, self.flush, self._refused)
 
-    def _refused(self, key: str) -> bool:
-        # Whether the last (shared) tier, the lease's, refused ``key``'s latest write for size.
+    def _refused(self, key: str) -> bool:  # the lease's tier refused its last write for size
         writer = self._tiers[-1].writer
         return key in self._refusals or (writer is not None and key in writer.refusals)
 

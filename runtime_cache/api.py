@@ -192,7 +192,7 @@ class Backend(abc.ABC):
     def url_is_shared(cls, url: str) -> bool:
         """Whether ``url`` alone says the store is shared (so a cache without a secret is
         refused before the store is opened); defaults to :attr:`shared`."""
-        return bool(cls.shared)
+        return cls.shared is True  # (a property, set per instance, is read once it opens)
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:

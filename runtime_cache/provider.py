@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from . import environment
 from .api import Backend
 from .cache import Cache
+from .codec import normalize_secret
 from .errors import BackendError, RuntimeCacheError
 from .fork_locks import renew_in_child
 from .registry import open_backend, registry
@@ -68,8 +69,9 @@ def cache_from_url(url: str, *, secret: list[str] | None, strict: bool = False) 
 
 def refuse_unsigned(url: str, secret: list[str] | None) -> None:
     """Raise :class:`~runtime_cache.errors.InsecureStoreError` when ``url`` says its store
-    is shared and no ``secret`` is given (read from the URL alone, nothing opened)."""
-    if secret is None:
+    is shared and no ``secret`` is given (read from the URL alone, nothing opened), and
+    :class:`~runtime_cache.errors.InvalidSecretError` for a blank one, also before."""
+    if normalize_secret(secret) is None:
         shared = registry.shared_parts(url)
         if shared:
             raise unsigned_refusal(shared)

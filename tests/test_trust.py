@@ -21,6 +21,7 @@ from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.cli import main
 from runtime_cache.errors import InsecureStoreError, InvalidSecretError
 from runtime_cache.maintenance import verify
+from runtime_cache.provider import cache_from_url
 from runtime_cache.tuning import TuningCache
 
 if TYPE_CHECKING:
@@ -258,6 +259,11 @@ def test_a_refused_shared_folder_is_not_made_or_changed_and_a_callers_backend_st
         assert not rc.get_cache().enabled
         monkeypatch.delenv("RUNTIME_CACHE")
         rc.reset_cache_provider()
+    # A blank secret is refused before the open too (it made the folder 2775 first).
+    for secret in ([""], ["  "]):
+        with pytest.raises(InvalidSecretError):
+            cache_from_url(f"dir://{made}?shared=1", secret=secret)
+    assert main(["--secret", " ", "--cache", f"dir://{own}?shared=1", "ls"]) == 2
     assert not made.exists()
     assert (
         own.stat().st_mode == before
@@ -272,6 +278,24 @@ def test_a_refused_shared_folder_is_not_made_or_changed_and_a_callers_backend_st
     signed = rc.Cache(backend, secret=SECRET)
     assert signed.put(_key(1), b"v") and signed.get(_key(1)) == b"v"
     backend.close()
+
+
+def test_a_backend_shared_per_instance_is_judged_once_it_opens() -> None:
+    """The re-attack: a third party's class whose ``shared`` is a property (or a class
+    value its instances set otherwise) was refused from its URL alone."""
+    from runtime_cache.registry import Registry
+
+    class PerInstance(MemoryBackend):
+        scheme = "perinstance"
+
+        @property  # type: ignore[override]
+        def shared(self) -> bool:
+            return False
+
+    registry = Registry()
+    registry.register("perinstance", PerInstance)
+    assert registry.shared_parts("perinstance://") == []
+    assert len(registry.shared_parts("redis://h/0")) == 1
 
 
 def test_a_shared_folder_needs_a_secret(tmp_path: Path) -> None:
