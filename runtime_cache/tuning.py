@@ -269,7 +269,10 @@ class TuningCache:
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError:
-            # Another process stored a bad record between our two reads: tune anew.
+            # The bad record read first, which could not be removed (a read-only store), read
+            # again as a hit: taken back. Or another process stored one since: tune anew.
+            if entry is not None and data == entry.value:
+                cache.took_back(entry)
             data = build()
             cache.put(key, data)
             return decode_record(data, self.max_record_size)

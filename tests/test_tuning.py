@@ -237,6 +237,38 @@ def test_a_record_the_reader_cannot_use_is_counted_as_a_miss_not_a_hit() -> None
     assert cache.stats().hits == 1 and cache.stats().seconds_saved == 30
 
 
+def test_a_bad_record_that_cannot_be_removed_is_no_hit_either() -> None:
+    """The re-attack: on a read-only store the bad record stayed, ``get_or_build`` read it
+    again, and that read counted a hit with its tuning time saved."""
+
+    from runtime_cache.errors import ReadOnlyBackendError
+
+    class ReadOnly(MemoryBackend):
+        sealed = False
+
+        def set(self, key: str, value: bytes) -> None:
+            if self.sealed:
+                raise ReadOnlyBackendError("read-only")
+            super().set(key, value)
+
+        def delete(self, key: str) -> bool:
+            raise ReadOnlyBackendError("read-only")
+
+        def delete_if(self, key: str, expected: bytes) -> bool:
+            raise ReadOnlyBackendError("read-only")
+
+    backend = ReadOnly()
+    cache = rc.Cache(backend)
+    t = tuner(cache)
+    cache.put(t.key("conv1"), b"\x93\x01\x02\x03", build_seconds=100)  # a list, not a map
+    backend.sealed = True
+    cache.reset_stats()
+    for _ in range(3):
+        assert t.get_or_tune("conv1", lambda: {"tile": 4}) == {"tile": 4}
+    got = cache.stats()
+    assert got.hits == 0 and got.seconds_saved == 0.0, got
+
+
 def test_signed_cache_round_trip_and_foreign_secret() -> None:
     signed = rc.Cache(MemoryBackend(), secret="s3cret")
     t = tuner(signed)
