@@ -48,8 +48,8 @@ __all__ = [
 T = TypeVar("T")
 
 
-#: The write that copies a value found below into the tiers above it (:meth:`Tier.write`
-#: adds it only where such a tier holds nothing); ``promote-over`` replaces what is there.
+#: The write that copies a value found below into the tiers above it, only where such a
+#: tier holds nothing (:meth:`Tier.copy_up`); ``promote-over`` replaces what is there.
 PROMOTE = "promote"
 PROMOTE_OVER = "promote-over"
 
@@ -115,8 +115,6 @@ class Tier:
         (``InvalidKeyError``: a ``dir://`` tier and a name Redis takes; left to the other
         tiers, as its reads leave them). A batch such a key stopped is written again a key
         at a time: the keys before it are written twice."""
-        if op == PROMOTE:  # where this tier holds nothing: a write landed since stays
-            return self._one_by_one(op, self.backend.add, items, errors)
         refused: list[Exception] = []
         if len(items) == 1:
             ((key, value),) = items.items()
@@ -125,21 +123,11 @@ class Tier:
         done, _ = self.attempt(op, partial(self.backend.set_many, items), errors, refused)
         if not refused:
             return done, {}
-        return self._one_by_one(op, self.backend.set, items, errors)
-
-    def _one_by_one(
-        self,
-        op: str,
-        store: Callable[[str, bytes], object],
-        items: Mapping[str, bytes],
-        errors: list[Exception],
-    ) -> tuple[bool, dict[str, Exception]]:
-        """:meth:`write`'s result for ``store(key, value)`` called a key at a time."""
         failed: list[Exception] = []  # (one in ``errors`` for the tier, as a batch's)
         unheld: dict[str, Exception] = {}
         for key, value in items.items():
             one: list[Exception] = []
-            self.attempt(op, partial(store, key, value), failed, one)
+            self.attempt(op, partial(self.backend.set, key, value), failed, one)
             if one:
                 unheld[key] = one[0]
         errors.extend(failed[-1:])
@@ -251,8 +239,7 @@ def settle_unwritten(
     """After a write of ``items`` that the tiers in ``took`` took: count what the tiers in
     ``unqueued`` (remote ones, with how many their queues dropped) did not write, and have
     each tier in ``missed`` (that failed it) drop its older copies where a tier below took
-    the values.
-    ``refused`` holds, by ``id(tier)``, the keys each tier cannot hold."""
+    the values. ``refused`` holds, by ``id(tier)``, the keys each tier cannot hold."""
     for tier, dropped in unqueued:  # (unread: it is behind; counted as may-be)
         tier.count_unwritten(dropped)
     if not missed:

@@ -215,9 +215,8 @@ def cache_folder(path: str | os.PathLike[str] | None) -> str:
         raise TypeError(f"a cache folder's path must be text, not {type(path).__name__}")
     if root.startswith("~"):  # ~user of no user here: not a folder named so, by surprise
         user = root[1:].split("/", 1)[0]
-        raise InvalidValueError(
-            f"cache folder {root!r}: no user {user!r} here (a folder of that name is ./{root})"
-        )
+        whose = f"no user {user!r} here" if user else "no home folder known here"
+        raise InvalidValueError(f"cache folder {root!r}: {whose} (a folder so named is ./{root})")
     try:
         root = os.path.abspath(root)
     except OSError as exc:  # a relative path, and the current folder removed

@@ -196,13 +196,14 @@ class TuningCache:
         and kept.
         """
         key = self.key(symbol)
-        entry = self.cache.get_entry(key)
+        cache = self.cache  # (once: the provider may change meanwhile)
+        entry = cache.get_entry(key)
         if entry is None:
             return None
         if self._over_limit(key, entry.value):
-            self.cache.took_back(entry, corrupt=False)
+            cache.took_back(entry, corrupt=False)
             return self._here.get(symbol)
-        return self._decode_or_discard(self.cache, key, entry)
+        return self._decode_or_discard(cache, key, entry)
 
     def _over_limit(self, key: CacheKey, data: bytes) -> bool:
         """Whether ``data`` is larger than this reader takes: a record another user of the
