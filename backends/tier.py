@@ -37,6 +37,7 @@ from .write_behind import WriteBehind
 __all__ = [
     "PROMOTE",
     "PROMOTE_OVER",
+    "Check",
     "Tier",
     "TierStats",
     "delete_in_tiers",
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: A cache's check of an entry (:func:`runtime_cache.trust.entrust`): whether it would serve it.
+Check = Callable[[str, bytes], bool]
 
 
 #: The write that copies a value found below into the tiers above it, only where such a
@@ -196,24 +199,34 @@ class Tier:
         with self._counts_lock:
             self.promoted += count
 
-    def copy_up(self, key: str, value: bytes) -> bool:
+    def copy_up(self, key: str, value: bytes, checks: Sequence[Check]) -> bool:
         """Copy ``value``, found in a slower tier, into this one where it holds nothing under
-        ``key`` (:meth:`Backend.add`, at once: a remote tier's too). Whether the tiers above
-        may take it as well: not where this one holds a value of its own, newer than the one
-        read below. What this user cannot read there (a planted file of another's, which
-        made the read fall through) is replaced, as it was before ``add``."""
-        errors: list[Exception] = []
-        unheld: list[Exception] = []
-        ok, added = self.attempt(PROMOTE, partial(self.backend.add, key, value), errors, unheld)
+        ``key`` (:meth:`Backend.add`). Whether the tiers above may take it as well: not where
+        this one holds an entry of its own, newer than the one read below (one that passes
+        ``checks``, the caches' entry checks; any value where there are none). Anything
+        else there, which the read took for none (junk, what this user cannot read, an
+        entry that fails the checks), is replaced, as before ``add``."""
+        ok, added = self.attempt(PROMOTE, partial(self.backend.add, key, value), [], [])
         if not ok or added:  # (failed, or cannot hold it: the tiers above may)
             self.count_promoted(int(bool(added)))
             return True
         try:
-            return self.backend.head(key, 1) is None  # (a value of its own: False)
-        except BackendError:  # unreadable here
-            ok, _ = self.attempt(PROMOTE_OVER, partial(self.backend.set, key, value), [], [])
-            self.count_promoted(int(ok))
-            return True
+            held = self.backend.peek(key)  # (as a read takes it, not counted as a use)
+        except Exception:
+            held = None
+        if held is not None and all(check(key, held) for check in checks):
+            return False
+        self.copy_over({key: value})
+        return True
+
+    def copy_over(self, items: Mapping[str, bytes]) -> None:
+        """Copy ``items`` into this tier over what it holds (a copy the front refused there;
+        a remote tier, through its queue), counting what it stored or queued."""
+        if self.writer is not None:
+            self.count_promoted(self.writer.put(items))
+            return
+        done, unheld = self.write(PROMOTE_OVER, items, [])
+        self.count_promoted(len(items) - len(unheld) if done else 0)
 
     def count_unwritten(self, count: int) -> None:
         """Count ``count`` values another tier took and this one did not (its full queue

@@ -22,7 +22,6 @@ may not contain a comma.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import weakref
@@ -202,7 +201,7 @@ class TieredBackend(Backend):
                 sized = failed.refused if isinstance(failed, EntryTooLargeError) else set()
                 self._refusals.landed(set(items) - sized)
                 self._refusals.refused(sized)
-        if took and op not in (PROMOTE, PROMOTE_OVER):  # (a copy up's value is below already)
+        if took:
             settle_unwritten(self._tiers, items, took, missed, unqueued, refused)
         raise_if_unwritten(asked, items, refused, missed)
         whole = sum(len(keys) == len(items) for keys in refused.values())
@@ -221,20 +220,15 @@ class TieredBackend(Backend):
     def _promote(self, upto: int, items: Mapping[str, bytes], op: str = PROMOTE) -> None:
         if not items or upto == 0:
             return
+        checks = [c for c in (r() for r in self._checks) if c is not None]
         if self._checks and self._tiers[upto].backend.shared:  # others may have written these
-            checks = [c for c in (r() for r in self._checks) if c is not None]
             # Once checked, never unchecked: with every cache gone, nothing is copied up.
             items = {k: v for k, v in items.items() if checks and all(c(k, v) for c in checks)}
-            if not items:
-                return
-        if op == PROMOTE:  # where nothing is, nearest first: a newer value stops it (copy_up)
-            for tier in reversed(self._tiers[:upto]):
-                items = {k: v for k, v in items.items() if tier.copy_up(k, v)}
-            return
-        for tier in self._tiers[:upto]:
-            tier.count_promoted(len(items))
-        with contextlib.suppress(BackendError, InvalidKeyError):  # (counted per tier)
-            self._write(self._tiers[:upto], items, op)
+        for tier in reversed(self._tiers[:upto]):  # nearest first: a newer entry stops it
+            if op == PROMOTE and tier.writer is None:
+                items = {k: v for k, v in items.items() if tier.copy_up(k, v, checks)}
+            elif items:  # over a refused copy; into a remote tier, queued (see tiered.md)
+                tier.copy_over(items)
 
     # ----------------------------------------------------------------- reading
     def get(self, key: str) -> bytes | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
 
-from .errors import EntryTooLargeError, InvalidKeyError, InvalidURLError
+from .errors import BackendError, EntryTooLargeError, InvalidKeyError, InvalidURLError
 from .lease import Lease
 from .spans import SPAN_HEAD, HeadOnly, Span, blob_tail, frames_blobs, framing_span, head_only
 
@@ -334,10 +334,13 @@ class Backend(abc.ABC):
         """Store ``value`` under ``key`` only where nothing is (a tier's copy up, which must
         not replace a newer write): whether it stored. This default looks, then stores;
         the built-in backends do it in one step."""
-        if self.head(key, 1) is None:
+        try:
+            held = self.head(key, 1)
+        except BackendError:  # (what cannot be read there is replaced, as a read misses it)
+            held = None
+        if held is None:
             self.set(key, value)
-            return True
-        return False
+        return held is None
 
     def head(self, key: str, size: int) -> bytes | None:
         """Return at most the first ``size`` bytes of a value (for reading metadata)."""

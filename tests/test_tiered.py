@@ -214,6 +214,71 @@ def _copy_up_over_an_unreadable_file(tmp_path: Path) -> None:
     assert planted.stat().st_uid == 54322 and planted.read_bytes() == b"GOOD"
 
 
+class _Pinned(MemoryBackend):
+    """A tier holding, at every key, what its reads take for none (junk over its cap, a file
+    it cannot remove) and cannot replace: ``peek`` sees ``held``, or raises ``error``."""
+
+    def __init__(self, held: bytes = b"", error: Exception | None = None) -> None:
+        super().__init__()
+        self.held, self.error, self.sets = held, error, 0
+
+    def get(self, key: str) -> bytes | None:
+        return None
+
+    def add(self, key: str, value: bytes) -> bool:
+        return False
+
+    def peek(self, key: str) -> bytes | None:
+        if self.error is not None:
+            raise self.error
+        return self.held
+
+    def set(self, key: str, value: bytes) -> None:
+        self.sets += 1
+        raise BackendError("cannot replace it")
+
+
+@pytest.mark.parametrize("how", ["junk", "raw-error"])
+def test_a_copy_up_goes_past_what_a_tier_cannot_read_or_replace(tmp_path: Path, how: str) -> None:
+    """The second re-attack: junk planted at an entry (a file over the cap in a member's
+    sticky folder, immutable) stopped the copy up, since a look there saw bytes: memory
+    above never got the good entry; and a raw PermissionError from that look (the junk's
+    removal refused) escaped from the read after the good value was found."""
+    below = DirectoryBackend(tmp_path / "below")
+    memory = MemoryBackend()
+    error = PermissionError(1, "Operation not permitted") if how == "raw-error" else None
+    pinned = _Pinned(os.urandom(40_000), error)
+    cache = rc.Cache(TieredBackend([memory, pinned, below]), secret="s")
+    key = rc.make_key(module_id="m", runtime="opencl", purpose="tuning")
+    rc.Cache(below, secret="s").put(key, b"GOOD")
+    for _ in range(2):
+        assert cache.get(key) == b"GOOD" and list(cache.get_many([key]).values()) == [b"GOOD"]
+    assert rc.Cache(memory, secret="s").get(key) == b"GOOD"
+    assert pinned.sets == 1  # tried once, then served from memory
+    assert cache.stats().errors == 0
+    assert [t.promoted for t in cache.backend.tier_stats()] == [1, 0, 0]  # (stored only)
+
+
+def test_a_default_add_replaces_what_it_cannot_read() -> None:
+    """The second re-attack: a third party's tier without ``add`` (the default: a look,
+    then a store) kept what its reads failed on, where ``set`` had replaced it."""
+    from runtime_cache.backends.callback import CallbackBackend
+
+    store: dict[str, bytes] = {"k/a": b"unreadable"}
+
+    def load(key: str) -> bytes | None:
+        if store.get(key) == b"unreadable":
+            raise PermissionError(13, "Permission denied")
+        return store.get(key)
+
+    upper = CallbackBackend(load=load, store=store.__setitem__)
+    below = MemoryBackend()
+    below.set("k/a", b"good")
+    tiers = TieredBackend([upper, below])
+    assert tiers.get("k/a") == b"good" and store["k/a"] == b"good"
+    assert tiers.tier_stats()[0].promoted == 1
+
+
 def test_a_folder_adds_by_a_hard_link_where_renameat2_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
