@@ -192,12 +192,15 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
         """Count and log junk at the entry name ``rel``, and remove it where we may (a file
         only while it is the one ``st`` describes: an entry written there since stays)."""
         self.junk += 1
-        where = rel
-        if st is not None and stat.S_ISREG(st.st_mode):
-            removed = writes.delete_if_same(self.root_fd, rel, st)
-        else:  # (what was in the way may be a folder's name above the entry's)
-            where, found, removed = clear_way(self.root_fd, rel)
-            what = found if where != rel or not what else what  # (set(): "" for "look")
+        where, removed = rel, False
+        try:  # (a member's sticky folder, an immutable file: not ours to remove, no error)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                removed = writes.delete_if_same(self.root_fd, rel, st)
+            else:  # (what was in the way may be a folder's name above the entry's)
+                where, found, removed = clear_way(self.root_fd, rel)
+                what = found if where != rel or not what else what  # (set(): "" for "look")
+        except OSError:
+            pass
         log.warning(
             "runtime-cache: %s is %s, not a cache %s; %s",
             self.root / where,

@@ -87,6 +87,29 @@ def test_junk_at_an_entry_name_is_a_counted_miss_and_removed(
     assert victim.read_bytes() == b"precious"
 
 
+def test_junk_that_may_not_be_removed_is_a_miss_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-attack of the tiers' copy up: a member's sparse file in his own sticky folder
+    at an entry's name; its removal (a rename aside) failed with EPERM, and the raw
+    PermissionError escaped from ``get``, ``peek`` and ``head``."""
+    from runtime_cache.backends import dir_write
+
+    def refused(*args: object) -> bool:
+        raise PermissionError(1, "Operation not permitted")
+
+    root = tmp_path / "cache"
+    backend = DirectoryBackend(root)
+    assert rc.Cache(backend).put(key(0), b"good")
+    target = path_of(root, key(0))
+    with open(target, "wb") as handle:
+        handle.truncate(1 << 40)
+    monkeypatch.setattr(dir_write, "delete_if_same", refused)
+    for read in (backend.get, backend.peek, lambda k: backend.head(k, 64)):
+        assert read(str(key(0))) is None
+    assert backend.junk >= 3 and target.exists()
+
+
 def test_head_and_listing_skip_junk(tmp_path: Path) -> None:
     backend = DirectoryBackend(tmp_path)
     backend.set(KEY, b"x" * 10)
