@@ -1,8 +1,7 @@
 """The backend contract: bytes in, bytes out.
 
-Every storage backend subclasses :class:`Backend`. A backend stores opaque
-``bytes`` under ``str`` keys and knows nothing of the entry format; the front
-(:class:`runtime_cache.Cache`) encodes, checks and signs entries.
+Every storage backend subclasses :class:`Backend`. A backend stores opaque ``bytes`` under
+``str`` keys and knows nothing of the entry format; the front encodes, checks and signs them.
 
 Backends import this module (its :class:`Lease` lives in :mod:`runtime_cache.lease`),
 :mod:`runtime_cache.errors`, :mod:`runtime_cache.urls` and :mod:`runtime_cache.units`.
@@ -31,6 +30,7 @@ Example, a minimal backend::
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -164,12 +164,10 @@ class Backend(abc.ABC):
 
     #: The URL scheme this class is registered under, e.g. ``"dir"``.
     scheme: ClassVar[str] = ""
-    #: Whether the storage sits across a network (e.g. Redis). A tiered backend
-    #: writes to remote tiers from a background thread so callers never wait on them.
+    #: Whether the storage sits across a network (Redis): tiers write it from a thread.
     remote: ClassVar[bool] = False
-    #: Whether only this user can write the storage (a memory store, a folder of
-    #: ours that others cannot write). Values that go unvetted into a driver (the
-    #: driver's own cache files) are read only from private or signed caches.
+    #: Whether only this user can write the storage (memory, a folder others cannot write):
+    #: values that go unvetted into a driver (its cache files) come only from such or signed.
     private: bool = False
     #: Whether others (other users, other machines) can write this store: a Cache over
     #: it needs a secret, or :attr:`insecure` set on purpose (they could plant binaries).
@@ -332,15 +330,13 @@ class Backend(abc.ABC):
 
     def add(self, key: str, value: bytes) -> bool:
         """Store ``value`` under ``key`` only where nothing is (a tier's copy up, which must
-        not replace a newer write): whether it stored. This default looks, then stores;
-        the built-in backends do it in one step."""
-        try:
-            held = self.head(key, 1)
-        except BackendError:  # (what cannot be read there is replaced, as a read misses it)
-            held = None
-        if held is None:
-            self.set(key, value)
-        return held is None
+        not replace a newer write): whether it stored. This default looks, then stores (what
+        it cannot read there too); the built-in backends do it in one step."""
+        with contextlib.suppress(BackendError):
+            if self.head(key, 1) is not None:
+                return False
+        self.set(key, value)
+        return True
 
     def head(self, key: str, size: int) -> bytes | None:
         """Return at most the first ``size`` bytes of a value (for reading metadata)."""
