@@ -228,13 +228,19 @@ class Cache(Inventory, BatchReads, Builds, Removals, Writes):
         checked = self._read(key)
         return None if checked is None else checked.entry()
 
-    def took_back(self, entry: Entry, corrupt: bool = True) -> None:
-        """Count a hit whose value its caller could not use (a record that does not decode;
-        ``corrupt=False``: one the caller may not take, over its own limit) as a miss: the
-        hit and its time saved taken back, and ``corrupt`` counted where it is bad."""
-        self._counters.add(
-            hits=-1, misses=1, corrupt=int(corrupt), seconds_saved=-entry.build_seconds
-        )
+    def took_back(self, key: KeyLike, value: bytes, corrupt: bool = True) -> None:
+        """Count a hit of ``key`` whose ``value`` its caller could not use (a record that does
+        not decode; ``corrupt=False``: one over the caller's own limit) as a miss: the hit,
+        and the build time it counted as saved (read again from the entry, uncounted), taken
+        back; ``corrupt`` counted where it is bad. For the rare path: it reads the entry."""
+        skey, saved = key_text(key), 0.0
+        try:
+            blob = self._backend.peek(skey)
+            entry = None if blob is None else self.decode(skey, blob)
+            saved = entry.build_seconds if entry is not None and entry.value == value else 0.0
+        except Exception:  # (gone, or bad by now: nothing more to take back)
+            pass
+        self._counters.add(hits=-1, misses=1, corrupt=int(corrupt), seconds_saved=-saved)
 
     def _fetch(self, skey: str, count_use: bool = True) -> tuple[bytes, ...] | None:
         # One read, in pieces where the backend can (the value then needs no copy);

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 from .cache import Cache
-from .entry_meta import Entry, no_ext_type
+from .entry_meta import no_ext_type
 from .errors import CorruptEntryError, InvalidRecordError, RuntimeCacheError
 from .keys import CacheKey, make_key
 from .provider import get_cache
@@ -197,13 +197,13 @@ class TuningCache:
         """
         key = self.key(symbol)
         cache = self.cache  # (once: the provider may change meanwhile)
-        entry = cache.get_entry(key)
-        if entry is None:
+        data = cache.get(key)
+        if data is None:
             return None
-        if self._over_limit(key, entry.value):
-            cache.took_back(entry, corrupt=False)
+        if self._over_limit(key, data):
+            cache.took_back(key, data, corrupt=False)
             return self._here.get(symbol)
-        return self._decode_or_discard(cache, key, entry)
+        return self._decode_or_discard(cache, key, data)
 
     def _over_limit(self, key: CacheKey, data: bytes) -> bool:
         """Whether ``data`` is larger than this reader takes: a record another user of the
@@ -220,14 +220,14 @@ class TuningCache:
         )
         return True
 
-    def _decode_or_discard(self, cache: Cache, key: CacheKey, entry: Entry) -> Record | None:
-        """``entry``'s record; ``None`` for a bad one, deleted and counted as a miss."""
+    def _decode_or_discard(self, cache: Cache, key: CacheKey, data: bytes) -> Record | None:
+        """``data``'s record; ``None`` for a bad one, deleted and counted as a miss."""
         try:
-            return decode_record(entry.value, self.max_record_size)
+            return decode_record(data, self.max_record_size)
         except CorruptEntryError as exc:
             log.warning("runtime-cache: bad tuning record %s (%s); deleting it", key, exc)
-            cache.took_back(entry)  # (a miss, not a hit that saved its tuning time)
-            cache.delete_if_holds(key, entry.value)  # (not a good record stored since)
+            cache.took_back(key, data)  # (a miss, not a hit that saved its tuning time)
+            cache.delete_if_holds(key, data)  # (not a good record stored since)
             return None
 
     def put(self, symbol: str, record: Mapping[str, Any], *, tune_seconds: float = 0.0) -> bool:
@@ -256,12 +256,12 @@ class TuningCache:
                 self._here[symbol] = decode_record(build(), self.max_record_size)
             return self._here[symbol]
 
-        entry = cache.get_entry(key)
-        if entry is not None:
-            if self._over_limit(key, entry.value):
-                cache.took_back(entry, corrupt=False)
+        first = cache.get(key)
+        if first is not None:
+            if self._over_limit(key, first):
+                cache.took_back(key, first, corrupt=False)
                 return here()
-            record = self._decode_or_discard(cache, key, entry)
+            record = self._decode_or_discard(cache, key, first)
             if record is not None:
                 return record
         data = cache.get_or_build(key, build)
@@ -272,8 +272,8 @@ class TuningCache:
         except CorruptEntryError:
             # The bad record read first, which could not be removed (a read-only store), read
             # again as a hit: taken back. Or another process stored one since: tune anew.
-            if entry is not None and data == entry.value:
-                cache.took_back(entry)
+            if data == first:
+                cache.took_back(key, data)
             data = build()
             cache.put(key, data)
             return decode_record(data, self.max_record_size)

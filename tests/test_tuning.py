@@ -327,16 +327,16 @@ def test_a_bad_record_never_takes_a_good_one_stored_since_with_it(tmp_path: Any)
     other = TuningCache("model@1", "opencl", device, cache=rc.Cache(DirectoryBackend(tmp_path)))
     victim = TuningCache("model@1", "opencl", device, cache=mine)
     mine.put(victim.key("conv1"), msgpack.packb([1, 2, 3]))  # a record that is no dict
-    read = mine.get_entry
+    read = mine.get
 
-    def get_then_another_stores(key: Any) -> Any:
+    def get_then_another_stores(key: Any) -> bytes | None:
         data = read(key)
         other.put("conv1", {"tile": 8, "ms": 0.4})  # between the read and the removal
         return data
 
-    mine.get_entry = get_then_another_stores  # type: ignore[method-assign]
+    mine.get = get_then_another_stores  # type: ignore[method-assign]
     assert victim.get("conv1") is None
-    mine.get_entry = read  # type: ignore[method-assign]
+    mine.get = read  # type: ignore[method-assign]
     assert other.get("conv1") == {"tile": 8, "ms": 0.4}
     # Without a store in between, the bad record is removed as before.
     mine.put(victim.key("conv2"), msgpack.packb([1, 2, 3]))
