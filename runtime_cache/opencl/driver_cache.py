@@ -185,12 +185,13 @@ class DriverCacheSession:
         if not private_folder(folder):
             log.warning("runtime-cache: %s is not private; driver cache not restored", folder)
             return 0
-        if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
+        blocked = guard.blocked([digest])
+        if blocked or guard.held_back([digest]):  # (no child vets files)
             # A process died while they were in use: never restored here again, and removed
             # from the folder (restored earlier, the driver would load them). The entry is
             # left to other machines (a kill from outside dies the same way), unless blocked.
             log.warning("runtime-cache: a process died using a restored driver cache; not used")
-            if guard.blocked([digest]):
+            if blocked:
                 self.cache.delete(key)
             remove_files(folder, files)
             return 0

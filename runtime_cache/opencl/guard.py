@@ -53,7 +53,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from functools import partial
 
 from .. import environment
 from .binary_marks import Binary, binary_digest, binding, bindings
@@ -64,7 +63,6 @@ from .guard_files import (
     open_folder,
     open_mark_file,
     process_alive,
-    record_nothing,
     remove_left_temps,
 )
 from .guard_records import (
@@ -212,12 +210,15 @@ class LoadGuard(LoadingMarks, GuardRecords):
         hold those and ``earlier`` against loading; where it is ``writable``, put the marks
         on the suspect list and make this process's mark file."""
         blocklist, aside, suspect = self._lists()
-        # A dead process's marks are removed only once its digests are on the suspect list:
-        # in a folder that cannot be written they are struck here (no clearance could be
-        # recorded), and left. One death a digest however many processes died loading it
-        # (two workers of one app killed together strike nothing).
-        kept: list[bool] = []  # whether the list took them (a full disk: not)
-        keep = partial(append_once, suspect, kept) if writable else record_nothing
+        # A dead process's marks go once on the suspect list (one death a digest), then are
+        # removed; those it could not take (read-only, a full disk) are struck, and left.
+        took = False
+
+        def keep(digests: list[str]) -> bool:
+            nonlocal took
+            took = writable and append_once(suspect, digests)
+            return took
+
         found = dead_marks(folder, names, process_alive, self._mark, keep)
         if writable:
             remove_left_temps(folder, names, _REWRITTEN)
@@ -236,8 +237,7 @@ class LoadGuard(LoadingMarks, GuardRecords):
             self._watch = None
         lines = read_lines(suspect)[-MAX_LINES:]
         self._suspect, struck = read_suspects(earlier[1] + lines)
-        # Marks the list could not take (read-only, a full disk) are struck all the same.
-        unrecorded = set(found) if found and not all(kept or [False]) else set()
+        unrecorded = set(found) if found and not took else set()  # (struck: see above)
         self._struck = struck | unrecorded | set(earlier[2])
         self._suspect -= self._struck
         self._blocked = set(read_lines(blocklist)[-MAX_LINES:]) | set(earlier[0])

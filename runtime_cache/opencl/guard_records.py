@@ -99,12 +99,9 @@ def held_against(folder: str, names: list[str]) -> Held:
     return read_lines(os.path.join(folder, BLOCKLIST))[-MAX_LINES:], suspect, found
 
 
-def append_once(path: str, kept: list[bool], digests: list[str]) -> bool:
-    """Append ``digests`` to the suspect list at ``path``, each once; whether it took them,
-    also appended to ``kept``."""
-    took = append_lines(path, list(dict.fromkeys(digests)), MAX_LINES, compact_suspects)
-    kept.append(took)
-    return took
+def append_once(path: str, digests: list[str]) -> bool:
+    """Append ``digests`` to the suspect list at ``path``, each once; whether it took them."""
+    return append_lines(path, list(dict.fromkeys(digests)), MAX_LINES, compact_suspects)
 
 
 class GuardRecords:

@@ -222,10 +222,11 @@ class ProgramFiles:
         digests: list[str] = []
         for skey, value in self.cache.get_many(sorted(wanted)).items():
             digest = binary_digest(value)
-            if guard.blocked([digest]) or guard.held_back([digest]):  # (no child vets files)
+            blocked = guard.blocked([digest])
+            if blocked or guard.held_back([digest]):  # (no child vets files)
                 # Never used here again; the entry is left to other machines (see .driver_cache).
                 log.warning("runtime-cache: a process died using a program's driver files")
-                if guard.blocked([digest]):
+                if blocked:
                     self.cache.delete(skey)
                 continue
             try:
