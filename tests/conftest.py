@@ -49,6 +49,15 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "runtime-cache"))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remove the users and groups that a killed earlier run made and left (root only)."""
+    import system_users
+
+    gone = system_users.sweep()
+    if gone:
+        print(f"removed test users left by runs that were killed: {', '.join(gone)}")
+
+
 @contextlib.contextmanager
 def tmpfs(target: Path, size: str, mode: str = "0755") -> Iterator[Path]:
     """A tmpfs of ``size`` (``"1m"``) mounted at ``target`` (made where missing) while the

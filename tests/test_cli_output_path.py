@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import system_users
 
 from runtime_cache.cli.output import replace_file
 from runtime_cache.cli.output_path import find_output
@@ -322,7 +323,7 @@ def test_a_group_that_is_another_users_primary_one_is_not_private(closed_folder:
     if not _group_of_one(0, 0):
         pytest.skip("root's group is not root's alone here")
     name = f"rc-upg-{os.getpid()}"
-    subprocess.run(["useradd", "-M", "-N", "-g", "0", name], check=True)
+    system_users.add_user(name, "0", own_group=False)
     try:
         _group_of_one.cache_clear()
         upg = closed_folder / "upg"
@@ -333,7 +334,7 @@ def test_a_group_that_is_another_users_primary_one_is_not_private(closed_folder:
         assert "others can write" in replace_file(str(upg / "link.rcb"), b"data")
         assert not (closed_folder / "real.rcb").exists()  # replaced, not followed
     finally:
-        subprocess.run(["userdel", name], check=False)
+        system_users.remove([name], [])
         _group_of_one.cache_clear()
 
 

@@ -9,13 +9,13 @@ import logging
 import os
 import shutil
 import stat
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import system_users
 
 import runtime_cache as rc
 from runtime_cache.backends import dir_fs
@@ -546,27 +546,17 @@ def test_a_uid_whose_second_name_is_in_the_group_is_a_member() -> None:
 
     tag = os.getpid() % 100000
     share, other, user, alias = (f"rcs{tag}", f"rco{tag}", f"rcu{tag}", f"rca{tag}")
-    made: list[list[str]] = []
     try:
-        for argv in (
-            ["groupadd", share],
-            ["groupadd", other],
-            ["useradd", "-M", "-N", "-g", other, user],
-        ):
-            subprocess.run(argv, check=True)
-            made.append(argv)
+        system_users.add_group(share)
+        system_users.add_group(other)
+        system_users.add_user(user, other)
         uid = pwd.getpwnam(user).pw_uid
-        subprocess.run(
-            ["useradd", "-M", "-N", "-o", "-u", str(uid), "-g", share, alias], check=True
-        )
-        made.append(["useradd", alias])
+        system_users.add_user(alias, share, "-o", "-u", str(uid))
         assert pwd.getpwuid(uid).pw_name == user
         assert uid in GroupMembers(grp.getgrnam(share).gr_gid, -1)
         assert uid in GroupMembers(grp.getgrnam(other).gr_gid, -1)
     finally:
-        for argv in reversed(made):
-            undo = "userdel" if argv[0] == "useradd" else "groupdel"
-            subprocess.run([undo, argv[-1]], check=False)
+        system_users.remove([alias, user], [share, other])
 
 
 def test_prune_reports_what_another_prune_left_and_never_freshens_junk(tmp_path: Path) -> None:

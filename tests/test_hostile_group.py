@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import system_users
 
 import runtime_cache as rc
 from conftest import holding
@@ -124,18 +125,14 @@ class Group:
         return self.base / "cache"
 
 
-def _sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[User, User]]:
     tag = f"{os.getpid() % 100000}"
     group, names = f"rc14g{tag}", (f"rc14v{tag}", f"rc14h{tag}")
-    _sh("groupadd", group)
+    system_users.add_group(group)
     try:
         for name in names:
-            _sh("useradd", "-M", "-N", "-g", group, "-s", "/usr/sbin/nologin", name)
+            system_users.add_user(name, group, "-s", "/usr/sbin/nologin")
         import grp
         import pwd
 
@@ -143,9 +140,7 @@ def users() -> Iterator[tuple[User, User]]:
         victim, hostile = (User(n, pwd.getpwnam(n).pw_uid, gid) for n in names)
         yield victim, hostile
     finally:
-        for name in names:
-            subprocess.run(["userdel", name], capture_output=True, timeout=60)
-        subprocess.run(["groupdel", group], capture_output=True, timeout=60)
+        system_users.remove(list(names), [group])
 
 
 @pytest.fixture
