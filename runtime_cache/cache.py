@@ -240,7 +240,8 @@ class Cache(Inventory, BatchReads, Builds, Removals, Writes):
             saved = entry.build_seconds if entry is not None and entry.value == value else 0.0
         except Exception:  # (gone, or bad by now: nothing more to take back)
             pass
-        self._counters.add(hits=-1, misses=1, corrupt=int(corrupt), seconds_saved=-saved)
+        self._counters.add(misses=1, corrupt=int(corrupt))
+        self._counters.take_back(hits=1, seconds_saved=saved)
 
     def _fetch(self, skey: str, count_use: bool = True) -> tuple[bytes, ...] | None:
         # One read, in pieces where the backend can (the value then needs no copy);

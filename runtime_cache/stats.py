@@ -105,6 +105,14 @@ class Counters(Generic[S]):
             for name, amount in amounts.items():
                 self._values[name] += amount
 
+    def take_back(self, **amounts: float) -> None:
+        """Subtract from one or more counters atomically, none below zero (what was counted
+        before a :meth:`reset` is not taken from what came after it)."""
+        with self._lock:
+            self._fold()
+            for name, amount in amounts.items():
+                self._values[name] = max(0, self._values[name] - amount)
+
     def hit(self, bytes_read: int, seconds_saved: float) -> None:
         """Count one hit: ``add(hits=1, bytes_read=..., seconds_saved=...)``, on the hot path."""
         hits = self._hits

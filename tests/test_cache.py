@@ -671,3 +671,16 @@ def test_prune_names_a_tier_that_refused_a_removal_as_not_removed() -> None:
     report = maintenance.prune(cache, older_than=0.0, now=time.time() + 10)
     assert report.elsewhere == [] and report.removed == 0 and len(report.failed) == 3
     assert "not permitted" in report.failed[0][1]
+
+
+def test_a_hit_taken_back_after_a_reset_leaves_no_counter_below_zero() -> None:
+    """The review of took_back: a hit counted before reset_stats() and taken back after it
+    left hits at -1 and seconds_saved at -5.0."""
+    cache = rc.Cache(rc.open_backend("memory://"))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"record", build_seconds=5.0)
+    assert cache.get(key) == b"record"
+    cache.reset_stats()
+    cache.took_back(key, b"record")
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.corrupt, stats.seconds_saved) == (0, 1, 1, 0.0)
