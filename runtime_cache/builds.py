@@ -58,6 +58,7 @@ class Builds:
         build: Callable[[], bytes],
         *,
         extra: Mapping[str, Any] | None = None,
+        after_miss: bool = False,
     ) -> bytes:
         """Return the cached value for ``key``, or call ``build()`` and store its result.
 
@@ -66,6 +67,9 @@ class Builds:
         exception). Across processes, where the backend offers leases
         (``dir://``, ``redis://``), one process builds while the others wait
         for its entry, up to a deadline (see :mod:`runtime_cache.fleet`).
+
+        ``after_miss``: the caller's own read of ``key`` just before counted a miss
+        (nothing there it could use); this call counts as that lookup, not as another.
         """
         skey = str(key)
         flight, leader = self._flights.join(skey)
@@ -73,6 +77,8 @@ class Builds:
             value = flight.wait()
             # Served without a build of its own: a hit, so every lookup is a hit or a miss.
             self._counters.add(hits=1)
+            if after_miss:
+                self._counters.take_back(misses=1)
             return value
 
         def build_and_store() -> bytes:
@@ -122,6 +128,8 @@ class Builds:
 
         try:
             found = self.get(key)
+            if after_miss:  # (this read's hit or miss stands for the caller's miss)
+                self._counters.take_back(misses=1)
             if found is not None:
                 value = found
             elif self.enabled:

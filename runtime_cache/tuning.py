@@ -264,16 +264,17 @@ class TuningCache:
             record = self._decode_or_discard(cache, key, first)
             if record is not None:
                 return record
-        data = cache.get_or_build(key, build)
-        if self._over_limit(key, data):  # (stored by another user meanwhile)
+        # One lookup, one count: the read above counted this call's miss.
+        data = cache.get_or_build(key, build, after_miss=True)
+        if self._over_limit(key, data):  # (stored by another user meanwhile, read as a hit)
+            cache.took_back(key, data, corrupt=False)
             return here()
         try:
             return decode_record(data, self.max_record_size)
         except CorruptEntryError:
-            # The bad record read first, which could not be removed (a read-only store), read
-            # again as a hit: taken back. Or another process stored one since: tune anew.
-            if data == first:
-                cache.took_back(key, data)
+            # Read as a hit: the bad record read first, which could not be removed (a
+            # read-only store), or one another process stored since. Taken back; tune anew.
+            cache.took_back(key, data, corrupt=data != first)  # (the first was counted)
             data = build()
             cache.put(key, data)
             return decode_record(data, self.max_record_size)
@@ -288,57 +289,61 @@ class TuningCache:
         """The symbols that have a record for this module and device, sorted. In a cache
         with a secret, only those whose record reads back signed (as :meth:`records`):
         a writer of a shared store without the secret cannot add to the list."""
-        if not self.cache.signed:
-            return sorted(self._listed())
-        # Heads that say signed, of files no larger than a record and its framing can be
-        # (a planted 16 MB value was read whole: 30 of them, 457 MiB), read in batches.
-        most = self.max_record_size + self.cache.limits.max_meta_size + 4096
-        listed = self._listed(lambda info: info.signed and info.stored_size <= most)
-        ordered = sorted(listed)
-        return [s for i in range(0, len(ordered), 64) for s in self._signed(ordered[i : i + 64])]
+        listed = self._listed()
+        return sorted(self._read(listed) if self.cache.signed else listed)
 
-    def _listed(self, keep: Callable[[EntryInfo], bool] | None = None) -> set[str]:
-        # The symbols of this module's entries on this device, by their heads alone (and
-        # ``keep``'s say).
-        found = set()
+    def records(self) -> dict[str, Record]:
+        """All records of this module and device, by symbol, read as looks (no hit counted).
+        Those that do not decode are left out, as are those over this reader's limit, but
+        for one this reader tuned itself in their place (as :meth:`get` gives)."""
+        listed = self._listed()
+        out = {s: self._here[s] for s in listed if s in self._here}
+        for symbol, data in self._read(listed).items():
+            try:
+                out[symbol] = decode_record(data, self.max_record_size)
+            except CorruptEntryError:
+                continue
+        return dict(sorted(out.items()))
+
+    def _listed(self) -> dict[str, EntryInfo]:
+        # This module's entries on this device, by symbol, from their heads alone.
+        found = {}
         for info in self.cache.entries(self.runtime, self.purpose, self.module_id):
             symbol = info.parts.get("symbol")
-            if not isinstance(symbol, str) or (keep is not None and not keep(info)):
+            if not isinstance(symbol, str):
                 continue
             try:
                 if str(self.key(symbol)) == info.key:  # same device, same everything
-                    found.add(symbol)
+                    found[symbol] = info
             except (InvalidRecordError, TypeError, ValueError):
                 continue
         return found
 
-    def _signed(self, symbols: list[str]) -> list[str]:
-        # Those of ``symbols`` whose record passes the cache's check (its signature too),
-        # read as a look, not a use: listing counts no hit and moves no entry in the
-        # eviction order (through records(), each listing bumped every record).
-        keys = {str(self.key(symbol)): symbol for symbol in symbols}
-        try:
-            blobs = self.cache.backend.peek_many(keys)
-        except RuntimeCacheError as exc:
-            log.warning("runtime-cache: tuning records of %s not listed: %s", self.module_id, exc)
-            return []
-        signed = []
-        for skey, blob in blobs.items():
+    def _read(self, listed: dict[str, EntryInfo]) -> dict[str, bytes]:
+        # The values of ``listed`` that pass the cache's check, by symbol. Read only those
+        # whose heads say signed (in a cache with a secret) and whose files are no larger
+        # than a record and its framing can be (a planted 16 MB value was read whole: 30 of
+        # them, 457 MiB); in batches, as looks, not uses (a listing counts no hit and moves
+        # no entry in the eviction order).
+        most = self.max_record_size + self.cache.limits.max_meta_size + 4096
+        signed = self.cache.signed
+        ordered = sorted(
+            s for s, i in listed.items() if (i.signed or not signed) and i.stored_size <= most
+        )
+        found: dict[str, bytes] = {}
+        for at in range(0, len(ordered), 64):
+            keys = {str(self.key(symbol)): symbol for symbol in ordered[at : at + 64]}
             try:
-                self.cache.check(skey, blob)
-            except CorruptEntryError:
-                continue
-            signed.append(keys[skey])
-        return sorted(signed)
-
-    def records(self) -> dict[str, Record]:
-        """All records of this module and device, by symbol."""
-        out: dict[str, Record] = {}
-        for symbol in sorted(self._listed()):
-            record = self.get(symbol)
-            if record is not None:
-                out[symbol] = record
-        return out
+                blobs = self.cache.backend.peek_many(keys)
+            except RuntimeCacheError as exc:
+                log.warning("runtime-cache: tuning records of %s not read: %s", self.module_id, exc)
+                return {}
+            for skey, blob in blobs.items():
+                try:
+                    found[keys[skey]] = self.cache.decode(skey, blob).value
+                except CorruptEntryError:
+                    continue
+        return found
 
     def clear(self) -> int:
         """Delete every record of this module and device, those over this reader's limit

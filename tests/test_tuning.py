@@ -237,6 +237,41 @@ def test_a_record_the_reader_cannot_use_is_counted_as_a_miss_not_a_hit() -> None
     assert cache.stats().hits == 1 and cache.stats().seconds_saved == 30
 
 
+def test_one_get_or_tune_counts_one_lookup() -> None:
+    """The attack review: a cold ``get_or_tune`` counted two misses (its own read, then
+    ``get_or_build``'s), and a bad record two rejections; ``get_or_build`` counts one."""
+    cache = rc.Cache(MemoryBackend())
+    t = tuner(cache)
+
+    def counts() -> tuple[int, int, int, int]:
+        got = cache.stats()
+        cache.reset_stats()
+        return got.hits, got.misses, got.corrupt, got.builds
+
+    assert t.get_or_tune("conv1", lambda: {"tile": 4}) == {"tile": 4}
+    assert counts() == (0, 1, 0, 1)
+    assert t.get_or_tune("conv1", lambda: {"tile": 8}) == {"tile": 4}
+    assert counts() == (1, 0, 0, 0)
+    cache.put(t.key("conv2"), b"\x93\x01\x02\x03")  # a list, not a map
+    cache.reset_stats()
+    assert t.get_or_tune("conv2", lambda: {"tile": 2}) == {"tile": 2}
+    assert counts() == (0, 1, 1, 1)
+    gate = threading.Event()
+
+    def slow() -> dict[str, int]:
+        gate.wait(10)
+        return {"tile": 16}
+
+    threads = [threading.Thread(target=t.get_or_tune, args=("conv3", slow)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # (both in: one tunes, one waits for it)
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert counts() == (1, 1, 0, 1)
+
+
 def test_a_bad_record_that_cannot_be_removed_is_no_hit_either() -> None:
     """The re-attack: on a read-only store the bad record stayed, ``get_or_build`` read it
     again, and that read counted a hit with its tuning time saved."""
@@ -426,4 +461,21 @@ def test_a_signed_cache_lists_symbols_without_reading_planted_values() -> None:
 
     backend.peek_many = peek_many  # type: ignore[method-assign]
     assert tuning.symbols() == ["conv1"]
+    assert not set(read) & set(planted), read
+    # records() too (the attack review: it read each planted value whole through get(),
+    # counting a miss and a rejection for each), in a cache with a secret and without.
+    real_get = backend.get_parts
+
+    def get_parts(key: str, span: Any = None) -> Any:
+        read.append(key)
+        return real_get(key, span)
+
+    backend.get_parts = get_parts  # type: ignore[method-assign]
+    cache.reset_stats()
+    assert tuning.records() == {"conv1": {"tile": 4}}
+    assert not set(read) & set(planted), read
+    got = cache.stats()
+    assert (got.hits, got.misses, got.rejected, got.corrupt) == (0, 0, 0, 0)
+    plain = TuningCache("resnet@1", "opencl", {"name": "Mali"}, cache=rc.Cache(backend))
+    assert plain.records() == {"conv1": {"tile": 4}}
     assert not set(read) & set(planted), read
