@@ -8,6 +8,7 @@ from .api import Backend, StoredItem
 from .check import check_binding
 from .codec import HEADER_SIZE, Limits, decode_meta
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
+from .signing import SIG_SIZE
 from .stats import EntryInfo
 
 #: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
@@ -61,6 +62,11 @@ def read_info_and_head(
             raise CorruptEntryError("entry head is truncated")
     first = bytes(head[:HEADER_SIZE])  # (of the head decoded)
     check_binding(item.key, meta)
+    declared = needed + meta["n"] + (SIG_SIZE if signed else 0)
+    if item.size and item.size != declared:  # (0: a size the caller does not know)
+        # A head that claims a value the store does not hold (a planted 190 bytes listed
+        # as 1 GiB built in 1,000 s): corrupt, as a read of it is.
+        raise CorruptEntryError(f"entry is {item.size} bytes, its header says {declared}")
     parts = meta["p"]
     info = EntryInfo(
         key=meta["k"],

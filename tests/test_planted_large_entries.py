@@ -234,3 +234,24 @@ def test_dumps_of_a_tiered_stack_reads_its_folder_tier_bounded(tmp_path: Path) -
     size, peak_kib = _dumped(f"memory://,dir://{target.root}")
     assert peak_kib < 400_000, peak_kib  # together, 500 MiB and more
     assert 0 < size < MIB
+
+
+def test_a_head_that_claims_more_than_is_stored_is_listed_as_corrupt(tmp_path: Path) -> None:
+    """The attack review: a planted head alone (190 bytes) claiming a 1 GiB value built in
+    1,000 s was listed as such: ``ls`` showed 1024.0 MiB, ``stats`` added the time, both
+    exited 0. A listing compares what is stored with what the head says (as a read does)."""
+    from runtime_cache.cli import main
+
+    backend = DirectoryBackend(tmp_path)
+    cache = rc.Cache(backend)
+    cache.put(_key(0), b"good", build_seconds=2.0)
+    key = _key(1)
+    blob = encode_entry(str(key), key.parts, bytes(MIB), created_at=1.7e9, build_seconds=1000)
+    meta_len = struct.unpack_from("<I", blob, 8)[0]
+    backend.set(str(key), blob[: 36 + meta_len])
+    skipped: list[tuple[str, str]] = []
+    listed = list(cache.entries(on_skip=lambda k, why: skipped.append((k, why))))
+    assert [info.key for info in listed] == [str(_key(0))]
+    assert skipped and skipped[0][0] == str(key) and "header says" in skipped[0][1], skipped
+    assert main(["--cache", f"dir://{tmp_path}", "ls"]) == 1
+    assert main(["--cache", f"dir://{tmp_path}", "stats"]) == 1
