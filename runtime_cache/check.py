@@ -44,6 +44,7 @@ b'value'
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,24 @@ from .keys import CacheKey
 __all__ = ["Checked", "check_binding", "check_entry", "refused_head", "screen", "screen_many"]
 
 log = logging.getLogger(__name__)
+
+#: Keys whose refusal was logged as a warning in this process (the most recent
+#: :data:`TOLD_KEYS`): a planted entry at a hot key is refused on every read, and warned of
+#: once; later refusals of it log at DEBUG (each is still counted).
+_told: dict[str, None] = {}
+_told_lock = threading.Lock()
+TOLD_KEYS = 4096
+
+
+def _refusal(message: str, skey: str, *args: object) -> None:
+    # Warn of ``skey``'s refusal once a process (the most recent keys), then at DEBUG.
+    with _told_lock:
+        first = skey not in _told
+        if first:
+            if len(_told) >= TOLD_KEYS:
+                del _told[next(iter(_told))]
+            _told[skey] = None
+    log.log(logging.WARNING if first else logging.DEBUG, message, skey, *args)
 
 
 @dataclass(frozen=True)
@@ -163,7 +182,7 @@ def screen(
     except RejectedEntryError as exc:
         # Kept: a fleet member with another secret must not lose its entries, and
         # the next store replaces a transplanted one.
-        log.warning("runtime-cache: rejected %s: %s", skey, exc)
+        _refusal("runtime-cache: rejected %s: %s", skey, exc)
         if refused is not None:
             refused(skey, b"".join(blob) if isinstance(blob, tuple) else blob)
         return "rejected"
@@ -185,7 +204,7 @@ def refused_head(
         return None
     why = kept(blob)
     if why == "rejected":
-        log.warning("runtime-cache: rejected %s by its head, unread (kept)", skey)
+        _refusal("runtime-cache: rejected %s by its head, unread (kept)", skey)
     return why
 
 

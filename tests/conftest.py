@@ -154,7 +154,11 @@ def cache(tmp_path: Path) -> rc.Cache:
 
 @pytest.fixture(autouse=True)
 def _isolated_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every test starts with no provider set and a private default cache folder."""
+    """Every test starts with no provider set and a private default cache folder (and no
+    refusal already warned of: each key's is warned once a process)."""
+    from runtime_cache import check
+
+    check._told.clear()
     rc.reset_cache_provider()
     saved = {k: os.environ.get(k) for k in ("RUNTIME_CACHE", "RUNTIME_CACHE_SECRET")}
     os.environ["RUNTIME_CACHE"] = "dir://" + str(tmp_path_factory.mktemp("default-cache"))

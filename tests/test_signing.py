@@ -7,6 +7,7 @@ compromised fleet member or an open Redis would hold them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -347,3 +348,20 @@ def test_a_byte_order_mark_is_no_part_of_a_secret_files_key(tmp_path: Any) -> No
 
     first = secret_file.read_text(encoding="utf-8").splitlines()[0]
     assert normalize_secret(first) == normalize_secret(first.encode()) == (b"fleet-key-0123456789",)
+
+
+def test_a_planted_entry_at_a_hot_key_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The attack review: an unsigned entry planted at a hot key logged a warning on every
+    read (1,000 gets, 1,000 lines); once per key a process now, then at DEBUG. Each read
+    still counts its rejection."""
+    backend = MemoryBackend()
+    cache = rc.Cache(backend, secret="a-long-enough-secret-for-tests")
+    keys = [rc.make_key(module_id=f"m{i}", runtime="opencl", purpose="bin") for i in range(2)]
+    for key in keys:
+        backend.set(str(key), encode_entry(str(key), key.parts, b"evil", created_at=time.time()))
+    with caplog.at_level(logging.WARNING, logger="runtime_cache"):
+        for _ in range(50):
+            assert cache.get(keys[0]) is None and cache.get(keys[1]) is None
+    warned = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(warned) == 2, [r.getMessage() for r in warned]
+    assert cache.stats().rejected == 100
