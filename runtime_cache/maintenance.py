@@ -40,6 +40,8 @@ class VerifyReport:
     the backend cannot open), with the reason; they are never deleted.
     ``signature_kept`` bad ones failed only their signature while no entry verified
     with this secret (a wrong secret, most likely): ``repair`` does not delete them.
+    ``stopped`` says why the check stopped before its end (the store stopped answering),
+    or is ``""``: what it found and removed by then is reported.
     """
 
     checked: int = 0
@@ -50,11 +52,12 @@ class VerifyReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     newer: int = 0
     over_limit: int = 0
+    stopped: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when no bad entry was found and nothing was skipped."""
-        return not self.bad and not self.skipped
+        """True when every entry was checked, none was bad and nothing was skipped."""
+        return not self.bad and not self.skipped and not self.stopped
 
 
 def _unsigned(cache: Cache, blob: bytes) -> bool:
@@ -110,8 +113,9 @@ def verify(
         except InvalidKeyError as exc:
             report.skipped.append((skey, f"not a cache key: {exc}"))
             continue
-        except BackendUnavailableError:
-            raise  # the whole backend is down: not one bad entry
+        except BackendUnavailableError as exc:  # the whole store is down: not one bad
+            report.stopped = str(exc)  # entry; what was done by now is reported
+            return report
         except RuntimeCacheError as exc:
             report.skipped.append((skey, f"unreadable: {exc}"))
             continue

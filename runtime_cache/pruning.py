@@ -7,10 +7,11 @@ fail the check on their metadata (corrupt: garbage, a truncated head, an entry
 swapped in from another key) count at the store's size for them and go first for
 size, whatever time their files claim: none of them can be served, and a file's
 time is anyone's to set. Entries that decode but that no reader of this cache serves
-(unsigned while the cache has a secret, or dated more than a day in the future) go
-next, before the least recently used. Each corrupt one is removed only after its
-head, read again (and
-never whole: a planted file may be large or sparse), still fails so; an entry
+(unsigned while the cache has a secret), or whose age cannot be told (dated more than a
+day in the future: a writer's clock ahead, or a time set by hand; readers serve them) go
+next, before the least recently used, and the latter for any ``older_than`` too. Each
+corrupt one is removed only after its head, read again (and never whole: a planted file
+may be large or sparse), still fails so; an entry
 written again meanwhile stays. Every removal is conditional
 (:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry goes only while it is
 the one weighed, neither written again (its header, holding its creation time and
@@ -34,11 +35,17 @@ from typing import NamedTuple
 from .api import StoredItem
 from .cache import Cache
 from .codec import HEADER_SIZE
-from .errors import CorruptEntryError, InvalidValueError, PartialDeleteError, RuntimeCacheError
+from .errors import (
+    BackendUnavailableError,
+    CorruptEntryError,
+    InvalidValueError,
+    PartialDeleteError,
+    RuntimeCacheError,
+)
 from .listing import OnProgress, read_info, skip_kind, skip_reason
 from .units import parse_duration, parse_size
 
-__all__ = ["PruneReport", "prune"]
+__all__ = ["FUTURE", "PruneReport", "prune"]
 
 
 @dataclass
@@ -66,10 +73,11 @@ class PruneReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: Corrupt entries found, and why: counted at their stored size, first to go for size.
     corrupt: list[tuple[str, str]] = field(default_factory=list)
-    #: Entries no reader of this cache would serve though they decode, and why: unsigned
-    #: while the cache has a secret, or dated in the future (by more than a day: a time
-    #: anyone who can write the store may set). First to go for size, after corrupt ones;
-    #: one dated in the future goes for any ``older_than`` too.
+    #: Entries that decode but that no reader of this cache would serve (unsigned while it
+    #: has a secret), or whose age cannot be told (dated more than a day in the future, the
+    #: reason :data:`FUTURE`: a writer's clock ahead, or a time anyone who can write the
+    #: store may set; readers serve them), and why. First to go for size, after corrupt
+    #: ones; one dated in the future goes for any ``older_than`` too.
     untrusted: list[tuple[str, str]] = field(default_factory=list)
     #: Entries removed from the tiers of a store that could be reached, not from those
     #: named (a tier down), where they may live on until it is back; counted as removed.
@@ -82,6 +90,9 @@ class PruneReport:
     #: (stale temporary files included).
     dry_run: bool = False
     would_remove: list[str] = field(default_factory=list)
+    #: Why prune stopped before its end (the store stopped answering), or ``""``: what it
+    #: removed by then is counted; the rest was neither removed nor listed again.
+    stopped: str = ""
 
 
 class _Weighed(NamedTuple):
@@ -146,7 +157,7 @@ def prune(
             on_progress(done, len(items))
         last = entry.last
         expired = older_than is not None and last is not None and now - last > older_than
-        expired = expired or (older_than is not None and entry.suspect == _FUTURE)
+        expired = expired or (older_than is not None and entry.suspect == FUTURE)
         over = max_size is not None and total > max_size and pinned <= max_size
         if not (expired or (over and key not in stuck)):
             continue
@@ -162,6 +173,9 @@ def prune(
         except PartialDeleteError as exc:  # gone from what could be reached
             report.elsewhere.append((key, ", ".join(exc.failed)))
             outcome, now_there = "removed", 0
+        except BackendUnavailableError as exc:  # the store is down: say what was done
+            report.stopped = str(exc)
+            break
         except Exception as exc:  # (a store's failure, counted by the cache)
             report.failed.append((key, str(exc)))
             outcome, now_there = "stuck", entry.size
@@ -203,7 +217,7 @@ def _seconds(value: object) -> float:
 #: Seconds past now a time may be before an entry is taken for one dated in the future:
 #: clocks of a fleet differ, by far less than this.
 FUTURE_SLACK = 86_400.0
-_FUTURE = "dated in the future"
+FUTURE = "dated more than a day in the future"
 
 
 def _order(item: tuple[str, _Weighed]) -> tuple[int, float]:
@@ -223,7 +237,7 @@ def _weigh(cache: Cache, report: PruneReport | None, now: float) -> dict[str, _W
             last = info.last_access if info.last_access is not None else info.created_at
             head = headers[item.key]
             suspect = (
-                _FUTURE
+                FUTURE
                 if max(last, info.created_at) > now + FUTURE_SLACK
                 else "unsigned, and this cache has a secret"
                 if secret and not info.signed
@@ -314,6 +328,9 @@ def _settle(
     left, again = {key: size for key, size in sizes.items() if key not in would}, {}
     if tried is None:
         tried = set()
+    elif report.stopped:  # (not listed again: by what each removal said)
+        tried = tried - stuck
+        left = {key: size for key, size in sizes.items() if key not in tried}
     else:
         listed = _weigh(cache, None, time.time())
         left = {key: entry.size for key, entry in listed.items()}

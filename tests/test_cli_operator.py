@@ -752,7 +752,7 @@ def test_an_import_that_writes_over_junk_at_an_entry_name_succeeds(
     code, out, err = run("import", str(bundle), "--keep-existing", "--json")
     report = json.loads(out)
     assert (report["accepted"], report["kept_existing"]) == (1, 2), out
-    assert code == 0 and "non-entries" in err, err
+    assert code == 0 and "found 1 non-entry at" in err, err
     assert run("verify")[0] == 0
 
 
@@ -1265,3 +1265,30 @@ def test_import_of_a_non_blocking_standard_input_waits_for_the_bundle(
         cwd=tmp_path,
     )
     assert done.returncode == 0 and "imported 1" in done.stdout, done.stderr
+
+
+def test_an_empty_output_name_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator review: `show KEY --raw ""` (an unset $OUT in a script) printed the
+    metadata, wrote nothing and exited 0; `export ""` said "cannot write : no file named"."""
+    cache = rc.Cache(DirectoryBackend(tmp_path))
+    key = rc.make_key(module_id="m", runtime="r", purpose="p")
+    cache.put(key, b"value")
+    url = f"dir://{tmp_path}"
+    assert main(["--cache", url, "show", str(key), "--raw", ""]) == 2
+    assert "--raw needs a file name" in capsys.readouterr().err
+    assert main(["--cache", url, "export", ""]) == 2
+    assert "export needs a file name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["\u0661MB", "\u0661d", "1\u0660m", "\uff11GB"])
+def test_sizes_and_durations_take_ascii_digits_alone(text: str) -> None:
+    """The operator review: `--max-size` took an Arabic-Indic digit for a 1 (Python's
+    float() reads any script's digits); sizes and durations take 0-9 alone."""
+    from runtime_cache.units import parse_duration, parse_size
+
+    with pytest.raises(ValueError):
+        parse_size(text)
+    with pytest.raises(ValueError):
+        parse_duration(text)

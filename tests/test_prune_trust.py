@@ -10,7 +10,11 @@ and ``prune --max-size`` then removed every good entry and kept all the planted 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pytest
 
 import runtime_cache as rc
 from runtime_cache.codec import encode_entry
@@ -64,7 +68,7 @@ def test_planted_entries_go_before_good_ones(
         future + unsigned
     )
     assert {why for _, why in report.untrusted} == {
-        "dated in the future",
+        "dated more than a day in the future",
         "unsigned, and this cache has a secret",
     }
     # For age: one dated in the future goes at any age; a good one only when old enough.
@@ -80,3 +84,59 @@ def test_planted_entries_go_before_good_ones(
     report = prune(plain, max_size=10**9)
     assert report.untrusted == []
     cache.backend.close()
+
+
+def test_the_cli_names_why_each_kind_goes_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator review: prune said an entry dated more than a day ahead was one "no
+    reader of this cache serves", though reads serve it (a writer's clock ahead); each kind
+    is named for what it is now."""
+    from runtime_cache.cli import main
+
+    cache = rc.Cache(rc.open_backend(f"dir://{tmp_path}"), secret=SECRET)
+    cache.put(_key("good"), b"G" * 100)
+    _plant(cache, "ahead", time.time() + 3 * 86_400, secret=SECRET)
+    assert cache.get(_key("ahead")) == b"X" * 10_000  # served
+    argv = ["--cache", f"dir://{tmp_path}", "--secret", SECRET, "prune", "--older-than", "30d"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "1 entry dated more than a day in the future" in err and "serves" not in err, err
+    _plant(cache, "plain", time.time())
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "1 entry unsigned while this cache has a secret" in err, err
+
+
+def test_prune_and_verify_say_what_they_did_before_the_store_went_down(
+    redis_process: RedisProcess,
+) -> None:
+    """The operator review: a Redis store that stopped answering midway through prune (or
+    verify --repair) gave only the error; 4,537 of 8,000 entries were gone and nothing
+    said so. Both stop there now and report what they did."""
+    from runtime_cache.maintenance import verify
+
+    cache = rc.Cache(rc.open_backend(redis_process.url), secret=SECRET)
+    for i in range(40):
+        cache.put(_key(f"e{i}"), b"V" * 1000)
+
+    def down_at(n: int) -> Callable[[int, int], None]:
+        def progress(done: int, total: int) -> None:
+            if done == n:
+                redis_process.kill()
+
+        return progress
+
+    report = prune(cache, max_size=1, on_progress=down_at(11))
+    assert report.stopped and report.removed == 10, report
+    assert report.remaining == 30 and not report.failed[1:], report
+    redis_process.start()  # (a fresh, empty server, and a cache whose breaker is closed)
+    cache = rc.Cache(rc.open_backend(redis_process.url), secret=SECRET)
+    for i in range(40):
+        cache.put(_key(f"e{i}"), b"V" * 1000)
+    for i in range(20):
+        raw = rc.Cache(cache.backend, insecure=True)  # (the store itself: unsigned junk)
+        raw.backend.set(str(_key(f"x{i}")), b"junk")
+    report_v = verify(cache, repair=True, on_progress=down_at(31))
+    assert report_v.stopped and not report_v.ok and report_v.checked == 30, report_v
+    redis_process.start()

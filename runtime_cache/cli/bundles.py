@@ -123,6 +123,8 @@ def _write_file(path: str, output: Output | None, data: bytes) -> str:
 
 
 def _export_check(args: argparse.Namespace) -> None:
+    if not args.file:  # (an unset variable in a script: `export "$OUT"`)
+        raise UsageError("export needs a file name (or - for standard output), not ''")
     if args.sign and not (args.secret or args.secret_file or environment.read_secret()):
         raise UsageError("--sign needs a secret: --secret, --secret-file or RUNTIME_CACHE_SECRET")
 

@@ -280,6 +280,8 @@ def cmd_show(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def _show_check(args: argparse.Namespace) -> None:
+    if args.raw == "":  # (an unset variable in a script: `--raw "$OUT"` wrote nothing, exit 0)
+        raise UsageError("--raw needs a file name (or - for standard output), not ''")
     if args.raw is not None and is_stdout(args.raw) and args.json:
         raise UsageError("--raw - and --json both write to standard output: give one")
 

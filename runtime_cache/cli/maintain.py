@@ -95,7 +95,8 @@ def add_parsers(add: AddCommand) -> None:
         "used ones until the cache fits a size (--older-than, --max-size: at least one is "
         "needed); stale temporary files go too. Exit code 1 when some could not be removed "
         "(an immutable file, a permission; where those alone exceed the size, the rest is "
-        "kept) or a tier that is down may still hold some it removed from the others. An "
+        "kept), a tier that is down may still hold some it removed from the others, or the "
+        "store stopped answering midway (what was removed by then is reported). An "
         "entry written again, or used (where the store keeps uses: dir://, memory://), "
         "while prune runs is kept, and counted as kept, not removed.",
         [
@@ -112,7 +113,10 @@ def add_parsers(add: AddCommand) -> None:
         "(a dir:// cache's own max_size counts the disk blocks its files take, which is more)",
     )
     prune_cmd.add_argument(
-        "--older-than", type=_duration, metavar="AGE", help="e.g. 30d, 12h, 90m (a unit is needed)"
+        "--older-than",
+        type=_duration,
+        metavar="AGE",
+        help="e.g. 30d, 12h, 90m (a unit is needed, but for 0: every entry)",
     )
     prune_cmd.add_argument(
         "--dry-run",
@@ -126,7 +130,8 @@ def add_parsers(add: AddCommand) -> None:
         "verify",
         cmd_verify,
         "Check every entry's checksum, key and (with a secret) "
-        "signature; exit code 1 when bad ones are found.",
+        "signature; exit code 1 when bad ones are found, or the store stopped answering "
+        "midway (what was found and removed by then is reported).",
         [
             "runtime-cache verify",
             'runtime-cache --secret "$APP_SECRET" verify --json',
@@ -256,8 +261,10 @@ def _not_removed(exc: RuntimeCacheError) -> str:
 def _report_skipped(ctx: CommandContext, skipped: list[tuple[str, str]]) -> None:
     if skipped:
         print(f"runtime-cache: skipped {count(len(skipped), 'name', 'names')}:", file=ctx.err)
-        for key, reason in skipped:
+        for key, reason in skipped[:10]:  # (a store that went down: thousands)
             print(f"  {clean(key)}: {clean(reason)}", file=ctx.err)
+        if len(skipped) > 10:
+            print(f"  and {len(skipped) - 10} more (--json lists all)", file=ctx.err)
 
 
 def _progress(ctx: CommandContext, label: str, args: argparse.Namespace) -> Progress:
@@ -288,7 +295,8 @@ def cmd_prune(args: argparse.Namespace, ctx: CommandContext) -> int:
     # Over the cap only for entries written or used while prune ran (a cache in use) is
     # no failure: a cron job would alert at most runs. Over it for entries that cannot go is.
     over_cap = report.over_cap and report.stuck
-    code = 1 if report.failed or over_cap or report.skipped or report.elsewhere else 0
+    trouble = report.failed or report.skipped or report.elsewhere or report.stopped
+    code = 1 if trouble or over_cap else 0
     if args.json:
         ctx.emit_json(asdict(report))
         return code
@@ -317,6 +325,7 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
                 "skipped": [{"key": k, "reason": r} for k, r in report.skipped],
                 "ok": report.ok,
                 "signatures_checked": ctx.cache.signed,
+                "stopped": report.stopped,
             }
         )
         return 0 if report.ok else 1
@@ -330,15 +339,21 @@ def cmd_verify(args: argparse.Namespace, ctx: CommandContext) -> int:
         f"{report.removed} removed",
         file=ctx.out,
     )
+    if report.stopped:
+        print(
+            f"runtime-cache: verify stopped: {clean(report.stopped)}: the rest was not checked",
+            file=ctx.err,
+        )
     if report.newer:
         print(
-            f"kept {report.newer} entries in a newer format (a newer version reads them)",
+            f"kept {count(report.newer, 'entry', 'entries')} in a newer format (a newer "
+            "version reads them)",
             file=ctx.out,
         )
     if report.over_limit:
         print(
-            f"kept {report.over_limit} entries larger than this reader's limits "
-            "(a process with larger limits reads them)",
+            f"kept {count(report.over_limit, 'entry', 'entries')} larger than this reader's "
+            "limits (a process with larger limits reads them)",
             file=ctx.out,
         )
     if report.signature_kept and unsigned_cache:

@@ -7,7 +7,7 @@ done is partial).
 from __future__ import annotations
 
 from .context import CommandContext
-from .fmt import clean
+from .fmt import clean, count
 
 __all__ = ["partial_result"]
 
@@ -56,7 +56,8 @@ def partial_result(ctx: CommandContext, code: int, checks: bool = False) -> int:
         )
     if isinstance(junk, int) and junk:
         print(
-            f"runtime-cache: found {junk} non-entries at entry names (links, FIFOs, folders, "
+            f"runtime-cache: found {count(junk, 'non-entry', 'non-entries')} at entry names "
+            "(links, FIFOs, folders, "
             "oversized files); removed where this user may",
             file=ctx.err,
         )

@@ -4,7 +4,7 @@ and the cap left unmet."""
 
 from __future__ import annotations
 
-from ..pruning import PruneReport
+from ..pruning import FUTURE, PruneReport
 from .context import CommandContext
 from .fmt import clean, count, human_size
 
@@ -33,7 +33,8 @@ def print_prune_report(report: PruneReport, ctx: CommandContext) -> None:
             file=ctx.out,
         )
     if report.leftovers:
-        print(f"also removed {report.leftovers} stale temp files", file=ctx.out)
+        leftovers = count(report.leftovers, "stale temporary file", "stale temporary files")
+        print(f"also removed {leftovers}", file=ctx.out)
     if report.changed:
         kept = count(len(report.changed), "entry", "entries")
         print(f"kept {kept} written or used during the prune", file=ctx.out)
@@ -46,6 +47,12 @@ def print_prune_report(report: PruneReport, ctx: CommandContext) -> None:
 
 def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
     """The entries prune could not remove or read, and the cap left unmet, on stderr."""
+    if report.stopped:
+        print(
+            f"runtime-cache: prune stopped: {clean(report.stopped)}: what it removed before "
+            "is counted above; the rest was not removed (prune again once it is back)",
+            file=ctx.err,
+        )
     if report.elsewhere:
         tiers = ", ".join(sorted({clean(named) for _, named in report.elsewhere}))
         print(
@@ -78,11 +85,19 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
             "verify --repair` removes them all)",
             file=ctx.err,
         )
-    if report.untrusted:
+    future = sum(why == FUTURE for _, why in report.untrusted)
+    if len(report.untrusted) > future:
         print(
-            f"runtime-cache: found {count(len(report.untrusted), 'entry', 'entries')} no "
-            "reader of this cache serves (unsigned while it has a secret, or dated in the "
-            "future): the first to go for size after corrupt ones",
+            f"runtime-cache: found {count(len(report.untrusted) - future, 'entry', 'entries')}"
+            " unsigned while this cache has a secret (no reader of it serves them): the first "
+            "to go for size after corrupt ones",
+            file=ctx.err,
+        )
+    if future:
+        print(
+            f"runtime-cache: found {count(future, 'entry', 'entries')} dated more than a day "
+            "in the future (a writer's clock ahead, or a time set by hand: their age cannot "
+            "be told): the first to go for size after corrupt ones, and for any --older-than",
             file=ctx.err,
         )
     if report.skipped:
