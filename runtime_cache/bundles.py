@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .api import Backend, reads_ranges
 from .check import check_entry
 from .codec import Limits, SecretKeys, decode_bundle
-from .errors import CorruptEntryError, InvalidKeyError, RejectedEntryError
+from .errors import CorruptEntryError, InvalidKeyError, NewerFormatError, RejectedEntryError
 from .existing_entries import good_existing, peek_past_cap
 from .listing import OnProgress, OnSkip
 
@@ -49,6 +49,8 @@ class LoadResult(int):
 
     * ``offered``: entries in the bundle;
     * ``rejected`` and ``corrupt``: entries refused by the entry check;
+    * ``newer``: entries in a newer format than this version reads (a newer version of
+      runtime-cache made the bundle): left out, and not counted as corrupt;
     * ``unsigned``: accepted entries that no secret of this cache verified;
     * ``withheld``: unsigned entries not written because the store is shared
       (others would trust them) or because they hold native code (see
@@ -64,6 +66,7 @@ class LoadResult(int):
     offered: int
     rejected: int
     corrupt: int
+    newer: int
     unsigned: int
     withheld: int
     withheld_code: int
@@ -78,6 +81,7 @@ class LoadResult(int):
         offered: int = 0,
         rejected: int = 0,
         corrupt: int = 0,
+        newer: int = 0,
         unsigned: int = 0,
         withheld: int = 0,
         withheld_code: int = 0,
@@ -88,6 +92,7 @@ class LoadResult(int):
         result.offered = offered
         result.rejected = rejected
         result.corrupt = corrupt
+        result.newer = newer
         result.unsigned = unsigned
         result.withheld = withheld
         result.withheld_code = withheld_code
@@ -108,6 +113,7 @@ class LoadResult(int):
             "offered": self.offered,
             "rejected": self.rejected,
             "corrupt": self.corrupt,
+            "newer": self.newer,
             "unsigned": self.unsigned,
             "withheld": self.withheld,
             "withheld_code": self.withheld_code,
@@ -123,6 +129,7 @@ class Screened:
     accepted: dict[str, bytes] = field(default_factory=dict)
     rejected: int = 0
     corrupt: int = 0
+    newer: int = 0  # (a newer format: left out, not corrupt)
     unsigned: int = 0
     repeated: int = 0  # (passed, under a key that one before them held)
 
@@ -139,7 +146,10 @@ def screen_bundle(blobs: list[bytes], secret: SecretKeys | None, limits: Limits)
         except RejectedEntryError:
             screened.rejected += 1
             continue
-        except CorruptEntryError:  # a newer format too: nothing here can use it
+        except NewerFormatError:  # nothing here can use it; a newer version reads it
+            screened.newer += 1
+            continue
+        except CorruptEntryError:
             screened.corrupt += 1
             continue
         if secret is None:
@@ -307,6 +317,7 @@ def merge_bundle(
         offered=len(blobs),
         rejected=screened.rejected,
         corrupt=screened.corrupt,
+        newer=screened.newer,
         unsigned=screened.unsigned,
         withheld=withheld,
         withheld_code=code_count,

@@ -74,7 +74,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     before = cache.stats()
     tiers_before = tier_counts(cache)
     progress = Progress(len(blobs), "import", ctx.err, enabled=not args.json and ctx.is_terminal())
-    accepted = unsigned = withheld = code = repeats = 0
+    accepted = unsigned = withheld = code = repeats = newer = 0
     failures: list[str] = []  # entries the backend could not write (a full disk)
     unheld: list[str] = []  # entries whose key it cannot hold (dir://: a name ending .rce)
     overwrite = not args.keep_existing
@@ -98,6 +98,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 withheld += result.withheld
                 code += result.withheld_code
                 repeats += result.repeated
+                newer += result.newer
                 unheld += result.unstorable_errors
             progress.step(advance=len(batch))
     except BackendError as exc:
@@ -128,13 +129,14 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
     # (not with a tier down: its listing would be partial, and that tier is said already)
     failures += unheld  # (not written either: said apart, below)
     gone = _gone(cache, blobs, secret, withheld + len(failures)) if accepted and not lost else 0
-    kept_existing = len(blobs) - accepted - rejected - corrupt - withheld - len(failures)
+    kept_existing = len(blobs) - accepted - rejected - corrupt - newer - withheld - len(failures)
     report = {
         "file": args.file,
         "in_bundle": len(blobs),
         "accepted": accepted,
         "rejected_signature": rejected,
         "corrupt": corrupt,
+        "newer_format": newer,
         "repeated_keys": min(repeats, kept_existing),
         "kept_existing": kept_existing - min(repeats, kept_existing),
         "unsigned": unsigned,
@@ -161,6 +163,12 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
         if rejected or corrupt:
             print(
                 f"refused {rejected} with a missing or wrong signature and {corrupt} corrupt",
+                file=ctx.out,
+            )
+        if newer:
+            print(
+                f"left out {fmt_count(newer, 'entry', 'entries')} in a newer format than this "
+                "version reads (a newer runtime-cache made the bundle: upgrade to import them)",
                 file=ctx.out,
             )
         unchecked = secret is None and args.bundle_signed  # signed, but no secret to check
@@ -205,7 +213,7 @@ def cmd_import(args: argparse.Namespace, ctx: CommandContext) -> int:
                 file=ctx.out,
             )
         say_losses(losses, ctx.out, durable_tiers(cache))
-    return 1 if rejected or corrupt or withheld or failures or lost or gone else 0
+    return 1 if rejected or corrupt or newer or withheld or failures or lost or gone else 0
 
 
 def _unread(args: argparse.Namespace, ctx: CommandContext, why: str) -> int:
