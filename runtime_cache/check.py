@@ -44,6 +44,7 @@ b'value'
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from typing import Any
 
 from .codec import DEFAULT_LIMITS, Entry, Limits, SecretKeys, meta_head, verify_entry
 from .errors import CorruptEntryError, KeyMismatchError, NewerFormatError, RejectedEntryError
+from .fork_locks import renew_in_child
 from .keys import CacheKey
 
 __all__ = ["Checked", "check_binding", "check_entry", "refused_head", "screen", "screen_many"]
@@ -62,6 +64,7 @@ log = logging.getLogger(__name__)
 #: once; later refusals of it log at DEBUG (each is still counted).
 _told: dict[str, None] = {}
 _told_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_told_lock")  # (a fork while a thread holds it)
 TOLD_KEYS = 4096
 
 

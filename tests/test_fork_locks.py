@@ -109,6 +109,7 @@ def test_a_lock_held_at_the_fork_is_free_in_the_child(tmp_path: Path, which: str
         ("runtime_cache.opencl.devices", "_lock"),
         ("runtime_cache.opencl.install", "_lock"),
         ("runtime_cache.opencl.capture", "_origins_lock"),
+        ("runtime_cache.check", "_told_lock"),  # (re-attack of session 46's warn-once)
     ],
 )
 def test_module_locks_are_free_in_the_child(name: str, attribute: str) -> None:
@@ -153,3 +154,37 @@ def test_a_build_in_flight_at_the_fork_is_not_waited_for_in_the_child(tmp_path: 
     finally:
         finish.set()
         builder.join(10)
+
+
+def test_every_module_lock_is_renewed_in_a_child() -> None:
+    """Each module-level lock of the package is one a forked child gets free: a lock added
+    without :func:`~runtime_cache.fork_locks.renew_in_child` hung 22 of 200 children that
+    forked while another thread held it (session 46's warn-once lock)."""
+    import pkgutil
+
+    import runtime_cache
+    import runtime_cache.backends
+
+    kinds = (type(threading.Lock()), type(threading.RLock()), threading.Condition)
+    # Renewed by the module's own at-fork hook (a new lock in the child).
+    own_hook = {"runtime_cache.process_exit._lock"}
+    missing = []
+    names = [
+        info.name
+        for package in (runtime_cache, runtime_cache.backends)
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+        if not info.name.endswith("__main__")  # (runs the CLI)
+    ]
+    assert len(names) > 100 and "runtime_cache.backends.directory" in names
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # (an optional part: pyopencl, redis)
+            continue
+        renewed = fork_locks._owners.get(id(module), (None, ()))[1]
+        missing += [
+            f"{name}.{attr}"
+            for attr, value in vars(module).items()
+            if isinstance(value, kinds) and attr not in renewed
+        ]
+    assert [name for name in missing if name not in own_hook] == []
