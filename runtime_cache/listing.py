@@ -64,9 +64,7 @@ def read_info_and_head(
     check_binding(item.key, meta)
     declared = needed + meta["n"] + (SIG_SIZE if signed else 0)
     if item.size and item.size != declared:  # (0: a size the caller does not know)
-        # A head that claims a value the store does not hold (a planted 190 bytes listed
-        # as 1 GiB built in 1,000 s): corrupt, as a read of it is.
-        raise CorruptEntryError(f"entry is {item.size} bytes, its header says {declared}")
+        _check_size(backend, item.key, first, declared)
     parts = meta["p"]
     info = EntryInfo(
         key=meta["k"],
@@ -76,7 +74,7 @@ def read_info_and_head(
         device=parts.get("device"),
         parts=parts,
         size=meta["n"],
-        stored_size=item.size,
+        stored_size=declared if item.size else 0,  # (checked to be what is stored)
         created_at=meta["c"],
         build_seconds=meta["b"],
         producer=meta["v"],
@@ -86,6 +84,22 @@ def read_info_and_head(
         extra=dict(meta.get("x", {})),
     )
     return info, first
+
+
+def _check_size(backend: Backend, key: str, first: bytes, declared: int) -> None:
+    """Raise :class:`CorruptEntryError` where the entry at ``key`` (whose frame header is
+    ``first``) is not the ``declared`` bytes its header says: a head that claims a value
+    the store does not hold (a planted 190 bytes listed as 1 GiB built in 1,000 s) is
+    corrupt, as a read of it is. The listing's size may be older than the head read after
+    it (an entry written again between): the bytes there now tell, read up to one past the
+    declared length (no more than the limits let an entry be), and only on a mismatch."""
+    again = backend.head(key, declared + 1)
+    if again is None:
+        raise KeyError(key)
+    if bytes(again[:HEADER_SIZE]) != first or len(again) == declared:
+        return  # (what was read: written again meanwhile, or the listing's size was)
+    held = f"more than {declared}" if len(again) > declared else str(len(again))
+    raise CorruptEntryError(f"entry is {held} bytes, its header says {declared}")
 
 
 def read_heads(
