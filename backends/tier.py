@@ -289,9 +289,10 @@ def raise_if_all_failed(
     """Raise when each of the ``tried`` tiers failed (``errors``, one each) or could not
     hold the key (``unheld``: its ``InvalidKeyError``, one a tier): where none could hold
     it, the first refusal (the key is refused, as one store refuses it); else a value too
-    large for every tier that could is :class:`EntryTooLargeError` (no outage), and any
-    other failure :class:`BackendError`. A tier that could hold the key and has none
-    makes it a miss (a key ending in ``.rce``, held by Redis alone under ``dir://``)."""
+    large for every tier that could is :class:`EntryTooLargeError` (no outage), every tier
+    down :class:`BackendUnavailableError`, and any other failure :class:`BackendError`. A
+    tier that could hold the key and has none makes it a miss (a key ending in ``.rce``,
+    held by Redis alone under ``dir://``)."""
     if unheld and len(unheld) >= tried:
         raise unheld[0]
     tried -= len(unheld)
@@ -300,6 +301,10 @@ def raise_if_all_failed(
         if len(sized) == len(errors):  # no outage: a value too large for every tier
             refused = frozenset().union(*(e.refused for e in sized))
             raise EntryTooLargeError(f"every tier refused it: {errors[-1]}", refused)
+        if all(isinstance(e, BackendUnavailableError) for e in errors):  # (down, all of them)
+            raise BackendUnavailableError(
+                f"every tier is unavailable; last error: {errors[-1]}"
+            ) from errors[-1]
         raise BackendError(f"every tier failed; last error: {errors[-1]}") from errors[-1]
 
 

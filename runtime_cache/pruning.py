@@ -90,8 +90,9 @@ class PruneReport:
     #: (stale temporary files included).
     dry_run: bool = False
     would_remove: list[str] = field(default_factory=list)
-    #: Why prune stopped before its end (the store stopped answering), or ``""``: what it
-    #: removed by then is counted; the rest was neither removed nor listed again.
+    #: Why prune stopped before its end, or could not list the store again at its end (the
+    #: store stopped answering), or ``""``: what it removed by then is counted, from what
+    #: each removal said; what was left was not listed again.
     stopped: str = ""
 
 
@@ -151,6 +152,7 @@ def prune(
     report.kept_the_rest = max_size is not None and pinned > max_size
     tried: set[str] = set()
     would: set[str] = set()
+    vanished: set[str] = set()  # (removed meanwhile by another hand)
     attempted = False
     for done, (key, entry) in enumerate(items, 1):
         if on_progress is not None:
@@ -184,6 +186,7 @@ def prune(
             total -= entry.size
         elif outcome == "gone":  # removed meanwhile by another hand (not ours to count),
             total -= entry.size  # or now another reader's (a newer format)
+            vanished.add(key)
         elif outcome == "stuck" and key not in stuck:  # still there: as one that cannot go
             tried.add(key)
             stuck.add(key)
@@ -194,7 +197,12 @@ def prune(
             report.changed.append(key)
     if max_size is not None and pinned > max_size:
         report.kept_the_rest = True
-    _settle(cache, report, weighed, tried if attempted else None, stuck, max_size, would)
+    removals = tried if attempted else None
+    try:
+        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished)
+    except BackendUnavailableError as exc:  # (down since: by what each removal said)
+        report.stopped = str(exc)
+        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished)
     return report
 
 
@@ -318,21 +326,27 @@ def _settle(
     stuck: set[str],
     max_size: int | None,
     would: set[str],
+    vanished: set[str],
 ) -> None:
     """Fill in what is left, listed again where any removal was tried (``tried`` is None
     where none was): a store of tiers says it removed an entry (or that it had none) while
     one of its tiers kept it, and another hand may have removed or written entries. An
     entry written again meanwhile (a newer one under the key) is not one that stayed.
-    ``would`` holds what a dry run would remove: counted as gone, and not listed again."""
+    ``would`` holds what a dry run would remove: counted as gone, and not listed again.
+    Where prune stopped (the store down), nothing is listed again: what is left is what
+    was weighed, less what each removal said went (and ``vanished``, gone meanwhile)."""
     sizes = {key: entry.size for key, entry in weighed.items()}
     left, again = {key: size for key, size in sizes.items() if key not in would}, {}
     if tried is None:
         tried = set()
     elif report.stopped:  # (not listed again: by what each removal said)
         tried = tried - stuck
-        left = {key: size for key, size in sizes.items() if key not in tried}
+        left = {key: size for key, size in sizes.items() if key not in tried | vanished}
     else:
+        errors = cache.stats().errors
         listed = _weigh(cache, None, time.time())
+        if cache.stats().errors > errors:  # (the listing failed, not raised: a lax cache)
+            raise BackendUnavailableError("the store could not be listed again after prune")
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
         # One that did not go but is not listed again was on a tier that could not be

@@ -140,3 +140,13 @@ def test_prune_and_verify_say_what_they_did_before_the_store_went_down(
     report_v = verify(cache, repair=True, on_progress=down_at(31))
     assert report_v.stopped and not report_v.ok and report_v.checked == 30, report_v
     redis_process.start()
+    # Every tier of a tiered store down (the re-attack: "every tier failed" was no outage
+    # to prune, which went on, then listed nothing and said 4 entries remained of 1,000).
+    url = redis_process.url
+    cache = rc.Cache(rc.open_backend(f"{url}?prefix=a:,{url}?prefix=b:"), secret=SECRET)
+    for i in range(40):
+        cache.put(_key(f"e{i}"), b"V" * 1000)
+    report = prune(cache, older_than=0, on_progress=down_at(11))
+    assert report.stopped and report.removed == 10 and report.remaining == 30, report
+    assert not report.failed, report.failed  # (stopped there, not tried on)
+    redis_process.start()

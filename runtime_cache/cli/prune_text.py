@@ -49,8 +49,8 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
     """The entries prune could not remove or read, and the cap left unmet, on stderr."""
     if report.stopped:
         print(
-            f"runtime-cache: prune stopped: {clean(report.stopped)}: what it removed before "
-            "is counted above; the rest was not removed (prune again once it is back)",
+            f"runtime-cache: the store stopped answering ({clean(report.stopped)}): what "
+            "prune removed by then is counted above (prune again once it is back)",
             file=ctx.err,
         )
     if report.elsewhere:
@@ -72,6 +72,8 @@ def _say_what_stays(report: PruneReport, ctx: CommandContext) -> None:
         if report.kept_the_rest and report.remaining > report.stuck:
             line += "; the others were kept too, since removing them could not meet it"
         print(line, file=ctx.err)
+    elif report.over_cap and report.stopped:
+        print(f"runtime-cache: still {human_size(report.over_cap)} over --max-size", file=ctx.err)
     elif report.over_cap:  # (written meanwhile)
         print(
             f"runtime-cache: still {human_size(report.over_cap)} over --max-size: entries "
