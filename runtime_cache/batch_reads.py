@@ -157,7 +157,7 @@ class BatchReads:
             self._counters.hit(size, saved)
             taken += 1
         if missed_before and taken:
-            self._counters.add(misses=-taken)
+            self._counters.take_back(misses=taken)  # (none below zero: a reset between)
 
 
 def _each_key(

@@ -121,15 +121,19 @@ class Builds:
                 return None
             if blob is None or entry is None:
                 return None
-            self._counters.add(
-                hits=1, misses=-1, bytes_read=len(blob), seconds_saved=entry.build_seconds
-            )
+            self._counters.add(hits=1, bytes_read=len(blob), seconds_saved=entry.build_seconds)
+            self._counters.take_back(misses=1)  # (none below zero: a reset between)
             return entry.value
 
         try:
-            found = self.get(key)
-            if after_miss:  # (this read's hit or miss stands for the caller's miss)
-                self._counters.take_back(misses=1)
+            if after_miss:  # this read repeats the caller's: its miss (and any entry it
+                # refuses again) counted there; a hit stands for that miss
+                with self._counters.muted("misses", "rejected", "corrupt"):
+                    found = self.get(key)
+                if found is not None:
+                    self._counters.take_back(misses=1)
+            else:
+                found = self.get(key)
             if found is not None:
                 value = found
             elif self.enabled:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from typing import Any, Generic, TypeVar, overload
@@ -98,9 +99,22 @@ class Counters(Generic[S]):
         #: Hits not yet added to the counters: ``(bytes_read, seconds_saved)`` each. A
         #: deque's append and popleft are atomic, so :meth:`hit` takes no lock.
         self._hits: deque[tuple[int, float]] = deque()
+        self._mute = threading.local()  # (the names :meth:`muted` holds, for each thread)
+
+    @contextmanager
+    def muted(self, *names: str) -> Iterator[None]:
+        """Within the block, this thread's :meth:`add` leaves the counters ``names`` alone
+        (a read that repeats one already counted: its miss counted once)."""
+        self._mute.names = frozenset(names)
+        try:
+            yield
+        finally:
+            self._mute.names = frozenset()
 
     def add(self, **amounts: float) -> None:
         """Add to one or more counters atomically."""
+        if getattr(self._mute, "names", None):
+            amounts = {k: v for k, v in amounts.items() if k not in self._mute.names}
         with self._lock:
             for name, amount in amounts.items():
                 self._values[name] += amount

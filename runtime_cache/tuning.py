@@ -320,11 +320,9 @@ class TuningCache:
         return found
 
     def _read(self, listed: dict[str, EntryInfo]) -> dict[str, bytes]:
-        # The values of ``listed`` that pass the cache's check, by symbol. Read only those
-        # whose heads say signed (in a cache with a secret) and whose files are no larger
-        # than a record and its framing can be (a planted 16 MB value was read whole: 30 of
-        # them, 457 MiB); in batches, as looks, not uses (a listing counts no hit and moves
-        # no entry in the eviction order).
+        # The values of ``listed`` that pass the cache's check, by symbol: of those whose
+        # heads say signed (with a secret) and whose files a record can fill (a planted 16 MB
+        # value was read whole), read in batches as looks (no hit, no eviction order moved).
         most = self.max_record_size + self.cache.limits.max_meta_size + 4096
         signed = self.cache.signed
         ordered = sorted(
@@ -336,8 +334,10 @@ class TuningCache:
             try:
                 blobs = self.cache.backend.peek_many(keys)
             except RuntimeCacheError as exc:
+                if self.cache.strict:
+                    raise
                 log.warning("runtime-cache: tuning records of %s not read: %s", self.module_id, exc)
-                return {}
+                break  # (those read before stand)
             for skey, blob in blobs.items():
                 try:
                     found[keys[skey]] = self.cache.decode(skey, blob).value

@@ -17,7 +17,7 @@ from .errors import InvalidValueError
 
 __all__ = ["InvalidValueError", "format_size", "parse_bool", "parse_duration", "parse_size"]
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE | re.ASCII)
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
@@ -38,7 +38,9 @@ _SIZE_UNITS = {
     "gi": 1024**3,
     "ti": 1024**4,
 }
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|min|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(
+    r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|min|s|m|h|d|w)?\s*$", re.IGNORECASE | re.ASCII
+)
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 _BOOLS = {
     "1": True,

@@ -1282,10 +1282,13 @@ def test_an_empty_output_name_is_a_usage_error(
     assert "export needs a file name" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text", ["\u0661MB", "\u0661d", "1\u0660m", "\uff11GB"])
+@pytest.mark.parametrize(
+    "text", ["\u0661MB", "\u0661d", "1\u0660m", "\uff11GB", "5\u017f", "1\u212aB", "1\u212a"]
+)
 def test_sizes_and_durations_take_ascii_digits_alone(text: str) -> None:
     """The operator review: `--max-size` took an Arabic-Indic digit for a 1 (Python's
-    float() reads any script's digits); sizes and durations take 0-9 alone."""
+    float() reads any script's digits); sizes and durations take 0-9 alone. The re-attack:
+    and ASCII unit letters alone (a long s for s raised KeyError, a Kelvin sign was k)."""
     from runtime_cache.units import parse_duration, parse_size
 
     with pytest.raises(ValueError):

@@ -272,6 +272,43 @@ def test_one_get_or_tune_counts_one_lookup() -> None:
     assert counts() == (1, 1, 0, 1)
 
 
+def test_one_get_or_tune_counts_one_rejection_and_one_miss() -> None:
+    """The re-attack: a record planted unsigned in a signed cache counted two rejections
+    for one ``get_or_tune`` (its read, then ``get_or_build``'s); and a strict cache whose
+    store failed at the second read counted two misses."""
+    from runtime_cache.backends.callback import CallbackBackend
+
+    backend = MemoryBackend()
+    t = tuner(rc.Cache(backend))  # (unsigned: what a writer without the secret stores)
+    t.put("conv1", {"tile": 1})
+    signed = rc.Cache(backend, secret="a-long-enough-secret-for-tests")
+    assert tuner(signed).get_or_tune("conv1", lambda: {"tile": 4}) == {"tile": 4}
+    got = signed.stats()
+    assert (got.hits, got.misses, got.rejected, got.builds) == (0, 1, 1, 1), got
+    calls = []
+
+    def load(key: str) -> bytes | None:
+        calls.append(key)
+        if len(calls) > 1:
+            raise OSError("the store went away")
+        return None
+
+    strict = rc.Cache(CallbackBackend(load=load, store=lambda k, v: None), strict=True)
+    with pytest.raises(rc.errors.BackendError):
+        tuner(strict).get_or_tune("conv1", lambda: {"tile": 4})
+    assert strict.stats().misses == 1, strict.stats()
+
+
+def test_a_miss_taken_back_after_a_reset_leaves_none_below_zero() -> None:
+    """The re-attack: ``count_hits(..., missed_before=True)`` after ``reset_stats()`` (the
+    OpenCL loader's path) left misses at -1, as a shared build's wait did."""
+    cache = rc.Cache(MemoryBackend())
+    cache.reset_stats()
+    cache.count_hits([(10, 0.0)], missed_before=True)
+    got = cache.stats()
+    assert (got.hits, got.misses) == (1, 0), got
+
+
 def test_a_bad_record_that_cannot_be_removed_is_no_hit_either() -> None:
     """The re-attack: on a read-only store the bad record stayed, ``get_or_build`` read it
     again, and that read counted a hit with its tuning time saved."""
