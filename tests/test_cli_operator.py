@@ -1280,6 +1280,8 @@ def test_an_empty_output_name_is_a_usage_error(
     assert "--raw needs a file name" in capsys.readouterr().err
     assert main(["--cache", url, "export", ""]) == 2
     assert "export needs a file name" in capsys.readouterr().err
+    assert main(["--cache", url, "import", ""]) == 2
+    assert "import needs a file name" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

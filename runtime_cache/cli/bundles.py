@@ -83,7 +83,7 @@ def add_parsers(add: AddCommand) -> None:
             "curl -s https://example.org/kernels.rcb | runtime-cache import -",
         ],
     )
-    imp.set_defaults(prepare=read_import)
+    imp.set_defaults(prepare=read_import, check=_import_check)
     imp.add_argument(
         "file",
         metavar="FILE",
@@ -120,6 +120,11 @@ def _write_file(path: str, output: Output | None, data: bytes) -> str:
         return write_output(output, data)
     except OSError as exc:
         raise BundleFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _import_check(args: argparse.Namespace) -> None:
+    if not args.file:  # (an unset variable in a script: `import "$IN"`)
+        raise UsageError("import needs a file name (or - for standard input), not ''")
 
 
 def _export_check(args: argparse.Namespace) -> None:
