@@ -156,6 +156,10 @@ class DirReads:
     def head(self, key: str, size: int) -> bytes | None:
         return self._read(key, False, lambda fd, _size, _cap: os.read(fd, size))
 
+    def stored_size(self, key: str) -> int | None:
+        """The size of ``key``'s file (none read), or ``None`` where there is no entry."""
+        return self._read(key, False, lambda _fd, size, _cap: size)
+
     def _touch(self, fd: int, key: str) -> None:
         if not self._read_only:
             try:

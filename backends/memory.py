@@ -188,6 +188,12 @@ class MemoryBackend(Backend):
             value = self._data.get(key)
         return None if value is None else value[:size]
 
+    def stored_size(self, key: str) -> int | None:
+        """The size of ``key``'s value, or ``None`` where there is none."""
+        with self._lock:
+            value = self._data.get(key)
+        return None if value is None else len(value)
+
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         with self._lock:
             items = []

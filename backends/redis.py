@@ -1,9 +1,8 @@
-"""``redis://``, ``rediss://``, ``redis+cluster://`` and ``redis+unix://``: the shared cache
-for a fleet.
+"""``redis://``, ``rediss://``, ``redis+cluster://``, ``redis+unix://``: a fleet's shared cache.
 
-One machine compiles a program and stores it; every other machine loads it.
-Values are plain Redis strings under ``<prefix><key>``; the entry format (and
-its signature) is the front's business.
+One machine compiles a program and stores it; every other machine loads it. Values are
+plain Redis strings under ``<prefix><key>``; the entry format (and its signature) is the
+front's business.
 
 URLs::
 
@@ -19,9 +18,8 @@ prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
 read or written, default ``64MiB``: a larger one is never sent, see
 :class:`~.redis_scripts.CappedReads`), ``max_batch_size`` (the most bytes of values one
 ``get_many`` holds, default four times ``max_entry_size``; the values past it are
-misses), ``backoff`` and ``max_backoff``
-(the circuit breaker's first and longest window, default ``500ms`` and
-``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
+misses), ``backoff`` and ``max_backoff`` (the circuit breaker's first and longest window,
+default ``500ms`` and ``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
 Unknown options are rejected.
 
 Keys are at most 1024 characters (:data:`~runtime_cache.api.MAX_TEXT_KEY`); listings
@@ -363,6 +361,11 @@ class RedisBackend(Backend):
             return part
 
         return self._run("head", read)
+
+    def stored_size(self, key: str) -> int | None:
+        """The length of ``key``'s value by ``STRLEN`` (none read), ``None`` where empty."""
+        full = self._full(key)
+        return self._run("head", lambda client: int(client.strlen(full)) or None)
 
     def lease(self, key: str, ttl: float) -> Lease:
         """A lease under ``<prefix>lease:<key>``: inside the namespace (an ACL on ``<prefix>*``

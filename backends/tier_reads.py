@@ -16,19 +16,46 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from typing import TypeVar
 
-from runtime_cache.api import Span, head_only
+from runtime_cache.api import Backend, Span, head_only
 from runtime_cache.errors import PartialReadError
 from runtime_cache.partial_reads import found_so_far
 
 from .tier import Tier, raise_if_all_failed
 
-__all__ = ["Pieces", "Promote", "read_many", "read_one", "whole"]
+__all__ = ["Pieces", "Promote", "first_answer", "read_many", "read_one", "whole"]
 
 #: A value, as the pieces that join to it.
 Pieces = tuple[bytes, ...]
 #: ``promote(index, {key: value})``: copy what tier ``index`` held into the tiers above it.
 Promote = Callable[[int, Mapping[str, bytes]], None]
+
+
+T = TypeVar("T")
+
+
+def first_answer(
+    tiers: Sequence[Tier],
+    key: str,
+    op: str,
+    queued: Callable[[bytes], T],
+    ask: Callable[[Backend], T | None],
+) -> T | None:
+    """What the first tier that holds ``key`` answers: ``queued(value)`` of a write queued
+    for it, else ``ask(backend)`` (not ``None``), the tiers that fail skipped; ``None``
+    when no tier holds it (a read that looks, not a use: nothing is copied up)."""
+    errors: list[Exception] = []
+    unheld: list[Exception] = []  # (a tier that cannot hold the key: absent there)
+    for tier in tiers:
+        value = tier.writer.lookup(key) if tier.writer else None
+        if value is not None:
+            return queued(value)
+        _, answer = tier.attempt(op, partial(ask, tier.backend), errors, unheld)
+        if answer is not None:
+            return answer
+    raise_if_all_failed(errors, len(tiers), unheld)
+    return None
 
 
 def read_one(tiers: Sequence[Tier], key: str, span: Span | None, promote: Promote) -> Pieces | None:

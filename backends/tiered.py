@@ -39,6 +39,7 @@ from runtime_cache.errors import (
 )
 from runtime_cache.fork_locks import renew_in_child
 from runtime_cache.refusals import Refusals
+from runtime_cache.stored_sizes import stored_size
 from runtime_cache.urls import redact_url, tier_urls
 
 from .tier import (
@@ -51,7 +52,7 @@ from .tier import (
     raise_if_unwritten,
     settle_unwritten,
 )
-from .tier_reads import read_many, read_one, whole
+from .tier_reads import first_answer, read_many, read_one, whole
 from .write_behind import FlushingLease, WriteBehind
 
 __all__ = ["TierStats", "TieredBackend"]
@@ -186,7 +187,10 @@ class TieredBackend(Backend):
                 if queued == len(items) and not tier.policy.failing("write"):
                     took.append(tier)  # (queued: it lands, or its failure is counted there)
                 else:  # none to count on: a tier above keeps its copy, and the write may fail
-                    errors.append(BackendUnavailableError(f"{tier.backend!r}: writes failing"))
+                    if tier.policy.failing("write"):
+                        errors.append(BackendUnavailableError(f"{tier.backend!r}: writes failing"))
+                    else:  # (its queue is full, or the value larger than it: no outage)
+                        errors.append(BackendError(f"{tier.backend!r}: its write queue is full"))
                     unqueued.append((tier, len(items) - queued))  # (queued: counted there)
                 continue
             done, refused[id(tier)] = tier.write(op, items, errors)
@@ -258,18 +262,13 @@ class TieredBackend(Backend):
         return whole(read_many(self._tiers, bad, over, past=bad, span=span))
 
     def head(self, key: str, size: int) -> bytes | None:
-        errors: list[Exception] = []
-        unheld: list[Exception] = []  # (a tier that cannot hold the key: absent there)
-        for tier in self._tiers:
-            queued = tier.writer.lookup(key) if tier.writer else None
-            if queued is not None:
-                return queued[:size]
-            read = partial(tier.backend.head, key, size)
-            _, part = tier.attempt("head", read, errors, unheld)
-            if part is not None:
-                return part
-        raise_if_all_failed(errors, len(self._tiers), unheld)
-        return None
+        return first_answer(
+            self._tiers, key, "head", lambda v: v[:size], lambda b: b.head(key, size)
+        )
+
+    def stored_size(self, key: str) -> int | None:
+        """The size of ``key``'s blob in the tier :meth:`head` reads it from."""
+        return first_answer(self._tiers, key, "head", len, lambda b: stored_size(b, key))
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
         """The union of every tier's items; the fastest tier's view of a key wins.

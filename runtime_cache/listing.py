@@ -10,6 +10,7 @@ from .codec import HEADER_SIZE, Limits, decode_meta
 from .errors import CorruptEntryError, NewerFormatError, OverLimitError, RuntimeCacheError
 from .signing import SIG_SIZE
 from .stats import EntryInfo
+from .stored_sizes import stored_size
 
 #: Told ``(key, reason)`` for each entry a listing or a dump leaves out as corrupt or unreadable.
 OnSkip = Callable[[str, str], None]
@@ -25,6 +26,7 @@ __all__ = [
     "read_info_and_head",
     "skip_kind",
     "skip_reason",
+    "stored_size",
 ]
 
 #: Bytes read first for a listing; larger metadata costs one more read.
@@ -91,15 +93,16 @@ def _check_size(backend: Backend, key: str, first: bytes, declared: int) -> None
     ``first``) is not the ``declared`` bytes its header says: a head that claims a value
     the store does not hold (a planted 190 bytes listed as 1 GiB built in 1,000 s) is
     corrupt, as a read of it is. The listing's size may be older than the head read after
-    it (an entry written again between): the bytes there now tell, read up to one past the
-    declared length (no more than the limits let an entry be), and only on a mismatch."""
-    again = backend.head(key, declared + 1)
-    if again is None:
+    it (an entry written again between): its size now tells (:func:`stored_size`, no
+    value read: a sparse file one byte longer than its header says was read whole), and
+    its header again, which must be the one read."""
+    now = stored_size(backend, key)
+    again = None if now is None else backend.head(key, HEADER_SIZE)
+    if now is None or again is None:
         raise KeyError(key)
-    if bytes(again[:HEADER_SIZE]) != first or len(again) == declared:
-        return  # (what was read: written again meanwhile, or the listing's size was)
-    held = f"more than {declared}" if len(again) > declared else str(len(again))
-    raise CorruptEntryError(f"entry is {held} bytes, its header says {declared}")
+    if bytes(again) != first or now == declared:
+        return  # (written again meanwhile, or the listing's size was older than the head)
+    raise CorruptEntryError(f"entry is {now} bytes, its header says {declared}")
 
 
 def read_heads(

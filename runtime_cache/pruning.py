@@ -42,7 +42,7 @@ from .errors import (
     PartialDeleteError,
     RuntimeCacheError,
 )
-from .listing import OnProgress, read_info, skip_kind, skip_reason
+from .listing import OnProgress, read_heads, read_info, skip_kind, skip_reason
 from .units import parse_duration, parse_size
 
 __all__ = ["FUTURE", "PruneReport", "prune"]
@@ -234,14 +234,26 @@ def _order(item: tuple[str, _Weighed]) -> tuple[int, float]:
     return (0 if entry.corrupt else 1 if entry.suspect else 2, entry.last or 0.0)
 
 
-def _weigh(cache: Cache, report: PruneReport | None, now: float) -> dict[str, _Weighed]:
+def _weigh(
+    cache: Cache, report: PruneReport | None, now: float, down: list[Exception] | None = None
+) -> dict[str, _Weighed]:
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
     # Only the flag of a signature is read (a forged one passes here; readers refuse it).
+    # With ``down``: the failures of the listing itself (its scan, a head the store did not
+    # answer), which leave out what it would list, go there, not to the cache's policy.
     weighed: dict[str, _Weighed] = {}
     headers: dict[str, bytes] = {}
     secret = cache.signed
-    for item, info in cache.heads(headers=headers):
-        if not isinstance(info, RuntimeCacheError):
+    if down is None:
+        listing = cache.heads(headers=headers)
+    else:
+        listing = read_heads(
+            cache.backend, cache.limits, lambda _op, e: down.append(e), "", headers
+        )
+    for item, info in listing:
+        if down is not None and isinstance(info, BackendUnavailableError):
+            down.append(info)
+        elif not isinstance(info, RuntimeCacheError):
             last = info.last_access if info.last_access is not None else info.created_at
             head = headers[item.key]
             suspect = (
@@ -343,10 +355,10 @@ def _settle(
         tried = tried - stuck
         left = {key: size for key, size in sizes.items() if key not in tried | vanished}
     else:
-        errors = cache.stats().errors
-        listed = _weigh(cache, None, time.time())
-        if cache.stats().errors > errors:  # (the listing failed, not raised: a lax cache)
-            raise BackendUnavailableError("the store could not be listed again after prune")
+        down: list[Exception] = []
+        listed = _weigh(cache, None, time.time(), down)
+        if down:  # (what it leaves out may be there still)
+            raise BackendUnavailableError(f"listed again after prune: {down[0]}")
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
         # One that did not go but is not listed again was on a tier that could not be

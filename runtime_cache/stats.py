@@ -105,11 +105,12 @@ class Counters(Generic[S]):
     def muted(self, *names: str) -> Iterator[None]:
         """Within the block, this thread's :meth:`add` leaves the counters ``names`` alone
         (a read that repeats one already counted: its miss counted once)."""
-        self._mute.names = frozenset(names)
+        outer: frozenset[str] = getattr(self._mute, "names", frozenset())
+        self._mute.names = outer | frozenset(names)
         try:
             yield
         finally:
-            self._mute.names = frozenset()
+            self._mute.names = outer
 
     def add(self, **amounts: float) -> None:
         """Add to one or more counters atomically."""

@@ -90,6 +90,7 @@ def test_backends_import_only_the_contract(path: Path) -> None:
                 "runtime_cache.partial_reads",  # batch reads past a key that fails (contract)
                 "runtime_cache.process_exit",  # flushed at a multiprocessing child's end too
                 "runtime_cache.refusals",  # writes refused for size, shared with the front
+                "runtime_cache.stored_sizes",  # a blob's size now, shared with listings
                 "runtime_cache.units",  # sizes, durations, booleans
                 "runtime_cache.urls",  # URL parsing and redaction
             }

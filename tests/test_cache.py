@@ -684,3 +684,17 @@ def test_a_hit_taken_back_after_a_reset_leaves_no_counter_below_zero() -> None:
     cache.took_back(key, b"record")
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.corrupt, stats.seconds_saved) == (0, 1, 1, 0.0)
+
+
+def test_a_muted_block_inside_another_keeps_the_outer_ones_names() -> None:
+    """The second re-attack: the inner block's end unmuted the outer one's names."""
+    from runtime_cache.stats import Counters
+
+    counters = Counters()
+    with counters.muted("misses"):
+        with counters.muted("rejected"):
+            counters.add(misses=1, rejected=1, errors=1)
+        counters.add(misses=1, rejected=1)
+    counters.add(misses=1)
+    got = counters.snapshot()
+    assert (got.misses, got.rejected, got.errors) == (1, 1, 1), got

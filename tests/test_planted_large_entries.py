@@ -275,3 +275,36 @@ def test_an_entry_written_again_while_listed_is_not_called_corrupt() -> None:
     listed = list(cache.entries(on_skip=lambda k, why: skipped.append((k, why))))
     assert [info.key for info in listed] == [str(_key(0))] and not skipped, skipped
     assert listed[0].stored_size == len(cache.backend.get(str(_key(0))) or b"")
+
+
+def test_a_sparse_file_one_byte_longer_than_its_head_says_is_not_read(tmp_path: Path) -> None:
+    """The second re-attack: a size mismatch was settled by reading the entry up to one
+    past its declared length, so a sparse file of a forged 1 GiB entry plus one byte was
+    read whole by every listing (2 of them: 5.3 s, 2.1 GB of memory). Its size now is
+    asked of the store (a stat), and its head alone is read."""
+    import xxhash
+
+    from runtime_cache.entry_frame import ENTRY_HEADER, ENTRY_MAGIC
+    from runtime_cache.entry_meta import pack_meta
+
+    backend = DirectoryBackend(tmp_path)
+    cache = rc.Cache(backend)
+    key, size = _key(3), 64 * MIB
+    meta = pack_meta(str(key), key.packed_parts, 1.7e9, 1000.0, "forged", size)
+    digest = xxhash.xxh3_64_intdigest(meta)
+    head = ENTRY_HEADER.pack(ENTRY_MAGIC, 1, 0, 0, len(meta), size, digest, 0) + meta
+    backend.set(str(key), head)
+    (path,) = Path(backend.root).rglob(f"{str(key).rsplit('/', 1)[1]}.rce")
+    os.truncate(path, len(head) + size + 1)  # sparse: one byte more than the head says
+    asked: list[int] = []
+    real = backend.head
+
+    def head_of(k: str, n: int) -> bytes | None:
+        asked.append(n)
+        return real(k, n)
+
+    backend.head = head_of  # type: ignore[method-assign]
+    skipped: list[tuple[str, str]] = []
+    assert list(cache.entries(on_skip=lambda k, why: skipped.append((k, why)))) == []
+    assert skipped and "its header says" in skipped[0][1], skipped
+    assert max(asked) <= 64 * 1024, asked

@@ -150,3 +150,37 @@ def test_prune_and_verify_say_what_they_did_before_the_store_went_down(
     assert report.stopped and report.removed == 10 and report.remaining == 30, report
     assert not report.failed, report.failed  # (stopped there, not tried on)
     redis_process.start()
+
+
+def test_a_prune_whose_end_listing_fails_counts_what_each_removal_said() -> None:
+    """The second re-attack: the store stopped answering after the end listing's scan, so
+    each head raised; the listing left those entries out, and prune said "0 entries
+    remain" (exit code 0) while 4 were there. Nor does another thread's failure on the same
+    cache count as the listing's (it was taken from the cache's error count)."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Failing(MemoryBackend):
+        down = False
+
+        def head(self, key: str, size: int) -> bytes | None:
+            if self.down:
+                raise BackendUnavailableError("the store went away")
+            return super().head(key, size)
+
+    backend = Failing()
+    cache = rc.Cache(backend)
+    for i in range(10):
+        cache.put(_key(f"e{i}"), b"V" * 1000)
+    size = next(iter(backend.scan())).size
+
+    def last(done: int, total: int) -> None:
+        backend.down = done == total
+
+    report = prune(cache, max_size=4 * size, on_progress=last)
+    assert report.stopped and report.removed == 6 and report.remaining == 4, report
+    backend.down = False
+    cache.put(_key("x"), b"V" * 1000)
+    cache._counters.add(errors=1)  # (another thread's failure, meanwhile)
+    report = prune(cache, max_size=4 * size)
+    assert not report.stopped and report.removed == 1 and report.remaining == 4, report

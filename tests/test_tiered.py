@@ -962,3 +962,32 @@ def test_a_batch_a_tier_stored_is_no_failure_for_a_key_another_tier_refused(
     }
     assert cache.put_many(items)
     assert all(cache.get(k) == v for k, v in items.items())
+
+
+def test_full_write_queues_are_no_outage() -> None:
+    """The second re-attack: every tier remote and its write queue full (a batch larger
+    than it, with both servers up) raised "every tier is unavailable", which `import`
+    takes for an outage and stops at, where it writes one entry at a time past a full
+    store. A full queue is a plain store failure; tiers that fail are an outage."""
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Slow(MemoryBackend):  # a remote store (a write queue of its own), slow to write
+        remote = True
+
+        def set_many(self, items: Mapping[str, bytes]) -> None:
+            time.sleep(0.05)
+            super().set_many(items)
+
+    tiered = TieredBackend([Slow(), Slow()], queue_items=4)
+    try:
+        with pytest.raises(BackendError) as raised:
+            tiered.set_many({f"k/{i}": b"v" for i in range(10)})
+        assert not isinstance(raised.value, BackendUnavailableError), raised.value
+    finally:
+        tiered.close()
+    down = TieredBackend([rc.open_backend(_dead_redis_url()), rc.open_backend(_dead_redis_url())])
+    try:
+        with pytest.raises(BackendUnavailableError):
+            down.get("k/0")
+    finally:
+        down.close()
