@@ -65,7 +65,7 @@ def read_info_and_head(
     first = bytes(head[:HEADER_SIZE])  # (of the head decoded)
     check_binding(item.key, meta)
     declared = needed + meta["n"] + (SIG_SIZE if signed else 0)
-    if item.size and item.size != declared:  # (0: a size the caller does not know)
+    if 0 < item.size < declared:  # (0: a size the caller does not know; larger: framing)
         _check_size(backend, item.key, first, declared)
     parts = meta["p"]
     info = EntryInfo(
@@ -76,7 +76,7 @@ def read_info_and_head(
         device=parts.get("device"),
         parts=parts,
         size=meta["n"],
-        stored_size=declared if item.size else 0,  # (checked to be what is stored)
+        stored_size=max(item.size, declared) if item.size else 0,  # (checked: see above)
         created_at=meta["c"],
         build_seconds=meta["b"],
         producer=meta["v"],
@@ -90,17 +90,16 @@ def read_info_and_head(
 
 def _check_size(backend: Backend, key: str, first: bytes, declared: int) -> None:
     """Raise :class:`CorruptEntryError` where the entry at ``key`` (whose frame header is
-    ``first``) is not the ``declared`` bytes its header says: a head that claims a value
-    the store does not hold (a planted 190 bytes listed as 1 GiB built in 1,000 s) is
-    corrupt, as a read of it is. The listing's size may be older than the head read after
-    it (an entry written again between): its size now tells (:func:`stored_size`, no
-    value read: a sparse file one byte longer than its header says was read whole), and
-    its header again, which must be the one read."""
+    ``first``) holds fewer than the ``declared`` bytes its header says: a head that claims
+    a value the store does not hold (a planted 190 bytes listed as 1 GiB built in 1,000 s)
+    is corrupt, as a read of it is. The listing's size may be older than the head read
+    after it (an entry written again between): its size now tells (:func:`stored_size`, no
+    value read: a sparse file was read whole so), with its header again, the one read."""
     now = stored_size(backend, key)
     again = None if now is None else backend.head(key, HEADER_SIZE)
     if now is None or again is None:
         raise KeyError(key)
-    if bytes(again) != first or now == declared:
+    if bytes(again) != first or now >= declared:
         return  # (written again meanwhile, or the listing's size was older than the head)
     raise CorruptEntryError(f"entry is {now} bytes, its header says {declared}")
 

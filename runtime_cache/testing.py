@@ -159,6 +159,14 @@ class BackendConformance:
         sizes = sorted(item.size for item in items.values())
         assert sizes[0] >= 3 and sizes[1] >= 5  # stored sizes may include framing
 
+    def test_stored_size_is_the_size_stored_now(self, backend: Backend) -> None:
+        from runtime_cache.stored_sizes import stored_size
+
+        backend.set("conf/size/a", b"x" * 100)
+        backend.set("conf/size/a", b"x" * 37)  # (written again: its size now)
+        assert 37 <= (stored_size(backend, "conf/size/a") or 0) < 100  # (framing may add)
+        assert stored_size(backend, "conf/size/missing") is None
+
     def test_hostile_keys_rejected_or_safe(self, backend: Backend) -> None:
         hostile = ["../../etc/passwd", "a/../../b", "a\x00b", "/abs/path", "x" * 5000, ".", ""]
         for key in hostile:
