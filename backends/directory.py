@@ -70,6 +70,7 @@ class DirectoryBackend(DirMaintenance, DirReads, Backend):
     """
 
     scheme = "dir"
+    exact_sizes = True  # (its listed sizes are its blobs' own: no framing)
     #: Seconds an eviction lock may go untouched before it is taken for a stopped evictor's.
     lock_stale_after = 30.0
     #: Seconds a writer far over the cap waits for another process's eviction.

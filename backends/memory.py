@@ -51,6 +51,7 @@ class MemoryBackend(Backend):
     """
 
     scheme = "memory"
+    exact_sizes = True  # (its listed sizes are its blobs' own: no framing)
     #: Only this process can write it.
     private = True
 

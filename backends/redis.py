@@ -102,6 +102,7 @@ class RedisBackend(Backend):
     scheme = "redis"
     remote: ClassVar[bool] = True
     shared = True
+    exact_sizes = True  # (STRLEN: its blobs' own sizes)
 
     def __init__(
         self,

@@ -65,8 +65,9 @@ def read_info_and_head(
     first = bytes(head[:HEADER_SIZE])  # (of the head decoded)
     check_binding(item.key, meta)
     declared = needed + meta["n"] + (SIG_SIZE if signed else 0)
-    if 0 < item.size < declared:  # (0: a size the caller does not know; larger: framing)
-        _check_size(backend, item.key, first, declared)
+    exact = getattr(backend, "exact_sizes", False)  # (else its sizes may count framing)
+    if item.size and (item.size < declared or (exact and item.size > declared)):
+        _check_size(backend, item.key, first, declared, exact)
     parts = meta["p"]
     info = EntryInfo(
         key=meta["k"],
@@ -76,7 +77,7 @@ def read_info_and_head(
         device=parts.get("device"),
         parts=parts,
         size=meta["n"],
-        stored_size=max(item.size, declared) if item.size else 0,  # (checked: see above)
+        stored_size=max(item.size, declared) if item.size else 0,  # (checked above)
         created_at=meta["c"],
         build_seconds=meta["b"],
         producer=meta["v"],
@@ -88,19 +89,23 @@ def read_info_and_head(
     return info, first
 
 
-def _check_size(backend: Backend, key: str, first: bytes, declared: int) -> None:
+def _check_size(backend: Backend, key: str, first: bytes, declared: int, exact: bool) -> None:
     """Raise :class:`CorruptEntryError` where the entry at ``key`` (whose frame header is
-    ``first``) holds fewer than the ``declared`` bytes its header says: a head that claims
-    a value the store does not hold (a planted 190 bytes listed as 1 GiB built in 1,000 s)
-    is corrupt, as a read of it is. The listing's size may be older than the head read
-    after it (an entry written again between): its size now tells (:func:`stored_size`, no
-    value read: a sparse file was read whole so), with its header again, the one read."""
+    ``first``) holds fewer than the ``declared`` bytes its header says (or, in a store whose
+    sizes are ``exact``, more): a head that claims a value the store does not hold (a
+    planted 190 bytes listed as 1 GiB built in 1,000 s) is corrupt, as a read of it is. The
+    listing's size may be older than the head read after it (an entry written again
+    between): its size now tells (:func:`stored_size`, no value read: a sparse file was
+    read whole so), with its header again, the one read. A size the store cannot tell
+    passes."""
     now = stored_size(backend, key)
-    again = None if now is None else backend.head(key, HEADER_SIZE)
-    if now is None or again is None:
+    again = backend.head(key, HEADER_SIZE)
+    if again is None:
         raise KeyError(key)
-    if bytes(again) != first or now >= declared:
+    if now is None or bytes(again) != first or now == declared:
         return  # (written again meanwhile, or the listing's size was older than the head)
+    if now > declared and not exact:
+        return  # (a store whose sizes may count framing of its own)
     raise CorruptEntryError(f"entry is {now} bytes, its header says {declared}")
 
 

@@ -143,6 +143,7 @@ def prune(
     now = time.time() if now is None else now
     report = PruneReport(dry_run=True) if dry_run else PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report, now)
+    unlisted = _tiers_down(cache)  # (tiers down from the start: their entries not weighed)
     items = sorted(weighed.items(), key=_order)
     total = sum(entry.size for entry in weighed.values())
     over = max_size is not None and total > max_size
@@ -199,11 +200,16 @@ def prune(
         report.kept_the_rest = True
     removals = tried if attempted else None
     try:
-        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished)
+        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished, unlisted)
     except BackendUnavailableError as exc:  # (down since: by what each removal said)
         report.stopped = str(exc)
-        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished)
+        _settle(cache, report, weighed, removals, stuck, max_size, would, vanished, unlisted)
     return report
+
+
+def _tiers_down(cache: Cache) -> set[str]:
+    # The tiers of a store of tiers that its last listing could not list (it lists the rest).
+    return set(getattr(cache.backend, "failed_tiers", None) or ())
 
 
 def _size(value: object) -> int:
@@ -317,8 +323,8 @@ def _remove_corrupt(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
     # as corrupt; else "good" (written again meanwhile, with its size) or "gone" (nothing
     # there, or now another reader's). Only the head is read of what may still be junk: a
     # planted file may be large or sparse.
-    try:
-        read_info(cache.backend, StoredItem(key, 0), cache.limits)
+    try:  # (with the listing's size: a head that claims more than is stored is corrupt)
+        read_info(cache.backend, StoredItem(key, entry.size), cache.limits)
     except KeyError:
         return "gone", 0
     except CorruptEntryError as exc:
@@ -339,6 +345,7 @@ def _settle(
     max_size: int | None,
     would: set[str],
     vanished: set[str],
+    unlisted: set[str],
 ) -> None:
     """Fill in what is left, listed again where any removal was tried (``tried`` is None
     where none was): a store of tiers says it removed an entry (or that it had none) while
@@ -346,7 +353,9 @@ def _settle(
     entry written again meanwhile (a newer one under the key) is not one that stayed.
     ``would`` holds what a dry run would remove: counted as gone, and not listed again.
     Where prune stopped (the store down), nothing is listed again: what is left is what
-    was weighed, less what each removal said went (and ``vanished``, gone meanwhile)."""
+    was weighed, less what each removal said went (and ``vanished``, gone meanwhile). A
+    tier down at the end listing that was not among those the first one could not list
+    (``unlisted``) makes that listing a failed one, as a failed scan does."""
     sizes = {key: entry.size for key, entry in weighed.items()}
     left, again = {key: size for key, size in sizes.items() if key not in would}, {}
     if tried is None:
@@ -357,8 +366,10 @@ def _settle(
     else:
         down: list[Exception] = []
         listed = _weigh(cache, None, time.time(), down)
-        if down:  # (what it leaves out may be there still)
-            raise BackendUnavailableError(f"listed again after prune: {down[0]}")
+        newly = sorted(_tiers_down(cache) - unlisted)  # (a tier down since the first listing)
+        if down or newly:  # (what it leaves out may be there still)
+            why = down[0] if down else f"{', '.join(newly)} could not be listed"
+            raise BackendUnavailableError(f"listed again after prune: {why}")
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
         # One that did not go but is not listed again was on a tier that could not be

@@ -184,3 +184,69 @@ def test_a_prune_whose_end_listing_fails_counts_what_each_removal_said() -> None
     cache._counters.add(errors=1)  # (another thread's failure, meanwhile)
     report = prune(cache, max_size=4 * size)
     assert not report.stopped and report.removed == 1 and report.remaining == 4, report
+
+
+@pytest.mark.parametrize("url", ["memory://", "dir"])
+def test_prune_removes_the_truncated_entry_it_found_not_a_good_one(
+    url: str, tmp_path: Path
+) -> None:
+    """The third review: prune listed a truncated entry as corrupt ("the first to go for
+    size"), then read its head again without its size, took it for good, kept it and
+    removed the least recently used good entry in its place. And an entry longer than its
+    head says (padded) was listed as good, though every read removes it."""
+    backend = rc.open_backend(f"dir://{tmp_path}" if url == "dir" else url)
+    cache = rc.Cache(backend, secret=SECRET)
+    keys = [str(_key(f"t{i}")) for i in range(6)]
+    for i in range(6):
+        cache.put(_key(f"t{i}"), b"V" * 1000)
+    size = next(iter(backend.scan())).size
+    backend.set(keys[5], (backend.get(keys[5]) or b"")[:-500])  # the newest, cut short
+    backend.set(keys[4], (backend.get(keys[4]) or b"") + b"JUNKJUNK")  # padded
+    report = prune(cache, max_size=4 * size)
+    assert sorted(k for k, _ in report.corrupt) == sorted([keys[4], keys[5]]), report
+    assert report.removed == 2 and {item.key for item in backend.scan()} == set(keys[:4])
+
+
+def test_a_tier_down_at_prunes_end_listing_is_no_empty_store(
+    redis_process: RedisProcess, tmp_path: Path
+) -> None:
+    """The third review: with the entries in a Redis tier below an empty folder, Redis going
+    down before prune's end listing made that listing list nothing (a store of tiers lists
+    the tiers it reaches), and prune said 0 remained, exit code 0, while Redis held 5. A
+    tier down since the first listing is a failed end listing."""
+    url = f"dir://{tmp_path},{redis_process.url}"
+    shared = rc.Cache(rc.open_backend(redis_process.url), secret=SECRET)
+    for i in range(10):
+        shared.put(_key(f"r{i}"), b"V" * 1000)
+    size = next(iter(shared.backend.scan())).size
+    cache = rc.Cache(rc.open_backend(url), secret=SECRET)
+
+    def last(done: int, total: int) -> None:
+        if done == total:
+            redis_process.kill()
+
+    report = prune(cache, max_size=5 * size, on_progress=last)
+    redis_process.start()
+    assert report.stopped and report.removed + report.remaining == 10, report
+
+
+def test_a_tier_that_cannot_tell_sizes_is_not_called_corrupt() -> None:
+    """The third review: the size of an entry was asked of the first tier that could tell
+    it, not of the one its head came from: a truncated copy below a store that cannot list
+    made a good entry, served by every read, corrupt to listings."""
+    from runtime_cache.backends.callback import CallbackBackend
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.backends.tiered import TieredBackend
+
+    held: dict[str, bytes] = {}
+    top = CallbackBackend(load=held.get, store=held.__setitem__)  # (no keys=: cannot list)
+    below = MemoryBackend()
+    cache = rc.Cache(TieredBackend([top, below]), secret=SECRET)
+    keys = [_key(f"c{i}") for i in range(3)]
+    for key in keys:
+        cache.put(key, b"V" * 1000)
+    below.set(str(keys[1]), (below.get(str(keys[1])) or b"")[:-10])
+    skipped: list[tuple[str, str]] = []
+    listed = list(cache.entries(on_skip=lambda k, why: skipped.append((k, why))))
+    assert len(listed) == 3 and not skipped, skipped
+    assert cache.get(keys[1]) == b"V" * 1000
