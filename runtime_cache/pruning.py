@@ -11,17 +11,16 @@ time is anyone's to set. Entries that decode but that no reader of this cache se
 day in the future: a writer's clock ahead, or a time set by hand; readers serve them) go
 next, before the least recently used, and the latter for any ``older_than`` too. Each
 corrupt one is removed only after its head, read again (and never whole: a planted file
-may be large or sparse), still fails so; an entry
-written again meanwhile stays. Every removal is conditional
-(:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry goes only while it is
-the one weighed, neither written again (its header, holding its creation time and
-checksums, and its size) nor, where the store keeps last uses (dir://, memory://), used
-since; one that changed is kept and named in :attr:`PruneReport.changed`, so an app that
-rebuilds or reads an entry while prune runs keeps it. Entries in a newer format, over
-this cache's limits, or unreadable here are left out, as before: they may be another
-reader's. A removal
-that does not happen never lets prune remove others in its place beyond the cap:
-an entry still there counts as one that cannot go.
+may be large or sparse), still fails so; an entry written again meanwhile stays. Every
+removal is conditional (:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry
+goes only while it is the one weighed, neither written again (its header, holding its
+creation time and checksums, and its size) nor, where the store keeps last uses (dir://,
+memory://), used since; one that changed is kept and named in
+:attr:`PruneReport.changed`, so an app that rebuilds or reads an entry while prune runs
+keeps it. Entries in a newer format, over this cache's limits, or unreadable here are
+left out, as before: they may be another reader's. A removal that does not happen never
+lets prune remove others in its place beyond the cap: an entry still there counts as
+one that cannot go.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from .errors import (
     RuntimeCacheError,
 )
 from .listing import OnProgress, read_heads, read_info, skip_kind, skip_reason
+from .stored_sizes import stored_size
 from .units import parse_duration, parse_size
 
 __all__ = ["FUTURE", "PruneReport", "prune"]
@@ -91,8 +91,7 @@ class PruneReport:
     dry_run: bool = False
     would_remove: list[str] = field(default_factory=list)
     #: Why prune stopped before its end, or could not list the store again at its end (the
-    #: store stopped answering), or ``""``: what it removed by then is counted, from what
-    #: each removal said; what was left was not listed again.
+    #: store stopped answering), or ``""``: then the counts are from what each removal said.
     stopped: str = ""
 
 
@@ -245,8 +244,7 @@ def _weigh(
 ) -> dict[str, _Weighed]:
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
     # Only the flag of a signature is read (a forged one passes here; readers refuse it).
-    # With ``down``: the failures of the listing itself (its scan, a head the store did not
-    # answer), which leave out what it would list, go there, not to the cache's policy.
+    # ``down`` gets the listing's own failures (its scan, a head unanswered), not the policy.
     weighed: dict[str, _Weighed] = {}
     headers: dict[str, bytes] = {}
     secret = cache.signed
@@ -320,9 +318,9 @@ def _used_since(cache: Cache, key: str, listed: StoredItem) -> str:
 
 def _remove_corrupt(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
     # As _remove, once its head (read again, without counting a use) still fails the check
-    # as corrupt; else "good" (written again meanwhile, with its size) or "gone" (nothing
-    # there, or now another reader's). Only the head is read of what may still be junk: a
-    # planted file may be large or sparse.
+    # as corrupt; else "good" (written again meanwhile, or a good copy in a tier below, with
+    # its size) or "gone" (nothing there, or now another reader's). Only the head is read
+    # of what may be junk (a planted file may be large or sparse).
     try:  # (with the listing's size: a head that claims more than is stored is corrupt)
         read_info(cache.backend, StoredItem(key, entry.size), cache.limits)
     except KeyError:
@@ -331,7 +329,11 @@ def _remove_corrupt(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
         if not _corrupt(exc):
             return "gone", 0
         head = cache.backend.head(key, HEADER_SIZE)  # what goes: only these bytes
-        return ("gone", 0) if head is None else _remove(cache, key, entry._replace(head=head))
+        if head is None:
+            return "gone", 0
+        outcome = _remove(cache, key, entry._replace(head=head))
+        below = stored_size(cache.backend, key) if outcome[0] == "removed" else None
+        return ("good", below) if below else outcome
     blob = cache.backend.peek(key)
     return ("good", len(blob)) if blob is not None else ("gone", 0)
 
@@ -372,9 +374,10 @@ def _settle(
             raise BackendUnavailableError(f"listed again after prune: {why}")
         left = {key: entry.size for key, entry in listed.items()}
         again = {key: entry.made for key, entry in listed.items()}
-        # One that did not go but is not listed again was on a tier that could not be
-        # listed now (a store of tiers lists what the others hold): still there.
-        for key in stuck - left.keys():
+        # One that did not go (not tried, or stuck) but is not listed again was on a tier
+        # that could not be read now (a store of tiers lists, and reads heads from, the
+        # tiers it reaches): counted as still there, unless another hand removed it.
+        for key in (stuck | (sizes.keys() - tried)) - left.keys() - vanished - would:
             left[key], again[key] = sizes[key], weighed[key].made
     stayed = {key for key in tried & again.keys() if again[key] == weighed[key].made}
     said = {key for key, _ in report.failed}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import runtime_cache as rc
+from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.codec import encode_entry
 from runtime_cache.pruning import prune
 
@@ -250,3 +251,57 @@ def test_a_tier_that_cannot_tell_sizes_is_not_called_corrupt() -> None:
     listed = list(cache.entries(on_skip=lambda k, why: skipped.append((k, why))))
     assert len(listed) == 3 and not skipped, skipped
     assert cache.get(keys[1]) == b"V" * 1000
+
+
+def test_prunes_end_listing_counts_what_a_failing_tier_hid_as_left(tmp_path: Path) -> None:
+    """The fourth review: a tier below an empty folder whose heads failed during prune's
+    end listing (after its scan answered) hid its entries from that listing, and prune said
+    0 remained (exit code 0) while 4 did. An entry that did not go and is not listed again
+    counts as left."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.backends.tiered import TieredBackend
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Blinking(MemoryBackend):
+        down = False
+
+        def head(self, key: str, size: int) -> bytes | None:
+            if self.down:
+                raise BackendUnavailableError("a time-out")
+            return super().head(key, size)
+
+    below = Blinking()
+    shared = rc.Cache(below, secret=SECRET)
+    for i in range(10):
+        shared.put(_key(f"b{i}"), b"V" * 1000)
+    size = next(iter(below.scan())).size
+    cache = rc.Cache(TieredBackend([DirectoryBackend(tmp_path), below]), secret=SECRET)
+
+    def last(done: int, total: int) -> None:
+        below.down = done == total
+
+    report = prune(cache, max_size=4 * size, on_progress=last)
+    assert report.removed == 6 and report.remaining == 4, report
+    assert len(list(below.scan())) == 4
+
+
+def test_a_corrupt_copy_over_a_good_one_below_keeps_prune_to_its_cap(tmp_path: Path) -> None:
+    """The fourth review: a truncated copy in the folder over a good one in the tier below
+    was removed, the entry taken for gone, and prune stopped short of its cap (exit 0, 2.4
+    KB over). The good copy now read counts, and the least recently used go to meet it."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.backends.tiered import TieredBackend
+
+    top, below = DirectoryBackend(tmp_path), MemoryBackend()
+    cache = rc.Cache(TieredBackend([top, below]), secret=SECRET)
+    keys = [_key(f"g{i}") for i in range(6)]
+    for key in keys:
+        cache.put(key, b"V" * 1000)
+    size = next(iter(below.scan())).size
+    for key in keys[4:]:  # the newest two, cut short in the folder alone
+        top.set(str(key), (top.get(str(key)) or b"")[:-500])
+    report = prune(cache, max_size=4 * size)
+    stored = {item.key: item.size for item in cache.backend.scan()}
+    assert sum(stored.values()) <= 4 * size and len(stored) == 4, (report, stored)
+    assert report.remaining == 4 and not report.over_cap, report
+    assert all(cache.get(key) == b"V" * 1000 for key in keys if str(key) in stored)
