@@ -26,7 +26,6 @@ __all__ = [
     "read_info_and_head",
     "skip_kind",
     "skip_reason",
-    "stored_size",
 ]
 
 #: Bytes read first for a listing; larger metadata costs one more read.

@@ -13,9 +13,10 @@ __all__ = ["stored_size"]
 
 
 def stored_size(backend: Backend, key: str) -> int | None:
-    """The size of the blob stored under ``key`` now, or ``None`` where there is none: the
-    backend's own ``stored_size(key)`` where it has one (a ``stat``, a ``STRLEN``; no value
-    read), else what its :meth:`~runtime_cache.api.Backend.scan` of ``key`` lists."""
+    """The size of the blob stored under ``key`` now, or ``None`` where there is none (or
+    the store cannot tell it): the backend's own ``stored_size(key)`` where it has one (a
+    ``stat``, a ``STRLEN``; no value read), else what its
+    :meth:`~runtime_cache.api.Backend.scan` of ``key`` lists."""
     own = getattr(backend, "stored_size", None)
     if callable(own):
         size: int | None = own(key)
