@@ -142,7 +142,7 @@ def prune(
     now = time.time() if now is None else now
     report = PruneReport(dry_run=True) if dry_run else PruneReport(leftovers=cache.backend.vacuum())
     weighed = _weigh(cache, report, now)
-    unlisted = _tiers_down(cache)  # (tiers down from the start: their entries not weighed)
+    unlisted = set(getattr(cache.backend, "failed_tiers", None) or ())  # (tiers down at first)
     items = sorted(weighed.items(), key=_order)
     total = sum(entry.size for entry in weighed.values())
     over = max_size is not None and total > max_size
@@ -206,11 +206,6 @@ def prune(
     return report
 
 
-def _tiers_down(cache: Cache) -> set[str]:
-    # The tiers of a store of tiers that its last listing could not list (it lists the rest).
-    return set(getattr(cache.backend, "failed_tiers", None) or ())
-
-
 def _size(value: object) -> int:
     # Bytes as any whole number type (a numpy integer, a float such as 2e9 or cap * 0.8,
     # rounded down) or text ("500MB"); never a bool (True was one byte).
@@ -244,17 +239,21 @@ def _weigh(
 ) -> dict[str, _Weighed]:
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
     # Only the flag of a signature is read (a forged one passes here; readers refuse it).
-    # ``down`` gets the listing's own failures (its scan, a head unanswered), not the policy.
+    # ``down`` gets the listing's own failures (its scan, a head unanswered), not the policy;
+    # without it, such a failure is raised (a lax cache said an empty store).
     weighed: dict[str, _Weighed] = {}
     headers: dict[str, bytes] = {}
     secret = cache.signed
-    if down is None:
-        listing = cache.heads(headers=headers)
-    else:
-        listing = read_heads(
-            cache.backend, cache.limits, lambda _op, e: down.append(e), "", headers
-        )
-    for item, info in listing:
+    unlisted: list[Exception] = []  # (the first listing's own failure: counted, then raised)
+
+    def failed(op: str, exc: Exception) -> None:
+        if down is not None:
+            down.append(exc)
+        else:
+            unlisted.append(exc)
+            cache._failed(op, exc)  # (the cache's policy: counted, and raised where strict)
+
+    for item, info in read_heads(cache.backend, cache.limits, failed, "", headers):
         if down is not None and isinstance(info, BackendUnavailableError):
             down.append(info)
         elif not isinstance(info, RuntimeCacheError):
@@ -278,6 +277,8 @@ def _weigh(
                 report.corrupt.append((item.key, str(info)))
         elif report is not None:
             report.skipped.append((item.key, skip_reason(info)))
+    if unlisted:  # (a cache that carries on past a failure: nothing was weighed, no store)
+        raise unlisted[0]
     return weighed
 
 
@@ -350,14 +351,12 @@ def _settle(
     unlisted: set[str],
 ) -> None:
     """Fill in what is left, listed again where any removal was tried (``tried`` is None
-    where none was): a store of tiers says it removed an entry (or that it had none) while
-    one of its tiers kept it, and another hand may have removed or written entries. An
-    entry written again meanwhile (a newer one under the key) is not one that stayed.
-    ``would`` holds what a dry run would remove: counted as gone, and not listed again.
-    Where prune stopped (the store down), nothing is listed again: what is left is what
-    was weighed, less what each removal said went (and ``vanished``, gone meanwhile). A
-    tier down at the end listing that was not among those the first one could not list
-    (``unlisted``) makes that listing a failed one, as a failed scan does."""
+    where none was): a store of tiers says it removed an entry (or had none) while a tier
+    kept it, and another hand may have removed or written entries. An entry written again
+    meanwhile is not one that stayed. ``would`` holds what a dry run would remove: gone,
+    not listed again. Where prune stopped (the store down), nothing is listed again: left
+    is what was weighed, less what each removal said went (and ``vanished``). A tier down
+    at the end listing but not at the first (``unlisted``) fails that listing."""
     sizes = {key: entry.size for key, entry in weighed.items()}
     left, again = {key: size for key, size in sizes.items() if key not in would}, {}
     if tried is None:
@@ -368,7 +367,7 @@ def _settle(
     else:
         down: list[Exception] = []
         listed = _weigh(cache, None, time.time(), down)
-        newly = sorted(_tiers_down(cache) - unlisted)  # (a tier down since the first listing)
+        newly = sorted(set(getattr(cache.backend, "failed_tiers", None) or ()) - unlisted)
         if down or newly:  # (what it leaves out may be there still)
             why = down[0] if down else f"{', '.join(newly)} could not be listed"
             raise BackendUnavailableError(f"listed again after prune: {why}")

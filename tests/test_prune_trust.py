@@ -10,13 +10,14 @@ and ``prune --max-size`` then removed every good entry and kept all the planted 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 import runtime_cache as rc
+from runtime_cache.api import StoredItem
 from runtime_cache.backends.directory import DirectoryBackend
 from runtime_cache.codec import encode_entry
 from runtime_cache.pruning import prune
@@ -305,3 +306,29 @@ def test_a_corrupt_copy_over_a_good_one_below_keeps_prune_to_its_cap(tmp_path: P
     assert sum(stored.values()) <= 4 * size and len(stored) == 4, (report, stored)
     assert report.remaining == 4 and not report.over_cap, report
     assert all(cache.get(key) == b"V" * 1000 for key in keys if str(key) in stored)
+
+
+def test_prune_on_a_store_down_from_the_start_raises_strict_or_not() -> None:
+    """The third review: `prune()` on a cache that carries on past failures, over a store
+    down before its listing, reported an empty store (0 removed, 0 remaining) while all 10
+    entries were there. It raises, as on a strict cache (what the CLI uses)."""
+    from runtime_cache.backends.memory import MemoryBackend
+    from runtime_cache.errors import BackendUnavailableError
+
+    class Down(MemoryBackend):
+        down = False
+
+        def scan(self, prefix: str = "") -> Iterator[StoredItem]:
+            if self.down:
+                raise BackendUnavailableError("the store went away")
+            return super().scan(prefix)
+
+    backend = Down()
+    for strict in (False, True):
+        cache = rc.Cache(backend, secret=SECRET, strict=strict)
+        cache.put(_key("d"), b"V" * 100)
+        backend.down = True
+        with pytest.raises(BackendUnavailableError):
+            prune(cache, max_size=1)
+        backend.down = False
+        assert cache.stats().errors >= 1
