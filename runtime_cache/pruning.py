@@ -1,26 +1,21 @@
 """Pruning by age and size over any backend: least recently used first.
 
-:func:`prune` works through the :class:`~runtime_cache.api.Backend` contract only,
-so it applies to every backend; backends that keep last-access times (directory,
-memory) give true LRU order, the others fall back to creation time. Entries that
-fail the check on their metadata (corrupt: garbage, a truncated head, an entry
-swapped in from another key) count at the store's size for them and go first for
-size, whatever time their files claim: none of them can be served, and a file's
-time is anyone's to set. Entries that decode but that no reader of this cache serves
-(unsigned while the cache has a secret), or whose age cannot be told (dated more than a
-day in the future: a writer's clock ahead, or a time set by hand; readers serve them) go
-next, before the least recently used, and the latter for any ``older_than`` too. Each
-corrupt one is removed only after its head, read again (and never whole: a planted file
-may be large or sparse), still fails so; an entry written again meanwhile stays. Every
-removal is conditional (:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry
-goes only while it is the one weighed, neither written again (its header, holding its
-creation time and checksums, and its size) nor, where the store keeps last uses (dir://,
-memory://), used since; one that changed is kept and named in
-:attr:`PruneReport.changed`, so an app that rebuilds or reads an entry while prune runs
-keeps it. Entries in a newer format, over this cache's limits, or unreadable here are
-left out, as before: they may be another reader's. A removal that does not happen never
-lets prune remove others in its place beyond the cap: an entry still there counts as
-one that cannot go.
+:func:`prune` works through the :class:`~runtime_cache.api.Backend` contract only, so it
+applies to every backend; those that keep last-access times (directory, memory) give true
+LRU order, the others creation time. Entries that fail the check on their metadata
+(corrupt: garbage, a truncated head, an entry swapped in from another key) count at the
+store's size for them and go first for size, whatever time their files claim: none can be
+served, and a file's time is anyone's to set. Entries no reader of this cache serves
+(unsigned while it has a secret), or whose age cannot be told (dated more than a day in
+the future: a clock ahead, or a time set by hand) go next, and the latter for any
+``older_than`` too. A corrupt one goes only once its head, read again (never whole: a
+planted file may be large or sparse), still fails so. Every removal is conditional
+(:meth:`~runtime_cache.cache.Cache.delete_if_unchanged`): an entry goes only while it is
+the one weighed, neither written again (its header and size) nor, where the store keeps
+last uses (dir://, memory://), used since; one that changed is kept and named in
+:attr:`PruneReport.changed`. Entries in a newer format, over this cache's limits, or
+unreadable here are left out: they may be another reader's. A removal that does not
+happen never lets prune remove others in its place beyond the cap.
 """
 
 from __future__ import annotations
@@ -334,9 +329,18 @@ def _remove_corrupt(cache: Cache, key: str, entry: _Weighed) -> tuple[str, int]:
             return "gone", 0
         outcome = _remove(cache, key, entry._replace(head=head))
         below = stored_size(cache.backend, key) if outcome[0] == "removed" else None
-        return ("good", below) if below else outcome
+        return ("good", below) if below and _decodes(cache, key, below) else outcome
     blob = cache.backend.peek(key)
     return ("good", len(blob)) if blob is not None else ("gone", 0)
+
+
+def _decodes(cache: Cache, key: str, size: int) -> bool:
+    # Whether the head at ``key`` decodes as an entry of ``size`` (not junk planted again).
+    try:
+        read_info(cache.backend, StoredItem(key, size), cache.limits)
+    except (KeyError, RuntimeCacheError):
+        return False
+    return True
 
 
 def _settle(
