@@ -11,24 +11,22 @@ URLs::
     redis+cluster://host:port[?options] (Redis Cluster; one seed node, the rest is discovered)
     redis+unix://[[user]:password@]/path/to/redis.sock[?db=N&options] (a Unix socket)
 
-Options: ``prefix`` (default ``rc:``) or ``namespace`` (``namespace=team`` means
-prefix ``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout``
-(default ``200ms``), ``timeout`` (per operation, default ``500ms``),
-``max_connections`` (per pool, default 64), ``max_entry_size`` (the largest value
-read or written, default ``64MiB``: a larger one is never sent, see
-:class:`~.redis_scripts.CappedReads`), ``max_batch_size`` (the most bytes of values one
-``get_many`` holds, default four times ``max_entry_size``; the values past it are
-misses), ``backoff`` and ``max_backoff`` (the circuit breaker's first and longest window,
-default ``500ms`` and ``30s``), and for ``rediss://`` ``ssl_ca_certs`` and ``ssl_cert_reqs``.
-Unknown options are rejected.
+Options: ``prefix`` (default ``rc:``) or ``namespace`` (``namespace=team`` means prefix
+``team:``), ``ttl`` (``30d``, ``12h``; default none), ``connect_timeout`` (default
+``200ms``), ``timeout`` (per operation, default ``500ms``), ``max_connections`` (per pool,
+default 64), ``max_entry_size`` (the largest value read or written, default ``64MiB``: a
+larger one is never sent, see :class:`~.redis_scripts.CappedReads`), ``max_batch_size``
+(the most bytes of values one ``get_many`` holds, default four times ``max_entry_size``;
+the values past it are misses), ``backoff`` and ``max_backoff`` (the circuit breaker's
+first and longest window, default ``500ms`` and ``30s``), and for ``rediss://``
+``ssl_ca_certs`` and ``ssl_cert_reqs``. Unknown options are rejected.
 
 Keys are at most 1024 characters (:data:`~runtime_cache.api.MAX_TEXT_KEY`); listings
 never receive a longer name (:mod:`.redis_listing`).
 
-Failures become :class:`~runtime_cache.errors.BackendUnavailableError` (server
-down, timeout; these open the circuit breaker) or
-:class:`~runtime_cache.errors.BackendError` (the server answered with an error, or a
-reply longer than any asked for: these do not).
+Failures become :class:`~runtime_cache.errors.BackendUnavailableError` (server down,
+timeout; these open the circuit breaker) or :class:`~runtime_cache.errors.BackendError`
+(the server answered with an error, or a reply longer than any asked for: these do not).
 """
 
 from __future__ import annotations

@@ -267,8 +267,7 @@ class TieredBackend(Backend):
         )
 
     def stored_size(self, key: str) -> int | None:
-        """The size of ``key``'s blob in the tier :meth:`head` reads it from (``None``: no
-        entry, or a size that tier cannot tell)."""
+        """The size of ``key``'s blob in the tier :meth:`head` reads (``None``: none, or untold)."""
         held = lambda b: None if b.head(key, 1) is None else (stored_size(b, key),)  # noqa: E731
         found = first_answer(self._tiers, key, "head", lambda v: (len(v),), held)
         return None if found is None else found[0]
@@ -279,9 +278,8 @@ class TieredBackend(Backend):
         return all(getattr(tier.backend, "exact_sizes", False) for tier in self._tiers)
 
     def scan(self, prefix: str = "") -> Iterator[StoredItem]:
-        """The union of every tier's items; the fastest tier's view of a key wins.
-
-        Tiers that could not be listed are named in :attr:`failed_tiers`."""
+        """The union of every tier's items; the fastest tier's view of a key wins. Tiers
+        that could not be listed are named in :attr:`failed_tiers`."""
         seen: dict[str, StoredItem] = {}
         errors: list[Exception] = []
         failed: list[str] = []

@@ -18,6 +18,7 @@ from .errors import CorruptEntryError, InvalidKeyError, RuntimeCacheError, Signa
 from .keys import CacheKey
 from .listing import OnProgress, OnSkip, list_entries, read_heads, read_info
 from .stats import CacheStats, Counters, EntryInfo
+from .stored_sizes import stored_item
 
 __all__ = ["Inventory", "KeyLike", "key_text"]
 
@@ -101,7 +102,7 @@ class Inventory:
         or holds another key. The signature is not checked (see :meth:`decode`).
         """
         skey = key_text(key)
-        stored = next((item for item in self.backend.scan(skey) if item.key == skey), None)
+        stored = stored_item(self.backend, skey)
         try:
             info = read_info(self.backend, stored or StoredItem(skey, 0), self.limits)
         except KeyError:

@@ -64,9 +64,10 @@ def read_info_and_head(
     first = bytes(head[:HEADER_SIZE])  # (of the head decoded)
     check_binding(item.key, meta)
     declared = needed + meta["n"] + (SIG_SIZE if signed else 0)
-    exact = getattr(backend, "exact_sizes", False)  # (else its sizes may count framing)
-    if item.size and (item.size < declared or (exact and item.size > declared)):
-        _check_size(backend, item.key, first, declared, exact)
+    if item.size and item.size != declared:  # (0: a size the caller does not know)
+        exact = getattr(backend, "exact_sizes", False)  # (else its sizes may count framing)
+        if item.size < declared or exact:
+            _check_size(backend, item.key, first, declared, exact)
     parts = meta["p"]
     info = EntryInfo(
         key=meta["k"],

@@ -68,11 +68,10 @@ class PruneReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: Corrupt entries found, and why: counted at their stored size, first to go for size.
     corrupt: list[tuple[str, str]] = field(default_factory=list)
-    #: Entries that decode but that no reader of this cache would serve (unsigned while it
-    #: has a secret), or whose age cannot be told (dated more than a day in the future, the
-    #: reason :data:`FUTURE`: a writer's clock ahead, or a time anyone who can write the
-    #: store may set; readers serve them), and why. First to go for size, after corrupt
-    #: ones; one dated in the future goes for any ``older_than`` too.
+    #: Entries that decode but no reader of this cache would serve (unsigned while it has a
+    #: secret), or whose age cannot be told (:data:`FUTURE`: a writer's clock ahead, or a
+    #: time any writer may set; readers serve them), and why. First to go for size after
+    #: corrupt ones; one dated in the future goes for any ``older_than`` too.
     untrusted: list[tuple[str, str]] = field(default_factory=list)
     #: Entries removed from the tiers of a store that could be reached, not from those
     #: named (a tier down), where they may live on until it is back; counted as removed.
@@ -80,9 +79,8 @@ class PruneReport:
     #: Entries kept since they were written again, or used, after prune weighed them (by
     #: another process, or from ``on_progress``): not removed, and not counted as removed.
     changed: list[str] = field(default_factory=list)
-    #: Whether this was a dry run: ``removed`` and ``freed`` are what would go (the
-    #: entries in ``would_remove``, in the order they would), and nothing was removed
-    #: (stale temporary files included).
+    #: Whether this was a dry run: ``removed`` and ``freed`` are what would go (the entries
+    #: in ``would_remove``, in order); nothing was removed (stale temporary files included).
     dry_run: bool = False
     would_remove: list[str] = field(default_factory=list)
     #: Why prune stopped before its end, or could not list the store again at its end (the
@@ -91,9 +89,8 @@ class PruneReport:
 
 
 class _Weighed(NamedTuple):
-    # What prune knows of an entry: its last use (None: unknown), its stored size, when
-    # it was made (None for a corrupt one), whether it is corrupt, the store's listing of
-    # it, and its frame header as read (b"" for a corrupt one: read again before it goes).
+    # What prune knows of an entry: last use (None: unknown), stored size, when made (None if
+    # corrupt), whether corrupt, the store's listing, its header (b"" if corrupt: read again).
     last: float | None
     size: int
     made: float | None
@@ -235,7 +232,7 @@ def _weigh(
     # Every entry by its metadata; corrupt ones by what the store's listing says of them.
     # Only the flag of a signature is read (a forged one passes here; readers refuse it).
     # ``down`` gets the listing's own failures (its scan, a head unanswered), not the policy;
-    # without it, such a failure is raised (a lax cache said an empty store).
+    # without it such a failure is raised (a lax cache said an empty store).
     weighed: dict[str, _Weighed] = {}
     headers: dict[str, bytes] = {}
     secret = cache.signed

@@ -114,8 +114,9 @@ class Counters(Generic[S]):
 
     def add(self, **amounts: float) -> None:
         """Add to one or more counters atomically."""
-        if getattr(self._mute, "names", None):
-            amounts = {k: v for k, v in amounts.items() if k not in self._mute.names}
+        muted = getattr(self._mute, "names", None)
+        if muted:
+            amounts = {k: v for k, v in amounts.items() if k not in muted}
         with self._lock:
             for name, amount in amounts.items():
                 self._values[name] += amount

@@ -7,9 +7,14 @@ key, so that such an entry is not taken for one whose head claims what is not st
 
 from __future__ import annotations
 
-from .api import Backend
+from .api import Backend, StoredItem
 
-__all__ = ["stored_size"]
+__all__ = ["stored_item", "stored_size"]
+
+
+def stored_item(backend: Backend, key: str) -> StoredItem | None:
+    """What the backend's :meth:`~runtime_cache.api.Backend.scan` of ``key`` lists for it."""
+    return next((item for item in backend.scan(key) if item.key == key), None)
 
 
 def stored_size(backend: Backend, key: str) -> int | None:
@@ -21,4 +26,5 @@ def stored_size(backend: Backend, key: str) -> int | None:
     if callable(own):
         size: int | None = own(key)
         return size
-    return next((item.size for item in backend.scan(key) if item.key == key), None)
+    item = stored_item(backend, key)
+    return None if item is None else item.size

@@ -264,8 +264,7 @@ class TuningCache:
             record = self._decode_or_discard(cache, key, first)
             if record is not None:
                 return record
-        # One lookup, one count: the read above counted this call's miss.
-        data = cache.get_or_build(key, build, after_miss=True)
+        data = cache.get_or_build(key, build, after_miss=True)  # (the read above: one count)
         if self._over_limit(key, data):  # (stored by another user meanwhile, read as a hit)
             cache.took_back(key, data, corrupt=False)
             return here()

@@ -19,7 +19,9 @@ import pytest
 import runtime_cache as rc
 from runtime_cache.api import StoredItem
 from runtime_cache.backends.directory import DirectoryBackend
+from runtime_cache.backends.memory import MemoryBackend
 from runtime_cache.codec import encode_entry
+from runtime_cache.errors import BackendUnavailableError
 from runtime_cache.pruning import prune
 
 if TYPE_CHECKING:
@@ -28,6 +30,17 @@ if TYPE_CHECKING:
 pytest_plugins = ["redis_servers"]
 
 SECRET = "fleet-secret-0123456789abcdef"
+
+
+class _HeadsDown(MemoryBackend):
+    """A store whose heads go unanswered while ``down`` (after its listing answered)."""
+
+    down = False
+
+    def head(self, key: str, size: int) -> bytes | None:
+        if self.down:
+            raise BackendUnavailableError("the store went away")
+        return super().head(key, size)
 
 
 def _key(name: str) -> rc.CacheKey:
@@ -159,18 +172,7 @@ def test_a_prune_whose_end_listing_fails_counts_what_each_removal_said() -> None
     each head raised; the listing left those entries out, and prune said "0 entries
     remain" (exit code 0) while 4 were there. Nor does another thread's failure on the same
     cache count as the listing's (it was taken from the cache's error count)."""
-    from runtime_cache.backends.memory import MemoryBackend
-    from runtime_cache.errors import BackendUnavailableError
-
-    class Failing(MemoryBackend):
-        down = False
-
-        def head(self, key: str, size: int) -> bytes | None:
-            if self.down:
-                raise BackendUnavailableError("the store went away")
-            return super().head(key, size)
-
-    backend = Failing()
+    backend = _HeadsDown()
     cache = rc.Cache(backend)
     for i in range(10):
         cache.put(_key(f"e{i}"), b"V" * 1000)
@@ -259,19 +261,9 @@ def test_prunes_end_listing_counts_what_a_failing_tier_hid_as_left(tmp_path: Pat
     end listing (after its scan answered) hid its entries from that listing, and prune said
     0 remained (exit code 0) while 4 did. An entry that did not go and is not listed again
     counts as left."""
-    from runtime_cache.backends.memory import MemoryBackend
     from runtime_cache.backends.tiered import TieredBackend
-    from runtime_cache.errors import BackendUnavailableError
 
-    class Blinking(MemoryBackend):
-        down = False
-
-        def head(self, key: str, size: int) -> bytes | None:
-            if self.down:
-                raise BackendUnavailableError("a time-out")
-            return super().head(key, size)
-
-    below = Blinking()
+    below = _HeadsDown()
     shared = rc.Cache(below, secret=SECRET)
     for i in range(10):
         shared.put(_key(f"b{i}"), b"V" * 1000)
